@@ -1,1 +1,19 @@
-//! placeholder
+//! The `graph` crate: StableHLO in, differentiated StableHLO out.
+//!
+//! * [`import`] reads a StableHLO loss module (pretty or generic form) through
+//!   IREE's parser and melior into pcp's own [`ir`].
+//! * [`autodiff`] derives exact reverse-mode gradients.
+//! * [`inspect`] summarises a model for `pcp-node graph inspect`.
+//!
+//! MLIR contexts never leave the function that creates them, so everything
+//! this crate returns is plain, `Send` Rust data.
+
+pub mod autodiff;
+pub mod import;
+pub mod inspect;
+pub mod ir;
+pub mod iree;
+
+pub use autodiff::{GradError, Gradient, Signature, differentiate};
+pub use import::{ImportError, import_file, import_str};
+pub use ir::{Function, Module, TensorType};

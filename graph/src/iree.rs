@@ -1,0 +1,119 @@
+//! The IREE compiler library, loaded once per process through eerie, and
+//! the rewrites its backends need.
+
+mod legalize;
+
+pub use legalize::legalize;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use eerie::compiler::{Compiler, CompilerError, MemBufferOutput};
+
+use crate::import::PRINT_FLAGS;
+
+static COMPILER: OnceLock<Result<Compiler, String>> = OnceLock::new();
+
+/// The process's IREE compiler, or why it could not be loaded.
+pub fn compiler() -> Result<&'static Compiler, String> {
+    COMPILER.get_or_init(load).as_ref().map_err(Clone::clone)
+}
+
+fn load() -> Result<Compiler, String> {
+    let mut compiler = match find_library() {
+        Some(lib) => Compiler::with_library(&lib).map_err(|e| format!("{}: {e}", lib.display()))?,
+        None => Compiler::new().map_err(|e| first_line(&e.to_string()))?,
+    };
+    let mut argv = vec!["pcp-node".to_owned()];
+    argv.extend(PRINT_FLAGS.iter().map(|f| (*f).to_owned()));
+    compiler.setup_global_cl(argv).map_err(|e| e.to_string())?;
+    Ok(compiler)
+}
+
+/// `PCP_IREE_COMPILER_LIB`, else a `.venv` holding `iree-base-compiler` in the
+/// working directory, the executable's directory, or one of their parents.
+/// `None` lets eerie ask `EERIE_PYTHON` (or `python` on `PATH`).
+fn find_library() -> Option<PathBuf> {
+    if let Some(lib) = std::env::var_os("PCP_IREE_COMPILER_LIB") {
+        return Some(PathBuf::from(lib));
+    }
+    if std::env::var_os("EERIE_PYTHON").is_some() {
+        return None;
+    }
+    let starts = [std::env::current_dir().ok(), std::env::current_exe().ok()];
+    starts
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s.ancestors().map(Path::to_path_buf).collect::<Vec<_>>())
+        .find_map(|dir| venv_library(&dir.join(".venv")))
+}
+
+fn venv_library(venv: &Path) -> Option<PathBuf> {
+    let lib = venv.join("lib");
+    let entries = std::fs::read_dir(&lib).ok()?;
+    entries
+        .flatten()
+        .map(|e| {
+            e.path()
+                .join("site-packages/iree/compiler/_mlir_libs/libIREECompiler.so")
+        })
+        .find(|p| p.is_file())
+}
+
+fn first_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("unknown error")
+        .to_owned()
+}
+
+/// Why IREE could not normalise a source.
+#[derive(Debug)]
+pub(crate) enum NormalizeError {
+    /// The compiler library is not available.
+    Unavailable(String),
+    /// The source does not parse.
+    Parse(String),
+}
+
+/// Parses `text` with IREE (which knows StableHLO's pretty form) and prints
+/// it back in generic form with locations.
+pub(crate) fn normalize(text: &str, path: Option<&Path>) -> Result<String, NormalizeError> {
+    let compiler = compiler().map_err(NormalizeError::Unavailable)?;
+    let session = compiler.create_session();
+    let source = match path {
+        Some(path) => session.create_source_from_file(path),
+        None => session.create_source_from_buf(text.as_bytes()),
+    }
+    .map_err(|e| NormalizeError::Parse(diagnostic(&e)))?;
+    let mut invocation = session.create_invocation();
+    invocation
+        .parse_source(source)
+        .map_err(|e| NormalizeError::Parse(diagnostic(&e)))?;
+    let mut output =
+        MemBufferOutput::new(compiler).map_err(|e| NormalizeError::Unavailable(diagnostic(&e)))?;
+    invocation
+        .output_ir(&mut output)
+        .map_err(|e| NormalizeError::Parse(diagnostic(&e)))?;
+    let bytes = output
+        .map_memory()
+        .map_err(|e| NormalizeError::Unavailable(diagnostic(&e)))?;
+    String::from_utf8(bytes.to_vec()).map_err(|e| NormalizeError::Parse(e.to_string()))
+}
+
+/// The first error line of a compiler error.
+pub(crate) fn diagnostic(error: &CompilerError) -> String {
+    let text = match error {
+        CompilerError::IREECompilerDiagnosticsError(d) => d.to_string(),
+        CompilerError::IREECompilerError(e, d) => format!("{d}{e}"),
+        other => other.to_string(),
+    };
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("Error:"))
+        .map(str::to_owned)
+        .unwrap_or_else(|| first_line(&text));
+    line.trim_start_matches("Error:").trim().to_owned()
+}
