@@ -87,41 +87,23 @@ pub fn signature(f: &Function) -> Result<Signature, GradError> {
     let loss = match results.as_slice() {
         [t] if t.rank() == 0 && t.is_float() => t.clone(),
         _ => {
-            let results = results
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ");
-            return Err(GradError::NotScalarLoss {
-                entry: f.name.clone(),
-                results,
-            });
+            let results = results.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+            return Err(GradError::NotScalarLoss { entry: f.name.clone(), results });
         }
     };
     let (mut params, mut data) = (Vec::new(), Vec::new());
     for (i, t) in f.arg_types().into_iter().enumerate() {
-        if t.is_float() {
-            params.push((i, t))
-        } else {
-            data.push((i, t))
-        }
+        if t.is_float() { params.push((i, t)) } else { data.push((i, t)) }
     }
     Ok(Signature { params, data, loss })
 }
 
 /// Returns `entry` with every `func.call` inlined.
 pub fn inline_calls(module: &Module, entry: &str) -> Result<Function, GradError> {
-    let callee = module
-        .function(entry)
-        .ok_or_else(|| GradError::MissingEntry {
-            entry: entry.to_owned(),
-            available: module
-                .functions
-                .iter()
-                .map(|f| format!("@{}", f.name))
-                .collect::<Vec<_>>()
-                .join(", "),
-        })?;
+    let callee = module.function(entry).ok_or_else(|| GradError::MissingEntry {
+        entry: entry.to_owned(),
+        available: module.functions.iter().map(|f| format!("@{}", f.name)).collect::<Vec<_>>().join(", "),
+    })?;
     let mut out = Function::new(entry, &callee.arg_types());
     let args = out.args.clone();
     let mut stack = vec![entry.to_owned()];
@@ -136,29 +118,17 @@ fn inline_into(
     out: &mut Function,
     stack: &mut Vec<String>,
 ) -> Result<Vec<ValueId>, GradError> {
-    let mut map: HashMap<ValueId, ValueId> = callee
-        .args
-        .iter()
-        .copied()
-        .zip(args.iter().copied())
-        .collect();
+    let mut map: HashMap<ValueId, ValueId> = callee.args.iter().copied().zip(args.iter().copied()).collect();
     for op in &callee.ops {
         let operands: Vec<ValueId> = op.operands.iter().map(|o| map[o]).collect();
         if op.name == "func.call" {
-            let name = op
-                .attr("callee")
-                .unwrap_or_default()
-                .trim_start_matches('@')
-                .trim_matches('"')
-                .to_owned();
+            let name = op.attr("callee").unwrap_or_default().trim_start_matches('@').trim_matches('"').to_owned();
             let call_error = |reason: &str| GradError::Call {
                 callee: name.clone(),
                 location: op.location(),
                 reason: reason.to_owned(),
             };
-            let target = module
-                .function(&name)
-                .ok_or_else(|| call_error("no such function"))?;
+            let target = module.function(&name).ok_or_else(|| call_error("no such function"))?;
             if stack.contains(&name) {
                 return Err(call_error("recursion is not supported"));
             }
@@ -170,19 +140,11 @@ fn inline_into(
             }
             continue;
         }
-        let results: Vec<ValueId> = op
-            .results
-            .iter()
-            .map(|r| out.new_value(callee.ty(*r).clone()))
-            .collect();
+        let results: Vec<ValueId> = op.results.iter().map(|r| out.new_value(callee.ty(*r).clone())).collect();
         for (r, v) in op.results.iter().zip(&results) {
             map.insert(*r, *v);
         }
-        out.ops.push(Op {
-            operands,
-            results,
-            ..op.clone()
-        });
+        out.ops.push(Op { operands, results, ..op.clone() });
     }
     Ok(callee.results.iter().map(|r| map[r]).collect())
 }
@@ -215,11 +177,7 @@ pub fn activity(f: &Function, loss: ValueId, wrt: &[ValueId]) -> Vec<bool> {
 
 /// Appends to `f` the ops computing d`loss`/d`wrt`, returning one gradient
 /// per `wrt` value (zeros where the loss does not depend on it).
-pub fn backward(
-    f: &mut Function,
-    loss: ValueId,
-    wrt: &[ValueId],
-) -> Result<Vec<ValueId>, GradError> {
+pub fn backward(f: &mut Function, loss: ValueId, wrt: &[ValueId]) -> Result<Vec<ValueId>, GradError> {
     let forward: Vec<Op> = f.ops.clone();
     let active_values = activity(f, loss, wrt);
     let mut b = Builder::new(f, None);
@@ -227,27 +185,17 @@ pub fn backward(
     let seed = b.splat_like(1.0, loss);
     cotangents.insert(loss, seed);
     for op in forward.iter().rev() {
-        let g: Vec<Option<ValueId>> = op
-            .results
-            .iter()
-            .map(|r| cotangents.get(r).copied())
-            .collect();
+        let g: Vec<Option<ValueId>> = op.results.iter().map(|r| cotangents.get(r).copied()).collect();
         if g.iter().all(Option::is_none) {
             continue;
         }
-        let active: Vec<bool> = op
-            .operands
-            .iter()
-            .map(|o| active_values[o.0 as usize])
-            .collect();
+        let active: Vec<bool> = op.operands.iter().map(|o| active_values[o.0 as usize]).collect();
         if !active.iter().any(|a| *a) {
             continue;
         }
         b.set_loc(op.loc.clone());
         let contributions = rules::vjp(&mut b, op, &g, &active)?;
-        for ((operand, contribution), is_active) in
-            op.operands.iter().zip(contributions).zip(&active)
-        {
+        for ((operand, contribution), is_active) in op.operands.iter().zip(contributions).zip(&active) {
             let (Some(c), true) = (contribution, is_active) else {
                 continue;
             };
@@ -259,15 +207,7 @@ pub fn backward(
         }
     }
     b.set_loc(None);
-    Ok(wrt
-        .iter()
-        .map(|w| {
-            cotangents
-                .get(w)
-                .copied()
-                .unwrap_or_else(|| b.splat_like(0.0, *w))
-        })
-        .collect())
+    Ok(wrt.iter().map(|w| cotangents.get(w).copied().unwrap_or_else(|| b.splat_like(0.0, *w))).collect())
 }
 
 /// A module holding the forward entry and its gradient function.
@@ -292,11 +232,7 @@ pub fn differentiate(module: &Module, entry: &str) -> Result<Gradient, GradError
     let mut grad = forward.clone();
     grad.name = format!("{entry}_grad");
     let loss = grad.results[0];
-    let wrt: Vec<ValueId> = signature
-        .params
-        .iter()
-        .map(|(i, _)| grad.args[*i])
-        .collect();
+    let wrt: Vec<ValueId> = signature.params.iter().map(|(i, _)| grad.args[*i]).collect();
     let grads = backward(&mut grad, loss, &wrt)?;
     grad.results = std::iter::once(loss).chain(grads).collect();
     grad.eliminate_dead_code();
@@ -304,10 +240,7 @@ pub fn differentiate(module: &Module, entry: &str) -> Result<Gradient, GradError
     crate::iree::legalize(&mut grad);
     let (forward_ops, gradient_ops) = (forward.ops.len(), grad.ops.len());
     Ok(Gradient {
-        module: Module {
-            functions: vec![forward, grad],
-            resources: module.resources.clone(),
-        },
+        module: Module { functions: vec![forward, grad], resources: module.resources.clone() },
         signature,
         forward_ops,
         gradient_ops,

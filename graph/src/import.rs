@@ -62,10 +62,7 @@ pub(crate) const PRINT_FLAGS: [&str; 2] = ["--mlir-print-op-generic", "--mlir-pr
 /// Reads and imports the module at `path`.
 pub fn import_file(path: &Path) -> Result<Module, ImportError> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ImportError::Read {
-        path: name.clone(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ImportError::Read { path: name.clone(), source })?;
     import_text(&name, &text, Some(path))
 }
 
@@ -78,10 +75,7 @@ fn import_text(name: &str, text: &str, path: Option<&Path>) -> Result<Module, Im
     let generic = match iree::normalize(text, path) {
         Ok(generic) => generic,
         Err(iree::NormalizeError::Parse(message)) => {
-            return Err(ImportError::Parse {
-                path: name.to_owned(),
-                message,
-            });
+            return Err(ImportError::Parse { path: name.to_owned(), message });
         }
         // Without IREE, generic-form input still imports; anything else
         // fails to parse below with melior's diagnostic.
@@ -119,25 +113,15 @@ pub(crate) fn with_parsed<T>(
     let sink = diagnostics.clone();
     let id = context.attach_diagnostic_handler(move |d| {
         let message = d.to_string().replace('\n', "; ");
-        sink.borrow_mut().push(format!(
-            "{}: {message}",
-            crate::ir::human_location(&d.location().to_string())
-        ));
+        sink.borrow_mut().push(format!("{}: {message}", crate::ir::human_location(&d.location().to_string())));
         true
     });
     let module = MlirModule::parse(&context, text);
     let result = match module {
         Some(module) if module.as_operation().verify() => f(&module),
         _ => {
-            let message = diagnostics
-                .borrow()
-                .first()
-                .cloned()
-                .unwrap_or_else(|| "invalid MLIR".to_owned());
-            Err(ImportError::Parse {
-                path: name.to_owned(),
-                message,
-            })
+            let message = diagnostics.borrow().first().cloned().unwrap_or_else(|| "invalid MLIR".to_owned());
+            Err(ImportError::Parse { path: name.to_owned(), message })
         }
     };
     context.detach_diagnostic_handler(id);
@@ -155,10 +139,7 @@ fn parse_generic(name: &str, text: &str) -> Result<Module, ImportError> {
                 functions.push(read_function(name, op)?);
             }
         }
-        Ok(Module {
-            functions,
-            resources: resources.clone(),
-        })
+        Ok(Module { functions, resources: resources.clone() })
     })
 }
 
@@ -170,25 +151,12 @@ fn string_attr(op: OperationRef<'_, '_>, key: &str) -> Option<String> {
 fn read_function(path: &str, func: OperationRef<'_, '_>) -> Result<Function, ImportError> {
     let fname = string_attr(func, "sym_name").unwrap_or_default();
     let public = string_attr(func, "sym_visibility").is_none_or(|v| v == "public");
-    let type_error = |error| ImportError::Type {
-        path: path.to_owned(),
-        function: fname.clone(),
-        error,
-    };
-    let unsupported = |what: String| ImportError::Unsupported {
-        path: path.to_owned(),
-        what,
-    };
-    let region = func
-        .region(0)
-        .map_err(|_| unsupported(format!("@{fname} has no body")))?;
-    let block = region
-        .first_block()
-        .ok_or_else(|| unsupported(format!("@{fname} is only a declaration")))?;
+    let type_error = |error| ImportError::Type { path: path.to_owned(), function: fname.clone(), error };
+    let unsupported = |what: String| ImportError::Unsupported { path: path.to_owned(), what };
+    let region = func.region(0).map_err(|_| unsupported(format!("@{fname} has no body")))?;
+    let block = region.first_block().ok_or_else(|| unsupported(format!("@{fname} is only a declaration")))?;
     if block.next_in_region().is_some() {
-        return Err(unsupported(format!(
-            "@{fname} has several blocks; control flow is not supported"
-        )));
+        return Err(unsupported(format!("@{fname} has several blocks; control flow is not supported")));
     }
 
     let mut arg_types = Vec::new();
@@ -200,40 +168,24 @@ fn read_function(path: &str, func: OperationRef<'_, '_>) -> Result<Function, Imp
     f.public = public;
     let mut values: HashMap<usize, ValueId> = HashMap::new();
     for (i, arg) in f.args.iter().enumerate() {
-        let raw = block
-            .argument(i)
-            .map_err(|e| unsupported(e.to_string()))?
-            .to_raw()
-            .ptr as usize;
+        let raw = block.argument(i).map_err(|e| unsupported(e.to_string()))?.to_raw().ptr as usize;
         values.insert(raw, *arg);
     }
 
-    let flags = || {
-        OperationPrintingFlags::new()
-            .print_generic_operation_form()
-            .use_local_scope()
-    };
+    let flags = || OperationPrintingFlags::new().print_generic_operation_form().use_local_scope();
     let mut next = block.first_operation();
     while let Some(op) = next {
         next = op.next_in_block();
-        let name = op
-            .name()
-            .as_string_ref()
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
+        let name = op.name().as_string_ref().as_str().unwrap_or_default().to_owned();
         let loc = Some(op.location().to_string());
         let mut operands = Vec::new();
         for operand in op.operands() {
-            let id = values
-                .get(&(operand.to_raw().ptr as usize))
-                .copied()
-                .ok_or_else(|| {
-                    unsupported(format!(
-                        "{name} at {} uses a value from outside @{fname}",
-                        crate::ir::human_location(loc.as_deref().unwrap_or(""))
-                    ))
-                })?;
+            let id = values.get(&(operand.to_raw().ptr as usize)).copied().ok_or_else(|| {
+                unsupported(format!(
+                    "{name} at {} uses a value from outside @{fname}",
+                    crate::ir::human_location(loc.as_deref().unwrap_or(""))
+                ))
+            })?;
             operands.push(id);
         }
         if name == "func.return" {
@@ -247,49 +199,35 @@ fn read_function(path: &str, func: OperationRef<'_, '_>) -> Result<Function, Imp
             values.insert(result.to_raw().ptr as usize, id);
             results.push(id);
         }
-        let printed = op
-            .to_string_with_flags(flags())
-            .map_err(|e| unsupported(e.to_string()))?;
+        let printed = op.to_string_with_flags(flags()).map_err(|e| unsupported(e.to_string()))?;
         let (props, regions, attrs) = split_printed(&printed);
-        f.ops.push(Op {
-            name,
-            operands,
-            results,
-            props,
-            attrs,
-            regions,
-            loc,
-        });
+        f.ops.push(Op { name, operands, results, props, attrs, regions, loc });
     }
     Ok(f)
 }
 
+/// The attribute pairs of an op's `<{…}>` or `{…}` dictionary.
+type Pairs = Vec<(String, String)>;
+
 /// Splits a generic op's printed text into its properties, regions and
 /// discardable attributes.
-fn split_printed(text: &str) -> (Vec<(String, String)>, Option<String>, Vec<(String, String)>) {
+fn split_printed(text: &str) -> (Pairs, Option<String>, Pairs) {
     // `%r = "name"(%a, %b) <{…}> ({…}) {…} : (…) -> …`
     let after_name = text.find("\"(").map_or(text.len(), |i| i + 1);
-    let mut rest = matching_close(text, after_name).map_or("", |end| &text[end..]);
+    let mut rest = matching_close(text, after_name).map_or("", |end| &text[end..]).trim_start();
     let mut props = Vec::new();
     let mut regions = None;
     let mut attrs = Vec::new();
-    rest = rest.trim_start();
-    if rest.starts_with("<{") {
-        if let Some(end) = matching_close(rest, 1) {
-            props = parse_dict(&rest[2..end - 1]);
-            rest = rest[end..].trim_start_matches('>').trim_start();
-        }
+    if let Some(end) = rest.starts_with("<{").then(|| matching_close(rest, 1)).flatten() {
+        props = parse_dict(&rest[2..end - 1]);
+        rest = rest[end..].trim_start_matches('>').trim_start();
     }
-    if rest.starts_with('(') {
-        if let Some(end) = matching_close(rest, 0) {
-            regions = Some(rest[..end].to_owned());
-            rest = rest[end..].trim_start();
-        }
+    if let Some(end) = rest.starts_with('(').then(|| matching_close(rest, 0)).flatten() {
+        regions = Some(rest[..end].to_owned());
+        rest = rest[end..].trim_start();
     }
-    if rest.starts_with('{') {
-        if let Some(end) = matching_close(rest, 0) {
-            attrs = parse_dict(&rest[1..end - 1]);
-        }
+    if let Some(end) = rest.starts_with('{').then(|| matching_close(rest, 0)).flatten() {
+        attrs = parse_dict(&rest[1..end - 1]);
     }
     (props, regions, attrs)
 }
@@ -303,10 +241,7 @@ mod tests {
         let (p, r, a) = split_printed(
             "%0 = \"stablehlo.reduce\"(%1, %2) <{dimensions = array<i64: 1>}> ({\n^bb0(%a: tensor<f32>, %b: tensor<f32>):\n  \"stablehlo.return\"(%a) : (tensor<f32>) -> ()\n}) {mhlo.x = \"}\"} : (tensor<2x3xf32>, tensor<f32>) -> tensor<2xf32>",
         );
-        assert_eq!(
-            p,
-            vec![("dimensions".to_owned(), "array<i64: 1>".to_owned())]
-        );
+        assert_eq!(p, vec![("dimensions".to_owned(), "array<i64: 1>".to_owned())]);
         assert!(r.expect("region").starts_with("({"));
         assert_eq!(a, vec![("mhlo.x".to_owned(), "\"}\"".to_owned())]);
     }
@@ -337,8 +272,7 @@ mod tests {
 
     #[test]
     fn reports_parse_errors_with_location() {
-        let err = parse_generic("bad.mlir", "\"builtin.module\"() ({ %0 = }) : () -> ()")
-            .expect_err("must fail");
+        let err = parse_generic("bad.mlir", "\"builtin.module\"() ({ %0 = }) : () -> ()").expect_err("must fail");
         let msg = err.to_string();
         assert!(msg.starts_with("bad.mlir does not parse:"), "{msg}");
         assert!(!msg.contains('\n'), "{msg}");

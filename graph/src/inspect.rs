@@ -31,38 +31,16 @@ pub fn inspect(module: &Module, entry: &str) -> Result<Report, GradError> {
         .ops
         .iter()
         .filter(|op| !has_rule(&op.name))
-        .map(|op| {
-            (
-                op.name.clone(),
-                op.location(),
-                op.operands.iter().any(|o| active[o.0 as usize]),
-            )
-        })
+        .map(|op| (op.name.clone(), op.location(), op.operands.iter().any(|o| active[o.0 as usize])))
         .collect();
-    let histogram = f
-        .histogram()
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
-    Ok(Report {
-        entry: entry.to_owned(),
-        args: f.arg_types(),
-        signature,
-        histogram,
-        missing_rules,
-    })
+    let histogram = f.histogram().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    Ok(Report { entry: entry.to_owned(), args: f.arg_types(), signature, histogram, missing_rules })
 }
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let args: Vec<String> = self.args.iter().map(ToString::to_string).collect();
-        writeln!(
-            f,
-            "entry       @{}({}) -> {}",
-            self.entry,
-            args.join(", "),
-            self.signature.loss
-        )?;
+        writeln!(f, "entry       @{}({}) -> {}", self.entry, args.join(", "), self.signature.loss)?;
         let bytes: usize = self
             .signature
             .params
@@ -95,11 +73,7 @@ impl fmt::Display for Report {
         } else {
             writeln!(f, "without a gradient rule:")?;
             for (name, loc, on_path) in &self.missing_rules {
-                let path = if *on_path {
-                    " (on the gradient path)"
-                } else {
-                    ""
-                };
+                let path = if *on_path { " (on the gradient path)" } else { "" };
                 writeln!(f, "  {name} at {loc}{path}")?;
             }
             Ok(())

@@ -52,9 +52,7 @@ impl Op {
 
     /// A human-readable location (`model.mlir:3:10`), or `unknown location`.
     pub fn location(&self) -> String {
-        self.loc
-            .as_deref()
-            .map_or_else(|| "unknown location".to_owned(), human_location)
+        self.loc.as_deref().map_or_else(|| "unknown location".to_owned(), human_location)
     }
 
     /// The names of the ops inside this op's regions, terminators excluded.
@@ -80,17 +78,11 @@ impl Op {
 
 /// Turns `loc("a.mlir":3:10)` into `a.mlir:3:10`, keeping other forms readable.
 pub fn human_location(loc: &str) -> String {
-    let inner = loc
-        .strip_prefix("loc(")
-        .and_then(|l| l.strip_suffix(')'))
-        .unwrap_or(loc);
+    let inner = loc.strip_prefix("loc(").and_then(|l| l.strip_suffix(')')).unwrap_or(loc);
     // Prefer the innermost file:line:col of a fused or named location.
     if let Some(q) = inner.rfind("\":") {
         let start = inner[..q].rfind('"').map_or(0, |s| s + 1);
-        let tail: String = inner[q + 1..]
-            .chars()
-            .take_while(|c| c.is_ascii_digit() || *c == ':')
-            .collect();
+        let tail: String = inner[q + 1..].chars().take_while(|c| c.is_ascii_digit() || *c == ':').collect();
         return format!("{}{}", &inner[start..q], tail);
     }
     inner.to_owned()
@@ -186,30 +178,16 @@ impl Function {
     }
 
     fn print(&self, out: &mut String, region_counter: &mut usize) {
-        let sig = |types: Vec<TensorType>| {
-            types
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let sig = |types: Vec<TensorType>| types.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
         let _ = write!(
             out,
             "  \"func.func\"() <{{function_type = ({}) -> ({}), sym_name = \"{}\"{}}}> ({{\n  ^bb0(",
             sig(self.arg_types()),
             sig(self.result_types()),
             self.name,
-            if self.public {
-                ""
-            } else {
-                ", sym_visibility = \"private\""
-            }
+            if self.public { "" } else { ", sym_visibility = \"private\"" }
         );
-        let args: Vec<String> = self
-            .args
-            .iter()
-            .map(|a| format!("%v{}: {}", a.0, self.ty(*a)))
-            .collect();
+        let args: Vec<String> = self.args.iter().map(|a| format!("%v{}: {}", a.0, self.ty(*a))).collect();
         out.push_str(&args.join(", "));
         out.push_str("):\n");
         for op in &self.ops {
@@ -241,18 +219,10 @@ impl Function {
         if !op.attrs.is_empty() {
             let _ = write!(out, " {{{}}}", dict(&op.attrs));
         }
-        let operand_types: Vec<String> = op
-            .operands
-            .iter()
-            .map(|o| self.ty(*o).to_string())
-            .collect();
-        let result_types: Vec<String> =
-            op.results.iter().map(|o| self.ty(*o).to_string()).collect();
-        let results = if result_types.len() == 1 {
-            result_types[0].clone()
-        } else {
-            format!("({})", result_types.join(", "))
-        };
+        let operand_types: Vec<String> = op.operands.iter().map(|o| self.ty(*o).to_string()).collect();
+        let result_types: Vec<String> = op.results.iter().map(|o| self.ty(*o).to_string()).collect();
+        let results =
+            if result_types.len() == 1 { result_types[0].clone() } else { format!("({})", result_types.join(", ")) };
         let _ = write!(out, " : ({}) -> {}", operand_types.join(", "), results);
         if let Some(loc) = &op.loc {
             let _ = write!(out, " {loc}");
@@ -261,25 +231,11 @@ impl Function {
 }
 
 fn names(values: &[ValueId]) -> String {
-    values
-        .iter()
-        .map(|v| format!("%v{}", v.0))
-        .collect::<Vec<_>>()
-        .join(", ")
+    values.iter().map(|v| format!("%v{}", v.0)).collect::<Vec<_>>().join(", ")
 }
 
 fn dict(pairs: &[(String, String)]) -> String {
-    pairs
-        .iter()
-        .map(|(k, v)| {
-            if v == "unit" {
-                k.clone()
-            } else {
-                format!("{k} = {v}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+    pairs.iter().map(|(k, v)| if v == "unit" { k.clone() } else { format!("{k} = {v}") }).collect::<Vec<_>>().join(", ")
 }
 
 /// Prefixes every SSA name in region text so that regions never clash with
@@ -350,10 +306,7 @@ mod tests {
 
     #[test]
     fn renames_region_values_outside_strings() {
-        let r = rename_region_values(
-            "({\n^bb0(%a: tensor<f32>):\n  \"x\"(%a) {s = \"%keep\"} : () -> ()\n})",
-            3,
-        );
+        let r = rename_region_values("({\n^bb0(%a: tensor<f32>):\n  \"x\"(%a) {s = \"%keep\"} : () -> ()\n})", 3);
         assert!(r.contains("%r3_a: tensor<f32>"));
         assert!(r.contains("\"x\"(%r3_a)"));
         assert!(r.contains("\"%keep\""));
@@ -362,17 +315,14 @@ mod tests {
     #[test]
     fn human_locations() {
         assert_eq!(human_location("loc(\"m.mlir\":3:10)"), "m.mlir:3:10");
-        assert_eq!(
-            human_location("loc(\"jit(f)/add\"(\"/tmp/x.py\":7:2))"),
-            "/tmp/x.py:7:2"
-        );
+        assert_eq!(human_location("loc(\"jit(f)/add\"(\"/tmp/x.py\":7:2))"), "/tmp/x.py:7:2");
         assert_eq!(human_location("loc(unknown)"), "unknown");
     }
 
     #[test]
     fn dead_code_is_removed() {
         let t = TensorType::parse("tensor<f32>").expect("type");
-        let mut f = Function::new("f", &[t.clone()]);
+        let mut f = Function::new("f", std::slice::from_ref(&t));
         let mut b = Builder::new(&mut f, None);
         let x = b.function().args[0];
         let used = b.neg(x);

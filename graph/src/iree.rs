@@ -53,19 +53,12 @@ fn venv_library(venv: &Path) -> Option<PathBuf> {
     let entries = std::fs::read_dir(&lib).ok()?;
     entries
         .flatten()
-        .map(|e| {
-            e.path()
-                .join("site-packages/iree/compiler/_mlir_libs/libIREECompiler.so")
-        })
+        .map(|e| e.path().join("site-packages/iree/compiler/_mlir_libs/libIREECompiler.so"))
         .find(|p| p.is_file())
 }
 
 fn first_line(text: &str) -> String {
-    text.lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or("unknown error")
-        .to_owned()
+    text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("unknown error").to_owned()
 }
 
 /// Why IREE could not normalise a source.
@@ -88,17 +81,10 @@ pub(crate) fn normalize(text: &str, path: Option<&Path>) -> Result<String, Norma
     }
     .map_err(|e| NormalizeError::Parse(diagnostic(&e)))?;
     let mut invocation = session.create_invocation();
-    invocation
-        .parse_source(source)
-        .map_err(|e| NormalizeError::Parse(diagnostic(&e)))?;
-    let mut output =
-        MemBufferOutput::new(compiler).map_err(|e| NormalizeError::Unavailable(diagnostic(&e)))?;
-    invocation
-        .output_ir(&mut output)
-        .map_err(|e| NormalizeError::Parse(diagnostic(&e)))?;
-    let bytes = output
-        .map_memory()
-        .map_err(|e| NormalizeError::Unavailable(diagnostic(&e)))?;
+    invocation.parse_source(source).map_err(|e| NormalizeError::Parse(diagnostic(&e)))?;
+    let mut output = MemBufferOutput::new(compiler).map_err(|e| NormalizeError::Unavailable(diagnostic(&e)))?;
+    invocation.output_ir(&mut output).map_err(|e| NormalizeError::Parse(diagnostic(&e)))?;
+    let bytes = output.map_memory().map_err(|e| NormalizeError::Unavailable(diagnostic(&e)))?;
     String::from_utf8(bytes.to_vec()).map_err(|e| NormalizeError::Parse(e.to_string()))
 }
 

@@ -44,11 +44,7 @@ pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
             writeln!(stdout, "model       {}", model.display())?;
             write!(stdout, "{report}")?;
         }
-        GraphCommand::Grad {
-            model,
-            entry,
-            output,
-        } => {
+        GraphCommand::Grad { model, entry, output } => {
             let start = Instant::now();
             let module = pcp_graph::import_file(&model).map_err(Failure::input)?;
             let imported = start.elapsed();
@@ -58,8 +54,7 @@ pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
             pcp_graph::import::verify(&output.display().to_string(), &gradient.module)
                 .context("internal error: the generated module does not verify")?;
             let total = start.elapsed();
-            std::fs::write(&output, text)
-                .with_context(|| format!("cannot write {}", output.display()))?;
+            std::fs::write(&output, text).with_context(|| format!("cannot write {}", output.display()))?;
             writeln!(
                 stdout,
                 "wrote {}: @{entry}_grad returns the loss and {} gradients ({} parameters)",

@@ -31,35 +31,25 @@ pub(crate) struct Failure {
 impl Failure {
     /// Bad input from the user: exit code 2.
     pub(crate) fn input(error: impl Into<anyhow::Error>) -> Self {
-        Self {
-            code: 2,
-            error: error.into(),
-        }
+        Self { code: 2, error: error.into() }
     }
 }
 
 impl<E: Into<anyhow::Error>> From<E> for Failure {
     fn from(error: E) -> Self {
-        Self {
-            code: 1,
-            error: error.into(),
-        }
+        Self { code: 1, error: error.into() }
     }
 }
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Graph(command)) => graph::run(command),
-        None => Err(Failure::input(anyhow::anyhow!(
-            "no command given; see `pcp-node --help`"
-        ))),
+        None => Err(Failure::input(anyhow::anyhow!("no command given; see `pcp-node --help`"))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -85,11 +85,7 @@ struct Ctx<'o> {
 
 impl Ctx<'_> {
     fn unsupported(&self, reason: impl Into<String>) -> GradError {
-        GradError::Unsupported {
-            op: self.op.name.clone(),
-            location: self.op.location(),
-            reason: reason.into(),
-        }
+        GradError::Unsupported { op: self.op.name.clone(), location: self.op.location(), reason: reason.into() }
     }
 
     fn ints(&self, key: &str) -> Result<Vec<i64>, GradError> {
@@ -124,10 +120,7 @@ pub(super) fn vjp(
         return Ok(vec![None; op.operands.len()]);
     }
     if !DIFFERENTIABLE.contains(&op.name.as_str()) {
-        return Err(GradError::NoRule {
-            op: op.name.clone(),
-            location: op.location(),
-        });
+        return Err(GradError::NoRule { op: op.name.clone(), location: op.location() });
     }
     if op.results.len() != 1 {
         return Err(cx.unsupported(format!("{} results", op.results.len())));
@@ -139,10 +132,7 @@ pub(super) fn vjp(
     Ok(match op.name.as_str() {
         "stablehlo.add" => vec![Some(g), Some(g)],
         "stablehlo.subtract" => vec![Some(g), active[1].then(|| b.neg(g))],
-        "stablehlo.multiply" => vec![
-            active[0].then(|| b.mul(g, x[1])),
-            active[1].then(|| b.mul(g, x[0])),
-        ],
+        "stablehlo.multiply" => vec![active[0].then(|| b.mul(g, x[1])), active[1].then(|| b.mul(g, x[0]))],
         "stablehlo.divide" => {
             let ga = b.div(g, x[1]);
             let gb = active[1].then(|| {
@@ -235,18 +225,11 @@ pub(super) fn vjp(
                 let w = b.select(mine, w, zero);
                 b.mul(g, w)
             };
-            vec![
-                active[0].then(|| share(b, ea, eb)),
-                active[1].then(|| share(b, eb, ea)),
-            ]
+            vec![active[0].then(|| share(b, ea, eb)), active[1].then(|| share(b, eb, ea))]
         }
         "stablehlo.select" => {
             let zero = b.splat_like(0.0, g);
-            vec![
-                None,
-                active[1].then(|| b.select(x[0], g, zero)),
-                active[2].then(|| b.select(x[0], zero, g)),
-            ]
+            vec![None, active[1].then(|| b.select(x[0], g, zero)), active[2].then(|| b.select(x[0], zero, g))]
         }
         "stablehlo.clamp" => clamp(b, x, g, active),
         "stablehlo.convert" => vec![Some(b.convert(g, &b.ty(x[0]).element))],
@@ -259,12 +242,7 @@ pub(super) fn vjp(
             }
             vec![Some(b.transpose(g, &inverse))]
         }
-        "stablehlo.broadcast_in_dim" => vec![Some(unbroadcast(
-            b,
-            g,
-            &b.ty(x[0]),
-            &cx.ints("broadcast_dimensions")?,
-        ))],
+        "stablehlo.broadcast_in_dim" => vec![Some(unbroadcast(b, g, &b.ty(x[0]), &cx.ints("broadcast_dimensions")?))],
         "stablehlo.broadcast" => {
             let added = cx.ints("broadcast_sizes")?.len() as i64;
             vec![Some(b.reduce_sum(g, &(0..added).collect::<Vec<_>>()))]
@@ -276,9 +254,8 @@ pub(super) fn vjp(
             if out_shape.contains(&0) {
                 return Ok(vec![Some(b.splat(0.0, &t))]);
             }
-            let high: Vec<i64> = (0..t.rank())
-                .map(|i| t.shape[i] - (start[i] + (out_shape[i] - 1) * strides[i] + 1))
-                .collect();
+            let high: Vec<i64> =
+                (0..t.rank()).map(|i| t.shape[i] - (start[i] + (out_shape[i] - 1) * strides[i] + 1)).collect();
             let interior: Vec<i64> = strides.iter().map(|s| s - 1).collect();
             let zero = b.splat(0.0, &TensorType::scalar(t.element.clone()));
             vec![Some(b.pad(g, zero, &start, &high, &interior))]
@@ -288,13 +265,7 @@ pub(super) fn vjp(
             let mut operands = vec![zeros, g];
             operands.extend_from_slice(&x[1..]);
             let t = b.ty(x[0]);
-            let mut contributions = vec![Some(b.op(
-                "stablehlo.dynamic_update_slice",
-                &operands,
-                Vec::new(),
-                None,
-                t,
-            ))];
+            let mut contributions = vec![Some(b.op("stablehlo.dynamic_update_slice", &operands, Vec::new(), None, t))];
             contributions.extend(std::iter::repeat_n(None, x.len() - 1));
             contributions
         }
@@ -305,31 +276,19 @@ pub(super) fn vjp(
                 let zeros = b.splat(0.0, &update);
                 let mut operands = vec![g, zeros];
                 operands.extend_from_slice(&x[2..]);
-                contributions[0] = Some(b.op(
-                    "stablehlo.dynamic_update_slice",
-                    &operands,
-                    Vec::new(),
-                    None,
-                    b.ty(g),
-                ));
+                contributions[0] = Some(b.op("stablehlo.dynamic_update_slice", &operands, Vec::new(), None, b.ty(g)));
             }
             if active[1] {
                 let mut operands = vec![g];
                 operands.extend_from_slice(&x[2..]);
-                let props = vec![(
-                    "slice_sizes".to_owned(),
-                    crate::ir::attr::i64_array(&update.shape),
-                )];
-                contributions[1] =
-                    Some(b.op("stablehlo.dynamic_slice", &operands, props, None, update));
+                let props = vec![("slice_sizes".to_owned(), crate::ir::attr::i64_array(&update.shape))];
+                contributions[1] = Some(b.op("stablehlo.dynamic_slice", &operands, props, None, update));
             }
             contributions
         }
         "stablehlo.concatenate" => {
-            let dim = op
-                .attr("dimension")
-                .and_then(parse_int)
-                .ok_or_else(|| cx.unsupported("missing dimension"))? as usize;
+            let dim =
+                op.attr("dimension").and_then(parse_int).ok_or_else(|| cx.unsupported("missing dimension"))? as usize;
             let gt = b.ty(g);
             let mut offset = 0;
             let mut contributions = Vec::new();
@@ -346,11 +305,8 @@ pub(super) fn vjp(
             contributions
         }
         "stablehlo.pad" => {
-            let (low, high, interior) = (
-                cx.ints("edge_padding_low")?,
-                cx.ints("edge_padding_high")?,
-                cx.ints("interior_padding")?,
-            );
+            let (low, high, interior) =
+                (cx.ints("edge_padding_low")?, cx.ints("edge_padding_high")?, cx.ints("interior_padding")?);
             let t = b.ty(x[0]);
             let zero = b.splat(0.0, &TensorType::scalar(t.element.clone()));
             let neg = |v: &[i64]| v.iter().map(|p| -p).collect::<Vec<_>>();
@@ -371,22 +327,12 @@ pub(super) fn vjp(
         "stablehlo.reduce_window" => reduce_window(b, &cx, g, active)?,
         "stablehlo.gather" => gather(b, &cx, g)?,
         other => {
-            return Err(GradError::NoRule {
-                op: other.to_owned(),
-                location: op.location(),
-            });
+            return Err(GradError::NoRule { op: other.to_owned(), location: op.location() });
         }
     })
 }
 
-fn power(
-    b: &mut Builder<'_>,
-    a: ValueId,
-    e: ValueId,
-    out: ValueId,
-    g: ValueId,
-    active: &[bool],
-) -> Contributions {
+fn power(b: &mut Builder<'_>, a: ValueId, e: ValueId, out: ValueId, g: ValueId, active: &[bool]) -> Contributions {
     let zero = b.splat_like(0.0, g);
     let ga = active[0].then(|| {
         // d/da a^e = e * a^(e-1), and 0 where e == 0.
@@ -413,20 +359,12 @@ fn power(
 fn clamp(b: &mut Builder<'_>, x: &[ValueId], g: ValueId, active: &[bool]) -> Contributions {
     let shape = b.ty(g).shape;
     let full = |b: &mut Builder<'_>, v: ValueId| {
-        if b.ty(v).rank() == 0 && !shape.is_empty() {
-            b.broadcast_in_dim(v, &[], &shape)
-        } else {
-            v
-        }
+        if b.ty(v).rank() == 0 && !shape.is_empty() { b.broadcast_in_dim(v, &[], &shape) } else { v }
     };
     let (lo, hi) = (full(b, x[0]), full(b, x[2]));
     let zero = b.splat_like(0.0, g);
     let fold = |b: &mut Builder<'_>, v: ValueId, orig: ValueId| {
-        if b.ty(orig).rank() == 0 {
-            b.sum_all(v)
-        } else {
-            v
-        }
+        if b.ty(orig).rank() == 0 { b.sum_all(v) } else { v }
     };
     let glo = active[0].then(|| {
         let c1 = b.compare(lo, x[1], "GT");
@@ -452,9 +390,7 @@ fn clamp(b: &mut Builder<'_>, x: &[ValueId], g: ValueId, active: &[bool]) -> Con
 /// The transpose of `broadcast_in_dim`: sums `g` back to `operand`'s shape.
 fn unbroadcast(b: &mut Builder<'_>, g: ValueId, operand: &TensorType, dims: &[i64]) -> ValueId {
     let result = b.ty(g).shape;
-    let mut sum: Vec<i64> = (0..result.len() as i64)
-        .filter(|d| !dims.contains(d))
-        .collect();
+    let mut sum: Vec<i64> = (0..result.len() as i64).filter(|d| !dims.contains(d)).collect();
     for (i, d) in dims.iter().enumerate() {
         if operand.shape[i] == 1 && result[*d as usize] != 1 {
             sum.push(*d);
@@ -463,38 +399,22 @@ fn unbroadcast(b: &mut Builder<'_>, g: ValueId, operand: &TensorType, dims: &[i6
     sum.sort_unstable();
     let reduced = b.reduce_sum(g, &sum);
     // Kept result dims appear in increasing order; put them in operand order.
-    let kept: Vec<i64> = (0..result.len() as i64)
-        .filter(|d| !sum.contains(d))
-        .collect();
-    let order: Vec<(usize, i64)> = dims
-        .iter()
-        .enumerate()
-        .filter(|(_, d)| kept.contains(d))
-        .map(|(i, d)| (i, *d))
-        .collect();
-    let perm: Vec<i64> = order
-        .iter()
-        .map(|(_, d)| kept.iter().position(|k| k == d).unwrap_or(0) as i64)
-        .collect();
+    let kept: Vec<i64> = (0..result.len() as i64).filter(|d| !sum.contains(d)).collect();
+    let order: Vec<(usize, i64)> =
+        dims.iter().enumerate().filter(|(_, d)| kept.contains(d)).map(|(i, d)| (i, *d)).collect();
+    let perm: Vec<i64> = order.iter().map(|(_, d)| kept.iter().position(|k| k == d).unwrap_or(0) as i64).collect();
     let t = b.transpose(reduced, &perm);
     b.reshape(t, &operand.shape)
 }
 
-fn dot_general(
-    b: &mut Builder<'_>,
-    cx: &Ctx<'_>,
-    g: ValueId,
-    active: &[bool],
-) -> Result<Contributions, GradError> {
+fn dot_general(b: &mut Builder<'_>, cx: &Ctx<'_>, g: ValueId, active: &[bool]) -> Result<Contributions, GradError> {
     let (lhs, rhs) = (cx.op.operands[0], cx.op.operands[1]);
     let (lt, rt) = (b.ty(lhs), b.ty(rhs));
     let (lb, rb, lc, rc) = if cx.op.name == "stablehlo.dot" {
         (vec![], vec![], vec![lt.rank() as i64 - 1], vec![0])
     } else {
         let fields = struct_fields(
-            cx.op
-                .attr("dot_dimension_numbers")
-                .ok_or_else(|| cx.unsupported("missing dot_dimension_numbers"))?,
+            cx.op.attr("dot_dimension_numbers").ok_or_else(|| cx.unsupported("missing dot_dimension_numbers"))?,
         );
         (
             cx.field(&fields, "lhs_batching_dimensions"),
@@ -504,9 +424,7 @@ fn dot_general(
         )
     };
     let free = |rank: usize, batch: &[i64], contract: &[i64]| -> Vec<i64> {
-        (0..rank as i64)
-            .filter(|d| !batch.contains(d) && !contract.contains(d))
-            .collect()
+        (0..rank as i64).filter(|d| !batch.contains(d) && !contract.contains(d)).collect()
     };
     let (lf, rf) = (free(lt.rank(), &lb, &lc), free(rt.rank(), &rb, &rc));
     let nb = lb.len() as i64;
@@ -523,15 +441,7 @@ fn dot_general(
                           my: (&TensorType, &[i64], &[i64], &[i64]),
                           other_contract: &[i64]| {
         let (my_t, my_batch, my_free, my_contract) = my;
-        let raw = b.dot_general(
-            g,
-            other,
-            &g_batch,
-            other_batch,
-            g_contract,
-            other_free,
-            my_t.element.clone(),
-        );
+        let raw = b.dot_general(g, other, &g_batch, other_batch, g_contract, other_free, my_t.element.clone());
         // Positions of raw: batch, my free dims, then other's contracting dims ascending.
         let mut sorted: Vec<i64> = other_contract.to_vec();
         sorted.sort_unstable();
@@ -541,33 +451,23 @@ fn dot_general(
             let k = other_contract.iter().position(|x| x == c).unwrap_or(0);
             source.push(my_contract[k]);
         }
-        let perm: Vec<i64> = (0..my_t.rank() as i64)
-            .map(|d| source.iter().position(|s| *s == d).unwrap_or(0) as i64)
-            .collect();
+        let perm: Vec<i64> =
+            (0..my_t.rank() as i64).map(|d| source.iter().position(|s| *s == d).unwrap_or(0) as i64).collect();
         b.transpose(raw, &perm)
     };
-    let gl =
-        active[0].then(|| transpose_into(b, rhs, &rb, &g_rhs_free, &rf, (&lt, &lb, &lf, &lc), &rc));
-    let gr =
-        active[1].then(|| transpose_into(b, lhs, &lb, &g_lhs_free, &lf, (&rt, &rb, &rf, &rc), &lc));
+    let gl = active[0].then(|| transpose_into(b, rhs, &rb, &g_rhs_free, &rf, (&lt, &lb, &lf, &lc), &rc));
+    let gr = active[1].then(|| transpose_into(b, lhs, &lb, &g_lhs_free, &lf, (&rt, &rb, &rf, &rc), &lc));
     Ok(vec![gl, gr])
 }
 
-fn reduce(
-    b: &mut Builder<'_>,
-    cx: &Ctx<'_>,
-    g: ValueId,
-    active: &[bool],
-) -> Result<Contributions, GradError> {
+fn reduce(b: &mut Builder<'_>, cx: &Ctx<'_>, g: ValueId, active: &[bool]) -> Result<Contributions, GradError> {
     if cx.op.operands.len() != 2 {
         return Err(cx.unsupported("variadic reduce (argmax and friends) on the gradient path"));
     }
     let (x, out) = (cx.op.operands[0], cx.op.results[0]);
     let xt = b.ty(x);
     let dims = cx.ints("dimensions")?;
-    let kept: Vec<i64> = (0..xt.rank() as i64)
-        .filter(|d| !dims.contains(d))
-        .collect();
+    let kept: Vec<i64> = (0..xt.rank() as i64).filter(|d| !dims.contains(d)).collect();
     let body = cx.op.body_ops();
     match body.as_slice() {
         ["stablehlo.add"] => {
@@ -577,9 +477,7 @@ fn reduce(
         }
         ["stablehlo.maximum" | "stablehlo.minimum"] => {
             if active[1] {
-                return Err(cx.unsupported(
-                    "the init value of a max/min reduction depends on the parameters",
-                ));
+                return Err(cx.unsupported("the init value of a max/min reduction depends on the parameters"));
             }
             // Ties share the gradient evenly, as jax.grad does.
             let outb = b.broadcast_in_dim(out, &kept, &xt.shape);
@@ -590,30 +488,19 @@ fn reduce(
             let shareb = b.broadcast_in_dim(share, &kept, &xt.shape);
             Ok(vec![Some(b.mul(shareb, ind)), None])
         }
-        other => Err(cx.unsupported(format!(
-            "reduce with body {other:?}; only add, maximum and minimum are differentiable"
-        ))),
+        other => {
+            Err(cx.unsupported(format!("reduce with body {other:?}; only add, maximum and minimum are differentiable")))
+        }
     }
 }
 
 fn dilate(sizes: &[i64], by: &[i64]) -> Vec<i64> {
-    sizes
-        .iter()
-        .zip(by)
-        .map(|(s, d)| if *s == 0 { 0 } else { 1 + d * (s - 1) })
-        .collect()
+    sizes.iter().zip(by).map(|(s, d)| if *s == 0 { 0 } else { 1 + d * (s - 1) }).collect()
 }
 
-fn reduce_window(
-    b: &mut Builder<'_>,
-    cx: &Ctx<'_>,
-    g: ValueId,
-    active: &[bool],
-) -> Result<Contributions, GradError> {
+fn reduce_window(b: &mut Builder<'_>, cx: &Ctx<'_>, g: ValueId, active: &[bool]) -> Result<Contributions, GradError> {
     if cx.op.operands.len() != 2 || cx.op.body_ops() != ["stablehlo.add"] {
-        return Err(
-            cx.unsupported("only single-operand reduce_window with an add body is differentiable")
-        );
+        return Err(cx.unsupported("only single-operand reduce_window with an add body is differentiable"));
     }
     if active[1] {
         return Err(cx.unsupported("the init value of reduce_window depends on the parameters"));
@@ -635,50 +522,29 @@ fn reduce_window(
     let out_shape = b.ty(g).shape;
     let window_dilated = dilate(&window, &wdil);
     let out_dilated = dilate(&out_shape, &strides);
-    let before: Vec<i64> = (0..rank)
-        .map(|i| window_dilated[i] - padding[i].0 - 1)
-        .collect();
-    let after: Vec<i64> = (0..rank)
-        .map(|i| xt.shape[i] + window_dilated[i] - 1 - out_dilated[i] - before[i])
-        .collect();
+    let before: Vec<i64> = (0..rank).map(|i| window_dilated[i] - padding[i].0 - 1).collect();
+    let after: Vec<i64> = (0..rank).map(|i| xt.shape[i] + window_dilated[i] - 1 - out_dilated[i] - before[i]).collect();
     let interior: Vec<i64> = strides.iter().map(|s| s - 1).collect();
     let zero = b.splat(0.0, &TensorType::scalar(xt.element.clone()));
     let padded = b.pad(g, zero, &before, &after, &interior);
     let pt = b.ty(padded);
-    let shape: Vec<i64> = (0..rank)
-        .map(|i| pt.shape[i] - window_dilated[i] + 1)
-        .collect();
+    let shape: Vec<i64> = (0..rank).map(|i| pt.shape[i] - window_dilated[i] + 1).collect();
     let scalar = TensorType::scalar(xt.element.clone());
     let region = format!(
         "({{\n    ^bb0(%a: {scalar}, %b: {scalar}):\n      %c = \"stablehlo.add\"(%a, %b) : ({scalar}, {scalar}) -> {scalar}\n      \"stablehlo.return\"(%c) : ({scalar}) -> ()\n    }})"
     );
-    let mut props = vec![(
-        "window_dimensions".to_owned(),
-        crate::ir::attr::i64_array(&window),
-    )];
+    let mut props = vec![("window_dimensions".to_owned(), crate::ir::attr::i64_array(&window))];
     if wdil.iter().any(|d| *d != 1) {
-        props.push((
-            "window_dilations".to_owned(),
-            crate::ir::attr::i64_array(&wdil),
-        ));
+        props.push(("window_dilations".to_owned(), crate::ir::attr::i64_array(&wdil)));
     }
-    let gx = b.op(
-        "stablehlo.reduce_window",
-        &[padded, zero],
-        props,
-        Some(region),
-        xt.with_shape(shape),
-    );
+    let gx = b.op("stablehlo.reduce_window", &[padded, zero], props, Some(region), xt.with_shape(shape));
     Ok(vec![Some(gx), None])
 }
 
 fn gather(b: &mut Builder<'_>, cx: &Ctx<'_>, g: ValueId) -> Result<Contributions, GradError> {
     let (operand, indices) = (cx.op.operands[0], cx.op.operands[1]);
-    let fields = struct_fields(
-        cx.op
-            .attr("dimension_numbers")
-            .ok_or_else(|| cx.unsupported("missing dimension_numbers"))?,
-    );
+    let fields =
+        struct_fields(cx.op.attr("dimension_numbers").ok_or_else(|| cx.unsupported("missing dimension_numbers"))?);
     let ivd = lookup(&fields, "index_vector_dim")
         .and_then(parse_int)
         .ok_or_else(|| cx.unsupported("missing index_vector_dim"))?;
@@ -687,10 +553,7 @@ fn gather(b: &mut Builder<'_>, cx: &Ctx<'_>, g: ValueId) -> Result<Contributions
         ("update_window_dims", "offset_dims"),
         ("inserted_window_dims", "collapsed_slice_dims"),
         ("input_batching_dims", "operand_batching_dims"),
-        (
-            "scatter_indices_batching_dims",
-            "start_indices_batching_dims",
-        ),
+        ("scatter_indices_batching_dims", "start_indices_batching_dims"),
         ("scatter_dims_to_operand_dims", "start_index_map"),
     ] {
         let v = cx.field(&fields, gather_key);
@@ -705,27 +568,11 @@ fn gather(b: &mut Builder<'_>, cx: &Ctx<'_>, g: ValueId) -> Result<Contributions
     let region = format!(
         "({{\n    ^bb0(%a: {scalar}, %b: {scalar}):\n      %c = \"stablehlo.add\"(%a, %b) : ({scalar}, {scalar}) -> {scalar}\n      \"stablehlo.return\"(%c) : ({scalar}) -> ()\n    }})"
     );
-    let sorted = cx
-        .op
-        .attr("indices_are_sorted")
-        .unwrap_or("false")
-        .to_owned();
+    let sorted = cx.op.attr("indices_are_sorted").unwrap_or("false").to_owned();
     let props = vec![
         ("indices_are_sorted".to_owned(), sorted),
-        (
-            "scatter_dimension_numbers".to_owned(),
-            format!("#stablehlo.scatter<{}>", parts.join(", ")),
-        ),
+        ("scatter_dimension_numbers".to_owned(), format!("#stablehlo.scatter<{}>", parts.join(", "))),
         ("unique_indices".to_owned(), "false".to_owned()),
     ];
-    Ok(vec![
-        Some(b.op(
-            "stablehlo.scatter",
-            &[zeros, indices, g],
-            props,
-            Some(region),
-            t,
-        )),
-        None,
-    ])
+    Ok(vec![Some(b.op("stablehlo.scatter", &[zeros, indices, g], props, Some(region), t)), None])
 }

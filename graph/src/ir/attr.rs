@@ -89,19 +89,13 @@ pub fn struct_fields(text: &str) -> Vec<(String, String)> {
     let Some(open) = text.find('<') else {
         return Vec::new();
     };
-    let inner = text[open + 1..]
-        .trim_end()
-        .strip_suffix('>')
-        .unwrap_or(&text[open + 1..]);
+    let inner = text[open + 1..].trim_end().strip_suffix('>').unwrap_or(&text[open + 1..]);
     parse_dict(inner)
 }
 
 /// Looks up `key` in parsed pairs.
 pub fn lookup<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    pairs
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
+    pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
 }
 
 /// Parses integer lists in the forms `array<i64: 1, 2>`, `array<i64>`, `[1, 2]`
@@ -120,11 +114,7 @@ pub fn parse_ints(text: &str) -> Option<Vec<i64>> {
     } else {
         text.strip_prefix('[')?.strip_suffix(']')?
     };
-    body.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse().ok())
-        .collect()
+    body.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.parse().ok()).collect()
 }
 
 /// Parses an integer attribute such as `1 : i64` or `1`.
@@ -142,7 +132,7 @@ pub fn parse_pairs(text: &str, rank: usize) -> Option<Vec<(i64, i64)>> {
         return Some(vec![(v, v); rank]);
     }
     let flat: Vec<i64> = body
-        .split(|c| c == '[' || c == ']' || c == ',')
+        .split(['[', ']', ','])
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| s.parse().ok())
@@ -175,42 +165,24 @@ mod tests {
             "dimension_numbers = #stablehlo.gather<offset_dims = [2], collapsed_slice_dims = [0]>, indices_are_sorted = false, slice_sizes = array<i64: 1, 64>",
         );
         assert_eq!(d.len(), 3);
-        assert_eq!(
-            lookup(&d, "slice_sizes").and_then(parse_ints),
-            Some(vec![1, 64])
-        );
+        assert_eq!(lookup(&d, "slice_sizes").and_then(parse_ints), Some(vec![1, 64]));
         let fields = struct_fields(lookup(&d, "dimension_numbers").expect("dn"));
-        assert_eq!(
-            lookup(&fields, "offset_dims").and_then(parse_ints),
-            Some(vec![2])
-        );
+        assert_eq!(lookup(&fields, "offset_dims").and_then(parse_ints), Some(vec![2]));
     }
 
     #[test]
     fn arrows_do_not_close_brackets() {
-        let parts = split_top_level(
-            "function_type = (tensor<f32>) -> tensor<f32>, sym_name = \"a,b\"",
-            b',',
-        );
+        let parts = split_top_level("function_type = (tensor<f32>) -> tensor<f32>, sym_name = \"a,b\"", b',');
         assert_eq!(parts.len(), 2);
     }
 
     #[test]
     fn reads_int_forms() {
         assert_eq!(parse_ints("array<i64>"), Some(vec![]));
-        assert_eq!(
-            parse_ints("dense<[1, 2]> : tensor<2xi64>"),
-            Some(vec![1, 2])
-        );
+        assert_eq!(parse_ints("dense<[1, 2]> : tensor<2xi64>"), Some(vec![1, 2]));
         assert_eq!(parse_int("3 : i64"), Some(3));
-        assert_eq!(
-            parse_pairs("dense<[[0, 0], [3, -1]]> : tensor<2x2xi64>", 2),
-            Some(vec![(0, 0), (3, -1)])
-        );
-        assert_eq!(
-            parse_pairs("dense<0> : tensor<2x2xi64>", 2),
-            Some(vec![(0, 0), (0, 0)])
-        );
+        assert_eq!(parse_pairs("dense<[[0, 0], [3, -1]]> : tensor<2x2xi64>", 2), Some(vec![(0, 0), (3, -1)]));
+        assert_eq!(parse_pairs("dense<0> : tensor<2x2xi64>", 2), Some(vec![(0, 0), (0, 0)]));
         assert_eq!(i64_array(&[1, 2]), "array<i64: 1, 2>");
     }
 

@@ -17,11 +17,7 @@ pub struct Builder<'f> {
 impl<'f> Builder<'f> {
     /// A builder appending to `f`; new ops carry `loc`.
     pub fn new(f: &'f mut Function, loc: Option<String>) -> Self {
-        Self {
-            f,
-            loc,
-            constants: HashMap::new(),
-        }
+        Self { f, loc, constants: HashMap::new() }
     }
 
     /// The function being built.
@@ -123,22 +119,10 @@ impl<'f> Builder<'f> {
         let t = self.ty(a);
         let kind = if t.is_float() { "FLOAT" } else { "SIGNED" };
         let props = vec![
-            (
-                "comparison_direction".to_owned(),
-                format!("#stablehlo<comparison_direction {direction}>"),
-            ),
-            (
-                "compare_type".to_owned(),
-                format!("#stablehlo<comparison_type {kind}>"),
-            ),
+            ("comparison_direction".to_owned(), format!("#stablehlo<comparison_direction {direction}>")),
+            ("compare_type".to_owned(), format!("#stablehlo<comparison_type {kind}>")),
         ];
-        self.op(
-            "stablehlo.compare",
-            &[a, b],
-            props,
-            None,
-            t.with_element(ElementType::Int("i1".into())),
-        )
+        self.op("stablehlo.compare", &[a, b], props, None, t.with_element(ElementType::Int("i1".into())))
     }
 
     /// Converts `x` to `element`, or returns `x` if it already has it.
@@ -147,13 +131,7 @@ impl<'f> Builder<'f> {
         if &t.element == element {
             return x;
         }
-        self.op(
-            "stablehlo.convert",
-            &[x],
-            Vec::new(),
-            None,
-            t.with_element(element.clone()),
-        )
+        self.op("stablehlo.convert", &[x], Vec::new(), None, t.with_element(element.clone()))
     }
 
     /// A splat constant of type `ty`, shared within this builder.
@@ -191,13 +169,7 @@ impl<'f> Builder<'f> {
         if t.shape == shape {
             return x;
         }
-        self.op(
-            "stablehlo.reshape",
-            &[x],
-            Vec::new(),
-            None,
-            t.with_shape(shape.to_vec()),
-        )
+        self.op("stablehlo.reshape", &[x], Vec::new(), None, t.with_shape(shape.to_vec()))
     }
 
     /// Permutes the dimensions of `x` (a no-op for the identity).
@@ -207,13 +179,7 @@ impl<'f> Builder<'f> {
         }
         let t = self.ty(x);
         let shape = perm.iter().map(|p| t.shape[*p as usize]).collect();
-        self.op(
-            "stablehlo.transpose",
-            &[x],
-            vec![("permutation".into(), i64_array(perm))],
-            None,
-            t.with_shape(shape),
-        )
+        self.op("stablehlo.transpose", &[x], vec![("permutation".into(), i64_array(perm))], None, t.with_shape(shape))
     }
 
     /// Broadcasts `x` into `shape`, operand dimension `i` becoming `dims[i]`.
@@ -223,13 +189,7 @@ impl<'f> Builder<'f> {
             return x;
         }
         let props = vec![("broadcast_dimensions".into(), i64_array(dims))];
-        self.op(
-            "stablehlo.broadcast_in_dim",
-            &[x],
-            props,
-            None,
-            t.with_shape(shape.to_vec()),
-        )
+        self.op("stablehlo.broadcast_in_dim", &[x], props, None, t.with_shape(shape.to_vec()))
     }
 
     /// A reduction of `x` over `dims` with the binary op `body` (`stablehlo.add`, …).
@@ -240,13 +200,7 @@ impl<'f> Builder<'f> {
         let t = self.ty(x);
         let scalar = TensorType::scalar(t.element.clone());
         let init = self.splat(init, &scalar);
-        let shape = t
-            .shape
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !dims.contains(&(*i as i64)))
-            .map(|(_, d)| *d)
-            .collect();
+        let shape = t.shape.iter().enumerate().filter(|(i, _)| !dims.contains(&(*i as i64))).map(|(_, d)| *d).collect();
         let region = format!(
             "({{\n    ^bb0(%a: {scalar}, %b: {scalar}):\n      %c = \"{body}\"(%a, %b) : ({scalar}, {scalar}) -> {scalar}\n      \"stablehlo.return\"(%c) : ({scalar}) -> ()\n    }})"
         );
@@ -271,14 +225,7 @@ impl<'f> Builder<'f> {
     }
 
     /// Pads `x` with `value`; negative edges crop.
-    pub fn pad(
-        &mut self,
-        x: ValueId,
-        value: ValueId,
-        low: &[i64],
-        high: &[i64],
-        interior: &[i64],
-    ) -> ValueId {
+    pub fn pad(&mut self, x: ValueId, value: ValueId, low: &[i64], high: &[i64], interior: &[i64]) -> ValueId {
         if low.iter().chain(high).chain(interior).all(|p| *p == 0) {
             return x;
         }
@@ -294,27 +241,16 @@ impl<'f> Builder<'f> {
             ("edge_padding_low".into(), i64_array(low)),
             ("interior_padding".into(), i64_array(interior)),
         ];
-        self.op(
-            "stablehlo.pad",
-            &[x, value],
-            props,
-            None,
-            t.with_shape(shape),
-        )
+        self.op("stablehlo.pad", &[x, value], props, None, t.with_shape(shape))
     }
 
     /// A strided slice.
     pub fn slice(&mut self, x: ValueId, start: &[i64], limit: &[i64], strides: &[i64]) -> ValueId {
         let t = self.ty(x);
-        if start.iter().all(|s| *s == 0)
-            && limit == t.shape.as_slice()
-            && strides.iter().all(|s| *s == 1)
-        {
+        if start.iter().all(|s| *s == 0) && limit == t.shape.as_slice() && strides.iter().all(|s| *s == 1) {
             return x;
         }
-        let shape = (0..t.rank())
-            .map(|i| (limit[i] - start[i] + strides[i] - 1).max(0) / strides[i])
-            .collect();
+        let shape = (0..t.rank()).map(|i| (limit[i] - start[i] + strides[i] - 1).max(0) / strides[i]).collect();
         let props = vec![
             ("limit_indices".into(), i64_array(limit)),
             ("start_indices".into(), i64_array(start)),
@@ -329,13 +265,7 @@ impl<'f> Builder<'f> {
             return x;
         }
         let t = self.ty(x);
-        self.op(
-            "stablehlo.reverse",
-            &[x],
-            vec![("dimensions".into(), i64_array(dims))],
-            None,
-            t,
-        )
+        self.op("stablehlo.reverse", &[x], vec![("dimensions".into(), i64_array(dims))], None, t)
     }
 
     /// A `dot_general` with the given dimension numbers; result elements are `element`.
@@ -371,17 +301,8 @@ impl<'f> Builder<'f> {
                 fields.push(format!("{name} = {}", int_list(dims)));
             }
         }
-        let props = vec![(
-            "dot_dimension_numbers".into(),
-            format!("#stablehlo.dot<{}>", fields.join(", ")),
-        )];
-        self.op(
-            "stablehlo.dot_general",
-            &[lhs, rhs],
-            props,
-            None,
-            TensorType::new(shape, element),
-        )
+        let props = vec![("dot_dimension_numbers".into(), format!("#stablehlo.dot<{}>", fields.join(", ")))];
+        self.op("stablehlo.dot_general", &[lhs, rhs], props, None, TensorType::new(shape, element))
     }
 
     /// The float type of `x`, which callers have checked is a float tensor.

@@ -107,10 +107,7 @@ impl ElementType {
 }
 
 fn is_int_type(t: &str) -> bool {
-    let digits = t
-        .strip_prefix("ui")
-        .or_else(|| t.strip_prefix("si"))
-        .or_else(|| t.strip_prefix('i'));
+    let digits = t.strip_prefix("ui").or_else(|| t.strip_prefix("si")).or_else(|| t.strip_prefix('i'));
     digits.is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
 }
 
@@ -189,10 +186,7 @@ impl TensorType {
         let mut shape = Vec::new();
         let mut rest = inner;
         loop {
-            let digits = rest
-                .bytes()
-                .take_while(|b| b.is_ascii_digit() || *b == b'?')
-                .count();
+            let digits = rest.bytes().take_while(|b| b.is_ascii_digit() || *b == b'?').count();
             if digits == 0 || rest.as_bytes().get(digits) != Some(&b'x') {
                 break;
             }
@@ -200,10 +194,7 @@ impl TensorType {
             if dim.contains('?') {
                 return Err(TypeError::Dynamic(text.to_owned()));
             }
-            shape.push(
-                dim.parse()
-                    .map_err(|_| TypeError::NotTensor(text.to_owned()))?,
-            );
+            shape.push(dim.parse().map_err(|_| TypeError::NotTensor(text.to_owned()))?);
             rest = &rest[digits + 1..];
         }
         Ok(Self::new(shape, ElementType::parse(rest)))
@@ -226,45 +217,18 @@ mod tests {
 
     #[test]
     fn parses_and_prints() {
-        for t in [
-            "tensor<2x3xf32>",
-            "tensor<f32>",
-            "tensor<64x32xi64>",
-            "tensor<0x4xbf16>",
-            "tensor<2xi1>",
-        ] {
+        for t in ["tensor<2x3xf32>", "tensor<f32>", "tensor<64x32xi64>", "tensor<0x4xbf16>", "tensor<2xi1>"] {
             assert_eq!(TensorType::parse(t).expect(t).to_string(), t);
         }
-        assert_eq!(
-            TensorType::parse("tensor<f64>")
-                .expect("f64")
-                .element
-                .float(),
-            Some(FloatType::F64)
-        );
-        assert!(
-            TensorType::parse("tensor<2xui8>")
-                .expect("ui8")
-                .element
-                .float()
-                .is_none()
-        );
+        assert_eq!(TensorType::parse("tensor<f64>").expect("f64").element.float(), Some(FloatType::F64));
+        assert!(TensorType::parse("tensor<2xui8>").expect("ui8").element.float().is_none());
     }
 
     #[test]
     fn rejects_dynamic_and_unranked() {
-        assert!(matches!(
-            TensorType::parse("tensor<?x3xf32>"),
-            Err(TypeError::Dynamic(_))
-        ));
-        assert!(matches!(
-            TensorType::parse("tensor<*xf32>"),
-            Err(TypeError::NotTensor(_))
-        ));
-        assert!(matches!(
-            TensorType::parse("memref<3xf32>"),
-            Err(TypeError::NotTensor(_))
-        ));
+        assert!(matches!(TensorType::parse("tensor<?x3xf32>"), Err(TypeError::Dynamic(_))));
+        assert!(matches!(TensorType::parse("tensor<*xf32>"), Err(TypeError::NotTensor(_))));
+        assert!(matches!(TensorType::parse("memref<3xf32>"), Err(TypeError::NotTensor(_))));
     }
 
     #[test]

@@ -50,11 +50,7 @@ mod tests {
         let total = b.sum_all(x);
         f.results = vec![total, partial];
         legalize(&mut f);
-        let reduces: Vec<&Op> = f
-            .ops
-            .iter()
-            .filter(|o| o.name == "stablehlo.reduce")
-            .collect();
+        let reduces: Vec<&Op> = f.ops.iter().filter(|o| o.name == "stablehlo.reduce").collect();
         assert_eq!(reduces.len(), 2);
         assert_eq!(reduces[0].attr("dimensions"), Some("array<i64: 0>"));
         assert_eq!(f.ty(reduces[1].operands[0]).to_string(), "tensor<24xf32>");

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Runs every check CI runs: formatting, lints, Rust tests, JAX reference tests.
+# Run scripts/setup.sh once first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo build -p pcp-node
+cargo test --workspace --no-fail-fast
+.venv/bin/python -m pytest -q tests/reference
