@@ -98,16 +98,31 @@ pub fn signature(f: &Function) -> Result<Signature, GradError> {
     Ok(Signature { params, data, loss })
 }
 
-/// Returns `entry` with every `func.call` inlined.
-pub fn inline_calls(module: &Module, entry: &str) -> Result<Function, GradError> {
-    let callee = module.function(entry).ok_or_else(|| GradError::MissingEntry {
+fn lookup<'m>(module: &'m Module, entry: &str) -> Result<&'m Function, GradError> {
+    module.function(entry).ok_or_else(|| GradError::MissingEntry {
         entry: entry.to_owned(),
         available: module.functions.iter().map(|f| format!("@{}", f.name)).collect::<Vec<_>>().join(", "),
-    })?;
-    let mut out = Function::new(entry, &callee.arg_types());
-    let args = out.args.clone();
+    })
+}
+
+/// Copies `entry` (calls inlined) into `out`, its arguments bound to `args`;
+/// returns the values it returns.
+pub fn inline_with_args(
+    module: &Module,
+    entry: &str,
+    args: &[ValueId],
+    out: &mut Function,
+) -> Result<Vec<ValueId>, GradError> {
+    let callee = lookup(module, entry)?;
     let mut stack = vec![entry.to_owned()];
-    out.results = inline_into(module, callee, &args, &mut out, &mut stack)?;
+    inline_into(module, callee, args, out, &mut stack)
+}
+
+/// Returns `entry` with every `func.call` inlined.
+pub fn inline_calls(module: &Module, entry: &str) -> Result<Function, GradError> {
+    let mut out = Function::new(entry, &lookup(module, entry)?.arg_types());
+    let args = out.args.clone();
+    out.results = inline_with_args(module, entry, &args, &mut out)?;
     Ok(out)
 }
 

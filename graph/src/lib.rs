@@ -3,17 +3,22 @@
 //! * [`import`] reads a StableHLO loss module (pretty or generic form) through
 //!   IREE's parser and melior into pcp's own [`ir`].
 //! * [`autodiff`] derives exact reverse-mode gradients.
+//! * [`train`] fuses forward, gradient and optimizer into `train_step`.
 //! * [`inspect`] summarises a model for `pcp-node graph inspect`.
 //!
 //! MLIR contexts never leave the function that creates them, so everything
 //! this crate returns is plain, `Send` Rust data.
 
 pub mod autodiff;
+pub mod compile;
 pub mod import;
 pub mod inspect;
 pub mod ir;
 pub mod iree;
+pub mod train;
 
 pub use autodiff::{GradError, Gradient, Signature, differentiate};
+pub use compile::{Artifact, Backend, CompileError, Target, compile};
 pub use import::{ImportError, import_file, import_str};
 pub use ir::{Function, Module, TensorType};
+pub use train::{Optimizer, StepConfig, TrainModule, train_step};

@@ -32,6 +32,62 @@ pub(crate) enum GraphCommand {
         #[arg(short, long)]
         output: PathBuf,
     },
+    /// Write the fused training module: `train_step`, `eval_loss` (and
+    /// `logits` when the model has one).
+    Step {
+        /// A StableHLO module (`.mlir`).
+        model: PathBuf,
+        /// The loss function.
+        #[arg(long, default_value = "main")]
+        entry: String,
+        /// Where to write the module.
+        #[arg(short, long)]
+        output: PathBuf,
+        #[command(flatten)]
+        optimizer: OptimizerArgs,
+    },
+}
+
+/// Inner optimizer settings.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct OptimizerArgs {
+    /// adamw or sgd.
+    #[arg(long, default_value = "adamw")]
+    pub(crate) optimizer: String,
+    /// AdamW β1.
+    #[arg(long, default_value_t = 0.9)]
+    pub(crate) beta1: f64,
+    /// AdamW β2.
+    #[arg(long, default_value_t = 0.95)]
+    pub(crate) beta2: f64,
+    /// AdamW ε.
+    #[arg(long, default_value_t = 1e-8)]
+    pub(crate) eps: f64,
+    /// Weight decay (decoupled for AdamW), on parameters of rank ≥ 2.
+    #[arg(long, default_value_t = 0.1)]
+    pub(crate) weight_decay: f64,
+    /// SGD momentum.
+    #[arg(long, default_value_t = 0.9)]
+    pub(crate) momentum: f64,
+    /// Clip gradients to this global L2 norm.
+    #[arg(long)]
+    pub(crate) clip_norm: Option<f64>,
+}
+
+impl OptimizerArgs {
+    pub(crate) fn config(&self) -> anyhow::Result<pcp_graph::StepConfig> {
+        let optimizer = match self.optimizer.as_str() {
+            "adamw" => pcp_graph::Optimizer::AdamW {
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                weight_decay: self.weight_decay,
+            },
+            "sgd" => pcp_graph::Optimizer::Sgd { momentum: self.momentum, weight_decay: self.weight_decay },
+            other => anyhow::bail!("unknown optimizer {other:?}; expected adamw or sgd"),
+        };
+        Ok(pcp_graph::StepConfig { optimizer, clip_norm: self.clip_norm })
+    }
 }
 
 pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
@@ -70,6 +126,25 @@ pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
                 gradient.gradient_ops as f64 / gradient.forward_ops.max(1) as f64,
                 imported.as_secs_f64(),
                 total.as_secs_f64()
+            )?;
+        }
+        GraphCommand::Step { model, entry, output, optimizer } => {
+            let config = optimizer.config().map_err(Failure::input)?;
+            let module = pcp_graph::import_file(&model).map_err(Failure::input)?;
+            let step = pcp_graph::train_step(&module, &entry, &config)
+                .map_err(|e| Failure::input(anyhow::anyhow!("{}: {e}", model.display())))?;
+            pcp_graph::import::verify(&output.display().to_string(), &step.module)
+                .context("internal error: the generated module does not verify")?;
+            std::fs::write(&output, step.module.to_mlir())
+                .with_context(|| format!("cannot write {}", output.display()))?;
+            let functions: Vec<String> = step.module.functions.iter().map(|f| format!("@{}", f.name)).collect();
+            writeln!(
+                stdout,
+                "wrote {}: {} ({} parameters, {} optimizer state tensors each)",
+                output.display(),
+                functions.join(", "),
+                step.signature.params.len(),
+                step.state_per_param
             )?;
         }
     }

@@ -1,0 +1,192 @@
+//! Compiling modules to IREE VMFB artifacts, per (backend, target), with a
+//! content-addressed cache.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use crate::ir::Module;
+use crate::iree;
+
+/// A hardware backend IREE can compile for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Backend {
+    /// llvm-cpu, run on IREE's `local-task` driver.
+    Cpu,
+    /// NVIDIA GPUs (PTX); target `sm_XX`.
+    Cuda,
+    /// AMD GPUs (HIP); target `gfx9XX`.
+    Rocm,
+    /// Vulkan (SPIR-V).
+    Vulkan,
+    /// Apple GPUs (Metal via SPIR-V).
+    Metal,
+}
+
+impl Backend {
+    /// Every backend.
+    pub const ALL: [Backend; 5] = [Self::Cpu, Self::Cuda, Self::Rocm, Self::Vulkan, Self::Metal];
+
+    /// The name used on the command line and the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+            Self::Rocm => "rocm",
+            Self::Vulkan => "vulkan",
+            Self::Metal => "metal",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An unknown backend name.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown backend {0:?}; expected one of cpu, cuda, rocm, vulkan, metal")]
+pub struct UnknownBackend(String);
+
+impl FromStr for Backend {
+    type Err = UnknownBackend;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL.into_iter().find(|b| b.name() == s).ok_or_else(|| UnknownBackend(s.to_owned()))
+    }
+}
+
+/// What to compile for: a backend and an optional target (`sm_80`, `gfx942`,
+/// an LLVM CPU name; `host` by default on cpu).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Target {
+    /// The backend.
+    pub backend: Backend,
+    /// The device target, if any.
+    pub target: Option<String>,
+}
+
+impl Target {
+    /// The host CPU.
+    pub fn host() -> Self {
+        Self { backend: Backend::Cpu, target: None }
+    }
+
+    /// The `iree-compile` flags for this target.
+    ///
+    /// | backend | flags |
+    /// | --- | --- |
+    /// | cpu | `--iree-hal-target-backends=llvm-cpu --iree-llvmcpu-target-cpu=<target or host>` |
+    /// | cuda | `--iree-hal-target-backends=cuda --iree-cuda-target=<sm_XX>` |
+    /// | rocm | `--iree-hal-target-backends=rocm --iree-rocm-target=<gfx9XX>` |
+    /// | vulkan | `--iree-hal-target-backends=vulkan-spirv [--iree-vulkan-target=<t>]` |
+    /// | metal | `--iree-hal-target-backends=metal-spirv [--iree-metal-target-platform=<macos/ios>]` |
+    pub fn flags(&self) -> Vec<String> {
+        let t = self.target.as_deref();
+        let (backend, target_flag) = match self.backend {
+            Backend::Cpu => ("llvm-cpu", Some(format!("--iree-llvmcpu-target-cpu={}", t.unwrap_or("host")))),
+            Backend::Cuda => ("cuda", t.map(|t| format!("--iree-cuda-target={t}"))),
+            Backend::Rocm => ("rocm", t.map(|t| format!("--iree-rocm-target={t}"))),
+            Backend::Vulkan => ("vulkan-spirv", t.map(|t| format!("--iree-vulkan-target={t}"))),
+            Backend::Metal => ("metal-spirv", t.map(|t| format!("--iree-metal-target-platform={t}"))),
+        };
+        let mut flags = vec![format!("--iree-hal-target-backends={backend}")];
+        flags.extend(target_flag);
+        flags
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.target {
+            Some(t) => write!(f, "{}:{t}", self.backend),
+            None => write!(f, "{}", self.backend),
+        }
+    }
+}
+
+/// Why a module could not be compiled.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    /// The IREE compiler library is missing.
+    #[error("the IREE compiler is not available ({0}); run scripts/setup.sh or set EERIE_PYTHON")]
+    Unavailable(String),
+    /// IREE rejected the module.
+    #[error("IREE could not compile for {target}: {message}")]
+    Iree {
+        /// The target.
+        target: Target,
+        /// IREE's first error.
+        message: String,
+    },
+    /// The artifact cache could not be used.
+    #[error("artifact cache {path}: {source}")]
+    Cache {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// A compiled artifact.
+#[derive(Clone, Debug)]
+pub struct Artifact {
+    /// The VMFB bytes.
+    pub vmfb: Vec<u8>,
+    /// blake3 of (MLIR, flags, compiler revision), hex.
+    pub key: String,
+    /// Whether it came from the cache.
+    pub cached: bool,
+}
+
+/// Compiles `module` for `target`, caching under `cache_dir` when given.
+pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Result<Artifact, CompileError> {
+    let compiler = iree::compiler().map_err(CompileError::Unavailable)?;
+    let text = module.to_mlir();
+    let flags = target.flags();
+    let revision = compiler.get_revision().unwrap_or_default();
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(text.as_bytes());
+    for f in &flags {
+        hasher.update(b"\0");
+        hasher.update(f.as_bytes());
+    }
+    hasher.update(b"\0iree ");
+    hasher.update(revision.as_bytes());
+    let key = hasher.finalize().to_hex().to_string();
+    let path = cache_dir.map(|d| d.join(format!("{key}.vmfb")));
+    if let Some(path) = &path {
+        if let Ok(vmfb) = std::fs::read(path) {
+            return Ok(Artifact { vmfb, key, cached: true });
+        }
+    }
+    let vmfb = compiler
+        .compile_bytes(text.as_bytes(), &flags)
+        .map_err(|e| CompileError::Iree { target: target.clone(), message: iree::diagnostic(&e) })?;
+    if let (Some(path), Some(dir)) = (&path, cache_dir) {
+        let cache = |source| CompileError::Cache { path: path.clone(), source };
+        std::fs::create_dir_all(dir).map_err(cache)?;
+        // Write to a temporary name, then rename: readers never see half a file.
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, &vmfb).map_err(cache)?;
+        std::fs::rename(&tmp, path).map_err(cache)?;
+    }
+    Ok(Artifact { vmfb, key, cached: false })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_per_backend() {
+        assert_eq!(Target::host().flags(), ["--iree-hal-target-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host"]);
+        let rocm = Target { backend: Backend::Rocm, target: Some("gfx942".into()) };
+        assert_eq!(rocm.flags(), ["--iree-hal-target-backends=rocm", "--iree-rocm-target=gfx942"]);
+        assert_eq!(rocm.to_string(), "rocm:gfx942");
+        assert!("tpu".parse::<Backend>().is_err());
+        assert_eq!("cuda".parse::<Backend>().ok(), Some(Backend::Cuda));
+    }
+}

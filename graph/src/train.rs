@@ -1,0 +1,255 @@
+//! The fused training step: forward, gradient and optimizer update in one
+//! function, so parameters and optimizer state never leave the device.
+//!
+//! ```text
+//! train_step(params…, opt_state…, step, lr, data…) -> (params'…, opt_state'…, loss)
+//! eval_loss(params…, data…) -> loss
+//! logits(…)                   (copied when the model defines @logits)
+//! ```
+//!
+//! `step` is the 1-based step count and `lr` the learning rate, both `f32`
+//! scalars computed on the host (so schedules need no recompilation).
+
+use crate::autodiff::{GradError, Signature, backward, inline_calls, signature};
+use crate::ir::{Builder, Function, Module, TensorType, ValueId};
+
+/// The inner optimizer fused into `train_step`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Optimizer {
+    /// Adam with decoupled weight decay and bias correction (PyTorch's and
+    /// optax's `adamw`).
+    AdamW {
+        /// First-moment decay.
+        beta1: f64,
+        /// Second-moment decay.
+        beta2: f64,
+        /// Added to the second-moment root.
+        eps: f64,
+        /// Decoupled weight decay, applied to parameters of rank ≥ 2.
+        weight_decay: f64,
+    },
+    /// SGD with momentum (PyTorch's `SGD`, no dampening).
+    Sgd {
+        /// Momentum coefficient.
+        momentum: f64,
+        /// L2 weight decay added to the gradient, for parameters of rank ≥ 2.
+        weight_decay: f64,
+    },
+}
+
+impl Default for Optimizer {
+    fn default() -> Self {
+        Self::AdamW { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 }
+    }
+}
+
+impl Optimizer {
+    /// State tensors per parameter: AdamW keeps m and v, SGD one buffer.
+    pub fn state_per_param(&self) -> usize {
+        match self {
+            Self::AdamW { .. } => 2,
+            Self::Sgd { .. } => 1,
+        }
+    }
+}
+
+/// How to build the step.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepConfig {
+    /// The optimizer.
+    pub optimizer: Optimizer,
+    /// Clip gradients to this global L2 norm.
+    pub clip_norm: Option<f64>,
+}
+
+/// A module with `train_step`, `eval_loss` and maybe `logits`.
+#[derive(Clone, Debug)]
+pub struct TrainModule {
+    /// The functions.
+    pub module: Module,
+    /// The loss function's signature (parameters, data, loss).
+    pub signature: Signature,
+    /// Optimizer state tensors per parameter.
+    pub state_per_param: usize,
+}
+
+/// Builds the training module for `entry` of `model`.
+pub fn train_step(model: &Module, entry: &str, config: &StepConfig) -> Result<TrainModule, GradError> {
+    let forward = inline_calls(model, entry)?;
+    let sig = signature(&forward)?;
+    let param_types: Vec<TensorType> = sig.params.iter().map(|(_, t)| t.clone()).collect();
+    let data_types: Vec<TensorType> = sig.data.iter().map(|(_, t)| t.clone()).collect();
+    let k = config.optimizer.state_per_param();
+    let scalar = TensorType::scalar(sig.loss.element.clone());
+
+    // train_step(params, state…, step, lr, data)
+    let mut arg_types = param_types.clone();
+    for _ in 0..k {
+        arg_types.extend(param_types.iter().cloned());
+    }
+    arg_types.push(scalar.clone());
+    arg_types.push(scalar.clone());
+    arg_types.extend(data_types.iter().cloned());
+    let mut step_fn = Function::new("train_step", &arg_types);
+    let n = param_types.len();
+    let params: Vec<ValueId> = step_fn.args[..n].to_vec();
+    let state: Vec<Vec<ValueId>> = (0..k).map(|s| step_fn.args[n * (s + 1)..n * (s + 2)].to_vec()).collect();
+    let (step, lr) = (step_fn.args[n * (k + 1)], step_fn.args[n * (k + 1) + 1]);
+    let data: Vec<ValueId> = step_fn.args[n * (k + 1) + 2..].to_vec();
+    let loss = splice(&forward, &sig, &params, &data, &mut step_fn)?;
+    let grads = backward(&mut step_fn, loss, &params)?;
+    let mut b = Builder::new(&mut step_fn, None);
+    let grads = match config.clip_norm {
+        Some(max_norm) => clip(&mut b, &grads, max_norm),
+        None => grads,
+    };
+    let (new_params, new_state) = update(&mut b, &config.optimizer, &params, &grads, &state, step, lr);
+    step_fn.results = new_params.into_iter().chain(new_state.into_iter().flatten()).chain([loss]).collect();
+    step_fn.eliminate_dead_code();
+
+    // eval_loss(params, data)
+    let mut eval_types = param_types;
+    eval_types.extend(data_types);
+    let mut eval = Function::new("eval_loss", &eval_types);
+    let (p, d) = (eval.args[..n].to_vec(), eval.args[n..].to_vec());
+    let eval_loss = splice(&forward, &sig, &p, &d, &mut eval)?;
+    eval.results = vec![eval_loss];
+    eval.eliminate_dead_code();
+
+    let mut functions = vec![step_fn, eval];
+    if entry != "logits" && model.function("logits").is_some() {
+        let mut logits = inline_calls(model, "logits")?;
+        logits.eliminate_dead_code();
+        functions.push(logits);
+    }
+    for f in &mut functions {
+        crate::iree::legalize(f);
+    }
+    Ok(TrainModule {
+        module: Module { functions, resources: model.resources.clone() },
+        signature: sig,
+        state_per_param: k,
+    })
+}
+
+/// Copies the (inlined) forward into `into`, its parameters and data taken
+/// from `params` and `data`; returns the loss.
+fn splice(
+    forward: &Function,
+    sig: &Signature,
+    params: &[ValueId],
+    data: &[ValueId],
+    into: &mut Function,
+) -> Result<ValueId, GradError> {
+    let mut args = vec![ValueId(0); forward.args.len()];
+    for ((i, _), v) in sig.params.iter().zip(params) {
+        args[*i] = *v;
+    }
+    for ((i, _), v) in sig.data.iter().zip(data) {
+        args[*i] = *v;
+    }
+    let module = Module { functions: vec![forward.clone()], resources: None };
+    let results = crate::autodiff::inline_with_args(&module, &forward.name, &args, into)?;
+    Ok(results[0])
+}
+
+/// Scales every gradient by min(1, max_norm / ‖g‖) over all of them.
+fn clip(b: &mut Builder<'_>, grads: &[ValueId], max_norm: f64) -> Vec<ValueId> {
+    let Some(first) = grads.first() else { return Vec::new() };
+    let scalar = TensorType::scalar(b.ty(*first).element);
+    let mut total = b.splat(0.0, &scalar);
+    for g in grads {
+        let sq = b.mul(*g, *g);
+        let s = b.sum_all(sq);
+        total = b.add(total, s);
+    }
+    let norm = b.unary_op("stablehlo.sqrt", total);
+    let max = b.splat(max_norm, &scalar);
+    let ratio = b.div(max, norm);
+    let over = b.compare(norm, max, "GT");
+    let one = b.splat(1.0, &scalar);
+    let scale = b.select(over, ratio, one);
+    grads.iter().map(|g| scale_by(b, *g, scale)).collect()
+}
+
+fn scale_by(b: &mut Builder<'_>, x: ValueId, scalar: ValueId) -> ValueId {
+    let shape = b.ty(x).shape;
+    let s = b.broadcast_in_dim(scalar, &[], &shape);
+    b.mul(x, s)
+}
+
+fn update(
+    b: &mut Builder<'_>,
+    optimizer: &Optimizer,
+    params: &[ValueId],
+    grads: &[ValueId],
+    state: &[Vec<ValueId>],
+    step: ValueId,
+    lr: ValueId,
+) -> (Vec<ValueId>, Vec<Vec<ValueId>>) {
+    let scalar = b.ty(step);
+    let mut new_params = Vec::new();
+    match *optimizer {
+        Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
+            // Scalars shared by every parameter.
+            let one = b.splat(1.0, &scalar);
+            let b1 = b.splat(beta1, &scalar);
+            let b2 = b.splat(beta2, &scalar);
+            let b1t = b.pow(b1, step);
+            let b2t = b.pow(b2, step);
+            let bc1 = b.sub(one, b1t);
+            let bc2 = b.sub(one, b2t);
+            let step_size = b.div(lr, bc1);
+            let bc2_root = b.unary_op("stablehlo.sqrt", bc2);
+            let wd = b.splat(weight_decay, &scalar);
+            let lr_wd = b.mul(lr, wd);
+            let decay = b.sub(one, lr_wd);
+            let (mut ms, mut vs) = (Vec::new(), Vec::new());
+            for (i, (&p, &g)) in params.iter().zip(grads).enumerate() {
+                let (m, v) = (state[0][i], state[1][i]);
+                let mb = b.scale(m, beta1);
+                let gb = b.scale(g, 1.0 - beta1);
+                let m2 = b.add(mb, gb);
+                let vb = b.scale(v, beta2);
+                let gg = b.mul(g, g);
+                let ggb = b.scale(gg, 1.0 - beta2);
+                let v2 = b.add(vb, ggb);
+                let root = b.unary_op("stablehlo.sqrt", v2);
+                let root = scale_div(b, root, bc2_root);
+                let eps_t = b.splat_like(eps, root);
+                let denom = b.add(root, eps_t);
+                let ratio = b.div(m2, denom);
+                let delta = scale_by(b, ratio, step_size);
+                let decayed = if weight_decay != 0.0 && b.ty(p).rank() >= 2 { scale_by(b, p, decay) } else { p };
+                new_params.push(b.sub(decayed, delta));
+                ms.push(m2);
+                vs.push(v2);
+            }
+            (new_params, vec![ms, vs])
+        }
+        Optimizer::Sgd { momentum, weight_decay } => {
+            let mut bufs = Vec::new();
+            for (i, (&p, &g)) in params.iter().zip(grads).enumerate() {
+                let g = if weight_decay != 0.0 && b.ty(p).rank() >= 2 {
+                    let d = b.scale(p, weight_decay);
+                    b.add(g, d)
+                } else {
+                    g
+                };
+                let mb = b.scale(state[0][i], momentum);
+                let buf = b.add(mb, g);
+                let delta = scale_by(b, buf, lr);
+                new_params.push(b.sub(p, delta));
+                bufs.push(buf);
+            }
+            (new_params, vec![bufs])
+        }
+    }
+}
+
+/// `x / s` for a scalar `s`.
+fn scale_div(b: &mut Builder<'_>, x: ValueId, scalar: ValueId) -> ValueId {
+    let shape = b.ty(x).shape;
+    let s = b.broadcast_in_dim(scalar, &[], &shape);
+    b.div(x, s)
+}
