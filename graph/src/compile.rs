@@ -157,10 +157,8 @@ pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Re
     hasher.update(revision.as_bytes());
     let key = hasher.finalize().to_hex().to_string();
     let path = cache_dir.map(|d| d.join(format!("{key}.vmfb")));
-    if let Some(path) = &path {
-        if let Ok(vmfb) = std::fs::read(path) {
-            return Ok(Artifact { vmfb, key, cached: true });
-        }
+    if let Some(vmfb) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
+        return Ok(Artifact { vmfb, key, cached: true });
     }
     let vmfb = compiler
         .compile_bytes(text.as_bytes(), &flags)
