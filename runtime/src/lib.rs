@@ -1,0 +1,37 @@
+//! The IREE runtime for pcp: devices, VMFB sessions and device-resident state.
+//!
+//! A [`Session`] loads one compiled VMFB on one [`Device`]. eerie's runtime
+//! handles are `!Send`, so each session owns them on a dedicated thread and
+//! the [`Session`] value is a cheap, cloneable handle that talks to it over a
+//! bounded channel.
+//!
+//! Tensors live on the device: [`Session::invoke`] takes [`Arg`]s (host
+//! tensors to upload, or [`Buffer`]s returned by an earlier call) and returns
+//! every output as a device-resident [`Buffer`]. Parameters and optimizer
+//! state therefore stay on the device across steps; only what the caller asks
+//! for with [`Session::download`] (a loss scalar, a checkpoint) crosses back to
+//! the host. A [`Buffer`] frees its device memory when its last clone drops.
+//!
+//! ```no_run
+//! # async fn demo(vmfb: Vec<u8>) -> Result<(), Box<dyn std::error::Error>> {
+//! use pcp_runtime::{Device, HostTensor, Session};
+//!
+//! let session = Session::load(Device::Cpu, vmfb).await?;
+//! let w = session.upload(HostTensor::f32(vec![4], vec![1.0; 4])?).await?;
+//! let x = HostTensor::f32(vec![4], vec![0.5; 4])?;
+//! let outputs = session.invoke("module.step", vec![w.into(), x.into()]).await?;
+//! let loss = session.download(&outputs[1]).await?.into_f32()?;
+//! # let _ = loss;
+//! # Ok(())
+//! # }
+//! ```
+
+mod device;
+mod session;
+mod tensor;
+
+pub use device::{Device, ParseDeviceError, available_devices};
+pub use session::{
+    Arg, Buffer, BufferId, DownloadError, InvokeError, LoadError, Session, UploadError,
+};
+pub use tensor::{DType, HostTensor, TensorData, TensorError};
