@@ -1,0 +1,124 @@
+//! The device side of training: a compiled `train_step` module loaded in an
+//! IREE session, with parameters and optimizer state resident on the device.
+
+use anyhow::Context as _;
+use pcp_runtime::{Arg, Buffer, Device, HostTensor, Session};
+
+use crate::data::Batch;
+
+/// A training module on a device, holding parameters and optimizer state.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    session: Session,
+    shapes: Vec<Vec<usize>>,
+    params: Vec<Buffer>,
+    state: Vec<Buffer>,
+    int64: bool,
+}
+
+impl Engine {
+    /// Loads `vmfb` on `device` and uploads the initial parameters and
+    /// optimizer state (`state_per_param` tensors per parameter; zeros when
+    /// `state` is `None`). `int64` says whether the data inputs are i64.
+    pub(crate) async fn new(
+        device: Device,
+        vmfb: Vec<u8>,
+        shapes: Vec<Vec<usize>>,
+        params: Vec<Vec<f32>>,
+        state: Option<Vec<Vec<f32>>>,
+        state_per_param: usize,
+        int64: bool,
+    ) -> anyhow::Result<Self> {
+        let session = Session::load(device, vmfb).await?;
+        let state = state.unwrap_or_else(|| {
+            (0..state_per_param).flat_map(|_| shapes.iter().map(|s| vec![0.0; s.iter().product()])).collect()
+        });
+        let mut engine = Self { session, shapes, params: Vec::new(), state: Vec::new(), int64 };
+        engine.params = engine.upload_all(params).await?;
+        let state_shapes: Vec<Vec<usize>> = (0..state_per_param).flat_map(|_| engine.shapes.clone()).collect();
+        engine.state = engine.upload(state, &state_shapes).await?;
+        Ok(engine)
+    }
+
+    async fn upload_all(&self, tensors: Vec<Vec<f32>>) -> anyhow::Result<Vec<Buffer>> {
+        let shapes = self.shapes.clone();
+        self.upload(tensors, &shapes).await
+    }
+
+    async fn upload(&self, tensors: Vec<Vec<f32>>, shapes: &[Vec<usize>]) -> anyhow::Result<Vec<Buffer>> {
+        anyhow::ensure!(tensors.len() == shapes.len(), "expected {} tensors, got {}", shapes.len(), tensors.len());
+        let mut out = Vec::with_capacity(tensors.len());
+        for (data, shape) in tensors.into_iter().zip(shapes) {
+            out.push(self.session.upload(HostTensor::f32(shape.clone(), data)?).await?);
+        }
+        Ok(out)
+    }
+
+    fn data_args(&self, batch: &Batch) -> anyhow::Result<Vec<Arg>> {
+        let shape = batch.shape().to_vec();
+        Ok(if self.int64 {
+            vec![HostTensor::i64(shape.clone(), batch.inputs_i64())?.into(), HostTensor::i64(shape, batch.targets_i64())?.into()]
+        } else {
+            vec![HostTensor::i32(shape.clone(), batch.inputs_i32())?.into(), HostTensor::i32(shape, batch.targets_i32())?.into()]
+        })
+    }
+
+    /// One optimizer step (`step` is 1-based); returns the batch's loss.
+    pub(crate) async fn step(&mut self, step: u64, lr: f32, batch: &Batch) -> anyhow::Result<f32> {
+        let mut args: Vec<Arg> = self.params.iter().chain(&self.state).map(|b| Arg::from(b.clone())).collect();
+        args.push(HostTensor::scalar_f32(step as f32).into());
+        args.push(HostTensor::scalar_f32(lr).into());
+        args.extend(self.data_args(batch)?);
+        let mut outputs = self.session.invoke("module.train_step", args).await?;
+        let n = self.params.len();
+        let loss = outputs.pop().context("train_step returned nothing")?;
+        anyhow::ensure!(outputs.len() == n + self.state.len(), "train_step returned {} tensors", outputs.len() + 1);
+        self.state = outputs.split_off(n);
+        self.params = outputs;
+        scalar(&self.session, &loss).await
+    }
+
+    /// The loss on `batch` without updating anything.
+    pub(crate) async fn eval(&self, batch: &Batch) -> anyhow::Result<f32> {
+        let mut args: Vec<Arg> = self.params.iter().map(|b| Arg::from(b.clone())).collect();
+        args.extend(self.data_args(batch)?);
+        let outputs = self.session.invoke("module.eval_loss", args).await?;
+        scalar(&self.session, outputs.first().context("eval_loss returned nothing")?).await
+    }
+
+    /// Logits for `inputs` ([batch, block] token ids), flattened.
+    pub(crate) async fn logits(&self, inputs: HostTensor) -> anyhow::Result<Vec<f32>> {
+        let mut args: Vec<Arg> = self.params.iter().map(|b| Arg::from(b.clone())).collect();
+        args.push(inputs.into());
+        let outputs = self.session.invoke("module.logits", args).await?;
+        Ok(self.session.download(outputs.first().context("logits returned nothing")?).await?.into_f32()?)
+    }
+
+    /// Downloads the parameters.
+    pub(crate) async fn params(&self) -> anyhow::Result<Vec<Vec<f32>>> {
+        download_all(&self.session, &self.params).await
+    }
+
+    /// Downloads the optimizer state.
+    pub(crate) async fn state(&self) -> anyhow::Result<Vec<Vec<f32>>> {
+        download_all(&self.session, &self.state).await
+    }
+
+    /// Replaces the parameters (optimizer state is kept).
+    pub(crate) async fn set_params(&mut self, params: Vec<Vec<f32>>) -> anyhow::Result<()> {
+        self.params = self.upload_all(params).await?;
+        Ok(())
+    }
+}
+
+async fn scalar(session: &Session, buffer: &Buffer) -> anyhow::Result<f32> {
+    session.download(buffer).await?.into_f32()?.first().copied().context("empty loss tensor")
+}
+
+async fn download_all(session: &Session, buffers: &[Buffer]) -> anyhow::Result<Vec<Vec<f32>>> {
+    let mut out = Vec::with_capacity(buffers.len());
+    for b in buffers {
+        out.push(session.download(b).await?.into_f32()?);
+    }
+    Ok(out)
+}

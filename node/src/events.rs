@@ -1,0 +1,76 @@
+//! The `--events FILE` stream: one JSON object per line, each with `"t"`
+//! (unix seconds) and `"event"`, flushed as it is written.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value};
+
+/// A cloneable JSONL sink; a no-op when no file was given.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Events {
+    out: Option<Arc<Mutex<BufWriter<File>>>>,
+}
+
+impl Events {
+    /// Appends to `path`, or discards events when `None`.
+    pub(crate) fn open(path: Option<&Path>) -> anyhow::Result<Self> {
+        let out = match path {
+            Some(path) => {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| anyhow::anyhow!("cannot open events file {}: {e}", path.display()))?;
+                Some(Arc::new(Mutex::new(BufWriter::new(file))))
+            }
+            None => None,
+        };
+        Ok(Self { out })
+    }
+
+    /// Writes `{"t":…,"event":name,…fields}`; `fields` must be a JSON object.
+    pub(crate) fn emit(&self, name: &str, fields: Value) {
+        let Some(out) = &self.out else { return };
+        let mut object = Map::new();
+        let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        object.insert("t".into(), t.into());
+        object.insert("event".into(), name.into());
+        if let Value::Object(fields) = fields {
+            object.extend(fields);
+        }
+        let Ok(mut out) = out.lock() else { return };
+        // An events file that stops accepting writes must not stop training.
+        let written = serde_json::to_writer(&mut *out, &Value::Object(object))
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.write_all(b"\n"))
+            .and_then(|()| out.flush());
+        if let Err(e) = written {
+            tracing::warn!("cannot write event {name}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_one_object_per_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("events.jsonl");
+        let events = Events::open(Some(&path)).expect("open");
+        events.emit("step", serde_json::json!({"step": 1, "loss": 4.5}));
+        events.clone().emit("eval", serde_json::json!({"step": 1, "val_loss": 4.4}));
+        let text = std::fs::read_to_string(&path).expect("read");
+        let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["event"], "step");
+        assert_eq!(lines[0]["loss"], 4.5);
+        assert!(lines[1]["t"].as_f64().expect("t") > 1.7e9);
+        Events::default().emit("ignored", Value::Null);
+    }
+}

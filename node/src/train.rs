@@ -1,0 +1,373 @@
+//! `pcp-node train`: single-node training with a fused, device-resident step.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context as _;
+use pcp_runtime::Device;
+use serde_json::json;
+
+use crate::checkpoint::{Checkpoint, Tensor};
+use crate::config::Experiment;
+use crate::data::{Sampler, SamplerState, Split, TokenFormat, Tokens, Vocab};
+use crate::engine::Engine;
+use crate::events::Events;
+use crate::model::Model;
+use crate::{Failure, default_data_dir};
+
+/// Flags shared by `train`, `bench` and `generate` for where to run.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct DeviceArgs {
+    /// cpu, cuda, rocm, vulkan or metal.
+    #[arg(long, default_value = "cpu")]
+    pub(crate) backend: String,
+    /// The device target: an LLVM CPU name, sm_XX, gfx9XX…
+    #[arg(long)]
+    pub(crate) target: Option<String>,
+}
+
+impl DeviceArgs {
+    pub(crate) fn resolve(&self) -> anyhow::Result<(Device, pcp_graph::Target)> {
+        let backend: pcp_graph::Backend = self.backend.parse()?;
+        let device: Device = self.backend.parse()?;
+        Ok((device, pcp_graph::Target { backend, target: self.target.clone() }))
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct TrainArgs {
+    /// An experiment file (PCP's keys and pcp's own); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// nanogpt-small, nanogpt-medium, or a StableHLO loss module (.mlir).
+    #[arg(long)]
+    model: Option<String>,
+    /// The corpus: text, or u16 token .bin (nanoGPT or llm.c).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Optimizer steps.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Peak learning rate.
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Seed for initialisation and data order.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// char, byte or u16.
+    #[arg(long)]
+    tokenizer: Option<String>,
+    /// Evaluate every N steps (0: only at the end).
+    #[arg(long)]
+    eval_every: Option<u64>,
+    /// Checkpoint every N steps (0: only at the end).
+    #[arg(long)]
+    checkpoint_every: Option<u64>,
+    /// Where checkpoints go [default: DATA_DIR/checkpoints].
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Continue from the newest checkpoint in the checkpoint directory.
+    #[arg(long)]
+    resume: bool,
+    /// State directory (artifact cache, checkpoints).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Write JSONL events here.
+    #[arg(long)]
+    events: Option<PathBuf>,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+/// The corpus, tokenized and split.
+pub(crate) struct Corpus {
+    pub(crate) vocab: Vocab,
+    pub(crate) train: Split,
+    pub(crate) val: Split,
+}
+
+impl std::fmt::Debug for Corpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Corpus").field("train", &self.train.len()).field("val", &self.val.len()).finish()
+    }
+}
+
+impl Corpus {
+    /// Reads `path` with `tokenizer`, reusing `vocab` when resuming.
+    pub(crate) fn load(path: &Path, tokenizer: &str, vocab: Option<Vocab>, val_fraction: f64) -> anyhow::Result<Self> {
+        let (vocab, tokens) = match tokenizer {
+            "char" | "byte" => {
+                let vocab = match (vocab, tokenizer) {
+                    (Some(v), _) => v,
+                    (None, "byte") => Vocab::Byte,
+                    (None, _) => {
+                        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read corpus {}", path.display()))?;
+                        Vocab::chars_of(&text)?
+                    }
+                };
+                let tokens = Tokens::from_text_file(path, &vocab)?;
+                (vocab, tokens)
+            }
+            "u16" | "bin" => {
+                let tokens = Tokens::open_bin(path, TokenFormat::Detect)?;
+                (vocab.unwrap_or(Vocab::Byte), tokens)
+            }
+            other => anyhow::bail!("unknown tokenizer {other:?}; expected char, byte or u16"),
+        };
+        let (train, val) = tokens.split(val_fraction)?;
+        Ok(Self { vocab, train, val })
+    }
+}
+
+/// The default corpus: shared/ next to the checkout, or setup's copy.
+pub(crate) fn default_corpus() -> Option<PathBuf> {
+    let candidates = ["../shared/data/tiny_shakespeare.txt", ".data/tiny_shakespeare.txt"];
+    let roots = [std::env::current_dir().ok(), std::env::current_exe().ok()];
+    roots
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r.ancestors().map(Path::to_path_buf).collect::<Vec<_>>())
+        .flat_map(|dir| candidates.map(|c| dir.join(c)))
+        .find(|p| p.is_file())
+}
+
+/// Warmup, then cosine decay to `min_lr` at `total` steps; `step` is 1-based.
+pub(crate) fn learning_rate(step: u64, total: u64, peak: f64, min: f64, warmup: u64) -> f64 {
+    if warmup > 0 && step <= warmup {
+        return peak * step as f64 / warmup as f64;
+    }
+    let span = total.saturating_sub(warmup).max(1) as f64;
+    let progress = ((step - warmup) as f64 / span).min(1.0);
+    min + 0.5 * (peak - min) * (1.0 + (std::f64::consts::PI * progress).cos())
+}
+
+/// Everything a run needs: the compiled step on a device and its data.
+pub(crate) struct Run {
+    pub(crate) experiment: Experiment,
+    pub(crate) model: Model,
+    pub(crate) corpus: Corpus,
+    pub(crate) engine: Engine,
+    pub(crate) batch: usize,
+    pub(crate) block: usize,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Run").field("model", &self.model.source).field("batch", &self.batch).field("block", &self.block).finish()
+    }
+}
+
+/// The optimizer for `experiment`.
+pub(crate) fn step_config(e: &Experiment) -> pcp_graph::StepConfig {
+    pcp_graph::StepConfig {
+        optimizer: pcp_graph::Optimizer::AdamW { beta1: e.beta1, beta2: e.beta2, eps: e.eps, weight_decay: e.weight_decay },
+        clip_norm: (e.grad_clip > 0.0).then_some(e.grad_clip),
+    }
+}
+
+impl Run {
+    /// Builds and compiles the step for `model` and loads it on the device,
+    /// with fresh parameters or those of `checkpoint`.
+    pub(crate) async fn prepare(
+        experiment: Experiment,
+        corpus: Corpus,
+        device: &DeviceArgs,
+        cache: &Path,
+        checkpoint: Option<&Checkpoint>,
+    ) -> anyhow::Result<Self> {
+        let source = experiment.model.clone().unwrap_or_else(|| "nanogpt-small".to_owned());
+        let model = Model::load(&source, corpus.vocab.size())?;
+        let (batch, block) = model.batch_block()?;
+        let int64 = model.data.first().is_some_and(|t| t.element.name() == "i64");
+        let step = pcp_graph::train_step(&model.module, "main", &step_config(&experiment)).map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
+        let (device_kind, target) = device.resolve()?;
+        let started = Instant::now();
+        let artifact = pcp_graph::compile(&step.module, &target, Some(&cache.join("artifacts")))?;
+        tracing::info!(cached = artifact.cached, seconds = started.elapsed().as_secs_f64(), "compiled train_step for {target}");
+        let shapes: Vec<Vec<usize>> = model.params.iter().map(|p| p.ty.shape.iter().map(|d| *d as usize).collect()).collect();
+        let (params, state) = match checkpoint {
+            Some(c) => {
+                let params = model.params.iter().map(|p| Ok(c.tensor(&p.name)?.data.clone())).collect::<anyhow::Result<Vec<_>>>()?;
+                let mut state = Vec::new();
+                for prefix in ["m", "v"] {
+                    for p in &model.params {
+                        state.push(c.tensor(&format!("{prefix}.{}", p.name))?.data.clone());
+                    }
+                }
+                (params, Some(state))
+            }
+            None => (model.init(experiment.seed), None),
+        };
+        let engine = Engine::new(device_kind, artifact.vmfb, shapes, params, state, step.state_per_param, int64).await?;
+        Ok(Self { experiment, model, corpus, engine, batch, block })
+    }
+
+    /// Mean loss over `batches` fixed validation batches.
+    pub(crate) async fn validate(&self, batches: u64) -> anyhow::Result<f64> {
+        let mut sampler = Sampler::new(self.corpus.val.clone(), self.batch, self.block, self.experiment.seed ^ 0x5eed_0f_7a1)?;
+        let mut total = 0.0;
+        for _ in 0..batches.max(1) {
+            total += f64::from(self.engine.eval(&sampler.next_batch()).await?);
+        }
+        Ok(total / batches.max(1) as f64)
+    }
+
+    /// A checkpoint of the current state.
+    pub(crate) async fn checkpoint(&self, step: u64, sampler: &SamplerState) -> anyhow::Result<Checkpoint> {
+        let params = self.engine.params().await?;
+        let state = self.engine.state().await?;
+        let mut tensors = Vec::new();
+        let n = self.model.params.len();
+        for (i, p) in self.model.params.iter().enumerate() {
+            let shape: Vec<usize> = p.ty.shape.iter().map(|d| *d as usize).collect();
+            tensors.push(Tensor { name: p.name.clone(), shape: shape.clone(), data: params[i].clone() });
+            tensors.push(Tensor { name: format!("m.{}", p.name), shape: shape.clone(), data: state[i].clone() });
+            tensors.push(Tensor { name: format!("v.{}", p.name), shape, data: state[n + i].clone() });
+        }
+        Ok(Checkpoint {
+            step,
+            meta: json!({
+                "model": self.model.source,
+                "experiment": self.experiment,
+                "vocab": self.corpus.vocab,
+                "sampler": sampler,
+            }),
+            tensors,
+        })
+    }
+}
+
+pub(crate) fn run(args: TrainArgs) -> Result<(), Failure> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(train(args))
+}
+
+async fn train(args: TrainArgs) -> Result<(), Failure> {
+    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+    let checkpoint_dir = args.checkpoint_dir.clone().unwrap_or_else(|| data_dir.join("checkpoints"));
+    let resumed = if args.resume { Some(Checkpoint::load(&checkpoint_dir).map_err(Failure::input)?) } else { None };
+
+    let mut experiment = match (&resumed, &args.config) {
+        (Some(c), _) => serde_json::from_value(c.meta["experiment"].clone()).context("checkpoint has no experiment")?,
+        (None, Some(path)) => {
+            let (e, warnings) = Experiment::load(path).map_err(Failure::input)?;
+            for w in warnings {
+                tracing::warn!("{w}");
+            }
+            e
+        }
+        (None, None) => Experiment::default(),
+    };
+    if let Some(m) = &args.model {
+        experiment.model = Some(m.clone());
+    }
+    if let Some(d) = &args.data {
+        experiment.data_path = Some(d.display().to_string());
+    }
+    experiment.steps = args.steps.unwrap_or(experiment.steps);
+    experiment.learning_rate = args.lr.unwrap_or(experiment.learning_rate);
+    experiment.seed = args.seed.unwrap_or(experiment.seed);
+    experiment.eval_interval = args.eval_every.unwrap_or(experiment.eval_interval);
+    experiment.checkpoint_interval = args.checkpoint_every.unwrap_or(experiment.checkpoint_interval);
+    if let Some(t) = &args.tokenizer {
+        experiment.tokenizer = t.clone();
+    }
+    if experiment.dtype != "f32" {
+        return Err(Failure::input(anyhow::anyhow!("dtype {:?} is not supported; pcp trains in f32", experiment.dtype)));
+    }
+    let data_path = match &experiment.data_path {
+        Some(p) => PathBuf::from(p),
+        None => default_corpus().ok_or_else(|| Failure::input(anyhow::anyhow!("no --data given and no demo corpus found; run scripts/setup.sh")))?,
+    };
+    experiment.data_path = Some(data_path.display().to_string());
+    let vocab = match &resumed {
+        Some(c) => Some(serde_json::from_value(c.meta["vocab"].clone()).context("checkpoint has no vocabulary")?),
+        None => None,
+    };
+    let corpus = Corpus::load(&data_path, &experiment.tokenizer, vocab, experiment.val_fraction).map_err(Failure::input)?;
+    let events = Events::open(args.events.as_deref()).map_err(Failure::input)?;
+    let run = Run::prepare(experiment.clone(), corpus, &args.device, &data_dir, resumed.as_ref()).await.map_err(Failure::input)?;
+    let mut sampler = match &resumed {
+        Some(c) => {
+            let state: SamplerState = serde_json::from_value(c.meta["sampler"].clone()).context("checkpoint has no sampler state")?;
+            Sampler::resume_with_shape(run.corpus.train.clone(), run.batch, run.block, &state)?
+        }
+        None => Sampler::new(run.corpus.train.clone(), run.batch, run.block, experiment.seed)?,
+    };
+    let mut run = run;
+    let start_step = resumed.as_ref().map_or(0, |c| c.step);
+    let total = experiment.steps;
+    let tokens_per_step = (run.batch * run.block) as f64;
+    let mut out = std::io::stdout().lock();
+    let tty = out.is_terminal();
+    writeln!(
+        out,
+        "training {} ({} parameters) on {} ({} train / {} val tokens, vocab {}), {} steps from step {}",
+        run.model.source,
+        run.model.params.iter().map(|p| p.ty.elements()).sum::<i64>(),
+        data_path.display(),
+        run.corpus.train.len(),
+        run.corpus.val.len(),
+        run.corpus.vocab.size(),
+        total,
+        start_step
+    )?;
+    let mut window = Instant::now();
+    let mut window_steps = 0u64;
+    let mut tokens_per_s = 0.0;
+    for step in start_step + 1..=total {
+        let lr = learning_rate(step, total, experiment.learning_rate, experiment.min_lr, experiment.warmup_steps);
+        let batch = sampler.next_batch();
+        let loss = run.engine.step(step, lr as f32, &batch).await?;
+        if !loss.is_finite() {
+            return Err(anyhow::anyhow!("loss became {loss} at step {step}; lower the learning rate").into());
+        }
+        window_steps += 1;
+        let elapsed = window.elapsed().as_secs_f64();
+        if elapsed >= 1.0 || step == total {
+            tokens_per_s = tokens_per_step * window_steps as f64 / elapsed.max(1e-9);
+            window = Instant::now();
+            window_steps = 0;
+        }
+        events.emit("step", json!({"step": step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s}));
+        if tty {
+            let done = (step * 30 / total.max(1)) as usize;
+            write!(out, "\r[{}{}] step {step}/{total} loss {loss:.4} lr {lr:.2e} {:.1}k tok/s ", "#".repeat(done), ".".repeat(30 - done), tokens_per_s / 1e3)?;
+            out.flush()?;
+        } else if step % 50 == 0 || step == total || step == start_step + 1 {
+            writeln!(out, "step {step}/{total} loss {loss:.4} lr {lr:.2e} {:.1}k tok/s", tokens_per_s / 1e3)?;
+        }
+        let eval_due = (experiment.eval_interval > 0 && step % experiment.eval_interval == 0) || step == total;
+        if eval_due {
+            let val = run.validate(experiment.eval_batches).await?;
+            events.emit("eval", json!({"step": step, "val_loss": val}));
+            if tty {
+                writeln!(out)?;
+            }
+            writeln!(out, "step {step}: val loss {val:.4}")?;
+        }
+        let checkpoint_due = (experiment.checkpoint_interval > 0 && step % experiment.checkpoint_interval == 0) || step == total;
+        if checkpoint_due {
+            let path = run.checkpoint(step, &sampler.state()).await?.save(&checkpoint_dir)?;
+            events.emit("checkpoint", json!({"step": step, "path": path.display().to_string()}));
+        }
+    }
+    run.experiment = experiment;
+    writeln!(out, "done: checkpoints in {}", checkpoint_dir.display())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_warms_up_then_decays() {
+        assert!((learning_rate(1, 100, 1.0, 0.1, 10) - 0.1).abs() < 1e-12);
+        assert!((learning_rate(10, 100, 1.0, 0.1, 10) - 1.0).abs() < 1e-12);
+        assert!((learning_rate(100, 100, 1.0, 0.1, 10) - 0.1).abs() < 1e-12);
+        let mid = learning_rate(55, 100, 1.0, 0.1, 10);
+        assert!((mid - 0.55).abs() < 1e-9, "{mid}");
+    }
+}
