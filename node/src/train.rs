@@ -166,6 +166,43 @@ pub(crate) fn step_config(e: &Experiment) -> pcp_graph::StepConfig {
     }
 }
 
+/// Builds and compiles `model`'s training step (cached under `cache`) and
+/// loads it on the device with fresh parameters or `checkpoint`'s.
+pub(crate) async fn load_engine(
+    experiment: &Experiment,
+    model: &Model,
+    device: &DeviceArgs,
+    cache: &Path,
+    checkpoint: Option<&Checkpoint>,
+) -> anyhow::Result<Engine> {
+    let int64 = model.data.first().is_some_and(|t| t.element.name() == "i64");
+    let step = pcp_graph::train_step(&model.module, "main", &step_config(experiment))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", model.source))?;
+    let (device_kind, target) = device.resolve()?;
+    if !device_kind.is_available() {
+        let available: Vec<&str> = pcp_runtime::available_devices().into_iter().map(Device::name).collect();
+        anyhow::bail!("backend {device_kind} is not available in this build (available: {})", available.join(", "));
+    }
+    let started = Instant::now();
+    let artifact = pcp_graph::compile(&step.module, &target, Some(&cache.join("artifacts")))?;
+    tracing::info!(cached = artifact.cached, seconds = started.elapsed().as_secs_f64(), "compiled train_step for {target}");
+    let shapes: Vec<Vec<usize>> = model.params.iter().map(|p| p.ty.shape.iter().map(|d| *d as usize).collect()).collect();
+    let (params, state) = match checkpoint {
+        Some(c) => {
+            let params = model.params.iter().map(|p| Ok(c.tensor(&p.name)?.data.clone())).collect::<anyhow::Result<Vec<_>>>()?;
+            let mut state = Vec::new();
+            for prefix in ["m", "v"] {
+                for p in &model.params {
+                    state.push(c.tensor(&format!("{prefix}.{}", p.name))?.data.clone());
+                }
+            }
+            (params, Some(state))
+        }
+        None => (model.init(experiment.seed), None),
+    };
+    Engine::new(device_kind, artifact.vmfb, shapes, params, state, step.state_per_param, int64).await
+}
+
 impl Run {
     /// Builds and compiles the step for `model` and loads it on the device,
     /// with fresh parameters or those of `checkpoint`.
@@ -179,27 +216,7 @@ impl Run {
         let source = experiment.model.clone().unwrap_or_else(|| "nanogpt-small".to_owned());
         let model = Model::load(&source, corpus.vocab.size())?;
         let (batch, block) = model.batch_block()?;
-        let int64 = model.data.first().is_some_and(|t| t.element.name() == "i64");
-        let step = pcp_graph::train_step(&model.module, "main", &step_config(&experiment)).map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
-        let (device_kind, target) = device.resolve()?;
-        let started = Instant::now();
-        let artifact = pcp_graph::compile(&step.module, &target, Some(&cache.join("artifacts")))?;
-        tracing::info!(cached = artifact.cached, seconds = started.elapsed().as_secs_f64(), "compiled train_step for {target}");
-        let shapes: Vec<Vec<usize>> = model.params.iter().map(|p| p.ty.shape.iter().map(|d| *d as usize).collect()).collect();
-        let (params, state) = match checkpoint {
-            Some(c) => {
-                let params = model.params.iter().map(|p| Ok(c.tensor(&p.name)?.data.clone())).collect::<anyhow::Result<Vec<_>>>()?;
-                let mut state = Vec::new();
-                for prefix in ["m", "v"] {
-                    for p in &model.params {
-                        state.push(c.tensor(&format!("{prefix}.{}", p.name))?.data.clone());
-                    }
-                }
-                (params, Some(state))
-            }
-            None => (model.init(experiment.seed), None),
-        };
-        let engine = Engine::new(device_kind, artifact.vmfb, shapes, params, state, step.state_per_param, int64).await?;
+        let engine = load_engine(&experiment, &model, device, cache, checkpoint).await?;
         Ok(Self { experiment, model, corpus, engine, batch, block })
     }
 

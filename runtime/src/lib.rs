@@ -12,6 +12,24 @@
 //! for with [`Session::download`] (a loss scalar, a checkpoint) crosses back to
 //! the host. A [`Buffer`] frees its device memory when its last clone drops.
 //!
+//! # Backends
+//!
+//! `cpu` (IREE's `local-task` driver) is always built. The `cuda` and `vulkan`
+//! cargo features build those drivers; `metal` comes with Apple-silicon
+//! builds; eerie never builds IREE's HIP driver, so `rocm` is refused with
+//! [`LoadError::Unavailable`]. [`available_devices`] lists what this build has.
+//!
+//! # Building
+//!
+//! eerie-sys builds the IREE runtime from its vendored sources with CMake
+//! (>= 3.26; `.cargo/config.toml` points `CMAKE` at the venv's PyPI `cmake`)
+//! and generates bindings with bindgen (`LIBCLANG_PATH`). From an empty target
+//! directory, `cargo build -p pcp-runtime` took about 4 minutes on 2 shared
+//! cores, most of it the CMake build of the runtime. Tests compile their
+//! modules with `.venv/bin/iree-compile` (override with `IREE_COMPILE`).
+//!
+//! # Example
+//!
 //! ```no_run
 //! # async fn demo(vmfb: Vec<u8>) -> Result<(), Box<dyn std::error::Error>> {
 //! use pcp_runtime::{Device, HostTensor, Session};
@@ -32,6 +50,7 @@ mod tensor;
 
 pub use device::{Device, ParseDeviceError, available_devices};
 pub use session::{
-    Arg, Buffer, BufferId, DownloadError, InvokeError, LoadError, Session, UploadError,
+    Arg, Buffer, BufferId, DeviceStats, DownloadError, InvokeError, LoadError, Session, StatsError,
+    UploadError,
 };
 pub use tensor::{DType, HostTensor, TensorData, TensorError};

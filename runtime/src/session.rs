@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::device::{Device, available_devices};
 use crate::tensor::{DType, HostTensor};
 
-pub use error::{DownloadError, InvokeError, LoadError, UploadError};
+pub use error::{DownloadError, InvokeError, LoadError, StatsError, UploadError};
 
 /// How many requests may queue for a runtime thread before callers wait.
 const QUEUE_DEPTH: usize = 16;
@@ -123,6 +123,15 @@ impl From<&Buffer> for Arg {
     }
 }
 
+/// What a session holds on its device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceStats {
+    /// Live buffers (parameters, optimizer state, outputs not yet dropped).
+    pub buffers: usize,
+    /// Their total size in bytes.
+    pub bytes: usize,
+}
+
 /// A request to the runtime thread.
 #[derive(Debug)]
 enum Command {
@@ -138,6 +147,9 @@ enum Command {
     Download {
         buffer: Buffer,
         reply: oneshot::Sender<Result<HostTensor, DownloadError>>,
+    },
+    Stats {
+        reply: oneshot::Sender<DeviceStats>,
     },
 }
 
@@ -241,5 +253,16 @@ impl Session {
             .await
             .map_err(|_| DownloadError::Closed { id })?;
         answer.await.map_err(|_| DownloadError::Closed { id })?
+    }
+
+    /// Counts the buffers this session holds on its device, after freeing
+    /// those whose handles were dropped.
+    pub async fn stats(&self) -> Result<DeviceStats, StatsError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Stats { reply })
+            .await
+            .map_err(|_| StatsError::Closed)?;
+        answer.await.map_err(|_| StatsError::Closed)
     }
 }

@@ -127,6 +127,12 @@ async fn device_resident_state_matches_host_over_100_steps() -> Result<()> {
         );
     }
     assert!(losses[99] < 1e-20, "the step converges: {}", losses[99]);
+    // Dropped outputs were freed: only the parameters and the input remain.
+    let stats = session.stats().await?;
+    assert_eq!(stats.buffers, 2);
+    assert_eq!(stats.bytes, 2 * 4 * 4);
+    drop((w, x));
+    assert_eq!(session.stats().await?.buffers, 0);
     Ok(())
 }
 

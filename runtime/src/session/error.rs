@@ -156,3 +156,11 @@ pub enum DownloadError {
         id: BufferId,
     },
 }
+
+/// Why [`Session::stats`](crate::Session::stats) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StatsError {
+    /// The session's runtime thread is gone.
+    #[error("cannot read device stats: the runtime thread has stopped")]
+    Closed,
+}

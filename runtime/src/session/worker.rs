@@ -7,8 +7,8 @@ use eerie::runtime::{DeviceSpec, Driver, Function, Program, Runtime, RuntimeErro
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Arg, Buffer, BufferId, BufferInner, Command, DownloadError, Graveyard, InvokeError, LoadError,
-    UploadError,
+    Arg, Buffer, BufferId, BufferInner, Command, DeviceStats, DownloadError, Graveyard,
+    InvokeError, LoadError, UploadError,
 };
 use crate::device::Device;
 use crate::tensor::{DType, HostTensor, TensorData};
@@ -115,6 +115,16 @@ impl Worker {
             Command::Download { buffer, reply } => {
                 let _ = reply.send(self.download(&buffer));
             }
+            Command::Stats { reply } => {
+                let _ = reply.send(self.stats());
+            }
+        }
+    }
+
+    fn stats(&self) -> DeviceStats {
+        DeviceStats {
+            buffers: self.buffers.len(),
+            bytes: self.buffers.values().map(byte_length).sum(),
         }
     }
 
@@ -243,6 +253,23 @@ fn describe(value: &Value) -> (DType, Vec<usize>) {
         Value::I64(view) => (DType::I64, view.shape()),
         Value::F32(view) => (DType::F32, view.shape()),
         Value::F64(view) => (DType::F64, view.shape()),
+    }
+}
+
+/// The size of a device value in bytes.
+fn byte_length(value: &Value) -> usize {
+    match value {
+        Value::Bool(view) => view.byte_length(),
+        Value::U8(view) => view.byte_length(),
+        Value::U16(view) => view.byte_length(),
+        Value::U32(view) => view.byte_length(),
+        Value::U64(view) => view.byte_length(),
+        Value::I8(view) => view.byte_length(),
+        Value::I16(view) => view.byte_length(),
+        Value::I32(view) => view.byte_length(),
+        Value::I64(view) => view.byte_length(),
+        Value::F32(view) => view.byte_length(),
+        Value::F64(view) => view.byte_length(),
     }
 }
 
