@@ -73,6 +73,14 @@ fn host_step(w: &[f32], x: &[f32]) -> (Vec<f32>, f32) {
     (next, d.iter().map(|d| d * d).sum())
 }
 
+#[test]
+fn handles_can_cross_tasks_and_threads() {
+    fn shareable<T: Send + Sync + Clone + 'static>() {}
+    shareable::<Session>();
+    shareable::<pcp_runtime::Buffer>();
+    shareable::<Arg>();
+}
+
 #[tokio::test]
 async fn step_outputs_are_correct() -> Result<()> {
     let session = step_session().await?;

@@ -364,6 +364,22 @@ mod tests {
     }
 
     #[test]
+    fn too_short_file_names_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.bin");
+        std::fs::write(&path, [1, 0, 2, 0, 3, 0]).unwrap();
+        let tokens = Tokens::open_bin(&path, crate::data::TokenFormat::NanoGpt).unwrap();
+        let err = Sampler::new(tokens.all(), 1, 3, 0).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "{}: 3 tokens is too short for one window of block size 3 (needs 4)",
+                path.display()
+            )
+        );
+    }
+
+    #[test]
     fn samples_from_a_mapped_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("train.bin");
