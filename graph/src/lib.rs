@@ -3,6 +3,7 @@
 //! * [`import`] reads a StableHLO loss module (pretty or generic form) through
 //!   IREE's parser and melior into pcp's own [`ir`].
 //! * [`autodiff`] derives exact reverse-mode gradients.
+//! * [`models`] builds built-in models (nanoGPT) as StableHLO, no Python.
 //! * [`inspect`] summarises a model for `pcp-node graph inspect`.
 //!
 //! MLIR contexts never leave the function that creates them, so everything
@@ -13,7 +14,9 @@ pub mod import;
 pub mod inspect;
 pub mod ir;
 pub mod iree;
+pub mod models;
 
 pub use autodiff::{GradError, Gradient, Signature, differentiate};
 pub use import::{ImportError, import_file, import_str};
 pub use ir::{Function, Module, TensorType};
+pub use models::{BuildError, BuiltModel, Init, NanoGptConfig, ParamSpec, nanogpt};
