@@ -19,4 +19,4 @@ pub mod models;
 pub use autodiff::{GradError, Gradient, Signature, differentiate};
 pub use import::{ImportError, import_file, import_str};
 pub use ir::{Function, Module, TensorType};
-pub use models::{BuildError, BuiltModel, Init, NanoGptConfig, ParamSpec, nanogpt};
+pub use models::{BuildError, BuiltModel, NanoGptConfig, nanogpt};

@@ -65,7 +65,7 @@ impl NanoGptConfig {
         }
         // The largest activations: logits, MLP hidden states and attention scores.
         let widest =
-            self.vocab_size.max(4 * self.n_embd.min(usize::MAX / 4)).max(self.n_head.saturating_mul(self.block_size));
+            self.vocab_size.max(self.n_embd.saturating_mul(4)).max(self.n_head.saturating_mul(self.block_size));
         let elements = self.batch_size.checked_mul(self.block_size).and_then(|n| n.checked_mul(widest));
         if elements.is_none_or(|n| n > i32::MAX as usize) {
             return fail("activations of batch_size × block_size × width would exceed 2^31 elements".to_owned());
@@ -150,7 +150,7 @@ pub fn nanogpt(config: &NanoGptConfig) -> Result<BuiltModel, BuildError> {
     {
         let args = logits_fn.args.clone();
         let mut b = Builder::new(&mut logits_fn, None);
-        let flat = forward(&mut b, config, &layout, &args);
+        let flat = forward(&mut b, config, &layout, &args, args[params.len()]);
         let (bs, t, v) = (config.batch_size as i64, config.block_size as i64, config.vocab_size as i64);
         let logits = b.reshape(flat, &[bs, t, v]);
         logits_fn.results = vec![logits];
@@ -162,7 +162,7 @@ pub fn nanogpt(config: &NanoGptConfig) -> Result<BuiltModel, BuildError> {
         let args = main.args.clone();
         let targets = args[args.len() - 1];
         let mut b = Builder::new(&mut main, None);
-        let logits = forward(&mut b, config, &layout, &args);
+        let logits = forward(&mut b, config, &layout, &args, args[params.len()]);
         b.set_loc(Some("loc(\"nanogpt.loss\")".into()));
         let loss = cross_entropy(&mut b, logits, targets);
         main.results = vec![loss];
@@ -184,10 +184,9 @@ pub fn emit_mlir(config: &NanoGptConfig) -> Result<String, BuildError> {
     Ok(nanogpt(config)?.module.to_mlir())
 }
 
-/// The logits, `[B·T, V]`, of the token ids in the argument after the parameters.
-fn forward(b: &mut Builder<'_>, c: &NanoGptConfig, l: &Layout, args: &[ValueId]) -> ValueId {
+/// The logits, `[B·T, V]`, of token ids `ids: [B, T]`; `args` starts with the parameters.
+fn forward(b: &mut Builder<'_>, c: &NanoGptConfig, l: &Layout, args: &[ValueId], ids: ValueId) -> ValueId {
     let (bs, t, d) = (c.batch_size as i64, c.block_size as i64, c.n_embd as i64);
-    let ids = args[l.lm_head + 1];
     b.set_loc(Some("loc(\"nanogpt.embedding\")".into()));
     let gather_props = vec![
         (
