@@ -4,6 +4,7 @@
 //!   IREE's parser and melior into pcp's own [`ir`].
 //! * [`autodiff`] derives exact reverse-mode gradients.
 //! * [`train`] fuses forward, gradient and optimizer into `train_step`.
+//! * [`models`] builds built-in models (nanoGPT) as StableHLO, no Python.
 //! * [`inspect`] summarises a model for `pcp-node graph inspect`.
 //!
 //! MLIR contexts never leave the function that creates them, so everything
@@ -16,9 +17,11 @@ pub mod inspect;
 pub mod ir;
 pub mod iree;
 pub mod train;
+pub mod models;
 
 pub use autodiff::{GradError, Gradient, Signature, differentiate};
 pub use compile::{Artifact, Backend, CompileError, Target, compile};
 pub use import::{ImportError, import_file, import_str};
 pub use ir::{Function, Module, TensorType};
 pub use train::{Optimizer, StepConfig, TrainModule, train_step};
+pub use models::{BuildError, BuiltModel, NanoGptConfig, nanogpt};
