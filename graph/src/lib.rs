@@ -16,12 +16,12 @@ pub mod import;
 pub mod inspect;
 pub mod ir;
 pub mod iree;
-pub mod train;
 pub mod models;
+pub mod train;
 
 pub use autodiff::{GradError, Gradient, Signature, differentiate};
 pub use compile::{Artifact, Backend, CompileError, Target, compile};
 pub use import::{ImportError, import_file, import_str};
 pub use ir::{Function, Module, TensorType};
-pub use train::{Optimizer, StepConfig, TrainModule, train_step};
 pub use models::{BuildError, BuiltModel, NanoGptConfig, nanogpt};
+pub use train::{Optimizer, StepConfig, TrainModule, train_step};

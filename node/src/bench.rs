@@ -35,7 +35,9 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), Failure> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         match command {
-            BenchCommand::Step { model, steps, data, data_dir, device } => step(model, steps, data, data_dir, device).await,
+            BenchCommand::Step { model, steps, data, data_dir, device } => {
+                step(model, steps, data, data_dir, device).await
+            }
         }
     })
 }
@@ -48,7 +50,13 @@ fn peak_rss() -> Option<u64> {
     Some(kb * 1024)
 }
 
-async fn step(source: String, steps: u64, data: Option<PathBuf>, data_dir: Option<PathBuf>, device: DeviceArgs) -> Result<(), Failure> {
+async fn step(
+    source: String,
+    steps: u64,
+    data: Option<PathBuf>,
+    data_dir: Option<PathBuf>,
+    device: DeviceArgs,
+) -> Result<(), Failure> {
     let data_dir = data_dir.unwrap_or_else(default_data_dir);
     let corpus = match data.or_else(default_corpus) {
         Some(path) => Some(Corpus::load(&path, "char", None, 0.1).map_err(Failure::input)?),
@@ -63,7 +71,8 @@ async fn step(source: String, steps: u64, data: Option<PathBuf>, data_dir: Optio
     let load_seconds = started.elapsed().as_secs_f64();
     let split = match &corpus {
         Some(c) => c.train.clone(),
-        None => Tokens::from_vec((0..100_000u32).map(|i| (i * 7919 % vocab_size as u32) as u16).collect(), "synthetic").all(),
+        None => Tokens::from_vec((0..100_000u32).map(|i| (i * 7919 % vocab_size as u32) as u16).collect(), "synthetic")
+            .all(),
     };
     let mut sampler = Sampler::new(split, batch, block, 1)?;
     let mut out = std::io::stdout().lock();
@@ -90,7 +99,11 @@ async fn step(source: String, steps: u64, data: Option<PathBuf>, data_dir: Optio
     let rss = peak_rss().map_or(f64::NAN, |b| b as f64);
     writeln!(out, "model        {source} ({params} parameters, batch {batch} x block {block})")?;
     writeln!(out, "setup        {load_seconds:.1} s (build, compile or cache hit, load)")?;
-    writeln!(out, "steps        {steps} in {seconds:.2} s, {:.2} ms/step, last loss {loss:.4}", 1e3 * seconds / steps.max(1) as f64)?;
+    writeln!(
+        out,
+        "steps        {steps} in {seconds:.2} s, {:.2} ms/step, last loss {loss:.4}",
+        1e3 * seconds / steps.max(1) as f64
+    )?;
     writeln!(out, "tokens/s     {:.0}", tokens / seconds)?;
     writeln!(out, "peak RSS     {:.1} MiB", rss / 1048576.0)?;
     writeln!(

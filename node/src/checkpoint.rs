@@ -56,7 +56,8 @@ impl Checkpoint {
 
     /// Saves under `dir/step-NNNNNNNN` and points `dir/latest` at it.
     pub(crate) fn save(&self, dir: &Path) -> anyhow::Result<PathBuf> {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create checkpoint directory {}", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create checkpoint directory {}", dir.display()))?;
         let name = format!("step-{:08}", self.step);
         let final_dir = dir.join(&name);
         let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
@@ -65,7 +66,12 @@ impl Checkpoint {
         let mut bytes = Vec::new();
         let mut entries = Vec::new();
         for t in &self.tensors {
-            entries.push(Entry { name: t.name.clone(), shape: t.shape.clone(), offset: bytes.len() as u64, len: t.data.len() as u64 });
+            entries.push(Entry {
+                name: t.name.clone(),
+                shape: t.shape.clone(),
+                offset: bytes.len() as u64,
+                len: t.data.len() as u64,
+            });
             bytes.extend(t.data.iter().flat_map(|v| v.to_le_bytes()));
         }
         let meta = Meta {
@@ -79,10 +85,12 @@ impl Checkpoint {
         std::fs::write(tmp.join("meta.json"), serde_json::to_vec_pretty(&meta)?)
             .with_context(|| format!("cannot write {}", tmp.display()))?;
         let _ = std::fs::remove_dir_all(&final_dir);
-        std::fs::rename(&tmp, &final_dir).with_context(|| format!("cannot move checkpoint into {}", final_dir.display()))?;
+        std::fs::rename(&tmp, &final_dir)
+            .with_context(|| format!("cannot move checkpoint into {}", final_dir.display()))?;
         let latest_tmp = dir.join(format!(".latest.tmp{}", std::process::id()));
         std::fs::write(&latest_tmp, &name)?;
-        std::fs::rename(&latest_tmp, dir.join("latest")).with_context(|| format!("cannot update {}/latest", dir.display()))?;
+        std::fs::rename(&latest_tmp, dir.join("latest"))
+            .with_context(|| format!("cannot update {}/latest", dir.display()))?;
         prune(dir, KEEP);
         Ok(final_dir)
     }
@@ -93,12 +101,15 @@ impl Checkpoint {
             dir.to_owned()
         } else {
             let latest = dir.join("latest");
-            let name = std::fs::read_to_string(&latest).with_context(|| format!("no checkpoint in {} (cannot read {})", dir.display(), latest.display()))?;
+            let name = std::fs::read_to_string(&latest)
+                .with_context(|| format!("no checkpoint in {} (cannot read {})", dir.display(), latest.display()))?;
             dir.join(name.trim())
         };
         let meta_path = step_dir.join("meta.json");
-        let meta: Meta = serde_json::from_slice(&std::fs::read(&meta_path).with_context(|| format!("cannot read {}", meta_path.display()))?)
-            .with_context(|| format!("{} is not a pcp checkpoint", meta_path.display()))?;
+        let meta: Meta = serde_json::from_slice(
+            &std::fs::read(&meta_path).with_context(|| format!("cannot read {}", meta_path.display()))?,
+        )
+        .with_context(|| format!("{} is not a pcp checkpoint", meta_path.display()))?;
         if meta.version != 1 {
             bail!("{}: unsupported checkpoint version {}", meta_path.display(), meta.version);
         }
@@ -114,7 +125,8 @@ impl Checkpoint {
             if end > bytes.len() || elements != e.len as usize {
                 bail!("{}: tensor {:?} lies outside the file or has the wrong size", bin.display(), e.name);
             }
-            let data = bytes[start..end].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let data =
+                bytes[start..end].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             tensors.push(Tensor { name: e.name, shape: e.shape, data });
         }
         Ok(Self { step: meta.step, meta: meta.meta, tensors })
@@ -123,8 +135,11 @@ impl Checkpoint {
 
 fn prune(dir: &Path, keep: usize) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
-    let mut steps: Vec<PathBuf> =
-        entries.flatten().map(|e| e.path()).filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("step-"))).collect();
+    let mut steps: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("step-")))
+        .collect();
     steps.sort();
     let excess = steps.len().saturating_sub(keep);
     for old in steps.into_iter().take(excess) {
@@ -155,7 +170,11 @@ mod tests {
         }
         let loaded = Checkpoint::load(dir.path()).expect("load");
         assert_eq!(loaded, sample(40));
-        let kept = std::fs::read_dir(dir.path()).expect("dir").flatten().filter(|e| e.file_name().to_string_lossy().starts_with("step-")).count();
+        let kept = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("step-"))
+            .count();
         assert_eq!(kept, KEEP);
     }
 

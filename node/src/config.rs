@@ -97,7 +97,7 @@ impl Default for Experiment {
             tokenizer: "char".into(),
             sampling: "random".into(),
             dtype: "f32".into(),
-            learning_rate: 1e-3,
+            learning_rate: 3e-3,
             min_lr: 1e-4,
             warmup_steps: 100,
             steps: 1000,
@@ -137,18 +137,20 @@ impl Experiment {
     /// file's directory and its parents (PCP's files name paths relative to
     /// the repository root). Returns the warnings about unknown keys.
     pub(crate) fn load(path: &Path) -> anyhow::Result<(Self, Vec<String>)> {
-        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
         let value: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| anyhow::anyhow!("config {} is not valid JSON: {e}", path.display()))?;
-        let object = value.as_object().ok_or_else(|| anyhow::anyhow!("config {} must be a JSON object", path.display()))?;
+        let object =
+            value.as_object().ok_or_else(|| anyhow::anyhow!("config {} must be a JSON object", path.display()))?;
         let known = Self::known_keys();
         let warnings: Vec<String> = object
             .keys()
             .filter(|k| !known.contains(k))
             .map(|k| format!("config {}: unknown key {k:?} ignored", path.display()))
             .collect();
-        let mut experiment: Self = serde_json::from_value(value.clone())
-            .map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))?;
+        let mut experiment: Self =
+            serde_json::from_value(value.clone()).map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new("."));
         for field in [&mut experiment.model_path, &mut experiment.data_path] {
             if let Some(p) = field.as_mut() {

@@ -11,6 +11,6 @@ mod sampler;
 mod tokens;
 mod vocab;
 
-pub(crate) use sampler::{Batch, SampleError, Sampler, SamplerState};
-pub(crate) use tokens::{CorpusError, Split, SplitError, TokenFileError, TokenFormat, Tokens};
-pub(crate) use vocab::{DecodeError, EncodeError, Vocab, VocabError};
+pub(crate) use sampler::{Batch, Sampler, SamplerState};
+pub(crate) use tokens::{Split, TokenFormat, Tokens};
+pub(crate) use vocab::Vocab;

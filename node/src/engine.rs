@@ -57,9 +57,15 @@ impl Engine {
     fn data_args(&self, batch: &Batch) -> anyhow::Result<Vec<Arg>> {
         let shape = batch.shape().to_vec();
         Ok(if self.int64 {
-            vec![HostTensor::i64(shape.clone(), batch.inputs_i64())?.into(), HostTensor::i64(shape, batch.targets_i64())?.into()]
+            vec![
+                HostTensor::i64(shape.clone(), batch.inputs_i64())?.into(),
+                HostTensor::i64(shape, batch.targets_i64())?.into(),
+            ]
         } else {
-            vec![HostTensor::i32(shape.clone(), batch.inputs_i32())?.into(), HostTensor::i32(shape, batch.targets_i32())?.into()]
+            vec![
+                HostTensor::i32(shape.clone(), batch.inputs_i32())?.into(),
+                HostTensor::i32(shape, batch.targets_i32())?.into(),
+            ]
         })
     }
 
@@ -104,7 +110,9 @@ impl Engine {
         download_all(&self.session, &self.state).await
     }
 
-    /// Replaces the parameters (optimizer state is kept).
+    /// Replaces the parameters (optimizer state is kept): a DiLoCo worker
+    /// starting a round.
+    #[allow(dead_code)] // The DiLoCo worker role (issue 5) calls it.
     pub(crate) async fn set_params(&mut self, params: Vec<Vec<f32>>) -> anyhow::Result<()> {
         self.params = self.upload_all(params).await?;
         Ok(())

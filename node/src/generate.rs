@@ -49,19 +49,30 @@ pub(crate) fn run(args: GenerateArgs) -> Result<(), Failure> {
 
 async fn generate(args: GenerateArgs) -> Result<(), Failure> {
     let checkpoint = Checkpoint::load(&args.checkpoint).map_err(Failure::input)?;
-    let experiment: Experiment = serde_json::from_value(checkpoint.meta["experiment"].clone()).context("checkpoint has no experiment")?;
-    let vocab: Vocab = serde_json::from_value(checkpoint.meta["vocab"].clone()).context("checkpoint has no vocabulary")?;
+    let experiment: Experiment =
+        serde_json::from_value(checkpoint.meta["experiment"].clone()).context("checkpoint has no experiment")?;
+    // The run's vocab.json sits beside its checkpoints; older ones carry it in meta.
+    let vocab_file = args.checkpoint.join("vocab.json");
+    let vocab: Vocab = if vocab_file.is_file() {
+        Vocab::load(&vocab_file).map_err(Failure::input)?
+    } else {
+        serde_json::from_value(checkpoint.meta["vocab"].clone()).context("checkpoint has no vocabulary")?
+    };
     let source = checkpoint.meta["model"].as_str().context("checkpoint names no model")?.to_owned();
     let model = Model::load(&source, vocab.size()).map_err(Failure::input)?;
     if model.module.function("logits").is_none() {
-        return Err(Failure::input(anyhow::anyhow!("model {source} has no @logits function, so it cannot generate; use a built-in model")));
+        return Err(Failure::input(anyhow::anyhow!(
+            "model {source} has no @logits function, so it cannot generate; use a built-in model"
+        )));
     }
     let (batch, block) = model.batch_block()?;
     let int64 = model.data.first().is_some_and(|t| t.element.name() == "i64");
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
     let engine = load_engine(&experiment, &model, &args.device, &data_dir, Some(&checkpoint)).await?;
     let mut context = vocab.encode(&args.prompt).map_err(Failure::input)?;
-    anyhow::ensure!(!context.is_empty(), "the prompt is empty");
+    if context.is_empty() {
+        return Err(Failure::input(anyhow::anyhow!("the prompt is empty")));
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(args.seed);
     let mut out = std::io::stdout().lock();
     write!(out, "{}", args.prompt)?;

@@ -107,7 +107,8 @@ mod tests {
     #[test]
     fn external_init_follows_pytorch_order() {
         let t = |s: &str| TensorType::parse(s).expect("type");
-        let specs = external_params(&[t("tensor<65x64xf32>"), t("tensor<64xf32>"), t("tensor<64xf32>"), t("tensor<65xf32>")]);
+        let specs =
+            external_params(&[t("tensor<65x64xf32>"), t("tensor<64xf32>"), t("tensor<64xf32>"), t("tensor<65xf32>")]);
         let inits: Vec<Init> = specs.iter().map(|s| s.init.clone()).collect();
         assert_eq!(inits, vec![Init::Normal { std: 0.02 }, Init::Ones, Init::Zeros, Init::Zeros]);
     }

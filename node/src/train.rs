@@ -102,7 +102,8 @@ impl Corpus {
                     (Some(v), _) => v,
                     (None, "byte") => Vocab::Byte,
                     (None, _) => {
-                        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read corpus {}", path.display()))?;
+                        let text = std::fs::read_to_string(path)
+                            .with_context(|| format!("cannot read corpus {}", path.display()))?;
                         Vocab::chars_of(&text)?
                     }
                 };
@@ -154,14 +155,23 @@ pub(crate) struct Run {
 
 impl std::fmt::Debug for Run {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Run").field("model", &self.model.source).field("batch", &self.batch).field("block", &self.block).finish()
+        f.debug_struct("Run")
+            .field("model", &self.model.source)
+            .field("batch", &self.batch)
+            .field("block", &self.block)
+            .finish()
     }
 }
 
 /// The optimizer for `experiment`.
 pub(crate) fn step_config(e: &Experiment) -> pcp_graph::StepConfig {
     pcp_graph::StepConfig {
-        optimizer: pcp_graph::Optimizer::AdamW { beta1: e.beta1, beta2: e.beta2, eps: e.eps, weight_decay: e.weight_decay },
+        optimizer: pcp_graph::Optimizer::AdamW {
+            beta1: e.beta1,
+            beta2: e.beta2,
+            eps: e.eps,
+            weight_decay: e.weight_decay,
+        },
         clip_norm: (e.grad_clip > 0.0).then_some(e.grad_clip),
     }
 }
@@ -185,11 +195,17 @@ pub(crate) async fn load_engine(
     }
     let started = Instant::now();
     let artifact = pcp_graph::compile(&step.module, &target, Some(&cache.join("artifacts")))?;
-    tracing::info!(cached = artifact.cached, seconds = started.elapsed().as_secs_f64(), "compiled train_step for {target}");
-    let shapes: Vec<Vec<usize>> = model.params.iter().map(|p| p.ty.shape.iter().map(|d| *d as usize).collect()).collect();
+    tracing::info!(
+        cached = artifact.cached,
+        seconds = started.elapsed().as_secs_f64(),
+        "compiled train_step for {target}"
+    );
+    let shapes: Vec<Vec<usize>> =
+        model.params.iter().map(|p| p.ty.shape.iter().map(|d| *d as usize).collect()).collect();
     let (params, state) = match checkpoint {
         Some(c) => {
-            let params = model.params.iter().map(|p| Ok(c.tensor(&p.name)?.data.clone())).collect::<anyhow::Result<Vec<_>>>()?;
+            let params =
+                model.params.iter().map(|p| Ok(c.tensor(&p.name)?.data.clone())).collect::<anyhow::Result<Vec<_>>>()?;
             let mut state = Vec::new();
             for prefix in ["m", "v"] {
                 for p in &model.params {
@@ -222,7 +238,8 @@ impl Run {
 
     /// Mean loss over `batches` fixed validation batches.
     pub(crate) async fn validate(&self, batches: u64) -> anyhow::Result<f64> {
-        let mut sampler = Sampler::new(self.corpus.val.clone(), self.batch, self.block, self.experiment.seed ^ 0x5eed_0f_7a1)?;
+        let mut sampler =
+            Sampler::new(self.corpus.val.clone(), self.batch, self.block, self.experiment.seed ^ 0x5eed_0f_7a1)?;
         let mut total = 0.0;
         for _ in 0..batches.max(1) {
             total += f64::from(self.engine.eval(&sampler.next_batch()).await?);
@@ -291,28 +308,39 @@ async fn train(args: TrainArgs) -> Result<(), Failure> {
         experiment.tokenizer = t.clone();
     }
     if experiment.dtype != "f32" {
-        return Err(Failure::input(anyhow::anyhow!("dtype {:?} is not supported; pcp trains in f32", experiment.dtype)));
+        return Err(Failure::input(anyhow::anyhow!(
+            "dtype {:?} is not supported; pcp trains in f32",
+            experiment.dtype
+        )));
     }
     let data_path = match &experiment.data_path {
         Some(p) => PathBuf::from(p),
-        None => default_corpus().ok_or_else(|| Failure::input(anyhow::anyhow!("no --data given and no demo corpus found; run scripts/setup.sh")))?,
+        None => default_corpus().ok_or_else(|| {
+            Failure::input(anyhow::anyhow!("no --data given and no demo corpus found; run scripts/setup.sh"))
+        })?,
     };
     experiment.data_path = Some(data_path.display().to_string());
     let vocab = match &resumed {
         Some(c) => Some(serde_json::from_value(c.meta["vocab"].clone()).context("checkpoint has no vocabulary")?),
         None => None,
     };
-    let corpus = Corpus::load(&data_path, &experiment.tokenizer, vocab, experiment.val_fraction).map_err(Failure::input)?;
+    let corpus =
+        Corpus::load(&data_path, &experiment.tokenizer, vocab, experiment.val_fraction).map_err(Failure::input)?;
     let events = Events::open(args.events.as_deref()).map_err(Failure::input)?;
-    let run = Run::prepare(experiment.clone(), corpus, &args.device, &data_dir, resumed.as_ref()).await.map_err(Failure::input)?;
+    let run = Run::prepare(experiment.clone(), corpus, &args.device, &data_dir, resumed.as_ref())
+        .await
+        .map_err(Failure::input)?;
     let mut sampler = match &resumed {
         Some(c) => {
-            let state: SamplerState = serde_json::from_value(c.meta["sampler"].clone()).context("checkpoint has no sampler state")?;
+            let state: SamplerState =
+                serde_json::from_value(c.meta["sampler"].clone()).context("checkpoint has no sampler state")?;
             Sampler::resume_with_shape(run.corpus.train.clone(), run.batch, run.block, &state)?
         }
         None => Sampler::new(run.corpus.train.clone(), run.batch, run.block, experiment.seed)?,
     };
     let mut run = run;
+    std::fs::create_dir_all(&checkpoint_dir).with_context(|| format!("cannot create {}", checkpoint_dir.display()))?;
+    run.corpus.vocab.save(&checkpoint_dir.join("vocab.json"))?;
     let start_step = resumed.as_ref().map_or(0, |c| c.step);
     let total = experiment.steps;
     let tokens_per_step = (run.batch * run.block) as f64;
@@ -330,27 +358,28 @@ async fn train(args: TrainArgs) -> Result<(), Failure> {
         total,
         start_step
     )?;
-    let mut window = Instant::now();
-    let mut window_steps = 0u64;
     let mut tokens_per_s = 0.0;
     for step in start_step + 1..=total {
         let lr = learning_rate(step, total, experiment.learning_rate, experiment.min_lr, experiment.warmup_steps);
         let batch = sampler.next_batch();
+        let started = Instant::now();
         let loss = run.engine.step(step, lr as f32, &batch).await?;
+        // An exponential moving average of the step rate.
+        let rate = tokens_per_step / started.elapsed().as_secs_f64().max(1e-9);
+        tokens_per_s = if step == start_step + 1 { rate } else { 0.9 * tokens_per_s + 0.1 * rate };
         if !loss.is_finite() {
             return Err(anyhow::anyhow!("loss became {loss} at step {step}; lower the learning rate").into());
-        }
-        window_steps += 1;
-        let elapsed = window.elapsed().as_secs_f64();
-        if elapsed >= 1.0 || step == total {
-            tokens_per_s = tokens_per_step * window_steps as f64 / elapsed.max(1e-9);
-            window = Instant::now();
-            window_steps = 0;
         }
         events.emit("step", json!({"step": step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s}));
         if tty {
             let done = (step * 30 / total.max(1)) as usize;
-            write!(out, "\r[{}{}] step {step}/{total} loss {loss:.4} lr {lr:.2e} {:.1}k tok/s ", "#".repeat(done), ".".repeat(30 - done), tokens_per_s / 1e3)?;
+            write!(
+                out,
+                "\r[{}{}] step {step}/{total} loss {loss:.4} lr {lr:.2e} {:.1}k tok/s ",
+                "#".repeat(done),
+                ".".repeat(30 - done),
+                tokens_per_s / 1e3
+            )?;
             out.flush()?;
         } else if step % 50 == 0 || step == total || step == start_step + 1 {
             writeln!(out, "step {step}/{total} loss {loss:.4} lr {lr:.2e} {:.1}k tok/s", tokens_per_s / 1e3)?;
@@ -364,11 +393,18 @@ async fn train(args: TrainArgs) -> Result<(), Failure> {
             }
             writeln!(out, "step {step}: val loss {val:.4}")?;
         }
-        let checkpoint_due = (experiment.checkpoint_interval > 0 && step % experiment.checkpoint_interval == 0) || step == total;
+        let checkpoint_due =
+            (experiment.checkpoint_interval > 0 && step % experiment.checkpoint_interval == 0) || step == total;
         if checkpoint_due {
             let path = run.checkpoint(step, &sampler.state()).await?.save(&checkpoint_dir)?;
             events.emit("checkpoint", json!({"step": step, "path": path.display().to_string()}));
         }
+    }
+    if start_step >= total {
+        // Nothing to train: save the state as it is (for `--steps 0`, the
+        // initial parameters, which reference implementations can load).
+        let path = run.checkpoint(start_step, &sampler.state()).await?.save(&checkpoint_dir)?;
+        events.emit("checkpoint", json!({"step": start_step, "path": path.display().to_string()}));
     }
     run.experiment = experiment;
     writeln!(out, "done: checkpoints in {}", checkpoint_dir.display())?;

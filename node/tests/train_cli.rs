@@ -24,7 +24,11 @@ fn corpus() -> String {
 }
 
 fn events(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).expect("events").lines().map(|l| serde_json::from_str(l).expect("json line")).collect()
+    std::fs::read_to_string(path)
+        .expect("events")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
 }
 
 fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -32,7 +36,12 @@ fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
 }
 
 fn ok(out: &Output) {
-    assert!(out.status.success(), "stdout: {}\nstderr: {}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Shares the artifact cache between tests: compiling once is enough.
@@ -49,13 +58,26 @@ fn nanogpt_small_learns_shakespeare_and_generates() {
     let ckpt = dir.path().join("ckpt");
     let data = corpus();
     let out = pcp(&[
-        "train", "--model", "nanogpt-small", "--data", &data, "--steps", "600", "--lr", "3e-3", "--eval-every", "300",
-        "--events", ev.to_str().expect("utf8"), "--checkpoint-dir", ckpt.to_str().expect("utf8"), "--data-dir", &cache_dir(),
+        "train",
+        "--model",
+        "nanogpt-small",
+        "--data",
+        &data,
+        "--steps",
+        "1000",
+        "--eval-every",
+        "500",
+        "--events",
+        ev.to_str().expect("utf8"),
+        "--checkpoint-dir",
+        ckpt.to_str().expect("utf8"),
+        "--data-dir",
+        &cache_dir(),
     ]);
     ok(&out);
     let events = events(&ev);
     let steps = of_kind(&events, "step");
-    assert_eq!(steps.len(), 600);
+    assert_eq!(steps.len(), 1000);
     for e in &steps {
         assert!(e["t"].as_f64().is_some() && e["lr"].as_f64().is_some() && e["tokens_per_s"].as_f64().is_some(), "{e}");
     }
@@ -64,13 +86,22 @@ fn nanogpt_small_learns_shakespeare_and_generates() {
     let evals = of_kind(&events, "eval");
     assert_eq!(evals.len(), 2);
     let val = evals[1]["val_loss"].as_f64().expect("val_loss");
-    // 1000 steps reach ~1.93 (README); 600 steps at a higher rate get under 2.3.
-    assert!(val < 2.3, "validation loss after 600 steps: {val}");
+    assert!(val < 2.0, "validation loss after 1000 steps: {val}");
     let checkpoints = of_kind(&events, "checkpoint");
     assert_eq!(checkpoints.len(), 1);
     assert!(Path::new(checkpoints[0]["path"].as_str().expect("path")).join("meta.json").exists());
 
-    let out = pcp(&["generate", "--checkpoint", ckpt.to_str().expect("utf8"), "--prompt", "ROMEO:", "--tokens", "80", "--data-dir", &cache_dir()]);
+    let out = pcp(&[
+        "generate",
+        "--checkpoint",
+        ckpt.to_str().expect("utf8"),
+        "--prompt",
+        "ROMEO:",
+        "--tokens",
+        "80",
+        "--data-dir",
+        &cache_dir(),
+    ]);
     ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("ROMEO:") && text.chars().count() >= 80, "{text}");
@@ -95,7 +126,10 @@ fn resume_continues_with_the_same_next_loss() {
     run("split", &["--steps", "8"]);
     let resumed = run("split", &["--steps", "16", "--resume"]);
     let losses = |e: &[Value]| -> Vec<(u64, f64)> {
-        of_kind(e, "step").iter().map(|s| (s["step"].as_u64().expect("step"), s["loss"].as_f64().expect("loss"))).collect()
+        of_kind(e, "step")
+            .iter()
+            .map(|s| (s["step"].as_u64().expect("step"), s["loss"].as_f64().expect("loss")))
+            .collect()
     };
     let straight = losses(&straight);
     let resumed: Vec<(u64, f64)> = losses(&resumed).into_iter().filter(|(s, _)| *s > 8).collect();
@@ -112,8 +146,19 @@ fn pcp_experiment_config_trains_the_exported_model() {
     let ev = dir.path().join("events.jsonl");
     let config = shared("models/pcp_experiment_nanogpt_small.json").display().to_string();
     let out = pcp(&[
-        "train", "--config", &config, "--steps", "30", "--eval-every", "0", "--events", ev.to_str().expect("utf8"),
-        "--checkpoint-dir", dir.path().join("c").to_str().expect("utf8"), "--data-dir", &cache_dir(),
+        "train",
+        "--config",
+        &config,
+        "--steps",
+        "30",
+        "--eval-every",
+        "0",
+        "--events",
+        ev.to_str().expect("utf8"),
+        "--checkpoint-dir",
+        dir.path().join("c").to_str().expect("utf8"),
+        "--data-dir",
+        &cache_dir(),
     ]);
     ok(&out);
     let steps: Vec<f64> = of_kind(&events(&ev), "step").iter().map(|s| s["loss"].as_f64().expect("loss")).collect();

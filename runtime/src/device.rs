@@ -20,13 +20,7 @@ pub enum Device {
 
 impl Device {
     /// Every backend, in display order.
-    pub const ALL: [Device; 5] = [
-        Device::Cpu,
-        Device::Cuda,
-        Device::Rocm,
-        Device::Vulkan,
-        Device::Metal,
-    ];
+    pub const ALL: [Device; 5] = [Device::Cpu, Device::Cuda, Device::Rocm, Device::Vulkan, Device::Metal];
 
     /// The name used on the command line and in messages (`cpu`, `rocm`, ...).
     pub fn name(self) -> &'static str {
@@ -68,10 +62,7 @@ impl Device {
 
 /// The backends whose drivers are compiled into this build, `cpu` first.
 pub fn available_devices() -> Vec<Device> {
-    Device::ALL
-        .into_iter()
-        .filter(|device| device.is_available())
-        .collect()
+    Device::ALL.into_iter().filter(|device| device.is_available()).collect()
 }
 
 impl fmt::Display for Device {
@@ -116,10 +107,7 @@ mod tests {
     #[test]
     fn unknown_backend_is_named() {
         let err = "tpu".parse::<Device>().unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "unknown backend `tpu` (expected one of cpu, cuda, rocm, vulkan, metal)"
-        );
+        assert_eq!(err.to_string(), "unknown backend `tpu` (expected one of cpu, cuda, rocm, vulkan, metal)");
     }
 
     #[test]

@@ -50,7 +50,6 @@ mod tensor;
 
 pub use device::{Device, ParseDeviceError, available_devices};
 pub use session::{
-    Arg, Buffer, BufferId, DeviceStats, DownloadError, InvokeError, LoadError, Session, StatsError,
-    UploadError,
+    Arg, Buffer, BufferId, DeviceStats, DownloadError, InvokeError, LoadError, Session, StatsError, UploadError,
 };
 pub use tensor::{DType, HostTensor, TensorData, TensorError};

@@ -36,10 +36,7 @@ struct Graveyard(Mutex<Vec<BufferId>>);
 
 impl Graveyard {
     fn bury(&self, id: BufferId) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(id);
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(id);
     }
 
     fn exhume(&self) -> Vec<BufferId> {
@@ -88,11 +85,7 @@ impl Buffer {
 
 impl fmt::Debug for Buffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Buffer({} {}{:?})",
-            self.inner.id, self.inner.dtype, self.inner.shape
-        )
+        write!(f, "Buffer({} {}{:?})", self.inner.id, self.inner.dtype, self.inner.shape)
     }
 }
 
@@ -135,22 +128,10 @@ pub struct DeviceStats {
 /// A request to the runtime thread.
 #[derive(Debug)]
 enum Command {
-    Upload {
-        tensor: HostTensor,
-        reply: oneshot::Sender<Result<Buffer, UploadError>>,
-    },
-    Invoke {
-        function: String,
-        args: Vec<Arg>,
-        reply: oneshot::Sender<Result<Vec<Buffer>, InvokeError>>,
-    },
-    Download {
-        buffer: Buffer,
-        reply: oneshot::Sender<Result<HostTensor, DownloadError>>,
-    },
-    Stats {
-        reply: oneshot::Sender<DeviceStats>,
-    },
+    Upload { tensor: HostTensor, reply: oneshot::Sender<Result<Buffer, UploadError>> },
+    Invoke { function: String, args: Vec<Arg>, reply: oneshot::Sender<Result<Vec<Buffer>, InvokeError>> },
+    Download { buffer: Buffer, reply: oneshot::Sender<Result<HostTensor, DownloadError>> },
+    Stats { reply: oneshot::Sender<DeviceStats> },
 }
 
 /// A VMFB loaded on one device.
@@ -169,11 +150,7 @@ impl Session {
     /// Starts a runtime thread on `device` and loads the VMFB `module` into it.
     pub async fn load(device: Device, module: Vec<u8>) -> Result<Self, LoadError> {
         if !device.is_available() {
-            let available = available_devices()
-                .into_iter()
-                .map(Device::name)
-                .collect::<Vec<_>>()
-                .join(", ");
+            let available = available_devices().into_iter().map(Device::name).collect::<Vec<_>>().join(", ");
             return Err(LoadError::Unavailable { device, available });
         }
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
@@ -186,11 +163,7 @@ impl Session {
             .map_err(|source| LoadError::Spawn { device, source })?;
         loaded.await.map_err(|_| LoadError::Exited { device })??;
         tracing::debug!(%device, session = id, "loaded VMFB");
-        Ok(Self {
-            device,
-            id,
-            commands,
-        })
+        Ok(Self { device, id, commands })
     }
 
     /// The backend this session runs on.
@@ -201,10 +174,7 @@ impl Session {
     /// Copies a host tensor to the device, e.g. initial parameters.
     pub async fn upload(&self, tensor: HostTensor) -> Result<Buffer, UploadError> {
         let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(Command::Upload { tensor, reply })
-            .await
-            .map_err(|_| UploadError::Closed)?;
+        self.commands.send(Command::Upload { tensor, reply }).await.map_err(|_| UploadError::Closed)?;
         answer.await.map_err(|_| UploadError::Closed)?
     }
 
@@ -213,26 +183,16 @@ impl Session {
     /// Host arguments are uploaded for this call; every output stays on the
     /// device and comes back as a [`Buffer`].
     pub async fn invoke(&self, function: &str, args: Vec<Arg>) -> Result<Vec<Buffer>, InvokeError> {
-        let closed = || InvokeError::Closed {
-            function: function.to_owned(),
-        };
+        let closed = || InvokeError::Closed { function: function.to_owned() };
         for (index, arg) in args.iter().enumerate() {
             if let Arg::Device(buffer) = arg
                 && buffer.inner.session != self.id
             {
-                return Err(InvokeError::ForeignBuffer {
-                    function: function.to_owned(),
-                    index,
-                    id: buffer.id(),
-                });
+                return Err(InvokeError::ForeignBuffer { function: function.to_owned(), index, id: buffer.id() });
             }
         }
         let (reply, answer) = oneshot::channel();
-        let command = Command::Invoke {
-            function: function.to_owned(),
-            args,
-            reply,
-        };
+        let command = Command::Invoke { function: function.to_owned(), args, reply };
         self.commands.send(command).await.map_err(|_| closed())?;
         answer.await.map_err(|_| closed())?
     }
@@ -244,14 +204,8 @@ impl Session {
             return Err(DownloadError::ForeignBuffer { id });
         }
         let (reply, answer) = oneshot::channel();
-        let command = Command::Download {
-            buffer: buffer.clone(),
-            reply,
-        };
-        self.commands
-            .send(command)
-            .await
-            .map_err(|_| DownloadError::Closed { id })?;
+        let command = Command::Download { buffer: buffer.clone(), reply };
+        self.commands.send(command).await.map_err(|_| DownloadError::Closed { id })?;
         answer.await.map_err(|_| DownloadError::Closed { id })?
     }
 
@@ -259,10 +213,7 @@ impl Session {
     /// those whose handles were dropped.
     pub async fn stats(&self) -> Result<DeviceStats, StatsError> {
         let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(Command::Stats { reply })
-            .await
-            .map_err(|_| StatsError::Closed)?;
+        self.commands.send(Command::Stats { reply }).await.map_err(|_| StatsError::Closed)?;
         answer.await.map_err(|_| StatsError::Closed)
     }
 }

@@ -133,15 +133,9 @@ impl HostTensor {
         let expected = shape
             .iter()
             .try_fold(1usize, |product, &dim| product.checked_mul(dim))
-            .ok_or_else(|| TensorError::Overflow {
-                shape: shape.clone(),
-            })?;
+            .ok_or_else(|| TensorError::Overflow { shape: shape.clone() })?;
         if expected != data.len() {
-            return Err(TensorError::Length {
-                shape,
-                expected,
-                actual: data.len(),
-            });
+            return Err(TensorError::Length { shape, expected, actual: data.len() });
         }
         Ok(Self { shape, data })
     }
@@ -163,10 +157,7 @@ impl HostTensor {
 
     /// An `f32` scalar (shape `[]`).
     pub fn scalar_f32(value: f32) -> Self {
-        Self {
-            shape: Vec::new(),
-            data: TensorData::F32(vec![value]),
-        }
+        Self { shape: Vec::new(), data: TensorData::F32(vec![value]) }
     }
 
     /// The dimensions.
@@ -215,10 +206,7 @@ impl HostTensor {
 }
 
 fn mismatch(expected: DType, actual: &TensorData) -> TensorError {
-    TensorError::DType {
-        expected,
-        actual: actual.dtype(),
-    }
+    TensorError::DType { expected, actual: actual.dtype() }
 }
 
 #[cfg(test)]
@@ -229,10 +217,7 @@ mod tests {
     fn shape_must_match_data() {
         assert!(HostTensor::f32(vec![2, 2], vec![0.0; 4]).is_ok());
         let err = HostTensor::f32(vec![2, 3], vec![0.0; 4]).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "tensor of shape [2, 3] needs 6 elements, got 4"
-        );
+        assert_eq!(err.to_string(), "tensor of shape [2, 3] needs 6 elements, got 4");
         let scalar = HostTensor::scalar_f32(1.5);
         assert!(scalar.shape().is_empty());
         assert_eq!(scalar.into_f32(), Ok(vec![1.5]));
@@ -246,10 +231,7 @@ mod tests {
 
     #[test]
     fn wrong_element_type_is_named() {
-        let err = HostTensor::i32(vec![1], vec![3])
-            .unwrap()
-            .into_f32()
-            .unwrap_err();
+        let err = HostTensor::i32(vec![1], vec![3]).unwrap().into_f32().unwrap_err();
         assert_eq!(err.to_string(), "tensor holds i32 elements, not f32");
     }
 }

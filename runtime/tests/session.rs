@@ -31,30 +31,20 @@ func.func @count(%tokens: tensor<2x3xi64>, %n: tensor<i32>) -> (tensor<2x3xi64>,
 /// Compiles StableHLO text to a CPU VMFB with `iree-compile` from the
 /// workspace's `.venv` (or `$IREE_COMPILE`).
 fn compile(mlir: &str) -> Result<Vec<u8>> {
-    let compiler = std::env::var_os("IREE_COMPILE").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/iree-compile"),
-        PathBuf::from,
-    );
+    let compiler = std::env::var_os("IREE_COMPILE")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/iree-compile"), PathBuf::from);
     let dir = tempfile::tempdir()?;
     let input = dir.path().join("module.mlir");
     let output = dir.path().join("module.vmfb");
     std::fs::write(&input, mlir)?;
     let result = Command::new(&compiler)
-        .args([
-            "--iree-input-type=stablehlo",
-            "--iree-hal-target-backends=llvm-cpu",
-            "--iree-llvmcpu-target-cpu=host",
-        ])
+        .args(["--iree-input-type=stablehlo", "--iree-hal-target-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host"])
         .arg(&input)
         .arg("-o")
         .arg(&output)
         .output()
         .with_context(|| format!("running {} (run scripts/setup.sh)", compiler.display()))?;
-    ensure!(
-        result.status.success(),
-        "iree-compile failed: {}",
-        String::from_utf8_lossy(&result.stderr)
-    );
+    ensure!(result.status.success(), "iree-compile failed: {}", String::from_utf8_lossy(&result.stderr));
     Ok(std::fs::read(&output)?)
 }
 
@@ -86,9 +76,7 @@ async fn step_outputs_are_correct() -> Result<()> {
     let session = step_session().await?;
     let w = f32s(&[4], &[1.0, 2.0, 3.0, 4.0]);
     let x = f32s(&[4], &[0.0; 4]);
-    let outputs = session
-        .invoke("module.step", vec![w.into(), x.into()])
-        .await?;
+    let outputs = session.invoke("module.step", vec![w.into(), x.into()]).await?;
     assert_eq!(outputs.len(), 2);
     assert_eq!(outputs[0].shape(), [4]);
     assert!(outputs[1].shape().is_empty());
@@ -110,9 +98,7 @@ async fn device_resident_state_matches_host_over_100_steps() -> Result<()> {
     let mut losses = Vec::new();
     let mut host_losses = Vec::new();
     for _ in 0..100 {
-        let mut outputs = session
-            .invoke("module.step", vec![Arg::from(&w), Arg::from(&x)])
-            .await?;
+        let mut outputs = session.invoke("module.step", vec![Arg::from(&w), Arg::from(&x)]).await?;
         let loss = outputs.pop().context("loss output")?;
         w = outputs.pop().context("parameter output")?;
         // Only the loss scalar comes back each step.
@@ -123,16 +109,10 @@ async fn device_resident_state_matches_host_over_100_steps() -> Result<()> {
     }
     let w_device = session.download(&w).await?.into_f32()?;
     for (device, host) in w_device.iter().zip(&w_host) {
-        assert!(
-            (device - host).abs() <= 1e-6 * host.abs().max(1.0),
-            "{device} vs {host}"
-        );
+        assert!((device - host).abs() <= 1e-6 * host.abs().max(1.0), "{device} vs {host}");
     }
     for (device, host) in losses.iter().zip(&host_losses) {
-        assert!(
-            (device - host).abs() <= 1e-5 * host.abs().max(1e-30),
-            "{device} vs {host}"
-        );
+        assert!((device - host).abs() <= 1e-5 * host.abs().max(1e-30), "{device} vs {host}");
     }
     assert!(losses[99] < 1e-20, "the step converges: {}", losses[99]);
     // Dropped outputs were freed: only the parameters and the input remain.
@@ -149,47 +129,28 @@ async fn integer_tensors_round_trip() -> Result<()> {
     let session = step_session().await?;
     let tokens = HostTensor::i64(vec![2, 3], vec![0, 1, 2, 3, 4, 50_000_000_000])?;
     let n = HostTensor::i32(vec![], vec![21])?;
-    let outputs = session
-        .invoke("module.count", vec![tokens.into(), n.into()])
-        .await?;
+    let outputs = session.invoke("module.count", vec![tokens.into(), n.into()]).await?;
     let next = session.download(&outputs[0]).await?;
     assert_eq!(next.shape(), [2, 3]);
     assert_eq!(next.into_i64()?, vec![1, 2, 3, 4, 5, 50_000_000_001]);
     assert_eq!(session.download(&outputs[1]).await?.into_i32()?, vec![42]);
-    let uploaded = session
-        .upload(HostTensor::i32(vec![2], vec![-7, 9])?)
-        .await?;
+    let uploaded = session.upload(HostTensor::i32(vec![2], vec![-7, 9])?).await?;
     assert_eq!(session.download(&uploaded).await?.into_i32()?, vec![-7, 9]);
     Ok(())
 }
 
 #[tokio::test]
 async fn missing_backend_is_named() -> Result<()> {
-    let error = Session::load(Device::Rocm, compile(STEP)?)
-        .await
-        .expect_err("rocm is never built in");
-    assert!(matches!(
-        error,
-        LoadError::Unavailable {
-            device: Device::Rocm,
-            ..
-        }
-    ));
-    assert!(
-        error
-            .to_string()
-            .starts_with("backend rocm is not available in this build"),
-        "{error}"
-    );
+    let error = Session::load(Device::Rocm, compile(STEP)?).await.expect_err("rocm is never built in");
+    assert!(matches!(error, LoadError::Unavailable { device: Device::Rocm, .. }));
+    assert!(error.to_string().starts_with("backend rocm is not available in this build"), "{error}");
     Ok(())
 }
 
 #[tokio::test]
 async fn bad_vmfb_is_a_one_line_error() {
     for bytes in [Vec::new(), b"not a flatbuffer at all, just text".repeat(8)] {
-        let error = Session::load(Device::Cpu, bytes)
-            .await
-            .expect_err("garbage must not load");
+        let error = Session::load(Device::Cpu, bytes).await.expect_err("garbage must not load");
         assert!(matches!(error, LoadError::Module { .. }), "{error:?}");
         let text = error.to_string();
         assert!(text.starts_with("invalid VMFB"), "{text}");
@@ -200,21 +161,9 @@ async fn bad_vmfb_is_a_one_line_error() {
 #[tokio::test]
 async fn wrong_arity_names_the_function() -> Result<()> {
     let session = step_session().await?;
-    let error = session
-        .invoke("module.step", vec![f32s(&[4], &[0.0; 4]).into()])
-        .await
-        .expect_err("one argument short");
-    assert!(
-        matches!(
-            error,
-            InvokeError::Arity {
-                expected: 2,
-                actual: 1,
-                ..
-            }
-        ),
-        "{error:?}"
-    );
+    let error =
+        session.invoke("module.step", vec![f32s(&[4], &[0.0; 4]).into()]).await.expect_err("one argument short");
+    assert!(matches!(error, InvokeError::Arity { expected: 2, actual: 1, .. }), "{error:?}");
     assert_eq!(error.to_string(), "`module.step` takes 2 arguments, got 1");
     Ok(())
 }
@@ -223,42 +172,23 @@ async fn wrong_arity_names_the_function() -> Result<()> {
 async fn wrong_shape_or_type_names_the_argument() -> Result<()> {
     let session = step_session().await?;
     let error = session
-        .invoke(
-            "module.step",
-            vec![f32s(&[4], &[0.0; 4]).into(), f32s(&[3], &[0.0; 3]).into()],
-        )
+        .invoke("module.step", vec![f32s(&[4], &[0.0; 4]).into(), f32s(&[3], &[0.0; 3]).into()])
         .await
         .expect_err("argument 1 has the wrong shape");
-    assert!(
-        matches!(error, InvokeError::Argument { index: 1, .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, InvokeError::Argument { index: 1, .. }), "{error:?}");
     let text = error.to_string();
     assert!(text.starts_with("`module.step` argument 1: "), "{text}");
     assert!(text.contains("mismatch") && !text.contains('\n'), "{text}");
 
     let error = session
-        .invoke(
-            "module.step",
-            vec![
-                HostTensor::i32(vec![4], vec![0; 4])?.into(),
-                f32s(&[4], &[0.0; 4]).into(),
-            ],
-        )
+        .invoke("module.step", vec![HostTensor::i32(vec![4], vec![0; 4])?.into(), f32s(&[4], &[0.0; 4]).into()])
         .await
         .expect_err("argument 0 has the wrong element type");
-    assert!(
-        matches!(error, InvokeError::Argument { index: 0, .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, InvokeError::Argument { index: 0, .. }), "{error:?}");
 
     // The session survives bad calls.
-    let outputs = session
-        .invoke(
-            "module.step",
-            vec![f32s(&[4], &[2.0; 4]).into(), f32s(&[4], &[0.0; 4]).into()],
-        )
-        .await?;
+    let outputs =
+        session.invoke("module.step", vec![f32s(&[4], &[2.0; 4]).into(), f32s(&[4], &[0.0; 4]).into()]).await?;
     assert_eq!(session.download(&outputs[1]).await?.into_f32()?, vec![16.0]);
     Ok(())
 }
@@ -266,19 +196,10 @@ async fn wrong_shape_or_type_names_the_argument() -> Result<()> {
 #[tokio::test]
 async fn unknown_function_is_named() -> Result<()> {
     let session = step_session().await?;
-    let error = session
-        .invoke("module.train_step", vec![])
-        .await
-        .expect_err("no such export");
-    assert!(
-        matches!(error, InvokeError::UnknownFunction { .. }),
-        "{error:?}"
-    );
+    let error = session.invoke("module.train_step", vec![]).await.expect_err("no such export");
+    assert!(matches!(error, InvokeError::UnknownFunction { .. }), "{error:?}");
     let text = error.to_string();
-    assert!(
-        text.starts_with("no function `module.train_step`"),
-        "{text}"
-    );
+    assert!(text.starts_with("no function `module.train_step`"), "{text}");
     assert!(!text.contains('\n'), "{text}");
     Ok(())
 }
@@ -293,10 +214,7 @@ async fn buffers_stay_in_their_session() -> Result<()> {
         .invoke("module.step", vec![Arg::from(&w), Arg::from(&w)])
         .await
         .expect_err("buffer from another session");
-    assert!(
-        matches!(error, InvokeError::ForeignBuffer { index: 0, .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, InvokeError::ForeignBuffer { index: 0, .. }), "{error:?}");
     assert!(second.download(&w).await.is_err());
     // A clone of the handle drives the same thread and sees the same buffers.
     let again = first.clone();

@@ -34,9 +34,7 @@ pub(crate) enum SampleError {
         word_pos: String,
     },
     /// A saved state was taken with another batch shape.
-    #[error(
-        "the saved sampler drew [{saved_batch}, {saved_block}] batches, not [{batch}, {block}]"
-    )]
+    #[error("the saved sampler drew [{saved_batch}, {saved_block}] batches, not [{batch}, {block}]")]
     ShapeChanged {
         /// The saved batch size.
         saved_batch: usize,
@@ -113,42 +111,22 @@ pub(crate) struct Sampler {
 
 impl Sampler {
     /// A sampler of `[batch, block]` windows of `data`, seeded with `seed`.
-    pub(crate) fn new(
-        data: Split,
-        batch: usize,
-        block: usize,
-        seed: u64,
-    ) -> Result<Self, SampleError> {
+    pub(crate) fn new(data: Split, batch: usize, block: usize, seed: u64) -> Result<Self, SampleError> {
         if batch == 0 || block == 0 {
             return Err(SampleError::EmptyShape { batch, block });
         }
         if data.len() <= block {
-            return Err(SampleError::TooShort {
-                data: data.describe(),
-                len: data.len(),
-                block,
-            });
+            return Err(SampleError::TooShort { data: data.describe(), len: data.len(), block });
         }
-        Ok(Self {
-            data,
-            batch,
-            block,
-            seed,
-            rng: ChaCha8Rng::seed_from_u64(seed),
-            batches: 0,
-        })
+        Ok(Self { data, batch, block, seed, rng: ChaCha8Rng::seed_from_u64(seed), batches: 0 })
     }
 
     /// Resumes a sampler from a saved state: it draws exactly the batches the
     /// original would have drawn next.
     pub(crate) fn resume(data: Split, state: &SamplerState) -> Result<Self, SampleError> {
         let mut sampler = Self::new(data, state.batch, state.block, state.seed)?;
-        let word_pos = state
-            .word_pos
-            .parse::<u128>()
-            .map_err(|_| SampleError::BadState {
-                word_pos: state.word_pos.clone(),
-            })?;
+        let word_pos =
+            state.word_pos.parse::<u128>().map_err(|_| SampleError::BadState { word_pos: state.word_pos.clone() })?;
         sampler.rng.set_word_pos(word_pos);
         sampler.batches = state.batches;
         Ok(sampler)
@@ -162,12 +140,7 @@ impl Sampler {
         state: &SamplerState,
     ) -> Result<Self, SampleError> {
         if (state.batch, state.block) != (batch, block) {
-            return Err(SampleError::ShapeChanged {
-                saved_batch: state.batch,
-                saved_block: state.block,
-                batch,
-                block,
-            });
+            return Err(SampleError::ShapeChanged { saved_batch: state.batch, saved_block: state.block, batch, block });
         }
         Self::resume(data, state)
     }
@@ -184,6 +157,7 @@ impl Sampler {
     }
 
     /// Batches drawn so far.
+    #[cfg(test)]
     pub(crate) fn batches(&self) -> u64 {
         self.batches
     }
@@ -196,19 +170,13 @@ impl Sampler {
         for _ in 0..self.batch {
             let start = below(&mut self.rng, starts);
             // `start + block < len`, checked in `new`, so every index exists.
-            let window =
-                (start..=start + self.block).map(|index| self.data.get(index).unwrap_or(0));
+            let window = (start..=start + self.block).map(|index| self.data.get(index).unwrap_or(0));
             let window: Vec<u16> = window.collect();
             inputs.extend_from_slice(&window[..self.block]);
             targets.extend_from_slice(&window[1..]);
         }
         self.batches += 1;
-        Batch {
-            batch: self.batch,
-            block: self.block,
-            inputs,
-            targets,
-        }
+        Batch { batch: self.batch, block: self.block, inputs, targets }
     }
 }
 
@@ -254,10 +222,7 @@ mod tests {
                 }
                 assert!(row_targets[7] < 1000);
             }
-            assert_eq!(
-                batch.inputs_i32(),
-                inputs.iter().map(|&x| x as i32).collect::<Vec<_>>()
-            );
+            assert_eq!(batch.inputs_i32(), inputs.iter().map(|&x| x as i32).collect::<Vec<_>>());
             assert_eq!(batch.targets_i32().len(), 32);
         }
     }
@@ -295,10 +260,7 @@ mod tests {
         let mut state = Sampler::new(data.clone(), 2, 4, 0).unwrap().state();
         state.word_pos = "-3".to_owned();
         let err = Sampler::resume(data, &state).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "the saved sampler position \"-3\" is not a non-negative integer"
-        );
+        assert_eq!(err.to_string(), "the saved sampler position \"-3\" is not a non-negative integer");
     }
 
     #[test]
@@ -306,10 +268,7 @@ mod tests {
         let data = corpus(100).all();
         let state = Sampler::new(data.clone(), 2, 4, 0).unwrap().state();
         let err = Sampler::resume_with_shape(data, 2, 8, &state).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "the saved sampler drew [2, 4] batches, not [2, 8]"
-        );
+        assert_eq!(err.to_string(), "the saved sampler drew [2, 4] batches, not [2, 8]");
     }
 
     #[test]
@@ -334,18 +293,8 @@ mod tests {
         let mut sampler = Sampler::new(val, 8, 16, 5).unwrap();
         for _ in 0..50 {
             let batch = sampler.next_batch();
-            assert!(
-                batch
-                    .inputs_i64()
-                    .iter()
-                    .all(|&token| (900..1000).contains(&token))
-            );
-            assert!(
-                batch
-                    .targets_i64()
-                    .iter()
-                    .all(|&token| (900..1000).contains(&token))
-            );
+            assert!(batch.inputs_i64().iter().all(|&token| (900..1000).contains(&token)));
+            assert!(batch.targets_i64().iter().all(|&token| (900..1000).contains(&token)));
         }
     }
 
@@ -357,10 +306,7 @@ mod tests {
             err.to_string(),
             "corpus (val split): 10 tokens is too short for one window of block size 10 (needs 11)"
         );
-        assert!(matches!(
-            Sampler::new(corpus(100).all(), 0, 4, 0),
-            Err(SampleError::EmptyShape { .. })
-        ));
+        assert!(matches!(Sampler::new(corpus(100).all(), 0, 4, 0), Err(SampleError::EmptyShape { .. })));
     }
 
     #[test]
@@ -370,13 +316,7 @@ mod tests {
         std::fs::write(&path, [1, 0, 2, 0, 3, 0]).unwrap();
         let tokens = Tokens::open_bin(&path, crate::data::TokenFormat::NanoGpt).unwrap();
         let err = Sampler::new(tokens.all(), 1, 3, 0).unwrap_err().to_string();
-        assert_eq!(
-            err,
-            format!(
-                "{}: 3 tokens is too short for one window of block size 3 (needs 4)",
-                path.display()
-            )
-        );
+        assert_eq!(err, format!("{}: 3 tokens is too short for one window of block size 3 (needs 4)", path.display()));
     }
 
     #[test]

@@ -136,23 +136,13 @@ impl fmt::Debug for Tokens {
 impl Tokens {
     /// Tokens already in memory; `name` appears in error messages.
     pub(crate) fn from_vec(tokens: Vec<u16>, name: impl Into<Arc<str>>) -> Self {
-        Self {
-            len: tokens.len(),
-            storage: Arc::new(Storage::Owned(tokens)),
-            name: name.into(),
-        }
+        Self { len: tokens.len(), storage: Arc::new(Storage::Owned(tokens)), name: name.into() }
     }
 
     /// Reads a UTF-8 text corpus and tokenizes it with `vocab`.
     pub(crate) fn from_text_file(path: &Path, vocab: &Vocab) -> Result<Self, CorpusError> {
-        let text = std::fs::read_to_string(path).map_err(|source| CorpusError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
-        let tokens = vocab.encode(&text).map_err(|source| CorpusError::Encode {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| CorpusError::Io { path: path.to_owned(), source })?;
+        let tokens = vocab.encode(&text).map_err(|source| CorpusError::Encode { path: path.to_owned(), source })?;
         Ok(Self::from_vec(tokens, path.display().to_string()))
     }
 
@@ -160,10 +150,7 @@ impl Tokens {
     ///
     /// The file must not be modified while it is mapped.
     pub(crate) fn open_bin(path: &Path, format: TokenFormat) -> Result<Self, TokenFileError> {
-        let io = |source| TokenFileError::Io {
-            path: path.to_owned(),
-            source,
-        };
+        let io = |source| TokenFileError::Io { path: path.to_owned(), source };
         let file = File::open(path).map_err(io)?;
         // SAFETY: the map is read-only, and token files are written once
         // before training; a file truncated underneath us is outside the
@@ -180,10 +167,7 @@ impl Tokens {
         };
         let data_len = map.len() - offset;
         if !data_len.is_multiple_of(2) {
-            return Err(TokenFileError::OddLength {
-                path: path.to_owned(),
-                len: data_len,
-            });
+            return Err(TokenFileError::OddLength { path: path.to_owned(), len: data_len });
         }
         Ok(Self {
             len: data_len / 2,
@@ -193,6 +177,7 @@ impl Tokens {
     }
 
     /// The number of tokens.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
@@ -218,38 +203,20 @@ impl Tokens {
 
     /// The whole stream as one split.
     pub(crate) fn all(&self) -> Split {
-        Split {
-            tokens: self.clone(),
-            start: 0,
-            end: self.len,
-            part: "all",
-        }
+        Split { tokens: self.clone(), start: 0, end: self.len, part: "all" }
     }
 
     /// Splits into training tokens (the first `1 - val_fraction`) and
     /// validation tokens (the rest), like nanoGPT's 90%/10%.
     pub(crate) fn split(&self, val_fraction: f64) -> Result<(Split, Split), SplitError> {
         if !(0.0..1.0).contains(&val_fraction) {
-            return Err(SplitError {
-                name: self.name.to_string(),
-                fraction: val_fraction,
-            });
+            return Err(SplitError { name: self.name.to_string(), fraction: val_fraction });
         }
         // Truncation toward zero is intended: the boundary is a token index.
         let boundary = ((self.len as f64) * (1.0 - val_fraction)) as usize;
         let boundary = boundary.min(self.len);
-        let train = Split {
-            tokens: self.clone(),
-            start: 0,
-            end: boundary,
-            part: "train",
-        };
-        let val = Split {
-            tokens: self.clone(),
-            start: boundary,
-            end: self.len,
-            part: "val",
-        };
+        let train = Split { tokens: self.clone(), start: 0, end: boundary, part: "train" };
+        let val = Split { tokens: self.clone(), start: boundary, end: self.len, part: "val" };
         Ok((train, val))
     }
 }
@@ -264,32 +231,19 @@ fn header_word(bytes: &[u8], index: usize) -> Option<i32> {
 /// Validates an llm.c header and returns the offset of the first token.
 fn check_llmc_header(path: &Path, map: &[u8]) -> Result<usize, TokenFileError> {
     if map.len() < LLMC_HEADER_BYTES {
-        return Err(TokenFileError::ShortHeader {
-            path: path.to_owned(),
-            len: map.len(),
-        });
+        return Err(TokenFileError::ShortHeader { path: path.to_owned(), len: map.len() });
     }
     let word = |index| header_word(map, index).unwrap_or_default();
     if word(0) != LLMC_MAGIC {
-        return Err(TokenFileError::BadMagic {
-            path: path.to_owned(),
-            found: word(0),
-        });
+        return Err(TokenFileError::BadMagic { path: path.to_owned(), found: word(0) });
     }
     if word(1) != LLMC_VERSION {
-        return Err(TokenFileError::BadVersion {
-            path: path.to_owned(),
-            found: word(1),
-        });
+        return Err(TokenFileError::BadVersion { path: path.to_owned(), found: word(1) });
     }
     let data_len = map.len() - LLMC_HEADER_BYTES;
     let actual = data_len / 2;
     if data_len.is_multiple_of(2) && usize::try_from(word(2)).ok() != Some(actual) {
-        return Err(TokenFileError::CountMismatch {
-            path: path.to_owned(),
-            declared: i64::from(word(2)),
-            actual,
-        });
+        return Err(TokenFileError::CountMismatch { path: path.to_owned(), declared: i64::from(word(2)), actual });
     }
     Ok(LLMC_HEADER_BYTES)
 }
@@ -337,10 +291,7 @@ mod tests {
     }
 
     fn u16_bytes(tokens: &[u16]) -> Vec<u8> {
-        tokens
-            .iter()
-            .flat_map(|token| token.to_le_bytes())
-            .collect()
+        tokens.iter().flat_map(|token| token.to_le_bytes()).collect()
     }
 
     fn llmc_file(tokens: &[u16], magic: i32, version: i32, count: i32) -> Vec<u8> {
@@ -354,9 +305,7 @@ mod tests {
     }
 
     fn collect(split: &Split) -> Vec<u16> {
-        (0..split.len())
-            .map(|index| split.get(index).unwrap())
-            .collect()
+        (0..split.len()).map(|index| split.get(index).unwrap()).collect()
     }
 
     #[test]
@@ -375,11 +324,7 @@ mod tests {
     fn llmc_bin_skips_the_header() {
         let dir = tempfile::tempdir().unwrap();
         let tokens = [50_256u16, 11, 22, 33];
-        let path = write(
-            dir.path(),
-            "fineweb_val_000000.bin",
-            &llmc_file(&tokens, LLMC_MAGIC, 1, 4),
-        );
+        let path = write(dir.path(), "fineweb_val_000000.bin", &llmc_file(&tokens, LLMC_MAGIC, 1, 4));
         for format in [TokenFormat::LlmC, TokenFormat::Detect] {
             let file = Tokens::open_bin(&path, format).unwrap();
             assert_eq!(collect(&file.all()), tokens);
@@ -402,8 +347,7 @@ mod tests {
                 .ends_with("3 bytes of token data is not a whole number of u16 tokens")
         );
         assert!(
-            open_err(&[0; 100], TokenFormat::LlmC)
-                .ends_with("100 bytes is too short for the 1024-byte llm.c header")
+            open_err(&[0; 100], TokenFormat::LlmC).ends_with("100 bytes is too short for the 1024-byte llm.c header")
         );
         assert!(
             open_err(&llmc_file(&[1, 2], 12345, 1, 2), TokenFormat::LlmC)
@@ -420,8 +364,7 @@ mod tests {
         let mut odd = llmc_file(&[1, 2], LLMC_MAGIC, 1, 2);
         odd.push(0);
         assert!(
-            open_err(&odd, TokenFormat::LlmC)
-                .ends_with("5 bytes of token data is not a whole number of u16 tokens")
+            open_err(&odd, TokenFormat::LlmC).ends_with("5 bytes of token data is not a whole number of u16 tokens")
         );
     }
 
@@ -429,9 +372,7 @@ mod tests {
     fn missing_file_names_the_path() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nope.bin");
-        let err = Tokens::open_bin(&path, TokenFormat::Detect)
-            .unwrap_err()
-            .to_string();
+        let err = Tokens::open_bin(&path, TokenFormat::Detect).unwrap_err().to_string();
         assert!(err.starts_with(&path.display().to_string()), "{err}");
     }
 
@@ -446,16 +387,8 @@ mod tests {
         assert_eq!(bytes.get(0), Some(u16::from(b'a')));
 
         let narrow = Vocab::chars_of("ab").unwrap();
-        let err = Tokens::from_text_file(&path, &narrow)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            err,
-            format!(
-                "{}: character '\\n' at byte 4 is not in the 2-token vocabulary",
-                path.display()
-            )
-        );
+        let err = Tokens::from_text_file(&path, &narrow).unwrap_err().to_string();
+        assert_eq!(err, format!("{}: character '\\n' at byte 4 is not in the 2-token vocabulary", path.display()));
     }
 
     #[test]
@@ -468,10 +401,7 @@ mod tests {
         assert_eq!(tokens.all().describe(), "corpus");
         let (train, val) = tokens.split(0.0).unwrap();
         assert_eq!((train.len(), val.len()), (100, 0));
-        assert_eq!(
-            tokens.split(1.0).unwrap_err().to_string(),
-            "corpus: validation fraction 1 is not in [0, 1)"
-        );
+        assert_eq!(tokens.split(1.0).unwrap_err().to_string(), "corpus: validation fraction 1 is not in [0, 1)");
         assert!(tokens.split(f64::NAN).is_err());
     }
 }

@@ -45,10 +45,7 @@ impl TryFrom<VocabFile> for Vocab {
                     ));
                 }
                 if listed.len() > MAX_TOKENS {
-                    return Err(format!(
-                        "{} characters exceed {MAX_TOKENS} tokens",
-                        listed.len()
-                    ));
+                    return Err(format!("{} characters exceed {MAX_TOKENS} tokens", listed.len()));
                 }
                 Ok(Vocab::Char { chars })
             }
@@ -123,9 +120,7 @@ impl Vocab {
         if set.len() > MAX_TOKENS {
             return Err(VocabError::TooManyChars { count: set.len() });
         }
-        Ok(Vocab::Char {
-            chars: set.into_iter().collect(),
-        })
+        Ok(Vocab::Char { chars: set.into_iter().collect() })
     }
 
     /// The number of tokens.
@@ -144,15 +139,11 @@ impl Vocab {
                 let table: Vec<char> = chars.chars().collect();
                 text.char_indices()
                     .map(|(offset, ch)| {
-                        table
-                            .binary_search(&ch)
-                            .ok()
-                            .and_then(|index| u16::try_from(index).ok())
-                            .ok_or(EncodeError {
-                                ch,
-                                offset,
-                                size: table.len(),
-                            })
+                        table.binary_search(&ch).ok().and_then(|index| u16::try_from(index).ok()).ok_or(EncodeError {
+                            ch,
+                            offset,
+                            size: table.len(),
+                        })
                     })
                     .collect()
             }
@@ -162,19 +153,13 @@ impl Vocab {
     /// Turns tokens back into text; byte tokens that are not UTF-8 become U+FFFD.
     pub(crate) fn decode(&self, tokens: &[u16]) -> Result<String, DecodeError> {
         let size = self.size();
-        let out_of_range = |(position, &token): (usize, &u16)| DecodeError {
-            token,
-            position,
-            size,
-        };
+        let out_of_range = |(position, &token): (usize, &u16)| DecodeError { token, position, size };
         match self {
             Vocab::Byte => {
                 let bytes = tokens
                     .iter()
                     .enumerate()
-                    .map(|(position, &token)| {
-                        u8::try_from(token).map_err(|_| out_of_range((position, &token)))
-                    })
+                    .map(|(position, &token)| u8::try_from(token).map_err(|_| out_of_range((position, &token))))
                     .collect::<Result<Vec<u8>, _>>()?;
                 Ok(String::from_utf8_lossy(&bytes).into_owned())
             }
@@ -184,10 +169,7 @@ impl Vocab {
                     .iter()
                     .enumerate()
                     .map(|(position, &token)| {
-                        table
-                            .get(usize::from(token))
-                            .copied()
-                            .ok_or_else(|| out_of_range((position, &token)))
+                        table.get(usize::from(token)).copied().ok_or_else(|| out_of_range((position, &token)))
                     })
                     .collect()
             }
@@ -196,26 +178,15 @@ impl Vocab {
 
     /// Writes the vocabulary as JSON, e.g. next to a run's checkpoints.
     pub(crate) fn save(&self, path: &Path) -> Result<(), VocabError> {
-        let json = serde_json::to_string_pretty(self).map_err(|source| VocabError::Json {
-            path: path.to_owned(),
-            source,
-        })?;
-        std::fs::write(path, json + "\n").map_err(|source| VocabError::Io {
-            path: path.to_owned(),
-            source,
-        })
+        let json =
+            serde_json::to_string_pretty(self).map_err(|source| VocabError::Json { path: path.to_owned(), source })?;
+        std::fs::write(path, json + "\n").map_err(|source| VocabError::Io { path: path.to_owned(), source })
     }
 
     /// Reads a vocabulary written by [`Vocab::save`].
     pub(crate) fn load(path: &Path) -> Result<Self, VocabError> {
-        let text = std::fs::read_to_string(path).map_err(|source| VocabError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
-        serde_json::from_str(&text).map_err(|source| VocabError::Json {
-            path: path.to_owned(),
-            source,
-        })
+        let text = std::fs::read_to_string(path).map_err(|source| VocabError::Io { path: path.to_owned(), source })?;
+        serde_json::from_str(&text).map_err(|source| VocabError::Json { path: path.to_owned(), source })
     }
 }
 
@@ -226,12 +197,7 @@ mod tests {
     #[test]
     fn char_vocab_is_sorted_unique_chars() {
         let vocab = Vocab::chars_of("hello, world\n").unwrap();
-        assert_eq!(
-            vocab,
-            Vocab::Char {
-                chars: "\n ,dehlorw".to_owned()
-            }
-        );
+        assert_eq!(vocab, Vocab::Char { chars: "\n ,dehlorw".to_owned() });
         assert_eq!(vocab.size(), 10);
         let tokens = vocab.encode("hold").unwrap();
         assert_eq!(tokens, vec![5, 7, 6, 3]);
@@ -240,17 +206,13 @@ mod tests {
 
     #[test]
     fn tiny_shakespeare_has_65_chars() {
-        let path =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tiny_shakespeare.txt");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tiny_shakespeare.txt");
         let text = std::fs::read_to_string(&path).expect("the demo corpus in ../shared/data");
         let vocab = Vocab::chars_of(&text).unwrap();
         assert_eq!(vocab.size(), 65);
         let tokens = vocab.encode(&text).unwrap();
         assert_eq!(tokens.len(), text.chars().count());
-        assert_eq!(
-            vocab.decode(&tokens[..1000]).unwrap(),
-            text.chars().take(1000).collect::<String>()
-        );
+        assert_eq!(vocab.decode(&tokens[..1000]).unwrap(), text.chars().take(1000).collect::<String>());
     }
 
     #[test]
@@ -264,10 +226,7 @@ mod tests {
     fn unknown_char_is_named() {
         let vocab = Vocab::chars_of("abc").unwrap();
         let err = vocab.encode("abz").unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "character 'z' at byte 2 is not in the 3-token vocabulary"
-        );
+        assert_eq!(err.to_string(), "character 'z' at byte 2 is not in the 3-token vocabulary");
         assert!(vocab.decode(&[0, 3]).is_err());
     }
 
@@ -279,10 +238,7 @@ mod tests {
         assert_eq!(tokens, vec![0xc3, 0xa9, 0x21]);
         assert_eq!(vocab.decode(&tokens).unwrap(), "é!");
         let err = vocab.decode(&[65, 256]).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "token 256 at position 1 is outside the 256-token vocabulary"
-        );
+        assert_eq!(err.to_string(), "token 256 at position 1 is outside the 256-token vocabulary");
     }
 
     #[test]
@@ -293,10 +249,7 @@ mod tests {
     #[test]
     fn save_and_load_round_trip() {
         let dir = tempfile::tempdir().unwrap();
-        for vocab in [
-            Vocab::chars_of("First Citizen:\n\"ok\"").unwrap(),
-            Vocab::Byte,
-        ] {
+        for vocab in [Vocab::chars_of("First Citizen:\n\"ok\"").unwrap(), Vocab::Byte] {
             let path = dir.path().join("vocab.json");
             vocab.save(&path).unwrap();
             assert_eq!(Vocab::load(&path).unwrap(), vocab);
@@ -318,10 +271,7 @@ mod tests {
         ] {
             std::fs::write(&path, bad).unwrap();
             let err = Vocab::load(&path).unwrap_err().to_string();
-            assert!(
-                err.starts_with(&format!("{}: not a vocabulary", path.display())),
-                "{err}"
-            );
+            assert!(err.starts_with(&format!("{}: not a vocabulary", path.display())), "{err}");
             assert!(!err.contains('\n'), "{err}");
         }
         let missing = dir.path().join("missing.json");

@@ -7,8 +7,8 @@ use eerie::runtime::{DeviceSpec, Driver, Function, Program, Runtime, RuntimeErro
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Arg, Buffer, BufferId, BufferInner, Command, DeviceStats, DownloadError, Graveyard,
-    InvokeError, LoadError, UploadError,
+    Arg, Buffer, BufferId, BufferInner, Command, DeviceStats, DownloadError, Graveyard, InvokeError, LoadError,
+    UploadError,
 };
 use crate::device::Device;
 use crate::tensor::{DType, HostTensor, TensorData};
@@ -55,32 +55,19 @@ struct Worker {
 }
 
 impl Worker {
-    fn load(
-        device: Device,
-        session: u64,
-        module: &[u8],
-        graveyard: Arc<Graveyard>,
-    ) -> Result<Self, LoadError> {
+    fn load(device: Device, session: u64, module: &[u8], graveyard: Arc<Graveyard>) -> Result<Self, LoadError> {
         let driver = device.driver();
-        let runtime = Runtime::new(DeviceSpec::new(Driver::custom(driver))).map_err(|error| {
-            LoadError::Device {
-                device,
-                driver,
-                message: one_line(&error),
-            }
+        let runtime = Runtime::new(DeviceSpec::new(Driver::custom(driver))).map_err(|error| LoadError::Device {
+            device,
+            driver,
+            message: one_line(&error),
         })?;
         if module.is_empty() {
-            return Err(LoadError::Module {
-                len: 0,
-                message: "the module is empty".to_owned(),
-            });
+            return Err(LoadError::Module { len: 0, message: "the module is empty".to_owned() });
         }
         let program = runtime
             .load_vmfb(module)
-            .map_err(|error| LoadError::Module {
-                len: module.len(),
-                message: one_line(&error),
-            })?;
+            .map_err(|error| LoadError::Module { len: module.len(), message: one_line(&error) })?;
         Ok(Self {
             buffers: HashMap::new(),
             functions: HashMap::new(),
@@ -105,11 +92,7 @@ impl Worker {
             Command::Upload { tensor, reply } => {
                 let _ = reply.send(self.upload(tensor));
             }
-            Command::Invoke {
-                function,
-                args,
-                reply,
-            } => {
+            Command::Invoke { function, args, reply } => {
                 let _ = reply.send(self.invoke(&function, args));
             }
             Command::Download { buffer, reply } => {
@@ -122,10 +105,7 @@ impl Worker {
     }
 
     fn stats(&self) -> DeviceStats {
-        DeviceStats {
-            buffers: self.buffers.len(),
-            bytes: self.buffers.values().map(byte_length).sum(),
-        }
+        DeviceStats { buffers: self.buffers.len(), bytes: self.buffers.values().map(byte_length).sum() }
     }
 
     fn adopt(&mut self, value: Value) -> Buffer {
@@ -154,13 +134,11 @@ impl Worker {
     }
 
     fn upload(&mut self, tensor: HostTensor) -> Result<Buffer, UploadError> {
-        let value = self
-            .to_device(&tensor)
-            .map_err(|error| UploadError::Device {
-                dtype: tensor.dtype(),
-                shape: tensor.shape().to_vec(),
-                message: one_line(&error),
-            })?;
+        let value = self.to_device(&tensor).map_err(|error| UploadError::Device {
+            dtype: tensor.dtype(),
+            shape: tensor.shape().to_vec(),
+            message: one_line(&error),
+        })?;
         Ok(self.adopt(value))
     }
 
@@ -168,74 +146,53 @@ impl Worker {
         let mut inputs = Vec::with_capacity(args.len());
         for (index, arg) in args.iter().enumerate() {
             let value = match arg {
-                Arg::Host(tensor) => {
-                    self.to_device(tensor)
-                        .map_err(|error| InvokeError::Argument {
-                            function: name.to_owned(),
-                            index,
-                            message: one_line(&error),
-                        })?
-                }
+                Arg::Host(tensor) => self.to_device(tensor).map_err(|error| InvokeError::Argument {
+                    function: name.to_owned(),
+                    index,
+                    message: one_line(&error),
+                })?,
                 Arg::Device(buffer) => {
-                    self.buffers.get(&buffer.id()).cloned().ok_or_else(|| {
-                        InvokeError::Argument {
-                            function: name.to_owned(),
-                            index,
-                            message: format!("buffer {} is no longer on the device", buffer.id()),
-                        }
+                    self.buffers.get(&buffer.id()).cloned().ok_or_else(|| InvokeError::Argument {
+                        function: name.to_owned(),
+                        index,
+                        message: format!("buffer {} is no longer on the device", buffer.id()),
                     })?
                 }
             };
             inputs.push(value);
         }
         if !self.functions.contains_key(name) {
-            let function =
-                self.program
-                    .function(name)
-                    .map_err(|error| InvokeError::UnknownFunction {
-                        function: name.to_owned(),
-                        message: one_line(&error),
-                    })?;
+            let function = self.program.function(name).map_err(|error| InvokeError::UnknownFunction {
+                function: name.to_owned(),
+                message: one_line(&error),
+            })?;
             self.functions.insert(name.to_owned(), function);
         }
-        let function = self
-            .functions
-            .get(name)
-            .ok_or_else(|| InvokeError::UnknownFunction {
-                function: name.to_owned(),
-                message: "not resolved".to_owned(),
-            })?;
-        let outputs = function
-            .invoke(inputs)
-            .map_err(|error| classify(name, &one_line(&error)))?;
+        let function = self.functions.get(name).ok_or_else(|| InvokeError::UnknownFunction {
+            function: name.to_owned(),
+            message: "not resolved".to_owned(),
+        })?;
+        let outputs = function.invoke(inputs).map_err(|error| classify(name, &one_line(&error)))?;
         Ok(outputs.into_iter().map(|value| self.adopt(value)).collect())
     }
 
     fn download(&self, buffer: &Buffer) -> Result<HostTensor, DownloadError> {
         let id = buffer.id();
-        let value = self.buffers.get(&id).ok_or_else(|| DownloadError::Read {
-            id,
-            message: "the buffer is no longer on the device".to_owned(),
-        })?;
-        let read_error = |error: RuntimeError| DownloadError::Read {
-            id,
-            message: one_line(&error),
-        };
+        let value = self
+            .buffers
+            .get(&id)
+            .ok_or_else(|| DownloadError::Read { id, message: "the buffer is no longer on the device".to_owned() })?;
+        let read_error = |error: RuntimeError| DownloadError::Read { id, message: one_line(&error) };
         let data = match value {
             Value::F32(view) => TensorData::F32(view.read().map_err(read_error)?),
             Value::I32(view) => TensorData::I32(view.read().map_err(read_error)?),
             Value::I64(view) => TensorData::I64(view.read().map_err(read_error)?),
             other => {
-                return Err(DownloadError::Unsupported {
-                    id,
-                    dtype: describe(other).0,
-                });
+                return Err(DownloadError::Unsupported { id, dtype: describe(other).0 });
             }
         };
-        HostTensor::new(buffer.shape().to_vec(), data).map_err(|error| DownloadError::Read {
-            id,
-            message: error.to_string(),
-        })
+        HostTensor::new(buffer.shape().to_vec(), data)
+            .map_err(|error| DownloadError::Read { id, message: error.to_string() })
     }
 }
 
@@ -279,24 +236,17 @@ fn one_line(error: &RuntimeError) -> String {
     let text = error.to_string();
     let text = text.strip_prefix("IREE runtime error: ").unwrap_or(&text);
     // eerie prints an IREE status as `Status: "<Debug-escaped text>"`.
-    let text = match text
-        .strip_prefix("Status: \"")
-        .and_then(|quoted| quoted.strip_suffix('"'))
-    {
+    let text = match text.strip_prefix("Status: \"").and_then(|quoted| quoted.strip_suffix('"')) {
         Some(quoted) => unescape(quoted),
         None => text.to_owned(),
     };
-    let first = text
-        .lines()
-        .map(str::trim)
-        .find(|line| !line.is_empty())
-        .unwrap_or("unknown IREE error");
+    let first = text.lines().map(str::trim).find(|line| !line.is_empty()).unwrap_or("unknown IREE error");
     // Drop a leading `path/to/file.c:123: ` source location.
     let first = match first.split_once(": ") {
         Some((location, rest))
-            if location.rsplit_once(':').is_some_and(|(file, line)| {
-                file.contains('.') && line.chars().all(|c| c.is_ascii_digit())
-            }) =>
+            if location
+                .rsplit_once(':')
+                .is_some_and(|(file, line)| file.contains('.') && line.chars().all(|c| c.is_ascii_digit())) =>
         {
             rest
         }
@@ -344,26 +294,15 @@ fn classify(function: &str, message: &str) -> InvokeError {
         && let Some((expected, rest)) = counts.split_once(" arguments but passed ")
         && let (Ok(expected), Ok(actual)) = (expected.parse(), rest.trim().parse())
     {
-        return InvokeError::Arity {
-            function,
-            expected,
-            actual,
-        };
+        return InvokeError::Arity { function, expected, actual };
     }
     if let Some(rest) = body.strip_prefix("input") {
         let digits = rest.chars().take_while(char::is_ascii_digit).count();
         if let Ok(index) = rest[..digits].parse() {
-            return InvokeError::Argument {
-                function,
-                index,
-                message: rest[digits..].trim().to_owned(),
-            };
+            return InvokeError::Argument { function, index, message: rest[digits..].trim().to_owned() };
         }
     }
-    InvokeError::Call {
-        function,
-        message: message.to_owned(),
-    }
+    InvokeError::Call { function, message: message.to_owned() }
 }
 
 #[cfg(test)]
@@ -374,11 +313,7 @@ mod tests {
     fn shape_assertions_name_the_argument() {
         let message = "INVALID_ARGUMENT; input1 shape dimension 0 mismatch; expected 4 but have 3";
         match classify("module.step", message) {
-            InvokeError::Argument {
-                function,
-                index,
-                message,
-            } => {
+            InvokeError::Argument { function, index, message } => {
                 assert_eq!(function, "module.step");
                 assert_eq!(index, 1);
                 assert_eq!(message, "shape dimension 0 mismatch; expected 4 but have 3");
@@ -389,16 +324,8 @@ mod tests {
 
     #[test]
     fn arity_mismatch_is_parsed() {
-        let message =
-            "INVALID_ARGUMENT; input list and function mismatch; expected 2 arguments but passed 1";
-        assert!(matches!(
-            classify("module.step", message),
-            InvokeError::Arity {
-                expected: 2,
-                actual: 1,
-                ..
-            }
-        ));
+        let message = "INVALID_ARGUMENT; input list and function mismatch; expected 2 arguments but passed 1";
+        assert!(matches!(classify("module.step", message), InvokeError::Arity { expected: 2, actual: 1, .. }));
     }
 
     #[test]
@@ -409,9 +336,6 @@ mod tests {
     #[test]
     fn other_failures_keep_the_message() {
         let error = classify("module.step", "RESOURCE_EXHAUSTED; out of memory");
-        assert_eq!(
-            error.to_string(),
-            "`module.step` failed: RESOURCE_EXHAUSTED; out of memory"
-        );
+        assert_eq!(error.to_string(), "`module.step` failed: RESOURCE_EXHAUSTED; out of memory");
     }
 }
