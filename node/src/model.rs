@@ -109,7 +109,7 @@ mod tests {
         let t = |s: &str| TensorType::parse(s).expect("type");
         let specs =
             external_params(&[t("tensor<65x64xf32>"), t("tensor<64xf32>"), t("tensor<64xf32>"), t("tensor<65xf32>")]);
-        let inits: Vec<Init> = specs.iter().map(|s| s.init.clone()).collect();
+        let inits: Vec<Init> = specs.iter().map(|s| s.init).collect();
         assert_eq!(inits, vec![Init::Normal { std: 0.02 }, Init::Ones, Init::Zeros, Init::Zeros]);
     }
 

@@ -239,7 +239,7 @@ impl Run {
     /// Mean loss over `batches` fixed validation batches.
     pub(crate) async fn validate(&self, batches: u64) -> anyhow::Result<f64> {
         let mut sampler =
-            Sampler::new(self.corpus.val.clone(), self.batch, self.block, self.experiment.seed ^ 0x5eed_0f_7a1)?;
+            Sampler::new(self.corpus.val.clone(), self.batch, self.block, self.experiment.seed ^ 0x5eed_0f7a)?;
         let mut total = 0.0;
         for _ in 0..batches.max(1) {
             total += f64::from(self.engine.eval(&sampler.next_batch()).await?);

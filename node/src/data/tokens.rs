@@ -176,12 +176,6 @@ impl Tokens {
         })
     }
 
-    /// The number of tokens.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
     /// Where the tokens came from, for messages.
     pub(crate) fn name(&self) -> &str {
         &self.name
