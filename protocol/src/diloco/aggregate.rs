@@ -1,0 +1,175 @@
+//! Validating, bounding and averaging pseudo-gradients from untrusted workers.
+
+use super::Tensors;
+
+/// Why a contribution was refused.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Rejection {
+    /// For a round that is not open.
+    #[error("wrong round: contribution for round {got}, round {current} is open")]
+    WrongRound {
+        /// The contribution's round.
+        got: u64,
+        /// The open round.
+        current: u64,
+    },
+    /// For a round that already closed: a straggler.
+    #[error("late: round {round} already closed")]
+    Late {
+        /// The closed round.
+        round: u64,
+    },
+    /// From a peer that was not asked to take part in this round.
+    #[error("not a participant in round {round}")]
+    NotParticipant {
+        /// The round.
+        round: u64,
+    },
+    /// A second contribution from the same peer for the same round.
+    #[error("duplicate contribution for round {round}")]
+    Duplicate {
+        /// The round.
+        round: u64,
+    },
+    /// The wrong number of tensors.
+    #[error("wrong tensor count: {got}, expected {expected}")]
+    Count {
+        /// Tensors received.
+        got: usize,
+        /// Tensors expected.
+        expected: usize,
+    },
+    /// A tensor of the wrong size.
+    #[error("wrong shape: tensor {index} has {got} elements, expected {expected}")]
+    Shape {
+        /// Which tensor.
+        index: usize,
+        /// Elements received.
+        got: usize,
+        /// Elements expected.
+        expected: usize,
+    },
+    /// NaN or infinity.
+    #[error("non-finite value in tensor {index}")]
+    NonFinite {
+        /// Which tensor.
+        index: usize,
+    },
+    /// Claims to have trained on nothing.
+    #[error("no samples")]
+    NoSamples,
+    /// The encoded tensors did not decode.
+    #[error("undecodable: {0}")]
+    Encoding(String),
+}
+
+/// Checks `delta` against the parameter sizes; returns its L2 norm.
+pub fn validate(delta: &Tensors, sizes: &[usize]) -> Result<f64, Rejection> {
+    if delta.len() != sizes.len() {
+        return Err(Rejection::Count { got: delta.len(), expected: sizes.len() });
+    }
+    let mut sum = 0.0f64;
+    for (index, (t, expected)) in delta.iter().zip(sizes).enumerate() {
+        if t.len() != *expected {
+            return Err(Rejection::Shape { index, got: t.len(), expected: *expected });
+        }
+        for v in t {
+            if !v.is_finite() {
+                return Err(Rejection::NonFinite { index });
+            }
+            sum += f64::from(*v) * f64::from(*v);
+        }
+    }
+    Ok(sum.sqrt())
+}
+
+/// A validated contribution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Accepted {
+    /// Samples (tokens) it trained on: its weight in the average.
+    pub samples: u64,
+    /// θ_start − θ_end.
+    pub delta: Tensors,
+    /// ‖delta‖₂.
+    pub norm: f64,
+}
+
+/// The norm bound for a round: `factor` × the lower median of recent
+/// accepted norms and this round's. One hostile worker cannot move the
+/// lower median, so it cannot scale the bound up either.
+pub fn norm_bound(history: &[f64], current: &[f64], factor: f64) -> f64 {
+    let mut all: Vec<f64> = history.iter().chain(current).copied().filter(|n| n.is_finite()).collect();
+    if all.is_empty() {
+        return f64::INFINITY;
+    }
+    all.sort_by(f64::total_cmp);
+    factor * all[(all.len() - 1) / 2]
+}
+
+/// The sample-weighted mean of the contributions, each first scaled down to
+/// at most `bound` in norm. Returns the mean and how many were scaled.
+pub fn aggregate(contributions: &[Accepted], bound: f64) -> (Tensors, usize) {
+    let Some(first) = contributions.first() else { return (Vec::new(), 0) };
+    let total: f64 = contributions.iter().map(|c| c.samples as f64).sum();
+    let mut mean: Vec<Vec<f64>> = first.delta.iter().map(|t| vec![0.0; t.len()]).collect();
+    let mut clipped = 0;
+    for c in contributions {
+        let scale = if c.norm > bound {
+            clipped += 1;
+            bound / c.norm
+        } else {
+            1.0
+        };
+        let w = scale * c.samples as f64 / total;
+        for (m, d) in mean.iter_mut().zip(&c.delta) {
+            for (m, d) in m.iter_mut().zip(d) {
+                *m += w * f64::from(*d);
+            }
+        }
+    }
+    (mean.into_iter().map(|t| t.into_iter().map(|v| v as f32).collect()).collect(), clipped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_problem() {
+        let sizes = [2, 1];
+        assert_eq!(validate(&vec![vec![3.0, 4.0], vec![0.0]], &sizes), Ok(5.0));
+        assert_eq!(validate(&vec![vec![1.0, 1.0]], &sizes), Err(Rejection::Count { got: 1, expected: 2 }));
+        assert_eq!(
+            validate(&vec![vec![1.0], vec![0.0]], &sizes),
+            Err(Rejection::Shape { index: 0, got: 1, expected: 2 })
+        );
+        assert_eq!(validate(&vec![vec![1.0, f32::NAN], vec![0.0]], &sizes), Err(Rejection::NonFinite { index: 0 }));
+        assert_eq!(
+            validate(&vec![vec![1.0, 1.0], vec![f32::INFINITY]], &sizes),
+            Err(Rejection::NonFinite { index: 1 })
+        );
+    }
+
+    #[test]
+    fn weighted_by_samples() {
+        let a = Accepted { samples: 3, delta: vec![vec![1.0]], norm: 1.0 };
+        let b = Accepted { samples: 1, delta: vec![vec![5.0]], norm: 5.0 };
+        let (mean, clipped) = aggregate(&[a, b], f64::INFINITY);
+        assert_eq!((mean, clipped), (vec![vec![2.0]], 0));
+    }
+
+    #[test]
+    fn one_hostile_worker_is_bounded() {
+        let honest = |v: f32| Accepted { samples: 1, delta: vec![vec![v, v]], norm: f64::from(v) * 2f64.sqrt() };
+        let hostile = Accepted { samples: 1, delta: vec![vec![1000.0, 1000.0]], norm: 1000.0 * 2f64.sqrt() };
+        let all = [honest(1.0), honest(1.1), honest(0.9), hostile];
+        let norms: Vec<f64> = all.iter().map(|c| c.norm).collect();
+        let bound = norm_bound(&[], &norms, 2.0);
+        assert!(bound < 2.2 * 2f64.sqrt() * 1.1, "{bound}");
+        let (mean, clipped) = aggregate(&all, bound);
+        assert_eq!(clipped, 1);
+        assert!(mean[0][0] < 1.3, "the hostile worker moved the mean to {}", mean[0][0]);
+        // Two contributors: the lower median keeps the honest scale.
+        assert!(norm_bound(&[], &[1.0, 1000.0], 2.0) <= 2.0);
+    }
+}

@@ -1,0 +1,221 @@
+//! Pseudo-gradient encodings for the wire: fp32 (exact), bf16, and int8 with
+//! one scale per tensor.
+//!
+//! Layout: `b"PCPG"`, version `1`, encoding byte, tensor count (u32 LE), then
+//! per tensor its element count (u32 LE), for int8 a scale (f32 LE), and the
+//! elements. Decoding checks every count against the expected sizes before
+//! allocating, so a hostile header cannot make the receiver allocate.
+
+use super::Tensors;
+
+/// How values are encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Encoding {
+    /// 4 bytes per value, exact.
+    F32,
+    /// 2 bytes per value: the top half of the f32, rounded to nearest even.
+    Bf16,
+    /// 1 byte per value plus a scale per tensor: round(x / (max|x| / 127)).
+    Int8,
+}
+
+impl Encoding {
+    fn tag(self) -> u8 {
+        match self {
+            Self::F32 => 0,
+            Self::Bf16 => 1,
+            Self::Int8 => 2,
+        }
+    }
+
+    fn from_tag(tag: u8) -> Option<Self> {
+        [Self::F32, Self::Bf16, Self::Int8].into_iter().find(|e| e.tag() == tag)
+    }
+
+    /// The name used in configs and events.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "fp32",
+            Self::Bf16 => "bf16",
+            Self::Int8 => "int8",
+        }
+    }
+
+    /// Parses `fp32`, `bf16` or `int8`.
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::F32, Self::Bf16, Self::Int8].into_iter().find(|e| e.name() == name)
+    }
+}
+
+/// Why bytes did not decode.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Not a pcp pseudo-gradient.
+    #[error("bad magic or version")]
+    Magic,
+    /// An unknown encoding byte.
+    #[error("unknown encoding {0}")]
+    Encoding(u8),
+    /// The tensor count or a size differs from the parameters'.
+    #[error("expected {expected} elements in tensor {index}, header says {got}")]
+    Size {
+        /// Which tensor (or the count, as `usize::MAX`).
+        index: usize,
+        /// From the header.
+        got: usize,
+        /// Expected.
+        expected: usize,
+    },
+    /// Fewer or more bytes than the header implies.
+    #[error("truncated or oversized payload")]
+    Length,
+}
+
+const MAGIC: &[u8; 4] = b"PCPG";
+
+/// Encodes `tensors`.
+pub fn encode(tensors: &Tensors, encoding: Encoding) -> Vec<u8> {
+    let values: usize = tensors.iter().map(Vec::len).sum();
+    let per = match encoding {
+        Encoding::F32 => 4,
+        Encoding::Bf16 => 2,
+        Encoding::Int8 => 1,
+    };
+    let mut out = Vec::with_capacity(10 + tensors.len() * 8 + values * per);
+    out.extend_from_slice(MAGIC);
+    out.push(1);
+    out.push(encoding.tag());
+    out.extend_from_slice(&(tensors.len() as u32).to_le_bytes());
+    for t in tensors {
+        out.extend_from_slice(&(t.len() as u32).to_le_bytes());
+        match encoding {
+            Encoding::F32 => t.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+            Encoding::Bf16 => t.iter().for_each(|v| out.extend_from_slice(&to_bf16(*v).to_le_bytes())),
+            Encoding::Int8 => {
+                let max = t.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let scale = if max > 0.0 && max.is_finite() { max / 127.0 } else { 0.0 };
+                out.extend_from_slice(&scale.to_le_bytes());
+                for v in t {
+                    let q = if scale > 0.0 { (v / scale).round().clamp(-127.0, 127.0) } else { 0.0 };
+                    out.push(q as i8 as u8);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Decodes bytes that must hold tensors of exactly `sizes` elements.
+pub fn decode(bytes: &[u8], sizes: &[usize]) -> Result<(Tensors, Encoding), DecodeError> {
+    if bytes.len() < 10 || &bytes[..4] != MAGIC || bytes[4] != 1 {
+        return Err(DecodeError::Magic);
+    }
+    let encoding = Encoding::from_tag(bytes[5]).ok_or(DecodeError::Encoding(bytes[5]))?;
+    let count = u32::from_le_bytes([bytes[6], bytes[7], bytes[8], bytes[9]]) as usize;
+    if count != sizes.len() {
+        return Err(DecodeError::Size { index: usize::MAX, got: count, expected: sizes.len() });
+    }
+    let mut at: usize = 10;
+    let mut take = |n: usize| -> Result<&[u8], DecodeError> {
+        let end = at.checked_add(n).filter(|e| *e <= bytes.len()).ok_or(DecodeError::Length)?;
+        let s = &bytes[at..end];
+        at = end;
+        Ok(s)
+    };
+    let mut tensors = Vec::with_capacity(sizes.len());
+    for (index, expected) in sizes.iter().enumerate() {
+        let h = take(4)?;
+        let got = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        if got != *expected {
+            return Err(DecodeError::Size { index, got, expected: *expected });
+        }
+        let t: Vec<f32> = match encoding {
+            Encoding::F32 => {
+                take(4 * got)?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+            }
+            Encoding::Bf16 => {
+                take(2 * got)?.chunks_exact(2).map(|c| from_bf16(u16::from_le_bytes([c[0], c[1]]))).collect()
+            }
+            Encoding::Int8 => {
+                let s = take(4)?;
+                let scale = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                take(got)?.iter().map(|q| f32::from(*q as i8) * scale).collect()
+            }
+        };
+        tensors.push(t);
+    }
+    if at != bytes.len() {
+        return Err(DecodeError::Length);
+    }
+    Ok((tensors, encoding))
+}
+
+fn to_bf16(v: f32) -> u16 {
+    let bits = v.to_bits();
+    if v.is_nan() {
+        return ((bits >> 16) as u16) | 0x40;
+    }
+    let round = 0x7fff + ((bits >> 16) & 1);
+    (bits.wrapping_add(round) >> 16) as u16
+}
+
+fn from_bf16(v: u16) -> f32 {
+    f32::from_bits(u32::from(v) << 16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn fp32_is_exact_and_within_five_percent_of_raw_size() {
+        let t: Tensors = vec![(0..1000).map(|i| i as f32 * 0.37 - 100.0).collect(), vec![1.5; 64]];
+        let bytes = encode(&t, Encoding::F32);
+        assert!(bytes.len() as f64 <= 1.05 * 4.0 * 1064.0);
+        assert_eq!(decode(&bytes, &[1000, 64]), Ok((t, Encoding::F32)));
+    }
+
+    #[test]
+    fn lossy_encodings_are_close() {
+        let t: Tensors = vec![(0..500).map(|i| ((i as f32) * 0.113).sin()).collect()];
+        for (enc, tol) in [(Encoding::Bf16, 4e-3), (Encoding::Int8, 1.0 / 127.0)] {
+            let (back, e) = decode(&encode(&t, enc), &[500]).expect("decodes");
+            assert_eq!(e, enc);
+            for (a, b) in t[0].iter().zip(&back[0]) {
+                assert!((a - b).abs() <= tol, "{enc:?}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_headers_are_refused_without_allocating() {
+        let mut bytes = encode(&vec![vec![1.0; 4]], Encoding::F32);
+        assert_eq!(decode(&bytes, &[5]), Err(DecodeError::Size { index: 0, got: 4, expected: 5 }));
+        // Claims u32::MAX elements: refused by the size check, not by allocation.
+        bytes[10..14].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(decode(&bytes, &[4]), Err(DecodeError::Size { .. })));
+        let good = encode(&vec![vec![1.0; 4]], Encoding::F32);
+        assert_eq!(decode(&good[..good.len() - 1], &[4]), Err(DecodeError::Length));
+        assert_eq!(decode(b"nope", &[4]), Err(DecodeError::Magic));
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips(values in proptest::collection::vec(-1e6f32..1e6, 0..200), split in 0usize..200) {
+            let split = split.min(values.len());
+            let t: Tensors = vec![values[..split].to_vec(), values[split..].to_vec()];
+            let sizes = [t[0].len(), t[1].len()];
+            prop_assert_eq!(decode(&encode(&t, Encoding::F32), &sizes), Ok((t.clone(), Encoding::F32)));
+            let (b, _) = decode(&encode(&t, Encoding::Bf16), &sizes).expect("bf16");
+            for (x, y) in t.iter().flatten().zip(b.iter().flatten()) {
+                prop_assert!((x - y).abs() <= x.abs() / 128.0 + 1e-30);
+            }
+        }
+
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = decode(&bytes, &[3, 2]);
+        }
+    }
+}

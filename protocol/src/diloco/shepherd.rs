@@ -1,0 +1,606 @@
+//! The shepherd's state machine: `handle(input, now_ms) -> actions`.
+//!
+//! Rounds: the shepherd opens round r for the workers alive at that moment
+//! (a worker that joins mid-round starts at the next one) with a deadline,
+//! accepts one validated contribution per participant, and closes the round
+//! when every live participant has answered, or at the deadline once a
+//! quorum has. Closing bounds every contribution's norm, averages them by
+//! samples and applies the outer Nesterov step. Workers silent for longer
+//! than the heartbeat timeout are dropped and no longer waited for.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use super::Tensors;
+use super::aggregate::{Accepted, Rejection, aggregate, norm_bound, validate};
+use super::outer::Nesterov;
+
+/// Shepherd settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Rounds to run.
+    pub rounds: u64,
+    /// Workers that must have joined before the first round opens.
+    pub start_workers: usize,
+    /// Contributions needed to close a round at its deadline.
+    pub min_quorum: usize,
+    /// The deadline of the first rounds, before any durations are known.
+    pub initial_deadline_ms: u64,
+    /// Lower bound on an adaptive deadline.
+    pub min_deadline_ms: u64,
+    /// Upper bound on an adaptive deadline.
+    pub max_deadline_ms: u64,
+    /// Deadline = factor × median duration of recent rounds.
+    pub deadline_factor: f64,
+    /// Recent rounds the median looks at.
+    pub deadline_window: usize,
+    /// Drop a worker not heard from for this long.
+    pub heartbeat_timeout_ms: u64,
+    /// Outer learning rate.
+    pub outer_lr: f32,
+    /// Outer Nesterov momentum.
+    pub outer_momentum: f32,
+    /// Contribution norms are bounded to factor × the lower median norm.
+    pub norm_factor: f64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            rounds: 10,
+            start_workers: 1,
+            min_quorum: 1,
+            initial_deadline_ms: 120_000,
+            min_deadline_ms: 5_000,
+            max_deadline_ms: 600_000,
+            deadline_factor: 2.0,
+            deadline_window: 5,
+            heartbeat_timeout_ms: 15_000,
+            outer_lr: 0.7,
+            outer_momentum: 0.9,
+            norm_factor: 2.0,
+        }
+    }
+}
+
+/// What happens to the shepherd.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Input<P> {
+    /// A worker asked to join.
+    Joined(P),
+    /// A worker said goodbye (or its connection closed for good).
+    Left(P),
+    /// A worker is alive.
+    Heartbeat(P),
+    /// A verified, decoded contribution.
+    Contribution {
+        /// Who sent it (the envelope's signer).
+        peer: P,
+        /// The round it claims.
+        round: u64,
+        /// Samples (tokens) trained on.
+        samples: u64,
+        /// The worker's mean inner loss.
+        loss: f32,
+        /// θ_start − θ_end.
+        delta: Tensors,
+    },
+    /// A contribution that could not even be decoded or verified.
+    Malformed {
+        /// Who sent it.
+        peer: P,
+        /// The round it claims.
+        round: u64,
+        /// Why.
+        reason: Rejection,
+    },
+    /// Time passed.
+    Tick,
+}
+
+/// A closed round.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoundSummary<P> {
+    /// The round.
+    pub round: u64,
+    /// Who contributed.
+    pub contributors: Vec<P>,
+    /// Participants who did not contribute by the deadline.
+    pub excluded: Vec<P>,
+    /// Sample-weighted mean of the workers' inner losses.
+    pub mean_loss: f64,
+    /// Contributions scaled down by the norm bound.
+    pub clipped: usize,
+    /// The norm bound used.
+    pub norm_bound: f64,
+    /// From opening to closing.
+    pub duration_ms: u64,
+}
+
+/// Why a worker left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaveReason {
+    /// It said so.
+    Left,
+    /// No heartbeat within the timeout.
+    Timeout,
+}
+
+/// What the shepherd asks its host to do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action<P> {
+    /// Publish the parameters and announce `round` to `participants`.
+    OpenRound {
+        /// The round.
+        round: u64,
+        /// Unix milliseconds.
+        deadline_ms: u64,
+        /// Who is expected to contribute.
+        participants: Vec<P>,
+    },
+    /// A contribution was refused (for the events stream).
+    Rejected {
+        /// From whom.
+        peer: P,
+        /// For which round.
+        round: u64,
+        /// Why.
+        reason: Rejection,
+    },
+    /// A round closed and the parameters moved: checkpoint now.
+    RoundCompleted(RoundSummary<P>),
+    /// A new worker.
+    WorkerJoined(P),
+    /// A worker is gone.
+    WorkerLeft {
+        /// Who.
+        peer: P,
+        /// Why.
+        reason: LeaveReason,
+    },
+    /// The round deadline passed below quorum and was extended.
+    DeadlineExtended {
+        /// The round.
+        round: u64,
+        /// The new deadline.
+        deadline_ms: u64,
+    },
+    /// Every round is done.
+    Finished,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct OpenRound<P> {
+    started_ms: u64,
+    deadline_ms: u64,
+    participants: BTreeSet<P>,
+    answered: BTreeSet<P>,
+    accepted: BTreeMap<P, (Accepted, f32)>,
+}
+
+/// Everything needed to resume a shepherd after its last completed round.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    /// Rounds completed.
+    pub completed: u64,
+    /// Current parameters.
+    pub params: Tensors,
+    /// Outer momentum.
+    pub velocity: Tensors,
+    /// Recent round durations.
+    pub durations: Vec<u64>,
+    /// Recent accepted norms.
+    pub norms: Vec<f64>,
+}
+
+/// The shepherd.
+#[derive(Clone, Debug)]
+pub struct Shepherd<P> {
+    config: Config,
+    sizes: Vec<usize>,
+    params: Tensors,
+    outer: Nesterov,
+    completed: u64,
+    open: Option<OpenRound<P>>,
+    finished: bool,
+    workers: BTreeMap<P, u64>,
+    durations: VecDeque<u64>,
+    norms: VecDeque<f64>,
+}
+
+impl<P: Ord + Clone> Shepherd<P> {
+    /// A shepherd starting from `params`.
+    pub fn new(config: Config, params: Tensors) -> Self {
+        let outer = Nesterov::new(config.outer_lr, config.outer_momentum, &params);
+        let sizes = params.iter().map(Vec::len).collect();
+        Self {
+            config,
+            sizes,
+            params,
+            outer,
+            completed: 0,
+            open: None,
+            finished: false,
+            workers: BTreeMap::new(),
+            durations: VecDeque::new(),
+            norms: VecDeque::new(),
+        }
+    }
+
+    /// Resumes from a snapshot taken after a completed round.
+    pub fn resume(config: Config, snapshot: Snapshot) -> Self {
+        let mut s = Self::new(config, snapshot.params);
+        s.outer.velocity = snapshot.velocity;
+        s.completed = snapshot.completed;
+        s.durations = snapshot.durations.into();
+        s.norms = snapshot.norms.into();
+        s.finished = s.completed >= s.config.rounds;
+        s
+    }
+
+    /// The state after the last completed round.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            completed: self.completed,
+            params: self.params.clone(),
+            velocity: self.outer.velocity.clone(),
+            durations: self.durations.iter().copied().collect(),
+            norms: self.norms.iter().copied().collect(),
+        }
+    }
+
+    /// Current parameters.
+    pub fn params(&self) -> &Tensors {
+        &self.params
+    }
+
+    /// The open round, if any.
+    pub fn open_round(&self) -> Option<u64> {
+        self.open.as_ref().map(|_| self.completed + 1)
+    }
+
+    /// Rounds completed.
+    pub fn completed(&self) -> u64 {
+        self.completed
+    }
+
+    /// Live workers.
+    pub fn workers(&self) -> impl Iterator<Item = &P> {
+        self.workers.keys()
+    }
+
+    /// Whether every round is done.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Advances the state machine.
+    pub fn handle(&mut self, input: Input<P>, now_ms: u64) -> Vec<Action<P>> {
+        let mut actions = Vec::new();
+        match input {
+            Input::Joined(peer) => {
+                if self.workers.insert(peer.clone(), now_ms).is_none() {
+                    actions.push(Action::WorkerJoined(peer));
+                }
+            }
+            Input::Heartbeat(peer) => {
+                if let Some(seen) = self.workers.get_mut(&peer) {
+                    *seen = now_ms;
+                }
+            }
+            Input::Left(peer) => self.remove(peer, LeaveReason::Left, &mut actions),
+            Input::Contribution { peer, round, samples, loss, delta } => {
+                if let Some(seen) = self.workers.get_mut(&peer) {
+                    *seen = now_ms;
+                }
+                let result = self.admit(&peer, round).and_then(|()| {
+                    if samples == 0 {
+                        return Err(Rejection::NoSamples);
+                    }
+                    let norm = validate(&delta, &self.sizes)?;
+                    Ok(Accepted { samples, delta, norm })
+                });
+                match result {
+                    Ok(accepted) => {
+                        if let Some(open) = self.open.as_mut() {
+                            open.answered.insert(peer.clone());
+                            open.accepted.insert(peer, (accepted, loss));
+                        }
+                    }
+                    Err(reason) => self.reject(peer, round, reason, &mut actions),
+                }
+            }
+            Input::Malformed { peer, round, reason } => self.reject(peer, round, reason, &mut actions),
+            Input::Tick => {}
+        }
+        self.expire(now_ms, &mut actions);
+        self.progress(now_ms, &mut actions);
+        actions
+    }
+
+    fn reject(&mut self, peer: P, round: u64, reason: Rejection, actions: &mut Vec<Action<P>>) {
+        // A participant whose answer was refused is not waited for again.
+        let current = self.completed + 1;
+        if let Some(open) = self.open.as_mut().filter(|o| round == current && o.participants.contains(&peer)) {
+            open.answered.insert(peer.clone());
+        }
+        actions.push(Action::Rejected { peer, round, reason });
+    }
+
+    fn admit(&self, peer: &P, round: u64) -> Result<(), Rejection> {
+        let current = self.completed + 1;
+        if round <= self.completed {
+            return Err(Rejection::Late { round });
+        }
+        let Some(open) = self.open.as_ref().filter(|_| round == current) else {
+            return Err(Rejection::WrongRound { got: round, current });
+        };
+        if !open.participants.contains(peer) {
+            return Err(Rejection::NotParticipant { round });
+        }
+        if open.answered.contains(peer) {
+            return Err(Rejection::Duplicate { round });
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, peer: P, reason: LeaveReason, actions: &mut Vec<Action<P>>) {
+        if self.workers.remove(&peer).is_some() {
+            actions.push(Action::WorkerLeft { peer, reason });
+        }
+    }
+
+    fn expire(&mut self, now_ms: u64, actions: &mut Vec<Action<P>>) {
+        let timeout = self.config.heartbeat_timeout_ms;
+        let dead: Vec<P> = self
+            .workers
+            .iter()
+            .filter(|(_, seen)| now_ms.saturating_sub(**seen) > timeout)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for peer in dead {
+            self.remove(peer, LeaveReason::Timeout, actions);
+        }
+    }
+
+    fn deadline(&self) -> u64 {
+        if self.durations.is_empty() {
+            return self.config.initial_deadline_ms;
+        }
+        let mut recent: Vec<u64> = self.durations.iter().copied().collect();
+        recent.sort_unstable();
+        let median = recent[recent.len() / 2] as f64;
+        ((self.config.deadline_factor * median) as u64).clamp(self.config.min_deadline_ms, self.config.max_deadline_ms)
+    }
+
+    fn progress(&mut self, now_ms: u64, actions: &mut Vec<Action<P>>) {
+        if self.finished {
+            return;
+        }
+        if let Some(open) = &self.open {
+            let waiting = open.participants.iter().any(|p| self.workers.contains_key(p) && !open.answered.contains(p));
+            let quorum = open.accepted.len() >= self.config.min_quorum.max(1);
+            if !waiting && !open.accepted.is_empty() || now_ms >= open.deadline_ms && quorum {
+                self.close(now_ms, actions);
+            } else if now_ms >= open.deadline_ms {
+                let extended = now_ms + self.deadline();
+                let round = self.completed + 1;
+                if let Some(open) = self.open.as_mut() {
+                    open.deadline_ms = extended;
+                }
+                actions.push(Action::DeadlineExtended { round, deadline_ms: extended });
+            }
+        }
+        let enough = if self.completed == 0 { self.config.start_workers.max(1) } else { 1 };
+        if self.open.is_none() && !self.finished && self.workers.len() >= enough {
+            let deadline_ms = now_ms + self.deadline();
+            let participants: BTreeSet<P> = self.workers.keys().cloned().collect();
+            actions.push(Action::OpenRound {
+                round: self.completed + 1,
+                deadline_ms,
+                participants: participants.iter().cloned().collect(),
+            });
+            self.open = Some(OpenRound {
+                started_ms: now_ms,
+                deadline_ms,
+                participants,
+                answered: BTreeSet::new(),
+                accepted: BTreeMap::new(),
+            });
+        }
+    }
+
+    fn close(&mut self, now_ms: u64, actions: &mut Vec<Action<P>>) {
+        let Some(open) = self.open.take() else { return };
+        let round = self.completed + 1;
+        let (peers, entries): (Vec<P>, Vec<(Accepted, f32)>) = open.accepted.into_iter().unzip();
+        let norms: Vec<f64> = entries.iter().map(|(a, _)| a.norm).collect();
+        let history: Vec<f64> = self.norms.iter().copied().collect();
+        let bound = norm_bound(&history, &norms, self.config.norm_factor);
+        let samples: u64 = entries.iter().map(|(a, _)| a.samples).sum();
+        let mean_loss =
+            entries.iter().map(|(a, l)| f64::from(*l) * a.samples as f64).sum::<f64>() / samples.max(1) as f64;
+        let accepted: Vec<Accepted> = entries.into_iter().map(|(a, _)| a).collect();
+        let (delta, clipped) = aggregate(&accepted, bound);
+        self.outer.step(&mut self.params, &delta);
+        self.completed = round;
+        let duration_ms = now_ms.saturating_sub(open.started_ms);
+        self.durations.push_back(duration_ms);
+        while self.durations.len() > self.config.deadline_window.max(1) {
+            self.durations.pop_front();
+        }
+        for n in norms {
+            self.norms.push_back(n.min(bound));
+        }
+        while self.norms.len() > 64 {
+            self.norms.pop_front();
+        }
+        let excluded = open.participants.into_iter().filter(|p| !peers.contains(p)).collect();
+        actions.push(Action::RoundCompleted(RoundSummary {
+            round,
+            contributors: peers,
+            excluded,
+            mean_loss,
+            clipped,
+            norm_bound: bound,
+            duration_ms,
+        }));
+        if self.completed >= self.config.rounds {
+            self.finished = true;
+            actions.push(Action::Finished);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config {
+            rounds: 3,
+            initial_deadline_ms: 1000,
+            min_deadline_ms: 100,
+            heartbeat_timeout_ms: 500,
+            outer_lr: 1.0,
+            outer_momentum: 0.0,
+            ..Config::default()
+        }
+    }
+
+    fn contribution(peer: u32, round: u64, v: f32) -> Input<u32> {
+        Input::Contribution { peer, round, samples: 10, loss: 2.0, delta: vec![vec![v, v]] }
+    }
+
+    fn opened(actions: &[Action<u32>]) -> Option<(u64, Vec<u32>)> {
+        actions.iter().find_map(|a| match a {
+            Action::OpenRound { round, participants, .. } => Some((*round, participants.clone())),
+            _ => None,
+        })
+    }
+
+    fn completed(actions: &[Action<u32>]) -> Option<RoundSummary<u32>> {
+        actions.iter().find_map(|a| match a {
+            Action::RoundCompleted(s) => Some(s.clone()),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn rounds_average_contributions_and_finish() {
+        let mut s = Shepherd::new(config(), vec![vec![1.0, 1.0]]);
+        assert_eq!(opened(&s.handle(Input::Joined(1), 0)), Some((1, vec![1])));
+        // Worker 2 joins mid-round: it starts at round 2.
+        s.handle(Input::Joined(2), 10);
+        let a = s.handle(contribution(1, 1, 0.5), 20);
+        let summary = completed(&a).expect("round 1 closes: its only participant answered");
+        assert_eq!(summary.contributors, vec![1]);
+        assert_eq!(s.params(), &vec![vec![0.5, 0.5]]);
+        assert_eq!(opened(&a), Some((2, vec![1, 2])));
+        s.handle(contribution(1, 2, 0.1), 30);
+        assert_eq!(s.open_round(), Some(2), "still waiting for worker 2");
+        let a = s.handle(contribution(2, 2, 0.3), 40);
+        assert_eq!(completed(&a).map(|c| c.contributors), Some(vec![1, 2]));
+        assert!((s.params()[0][0] - 0.3).abs() < 1e-6);
+        s.handle(contribution(1, 3, 0.0), 50);
+        let a = s.handle(contribution(2, 3, 0.0), 60);
+        assert!(a.contains(&Action::Finished));
+        assert!(s.is_finished());
+    }
+
+    #[test]
+    fn dead_worker_is_excluded_at_the_deadline() {
+        // A long minimum deadline: the heartbeat timeout, not the deadline, ends round 2.
+        let mut s =
+            Shepherd::new(Config { start_workers: 2, min_deadline_ms: 5_000, ..config() }, vec![vec![0.0, 0.0]]);
+        s.handle(Input::Joined(1), 0);
+        s.handle(Input::Joined(2), 0);
+        s.handle(contribution(1, 1, 0.2), 10);
+        s.handle(contribution(2, 1, 0.2), 10);
+        // Round 2: worker 2 dies (no more heartbeats).
+        s.handle(Input::Heartbeat(1), 300);
+        s.handle(contribution(1, 2, 0.1), 400);
+        assert_eq!(s.open_round(), Some(2));
+        let a = s.handle(Input::Tick, 700);
+        assert!(a.contains(&Action::WorkerLeft { peer: 2, reason: LeaveReason::Timeout }));
+        let summary = completed(&a).expect("closes once the dead worker is dropped");
+        assert_eq!((summary.contributors, summary.excluded), (vec![1], vec![2]));
+    }
+
+    #[test]
+    fn deadline_closes_with_quorum_and_stragglers_are_late() {
+        let mut cfg = config();
+        cfg.heartbeat_timeout_ms = 10_000;
+        cfg.start_workers = 2;
+        let mut s = Shepherd::new(cfg, vec![vec![0.0, 0.0]]);
+        s.handle(Input::Joined(1), 0);
+        s.handle(Input::Joined(2), 0);
+        s.handle(contribution(1, 1, 0.2), 100);
+        assert!(completed(&s.handle(Input::Tick, 999)).is_none());
+        let a = s.handle(Input::Tick, 1000);
+        assert_eq!(completed(&a).map(|c| c.excluded), Some(vec![2]));
+        let a = s.handle(contribution(2, 1, 0.2), 1100);
+        assert!(a.contains(&Action::Rejected { peer: 2, round: 1, reason: Rejection::Late { round: 1 } }));
+    }
+
+    #[test]
+    fn hostile_contributions_are_rejected_or_bounded() {
+        let mut s = Shepherd::new(Config { start_workers: 4, ..config() }, vec![vec![0.0, 0.0]]);
+        for p in 1..=4 {
+            s.handle(Input::Joined(p), 0);
+        }
+        let nan = s.handle(
+            Input::Contribution { peer: 4, round: 1, samples: 10, loss: 1.0, delta: vec![vec![f32::NAN, 0.0]] },
+            1,
+        );
+        assert!(matches!(nan[0], Action::Rejected { reason: Rejection::NonFinite { index: 0 }, .. }));
+        let shape =
+            s.handle(Input::Contribution { peer: 3, round: 1, samples: 10, loss: 1.0, delta: vec![vec![0.0]] }, 1);
+        assert!(matches!(shape[0], Action::Rejected { reason: Rejection::Shape { .. }, .. }));
+        let wrong_round = s.handle(contribution(1, 7, 0.1), 1);
+        assert!(matches!(
+            wrong_round[0],
+            Action::Rejected { reason: Rejection::WrongRound { got: 7, current: 1 }, .. }
+        ));
+        let stranger = s.handle(contribution(9, 1, 0.1), 1);
+        assert!(matches!(stranger[0], Action::Rejected { reason: Rejection::NotParticipant { round: 1 }, .. }));
+        s.handle(contribution(1, 1, 0.1), 2);
+        let dup = s.handle(contribution(1, 1, 0.1), 2);
+        assert!(matches!(dup[0], Action::Rejected { reason: Rejection::Duplicate { round: 1 }, .. }));
+        // Round 2 everyone honest but 4, which scales its update ×1000.
+        let a = s.handle(contribution(2, 1, 0.1), 3);
+        assert!(completed(&a).is_some(), "rejected participants are not waited for");
+        for p in 1..=3 {
+            s.handle(contribution(p, 2, 0.1), 10);
+        }
+        let a = s.handle(contribution(4, 2, 100.0), 11);
+        let summary = completed(&a).expect("round 2");
+        assert_eq!(summary.clipped, 1);
+        assert!(s.params()[0][0].abs() < 0.6, "bounded: {}", s.params()[0][0]);
+    }
+
+    #[test]
+    fn deadlines_adapt_to_recent_rounds() {
+        let mut s = Shepherd::new(config(), vec![vec![0.0, 0.0]]);
+        s.handle(Input::Joined(1), 0);
+        let a = s.handle(contribution(1, 1, 0.0), 200);
+        // Round 1 took 200 ms: round 2's deadline is 2 × 200 after it opens.
+        assert!(a.iter().any(|x| matches!(x, Action::OpenRound { round: 2, deadline_ms: 600, .. })), "{a:?}");
+    }
+
+    #[test]
+    fn snapshot_resumes_identically() {
+        let mut cfg = config();
+        cfg.outer_momentum = 0.9;
+        let mut s = Shepherd::new(cfg.clone(), vec![vec![1.0, 2.0]]);
+        s.handle(Input::Joined(1), 0);
+        s.handle(contribution(1, 1, 0.3), 5);
+        let snap = s.snapshot();
+        let mut r = Shepherd::<u32>::resume(cfg, snap.clone());
+        assert_eq!(r.snapshot(), snap);
+        r.handle(Input::Joined(1), 10);
+        s.handle(contribution(1, 2, 0.2), 10);
+        assert_eq!(r.open_round(), Some(2));
+        r.handle(contribution(1, 2, 0.2), 10);
+        assert_eq!(r.params(), s.params());
+    }
+}
