@@ -1,0 +1,14 @@
+//! pcp's protocol core: identities, signed envelopes, replay guards and content ids.
+//!
+//! Pure: no sockets, no clocks, no randomness. Keys are made from bytes the caller
+//! supplies, and every time-dependent check takes `now` as an argument.
+
+mod envelope;
+mod identity;
+mod ids;
+mod replay;
+
+pub use envelope::{Binding, OpenError, PayloadError, Signable, Verified, open, seal, verify};
+pub use identity::{Identity, PublicKey};
+pub use ids::{BlobHash, ParseIdError, RunId};
+pub use replay::{ReplayError, ReplayGuard};
