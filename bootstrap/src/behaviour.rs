@@ -19,8 +19,8 @@ pub const IDENTIFY_PROTOCOL: &str = "/pcp/id/1.0.0";
 /// Blob transfer request-response protocol.
 pub const BLOB_PROTOCOL: StreamProtocol = StreamProtocol::new("/pcp/blob/1.0.0");
 
-/// Established connections per peer.
-const MAX_CONNECTIONS_PER_PEER: u32 = 2;
+/// Established connections per peer (AutoNAT dial-backs open extra ones).
+const MAX_CONNECTIONS_PER_PEER: u32 = 8;
 /// Established connections in all.
 const MAX_CONNECTIONS: u32 = 512;
 /// Pending (handshaking) connections each way.

@@ -56,7 +56,7 @@ impl Config {
             chunk_window: 8,
             command_queue: 64,
             event_queue: 4096,
-            idle_timeout: Duration::from_secs(120),
+            idle_timeout: Duration::from_secs(30),
             agent: format!("pcp-node/{}", env!("CARGO_PKG_VERSION")),
         }
     }

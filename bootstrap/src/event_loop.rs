@@ -30,6 +30,8 @@ const REPLAY_WINDOW_MS: u64 = 5 * 60 * 1000;
 const RESCAN: Duration = Duration::from_secs(5);
 /// How often a fetch with no usable provider asks the DHT again.
 const REQUERY: Duration = Duration::from_secs(2);
+/// How long a fetch waits for the provider query before requesting chunks.
+const GATHER: Duration = Duration::from_millis(500);
 /// Failed requests after which a provider is dropped from a fetch.
 const MAX_PROVIDER_FAILURES: u32 = 3;
 /// Outboards cached for serving.
@@ -410,16 +412,17 @@ impl EventLoop {
 
     fn on_behaviour(&mut self, event: BehaviourEvent) {
         match event {
-            BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. }) => {
-                if info.protocols.contains(&KAD_PROTOCOL) {
-                    for addr in info.listen_addrs {
-                        if !addr.iter().any(|p| match p {
-                            Protocol::Ip4(ip) => ip.is_unspecified(),
-                            Protocol::Ip6(ip) => ip.is_unspecified(),
-                            _ => false,
-                        }) {
-                            self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
-                        }
+            BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })
+                if info.protocols.contains(&KAD_PROTOCOL) =>
+            {
+                // a DHT server: route to it at the addresses it listens on
+                for addr in info.listen_addrs {
+                    if !addr.iter().any(|p| match p {
+                        Protocol::Ip4(ip) => ip.is_unspecified(),
+                        Protocol::Ip6(ip) => ip.is_unspecified(),
+                        _ => false,
+                    }) {
+                        self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
                     }
                 }
             }
@@ -464,30 +467,31 @@ impl EventLoop {
                 }
             }
             kad::Event::OutboundQueryProgressed {
-                id, result, step, ..
+                id,
+                result: kad::QueryResult::GetProviders(result),
+                step,
+                ..
             } => {
-                if let kad::QueryResult::GetProviders(result) = result {
-                    let Some(hash) = self.provider_queries.get(&id).copied() else {
-                        return;
-                    };
-                    if step.last {
-                        self.provider_queries.remove(&id);
-                    }
-                    let local = self.peer_id();
-                    if let Some(fetch) = self.fetches.get_mut(&hash) {
-                        if let Ok(kad::GetProvidersOk::FoundProviders { providers, .. }) = result {
-                            for p in providers {
-                                if p != local && !self.banned.contains_key(&p) {
-                                    fetch.add_provider(p);
-                                }
+                let Some(hash) = self.provider_queries.get(&id).copied() else {
+                    return;
+                };
+                if step.last {
+                    self.provider_queries.remove(&id);
+                }
+                let local = self.peer_id();
+                if let Some(fetch) = self.fetches.get_mut(&hash) {
+                    if let Ok(kad::GetProvidersOk::FoundProviders { providers, .. }) = result {
+                        for p in providers {
+                            if p != local && !self.banned.contains_key(&p) {
+                                fetch.add_provider(p);
                             }
                         }
-                        if step.last {
-                            fetch.query_done(Instant::now());
-                        }
                     }
-                    self.drive(hash);
+                    if step.last {
+                        fetch.query_done(Instant::now());
+                    }
                 }
+                self.drive(hash);
             }
             _ => {}
         }
@@ -600,7 +604,7 @@ impl EventLoop {
         let Some(fetch) = self.fetches.get_mut(&hash) else {
             return;
         };
-        let requests = fetch.next_requests(window);
+        let requests = fetch.next_requests(window, now, GATHER);
         for (peer, want) in requests {
             let id = self
                 .swarm
@@ -630,6 +634,10 @@ impl EventLoop {
     }
 
     fn ban(&mut self, peer: PeerId, reason: String) {
+        if self.banned.contains_key(&peer) {
+            // a response that was already in flight when the peer was banned
+            return;
+        }
         tracing::warn!(%peer, "banning: {reason}");
         self.stats.peers_banned += 1;
         self.banned

@@ -118,7 +118,14 @@ impl Fetch {
 
     /// Requests to send now: the outboard from one provider, or chunks spread over every
     /// usable provider, at most `window` in flight each.
-    pub(crate) fn next_requests(&mut self, window: usize) -> Vec<(PeerId, BlobWant)> {
+    /// Chunk requests wait up to `gather` after the start while the provider query runs,
+    /// so that the work is spread over every provider rather than the first found.
+    pub(crate) fn next_requests(
+        &mut self,
+        window: usize,
+        now: Instant,
+        gather: Duration,
+    ) -> Vec<(PeerId, BlobWant)> {
         let usable: Vec<PeerId> = self
             .providers
             .iter()
@@ -133,6 +140,9 @@ impl Fetch {
                 self.outboard_request = Some(*p);
                 out.push((*p, BlobWant::Outboard));
             }
+            return out;
+        }
+        if self.query_running && now.duration_since(self.started) < gather {
             return out;
         }
         loop {

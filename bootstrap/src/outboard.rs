@@ -152,7 +152,7 @@ mod tests {
 
     #[test]
     fn tampered_chunk_or_outboard_is_detected() {
-        let data = vec![5u8; 3 * CHUNK_SIZE];
+        let data: Vec<u8> = (0..3 * CHUNK_SIZE).map(|i| (i % 251) as u8).collect();
         let (mut ob, root) = outboard(&data);
         let mut chunk = data[CHUNK_SIZE..2 * CHUNK_SIZE].to_vec();
         chunk[100] ^= 1;

@@ -110,7 +110,8 @@ async fn fifty_mb_blob_from_several_providers_survives_the_origin_leaving() -> a
 async fn tampered_chunks_are_rejected_and_their_sender_banned() -> anyhow::Result<()> {
     init_tracing();
     let dir = tempfile::tempdir()?;
-    let mut net = TestNet::new(dir.path(), quiet).await?;
+    // a small window spreads the chunks over both providers
+    let mut net = TestNet::new(dir.path(), |c| c.chunk_window = 2).await?;
     for _ in 0..3 {
         net.add().await?;
     }
@@ -135,7 +136,7 @@ async fn tampered_chunks_are_rejected_and_their_sender_banned() -> anyhow::Resul
     );
     assert_eq!(report.providers, 1);
     let stats = c.node.stats().await?;
-    assert_eq!(stats.peers_banned, 1);
+    assert_eq!(stats.peers_banned, 1, "{stats:?}");
     assert!(stats.chunks_rejected >= 1);
     let mut rejected = false;
     while let Ok(e) = c.events.try_recv() {

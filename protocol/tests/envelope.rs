@@ -146,10 +146,9 @@ proptest! {
         let mut bytes = seal(&me, binding(run, seed, 5), &heartbeat(run)).encode();
         let i = bit.index(bytes.len() * 8);
         bytes[i / 8] ^= 1 << (i % 8);
-        match open(&bytes) {
-            // a flip in padding or an unused pointer bit may leave the content unchanged
-            Ok(v) => prop_assert_eq!(v.decode::<Heartbeat>().ok(), Some(heartbeat(run))),
-            Err(_) => {}
+        // a flip in padding or an unused pointer bit may leave the content unchanged
+        if let Ok(v) = open(&bytes) {
+            prop_assert_eq!(v.decode::<Heartbeat>().ok(), Some(heartbeat(run)));
         }
     }
 }
