@@ -390,14 +390,20 @@ impl EventLoop {
                 self.emit(Event::Listening { addr: address });
             }
             SwarmEvent::ConnectionEstablished {
-                peer_id, endpoint, ..
+                peer_id,
+                endpoint,
+                num_established,
+                ..
             } => {
                 let addr = endpoint.get_remote_address().clone();
                 tracing::debug!(%peer_id, %addr, "connected");
-                self.emit(Event::PeerConnected {
-                    peer: peer_id,
-                    addr,
-                });
+                if num_established.get() == 1 {
+                    // extra connections (AutoNAT dial-backs) are not new peers
+                    self.emit(Event::PeerConnected {
+                        peer: peer_id,
+                        addr,
+                    });
+                }
                 if self.seeds.iter().any(|(p, _)| *p == Some(peer_id)) {
                     let _ = self.swarm.behaviour_mut().kad.bootstrap();
                 }
@@ -554,6 +560,7 @@ impl EventLoop {
                 path: self.store.path(&hash),
                 bytes,
                 providers: 0,
+                chunks_fetched: 0,
                 seconds: 0.0,
             }));
             return;
@@ -619,7 +626,8 @@ impl EventLoop {
         let Some(fetch) = self.fetches.remove(&hash) else {
             return;
         };
-        match fetch.finish(Instant::now()) {
+        let (result, waiters) = fetch.finish(Instant::now());
+        match &result {
             Ok(report) => {
                 self.provide(hash, None);
                 self.emit(Event::BlobFetched {
@@ -630,6 +638,9 @@ impl EventLoop {
                 });
             }
             Err(e) => tracing::warn!("{e}"),
+        }
+        for w in waiters {
+            let _ = w.send(result.clone());
         }
     }
 

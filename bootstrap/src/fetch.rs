@@ -31,6 +31,7 @@ pub(crate) struct Fetch {
     queue: VecDeque<u32>,
     inflight: HashMap<PeerId, HashSet<u32>>,
     contributors: HashSet<PeerId>,
+    fetched: u32,
     query_running: bool,
     last_query: Option<Instant>,
 }
@@ -57,6 +58,7 @@ impl Fetch {
             queue: VecDeque::new(),
             inflight: HashMap::new(),
             contributors: HashSet::new(),
+            fetched: 0,
             query_running: false,
             last_query: None,
         }
@@ -228,6 +230,7 @@ impl Fetch {
         if !partial.has(index) {
             partial.write_chunk(index, data)?;
             self.contributors.insert(peer);
+            self.fetched += 1;
         }
         Ok(true)
     }
@@ -265,8 +268,9 @@ impl Fetch {
         }
     }
 
-    /// Moves the complete blob into the store and answers every waiter.
-    pub(crate) fn finish(mut self, now: Instant) -> Result<FetchReport, FetchError> {
+    /// Moves the complete blob into the store; returns the outcome and the waiters to
+    /// answer (after the caller has recorded the outcome).
+    pub(crate) fn finish(mut self, now: Instant) -> (Result<FetchReport, FetchError>, Vec<Reply>) {
         let seconds = now.duration_since(self.started).as_secs_f64();
         let result = match self.partial.take() {
             Some(partial) => {
@@ -278,6 +282,7 @@ impl Fetch {
                         path,
                         bytes,
                         providers: self.contributors.len(),
+                        chunks_fetched: self.fetched,
                         seconds,
                     })
                     .map_err(|e| FetchError::Store {
@@ -290,9 +295,6 @@ impl Fetch {
                 reason: "finished without data".into(),
             }),
         };
-        for w in self.waiters.drain(..) {
-            let _ = w.send(result.clone());
-        }
-        result
+        (result, self.waiters)
     }
 }

@@ -29,6 +29,6 @@ pub use config::Config;
 pub use event_loop::EventLoop;
 pub use events::{Event, Reachability, Stats};
 pub use identity_file::{IdentityError, keypair, load_or_create};
-pub use libp2p::{Multiaddr, PeerId};
+pub use libp2p::{Multiaddr, PeerId, multiaddr};
 pub use node::{DialError, FetchError, FetchReport, GossipError, Node, StartError, Stopped};
 pub use store::{BlobStore, Partial, StoreError};

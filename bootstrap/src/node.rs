@@ -121,6 +121,8 @@ pub struct FetchReport {
     pub bytes: u64,
     /// Providers that delivered verified chunks (0 if it was already local).
     pub providers: usize,
+    /// Chunks fetched over the network; fewer than the blob has when a download resumed.
+    pub chunks_fetched: u32,
     /// Wall time.
     pub seconds: f64,
 }

@@ -155,6 +155,38 @@ async fn tampered_chunks_are_rejected_and_their_sender_banned() -> anyhow::Resul
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupted_download_resumes_from_the_chunks_on_disk() -> anyhow::Result<()> {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let mut net = TestNet::new(dir.path(), quiet).await?;
+    net.add().await?;
+    net.add().await?;
+    all_discovered(&net, Duration::from_secs(10)).await?;
+    let data = random_bytes(10 << 20, 11);
+    let hash = put(&net.nodes[1], &data).await?;
+    let outboard = BlobStore::open(&net.nodes[1].data_dir)?
+        .outboard(&hash)?
+        .context("outboard of a stored blob")?;
+
+    // a previous run of node 2 verified and wrote chunks 0..6 before it was interrupted
+    let store = BlobStore::open(&net.nodes[2].data_dir)?;
+    let mut partial = store.partial(hash, outboard)?;
+    for (i, chunk) in (0..6).zip(data.chunks(pcp_schema::CHUNK_SIZE)) {
+        partial.write_chunk(i, chunk)?;
+    }
+    drop(partial);
+
+    let report = net.nodes[2]
+        .node
+        .fetch(hash, Duration::from_secs(60))
+        .await?;
+    assert_eq!(report.chunks_fetched, 4, "only the missing chunks travel");
+    assert_eq!(std::fs::read(&report.path)?, data);
+    net.shutdown().await;
+    Ok(())
+}
+
 fn identity(seed: u64) -> Identity {
     let mut secret = [0u8; 32];
     StdRng::seed_from_u64(seed).fill_bytes(&mut secret);
