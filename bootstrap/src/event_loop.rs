@@ -495,6 +495,7 @@ impl EventLoop {
                     }
                     if step.last {
                         fetch.query_done(Instant::now());
+                        tracing::debug!(%hash, "provider query done");
                     }
                 }
                 self.drive(hash);
@@ -629,6 +630,7 @@ impl EventLoop {
         let (result, waiters) = fetch.finish(Instant::now());
         match &result {
             Ok(report) => {
+                tracing::debug!(%hash, "fetch complete");
                 self.provide(hash, None);
                 self.emit(Event::BlobFetched {
                     hash,
@@ -815,6 +817,7 @@ impl EventLoop {
         }
         match self.store.partial(hash, outboard) {
             Ok(partial) => {
+                tracing::debug!(%hash, %peer, "outboard verified");
                 if let Some(f) = self.fetches.get_mut(&hash) {
                     f.set_partial(partial);
                 }

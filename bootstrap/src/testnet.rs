@@ -1,6 +1,7 @@
 //! An in-process network of nodes on loopback, for tests, benchmarks and `sim`.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use libp2p::multiaddr::Protocol;
@@ -96,19 +97,34 @@ impl TestNode {
     }
 }
 
+/// Adjusts each node's config.
+type Tweak = Arc<dyn Fn(&mut Config) + Send + Sync>;
+
 /// A seed node and any number of nodes bootstrapped from it, all on loopback.
-#[derive(Debug)]
 pub struct TestNet {
     base: PathBuf,
     /// Node 0 is the seed.
     pub nodes: Vec<TestNode>,
     started: usize,
-    tweak: fn(&mut Config),
+    tweak: Tweak,
+}
+
+impl std::fmt::Debug for TestNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestNet")
+            .field("base", &self.base)
+            .field("nodes", &self.nodes)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TestNet {
     /// Starts the seed with data under `base`. `tweak` adjusts every node's config.
-    pub async fn new(base: &Path, tweak: fn(&mut Config)) -> Result<Self, TestNetError> {
+    pub async fn new(
+        base: &Path,
+        tweak: impl Fn(&mut Config) + Send + Sync + 'static,
+    ) -> Result<Self, TestNetError> {
+        let tweak: Tweak = Arc::new(tweak);
         let mut config = Config::loopback(base.join("node-0"));
         tweak(&mut config);
         let seed = TestNode::start(0, config).await?;

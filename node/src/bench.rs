@@ -27,6 +27,9 @@ enum BenchCommand {
         /// Transports to measure.
         #[arg(long, value_enum, default_value_t = Transport::Both)]
         transport: Transport,
+        /// Chunk requests in flight per provider.
+        #[arg(long, default_value_t = Config::new(std::path::PathBuf::new()).chunk_window)]
+        chunk_window: usize,
     },
 }
 
@@ -71,28 +74,18 @@ async fn raw_tcp(data: &[u8]) -> anyhow::Result<f64> {
     Ok(len as f64 / MB / elapsed?.as_secs_f64())
 }
 
-fn only(transport: Transport) -> fn(&mut Config) {
-    match transport {
-        Transport::Tcp => |c: &mut Config| {
-            c.listen = vec![
-                "/ip4/127.0.0.1/tcp/0"
-                    .parse::<Multiaddr>()
-                    .expect("valid literal multiaddr"),
-            ];
-        },
-        _ => |c: &mut Config| {
-            c.listen = vec![
-                "/ip4/127.0.0.1/udp/0/quic-v1"
-                    .parse::<Multiaddr>()
-                    .expect("valid literal multiaddr"),
-            ];
-        },
-    }
-}
-
-async fn pcp_blob(data: &[u8], transport: Transport) -> anyhow::Result<f64> {
+async fn pcp_blob(data: &[u8], transport: Transport, window: usize) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir()?;
-    let mut net = TestNet::new(dir.path(), only(transport)).await?;
+    let listen: Multiaddr = if transport == Transport::Tcp {
+        "/ip4/127.0.0.1/tcp/0".parse()?
+    } else {
+        "/ip4/127.0.0.1/udp/0/quic-v1".parse()?
+    };
+    let mut net = TestNet::new(dir.path(), move |c: &mut Config| {
+        c.listen = vec![listen.clone()];
+        c.chunk_window = window;
+    })
+    .await?;
     let a = net.add().await?;
     let hash = BlobStore::open(&net.nodes[0].data_dir)?.put_bytes(data)?;
     net.nodes[0].node.provide(hash).await?;
@@ -107,7 +100,11 @@ async fn pcp_blob(data: &[u8], transport: Transport) -> anyhow::Result<f64> {
 
 /// Runs a benchmark.
 pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    let BenchCommand::Blob { size_mb, transport } = args.command;
+    let BenchCommand::Blob {
+        size_mb,
+        transport,
+        chunk_window,
+    } = args.command;
     let mut data = vec![0u8; usize::try_from(size_mb * 1_000_000).context("size")?];
     rand::thread_rng().fill_bytes(&mut data);
     println!("blob of {size_mb} MB between two nodes on loopback");
@@ -122,7 +119,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         } else {
             "TCP+noise+yamux"
         };
-        let mbps = pcp_blob(&data, t).await?;
+        let mbps = pcp_blob(&data, t, chunk_window).await?;
         println!(
             "pcp blob fetch ({name:>15}): {mbps:8.1} MB/s = {:.0}% of raw TCP (verified, written to disk)",
             100.0 * mbps / tcp
