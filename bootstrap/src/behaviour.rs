@@ -26,7 +26,7 @@ const MAX_CONNECTIONS: u32 = 512;
 /// Pending (handshaking) connections each way.
 const MAX_PENDING: u32 = 64;
 /// Concurrent inbound plus outbound blob streams per connection.
-const MAX_BLOB_STREAMS: usize = 32;
+const MAX_BLOB_STREAMS: usize = 16;
 
 /// Everything a pcp node speaks.
 #[derive(NetworkBehaviour)]

@@ -34,6 +34,8 @@ const REQUERY: Duration = Duration::from_secs(2);
 const GATHER: Duration = Duration::from_millis(500);
 /// Failed requests after which a provider is dropped from a fetch.
 const MAX_PROVIDER_FAILURES: u32 = 3;
+/// Downloads in progress at once.
+const MAX_FETCHES: usize = 32;
 /// Outboards cached for serving.
 const OUTBOARD_CACHE: usize = 64;
 
@@ -571,6 +573,14 @@ impl EventLoop {
             fetch.add_waiter(reply, now + timeout);
             return;
         }
+        if self.fetches.len() >= MAX_FETCHES {
+            let _ = reply.send(Err(FetchError::Busy {
+                hash,
+                max: MAX_FETCHES,
+            }));
+            return;
+        }
+        tracing::debug!(%hash, "fetch started");
         self.fetches.insert(
             hash,
             Fetch::new(hash, now, now + timeout, reply, MAX_PROVIDER_FAILURES),

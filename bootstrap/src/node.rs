@@ -74,6 +74,14 @@ pub enum FetchError {
         /// Providers known.
         providers: usize,
     },
+    /// Too many downloads are in progress.
+    #[error("fetching blob {hash}: {max} downloads already in progress")]
+    Busy {
+        /// The blob.
+        hash: BlobHash,
+        /// The limit.
+        max: usize,
+    },
     /// The blob is larger than this node accepts.
     #[error("blob {hash} has {size} bytes, over the limit of {max}")]
     TooLarge {
