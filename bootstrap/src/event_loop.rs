@@ -120,6 +120,11 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Whether an address is a QUIC address (preferred over TCP).
+fn is_quic(addr: &Multiaddr) -> bool {
+    addr.iter().any(|p| matches!(p, Protocol::QuicV1))
+}
+
 /// Splits a trailing `/p2p/<id>` off an address.
 fn split_peer(addr: &Multiaddr) -> (Option<PeerId>, Multiaddr) {
     let mut base = addr.clone();
@@ -160,7 +165,8 @@ impl EventLoop {
                     reason: e.to_string(),
                 })?;
         }
-        let seeds = config.bootstrap.iter().map(split_peer).collect();
+        let mut seeds: Vec<_> = config.bootstrap.iter().map(split_peer).collect();
+        seeds.sort_by_key(|(_, a)| !is_quic(a));
         let now = Instant::now();
         Ok(Self {
             swarm,
@@ -423,8 +429,10 @@ impl EventLoop {
             BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })
                 if info.protocols.contains(&KAD_PROTOCOL) =>
             {
-                // a DHT server: route to it at the addresses it listens on
-                for addr in info.listen_addrs {
+                // a DHT server: route to it at the addresses it listens on, QUIC first
+                let mut addrs = info.listen_addrs;
+                addrs.sort_by_key(|a| !is_quic(a));
+                for addr in addrs {
                     if !addr.iter().any(|p| match p {
                         Protocol::Ip4(ip) => ip.is_unspecified(),
                         Protocol::Ip6(ip) => ip.is_unspecified(),

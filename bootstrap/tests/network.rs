@@ -323,7 +323,18 @@ async fn node_recovers_when_its_only_seed_restarts() -> anyhow::Result<()> {
             a
         })
         .collect();
-    let seed = TestNode::start(0, config).await?;
+    // the old sockets may take a moment to be released
+    let rebind_deadline = Instant::now() + Duration::from_secs(10);
+    let seed = loop {
+        match TestNode::start(0, config.clone()).await {
+            Ok(seed) => break seed,
+            Err(e) if Instant::now() < rebind_deadline => {
+                tracing::debug!("restarting the seed: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     timeout(Duration::from_secs(15), async {
         loop {
             match node.events.recv().await {

@@ -42,10 +42,15 @@ enum Transport {
 
 const MB: f64 = 1e6;
 
-async fn raw_tcp(data: &[u8]) -> anyhow::Result<f64> {
+/// Plain TCP over loopback; with `sink`, the receiver also writes what it reads to a file.
+async fn raw_tcp(data: &[u8], sink: Option<&std::path::Path>) -> anyhow::Result<f64> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let len = data.len();
+    let mut file = match sink {
+        Some(p) => Some(std::fs::File::create(p)?),
+        None => None,
+    };
     let server = async move {
         let (mut s, _) = listener.accept().await?;
         let mut buf = vec![0u8; 1 << 20];
@@ -53,6 +58,9 @@ async fn raw_tcp(data: &[u8]) -> anyhow::Result<f64> {
         while got < len {
             let n = s.read(&mut buf).await?;
             anyhow::ensure!(n > 0, "raw tcp: stream ended early");
+            if let Some(f) = file.as_mut() {
+                std::io::Write::write_all(f, &buf[..n])?;
+            }
             got += n;
         }
         s.write_all(&[1]).await?;
@@ -108,8 +116,11 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut data = vec![0u8; usize::try_from(size_mb * 1_000_000).context("size")?];
     rand::thread_rng().fill_bytes(&mut data);
     println!("blob of {size_mb} MB between two nodes on loopback");
-    let tcp = raw_tcp(&data).await?;
-    println!("raw TCP loopback:         {tcp:8.1} MB/s");
+    let tcp = raw_tcp(&data, None).await?;
+    println!("raw TCP loopback:                   {tcp:8.1} MB/s");
+    let dir = tempfile::tempdir()?;
+    let to_disk = raw_tcp(&data, Some(&dir.path().join("sink"))).await?;
+    println!("raw TCP loopback, written to disk:  {to_disk:8.1} MB/s (reference)");
     for t in [Transport::Quic, Transport::Tcp] {
         if transport != Transport::Both && transport != t {
             continue;
@@ -121,7 +132,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         };
         let mbps = pcp_blob(&data, t, chunk_window).await?;
         println!(
-            "pcp blob fetch ({name:>15}): {mbps:8.1} MB/s = {:.0}% of raw TCP (verified, written to disk)",
+            "pcp blob fetch ({name:>15}):   {mbps:8.1} MB/s = {:.0}% of raw TCP (verified, written to disk)",
             100.0 * mbps / tcp
         );
     }
