@@ -7,7 +7,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde_json::{Map, Value};
+use pcp_bootstrap::{Event, PeerId};
+use serde_json::{Map, Value, json};
 
 /// A cloneable JSONL sink; a no-op when no file was given.
 #[derive(Clone, Debug, Default)]
@@ -51,6 +52,43 @@ impl Events {
         if let Err(e) = written {
             tracing::warn!("cannot write event {name}: {e}");
         }
+    }
+}
+
+/// Network events from the swarm, written to an [`Events`] stream.
+#[derive(Debug)]
+pub(crate) struct EventLog {
+    events: Events,
+    local: PeerId,
+}
+
+impl EventLog {
+    pub(crate) fn open(path: Option<&Path>, local: PeerId) -> anyhow::Result<Self> {
+        Ok(Self { events: Events::open(path)?, local })
+    }
+
+    /// The event name and fields for `event`, or `None` for events that are
+    /// not part of the stream.
+    pub(crate) fn fields(&self, event: &Event) -> Option<(&'static str, Value)> {
+        Some(match event {
+            Event::Listening { addr } => ("listening", json!({"peer": self.local.to_string(), "addr": addr.to_string()})),
+            Event::PeerConnected { peer, addr } => ("peer_connected", json!({"peer": peer.to_string(), "addr": addr.to_string()})),
+            Event::PeerDiscovered { peer } => ("peer_discovered", json!({"peer": peer.to_string()})),
+            Event::BlobFetched { hash, bytes, providers, seconds } => (
+                "blob_fetched",
+                json!({"hash": hash.to_hex(), "bytes": bytes, "providers": providers, "seconds": seconds}),
+            ),
+            Event::MessageRejected { peer, reason } => ("message_rejected", json!({"peer": peer.to_string(), "reason": reason})),
+            Event::Reachability(_) | Event::Gossip { .. } => return None,
+        })
+    }
+
+    /// Appends `event`.
+    pub(crate) fn write(&mut self, event: &Event) -> anyhow::Result<()> {
+        if let Some((name, fields)) = self.fields(event) {
+            self.events.emit(name, fields);
+        }
+        Ok(())
     }
 }
 

@@ -13,7 +13,8 @@ use crate::config::Experiment;
 use crate::data::Vocab;
 use crate::model::Model;
 use crate::train::{DeviceArgs, load_engine};
-use crate::{Failure, default_data_dir};
+use crate::Failure;
+use crate::join::NetArgs;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct GenerateArgs {
@@ -35,19 +36,12 @@ pub(crate) struct GenerateArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// State directory (artifact cache).
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
     #[command(flatten)]
     device: DeviceArgs,
 }
 
-pub(crate) fn run(args: GenerateArgs) -> Result<(), Failure> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(generate(args))
-}
-
-async fn generate(args: GenerateArgs) -> Result<(), Failure> {
+/// Samples; `net` supplies the data directory (artifact cache).
+pub(crate) async fn run(args: GenerateArgs, net: &NetArgs) -> Result<(), Failure> {
     let checkpoint = Checkpoint::load(&args.checkpoint).map_err(Failure::input)?;
     let experiment: Experiment =
         serde_json::from_value(checkpoint.meta["experiment"].clone()).context("checkpoint has no experiment")?;
@@ -67,7 +61,7 @@ async fn generate(args: GenerateArgs) -> Result<(), Failure> {
     }
     let (batch, block) = model.batch_block()?;
     let int64 = model.data.first().is_some_and(|t| t.element.name() == "i64");
-    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+    let data_dir = net.data_dir.clone();
     let engine = load_engine(&experiment, &model, &args.device, &data_dir, Some(&checkpoint)).await?;
     let mut context = vocab.encode(&args.prompt).map_err(Failure::input)?;
     if context.is_empty() {

@@ -1,6 +1,8 @@
-//! `pcp-node`: one binary for every role in a pcp network.
+//! `pcp-node`: one binary for shepherds, workers and operators.
+#![allow(clippy::print_stdout, reason = "stdout belongs to the user: the CLI prints results there")]
 
 mod bench;
+mod blob;
 mod checkpoint;
 mod config;
 mod data;
@@ -8,24 +10,28 @@ mod engine;
 mod events;
 mod generate;
 mod graph;
+mod join;
 mod model;
 mod train;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// A peer in the pcp training network.
+/// A pcp peer. Without a subcommand it joins the network.
 #[derive(Debug, Parser)]
 #[command(name = "pcp-node", version, about)]
 struct Cli {
+    #[command(flatten)]
+    net: join::NetArgs,
     #[command(subcommand)]
     command: Option<Command>,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Add blobs to the store or fetch them from the network.
+    Blob(blob::BlobArgs),
     /// Import, inspect and differentiate StableHLO models.
     #[command(subcommand)]
     Graph(graph::GraphCommand),
@@ -54,33 +60,36 @@ impl Failure {
 
 impl<E: Into<anyhow::Error>> From<E> for Failure {
     fn from(error: E) -> Self {
-        Self { code: 1, error: error.into() }
-    }
-}
-
-/// `$XDG_DATA_HOME/pcp`, `~/.local/share/pcp`, or `.pcp` without a home.
-pub(crate) fn default_data_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir).join("pcp");
-    }
-    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
-        Some(home) => PathBuf::from(home).join(".local/share/pcp"),
-        None => PathBuf::from(".pcp"),
+        let error = error.into();
+        let code = if error.downcast_ref::<join::Usage>().is_some() { 2 } else { 1 };
+        Self { code, error }
     }
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,libp2p_kad=error")),
+        )
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Graph(command)) => graph::run(command),
-        Some(Command::Train(args)) => train::run(args),
-        Some(Command::Generate(args)) => generate::run(args),
-        Some(Command::Bench(command)) => bench::run(command),
-        None => Err(Failure::input(anyhow::anyhow!("no command given; see `pcp-node --help`"))),
+        command => match tokio::runtime::Runtime::new() {
+            Ok(runtime) => runtime.block_on(async {
+                match command {
+                    None => Ok(join::run(&cli.net).await?),
+                    Some(Command::Blob(args)) => Ok(blob::run(&args, &cli.net).await?),
+                    Some(Command::Train(args)) => train::run(args, &cli.net).await,
+                    Some(Command::Generate(args)) => generate::run(args, &cli.net).await,
+                    Some(Command::Bench(command)) => bench::run(command, &cli.net).await,
+                    Some(Command::Graph(_)) => unreachable!("handled above"),
+                }
+            }),
+            Err(e) => Err(Failure::from(anyhow::anyhow!("cannot start the async runtime: {e}"))),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -89,8 +98,7 @@ fn main() -> ExitCode {
             let mut message = chain.join(": ").replace('\n', " ");
             // anyhow's context often repeats its source; say each part once.
             for part in &chain[1..] {
-                let doubled = format!("{part}: {part}");
-                message = message.replace(&doubled, part);
+                message = message.replace(&format!("{part}: {part}"), part);
             }
             eprintln!("error: {message}");
             ExitCode::from(failure.code)

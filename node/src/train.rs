@@ -14,7 +14,8 @@ use crate::data::{Sampler, SamplerState, Split, TokenFormat, Tokens, Vocab};
 use crate::engine::Engine;
 use crate::events::Events;
 use crate::model::Model;
-use crate::{Failure, default_data_dir};
+use crate::Failure;
+use crate::join::NetArgs;
 
 /// Flags shared by `train`, `bench` and `generate` for where to run.
 #[derive(Debug, Clone, clap::Args)]
@@ -64,18 +65,12 @@ pub(crate) struct TrainArgs {
     /// Checkpoint every N steps (0: only at the end).
     #[arg(long)]
     checkpoint_every: Option<u64>,
-    /// Where checkpoints go [default: DATA_DIR/checkpoints].
+    /// Where checkpoints go [default: <data-dir>/checkpoints].
     #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
     /// Continue from the newest checkpoint in the checkpoint directory.
     #[arg(long)]
     resume: bool,
-    /// State directory (artifact cache, checkpoints).
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-    /// Write JSONL events here.
-    #[arg(long)]
-    events: Option<PathBuf>,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -272,13 +267,9 @@ impl Run {
     }
 }
 
-pub(crate) fn run(args: TrainArgs) -> Result<(), Failure> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(train(args))
-}
-
-async fn train(args: TrainArgs) -> Result<(), Failure> {
-    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+/// Trains; `net` supplies the data directory and the events file.
+pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
+    let data_dir = net.data_dir.clone();
     let checkpoint_dir = args.checkpoint_dir.clone().unwrap_or_else(|| data_dir.join("checkpoints"));
     let resumed = if args.resume { Some(Checkpoint::load(&checkpoint_dir).map_err(Failure::input)?) } else { None };
 
@@ -326,7 +317,7 @@ async fn train(args: TrainArgs) -> Result<(), Failure> {
     };
     let corpus =
         Corpus::load(&data_path, &experiment.tokenizer, vocab, experiment.val_fraction).map_err(Failure::input)?;
-    let events = Events::open(args.events.as_deref()).map_err(Failure::input)?;
+    let events = Events::open(net.events.as_deref()).map_err(Failure::input)?;
     let run = Run::prepare(experiment.clone(), corpus, &args.device, &data_dir, resumed.as_ref())
         .await
         .map_err(Failure::input)?;

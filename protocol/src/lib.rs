@@ -1,6 +1,17 @@
-//! pcp's protocol core.
+//! pcp's protocol core: identities, signed envelopes, replay guards, content
+//! ids and the DiLoCo state machines.
 //!
-//! Pure: no sockets, no clocks, no randomness. Every time-dependent step
-//! takes `now` as an argument, so simulations are deterministic.
+//! Pure: no sockets, no clocks, no randomness. Keys are made from bytes the caller
+//! supplies, and every time-dependent check takes `now` as an argument, so
+//! simulations are deterministic.
 
 pub mod diloco;
+mod envelope;
+mod identity;
+mod ids;
+mod replay;
+
+pub use envelope::{Binding, OpenError, PayloadError, Signable, Verified, open, seal, verify};
+pub use identity::{Identity, PublicKey};
+pub use ids::{BlobHash, ParseIdError, RunId};
+pub use replay::{ReplayError, ReplayGuard};

@@ -1,0 +1,891 @@
+//! The swarm's event loop: one task owns the swarm, the blob store and every fetch in
+//! progress, and serves the [`crate::Node`] handle's commands.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use libp2p::multiaddr::Protocol;
+use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
+use libp2p::swarm::{SwarmEvent, dial_opts::DialOpts};
+use libp2p::{Multiaddr, PeerId, Swarm, autonat, gossipsub, identify, kad, noise, tcp, yamux};
+use pcp_protocol::{BlobHash, Identity, ReplayGuard, RunId};
+use pcp_schema::{BlobRequest, BlobResponse, BlobWant};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::behaviour::{Behaviour, BehaviourEvent, KAD_PROTOCOL};
+use crate::config::Config;
+use crate::events::{Event, Reachability, Stats};
+use crate::fetch::Fetch;
+use crate::identity_file::keypair;
+use crate::node::{DialError, FetchError, FetchReport, GossipError, StartError};
+use crate::outboard::Outboard;
+use crate::store::BlobStore;
+
+/// Replay window for gossip envelopes.
+const REPLAY_WINDOW_MS: u64 = 5 * 60 * 1000;
+/// How often the store is rescanned for blobs to provide.
+const RESCAN: Duration = Duration::from_secs(5);
+/// How often a fetch with no usable provider asks the DHT again.
+const REQUERY: Duration = Duration::from_secs(2);
+/// How long a fetch waits for the provider query before requesting chunks.
+const GATHER: Duration = Duration::from_millis(500);
+/// Failed requests after which a provider is dropped from a fetch.
+const MAX_PROVIDER_FAILURES: u32 = 3;
+/// Downloads in progress at once.
+const MAX_FETCHES: usize = 32;
+/// Outboards cached for serving.
+const OUTBOARD_CACHE: usize = 64;
+
+/// A command from a [`crate::Node`] handle.
+#[derive(Debug)]
+pub(crate) enum Command {
+    ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
+    ExternalAddrs(oneshot::Sender<Vec<Multiaddr>>),
+    Reachability(oneshot::Sender<Reachability>),
+    Dial {
+        addr: Multiaddr,
+        reply: oneshot::Sender<Result<(), DialError>>,
+    },
+    RoutingPeers(oneshot::Sender<Vec<PeerId>>),
+    ConnectedPeers(oneshot::Sender<Vec<PeerId>>),
+    Provide {
+        hash: BlobHash,
+        reply: oneshot::Sender<()>,
+    },
+    Fetch {
+        hash: BlobHash,
+        timeout: Duration,
+        reply: oneshot::Sender<Result<FetchReport, FetchError>>,
+    },
+    Subscribe {
+        run: RunId,
+        reply: oneshot::Sender<Result<(), GossipError>>,
+    },
+    Publish {
+        run: RunId,
+        data: Vec<u8>,
+        reply: oneshot::Sender<Result<(), GossipError>>,
+    },
+    Stats(oneshot::Sender<Stats>),
+}
+
+/// An in-flight blob request.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    hash: BlobHash,
+    peer: PeerId,
+    want: BlobWant,
+}
+
+/// Owns the swarm. Run it with [`EventLoop::run`].
+#[allow(missing_debug_implementations)]
+pub struct EventLoop {
+    swarm: Swarm<Behaviour>,
+    config: Config,
+    commands: mpsc::Receiver<Command>,
+    events: mpsc::Sender<Event>,
+    store: BlobStore,
+    seeds: Vec<(Option<PeerId>, Multiaddr)>,
+    fetches: HashMap<BlobHash, Fetch>,
+    pending: HashMap<OutboundRequestId, Pending>,
+    provider_queries: HashMap<kad::QueryId, BlobHash>,
+    provide_replies: HashMap<kad::QueryId, oneshot::Sender<()>>,
+    provided: HashSet<BlobHash>,
+    banned: HashMap<PeerId, Instant>,
+    outboards: HashMap<BlobHash, Outboard>,
+    subscriptions: HashSet<RunId>,
+    replay: ReplayGuard,
+    reachability: Reachability,
+    stats: Stats,
+    last_rebootstrap: Instant,
+    last_recovery: Instant,
+    last_rescan: Option<Instant>,
+}
+
+fn topic(run: RunId) -> gossipsub::IdentTopic {
+    gossipsub::IdentTopic::new(format!("pcp/run/{}", run.to_hex()))
+}
+
+fn kad_key(hash: &BlobHash) -> kad::RecordKey {
+    kad::RecordKey::new(hash.as_bytes())
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Whether an address is a QUIC address (preferred over TCP).
+fn is_quic(addr: &Multiaddr) -> bool {
+    addr.iter().any(|p| matches!(p, Protocol::QuicV1))
+}
+
+/// Splits a trailing `/p2p/<id>` off an address.
+fn split_peer(addr: &Multiaddr) -> (Option<PeerId>, Multiaddr) {
+    let mut base = addr.clone();
+    match base.pop() {
+        Some(Protocol::P2p(peer)) => (Some(peer), base),
+        _ => (None, addr.clone()),
+    }
+}
+
+impl EventLoop {
+    pub(crate) fn new(
+        identity: &Identity,
+        config: Config,
+        commands: mpsc::Receiver<Command>,
+        events: mpsc::Sender<Event>,
+    ) -> Result<Self, StartError> {
+        let store = BlobStore::open(&config.data_dir)?.with_max_size(config.max_blob_size);
+        let key = keypair(identity);
+        let behaviour_config = config.clone();
+        let mut swarm = libp2p::SwarmBuilder::with_existing_identity(key)
+            .with_tokio()
+            .with_tcp(
+                tcp::Config::default().nodelay(true),
+                noise::Config::new,
+                yamux::Config::default,
+            )
+            .map_err(|e| StartError::Swarm(format!("tcp transport: {e}")))?
+            .with_quic()
+            .with_behaviour(|key| Behaviour::new(key, &behaviour_config))
+            .map_err(|e| StartError::Swarm(format!("behaviour: {e}")))?
+            .with_swarm_config(|c| c.with_idle_connection_timeout(config.idle_timeout))
+            .build();
+        for addr in &config.listen {
+            swarm
+                .listen_on(addr.clone())
+                .map_err(|e| StartError::Listen {
+                    addr: addr.clone(),
+                    reason: e.to_string(),
+                })?;
+        }
+        let mut seeds: Vec<_> = config.bootstrap.iter().map(split_peer).collect();
+        seeds.sort_by_key(|(_, a)| !is_quic(a));
+        let now = Instant::now();
+        Ok(Self {
+            swarm,
+            commands,
+            events,
+            store,
+            seeds,
+            fetches: HashMap::new(),
+            pending: HashMap::new(),
+            provider_queries: HashMap::new(),
+            provide_replies: HashMap::new(),
+            provided: HashSet::new(),
+            banned: HashMap::new(),
+            outboards: HashMap::new(),
+            subscriptions: HashSet::new(),
+            replay: ReplayGuard::new(REPLAY_WINDOW_MS, 1024, 4096),
+            reachability: Reachability::Unknown,
+            stats: Stats::default(),
+            last_rebootstrap: now,
+            last_recovery: now,
+            last_rescan: None,
+            config,
+        })
+    }
+
+    pub(crate) fn peer_id(&self) -> PeerId {
+        *self.swarm.local_peer_id()
+    }
+
+    /// Runs until `cancel` fires or every handle is dropped.
+    pub async fn run(mut self, cancel: CancellationToken) {
+        self.dial_seeds();
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                event = self.swarm.select_next_some() => self.on_swarm(event),
+                command = self.commands.recv() => match command {
+                    Some(c) => self.on_command(c),
+                    None => break,
+                },
+                _ = tick.tick() => self.housekeeping(),
+            }
+        }
+        for (_, fetch) in self.fetches.drain() {
+            fetch.fail(FetchError::Stopped(crate::node::Stopped));
+        }
+    }
+
+    fn emit(&mut self, event: Event) {
+        if self.events.try_send(event).is_err() {
+            self.stats.events_dropped += 1;
+        }
+    }
+
+    fn dial_seeds(&mut self) {
+        let local = self.peer_id();
+        for (peer, addr) in self.seeds.clone() {
+            if peer == Some(local) {
+                continue;
+            }
+            if let Some(peer) = peer {
+                if self.swarm.is_connected(&peer) {
+                    continue;
+                }
+                self.swarm
+                    .behaviour_mut()
+                    .kad
+                    .add_address(&peer, addr.clone());
+            }
+            let opts = match peer {
+                Some(peer) => DialOpts::peer_id(peer)
+                    .addresses(vec![addr.clone()])
+                    .build(),
+                None => DialOpts::unknown_peer_id().address(addr.clone()).build(),
+            };
+            if let Err(e) = self.swarm.dial(opts) {
+                tracing::debug!(%addr, "seed dial: {e}");
+            }
+        }
+    }
+
+    fn housekeeping(&mut self) {
+        let now = Instant::now();
+        let expired: Vec<PeerId> = self
+            .banned
+            .iter()
+            .filter(|(_, until)| **until <= now)
+            .map(|(p, _)| *p)
+            .collect();
+        for peer in expired {
+            self.banned.remove(&peer);
+            self.swarm.behaviour_mut().blocked.unblock_peer(peer);
+        }
+        if !self.seeds.is_empty() {
+            let alone = self.swarm.connected_peers().next().is_none();
+            if alone && now.duration_since(self.last_recovery) >= self.config.recovery_interval {
+                // every seed is unreachable: keep trying them until one answers
+                self.last_recovery = now;
+                self.dial_seeds();
+            }
+            if now.duration_since(self.last_rebootstrap) >= self.config.rebootstrap_interval {
+                self.last_rebootstrap = now;
+                self.dial_seeds();
+                let _ = self.swarm.behaviour_mut().kad.bootstrap();
+            }
+        }
+        if self
+            .last_rescan
+            .is_none_or(|t| now.duration_since(t) >= RESCAN)
+        {
+            self.last_rescan = Some(now);
+            self.provide_store();
+        }
+        self.replay.prune(now_ms());
+        let hashes: Vec<BlobHash> = self.fetches.keys().copied().collect();
+        for hash in hashes {
+            self.drive(hash);
+        }
+    }
+
+    fn provide_store(&mut self) {
+        match self.store.list() {
+            Ok(hashes) => {
+                for hash in hashes {
+                    if !self.provided.contains(&hash) {
+                        self.provide(hash, None);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("scanning the blob store: {e}"),
+        }
+    }
+
+    /// Announces `hash` in the DHT; `reply` is answered when the announcement is done.
+    fn provide(&mut self, hash: BlobHash, reply: Option<oneshot::Sender<()>>) {
+        self.provided.insert(hash);
+        match self
+            .swarm
+            .behaviour_mut()
+            .kad
+            .start_providing(kad_key(&hash))
+        {
+            Ok(id) => {
+                if let Some(reply) = reply {
+                    self.provide_replies.insert(id, reply);
+                }
+            }
+            Err(e) => {
+                self.provided.remove(&hash);
+                tracing::warn!(%hash, "providing: {e}");
+            }
+        }
+    }
+
+    fn on_command(&mut self, command: Command) {
+        match command {
+            Command::ListenAddrs(reply) => {
+                let _ = reply.send(self.swarm.listeners().cloned().collect());
+            }
+            Command::ExternalAddrs(reply) => {
+                let _ = reply.send(self.swarm.external_addresses().cloned().collect());
+            }
+            Command::Reachability(reply) => {
+                let _ = reply.send(self.reachability.clone());
+            }
+            Command::Dial { addr, reply } => {
+                let result = self.swarm.dial(addr.clone()).map_err(|e| DialError::Dial {
+                    addr,
+                    reason: e.to_string(),
+                });
+                let _ = reply.send(result);
+            }
+            Command::RoutingPeers(reply) => {
+                let mut peers = Vec::new();
+                for bucket in self.swarm.behaviour_mut().kad.kbuckets() {
+                    peers.extend(bucket.iter().map(|e| *e.node.key.preimage()));
+                }
+                let _ = reply.send(peers);
+            }
+            Command::ConnectedPeers(reply) => {
+                let _ = reply.send(self.swarm.connected_peers().copied().collect());
+            }
+            Command::Provide { hash, reply } => self.provide(hash, Some(reply)),
+            Command::Fetch {
+                hash,
+                timeout,
+                reply,
+            } => self.start_fetch(hash, timeout, reply),
+            Command::Subscribe { run, reply } => {
+                let result = self
+                    .swarm
+                    .behaviour_mut()
+                    .gossipsub
+                    .subscribe(&topic(run))
+                    .map(|_| ())
+                    .map_err(|e| GossipError::Refused {
+                        run,
+                        reason: e.to_string(),
+                    });
+                if result.is_ok() {
+                    self.subscriptions.insert(run);
+                }
+                let _ = reply.send(result);
+            }
+            Command::Publish { run, data, reply } => {
+                let result = self
+                    .swarm
+                    .behaviour_mut()
+                    .gossipsub
+                    .publish(topic(run), data)
+                    .map(|_| ())
+                    .map_err(|e| GossipError::Refused {
+                        run,
+                        reason: e.to_string(),
+                    });
+                let _ = reply.send(result);
+            }
+            Command::Stats(reply) => {
+                let _ = reply.send(self.stats);
+            }
+        }
+    }
+
+    fn on_swarm(&mut self, event: SwarmEvent<BehaviourEvent>) {
+        match event {
+            SwarmEvent::NewListenAddr { address, .. } => {
+                self.emit(Event::Listening { addr: address });
+            }
+            SwarmEvent::ConnectionEstablished {
+                peer_id,
+                endpoint,
+                num_established,
+                ..
+            } => {
+                let addr = endpoint.get_remote_address().clone();
+                tracing::debug!(%peer_id, %addr, "connected");
+                if num_established.get() == 1 {
+                    // extra connections (AutoNAT dial-backs) are not new peers
+                    self.emit(Event::PeerConnected {
+                        peer: peer_id,
+                        addr,
+                    });
+                }
+                if self.seeds.iter().any(|(p, _)| *p == Some(peer_id)) {
+                    let _ = self.swarm.behaviour_mut().kad.bootstrap();
+                }
+            }
+            SwarmEvent::ExternalAddrConfirmed { address } => {
+                tracing::info!(%address, "external address confirmed");
+            }
+            SwarmEvent::Behaviour(event) => self.on_behaviour(event),
+            _ => {}
+        }
+    }
+
+    fn on_behaviour(&mut self, event: BehaviourEvent) {
+        match event {
+            BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })
+                if info.protocols.contains(&KAD_PROTOCOL) =>
+            {
+                // a DHT server: route to it at the addresses it listens on, QUIC first
+                let mut addrs = info.listen_addrs;
+                addrs.sort_by_key(|a| !is_quic(a));
+                for addr in addrs {
+                    if !addr.iter().any(|p| match p {
+                        Protocol::Ip4(ip) => ip.is_unspecified(),
+                        Protocol::Ip6(ip) => ip.is_unspecified(),
+                        _ => false,
+                    }) {
+                        self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                    }
+                }
+            }
+            BehaviourEvent::Kad(event) => self.on_kad(event),
+            BehaviourEvent::Gossipsub(gossipsub::Event::Message {
+                propagation_source,
+                message_id,
+                message,
+            }) => self.on_gossip(propagation_source, message_id, message),
+            BehaviourEvent::Autonat(autonat::Event::StatusChanged { new, .. }) => {
+                let status = match new {
+                    autonat::NatStatus::Public(addr) => Reachability::Public(addr),
+                    autonat::NatStatus::Private => Reachability::Private,
+                    autonat::NatStatus::Unknown => Reachability::Unknown,
+                };
+                self.reachability = status.clone();
+                self.emit(Event::Reachability(status));
+            }
+            BehaviourEvent::Blob(event) => self.on_blob(event),
+            _ => {}
+        }
+    }
+
+    fn on_kad(&mut self, event: kad::Event) {
+        match event {
+            kad::Event::RoutingUpdated {
+                peer, is_new_peer, ..
+            } if is_new_peer => self.emit(Event::PeerDiscovered { peer }),
+            kad::Event::OutboundQueryProgressed {
+                id,
+                result: kad::QueryResult::StartProviding(result),
+                step,
+                ..
+            } => {
+                if let Err(e) = result {
+                    tracing::debug!("provider announcement: {e:?}");
+                }
+                if step.last
+                    && let Some(reply) = self.provide_replies.remove(&id)
+                {
+                    let _ = reply.send(());
+                }
+            }
+            kad::Event::OutboundQueryProgressed {
+                id,
+                result: kad::QueryResult::GetProviders(result),
+                step,
+                ..
+            } => {
+                let Some(hash) = self.provider_queries.get(&id).copied() else {
+                    return;
+                };
+                if step.last {
+                    self.provider_queries.remove(&id);
+                }
+                let local = self.peer_id();
+                if let Some(fetch) = self.fetches.get_mut(&hash) {
+                    if let Ok(kad::GetProvidersOk::FoundProviders { providers, .. }) = result {
+                        for p in providers {
+                            if p != local && !self.banned.contains_key(&p) {
+                                fetch.add_provider(p);
+                            }
+                        }
+                    }
+                    if step.last {
+                        fetch.query_done(Instant::now());
+                        tracing::debug!(%hash, "provider query done");
+                    }
+                }
+                self.drive(hash);
+            }
+            _ => {}
+        }
+    }
+
+    fn on_gossip(&mut self, source: PeerId, id: gossipsub::MessageId, message: gossipsub::Message) {
+        let run = self
+            .subscriptions
+            .iter()
+            .copied()
+            .find(|r| topic(*r).hash() == message.topic);
+        let verdict = match run {
+            None => Err("message for a run this node is not in".to_string()),
+            Some(run) => pcp_protocol::open(&message.data)
+                .map_err(|e| e.to_string())
+                .and_then(|v| {
+                    self.replay
+                        .check(&v, run, now_ms())
+                        .map(|()| (run, v))
+                        .map_err(|e| e.to_string())
+                }),
+        };
+        let acceptance = match verdict {
+            Ok((run, verified)) => {
+                self.emit(Event::Gossip {
+                    run,
+                    from: source,
+                    message: Box::new(verified),
+                });
+                gossipsub::MessageAcceptance::Accept
+            }
+            Err(reason) => {
+                self.stats.messages_rejected += 1;
+                tracing::debug!(peer = %source, "rejected gossip: {reason}");
+                self.emit(Event::MessageRejected {
+                    peer: source,
+                    reason,
+                });
+                gossipsub::MessageAcceptance::Reject
+            }
+        };
+        self.swarm
+            .behaviour_mut()
+            .gossipsub
+            .report_message_validation_result(&id, &source, acceptance);
+    }
+
+    // ---- blob transfer -----------------------------------------------------------
+
+    fn start_fetch(
+        &mut self,
+        hash: BlobHash,
+        timeout: Duration,
+        reply: oneshot::Sender<Result<FetchReport, FetchError>>,
+    ) {
+        if self.store.contains(&hash) {
+            let bytes = std::fs::metadata(self.store.path(&hash)).map_or(0, |m| m.len());
+            let _ = reply.send(Ok(FetchReport {
+                hash,
+                path: self.store.path(&hash),
+                bytes,
+                providers: 0,
+                chunks_fetched: 0,
+                seconds: 0.0,
+            }));
+            return;
+        }
+        let now = Instant::now();
+        if let Some(fetch) = self.fetches.get_mut(&hash) {
+            fetch.add_waiter(reply, now + timeout);
+            return;
+        }
+        if self.fetches.len() >= MAX_FETCHES {
+            let _ = reply.send(Err(FetchError::Busy {
+                hash,
+                max: MAX_FETCHES,
+            }));
+            return;
+        }
+        tracing::debug!(%hash, "fetch started");
+        self.fetches.insert(
+            hash,
+            Fetch::new(hash, now, now + timeout, reply, MAX_PROVIDER_FAILURES),
+        );
+        self.query_providers(hash);
+        self.drive(hash);
+    }
+
+    fn query_providers(&mut self, hash: BlobHash) {
+        let id = self.swarm.behaviour_mut().kad.get_providers(kad_key(&hash));
+        self.provider_queries.insert(id, hash);
+        if let Some(fetch) = self.fetches.get_mut(&hash) {
+            fetch.query_started(Instant::now());
+        }
+    }
+
+    /// Advances a fetch: asks for providers, the outboard, or chunks, and finishes,
+    /// fails or times it out.
+    fn drive(&mut self, hash: BlobHash) {
+        let now = Instant::now();
+        let Some(fetch) = self.fetches.get_mut(&hash) else {
+            return;
+        };
+        if fetch.is_complete() {
+            self.finish(hash);
+            return;
+        }
+        if fetch.timed_out(now) {
+            if let Some(fetch) = self.fetches.remove(&hash) {
+                let err = fetch.timeout_error(now);
+                fetch.fail(err);
+            }
+            return;
+        }
+        if fetch.needs_query(now, REQUERY) {
+            self.query_providers(hash);
+        }
+        let window = self.config.chunk_window;
+        let Some(fetch) = self.fetches.get_mut(&hash) else {
+            return;
+        };
+        let requests = fetch.next_requests(window, now, GATHER);
+        for (peer, want) in requests {
+            let id = self
+                .swarm
+                .behaviour_mut()
+                .blob
+                .send_request(&peer, BlobRequest { blob: hash.0, want });
+            self.pending.insert(id, Pending { hash, peer, want });
+        }
+    }
+
+    fn finish(&mut self, hash: BlobHash) {
+        let Some(fetch) = self.fetches.remove(&hash) else {
+            return;
+        };
+        let (result, waiters) = fetch.finish(Instant::now());
+        match &result {
+            Ok(report) => {
+                tracing::debug!(%hash, "fetch complete");
+                self.provide(hash, None);
+                self.emit(Event::BlobFetched {
+                    hash,
+                    bytes: report.bytes,
+                    providers: report.providers,
+                    seconds: report.seconds,
+                });
+            }
+            Err(e) => tracing::warn!("{e}"),
+        }
+        for w in waiters {
+            let _ = w.send(result.clone());
+        }
+    }
+
+    fn ban(&mut self, peer: PeerId, reason: String) {
+        if self.banned.contains_key(&peer) {
+            // a response that was already in flight when the peer was banned
+            return;
+        }
+        tracing::warn!(%peer, "banning: {reason}");
+        self.stats.peers_banned += 1;
+        self.banned
+            .insert(peer, Instant::now() + self.config.ban_duration);
+        self.swarm.behaviour_mut().blocked.block_peer(peer);
+        self.swarm.behaviour_mut().kad.remove_peer(&peer);
+        for fetch in self.fetches.values_mut() {
+            fetch.remove_provider(&peer);
+        }
+        self.emit(Event::MessageRejected { peer, reason });
+    }
+
+    fn on_blob(&mut self, event: request_response::Event<BlobRequest, BlobResponse>) {
+        match event {
+            request_response::Event::Message { peer, message, .. } => match message {
+                request_response::Message::Request {
+                    request, channel, ..
+                } => self.serve(peer, request, channel),
+                request_response::Message::Response {
+                    request_id,
+                    response,
+                } => self.on_response(request_id, response),
+            },
+            request_response::Event::OutboundFailure {
+                request_id, error, ..
+            } => {
+                if let Some(p) = self.pending.remove(&request_id) {
+                    tracing::debug!(peer = %p.peer, hash = %p.hash, "blob request failed: {error}");
+                    if let Some(fetch) = self.fetches.get_mut(&p.hash) {
+                        fetch.request_failed(p.peer, p.want);
+                    }
+                    self.drive(p.hash);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn cached_outboard(&mut self, hash: &BlobHash) -> Option<Outboard> {
+        if let Some(ob) = self.outboards.get(hash) {
+            return Some(ob.clone());
+        }
+        match self.store.outboard(hash) {
+            Ok(Some(ob)) => {
+                if self.outboards.len() >= OUTBOARD_CACHE {
+                    self.outboards.clear();
+                }
+                self.outboards.insert(*hash, ob.clone());
+                Some(ob)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(%hash, "reading outboard: {e}");
+                None
+            }
+        }
+    }
+
+    fn serve(
+        &mut self,
+        peer: PeerId,
+        request: BlobRequest,
+        channel: ResponseChannel<BlobResponse>,
+    ) {
+        let hash = BlobHash(request.blob);
+        let response = match (self.cached_outboard(&hash), request.want) {
+            (None, _) => BlobResponse::NotFound,
+            (Some(ob), BlobWant::Outboard) => BlobResponse::Outboard {
+                size: ob.size,
+                chunk_cvs: ob.cvs,
+            },
+            (Some(ob), BlobWant::Chunk(index)) => {
+                match self.store.read_chunk(&hash, ob.size, index) {
+                    Ok(Some(data)) => {
+                        self.stats.chunks_served += 1;
+                        BlobResponse::Chunk(data)
+                    }
+                    Ok(None) => BlobResponse::Refused(format!("chunk {index} out of range")),
+                    Err(e) => {
+                        tracing::warn!(%hash, "reading chunk {index}: {e}");
+                        BlobResponse::NotFound
+                    }
+                }
+            }
+        };
+        if self
+            .swarm
+            .behaviour_mut()
+            .blob
+            .send_response(channel, response)
+            .is_err()
+        {
+            tracing::debug!(%peer, "blob response dropped: connection closed");
+        }
+    }
+
+    fn on_response(&mut self, id: OutboundRequestId, response: BlobResponse) {
+        let Some(Pending { hash, peer, want }) = self.pending.remove(&id) else {
+            return;
+        };
+        if !self.fetches.contains_key(&hash) {
+            return;
+        }
+        let verdict = match (want, response) {
+            (_, BlobResponse::NotFound | BlobResponse::Refused(_)) => {
+                if let Some(f) = self.fetches.get_mut(&hash) {
+                    f.provider_lacks(peer, want);
+                }
+                Ok(())
+            }
+            (BlobWant::Outboard, BlobResponse::Outboard { size, chunk_cvs }) => self.on_outboard(
+                hash,
+                peer,
+                Outboard {
+                    size,
+                    cvs: chunk_cvs,
+                },
+            ),
+            (BlobWant::Chunk(index), BlobResponse::Chunk(data)) => {
+                self.on_chunk(hash, peer, index, &data)
+            }
+            (want, other) => {
+                if let Some(f) = self.fetches.get_mut(&hash) {
+                    f.request_failed(peer, want);
+                }
+                Err(format!(
+                    "answered {want:?} for blob {hash} with {}",
+                    kind(&other)
+                ))
+            }
+        };
+        if let Err(reason) = verdict {
+            self.ban(peer, reason);
+        }
+        self.drive(hash);
+    }
+
+    fn on_outboard(
+        &mut self,
+        hash: BlobHash,
+        peer: PeerId,
+        outboard: Outboard,
+    ) -> Result<(), String> {
+        if outboard.root() != Some(hash) {
+            self.stats.chunks_rejected += 1;
+            if let Some(f) = self.fetches.get_mut(&hash) {
+                f.outboard_failed(peer);
+            }
+            return Err(format!("outboard for blob {hash} does not hash to it"));
+        }
+        if self.fetches.get(&hash).is_some_and(Fetch::has_partial) {
+            return Ok(());
+        }
+        let max = self.store.max_size();
+        if outboard.size > max {
+            if let Some(f) = self.fetches.remove(&hash) {
+                f.fail(FetchError::TooLarge {
+                    hash,
+                    size: outboard.size,
+                    max,
+                });
+            }
+            return Ok(());
+        }
+        match self.store.partial(hash, outboard) {
+            Ok(partial) => {
+                tracing::debug!(%hash, %peer, "outboard verified");
+                if let Some(f) = self.fetches.get_mut(&hash) {
+                    f.set_partial(partial);
+                }
+            }
+            Err(e) => {
+                if let Some(f) = self.fetches.remove(&hash) {
+                    f.fail(FetchError::Store {
+                        hash,
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_chunk(
+        &mut self,
+        hash: BlobHash,
+        peer: PeerId,
+        index: u32,
+        data: &[u8],
+    ) -> Result<(), String> {
+        let Some(fetch) = self.fetches.get_mut(&hash) else {
+            return Ok(());
+        };
+        match fetch.accept_chunk(peer, index, data) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                self.stats.chunks_rejected += 1;
+                Err(format!("chunk {index} of blob {hash} failed verification"))
+            }
+            Err(e) => {
+                if let Some(f) = self.fetches.remove(&hash) {
+                    f.fail(FetchError::Store {
+                        hash,
+                        reason: e.to_string(),
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn kind(r: &BlobResponse) -> &'static str {
+    match r {
+        BlobResponse::Outboard { .. } => "an outboard",
+        BlobResponse::Chunk(_) => "a chunk",
+        BlobResponse::NotFound => "not-found",
+        BlobResponse::Refused(_) => "refused",
+    }
+}

@@ -1,0 +1,81 @@
+//! What the network layer reports to its owner.
+
+use libp2p::{Multiaddr, PeerId};
+use pcp_protocol::{BlobHash, RunId, Verified};
+
+/// Whether others can dial this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reachability {
+    /// A peer dialed us back at this address.
+    Public(Multiaddr),
+    /// Peers tried and could not dial us back.
+    Private,
+    /// Not known yet.
+    Unknown,
+}
+
+/// A network event.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// Listening on a new address.
+    Listening {
+        /// The address.
+        addr: Multiaddr,
+    },
+    /// A connection to a peer is up.
+    PeerConnected {
+        /// The peer.
+        peer: PeerId,
+        /// Its address on this connection.
+        addr: Multiaddr,
+    },
+    /// A peer entered the Kademlia routing table.
+    PeerDiscovered {
+        /// The peer.
+        peer: PeerId,
+    },
+    /// A blob was fetched, verified and stored.
+    BlobFetched {
+        /// The blob.
+        hash: BlobHash,
+        /// Its size.
+        bytes: u64,
+        /// Providers that delivered verified chunks.
+        providers: usize,
+        /// Wall time of the fetch.
+        seconds: f64,
+    },
+    /// A peer sent something invalid (bad signature, replay, bad chunk).
+    MessageRejected {
+        /// The peer.
+        peer: PeerId,
+        /// What was wrong.
+        reason: String,
+    },
+    /// Reachability changed.
+    Reachability(Reachability),
+    /// A verified gossip message for a run this node subscribed to.
+    Gossip {
+        /// The run.
+        run: RunId,
+        /// The peer that forwarded it.
+        from: PeerId,
+        /// The verified envelope.
+        message: Box<Verified>,
+    },
+}
+
+/// Counters, for operators and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Gossip messages rejected (signature, replay, malformed).
+    pub messages_rejected: u64,
+    /// Blob chunks or outboards that failed verification.
+    pub chunks_rejected: u64,
+    /// Peers banned.
+    pub peers_banned: u64,
+    /// Events dropped because the event queue was full.
+    pub events_dropped: u64,
+    /// Blob requests served.
+    pub chunks_served: u64,
+}

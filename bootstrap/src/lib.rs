@@ -1,0 +1,34 @@
+//! Joining the pcp network: the libp2p swarm and content-addressed blob transfer.
+//!
+//! A [`Node`] is a Clone handle to an [`EventLoop`] that owns the swarm: QUIC first and
+//! TCP+noise+yamux as fallback, identify, ping, Kademlia (one DHT, `/pcp/kad/1.0.0`),
+//! gossipsub (one topic per run, signed, every message validated), AutoNAT dial-back for
+//! the reachability self-test, and request-response blob transfer with a capnp codec.
+//! Queues, inbound streams and connections per peer are bounded.
+//!
+//! Blobs are fetched in [`pcp_schema::CHUNK_SIZE`] chunks from every provider found in
+//! the DHT in parallel. Each chunk is verified against its blake3 chaining value; the
+//! chaining values are verified once against the content id (see [`outboard`]). A peer
+//! that sends a bad chunk is banned. Downloads resume from `<data-dir>/blobs/partial/`.
+
+mod behaviour;
+mod codec;
+mod config;
+mod event_loop;
+mod events;
+mod fetch;
+mod identity_file;
+mod node;
+pub mod outboard;
+mod store;
+pub mod testnet;
+
+pub use behaviour::{BLOB_PROTOCOL, IDENTIFY_PROTOCOL, KAD_PROTOCOL};
+pub use codec::CapnpCodec;
+pub use config::Config;
+pub use event_loop::EventLoop;
+pub use events::{Event, Reachability, Stats};
+pub use identity_file::{IdentityError, keypair, load_or_create};
+pub use libp2p::{Multiaddr, PeerId, multiaddr};
+pub use node::{DialError, FetchError, FetchReport, GossipError, Node, StartError, Stopped};
+pub use store::{BlobStore, Partial, StoreError};

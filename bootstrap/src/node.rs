@@ -1,0 +1,245 @@
+//! The handle to a running node: a Clone wrapper around the command queue.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use libp2p::{Multiaddr, PeerId};
+use pcp_protocol::{BlobHash, Identity, PublicKey, RunId};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::Config;
+use crate::event_loop::{Command, EventLoop};
+use crate::events::{Event, Reachability, Stats};
+use crate::store::StoreError;
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The blob store could not be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A transport or behaviour could not be built.
+    #[error("building the libp2p swarm: {0}")]
+    Swarm(String),
+    /// Listening on an address failed.
+    #[error("listening on {addr}: {reason}")]
+    Listen {
+        /// The address.
+        addr: Multiaddr,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The event loop has stopped.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the node's event loop has stopped")]
+pub struct Stopped;
+
+/// Why a dial failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// The event loop has stopped.
+    #[error(transparent)]
+    Stopped(#[from] Stopped),
+    /// libp2p refused or failed the dial.
+    #[error("dialing {addr}: {reason}")]
+    Dial {
+        /// The address.
+        addr: Multiaddr,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Why a blob fetch failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FetchError {
+    /// The event loop has stopped.
+    #[error(transparent)]
+    Stopped(#[from] Stopped),
+    /// No provider delivered the blob in time.
+    #[error(
+        "fetching blob {hash}: timed out after {seconds:.0} s with {done}/{total} chunks ({providers} providers known)"
+    )]
+    TimedOut {
+        /// The blob.
+        hash: BlobHash,
+        /// Seconds waited.
+        seconds: f64,
+        /// Chunks verified (kept on disk for a resume).
+        done: u32,
+        /// Chunks in the blob (0 while the outboard is unknown).
+        total: u32,
+        /// Providers known.
+        providers: usize,
+    },
+    /// Too many downloads are in progress.
+    #[error("fetching blob {hash}: {max} downloads already in progress")]
+    Busy {
+        /// The blob.
+        hash: BlobHash,
+        /// The limit.
+        max: usize,
+    },
+    /// The blob is larger than this node accepts.
+    #[error("blob {hash} has {size} bytes, over the limit of {max}")]
+    TooLarge {
+        /// The blob.
+        hash: BlobHash,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The store failed.
+    #[error("storing blob {hash}: {reason}")]
+    Store {
+        /// The blob.
+        hash: BlobHash,
+        /// The store error.
+        reason: String,
+    },
+}
+
+/// Why a gossip operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GossipError {
+    /// The event loop has stopped.
+    #[error(transparent)]
+    Stopped(#[from] Stopped),
+    /// gossipsub refused.
+    #[error("gossip on run {run}: {reason}")]
+    Refused {
+        /// The run.
+        run: RunId,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A completed fetch.
+#[derive(Debug, Clone)]
+pub struct FetchReport {
+    /// The blob.
+    pub hash: BlobHash,
+    /// Where it is stored.
+    pub path: PathBuf,
+    /// Its size.
+    pub bytes: u64,
+    /// Providers that delivered verified chunks (0 if it was already local).
+    pub providers: usize,
+    /// Chunks fetched over the network; fewer than the blob has when a download resumed.
+    pub chunks_fetched: u32,
+    /// Wall time.
+    pub seconds: f64,
+}
+
+/// A handle to a running node. Cheap to clone; every method talks to the event loop
+/// over a bounded queue.
+#[derive(Debug, Clone)]
+pub struct Node {
+    commands: mpsc::Sender<Command>,
+    peer_id: PeerId,
+    public: PublicKey,
+}
+
+impl Node {
+    /// Builds a node (its swarm listens at once) and returns its handle, its event
+    /// stream and the event loop to run.
+    pub fn new(
+        identity: &Identity,
+        config: Config,
+    ) -> Result<(Self, mpsc::Receiver<Event>, EventLoop), StartError> {
+        let (tx, rx) = mpsc::channel(config.command_queue.max(1));
+        let (event_tx, event_rx) = mpsc::channel(config.event_queue.max(1));
+        let event_loop = EventLoop::new(identity, config, rx, event_tx)?;
+        let node = Self {
+            commands: tx,
+            peer_id: event_loop.peer_id(),
+            public: identity.public(),
+        };
+        Ok((node, event_rx, event_loop))
+    }
+
+    /// This node's PeerId.
+    pub fn peer_id(&self) -> PeerId {
+        self.peer_id
+    }
+
+    /// This node's signing key (the same key as its PeerId).
+    pub fn public_key(&self) -> PublicKey {
+        self.public
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Stopped> {
+        let (tx, rx) = oneshot::channel();
+        self.commands.send(make(tx)).await.map_err(|_| Stopped)?;
+        rx.await.map_err(|_| Stopped)
+    }
+
+    /// Addresses the node listens on.
+    pub async fn listen_addrs(&self) -> Result<Vec<Multiaddr>, Stopped> {
+        self.ask(Command::ListenAddrs).await
+    }
+
+    /// Addresses others confirmed they can dial.
+    pub async fn external_addrs(&self) -> Result<Vec<Multiaddr>, Stopped> {
+        self.ask(Command::ExternalAddrs).await
+    }
+
+    /// The current reachability verdict.
+    pub async fn reachability(&self) -> Result<Reachability, Stopped> {
+        self.ask(Command::Reachability).await
+    }
+
+    /// Dials an address.
+    pub async fn dial(&self, addr: Multiaddr) -> Result<(), DialError> {
+        self.ask(|reply| Command::Dial { addr, reply }).await?
+    }
+
+    /// Peers in the Kademlia routing table.
+    pub async fn routing_peers(&self) -> Result<Vec<PeerId>, Stopped> {
+        self.ask(Command::RoutingPeers).await
+    }
+
+    /// Peers with an open connection.
+    pub async fn connected_peers(&self) -> Result<Vec<PeerId>, Stopped> {
+        self.ask(Command::ConnectedPeers).await
+    }
+
+    /// Announces a blob in the store as provided by this node.
+    pub async fn provide(&self, hash: BlobHash) -> Result<(), Stopped> {
+        self.ask(|reply| Command::Provide { hash, reply }).await
+    }
+
+    /// Fetches a blob from its providers, verifying every chunk, into the store.
+    pub async fn fetch(
+        &self,
+        hash: BlobHash,
+        timeout: Duration,
+    ) -> Result<FetchReport, FetchError> {
+        self.ask(|reply| Command::Fetch {
+            hash,
+            timeout,
+            reply,
+        })
+        .await?
+    }
+
+    /// Subscribes to a run's gossip topic.
+    pub async fn subscribe(&self, run: RunId) -> Result<(), GossipError> {
+        self.ask(|reply| Command::Subscribe { run, reply }).await?
+    }
+
+    /// Publishes an encoded signed envelope on a run's topic.
+    pub async fn publish(&self, run: RunId, data: Vec<u8>) -> Result<(), GossipError> {
+        self.ask(|reply| Command::Publish { run, data, reply })
+            .await?
+    }
+
+    /// Counters.
+    pub async fn stats(&self) -> Result<Stats, Stopped> {
+        self.ask(Command::Stats).await
+    }
+}

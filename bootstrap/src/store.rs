@@ -1,0 +1,431 @@
+//! The blob store on disk under `<data-dir>/blobs/`.
+//!
+//! * `blobs/<hex>`: a complete blob, named by its content id;
+//! * `blobs/<hex>.outboard`: its size (8 bytes, little-endian) and chunk chaining values;
+//! * `blobs/partial/<hex>`, `.outboard`, `.done`: a download in progress. `.done` has one
+//!   byte per chunk (1 = written); chunks marked done are re-verified on resume, so a
+//!   crash between writing a chunk and marking it never yields a corrupt blob.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use pcp_protocol::BlobHash;
+use pcp_schema::{CHUNK_SIZE, MAX_BLOB_SIZE, chunk_count};
+
+use crate::outboard::{Outboard, OutboardBuilder, chunk_len};
+
+/// A failed blob store operation.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// An I/O operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The blob is larger than the network allows.
+    #[error("{path}: {size} bytes exceed the blob limit of {max} bytes")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A store file is inconsistent.
+    #[error("{path}: corrupt store file: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Content-addressed blobs on disk.
+#[derive(Debug, Clone)]
+pub struct BlobStore {
+    dir: PathBuf,
+    max_size: u64,
+}
+
+impl BlobStore {
+    /// Opens (creating if needed) the store under `<data_dir>/blobs/`.
+    pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
+        let dir = data_dir.join("blobs");
+        let partial = dir.join("partial");
+        fs::create_dir_all(&partial).map_err(io_err("create", &partial))?;
+        Ok(Self {
+            dir,
+            max_size: MAX_BLOB_SIZE,
+        })
+    }
+
+    /// Lowers the maximum blob size (for tests and small nodes).
+    pub fn with_max_size(mut self, max: u64) -> Self {
+        self.max_size = max.min(MAX_BLOB_SIZE);
+        self
+    }
+
+    /// The maximum blob size.
+    pub fn max_size(&self) -> u64 {
+        self.max_size
+    }
+
+    /// Where a complete blob lives.
+    pub fn path(&self, hash: &BlobHash) -> PathBuf {
+        self.dir.join(hash.to_hex())
+    }
+
+    fn outboard_path(&self, hash: &BlobHash) -> PathBuf {
+        self.dir.join(format!("{}.outboard", hash.to_hex()))
+    }
+
+    fn partial_path(&self, hash: &BlobHash, ext: &str) -> PathBuf {
+        self.dir
+            .join("partial")
+            .join(format!("{}{ext}", hash.to_hex()))
+    }
+
+    /// Whether the blob is complete in the store.
+    pub fn contains(&self, hash: &BlobHash) -> bool {
+        self.outboard_path(hash).is_file() && self.path(hash).is_file()
+    }
+
+    /// Every complete blob.
+    pub fn list(&self) -> Result<Vec<BlobHash>, StoreError> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&self.dir).map_err(io_err("list", &self.dir))? {
+            let entry = entry.map_err(io_err("list", &self.dir))?;
+            let name = entry.file_name();
+            let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".outboard")) else {
+                continue;
+            };
+            if let Ok(hash) = stem.parse::<BlobHash>()
+                && self.path(&hash).is_file()
+            {
+                out.push(hash);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Copies `path` into the store, hashing it on the way, and returns its content id
+    /// and size.
+    pub fn put_file(&self, path: &Path) -> Result<(BlobHash, u64), StoreError> {
+        let mut src = File::open(path).map_err(io_err("open", path))?;
+        let size = src.metadata().map_err(io_err("stat", path))?.len();
+        if size > self.max_size {
+            return Err(StoreError::TooLarge {
+                path: path.to_owned(),
+                size,
+                max: self.max_size,
+            });
+        }
+        let tmp = self.dir.join("partial").join(format!(
+            "put-{}.tmp",
+            blake3::hash(path.as_os_str().as_encoded_bytes()).to_hex()
+        ));
+        let mut dst = File::create(&tmp).map_err(io_err("create", &tmp))?;
+        let mut builder = OutboardBuilder::new(size);
+        let mut buf = vec![0u8; CHUNK_SIZE];
+        let chunks = chunk_count(size);
+        for index in 0..chunks {
+            let len = chunk_len(size, index as u32);
+            src.read_exact(&mut buf[..len])
+                .map_err(io_err("read", path))?;
+            builder.push(&buf[..len]);
+            dst.write_all(&buf[..len]).map_err(io_err("write", &tmp))?;
+        }
+        let (outboard, hash) = builder.finish().ok_or_else(|| StoreError::Corrupt {
+            path: path.to_owned(),
+            reason: "size changed while reading".into(),
+        })?;
+        dst.sync_all().map_err(io_err("sync", &tmp))?;
+        self.write_outboard(&hash, &outboard)?;
+        let final_path = self.path(&hash);
+        fs::rename(&tmp, &final_path).map_err(io_err("rename", &final_path))?;
+        Ok((hash, size))
+    }
+
+    /// Adds bytes to the store.
+    pub fn put_bytes(&self, bytes: &[u8]) -> Result<BlobHash, StoreError> {
+        let tmp = self
+            .dir
+            .join("partial")
+            .join(format!("bytes-{}.in", BlobHash::of(bytes).to_hex()));
+        fs::write(&tmp, bytes).map_err(io_err("write", &tmp))?;
+        let result = self.put_file(&tmp);
+        let _ = fs::remove_file(&tmp);
+        Ok(result?.0)
+    }
+
+    fn write_outboard(&self, hash: &BlobHash, outboard: &Outboard) -> Result<(), StoreError> {
+        write_outboard_file(&self.outboard_path(hash), outboard)
+    }
+
+    /// The outboard of a complete blob.
+    pub fn outboard(&self, hash: &BlobHash) -> Result<Option<Outboard>, StoreError> {
+        if !self.contains(hash) {
+            return Ok(None);
+        }
+        read_outboard_file(&self.outboard_path(hash), self.max_size).map(Some)
+    }
+
+    /// Chunk `index` of a complete blob, or `None` if the blob or chunk is not here.
+    pub fn read_chunk(
+        &self,
+        hash: &BlobHash,
+        size: u64,
+        index: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        if u64::from(index) >= chunk_count(size) {
+            return Ok(None);
+        }
+        let path = self.path(hash);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err("open", &path)(e)),
+        };
+        let mut buf = vec![0u8; chunk_len(size, index)];
+        file.read_exact_at(&mut buf, u64::from(index) * CHUNK_SIZE as u64)
+            .map_err(io_err("read", &path))?;
+        Ok(Some(buf))
+    }
+
+    /// Starts or resumes a download of `hash` whose verified outboard is `outboard`.
+    pub fn partial(&self, hash: BlobHash, outboard: Outboard) -> Result<Partial, StoreError> {
+        let data_path = self.partial_path(&hash, "");
+        let done_path = self.partial_path(&hash, ".done");
+        let ob_path = self.partial_path(&hash, ".outboard");
+        let chunks = outboard.cvs.len();
+        let data = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&data_path)
+            .map_err(io_err("open", &data_path))?;
+        data.set_len(outboard.size)
+            .map_err(io_err("resize", &data_path))?;
+        let mut done = match fs::read(&done_path) {
+            Ok(d) if d.len() == chunks => d.into_iter().map(|b| b == 1).collect(),
+            Ok(_) => vec![false; chunks],
+            Err(e) if e.kind() == io::ErrorKind::NotFound => vec![false; chunks],
+            Err(e) => return Err(io_err("read", &done_path)(e)),
+        };
+        // re-verify what a previous run wrote: the marks are not synced with the data
+        let mut buf = vec![0u8; CHUNK_SIZE];
+        for (index, d) in (0u32..).zip(done.iter_mut()) {
+            if *d {
+                let len = chunk_len(outboard.size, index);
+                let ok = data
+                    .read_exact_at(&mut buf[..len], u64::from(index) * CHUNK_SIZE as u64)
+                    .is_ok()
+                    && outboard.verify_chunk(index, &buf[..len]);
+                *d = ok;
+            }
+        }
+        let marks: Vec<u8> = done.iter().map(|d| u8::from(*d)).collect();
+        fs::write(&done_path, &marks).map_err(io_err("write", &done_path))?;
+        write_outboard_file(&ob_path, &outboard)?;
+        let done_file = OpenOptions::new()
+            .write(true)
+            .open(&done_path)
+            .map_err(io_err("open", &done_path))?;
+        Ok(Partial {
+            hash,
+            outboard,
+            data,
+            done_file,
+            done,
+            data_path,
+            done_path,
+            ob_path,
+            final_path: self.path(&hash),
+            final_outboard: self.outboard_path(&hash),
+        })
+    }
+}
+
+fn write_outboard_file(path: &Path, outboard: &Outboard) -> Result<(), StoreError> {
+    let mut bytes = Vec::with_capacity(8 + outboard.cvs.len() * 32);
+    bytes.extend_from_slice(&outboard.size.to_le_bytes());
+    bytes.extend_from_slice(outboard.cvs.as_flattened());
+    fs::write(path, bytes).map_err(io_err("write", path))
+}
+
+fn read_outboard_file(path: &Path, max: u64) -> Result<Outboard, StoreError> {
+    let bytes = fs::read(path).map_err(io_err("read", path))?;
+    let corrupt = |reason: &str| StoreError::Corrupt {
+        path: path.to_owned(),
+        reason: reason.into(),
+    };
+    let (size, rest) = bytes
+        .split_at_checked(8)
+        .ok_or_else(|| corrupt("shorter than 8 bytes"))?;
+    let size = u64::from_le_bytes(size.try_into().map_err(|_| corrupt("size"))?);
+    if size > max || rest.len() as u64 != chunk_count(size) * 32 {
+        return Err(corrupt("size does not match the chunk list"));
+    }
+    let cvs = rest
+        .chunks_exact(32)
+        .map(|c| c.try_into().map_err(|_| corrupt("chunk")))
+        .collect::<Result<_, _>>()?;
+    Ok(Outboard { size, cvs })
+}
+
+/// A download in progress, on disk.
+#[derive(Debug)]
+pub struct Partial {
+    hash: BlobHash,
+    outboard: Outboard,
+    data: File,
+    done_file: File,
+    done: Vec<bool>,
+    data_path: PathBuf,
+    done_path: PathBuf,
+    ob_path: PathBuf,
+    final_path: PathBuf,
+    final_outboard: PathBuf,
+}
+
+impl Partial {
+    /// The verified outboard.
+    pub fn outboard(&self) -> &Outboard {
+        &self.outboard
+    }
+
+    /// Chunks not yet written.
+    pub fn missing(&self) -> Vec<u32> {
+        (0u32..)
+            .zip(&self.done)
+            .filter(|(_, d)| !**d)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Whether chunk `index` is written.
+    pub fn has(&self, index: u32) -> bool {
+        self.done.get(index as usize).copied().unwrap_or(false)
+    }
+
+    /// Whether every chunk is written.
+    pub fn is_complete(&self) -> bool {
+        self.done.iter().all(|d| *d)
+    }
+
+    /// Writes chunk `index`, which the caller has verified, and marks it done.
+    pub fn write_chunk(&mut self, index: u32, data: &[u8]) -> Result<(), StoreError> {
+        let offset = u64::from(index) * CHUNK_SIZE as u64;
+        self.data
+            .write_all_at(data, offset)
+            .map_err(io_err("write", &self.data_path))?;
+        self.done_file
+            .write_all_at(&[1], u64::from(index))
+            .map_err(io_err("write", &self.done_path))?;
+        if let Some(d) = self.done.get_mut(index as usize) {
+            *d = true;
+        }
+        Ok(())
+    }
+
+    /// Moves the complete blob into the store and returns its path.
+    pub fn finish(self) -> Result<PathBuf, StoreError> {
+        self.data
+            .sync_all()
+            .map_err(io_err("sync", &self.data_path))?;
+        write_outboard_file(&self.final_outboard, &self.outboard)?;
+        fs::rename(&self.data_path, &self.final_path).map_err(io_err("rename", &self.data_path))?;
+        let _ = fs::remove_file(&self.done_path);
+        let _ = fs::remove_file(&self.ob_path);
+        Ok(self.final_path)
+    }
+
+    /// The blob being fetched.
+    pub fn hash(&self) -> BlobHash {
+        self.hash
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_read_and_resume() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let store = BlobStore::open(dir.path())?;
+        let data: Vec<u8> = (0..(2 * CHUNK_SIZE + 10))
+            .map(|i| (i % 253) as u8)
+            .collect();
+        let hash = store.put_bytes(&data)?;
+        assert_eq!(hash, BlobHash::of(&data));
+        assert_eq!(store.list()?, vec![hash]);
+        let ob = store
+            .outboard(&hash)?
+            .ok_or_else(|| anyhow::anyhow!("no outboard"))?;
+        assert_eq!(ob.root(), Some(hash));
+        let c2 = store.read_chunk(&hash, ob.size, 2)?;
+        assert_eq!(c2.as_deref(), Some(&data[2 * CHUNK_SIZE..]));
+        assert_eq!(store.read_chunk(&hash, ob.size, 3)?, None);
+
+        // a second node downloads chunk 1, "crashes", and resumes
+        let dir2 = tempfile::tempdir()?;
+        let other = BlobStore::open(dir2.path())?;
+        let mut p = other.partial(hash, ob.clone())?;
+        p.write_chunk(1, &data[CHUNK_SIZE..2 * CHUNK_SIZE])?;
+        drop(p);
+        let mut p = other.partial(hash, ob.clone())?;
+        assert_eq!(p.missing(), vec![0, 2]);
+        p.write_chunk(0, &data[..CHUNK_SIZE])?;
+        p.write_chunk(2, &data[2 * CHUNK_SIZE..])?;
+        assert!(p.is_complete());
+        let path = p.finish()?;
+        assert_eq!(fs::read(path)?, data);
+        assert!(other.contains(&hash));
+
+        // a chunk marked done but corrupted on disk is fetched again
+        let dir3 = tempfile::tempdir()?;
+        let third = BlobStore::open(dir3.path())?;
+        let mut p = third.partial(hash, ob.clone())?;
+        p.write_chunk(0, &vec![0u8; CHUNK_SIZE])?;
+        drop(p);
+        assert_eq!(third.partial(hash, ob)?.missing(), vec![0, 1, 2]);
+        Ok(())
+    }
+
+    #[test]
+    fn oversized_file_is_refused() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let store = BlobStore::open(dir.path())?.with_max_size(10);
+        let err = store.put_bytes(&[0; 11]).err();
+        assert!(matches!(
+            err,
+            Some(StoreError::TooLarge {
+                size: 11,
+                max: 10,
+                ..
+            })
+        ));
+        Ok(())
+    }
+}

@@ -1,0 +1,353 @@
+//! Real swarms on loopback: discovery, blob transfer, hostile peers, seed recovery.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use pcp_bootstrap::testnet::{TestNet, TestNode};
+use pcp_bootstrap::{BlobStore, Config, Event, PeerId};
+use pcp_protocol::{Binding, BlobHash, Identity, RunId, seal};
+use pcp_schema::{Heartbeat, Message};
+use rand::{RngCore, SeedableRng, rngs::StdRng};
+use tokio::time::{Instant, timeout};
+
+fn quiet(_: &mut Config) {}
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+/// Waits until every node's routing table holds every other node.
+async fn all_discovered(net: &TestNet, within: Duration) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let all: HashSet<PeerId> = net.nodes.iter().map(TestNode::peer_id).collect();
+    loop {
+        let mut missing = 0;
+        for n in &net.nodes {
+            let known: HashSet<PeerId> = n.node.routing_peers().await?.into_iter().collect();
+            missing += all
+                .iter()
+                .filter(|p| **p != n.peer_id() && !known.contains(p))
+                .count();
+        }
+        if missing == 0 {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > within {
+            bail!("{missing} routing entries still missing after {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_nodes_find_each_other_within_10s() -> anyhow::Result<()> {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let mut net = TestNet::new(dir.path(), quiet).await?;
+    for _ in 0..20 {
+        net.add().await?;
+    }
+    let took = all_discovered(&net, Duration::from_secs(10)).await?;
+    eprintln!("21 nodes discovered each other in {took:?}");
+    net.shutdown().await;
+    Ok(())
+}
+
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut data = vec![0u8; len];
+    StdRng::seed_from_u64(seed).fill_bytes(&mut data);
+    data
+}
+
+async fn put(node: &TestNode, data: &[u8]) -> anyhow::Result<BlobHash> {
+    let hash = BlobStore::open(&node.data_dir)?.put_bytes(data)?;
+    node.node.provide(hash).await?;
+    Ok(hash)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_mb_blob_from_several_providers_survives_the_origin_leaving() -> anyhow::Result<()> {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let mut net = TestNet::new(dir.path(), quiet).await?;
+    for _ in 0..4 {
+        net.add().await?;
+    }
+    all_discovered(&net, Duration::from_secs(10)).await?;
+    let data = random_bytes(50_000_000, 7);
+    let (a, b, c, d) = (1, 2, 3, 4);
+    let hash = put(&net.nodes[a], &data).await?;
+    let t = Duration::from_secs(120);
+
+    let rb = net.nodes[b].node.fetch(hash, t).await?;
+    assert_eq!(rb.providers, 1, "only A had it");
+    assert_eq!(std::fs::read(&rb.path)?, data);
+    net.nodes[b].node.provide(hash).await?;
+
+    let rc = net.nodes[c].node.fetch(hash, t).await?;
+    assert_eq!(rc.bytes, 50_000_000);
+    assert!(
+        rc.providers >= 2,
+        "A and B both had it, used {}",
+        rc.providers
+    );
+    assert_eq!(std::fs::read(&rc.path)?, data);
+    net.nodes[c].node.provide(hash).await?;
+
+    net.remove(a).await; // node indices shift: d is now 3
+    let rd = net.nodes[d - 1].node.fetch(hash, t).await?;
+    assert!(rd.providers >= 1);
+    assert_eq!(std::fs::read(&rd.path)?, data);
+    net.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tampered_chunks_are_rejected_and_their_sender_banned() -> anyhow::Result<()> {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    // a small window spreads the chunks over both providers
+    let mut net = TestNet::new(dir.path(), |c| c.chunk_window = 2).await?;
+    for _ in 0..3 {
+        net.add().await?;
+    }
+    all_discovered(&net, Duration::from_secs(10)).await?;
+    let data = random_bytes(8 << 20, 9);
+    let hash = put(&net.nodes[1], &data).await?;
+    // node 2 stores the same blob, then its disk is corrupted: it serves bad chunks
+    let evil = &net.nodes[2];
+    let evil_store = BlobStore::open(&evil.data_dir)?;
+    assert_eq!(evil_store.put_bytes(&data)?, hash);
+    let flipped: Vec<u8> = data.iter().map(|b| !b).collect();
+    std::fs::write(evil_store.path(&hash), flipped)?;
+    evil.node.provide(hash).await?;
+    let evil_peer = evil.peer_id();
+
+    let c = &mut net.nodes[3];
+    let report = c.node.fetch(hash, Duration::from_secs(60)).await?;
+    assert_eq!(
+        std::fs::read(&report.path)?,
+        data,
+        "only verified chunks were kept"
+    );
+    assert_eq!(report.providers, 1);
+    let stats = c.node.stats().await?;
+    assert_eq!(stats.peers_banned, 1, "{stats:?}");
+    assert!(stats.chunks_rejected >= 1);
+    let mut rejected = false;
+    while let Ok(e) = c.events.try_recv() {
+        if let Event::MessageRejected { peer, reason } = e {
+            assert_eq!(peer, evil_peer);
+            assert!(reason.contains("failed verification"), "{reason}");
+            rejected = true;
+        }
+    }
+    assert!(rejected, "no message_rejected event for the tampering peer");
+    ensure!(
+        !c.node.connected_peers().await?.contains(&evil_peer),
+        "banned peer still connected"
+    );
+    net.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupted_download_resumes_from_the_chunks_on_disk() -> anyhow::Result<()> {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let mut net = TestNet::new(dir.path(), quiet).await?;
+    net.add().await?;
+    net.add().await?;
+    all_discovered(&net, Duration::from_secs(10)).await?;
+    let data = random_bytes(10 << 20, 11);
+    let hash = put(&net.nodes[1], &data).await?;
+    let outboard = BlobStore::open(&net.nodes[1].data_dir)?
+        .outboard(&hash)?
+        .context("outboard of a stored blob")?;
+
+    // a previous run of node 2 verified and wrote chunks 0..6 before it was interrupted
+    let store = BlobStore::open(&net.nodes[2].data_dir)?;
+    let mut partial = store.partial(hash, outboard)?;
+    for (i, chunk) in (0..6).zip(data.chunks(pcp_schema::CHUNK_SIZE)) {
+        partial.write_chunk(i, chunk)?;
+    }
+    drop(partial);
+
+    let report = net.nodes[2]
+        .node
+        .fetch(hash, Duration::from_secs(60))
+        .await?;
+    assert_eq!(report.chunks_fetched, 4, "only the missing chunks travel");
+    assert_eq!(std::fs::read(&report.path)?, data);
+    net.shutdown().await;
+    Ok(())
+}
+
+fn identity(seed: u64) -> Identity {
+    let mut secret = [0u8; 32];
+    StdRng::seed_from_u64(seed).fill_bytes(&mut secret);
+    Identity::from_secret(secret)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Publishes until gossipsub has a peer for the topic.
+async fn publish(node: &TestNode, run: RunId, data: Vec<u8>) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match node.node.publish(run, data.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!("publish: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_gossip_is_rejected_and_counted() -> anyhow::Result<()> {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let mut net = TestNet::new(dir.path(), quiet).await?;
+    net.add().await?;
+    net.add().await?;
+    let run = RunId([42; 32]);
+    net.nodes[1].node.subscribe(run).await?;
+    net.nodes[2].node.subscribe(run).await?;
+    let sender = net.nodes[1].peer_id();
+
+    let alice = identity(1);
+    let mallory = identity(2);
+    let hb = Heartbeat {
+        run: run.0,
+        round: 1,
+        unix_ms: now_ms(),
+        free_memory_bytes: 1,
+    };
+    let bind = |nonce| Binding {
+        run,
+        round: 1,
+        nonce,
+        unix_ms: now_ms(),
+    };
+    // signed by mallory but claiming alice as signer
+    let mut impostor = seal(&mallory, bind(1), &hb);
+    impostor.signer = alice.public().0;
+    // alice's signature over a different payload
+    let mut forged = seal(&alice, bind(2), &hb);
+    forged.payload = Heartbeat {
+        round: 2,
+        ..hb.clone()
+    }
+    .encode();
+    let good = seal(&alice, bind(3), &hb);
+
+    publish(&net.nodes[1], run, impostor.encode()).await?;
+    publish(&net.nodes[1], run, forged.encode()).await?;
+    publish(&net.nodes[1], run, good.encode()).await?;
+
+    let receiver = &mut net.nodes[2];
+    let mut rejected = 0;
+    let mut accepted = 0;
+    let deadline = Duration::from_secs(15);
+    timeout(deadline, async {
+        while rejected < 2 || accepted < 1 {
+            match receiver.events.recv().await {
+                Some(Event::MessageRejected { peer, reason }) => {
+                    assert_eq!(peer, sender);
+                    assert!(reason.contains("signature does not verify"), "{reason}");
+                    rejected += 1;
+                }
+                Some(Event::Gossip { message, .. }) => {
+                    assert_eq!(message.signer(), alice.public());
+                    assert_eq!(message.decode::<Heartbeat>().ok(), Some(hb.clone()));
+                    accepted += 1;
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+    })
+    .await
+    .context("waiting for gossip verdicts")?;
+    assert_eq!((rejected, accepted), (2, 1));
+    assert_eq!(receiver.node.stats().await?.messages_rejected, 2);
+    net.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_recovers_when_its_only_seed_restarts() -> anyhow::Result<()> {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let mut net = TestNet::new(dir.path(), quiet).await?;
+    net.add().await?;
+    all_discovered(&net, Duration::from_secs(10)).await?;
+    let seed = net.nodes.remove(0);
+    let (seed_dir, seed_addrs, seed_peer) =
+        (seed.data_dir.clone(), seed.addrs.clone(), seed.peer_id());
+    seed.stop().await;
+    let node = &mut net.nodes[0];
+    timeout(Duration::from_secs(10), async {
+        while node
+            .node
+            .connected_peers()
+            .await
+            .is_ok_and(|p| p.contains(&seed_peer))
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .context("seed connection never dropped")?;
+    while node.events.try_recv().is_ok() {}
+
+    // the seed comes back on the same addresses with the same key
+    let mut config = Config::loopback(seed_dir);
+    config.listen = seed_addrs
+        .iter()
+        .map(|a| {
+            let mut a = a.clone();
+            a.pop();
+            a
+        })
+        .collect();
+    // the old sockets may take a moment to be released
+    let rebind_deadline = Instant::now() + Duration::from_secs(10);
+    let seed = loop {
+        match TestNode::start(0, config.clone()).await {
+            Ok(seed) => break seed,
+            Err(e) if Instant::now() < rebind_deadline => {
+                tracing::debug!("restarting the seed: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    timeout(Duration::from_secs(15), async {
+        loop {
+            match node.events.recv().await {
+                Some(Event::PeerConnected { peer, .. }) if peer == seed_peer => break,
+                Some(_) => {}
+                None => bail!("event stream ended"),
+            }
+        }
+        Ok(())
+    })
+    .await
+    .context("node never reconnected to the restarted seed")??;
+    seed.stop().await;
+    net.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! Sealing messages into [`SignedEnvelope`]s and opening them.
+//!
+//! The signature covers a domain tag, the message kind, the signer, the run, round,
+//! nonce and timestamp, and the blake3 hash of the payload. [`open`] verifies it before
+//! anything reads the payload; [`Verified::decode`] then decodes the payload as the kind
+//! the signer committed to.
+
+use pcp_schema::{
+    Contribution, DecodeError, Heartbeat, Message, MessageKind, NodeHello, RoundAnnouncement,
+    RunManifest, SignedEnvelope,
+};
+
+use crate::identity::{Identity, PublicKey, VerifyFailure};
+use crate::ids::RunId;
+
+/// The domain tag that starts every signed envelope: a pcp envelope signature never
+/// verifies as a signature of anything else.
+const DOMAIN: &[u8] = b"pcp/signed-envelope/v1\0";
+
+/// A message that travels in a signed envelope.
+pub trait Signable: Message {
+    /// The kind it is signed as.
+    const KIND: MessageKind;
+}
+
+impl Signable for NodeHello {
+    const KIND: MessageKind = MessageKind::NodeHello;
+}
+impl Signable for RunManifest {
+    const KIND: MessageKind = MessageKind::RunManifest;
+}
+impl Signable for RoundAnnouncement {
+    const KIND: MessageKind = MessageKind::RoundAnnouncement;
+}
+impl Signable for Contribution {
+    const KIND: MessageKind = MessageKind::Contribution;
+}
+impl Signable for Heartbeat {
+    const KIND: MessageKind = MessageKind::Heartbeat;
+}
+
+/// What a message is bound to, so that it cannot be replayed elsewhere or later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Binding {
+    /// The run.
+    pub run: RunId,
+    /// The round.
+    pub round: u64,
+    /// Unique per signer (a counter or random; supplied by the caller).
+    pub nonce: u64,
+    /// Signing time, from the caller's clock.
+    pub unix_ms: u64,
+}
+
+/// Why an envelope was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The envelope itself is malformed or oversized.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// The claimed signer is not a valid ed25519 key.
+    #[error("envelope signer {signer} is not a valid ed25519 key")]
+    InvalidKey {
+        /// The claimed signer.
+        signer: PublicKey,
+    },
+    /// The signature does not verify for the claimed signer.
+    #[error("envelope from {signer}: signature does not verify")]
+    BadSignature {
+        /// The claimed signer.
+        signer: PublicKey,
+    },
+}
+
+/// Why a verified envelope's payload was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PayloadError {
+    /// The envelope holds another kind of message.
+    #[error("envelope holds a {got} message, expected {expected}")]
+    WrongKind {
+        /// The kind asked for.
+        expected: &'static str,
+        /// The kind signed.
+        got: &'static str,
+    },
+    /// The payload does not decode.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+}
+
+/// An envelope whose signature has been verified.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    envelope: SignedEnvelope,
+}
+
+fn signed_bytes(e: &SignedEnvelope) -> Vec<u8> {
+    let tag = e.kind.tag().as_bytes();
+    let mut m = Vec::with_capacity(DOMAIN.len() + tag.len() + 1 + 32 * 3 + 24);
+    m.extend_from_slice(DOMAIN);
+    m.extend_from_slice(tag);
+    m.push(0);
+    m.extend_from_slice(&e.signer);
+    m.extend_from_slice(&e.run);
+    m.extend_from_slice(&e.round.to_le_bytes());
+    m.extend_from_slice(&e.nonce.to_le_bytes());
+    m.extend_from_slice(&e.unix_ms.to_le_bytes());
+    m.extend_from_slice(blake3::hash(&e.payload).as_bytes());
+    m
+}
+
+/// Signs `message` as `identity`, bound to `binding`.
+pub fn seal<M: Signable>(identity: &Identity, binding: Binding, message: &M) -> SignedEnvelope {
+    let mut envelope = SignedEnvelope {
+        kind: M::KIND,
+        signer: identity.public().0,
+        run: binding.run.0,
+        round: binding.round,
+        nonce: binding.nonce,
+        unix_ms: binding.unix_ms,
+        payload: message.encode(),
+        signature: [0; 64],
+    };
+    envelope.signature = identity.sign_raw(&signed_bytes(&envelope));
+    envelope
+}
+
+/// Decodes an envelope from the wire and verifies its signature. The payload is not
+/// decoded.
+pub fn open(bytes: &[u8]) -> Result<Verified, OpenError> {
+    verify(SignedEnvelope::decode(bytes)?)
+}
+
+/// Verifies an already decoded envelope.
+pub fn verify(envelope: SignedEnvelope) -> Result<Verified, OpenError> {
+    let signer = PublicKey(envelope.signer);
+    match signer.verify_raw(&signed_bytes(&envelope), &envelope.signature) {
+        Ok(()) => Ok(Verified { envelope }),
+        Err(VerifyFailure::InvalidKey) => Err(OpenError::InvalidKey { signer }),
+        Err(VerifyFailure::BadSignature) => Err(OpenError::BadSignature { signer }),
+    }
+}
+
+impl Verified {
+    /// Who signed it.
+    pub fn signer(&self) -> PublicKey {
+        PublicKey(self.envelope.signer)
+    }
+
+    /// The kind signed.
+    pub fn kind(&self) -> MessageKind {
+        self.envelope.kind
+    }
+
+    /// What it is bound to.
+    pub fn binding(&self) -> Binding {
+        Binding {
+            run: RunId(self.envelope.run),
+            round: self.envelope.round,
+            nonce: self.envelope.nonce,
+            unix_ms: self.envelope.unix_ms,
+        }
+    }
+
+    /// Decodes the payload as `M`, which must be the kind the signer committed to.
+    pub fn decode<M: Signable>(&self) -> Result<M, PayloadError> {
+        if self.envelope.kind != M::KIND {
+            return Err(PayloadError::WrongKind {
+                expected: M::KIND.tag(),
+                got: self.envelope.kind.tag(),
+            });
+        }
+        Ok(M::decode(&self.envelope.payload)?)
+    }
+}

@@ -1,0 +1,115 @@
+# The pcp wire schema. Every message that crosses the network is defined here.
+# Byte fields that hold keys and hashes are fixed-size (32 or 64 bytes); the Rust
+# decoders in `pcp-schema` reject any other length.
+@0xde0620fa3d48b3db;
+
+# --- node identity and capabilities ---------------------------------------
+
+struct Backend {
+  name @0 :Text;            # e.g. "rocm", "cuda", "vulkan", "cpu"
+  targets @1 :List(Text);   # e.g. "gfx942", "sm_90"
+}
+
+struct Capabilities {
+  backends @0 :List(Backend);
+  freeMemoryBytes @1 :UInt64;
+}
+
+struct NodeHello {
+  peer @0 :Data;            # ed25519 public key, 32 bytes
+  protocolVersion @1 :UInt32;
+  agent @2 :Text;
+  capabilities @3 :Capabilities;
+}
+
+# --- runs, artifacts and parameters ----------------------------------------
+
+struct ArtifactRef {
+  backend @0 :Text;
+  target @1 :Text;
+  blob @2 :Data;            # blake3 content id, 32 bytes
+  size @3 :UInt64;
+}
+
+struct ParameterRef {
+  name @0 :Text;
+  shard @1 :UInt32;
+  blob @2 :Data;            # blake3 content id, 32 bytes
+  size @3 :UInt64;
+}
+
+struct RunManifest {
+  run @0 :Data;             # run id, 32 bytes
+  name @1 :Text;
+  shepherd @2 :Data;        # ed25519 public key, 32 bytes
+  innerSteps @3 :UInt32;
+  artifacts @4 :List(ArtifactRef);
+  parameters @5 :List(ParameterRef);
+}
+
+# --- rounds ----------------------------------------------------------------
+
+struct RoundAnnouncement {
+  run @0 :Data;
+  round @1 :UInt64;
+  parameters @2 :List(ParameterRef);
+  deadlineUnixMs @3 :UInt64;
+}
+
+struct Contribution {
+  run @0 :Data;
+  round @1 :UInt64;
+  innerSteps @2 :UInt32;
+  samples @3 :UInt64;
+  pseudoGradient @4 :ParameterRef;
+}
+
+struct Heartbeat {
+  run @0 :Data;
+  round @1 :UInt64;
+  unixMs @2 :UInt64;
+  freeMemoryBytes @3 :UInt64;
+}
+
+# --- blob transfer (request-response) --------------------------------------
+
+struct BlobRequest {
+  blob @0 :Data;            # content id, 32 bytes
+  union {
+    outboard @1 :Void;      # ask for the blob's size and chunk chaining values
+    chunk @2 :UInt32;       # ask for one chunk by index
+  }
+}
+
+struct BlobResponse {
+  union {
+    outboard :group {
+      size @0 :UInt64;
+      chunkCvs @1 :Data;    # 32 bytes per chunk, in order
+    }
+    chunk @2 :Data;
+    notFound @3 :Void;
+    refused @4 :Text;
+  }
+}
+
+# --- signed envelope -------------------------------------------------------
+
+enum MessageKind {
+  nodeHello @0;
+  runManifest @1;
+  roundAnnouncement @2;
+  contribution @3;
+  heartbeat @4;
+}
+
+struct SignedEnvelope {
+  kind @0 :MessageKind;
+  signer @1 :Data;          # ed25519 public key, 32 bytes
+  run @2 :Data;             # run id, 32 bytes
+  round @3 :UInt64;
+  nonce @4 :UInt64;
+  unixMs @5 :UInt64;
+  payload @6 :Data;         # the encoded message of `kind`
+  signature @7 :Data;       # 64 bytes over the domain, the header fields and the payload
+}

@@ -1,0 +1,141 @@
+//! The signed envelope that carries every gossiped or requested control message.
+
+use crate::codec::{self, DecodeError, MAX_CONTROL_MESSAGE, Message, fixed, malformed};
+use crate::wire::pcp_capnp::{MessageKind as WireKind, signed_envelope};
+
+/// Which message an envelope's payload holds. Part of the signed bytes, so a signature
+/// for one kind never verifies as another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MessageKind {
+    /// [`crate::NodeHello`].
+    NodeHello,
+    /// [`crate::RunManifest`].
+    RunManifest,
+    /// [`crate::RoundAnnouncement`].
+    RoundAnnouncement,
+    /// [`crate::Contribution`].
+    Contribution,
+    /// [`crate::Heartbeat`].
+    Heartbeat,
+}
+
+impl MessageKind {
+    /// Every kind.
+    pub const ALL: [Self; 5] = [
+        Self::NodeHello,
+        Self::RunManifest,
+        Self::RoundAnnouncement,
+        Self::Contribution,
+        Self::Heartbeat,
+    ];
+
+    /// A stable tag for signing.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Self::NodeHello => "node-hello",
+            Self::RunManifest => "run-manifest",
+            Self::RoundAnnouncement => "round-announcement",
+            Self::Contribution => "contribution",
+            Self::Heartbeat => "heartbeat",
+        }
+    }
+
+    fn to_wire(self) -> WireKind {
+        use WireKind as K;
+        match self {
+            Self::NodeHello => K::NodeHello,
+            Self::RunManifest => K::RunManifest,
+            Self::RoundAnnouncement => K::RoundAnnouncement,
+            Self::Contribution => K::Contribution,
+            Self::Heartbeat => K::Heartbeat,
+        }
+    }
+
+    fn from_wire(k: WireKind) -> Self {
+        use WireKind as K;
+        match k {
+            K::NodeHello => Self::NodeHello,
+            K::RunManifest => Self::RunManifest,
+            K::RoundAnnouncement => Self::RoundAnnouncement,
+            K::Contribution => Self::Contribution,
+            K::Heartbeat => Self::Heartbeat,
+        }
+    }
+}
+
+/// A payload with its signer, its binding to a run, round and nonce, and a signature.
+/// `pcp-protocol` signs and verifies it; this type only carries the bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedEnvelope {
+    /// The payload's message kind.
+    pub kind: MessageKind,
+    /// The signer's ed25519 public key.
+    pub signer: [u8; 32],
+    /// The run this message belongs to.
+    pub run: [u8; 32],
+    /// The round this message belongs to.
+    pub round: u64,
+    /// A per-signer unique number.
+    pub nonce: u64,
+    /// When it was signed (signer's clock).
+    pub unix_ms: u64,
+    /// The encoded message.
+    pub payload: Vec<u8>,
+    /// ed25519 signature.
+    pub signature: [u8; 64],
+}
+
+impl Message for SignedEnvelope {
+    const NAME: &'static str = "SignedEnvelope";
+    const MAX_SIZE: usize = MAX_CONTROL_MESSAGE + 512;
+
+    fn encode(&self) -> Vec<u8> {
+        let mut message = capnp::message::Builder::new_default();
+        let mut root = message.init_root::<signed_envelope::Builder<'_>>();
+        root.set_kind(self.kind.to_wire());
+        root.set_signer(&self.signer[..]);
+        root.set_run(&self.run[..]);
+        root.set_round(self.round);
+        root.set_nonce(self.nonce);
+        root.set_unix_ms(self.unix_ms);
+        root.set_payload(&self.payload);
+        root.set_signature(&self.signature[..]);
+        codec::words(&message)
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        const W: &str = SignedEnvelope::NAME;
+        codec::read(W, bytes, Self::MAX_SIZE, |m| {
+            let r = m
+                .get_root::<signed_envelope::Reader<'_>>()
+                .map_err(|e| malformed(W, e))?;
+            let kind = r.get_kind().map_err(|e| DecodeError::Invalid {
+                what: W,
+                field: "kind",
+                reason: e.to_string(),
+            })?;
+            let payload = r.get_payload().map_err(|e| malformed(W, e))?;
+            if payload.len() > MAX_CONTROL_MESSAGE {
+                return Err(DecodeError::TooLarge {
+                    what: "SignedEnvelope payload",
+                    len: payload.len(),
+                    max: MAX_CONTROL_MESSAGE,
+                });
+            }
+            Ok(Self {
+                kind: MessageKind::from_wire(kind),
+                signer: fixed(W, "signer", r.get_signer().map_err(|e| malformed(W, e))?)?,
+                run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
+                round: r.get_round(),
+                nonce: r.get_nonce(),
+                unix_ms: r.get_unix_ms(),
+                payload: payload.to_vec(),
+                signature: fixed(
+                    W,
+                    "signature",
+                    r.get_signature().map_err(|e| malformed(W, e))?,
+                )?,
+            })
+        })
+    }
+}

@@ -1,0 +1,26 @@
+//! The pcp wire schema.
+//!
+//! `capnp/pcp.capnp` defines every message that crosses the network; `build.rs` compiles
+//! it with Debian's `capnp` and capnpc into [`wire`]. The plain Rust types here are what
+//! the rest of pcp uses: each implements [`Message`], whose decoder refuses input over
+//! the message's size limit before parsing it, validates capnp's segment table against
+//! the input (so a claimed size never drives an allocation), and caps the words visited
+//! at the input size with a traversal limit.
+
+mod blob;
+mod codec;
+mod envelope;
+mod node;
+mod round;
+mod run;
+pub mod wire;
+
+pub use blob::{BlobRequest, BlobResponse, BlobWant, chunk_count};
+pub use codec::{
+    CHUNK_SIZE, DecodeError, MAX_BLOB_REQUEST, MAX_BLOB_RESPONSE, MAX_BLOB_SIZE,
+    MAX_CONTROL_MESSAGE, Message,
+};
+pub use envelope::{MessageKind, SignedEnvelope};
+pub use node::{Backend, Capabilities, NodeHello};
+pub use round::{Contribution, Heartbeat, RoundAnnouncement};
+pub use run::{ArtifactRef, ParameterRef, RunManifest};
