@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use libp2p::swarm::NetworkBehaviour;
 use libp2p::{
-    StreamProtocol, allow_block_list, autonat, connection_limits, gossipsub, identify, identity,
-    kad, ping, request_response,
+    StreamProtocol, allow_block_list, autonat, connection_limits, gossipsub, identify, identity, kad, ping,
+    request_response,
 };
 use pcp_schema::{BlobRequest, BlobResponse, MAX_CONTROL_MESSAGE};
 
@@ -75,11 +75,8 @@ impl Behaviour {
             })
             .build()
             .map_err(|e| format!("gossipsub config: {e}"))?;
-        let gossipsub = gossipsub::Behaviour::new(
-            gossipsub::MessageAuthenticity::Signed(key.clone()),
-            gossip_config,
-        )
-        .map_err(|e| format!("gossipsub: {e}"))?;
+        let gossipsub = gossipsub::Behaviour::new(gossipsub::MessageAuthenticity::Signed(key.clone()), gossip_config)
+            .map_err(|e| format!("gossipsub: {e}"))?;
 
         let autonat = autonat::Behaviour::new(
             peer_id,

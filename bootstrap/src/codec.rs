@@ -17,9 +17,7 @@ pub struct CapnpCodec<Req, Resp> {
 
 impl<Req, Resp> Default for CapnpCodec<Req, Resp> {
     fn default() -> Self {
-        Self {
-            _types: PhantomData,
-        }
+        Self { _types: PhantomData }
     }
 }
 
@@ -36,11 +34,7 @@ async fn read_frame<T: AsyncRead + Unpin + Send, M: Message>(io: &mut T) -> io::
     if len > M::MAX_SIZE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!(
-                "{}: frame of {len} bytes exceeds {} bytes",
-                M::NAME,
-                M::MAX_SIZE
-            ),
+            format!("{}: frame of {len} bytes exceeds {} bytes", M::NAME, M::MAX_SIZE),
         ));
     }
     let mut buf = vec![0u8; len];
@@ -50,15 +44,12 @@ async fn read_frame<T: AsyncRead + Unpin + Send, M: Message>(io: &mut T) -> io::
 
 async fn write_frame<T: AsyncWrite + Unpin + Send, M: Message>(io: &mut T, m: M) -> io::Result<()> {
     let bytes = m.encode();
-    let len = u32::try_from(bytes.len())
-        .ok()
-        .filter(|l| *l as usize <= M::MAX_SIZE)
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{}: {} bytes exceed the frame limit", M::NAME, bytes.len()),
-            )
-        })?;
+    let len = u32::try_from(bytes.len()).ok().filter(|l| *l as usize <= M::MAX_SIZE).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: {} bytes exceed the frame limit", M::NAME, bytes.len()),
+        )
+    })?;
     io.write_all(&len.to_be_bytes()).await?;
     io.write_all(&bytes).await?;
     io.close().await
@@ -94,12 +85,7 @@ where
         write_frame(io, req).await
     }
 
-    async fn write_response<T>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        res: Resp,
-    ) -> io::Result<()>
+    async fn write_response<T>(&mut self, _: &StreamProtocol, io: &mut T, res: Resp) -> io::Result<()>
     where
         T: AsyncWrite + Unpin + Send,
     {
@@ -115,14 +101,9 @@ mod tests {
     #[test]
     fn roundtrip_and_oversized_claim() {
         futures::executor::block_on(async {
-            let req = BlobRequest {
-                blob: [3; 32],
-                want: BlobWant::Chunk(9),
-            };
+            let req = BlobRequest { blob: [3; 32], want: BlobWant::Chunk(9) };
             let mut buf = Vec::new();
-            write_frame(&mut futures::io::Cursor::new(&mut buf), req)
-                .await
-                .expect("write to memory");
+            write_frame(&mut futures::io::Cursor::new(&mut buf), req).await.expect("write to memory");
             let back: BlobRequest = read_frame(&mut &buf[..]).await.expect("read back");
             assert_eq!(back, req);
 
@@ -132,9 +113,7 @@ mod tests {
             assert_eq!(err.map(|e| e.kind()), Some(io::ErrorKind::InvalidData));
 
             // truncated body
-            let err = read_frame::<_, BlobRequest>(&mut &buf[..buf.len() - 3])
-                .await
-                .err();
+            let err = read_frame::<_, BlobRequest>(&mut &buf[..buf.len() - 3]).await.err();
             assert_eq!(err.map(|e| e.kind()), Some(io::ErrorKind::UnexpectedEof));
         });
     }

@@ -41,12 +41,8 @@ impl Config {
         Self {
             data_dir,
             listen: vec![
-                "/ip4/0.0.0.0/udp/0/quic-v1"
-                    .parse()
-                    .expect("valid literal multiaddr"),
-                "/ip4/0.0.0.0/tcp/0"
-                    .parse()
-                    .expect("valid literal multiaddr"),
+                "/ip4/0.0.0.0/udp/0/quic-v1".parse().expect("valid literal multiaddr"),
+                "/ip4/0.0.0.0/tcp/0".parse().expect("valid literal multiaddr"),
             ],
             bootstrap: Vec::new(),
             rebootstrap_interval: Duration::from_secs(60),
@@ -65,12 +61,8 @@ impl Config {
     pub fn loopback(data_dir: PathBuf) -> Self {
         Self {
             listen: vec![
-                "/ip4/127.0.0.1/udp/0/quic-v1"
-                    .parse()
-                    .expect("valid literal multiaddr"),
-                "/ip4/127.0.0.1/tcp/0"
-                    .parse()
-                    .expect("valid literal multiaddr"),
+                "/ip4/127.0.0.1/udp/0/quic-v1".parse().expect("valid literal multiaddr"),
+                "/ip4/127.0.0.1/tcp/0".parse().expect("valid literal multiaddr"),
             ],
             ..Self::new(data_dir)
         }

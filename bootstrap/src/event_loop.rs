@@ -45,30 +45,13 @@ pub(crate) enum Command {
     ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
     ExternalAddrs(oneshot::Sender<Vec<Multiaddr>>),
     Reachability(oneshot::Sender<Reachability>),
-    Dial {
-        addr: Multiaddr,
-        reply: oneshot::Sender<Result<(), DialError>>,
-    },
+    Dial { addr: Multiaddr, reply: oneshot::Sender<Result<(), DialError>> },
     RoutingPeers(oneshot::Sender<Vec<PeerId>>),
     ConnectedPeers(oneshot::Sender<Vec<PeerId>>),
-    Provide {
-        hash: BlobHash,
-        reply: oneshot::Sender<()>,
-    },
-    Fetch {
-        hash: BlobHash,
-        timeout: Duration,
-        reply: oneshot::Sender<Result<FetchReport, FetchError>>,
-    },
-    Subscribe {
-        run: RunId,
-        reply: oneshot::Sender<Result<(), GossipError>>,
-    },
-    Publish {
-        run: RunId,
-        data: Vec<u8>,
-        reply: oneshot::Sender<Result<(), GossipError>>,
-    },
+    Provide { hash: BlobHash, reply: oneshot::Sender<()> },
+    Fetch { hash: BlobHash, timeout: Duration, reply: oneshot::Sender<Result<FetchReport, FetchError>> },
+    Subscribe { run: RunId, reply: oneshot::Sender<Result<(), GossipError>> },
+    Publish { run: RunId, data: Vec<u8>, reply: oneshot::Sender<Result<(), GossipError>> },
     Stats(oneshot::Sender<Stats>),
 }
 
@@ -114,10 +97,7 @@ fn kad_key(hash: &BlobHash) -> kad::RecordKey {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// Whether an address is a QUIC address (preferred over TCP).
@@ -146,11 +126,7 @@ impl EventLoop {
         let behaviour_config = config.clone();
         let mut swarm = libp2p::SwarmBuilder::with_existing_identity(key)
             .with_tokio()
-            .with_tcp(
-                tcp::Config::default().nodelay(true),
-                noise::Config::new,
-                yamux::Config::default,
-            )
+            .with_tcp(tcp::Config::default().nodelay(true), noise::Config::new, yamux::Config::default)
             .map_err(|e| StartError::Swarm(format!("tcp transport: {e}")))?
             .with_quic()
             .with_behaviour(|key| Behaviour::new(key, &behaviour_config))
@@ -160,10 +136,7 @@ impl EventLoop {
         for addr in &config.listen {
             swarm
                 .listen_on(addr.clone())
-                .map_err(|e| StartError::Listen {
-                    addr: addr.clone(),
-                    reason: e.to_string(),
-                })?;
+                .map_err(|e| StartError::Listen { addr: addr.clone(), reason: e.to_string() })?;
         }
         let mut seeds: Vec<_> = config.bootstrap.iter().map(split_peer).collect();
         seeds.sort_by_key(|(_, a)| !is_quic(a));
@@ -233,15 +206,10 @@ impl EventLoop {
                 if self.swarm.is_connected(&peer) {
                     continue;
                 }
-                self.swarm
-                    .behaviour_mut()
-                    .kad
-                    .add_address(&peer, addr.clone());
+                self.swarm.behaviour_mut().kad.add_address(&peer, addr.clone());
             }
             let opts = match peer {
-                Some(peer) => DialOpts::peer_id(peer)
-                    .addresses(vec![addr.clone()])
-                    .build(),
+                Some(peer) => DialOpts::peer_id(peer).addresses(vec![addr.clone()]).build(),
                 None => DialOpts::unknown_peer_id().address(addr.clone()).build(),
             };
             if let Err(e) = self.swarm.dial(opts) {
@@ -252,12 +220,7 @@ impl EventLoop {
 
     fn housekeeping(&mut self) {
         let now = Instant::now();
-        let expired: Vec<PeerId> = self
-            .banned
-            .iter()
-            .filter(|(_, until)| **until <= now)
-            .map(|(p, _)| *p)
-            .collect();
+        let expired: Vec<PeerId> = self.banned.iter().filter(|(_, until)| **until <= now).map(|(p, _)| *p).collect();
         for peer in expired {
             self.banned.remove(&peer);
             self.swarm.behaviour_mut().blocked.unblock_peer(peer);
@@ -275,10 +238,7 @@ impl EventLoop {
                 let _ = self.swarm.behaviour_mut().kad.bootstrap();
             }
         }
-        if self
-            .last_rescan
-            .is_none_or(|t| now.duration_since(t) >= RESCAN)
-        {
+        if self.last_rescan.is_none_or(|t| now.duration_since(t) >= RESCAN) {
             self.last_rescan = Some(now);
             self.provide_store();
         }
@@ -305,12 +265,7 @@ impl EventLoop {
     /// Announces `hash` in the DHT; `reply` is answered when the announcement is done.
     fn provide(&mut self, hash: BlobHash, reply: Option<oneshot::Sender<()>>) {
         self.provided.insert(hash);
-        match self
-            .swarm
-            .behaviour_mut()
-            .kad
-            .start_providing(kad_key(&hash))
-        {
+        match self.swarm.behaviour_mut().kad.start_providing(kad_key(&hash)) {
             Ok(id) => {
                 if let Some(reply) = reply {
                     self.provide_replies.insert(id, reply);
@@ -335,10 +290,7 @@ impl EventLoop {
                 let _ = reply.send(self.reachability.clone());
             }
             Command::Dial { addr, reply } => {
-                let result = self.swarm.dial(addr.clone()).map_err(|e| DialError::Dial {
-                    addr,
-                    reason: e.to_string(),
-                });
+                let result = self.swarm.dial(addr.clone()).map_err(|e| DialError::Dial { addr, reason: e.to_string() });
                 let _ = reply.send(result);
             }
             Command::RoutingPeers(reply) => {
@@ -352,11 +304,7 @@ impl EventLoop {
                 let _ = reply.send(self.swarm.connected_peers().copied().collect());
             }
             Command::Provide { hash, reply } => self.provide(hash, Some(reply)),
-            Command::Fetch {
-                hash,
-                timeout,
-                reply,
-            } => self.start_fetch(hash, timeout, reply),
+            Command::Fetch { hash, timeout, reply } => self.start_fetch(hash, timeout, reply),
             Command::Subscribe { run, reply } => {
                 let result = self
                     .swarm
@@ -364,10 +312,7 @@ impl EventLoop {
                     .gossipsub
                     .subscribe(&topic(run))
                     .map(|_| ())
-                    .map_err(|e| GossipError::Refused {
-                        run,
-                        reason: e.to_string(),
-                    });
+                    .map_err(|e| GossipError::Refused { run, reason: e.to_string() });
                 if result.is_ok() {
                     self.subscriptions.insert(run);
                 }
@@ -380,10 +325,7 @@ impl EventLoop {
                     .gossipsub
                     .publish(topic(run), data)
                     .map(|_| ())
-                    .map_err(|e| GossipError::Refused {
-                        run,
-                        reason: e.to_string(),
-                    });
+                    .map_err(|e| GossipError::Refused { run, reason: e.to_string() });
                 let _ = reply.send(result);
             }
             Command::Stats(reply) => {
@@ -397,20 +339,12 @@ impl EventLoop {
             SwarmEvent::NewListenAddr { address, .. } => {
                 self.emit(Event::Listening { addr: address });
             }
-            SwarmEvent::ConnectionEstablished {
-                peer_id,
-                endpoint,
-                num_established,
-                ..
-            } => {
+            SwarmEvent::ConnectionEstablished { peer_id, endpoint, num_established, .. } => {
                 let addr = endpoint.get_remote_address().clone();
                 tracing::debug!(%peer_id, %addr, "connected");
                 if num_established.get() == 1 {
                     // extra connections (AutoNAT dial-backs) are not new peers
-                    self.emit(Event::PeerConnected {
-                        peer: peer_id,
-                        addr,
-                    });
+                    self.emit(Event::PeerConnected { peer: peer_id, addr });
                 }
                 if self.seeds.iter().any(|(p, _)| *p == Some(peer_id)) {
                     let _ = self.swarm.behaviour_mut().kad.bootstrap();
@@ -443,11 +377,9 @@ impl EventLoop {
                 }
             }
             BehaviourEvent::Kad(event) => self.on_kad(event),
-            BehaviourEvent::Gossipsub(gossipsub::Event::Message {
-                propagation_source,
-                message_id,
-                message,
-            }) => self.on_gossip(propagation_source, message_id, message),
+            BehaviourEvent::Gossipsub(gossipsub::Event::Message { propagation_source, message_id, message }) => {
+                self.on_gossip(propagation_source, message_id, message)
+            }
             BehaviourEvent::Autonat(autonat::Event::StatusChanged { new, .. }) => {
                 let status = match new {
                     autonat::NatStatus::Public(addr) => Reachability::Public(addr),
@@ -464,14 +396,11 @@ impl EventLoop {
 
     fn on_kad(&mut self, event: kad::Event) {
         match event {
-            kad::Event::RoutingUpdated {
-                peer, is_new_peer, ..
-            } if is_new_peer => self.emit(Event::PeerDiscovered { peer }),
+            kad::Event::RoutingUpdated { peer, is_new_peer, .. } if is_new_peer => {
+                self.emit(Event::PeerDiscovered { peer })
+            }
             kad::Event::OutboundQueryProgressed {
-                id,
-                result: kad::QueryResult::StartProviding(result),
-                step,
-                ..
+                id, result: kad::QueryResult::StartProviding(result), step, ..
             } => {
                 if let Err(e) = result {
                     tracing::debug!("provider announcement: {e:?}");
@@ -483,10 +412,7 @@ impl EventLoop {
                 }
             }
             kad::Event::OutboundQueryProgressed {
-                id,
-                result: kad::QueryResult::GetProviders(result),
-                step,
-                ..
+                id, result: kad::QueryResult::GetProviders(result), step, ..
             } => {
                 let Some(hash) = self.provider_queries.get(&id).copied() else {
                     return;
@@ -515,45 +441,26 @@ impl EventLoop {
     }
 
     fn on_gossip(&mut self, source: PeerId, id: gossipsub::MessageId, message: gossipsub::Message) {
-        let run = self
-            .subscriptions
-            .iter()
-            .copied()
-            .find(|r| topic(*r).hash() == message.topic);
+        let run = self.subscriptions.iter().copied().find(|r| topic(*r).hash() == message.topic);
         let verdict = match run {
             None => Err("message for a run this node is not in".to_string()),
             Some(run) => pcp_protocol::open(&message.data)
                 .map_err(|e| e.to_string())
-                .and_then(|v| {
-                    self.replay
-                        .check(&v, run, now_ms())
-                        .map(|()| (run, v))
-                        .map_err(|e| e.to_string())
-                }),
+                .and_then(|v| self.replay.check(&v, run, now_ms()).map(|()| (run, v)).map_err(|e| e.to_string())),
         };
         let acceptance = match verdict {
             Ok((run, verified)) => {
-                self.emit(Event::Gossip {
-                    run,
-                    from: source,
-                    message: Box::new(verified),
-                });
+                self.emit(Event::Gossip { run, from: source, message: Box::new(verified) });
                 gossipsub::MessageAcceptance::Accept
             }
             Err(reason) => {
                 self.stats.messages_rejected += 1;
                 tracing::debug!(peer = %source, "rejected gossip: {reason}");
-                self.emit(Event::MessageRejected {
-                    peer: source,
-                    reason,
-                });
+                self.emit(Event::MessageRejected { peer: source, reason });
                 gossipsub::MessageAcceptance::Reject
             }
         };
-        self.swarm
-            .behaviour_mut()
-            .gossipsub
-            .report_message_validation_result(&id, &source, acceptance);
+        self.swarm.behaviour_mut().gossipsub.report_message_validation_result(&id, &source, acceptance);
     }
 
     // ---- blob transfer -----------------------------------------------------------
@@ -582,17 +489,11 @@ impl EventLoop {
             return;
         }
         if self.fetches.len() >= MAX_FETCHES {
-            let _ = reply.send(Err(FetchError::Busy {
-                hash,
-                max: MAX_FETCHES,
-            }));
+            let _ = reply.send(Err(FetchError::Busy { hash, max: MAX_FETCHES }));
             return;
         }
         tracing::debug!(%hash, "fetch started");
-        self.fetches.insert(
-            hash,
-            Fetch::new(hash, now, now + timeout, reply, MAX_PROVIDER_FAILURES),
-        );
+        self.fetches.insert(hash, Fetch::new(hash, now, now + timeout, reply, MAX_PROVIDER_FAILURES));
         self.query_providers(hash);
         self.drive(hash);
     }
@@ -632,11 +533,7 @@ impl EventLoop {
         };
         let requests = fetch.next_requests(window, now, GATHER);
         for (peer, want) in requests {
-            let id = self
-                .swarm
-                .behaviour_mut()
-                .blob
-                .send_request(&peer, BlobRequest { blob: hash.0, want });
+            let id = self.swarm.behaviour_mut().blob.send_request(&peer, BlobRequest { blob: hash.0, want });
             self.pending.insert(id, Pending { hash, peer, want });
         }
     }
@@ -671,8 +568,7 @@ impl EventLoop {
         }
         tracing::warn!(%peer, "banning: {reason}");
         self.stats.peers_banned += 1;
-        self.banned
-            .insert(peer, Instant::now() + self.config.ban_duration);
+        self.banned.insert(peer, Instant::now() + self.config.ban_duration);
         self.swarm.behaviour_mut().blocked.block_peer(peer);
         self.swarm.behaviour_mut().kad.remove_peer(&peer);
         for fetch in self.fetches.values_mut() {
@@ -684,17 +580,10 @@ impl EventLoop {
     fn on_blob(&mut self, event: request_response::Event<BlobRequest, BlobResponse>) {
         match event {
             request_response::Event::Message { peer, message, .. } => match message {
-                request_response::Message::Request {
-                    request, channel, ..
-                } => self.serve(peer, request, channel),
-                request_response::Message::Response {
-                    request_id,
-                    response,
-                } => self.on_response(request_id, response),
+                request_response::Message::Request { request, channel, .. } => self.serve(peer, request, channel),
+                request_response::Message::Response { request_id, response } => self.on_response(request_id, response),
             },
-            request_response::Event::OutboundFailure {
-                request_id, error, ..
-            } => {
+            request_response::Event::OutboundFailure { request_id, error, .. } => {
                 if let Some(p) = self.pending.remove(&request_id) {
                     tracing::debug!(peer = %p.peer, hash = %p.hash, "blob request failed: {error}");
                     if let Some(fetch) = self.fetches.get_mut(&p.hash) {
@@ -727,40 +616,24 @@ impl EventLoop {
         }
     }
 
-    fn serve(
-        &mut self,
-        peer: PeerId,
-        request: BlobRequest,
-        channel: ResponseChannel<BlobResponse>,
-    ) {
+    fn serve(&mut self, peer: PeerId, request: BlobRequest, channel: ResponseChannel<BlobResponse>) {
         let hash = BlobHash(request.blob);
         let response = match (self.cached_outboard(&hash), request.want) {
             (None, _) => BlobResponse::NotFound,
-            (Some(ob), BlobWant::Outboard) => BlobResponse::Outboard {
-                size: ob.size,
-                chunk_cvs: ob.cvs,
-            },
-            (Some(ob), BlobWant::Chunk(index)) => {
-                match self.store.read_chunk(&hash, ob.size, index) {
-                    Ok(Some(data)) => {
-                        self.stats.chunks_served += 1;
-                        BlobResponse::Chunk(data)
-                    }
-                    Ok(None) => BlobResponse::Refused(format!("chunk {index} out of range")),
-                    Err(e) => {
-                        tracing::warn!(%hash, "reading chunk {index}: {e}");
-                        BlobResponse::NotFound
-                    }
+            (Some(ob), BlobWant::Outboard) => BlobResponse::Outboard { size: ob.size, chunk_cvs: ob.cvs },
+            (Some(ob), BlobWant::Chunk(index)) => match self.store.read_chunk(&hash, ob.size, index) {
+                Ok(Some(data)) => {
+                    self.stats.chunks_served += 1;
+                    BlobResponse::Chunk(data)
                 }
-            }
+                Ok(None) => BlobResponse::Refused(format!("chunk {index} out of range")),
+                Err(e) => {
+                    tracing::warn!(%hash, "reading chunk {index}: {e}");
+                    BlobResponse::NotFound
+                }
+            },
         };
-        if self
-            .swarm
-            .behaviour_mut()
-            .blob
-            .send_response(channel, response)
-            .is_err()
-        {
+        if self.swarm.behaviour_mut().blob.send_response(channel, response).is_err() {
             tracing::debug!(%peer, "blob response dropped: connection closed");
         }
     }
@@ -779,25 +652,15 @@ impl EventLoop {
                 }
                 Ok(())
             }
-            (BlobWant::Outboard, BlobResponse::Outboard { size, chunk_cvs }) => self.on_outboard(
-                hash,
-                peer,
-                Outboard {
-                    size,
-                    cvs: chunk_cvs,
-                },
-            ),
-            (BlobWant::Chunk(index), BlobResponse::Chunk(data)) => {
-                self.on_chunk(hash, peer, index, &data)
+            (BlobWant::Outboard, BlobResponse::Outboard { size, chunk_cvs }) => {
+                self.on_outboard(hash, peer, Outboard { size, cvs: chunk_cvs })
             }
+            (BlobWant::Chunk(index), BlobResponse::Chunk(data)) => self.on_chunk(hash, peer, index, &data),
             (want, other) => {
                 if let Some(f) = self.fetches.get_mut(&hash) {
                     f.request_failed(peer, want);
                 }
-                Err(format!(
-                    "answered {want:?} for blob {hash} with {}",
-                    kind(&other)
-                ))
+                Err(format!("answered {want:?} for blob {hash} with {}", kind(&other)))
             }
         };
         if let Err(reason) = verdict {
@@ -806,12 +669,7 @@ impl EventLoop {
         self.drive(hash);
     }
 
-    fn on_outboard(
-        &mut self,
-        hash: BlobHash,
-        peer: PeerId,
-        outboard: Outboard,
-    ) -> Result<(), String> {
+    fn on_outboard(&mut self, hash: BlobHash, peer: PeerId, outboard: Outboard) -> Result<(), String> {
         if outboard.root() != Some(hash) {
             self.stats.chunks_rejected += 1;
             if let Some(f) = self.fetches.get_mut(&hash) {
@@ -825,11 +683,7 @@ impl EventLoop {
         let max = self.store.max_size();
         if outboard.size > max {
             if let Some(f) = self.fetches.remove(&hash) {
-                f.fail(FetchError::TooLarge {
-                    hash,
-                    size: outboard.size,
-                    max,
-                });
+                f.fail(FetchError::TooLarge { hash, size: outboard.size, max });
             }
             return Ok(());
         }
@@ -842,23 +696,14 @@ impl EventLoop {
             }
             Err(e) => {
                 if let Some(f) = self.fetches.remove(&hash) {
-                    f.fail(FetchError::Store {
-                        hash,
-                        reason: e.to_string(),
-                    });
+                    f.fail(FetchError::Store { hash, reason: e.to_string() });
                 }
             }
         }
         Ok(())
     }
 
-    fn on_chunk(
-        &mut self,
-        hash: BlobHash,
-        peer: PeerId,
-        index: u32,
-        data: &[u8],
-    ) -> Result<(), String> {
+    fn on_chunk(&mut self, hash: BlobHash, peer: PeerId, index: u32, data: &[u8]) -> Result<(), String> {
         let Some(fetch) = self.fetches.get_mut(&hash) else {
             return Ok(());
         };
@@ -870,10 +715,7 @@ impl EventLoop {
             }
             Err(e) => {
                 if let Some(f) = self.fetches.remove(&hash) {
-                    f.fail(FetchError::Store {
-                        hash,
-                        reason: e.to_string(),
-                    });
+                    f.fail(FetchError::Store { hash, reason: e.to_string() });
                 }
                 Ok(())
             }

@@ -37,13 +37,7 @@ pub(crate) struct Fetch {
 }
 
 impl Fetch {
-    pub(crate) fn new(
-        hash: BlobHash,
-        now: Instant,
-        deadline: Instant,
-        reply: Reply,
-        max_failures: u32,
-    ) -> Self {
+    pub(crate) fn new(hash: BlobHash, now: Instant, deadline: Instant, reply: Reply, max_failures: u32) -> Self {
         Self {
             hash,
             started: now,
@@ -95,8 +89,7 @@ impl Fetch {
     }
 
     fn usable(&self, peer: &PeerId) -> bool {
-        !self.lacking.contains(peer)
-            && self.failures.get(peer).copied().unwrap_or(0) < self.max_failures
+        !self.lacking.contains(peer) && self.failures.get(peer).copied().unwrap_or(0) < self.max_failures
     }
 
     pub(crate) fn query_started(&mut self, now: Instant) {
@@ -113,27 +106,15 @@ impl Fetch {
     pub(crate) fn needs_query(&self, now: Instant, every: Duration) -> bool {
         !self.query_running
             && !self.providers.iter().any(|p| self.usable(p))
-            && self
-                .last_query
-                .is_none_or(|t| now.duration_since(t) >= every)
+            && self.last_query.is_none_or(|t| now.duration_since(t) >= every)
     }
 
     /// Requests to send now: the outboard from one provider, or chunks spread over every
     /// usable provider, at most `window` in flight each.
     /// Chunk requests wait up to `gather` after the start while the provider query runs,
     /// so that the work is spread over every provider rather than the first found.
-    pub(crate) fn next_requests(
-        &mut self,
-        window: usize,
-        now: Instant,
-        gather: Duration,
-    ) -> Vec<(PeerId, BlobWant)> {
-        let usable: Vec<PeerId> = self
-            .providers
-            .iter()
-            .copied()
-            .filter(|p| self.usable(p))
-            .collect();
+    pub(crate) fn next_requests(&mut self, window: usize, now: Instant, gather: Duration) -> Vec<(PeerId, BlobWant)> {
+        let usable: Vec<PeerId> = self.providers.iter().copied().filter(|p| self.usable(p)).collect();
         let mut out = Vec::new();
         if self.partial.is_none() {
             if self.outboard_request.is_none()
@@ -211,12 +192,7 @@ impl Fetch {
 
     /// Verifies and stores a chunk. `Ok(false)`: it failed verification (the caller bans
     /// the sender).
-    pub(crate) fn accept_chunk(
-        &mut self,
-        peer: PeerId,
-        index: u32,
-        data: &[u8],
-    ) -> Result<bool, StoreError> {
+    pub(crate) fn accept_chunk(&mut self, peer: PeerId, index: u32, data: &[u8]) -> Result<bool, StoreError> {
         if let Some(s) = self.inflight.get_mut(&peer) {
             s.remove(&index);
         }
@@ -247,10 +223,7 @@ impl Fetch {
     pub(crate) fn timeout_error(&self, now: Instant) -> FetchError {
         let (done, total) = self.partial.as_ref().map_or((0, 0), |p| {
             let total = p.outboard().chunks();
-            (
-                total - u32::try_from(p.missing().len()).unwrap_or(total),
-                total,
-            )
+            (total - u32::try_from(p.missing().len()).unwrap_or(total), total)
         });
         FetchError::TimedOut {
             hash: self.hash,
@@ -285,15 +258,9 @@ impl Fetch {
                         chunks_fetched: self.fetched,
                         seconds,
                     })
-                    .map_err(|e| FetchError::Store {
-                        hash: self.hash,
-                        reason: e.to_string(),
-                    })
+                    .map_err(|e| FetchError::Store { hash: self.hash, reason: e.to_string() })
             }
-            None => Err(FetchError::Store {
-                hash: self.hash,
-                reason: "finished without data".into(),
-            }),
+            None => Err(FetchError::Store { hash: self.hash, reason: "finished without data".into() }),
         };
         (result, self.waiters)
     }

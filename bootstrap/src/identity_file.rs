@@ -49,34 +49,22 @@ pub fn load_or_create(data_dir: &Path) -> Result<Identity, IdentityError> {
     };
     match fs::read(&path) {
         Ok(bytes) => {
-            let mode = fs::metadata(&path)
-                .map_err(io("stat"))?
-                .permissions()
-                .mode()
-                & 0o777;
+            let mode = fs::metadata(&path).map_err(io("stat"))?.permissions().mode() & 0o777;
             if mode & 0o077 != 0 {
                 return Err(IdentityError::Permissions { path, mode });
             }
-            let secret: [u8; 32] =
-                bytes
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| IdentityError::Length {
-                        path: path.clone(),
-                        len: bytes.len(),
-                    })?;
+            let secret: [u8; 32] = bytes
+                .as_slice()
+                .try_into()
+                .map_err(|_| IdentityError::Length { path: path.clone(), len: bytes.len() })?;
             Ok(Identity::from_secret(secret))
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             fs::create_dir_all(data_dir).map_err(io("create"))?;
             let mut secret = [0u8; 32];
             rand::rngs::OsRng.fill_bytes(&mut secret);
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-                .map_err(io("create"))?;
+            let mut file =
+                OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(io("create"))?;
             file.write_all(&secret).map_err(io("write"))?;
             file.sync_all().map_err(io("sync"))?;
             Ok(Identity::from_secret(secret))
@@ -102,9 +90,7 @@ mod tests {
     fn created_with_0600_reloaded_and_matches_peer_id() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let a = load_or_create(dir.path())?;
-        let mode = fs::metadata(dir.path().join("identity.key"))?
-            .permissions()
-            .mode();
+        let mode = fs::metadata(dir.path().join("identity.key"))?.permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         let b = load_or_create(dir.path())?;
         assert_eq!(a.public(), b.public());
@@ -120,16 +106,10 @@ mod tests {
         let path = dir.path().join("identity.key");
         fs::write(&path, b"short")?;
         fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
-        assert!(matches!(
-            load_or_create(dir.path()),
-            Err(IdentityError::Length { len: 5, .. })
-        ));
+        assert!(matches!(load_or_create(dir.path()), Err(IdentityError::Length { len: 5, .. })));
         fs::write(&path, [0u8; 32])?;
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644))?;
-        assert!(matches!(
-            load_or_create(dir.path()),
-            Err(IdentityError::Permissions { .. })
-        ));
+        assert!(matches!(load_or_create(dir.path()), Err(IdentityError::Permissions { .. })));
         Ok(())
     }
 }

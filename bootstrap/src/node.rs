@@ -147,18 +147,11 @@ pub struct Node {
 impl Node {
     /// Builds a node (its swarm listens at once) and returns its handle, its event
     /// stream and the event loop to run.
-    pub fn new(
-        identity: &Identity,
-        config: Config,
-    ) -> Result<(Self, mpsc::Receiver<Event>, EventLoop), StartError> {
+    pub fn new(identity: &Identity, config: Config) -> Result<(Self, mpsc::Receiver<Event>, EventLoop), StartError> {
         let (tx, rx) = mpsc::channel(config.command_queue.max(1));
         let (event_tx, event_rx) = mpsc::channel(config.event_queue.max(1));
         let event_loop = EventLoop::new(identity, config, rx, event_tx)?;
-        let node = Self {
-            commands: tx,
-            peer_id: event_loop.peer_id(),
-            public: identity.public(),
-        };
+        let node = Self { commands: tx, peer_id: event_loop.peer_id(), public: identity.public() };
         Ok((node, event_rx, event_loop))
     }
 
@@ -214,17 +207,8 @@ impl Node {
     }
 
     /// Fetches a blob from its providers, verifying every chunk, into the store.
-    pub async fn fetch(
-        &self,
-        hash: BlobHash,
-        timeout: Duration,
-    ) -> Result<FetchReport, FetchError> {
-        self.ask(|reply| Command::Fetch {
-            hash,
-            timeout,
-            reply,
-        })
-        .await?
+    pub async fn fetch(&self, hash: BlobHash, timeout: Duration) -> Result<FetchReport, FetchError> {
+        self.ask(|reply| Command::Fetch { hash, timeout, reply }).await?
     }
 
     /// Subscribes to a run's gossip topic.
@@ -234,8 +218,7 @@ impl Node {
 
     /// Publishes an encoded signed envelope on a run's topic.
     pub async fn publish(&self, run: RunId, data: Vec<u8>) -> Result<(), GossipError> {
-        self.ask(|reply| Command::Publish { run, data, reply })
-            .await?
+        self.ask(|reply| Command::Publish { run, data, reply }).await?
     }
 
     /// Counters.

@@ -3,9 +3,7 @@
 //! value can be checked on its own. The list of chunk chaining values (the outboard)
 //! is checked once by merging it up to the root, which must equal the blob's content id.
 
-use blake3::hazmat::{
-    ChainingValue, HasherExt, Mode, left_subtree_len, merge_subtrees_non_root, merge_subtrees_root,
-};
+use blake3::hazmat::{ChainingValue, HasherExt, Mode, left_subtree_len, merge_subtrees_non_root, merge_subtrees_root};
 use pcp_protocol::BlobHash;
 use pcp_schema::{CHUNK_SIZE, chunk_count};
 
@@ -88,10 +86,7 @@ pub struct OutboardBuilder {
 impl OutboardBuilder {
     /// For a blob of `size` bytes.
     pub fn new(size: u64) -> Self {
-        Self {
-            size,
-            cvs: Vec::with_capacity(chunk_count(size) as usize),
-        }
+        Self { size, cvs: Vec::with_capacity(chunk_count(size) as usize) }
     }
 
     /// Adds the next chunk.
@@ -102,10 +97,7 @@ impl OutboardBuilder {
 
     /// The outboard and the blob's content id.
     pub fn finish(self) -> Option<(Outboard, BlobHash)> {
-        let outboard = Outboard {
-            size: self.size,
-            cvs: self.cvs,
-        };
+        let outboard = Outboard { size: self.size, cvs: self.cvs };
         let root = outboard.root()?;
         Some((outboard, root))
     }
@@ -128,9 +120,7 @@ mod tests {
 
     #[test]
     fn root_equals_blake3_for_many_sizes() {
-        let data: Vec<u8> = (0..(5 * CHUNK_SIZE + 3))
-            .map(|i| (i * 7 % 251) as u8)
-            .collect();
+        let data: Vec<u8> = (0..(5 * CHUNK_SIZE + 3)).map(|i| (i * 7 % 251) as u8).collect();
         for len in [
             0,
             1,
@@ -157,10 +147,7 @@ mod tests {
         let mut chunk = data[CHUNK_SIZE..2 * CHUNK_SIZE].to_vec();
         chunk[100] ^= 1;
         assert!(!ob.verify_chunk(1, &chunk));
-        assert!(
-            !ob.verify_chunk(1, &data[..CHUNK_SIZE]),
-            "chunk 0 is not chunk 1"
-        );
+        assert!(!ob.verify_chunk(1, &data[..CHUNK_SIZE]), "chunk 0 is not chunk 1");
         assert!(!ob.verify_chunk(7, &data[..CHUNK_SIZE]), "out of range");
         ob.cvs[2][0] ^= 1;
         assert_ne!(ob.root(), Some(root));

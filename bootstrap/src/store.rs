@@ -51,11 +51,7 @@ pub enum StoreError {
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
-    move |source| StoreError::Io {
-        op,
-        path: path.to_owned(),
-        source,
-    }
+    move |source| StoreError::Io { op, path: path.to_owned(), source }
 }
 
 /// Content-addressed blobs on disk.
@@ -71,10 +67,7 @@ impl BlobStore {
         let dir = data_dir.join("blobs");
         let partial = dir.join("partial");
         fs::create_dir_all(&partial).map_err(io_err("create", &partial))?;
-        Ok(Self {
-            dir,
-            max_size: MAX_BLOB_SIZE,
-        })
+        Ok(Self { dir, max_size: MAX_BLOB_SIZE })
     }
 
     /// Lowers the maximum blob size (for tests and small nodes).
@@ -98,9 +91,7 @@ impl BlobStore {
     }
 
     fn partial_path(&self, hash: &BlobHash, ext: &str) -> PathBuf {
-        self.dir
-            .join("partial")
-            .join(format!("{}{ext}", hash.to_hex()))
+        self.dir.join("partial").join(format!("{}{ext}", hash.to_hex()))
     }
 
     /// Whether the blob is complete in the store.
@@ -133,24 +124,19 @@ impl BlobStore {
         let mut src = File::open(path).map_err(io_err("open", path))?;
         let size = src.metadata().map_err(io_err("stat", path))?.len();
         if size > self.max_size {
-            return Err(StoreError::TooLarge {
-                path: path.to_owned(),
-                size,
-                max: self.max_size,
-            });
+            return Err(StoreError::TooLarge { path: path.to_owned(), size, max: self.max_size });
         }
-        let tmp = self.dir.join("partial").join(format!(
-            "put-{}.tmp",
-            blake3::hash(path.as_os_str().as_encoded_bytes()).to_hex()
-        ));
+        let tmp = self
+            .dir
+            .join("partial")
+            .join(format!("put-{}.tmp", blake3::hash(path.as_os_str().as_encoded_bytes()).to_hex()));
         let mut dst = File::create(&tmp).map_err(io_err("create", &tmp))?;
         let mut builder = OutboardBuilder::new(size);
         let mut buf = vec![0u8; CHUNK_SIZE];
         let chunks = chunk_count(size);
         for index in 0..chunks {
             let len = chunk_len(size, index as u32);
-            src.read_exact(&mut buf[..len])
-                .map_err(io_err("read", path))?;
+            src.read_exact(&mut buf[..len]).map_err(io_err("read", path))?;
             builder.push(&buf[..len]);
             dst.write_all(&buf[..len]).map_err(io_err("write", &tmp))?;
         }
@@ -167,10 +153,7 @@ impl BlobStore {
 
     /// Adds bytes to the store.
     pub fn put_bytes(&self, bytes: &[u8]) -> Result<BlobHash, StoreError> {
-        let tmp = self
-            .dir
-            .join("partial")
-            .join(format!("bytes-{}.in", BlobHash::of(bytes).to_hex()));
+        let tmp = self.dir.join("partial").join(format!("bytes-{}.in", BlobHash::of(bytes).to_hex()));
         fs::write(&tmp, bytes).map_err(io_err("write", &tmp))?;
         let result = self.put_file(&tmp);
         let _ = fs::remove_file(&tmp);
@@ -190,12 +173,7 @@ impl BlobStore {
     }
 
     /// Chunk `index` of a complete blob, or `None` if the blob or chunk is not here.
-    pub fn read_chunk(
-        &self,
-        hash: &BlobHash,
-        size: u64,
-        index: u32,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
+    pub fn read_chunk(&self, hash: &BlobHash, size: u64, index: u32) -> Result<Option<Vec<u8>>, StoreError> {
         if u64::from(index) >= chunk_count(size) {
             return Ok(None);
         }
@@ -206,8 +184,7 @@ impl BlobStore {
             Err(e) => return Err(io_err("open", &path)(e)),
         };
         let mut buf = vec![0u8; chunk_len(size, index)];
-        file.read_exact_at(&mut buf, u64::from(index) * CHUNK_SIZE as u64)
-            .map_err(io_err("read", &path))?;
+        file.read_exact_at(&mut buf, u64::from(index) * CHUNK_SIZE as u64).map_err(io_err("read", &path))?;
         Ok(Some(buf))
     }
 
@@ -224,8 +201,7 @@ impl BlobStore {
             .truncate(false)
             .open(&data_path)
             .map_err(io_err("open", &data_path))?;
-        data.set_len(outboard.size)
-            .map_err(io_err("resize", &data_path))?;
+        data.set_len(outboard.size).map_err(io_err("resize", &data_path))?;
         let mut done = match fs::read(&done_path) {
             Ok(d) if d.len() == chunks => d.into_iter().map(|b| b == 1).collect(),
             Ok(_) => vec![false; chunks],
@@ -237,9 +213,7 @@ impl BlobStore {
         for (index, d) in (0u32..).zip(done.iter_mut()) {
             if *d {
                 let len = chunk_len(outboard.size, index);
-                let ok = data
-                    .read_exact_at(&mut buf[..len], u64::from(index) * CHUNK_SIZE as u64)
-                    .is_ok()
+                let ok = data.read_exact_at(&mut buf[..len], u64::from(index) * CHUNK_SIZE as u64).is_ok()
                     && outboard.verify_chunk(index, &buf[..len]);
                 *d = ok;
             }
@@ -247,10 +221,7 @@ impl BlobStore {
         let marks: Vec<u8> = done.iter().map(|d| u8::from(*d)).collect();
         fs::write(&done_path, &marks).map_err(io_err("write", &done_path))?;
         write_outboard_file(&ob_path, &outboard)?;
-        let done_file = OpenOptions::new()
-            .write(true)
-            .open(&done_path)
-            .map_err(io_err("open", &done_path))?;
+        let done_file = OpenOptions::new().write(true).open(&done_path).map_err(io_err("open", &done_path))?;
         Ok(Partial {
             hash,
             outboard,
@@ -275,21 +246,13 @@ fn write_outboard_file(path: &Path, outboard: &Outboard) -> Result<(), StoreErro
 
 fn read_outboard_file(path: &Path, max: u64) -> Result<Outboard, StoreError> {
     let bytes = fs::read(path).map_err(io_err("read", path))?;
-    let corrupt = |reason: &str| StoreError::Corrupt {
-        path: path.to_owned(),
-        reason: reason.into(),
-    };
-    let (size, rest) = bytes
-        .split_at_checked(8)
-        .ok_or_else(|| corrupt("shorter than 8 bytes"))?;
+    let corrupt = |reason: &str| StoreError::Corrupt { path: path.to_owned(), reason: reason.into() };
+    let (size, rest) = bytes.split_at_checked(8).ok_or_else(|| corrupt("shorter than 8 bytes"))?;
     let size = u64::from_le_bytes(size.try_into().map_err(|_| corrupt("size"))?);
     if size > max || rest.len() as u64 != chunk_count(size) * 32 {
         return Err(corrupt("size does not match the chunk list"));
     }
-    let cvs = rest
-        .chunks_exact(32)
-        .map(|c| c.try_into().map_err(|_| corrupt("chunk")))
-        .collect::<Result<_, _>>()?;
+    let cvs = rest.chunks_exact(32).map(|c| c.try_into().map_err(|_| corrupt("chunk"))).collect::<Result<_, _>>()?;
     Ok(Outboard { size, cvs })
 }
 
@@ -316,11 +279,7 @@ impl Partial {
 
     /// Chunks not yet written.
     pub fn missing(&self) -> Vec<u32> {
-        (0u32..)
-            .zip(&self.done)
-            .filter(|(_, d)| !**d)
-            .map(|(i, _)| i)
-            .collect()
+        (0u32..).zip(&self.done).filter(|(_, d)| !**d).map(|(i, _)| i).collect()
     }
 
     /// Whether chunk `index` is written.
@@ -336,12 +295,8 @@ impl Partial {
     /// Writes chunk `index`, which the caller has verified, and marks it done.
     pub fn write_chunk(&mut self, index: u32, data: &[u8]) -> Result<(), StoreError> {
         let offset = u64::from(index) * CHUNK_SIZE as u64;
-        self.data
-            .write_all_at(data, offset)
-            .map_err(io_err("write", &self.data_path))?;
-        self.done_file
-            .write_all_at(&[1], u64::from(index))
-            .map_err(io_err("write", &self.done_path))?;
+        self.data.write_all_at(data, offset).map_err(io_err("write", &self.data_path))?;
+        self.done_file.write_all_at(&[1], u64::from(index)).map_err(io_err("write", &self.done_path))?;
         if let Some(d) = self.done.get_mut(index as usize) {
             *d = true;
         }
@@ -350,9 +305,7 @@ impl Partial {
 
     /// Moves the complete blob into the store and returns its path.
     pub fn finish(self) -> Result<PathBuf, StoreError> {
-        self.data
-            .sync_all()
-            .map_err(io_err("sync", &self.data_path))?;
+        self.data.sync_all().map_err(io_err("sync", &self.data_path))?;
         write_outboard_file(&self.final_outboard, &self.outboard)?;
         fs::rename(&self.data_path, &self.final_path).map_err(io_err("rename", &self.data_path))?;
         let _ = fs::remove_file(&self.done_path);
@@ -374,15 +327,11 @@ mod tests {
     fn put_read_and_resume() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let store = BlobStore::open(dir.path())?;
-        let data: Vec<u8> = (0..(2 * CHUNK_SIZE + 10))
-            .map(|i| (i % 253) as u8)
-            .collect();
+        let data: Vec<u8> = (0..(2 * CHUNK_SIZE + 10)).map(|i| (i % 253) as u8).collect();
         let hash = store.put_bytes(&data)?;
         assert_eq!(hash, BlobHash::of(&data));
         assert_eq!(store.list()?, vec![hash]);
-        let ob = store
-            .outboard(&hash)?
-            .ok_or_else(|| anyhow::anyhow!("no outboard"))?;
+        let ob = store.outboard(&hash)?.ok_or_else(|| anyhow::anyhow!("no outboard"))?;
         assert_eq!(ob.root(), Some(hash));
         let c2 = store.read_chunk(&hash, ob.size, 2)?;
         assert_eq!(c2.as_deref(), Some(&data[2 * CHUNK_SIZE..]));
@@ -418,14 +367,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let store = BlobStore::open(dir.path())?.with_max_size(10);
         let err = store.put_bytes(&[0; 11]).err();
-        assert!(matches!(
-            err,
-            Some(StoreError::TooLarge {
-                size: 11,
-                max: 10,
-                ..
-            })
-        ));
+        assert!(matches!(err, Some(StoreError::TooLarge { size: 11, max: 10, .. })));
         Ok(())
     }
 }

@@ -71,18 +71,8 @@ impl TestNode {
             return Err(TestNetError::NoAddress { index, seconds: 10 });
         }
         let peer = node.peer_id();
-        let addrs = addrs
-            .into_iter()
-            .map(|a| a.with(Protocol::P2p(peer)))
-            .collect();
-        Ok(Self {
-            node,
-            events,
-            data_dir,
-            addrs,
-            cancel,
-            task,
-        })
+        let addrs = addrs.into_iter().map(|a| a.with(Protocol::P2p(peer))).collect();
+        Ok(Self { node, events, data_dir, addrs, cancel, task })
     }
 
     /// This node's PeerId.
@@ -111,37 +101,23 @@ pub struct TestNet {
 
 impl std::fmt::Debug for TestNet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestNet")
-            .field("base", &self.base)
-            .field("nodes", &self.nodes)
-            .finish_non_exhaustive()
+        f.debug_struct("TestNet").field("base", &self.base).field("nodes", &self.nodes).finish_non_exhaustive()
     }
 }
 
 impl TestNet {
     /// Starts the seed with data under `base`. `tweak` adjusts every node's config.
-    pub async fn new(
-        base: &Path,
-        tweak: impl Fn(&mut Config) + Send + Sync + 'static,
-    ) -> Result<Self, TestNetError> {
+    pub async fn new(base: &Path, tweak: impl Fn(&mut Config) + Send + Sync + 'static) -> Result<Self, TestNetError> {
         let tweak: Tweak = Arc::new(tweak);
         let mut config = Config::loopback(base.join("node-0"));
         tweak(&mut config);
         let seed = TestNode::start(0, config).await?;
-        Ok(Self {
-            base: base.to_owned(),
-            nodes: vec![seed],
-            started: 1,
-            tweak,
-        })
+        Ok(Self { base: base.to_owned(), nodes: vec![seed], started: 1, tweak })
     }
 
     /// The seed's addresses.
     pub fn seed_addrs(&self) -> Vec<Multiaddr> {
-        self.nodes
-            .first()
-            .map(|n| n.addrs.clone())
-            .unwrap_or_default()
+        self.nodes.first().map(|n| n.addrs.clone()).unwrap_or_default()
     }
 
     /// Starts another node bootstrapped from the seed; returns its index.

@@ -28,10 +28,7 @@ async fn all_discovered(net: &TestNet, within: Duration) -> anyhow::Result<Durat
         let mut missing = 0;
         for n in &net.nodes {
             let known: HashSet<PeerId> = n.node.routing_peers().await?.into_iter().collect();
-            missing += all
-                .iter()
-                .filter(|p| **p != n.peer_id() && !known.contains(p))
-                .count();
+            missing += all.iter().filter(|p| **p != n.peer_id() && !known.contains(p)).count();
         }
         if missing == 0 {
             return Ok(start.elapsed());
@@ -90,11 +87,7 @@ async fn fifty_mb_blob_from_several_providers_survives_the_origin_leaving() -> a
 
     let rc = net.nodes[c].node.fetch(hash, t).await?;
     assert_eq!(rc.bytes, 50_000_000);
-    assert!(
-        rc.providers >= 2,
-        "A and B both had it, used {}",
-        rc.providers
-    );
+    assert!(rc.providers >= 2, "A and B both had it, used {}", rc.providers);
     assert_eq!(std::fs::read(&rc.path)?, data);
     net.nodes[c].node.provide(hash).await?;
 
@@ -129,11 +122,7 @@ async fn tampered_chunks_are_rejected_and_their_sender_banned() -> anyhow::Resul
 
     let c = &mut net.nodes[3];
     let report = c.node.fetch(hash, Duration::from_secs(60)).await?;
-    assert_eq!(
-        std::fs::read(&report.path)?,
-        data,
-        "only verified chunks were kept"
-    );
+    assert_eq!(std::fs::read(&report.path)?, data, "only verified chunks were kept");
     assert_eq!(report.providers, 1);
     let stats = c.node.stats().await?;
     assert_eq!(stats.peers_banned, 1, "{stats:?}");
@@ -147,10 +136,7 @@ async fn tampered_chunks_are_rejected_and_their_sender_banned() -> anyhow::Resul
         }
     }
     assert!(rejected, "no message_rejected event for the tampering peer");
-    ensure!(
-        !c.node.connected_peers().await?.contains(&evil_peer),
-        "banned peer still connected"
-    );
+    ensure!(!c.node.connected_peers().await?.contains(&evil_peer), "banned peer still connected");
     net.shutdown().await;
     Ok(())
 }
@@ -165,9 +151,7 @@ async fn interrupted_download_resumes_from_the_chunks_on_disk() -> anyhow::Resul
     all_discovered(&net, Duration::from_secs(10)).await?;
     let data = random_bytes(10 << 20, 11);
     let hash = put(&net.nodes[1], &data).await?;
-    let outboard = BlobStore::open(&net.nodes[1].data_dir)?
-        .outboard(&hash)?
-        .context("outboard of a stored blob")?;
+    let outboard = BlobStore::open(&net.nodes[1].data_dir)?.outboard(&hash)?.context("outboard of a stored blob")?;
 
     // a previous run of node 2 verified and wrote chunks 0..6 before it was interrupted
     let store = BlobStore::open(&net.nodes[2].data_dir)?;
@@ -177,10 +161,7 @@ async fn interrupted_download_resumes_from_the_chunks_on_disk() -> anyhow::Resul
     }
     drop(partial);
 
-    let report = net.nodes[2]
-        .node
-        .fetch(hash, Duration::from_secs(60))
-        .await?;
+    let report = net.nodes[2].node.fetch(hash, Duration::from_secs(60)).await?;
     assert_eq!(report.chunks_fetched, 4, "only the missing chunks travel");
     assert_eq!(std::fs::read(&report.path)?, data);
     net.shutdown().await;
@@ -194,10 +175,7 @@ fn identity(seed: u64) -> Identity {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// Publishes until gossipsub has a peer for the topic.
@@ -229,28 +207,14 @@ async fn forged_gossip_is_rejected_and_counted() -> anyhow::Result<()> {
 
     let alice = identity(1);
     let mallory = identity(2);
-    let hb = Heartbeat {
-        run: run.0,
-        round: 1,
-        unix_ms: now_ms(),
-        free_memory_bytes: 1,
-    };
-    let bind = |nonce| Binding {
-        run,
-        round: 1,
-        nonce,
-        unix_ms: now_ms(),
-    };
+    let hb = Heartbeat { run: run.0, round: 1, unix_ms: now_ms(), free_memory_bytes: 1 };
+    let bind = |nonce| Binding { run, round: 1, nonce, unix_ms: now_ms() };
     // signed by mallory but claiming alice as signer
     let mut impostor = seal(&mallory, bind(1), &hb);
     impostor.signer = alice.public().0;
     // alice's signature over a different payload
     let mut forged = seal(&alice, bind(2), &hb);
-    forged.payload = Heartbeat {
-        round: 2,
-        ..hb.clone()
-    }
-    .encode();
+    forged.payload = Heartbeat { round: 2, ..hb.clone() }.encode();
     let good = seal(&alice, bind(3), &hb);
 
     publish(&net.nodes[1], run, impostor.encode()).await?;
@@ -295,17 +259,11 @@ async fn node_recovers_when_its_only_seed_restarts() -> anyhow::Result<()> {
     net.add().await?;
     all_discovered(&net, Duration::from_secs(10)).await?;
     let seed = net.nodes.remove(0);
-    let (seed_dir, seed_addrs, seed_peer) =
-        (seed.data_dir.clone(), seed.addrs.clone(), seed.peer_id());
+    let (seed_dir, seed_addrs, seed_peer) = (seed.data_dir.clone(), seed.addrs.clone(), seed.peer_id());
     seed.stop().await;
     let node = &mut net.nodes[0];
     timeout(Duration::from_secs(10), async {
-        while node
-            .node
-            .connected_peers()
-            .await
-            .is_ok_and(|p| p.contains(&seed_peer))
-        {
+        while node.node.connected_peers().await.is_ok_and(|p| p.contains(&seed_peer)) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     })

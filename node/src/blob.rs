@@ -44,25 +44,15 @@ pub(crate) async fn run(args: &BlobArgs, net: &NetArgs) -> anyhow::Result<()> {
         BlobCommand::Put { file } => {
             let store = BlobStore::open(&net.data_dir)?;
             let (hash, size) = store.put_file(file).map_err(|e| match e {
-                StoreError::Io { ref path, .. } if path == file => {
-                    anyhow::Error::new(Usage(e.to_string()))
-                }
+                StoreError::Io { ref path, .. } if path == file => anyhow::Error::new(Usage(e.to_string())),
                 StoreError::TooLarge { .. } => anyhow::Error::new(Usage(e.to_string())),
                 other => other.into(),
             })?;
             println!("{}", hash.to_hex());
-            eprintln!(
-                "added {} ({size} bytes) to {}",
-                file.display(),
-                net.data_dir.display()
-            );
+            eprintln!("added {} ({size} bytes) to {}", file.display(), net.data_dir.display());
             Ok(())
         }
-        BlobCommand::Get {
-            hash,
-            output,
-            timeout,
-        } => {
+        BlobCommand::Get { hash, output, timeout } => {
             let store = BlobStore::open(&net.data_dir)?;
             if !store.contains(hash) && net.bootstrap.is_empty() {
                 return Err(Usage(format!(
@@ -100,8 +90,7 @@ pub(crate) async fn run(args: &BlobArgs, net: &NetArgs) -> anyhow::Result<()> {
                     seconds: 0.0,
                 })?;
             }
-            std::fs::copy(&report.path, output)
-                .with_context(|| format!("writing {}", output.display()))?;
+            std::fs::copy(&report.path, output).with_context(|| format!("writing {}", output.display()))?;
             println!(
                 "fetched {hash:#}: {} bytes from {} providers in {:.2} s -> {}",
                 report.bytes,

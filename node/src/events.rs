@@ -71,14 +71,20 @@ impl EventLog {
     /// not part of the stream.
     pub(crate) fn fields(&self, event: &Event) -> Option<(&'static str, Value)> {
         Some(match event {
-            Event::Listening { addr } => ("listening", json!({"peer": self.local.to_string(), "addr": addr.to_string()})),
-            Event::PeerConnected { peer, addr } => ("peer_connected", json!({"peer": peer.to_string(), "addr": addr.to_string()})),
+            Event::Listening { addr } => {
+                ("listening", json!({"peer": self.local.to_string(), "addr": addr.to_string()}))
+            }
+            Event::PeerConnected { peer, addr } => {
+                ("peer_connected", json!({"peer": peer.to_string(), "addr": addr.to_string()}))
+            }
             Event::PeerDiscovered { peer } => ("peer_discovered", json!({"peer": peer.to_string()})),
             Event::BlobFetched { hash, bytes, providers, seconds } => (
                 "blob_fetched",
                 json!({"hash": hash.to_hex(), "bytes": bytes, "providers": providers, "seconds": seconds}),
             ),
-            Event::MessageRejected { peer, reason } => ("message_rejected", json!({"peer": peer.to_string(), "reason": reason})),
+            Event::MessageRejected { peer, reason } => {
+                ("message_rejected", json!({"peer": peer.to_string(), "reason": reason}))
+            }
             Event::Reachability(_) | Event::Gossip { .. } => return None,
         })
     }

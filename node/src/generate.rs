@@ -8,13 +8,13 @@ use pcp_runtime::HostTensor;
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 
+use crate::Failure;
 use crate::checkpoint::Checkpoint;
 use crate::config::Experiment;
 use crate::data::Vocab;
+use crate::join::NetArgs;
 use crate::model::Model;
 use crate::train::{DeviceArgs, load_engine};
-use crate::Failure;
-use crate::join::NetArgs;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct GenerateArgs {

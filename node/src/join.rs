@@ -71,13 +71,7 @@ impl Running {
         let log = EventLog::open(args.events.as_deref(), node.peer_id())?;
         let cancel = CancellationToken::new();
         let task = tokio::spawn(event_loop.run(cancel.clone()));
-        Ok(Self {
-            node,
-            events,
-            log,
-            cancel,
-            task,
-        })
+        Ok(Self { node, events, log, cancel, task })
     }
 
     pub(crate) async fn stop(self) {
@@ -110,9 +104,7 @@ pub(crate) async fn run(args: &NetArgs) -> anyhow::Result<()> {
     let mut reach_timer = Box::pin(tokio::time::sleep(REACHABILITY_WAIT));
     let mut reach_done = false;
     if args.bootstrap.is_empty() {
-        println!(
-            "reachability: seed node (no --bootstrap): no peer to dial back yet; waiting for others"
-        );
+        println!("reachability: seed node (no --bootstrap): no peer to dial back yet; waiting for others");
     }
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;

@@ -8,14 +8,14 @@ use anyhow::Context as _;
 use pcp_runtime::Device;
 use serde_json::json;
 
+use crate::Failure;
 use crate::checkpoint::{Checkpoint, Tensor};
 use crate::config::Experiment;
 use crate::data::{Sampler, SamplerState, Split, TokenFormat, Tokens, Vocab};
 use crate::engine::Engine;
 use crate::events::Events;
-use crate::model::Model;
-use crate::Failure;
 use crate::join::NetArgs;
+use crate::model::Model;
 
 /// Flags shared by `train`, `bench` and `generate` for where to run.
 #[derive(Debug, Clone, clap::Args)]

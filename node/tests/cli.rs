@@ -27,34 +27,22 @@ fn spawn(dir: &Path, name: &str, bootstrap: &[String]) -> anyhow::Result<Proc> {
     let data = dir.join(name);
     let events = dir.join(format!("{name}.jsonl"));
     let mut cmd = Command::new(BIN);
-    cmd.arg("--data-dir")
-        .arg(&data)
-        .arg("--events")
-        .arg(&events)
-        .args([
-            "--listen",
-            "/ip4/127.0.0.1/udp/0/quic-v1",
-            "--listen",
-            "/ip4/127.0.0.1/tcp/0",
-        ]);
+    cmd.arg("--data-dir").arg(&data).arg("--events").arg(&events).args([
+        "--listen",
+        "/ip4/127.0.0.1/udp/0/quic-v1",
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
+    ]);
     for b in bootstrap {
         cmd.args(["--bootstrap", b]);
     }
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("spawning pcp-node")?;
+    let child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().context("spawning pcp-node")?;
     Ok(Proc { child, events })
 }
 
 fn read_events(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+    std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
 }
 
 fn field<'a>(e: &'a Value, k: &str) -> &'a str {
@@ -66,10 +54,7 @@ fn listening(p: &Proc) -> anyhow::Result<(String, String)> {
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
         for e in read_events(&p.events) {
-            assert!(
-                e.get("t").and_then(Value::as_f64).is_some(),
-                "event without t: {e}"
-            );
+            assert!(e.get("t").and_then(Value::as_f64).is_some(), "event without t: {e}");
             if field(&e, "event") == "listening" && field(&e, "addr").contains("quic") {
                 let peer = field(&e, "peer").to_string();
                 return Ok((peer.clone(), format!("{}/p2p/{peer}", field(&e, "addr"))));
@@ -88,11 +73,7 @@ fn seed_and_five_processes_discover_each_other() -> anyhow::Result<()> {
     let mut procs = vec![seed];
     let mut peers = vec![seed_peer];
     for i in 0..5 {
-        let p = spawn(
-            dir.path(),
-            &format!("n{i}"),
-            std::slice::from_ref(&seed_addr),
-        )?;
+        let p = spawn(dir.path(), &format!("n{i}"), std::slice::from_ref(&seed_addr))?;
         peers.push(listening(&p)?.0);
         procs.push(p);
     }
@@ -105,10 +86,7 @@ fn seed_and_five_processes_discover_each_other() -> anyhow::Result<()> {
                 .filter(|e| field(e, "event") == "peer_discovered")
                 .map(|e| field(e, "peer").to_string())
                 .collect();
-            let lacking = peers
-                .iter()
-                .filter(|q| *q != me && !found.contains(*q))
-                .count();
+            let lacking = peers.iter().filter(|q| *q != me && !found.contains(*q)).count();
             if lacking > 0 {
                 missing.insert(me.clone(), lacking);
             }
@@ -123,11 +101,7 @@ fn seed_and_five_processes_discover_each_other() -> anyhow::Result<()> {
     }
     // every process also logged its connections
     for p in &procs {
-        assert!(
-            read_events(&p.events)
-                .iter()
-                .any(|e| field(e, "event") == "peer_connected")
-        );
+        assert!(read_events(&p.events).iter().any(|e| field(e, "event") == "peer_connected"));
     }
     Ok(())
 }
@@ -140,23 +114,12 @@ fn run(args: &[&str]) -> anyhow::Result<Output> {
 fn blob_put_then_get_from_another_process() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("input.bin");
-    let data: Vec<u8> = (0..3_000_000u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
-        .collect();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
     std::fs::write(&file, &data)?;
     let a_dir = dir.path().join("a");
-    let out = run(&[
-        "blob",
-        "put",
-        file.to_str().unwrap_or_default(),
-        "--data-dir",
-        a_dir.to_str().unwrap_or_default(),
-    ])?;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out =
+        run(&["blob", "put", file.to_str().unwrap_or_default(), "--data-dir", a_dir.to_str().unwrap_or_default()])?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let hash = String::from_utf8(out.stdout)?.trim().to_string();
     assert_eq!(hash, blake3::hash(&data).to_hex().as_str());
 
@@ -184,22 +147,13 @@ fn blob_put_then_get_from_another_process() -> anyhow::Result<()> {
         "--timeout",
         "60",
     ])?;
-    assert!(
-        out.status.success(),
-        "blob get failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "blob get failed: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(std::fs::read(&output)?, data);
-    let fetched: Vec<Value> = read_events(&events)
-        .into_iter()
-        .filter(|e| field(e, "event") == "blob_fetched")
-        .collect();
+    let fetched: Vec<Value> =
+        read_events(&events).into_iter().filter(|e| field(e, "event") == "blob_fetched").collect();
     assert_eq!(fetched.len(), 1);
     assert_eq!(field(&fetched[0], "hash"), hash);
-    assert_eq!(
-        fetched[0].get("bytes").and_then(Value::as_u64),
-        Some(3_000_000)
-    );
+    assert_eq!(fetched[0].get("bytes").and_then(Value::as_u64), Some(3_000_000));
     assert_eq!(fetched[0].get("providers").and_then(Value::as_u64), Some(1));
     Ok(())
 }
@@ -217,19 +171,10 @@ fn assert_usage_error(args: &[&str], needle: &str) -> anyhow::Result<()> {
 fn bad_input_gets_a_one_line_error_and_exit_code_2() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let d = dir.path().to_str().unwrap_or_default();
-    assert_usage_error(
-        &["--bootstrap", "not-a-multiaddr", "--data-dir", d],
-        "not-a-multiaddr",
-    )?;
+    assert_usage_error(&["--bootstrap", "not-a-multiaddr", "--data-dir", d], "not-a-multiaddr")?;
     assert_usage_error(&["blob", "get", "zz", "-o", "x", "--data-dir", d], "zz")?;
-    assert_usage_error(
-        &["blob", "put", "/nonexistent/file", "--data-dir", d],
-        "/nonexistent/file",
-    )?;
+    assert_usage_error(&["blob", "put", "/nonexistent/file", "--data-dir", d], "/nonexistent/file")?;
     let hash = "00".repeat(32);
-    assert_usage_error(
-        &["blob", "get", &hash, "-o", "x", "--data-dir", d],
-        "no --bootstrap",
-    )?;
+    assert_usage_error(&["blob", "get", &hash, "-o", "x", "--data-dir", d], "no --bootstrap")?;
     Ok(())
 }

@@ -6,8 +6,8 @@
 //! the signer committed to.
 
 use pcp_schema::{
-    Contribution, DecodeError, Heartbeat, Message, MessageKind, NodeHello, RoundAnnouncement,
-    RunManifest, SignedEnvelope,
+    Contribution, DecodeError, Heartbeat, Message, MessageKind, NodeHello, RoundAnnouncement, RunManifest,
+    SignedEnvelope,
 };
 
 use crate::identity::{Identity, PublicKey, VerifyFailure};
@@ -165,10 +165,7 @@ impl Verified {
     /// Decodes the payload as `M`, which must be the kind the signer committed to.
     pub fn decode<M: Signable>(&self) -> Result<M, PayloadError> {
         if self.envelope.kind != M::KIND {
-            return Err(PayloadError::WrongKind {
-                expected: M::KIND.tag(),
-                got: self.envelope.kind.tag(),
-            });
+            return Err(PayloadError::WrongKind { expected: M::KIND.tag(), got: self.envelope.kind.tag() });
         }
         Ok(M::decode(&self.envelope.payload)?)
     }

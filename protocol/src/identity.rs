@@ -18,9 +18,7 @@ pub struct PublicKey(pub [u8; 32]);
 impl Identity {
     /// The identity whose secret key is `secret` (32 uniformly random bytes).
     pub fn from_secret(secret: [u8; 32]) -> Self {
-        Self {
-            key: SigningKey::from_bytes(&secret),
-        }
+        Self { key: SigningKey::from_bytes(&secret) }
     }
 
     /// The secret key bytes, for persisting and for deriving the libp2p keypair.

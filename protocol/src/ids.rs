@@ -108,9 +108,6 @@ mod tests {
         assert_eq!(h.to_hex().parse::<BlobHash>().ok(), Some(h));
         let err = "zz".parse::<RunId>().err().map(|e| e.to_string());
         assert_eq!(err.as_deref(), Some("RunId `zz` is not 64 hex digits"));
-        assert!(
-            h.to_string().parse::<BlobHash>().is_err(),
-            "short form is not an id"
-        );
+        assert!(h.to_string().parse::<BlobHash>().is_err(), "short form is not an id");
     }
 }

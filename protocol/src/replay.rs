@@ -68,42 +68,21 @@ pub struct ReplayGuard {
 impl ReplayGuard {
     /// A guard that accepts messages signed within `window_ms` of `now` (either way).
     pub fn new(window_ms: u64, per_signer: usize, max_signers: usize) -> Self {
-        Self {
-            window_ms,
-            per_signer,
-            max_signers,
-            seen: HashMap::new(),
-        }
+        Self { window_ms, per_signer, max_signers, seen: HashMap::new() }
     }
 
     /// Accepts `message` for `run` at `now_ms` once, or says why not.
-    pub fn check(
-        &mut self,
-        message: &Verified,
-        run: RunId,
-        now_ms: u64,
-    ) -> Result<(), ReplayError> {
+    pub fn check(&mut self, message: &Verified, run: RunId, now_ms: u64) -> Result<(), ReplayError> {
         let signer = message.signer();
         let b = message.binding();
         if b.run != run {
-            return Err(ReplayError::WrongRun {
-                signer,
-                expected: run,
-                got: b.run,
-            });
+            return Err(ReplayError::WrongRun { signer, expected: run, got: b.run });
         }
         if b.unix_ms + self.window_ms < now_ms {
-            return Err(ReplayError::Stale {
-                signer,
-                age_ms: now_ms - b.unix_ms,
-                window_ms: self.window_ms,
-            });
+            return Err(ReplayError::Stale { signer, age_ms: now_ms - b.unix_ms, window_ms: self.window_ms });
         }
         if b.unix_ms > now_ms.saturating_add(self.window_ms) {
-            return Err(ReplayError::Future {
-                signer,
-                ahead_ms: b.unix_ms - now_ms,
-            });
+            return Err(ReplayError::Future { signer, ahead_ms: b.unix_ms - now_ms });
         }
         if !self.seen.contains_key(&signer) && self.seen.len() >= self.max_signers {
             self.prune(now_ms);
@@ -114,10 +93,7 @@ impl ReplayGuard {
         let window = self.window_ms;
         let entries = self.seen.entry(signer).or_default();
         if entries.contains_key(&b.nonce) {
-            return Err(ReplayError::Replayed {
-                signer,
-                nonce: b.nonce,
-            });
+            return Err(ReplayError::Replayed { signer, nonce: b.nonce });
         }
         if entries.len() >= self.per_signer {
             entries.retain(|_, t| *t + window >= now_ms);

@@ -1,9 +1,6 @@
 //! Signing, verification and replay refusal of envelopes.
 
-use pcp_protocol::{
-    Binding, BlobHash, Identity, OpenError, PayloadError, ReplayError, ReplayGuard, RunId, open,
-    seal,
-};
+use pcp_protocol::{Binding, BlobHash, Identity, OpenError, PayloadError, ReplayError, ReplayGuard, RunId, open, seal};
 use pcp_schema::{Heartbeat, Message, NodeHello, SignedEnvelope};
 use proptest::prelude::*;
 use rand::{RngCore, SeedableRng, rngs::StdRng};
@@ -15,21 +12,11 @@ fn identity(rng: &mut StdRng) -> Identity {
 }
 
 fn heartbeat(run: RunId) -> Heartbeat {
-    Heartbeat {
-        run: run.0,
-        round: 3,
-        unix_ms: 1_000,
-        free_memory_bytes: 1 << 30,
-    }
+    Heartbeat { run: run.0, round: 3, unix_ms: 1_000, free_memory_bytes: 1 << 30 }
 }
 
 fn binding(run: RunId, nonce: u64, unix_ms: u64) -> Binding {
-    Binding {
-        run,
-        round: 3,
-        nonce,
-        unix_ms,
-    }
+    Binding { run, round: 3, nonce, unix_ms }
 }
 
 #[test]
@@ -42,10 +29,7 @@ fn sealed_envelope_opens_and_decodes() -> anyhow::Result<()> {
     assert_eq!(v.signer(), me.public());
     assert_eq!(v.binding(), binding(run, 7, 1_000));
     assert_eq!(v.decode::<Heartbeat>()?, heartbeat(run));
-    assert!(matches!(
-        v.decode::<NodeHello>(),
-        Err(PayloadError::WrongKind { .. })
-    ));
+    assert!(matches!(v.decode::<NodeHello>(), Err(PayloadError::WrongKind { .. })));
     Ok(())
 }
 
@@ -69,19 +53,11 @@ fn tampered_payload_header_or_signer_is_refused() {
     let mut sig = good.clone();
     sig.signature[0] ^= 0x80;
 
-    for (name, bad) in [
-        ("payload", payload),
-        ("round", round),
-        ("kind", kind),
-        ("signer", signer),
-        ("signature", sig),
-    ] {
+    for (name, bad) in [("payload", payload), ("round", round), ("kind", kind), ("signer", signer), ("signature", sig)]
+    {
         let result = open(&bad.encode());
         assert!(
-            matches!(
-                result,
-                Err(OpenError::BadSignature { .. } | OpenError::InvalidKey { .. })
-            ),
+            matches!(result, Err(OpenError::BadSignature { .. } | OpenError::InvalidKey { .. })),
             "tampered {name} was accepted: {result:?}"
         );
     }
@@ -96,34 +72,19 @@ fn replays_stale_future_and_foreign_runs_are_refused() -> anyhow::Result<()> {
     let now = 100_000;
     let first = open(&seal(&me, binding(run, 1, now), &heartbeat(run)).encode())?;
     guard.check(&first, run, now)?;
-    assert!(matches!(
-        guard.check(&first, run, now + 1),
-        Err(ReplayError::Replayed { nonce: 1, .. })
-    ));
+    assert!(matches!(guard.check(&first, run, now + 1), Err(ReplayError::Replayed { nonce: 1, .. })));
     let stale = open(&seal(&me, binding(run, 2, now - 30_001), &heartbeat(run)).encode())?;
-    assert!(matches!(
-        guard.check(&stale, run, now),
-        Err(ReplayError::Stale { .. })
-    ));
+    assert!(matches!(guard.check(&stale, run, now), Err(ReplayError::Stale { .. })));
     let future = open(&seal(&me, binding(run, 3, now + 30_001), &heartbeat(run)).encode())?;
-    assert!(matches!(
-        guard.check(&future, run, now),
-        Err(ReplayError::Future { .. })
-    ));
-    assert!(matches!(
-        guard.check(&first, RunId([2; 32]), now),
-        Err(ReplayError::WrongRun { .. })
-    ));
+    assert!(matches!(guard.check(&future, run, now), Err(ReplayError::Future { .. })));
+    assert!(matches!(guard.check(&first, RunId([2; 32]), now), Err(ReplayError::WrongRun { .. })));
     // the per-signer budget bounds memory; old entries are forgotten after the window
     for nonce in 10..13 {
         let m = open(&seal(&me, binding(run, nonce, now), &heartbeat(run)).encode())?;
         guard.check(&m, run, now)?;
     }
     let over = open(&seal(&me, binding(run, 20, now), &heartbeat(run)).encode())?;
-    assert!(matches!(
-        guard.check(&over, run, now),
-        Err(ReplayError::Flooded { .. })
-    ));
+    assert!(matches!(guard.check(&over, run, now), Err(ReplayError::Flooded { .. })));
     let later = now + 30_001;
     let fresh = open(&seal(&me, binding(run, 21, later), &heartbeat(run)).encode())?;
     guard.check(&fresh, run, later)?;
@@ -156,8 +117,5 @@ proptest! {
 #[test]
 fn envelope_over_the_limit_is_refused_before_parsing() {
     let bytes = vec![0u8; SignedEnvelope::MAX_SIZE + 1];
-    assert!(matches!(
-        open(&bytes),
-        Err(OpenError::Decode(pcp_schema::DecodeError::TooLarge { .. }))
-    ));
+    assert!(matches!(open(&bytes), Err(OpenError::Decode(pcp_schema::DecodeError::TooLarge { .. }))));
 }

@@ -1,8 +1,7 @@
 //! Blob-chunk requests and responses.
 
 use crate::codec::{
-    self, CHUNK_SIZE, DecodeError, MAX_BLOB_REQUEST, MAX_BLOB_RESPONSE, MAX_BLOB_SIZE, Message,
-    fixed, malformed,
+    self, CHUNK_SIZE, DecodeError, MAX_BLOB_REQUEST, MAX_BLOB_RESPONSE, MAX_BLOB_SIZE, Message, fixed, malformed,
 };
 use crate::wire::pcp_capnp::{blob_request, blob_response};
 
@@ -61,17 +60,12 @@ impl Message for BlobRequest {
     fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         const W: &str = BlobRequest::NAME;
         codec::read(W, bytes, Self::MAX_SIZE, |m| {
-            let r = m
-                .get_root::<blob_request::Reader<'_>>()
-                .map_err(|e| malformed(W, e))?;
+            let r = m.get_root::<blob_request::Reader<'_>>().map_err(|e| malformed(W, e))?;
             let want = match r.which().map_err(|e| malformed(W, e))? {
                 blob_request::Outboard(()) => BlobWant::Outboard,
                 blob_request::Chunk(i) => BlobWant::Chunk(i),
             };
-            Ok(Self {
-                blob: fixed(W, "blob", r.get_blob().map_err(|e| malformed(W, e))?)?,
-                want,
-            })
+            Ok(Self { blob: fixed(W, "blob", r.get_blob().map_err(|e| malformed(W, e))?)?, want })
         })
     }
 }
@@ -104,9 +98,7 @@ impl Message for BlobResponse {
     fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         const W: &str = BlobResponse::NAME;
         codec::read(W, bytes, Self::MAX_SIZE, |m| {
-            let r = m
-                .get_root::<blob_response::Reader<'_>>()
-                .map_err(|e| malformed(W, e))?;
+            let r = m.get_root::<blob_response::Reader<'_>>().map_err(|e| malformed(W, e))?;
             Ok(match r.which().map_err(|e| malformed(W, e))? {
                 blob_response::Outboard(g) => {
                     let size = g.get_size();
@@ -114,25 +106,15 @@ impl Message for BlobResponse {
                         return Err(DecodeError::Invalid {
                             what: W,
                             field: "size",
-                            reason: format!(
-                                "{size} bytes exceed the blob limit of {MAX_BLOB_SIZE}"
-                            ),
+                            reason: format!("{size} bytes exceed the blob limit of {MAX_BLOB_SIZE}"),
                         });
                     }
                     let cvs = g.get_chunk_cvs().map_err(|e| malformed(W, e))?;
                     let expected = chunk_count(size) as usize * 32;
                     if cvs.len() != expected {
-                        return Err(DecodeError::FieldLength {
-                            what: W,
-                            field: "chunkCvs",
-                            expected,
-                            got: cvs.len(),
-                        });
+                        return Err(DecodeError::FieldLength { what: W, field: "chunkCvs", expected, got: cvs.len() });
                     }
-                    let chunk_cvs = cvs
-                        .chunks_exact(32)
-                        .map(|c| fixed(W, "chunkCvs", c))
-                        .collect::<Result<_, _>>()?;
+                    let chunk_cvs = cvs.chunks_exact(32).map(|c| fixed(W, "chunkCvs", c)).collect::<Result<_, _>>()?;
                     Self::Outboard { size, chunk_cvs }
                 }
                 blob_response::Chunk(data) => {

@@ -95,34 +95,22 @@ pub(crate) fn read<T>(
     f: impl FnOnce(Reader<NoAllocSliceSegments<'_>>) -> Result<T, DecodeError>,
 ) -> Result<T, DecodeError> {
     if bytes.len() > max {
-        return Err(DecodeError::TooLarge {
-            what,
-            len: bytes.len(),
-            max,
-        });
+        return Err(DecodeError::TooLarge { what, len: bytes.len(), max });
     }
     let mut options = ReaderOptions::new();
-    options
-        .traversal_limit_in_words(Some(bytes.len() / 8 + 1))
-        .nesting_limit(NESTING_LIMIT);
+    options.traversal_limit_in_words(Some(bytes.len() / 8 + 1)).nesting_limit(NESTING_LIMIT);
     let mut rest = bytes;
-    let reader = capnp::serialize::read_message_from_flat_slice_no_alloc(&mut rest, options)
-        .map_err(|e| malformed(what, e))?;
+    let reader =
+        capnp::serialize::read_message_from_flat_slice_no_alloc(&mut rest, options).map_err(|e| malformed(what, e))?;
     if !rest.is_empty() {
-        return Err(DecodeError::Trailing {
-            what,
-            extra: rest.len(),
-        });
+        return Err(DecodeError::Trailing { what, extra: rest.len() });
     }
     f(reader)
 }
 
 /// Wraps a capnp error.
 pub(crate) fn malformed(what: &'static str, err: impl std::fmt::Display) -> DecodeError {
-    DecodeError::Malformed {
-        what,
-        reason: err.to_string(),
-    }
+    DecodeError::Malformed { what, reason: err.to_string() }
 }
 
 /// Copies a fixed-size byte field.
@@ -131,12 +119,7 @@ pub(crate) fn fixed<const N: usize>(
     field: &'static str,
     bytes: &[u8],
 ) -> Result<[u8; N], DecodeError> {
-    bytes.try_into().map_err(|_| DecodeError::FieldLength {
-        what,
-        field,
-        expected: N,
-        got: bytes.len(),
-    })
+    bytes.try_into().map_err(|_| DecodeError::FieldLength { what, field, expected: N, got: bytes.len() })
 }
 
 /// Reads a text field as an owned string.
@@ -146,13 +129,7 @@ pub(crate) fn text(
     t: capnp::Result<capnp::text::Reader<'_>>,
 ) -> Result<String, DecodeError> {
     let t = t.map_err(|e| malformed(what, e))?;
-    t.to_str()
-        .map(str::to_owned)
-        .map_err(|e| DecodeError::Invalid {
-            what,
-            field,
-            reason: e.to_string(),
-        })
+    t.to_str().map(str::to_owned).map_err(|e| DecodeError::Invalid { what, field, reason: e.to_string() })
 }
 
 /// Serializes a built message.

@@ -21,13 +21,8 @@ pub enum MessageKind {
 
 impl MessageKind {
     /// Every kind.
-    pub const ALL: [Self; 5] = [
-        Self::NodeHello,
-        Self::RunManifest,
-        Self::RoundAnnouncement,
-        Self::Contribution,
-        Self::Heartbeat,
-    ];
+    pub const ALL: [Self; 5] =
+        [Self::NodeHello, Self::RunManifest, Self::RoundAnnouncement, Self::Contribution, Self::Heartbeat];
 
     /// A stable tag for signing.
     pub fn tag(self) -> &'static str {
@@ -106,14 +101,9 @@ impl Message for SignedEnvelope {
     fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         const W: &str = SignedEnvelope::NAME;
         codec::read(W, bytes, Self::MAX_SIZE, |m| {
-            let r = m
-                .get_root::<signed_envelope::Reader<'_>>()
-                .map_err(|e| malformed(W, e))?;
-            let kind = r.get_kind().map_err(|e| DecodeError::Invalid {
-                what: W,
-                field: "kind",
-                reason: e.to_string(),
-            })?;
+            let r = m.get_root::<signed_envelope::Reader<'_>>().map_err(|e| malformed(W, e))?;
+            let kind =
+                r.get_kind().map_err(|e| DecodeError::Invalid { what: W, field: "kind", reason: e.to_string() })?;
             let payload = r.get_payload().map_err(|e| malformed(W, e))?;
             if payload.len() > MAX_CONTROL_MESSAGE {
                 return Err(DecodeError::TooLarge {
@@ -130,11 +120,7 @@ impl Message for SignedEnvelope {
                 nonce: r.get_nonce(),
                 unix_ms: r.get_unix_ms(),
                 payload: payload.to_vec(),
-                signature: fixed(
-                    W,
-                    "signature",
-                    r.get_signature().map_err(|e| malformed(W, e))?,
-                )?,
+                signature: fixed(W, "signature", r.get_signature().map_err(|e| malformed(W, e))?)?,
             })
         })
     }

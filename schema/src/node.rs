@@ -48,19 +48,13 @@ impl Capabilities {
         }
     }
 
-    pub(crate) fn read(
-        what: &'static str,
-        r: capabilities::Reader<'_>,
-    ) -> Result<Self, DecodeError> {
+    pub(crate) fn read(what: &'static str, r: capabilities::Reader<'_>) -> Result<Self, DecodeError> {
         let list = r.get_backends().map_err(|e| malformed(what, e))?;
         let mut backends = Vec::with_capacity(list.len() as usize);
         for e in list.iter() {
             backends.push(read_backend(what, e)?);
         }
-        Ok(Self {
-            backends,
-            free_memory_bytes: r.get_free_memory_bytes(),
-        })
+        Ok(Self { backends, free_memory_bytes: r.get_free_memory_bytes() })
     }
 }
 
@@ -70,10 +64,7 @@ fn read_backend(what: &'static str, e: backend::Reader<'_>) -> Result<Backend, D
     for t in list.iter() {
         targets.push(codec::text(what, "targets", t)?);
     }
-    Ok(Backend {
-        name: codec::text(what, "name", e.get_name())?,
-        targets,
-    })
+    Ok(Backend { name: codec::text(what, "name", e.get_name())?, targets })
 }
 
 impl Message for NodeHello {
@@ -93,17 +84,12 @@ impl Message for NodeHello {
     fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         const W: &str = NodeHello::NAME;
         codec::read(W, bytes, Self::MAX_SIZE, |m| {
-            let r = m
-                .get_root::<node_hello::Reader<'_>>()
-                .map_err(|e| malformed(W, e))?;
+            let r = m.get_root::<node_hello::Reader<'_>>().map_err(|e| malformed(W, e))?;
             Ok(Self {
                 peer: fixed(W, "peer", r.get_peer().map_err(|e| malformed(W, e))?)?,
                 protocol_version: r.get_protocol_version(),
                 agent: codec::text(W, "agent", r.get_agent())?,
-                capabilities: Capabilities::read(
-                    W,
-                    r.get_capabilities().map_err(|e| malformed(W, e))?,
-                )?,
+                capabilities: Capabilities::read(W, r.get_capabilities().map_err(|e| malformed(W, e))?)?,
             })
         })
     }

@@ -55,19 +55,14 @@ impl Message for RoundAnnouncement {
         root.set_run(&self.run[..]);
         root.set_round(self.round);
         root.set_deadline_unix_ms(self.deadline_unix_ms);
-        ParameterRef::write_list(
-            &self.parameters,
-            root.init_parameters(list_len(self.parameters.len())),
-        );
+        ParameterRef::write_list(&self.parameters, root.init_parameters(list_len(self.parameters.len())));
         codec::words(&message)
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         const W: &str = RoundAnnouncement::NAME;
         codec::read(W, bytes, Self::MAX_SIZE, |m| {
-            let r = m
-                .get_root::<round_announcement::Reader<'_>>()
-                .map_err(|e| malformed(W, e))?;
+            let r = m.get_root::<round_announcement::Reader<'_>>().map_err(|e| malformed(W, e))?;
             Ok(Self {
                 run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
                 round: r.get_round(),
@@ -96,18 +91,13 @@ impl Message for Contribution {
     fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         const W: &str = Contribution::NAME;
         codec::read(W, bytes, Self::MAX_SIZE, |m| {
-            let r = m
-                .get_root::<contribution::Reader<'_>>()
-                .map_err(|e| malformed(W, e))?;
+            let r = m.get_root::<contribution::Reader<'_>>().map_err(|e| malformed(W, e))?;
             Ok(Self {
                 run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
                 round: r.get_round(),
                 inner_steps: r.get_inner_steps(),
                 samples: r.get_samples(),
-                pseudo_gradient: ParameterRef::read(
-                    W,
-                    r.get_pseudo_gradient().map_err(|e| malformed(W, e))?,
-                )?,
+                pseudo_gradient: ParameterRef::read(W, r.get_pseudo_gradient().map_err(|e| malformed(W, e))?)?,
             })
         })
     }
@@ -130,9 +120,7 @@ impl Message for Heartbeat {
     fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         const W: &str = Heartbeat::NAME;
         codec::read(W, bytes, Self::MAX_SIZE, |m| {
-            let r = m
-                .get_root::<heartbeat::Reader<'_>>()
-                .map_err(|e| malformed(W, e))?;
+            let r = m.get_root::<heartbeat::Reader<'_>>().map_err(|e| malformed(W, e))?;
             Ok(Self {
                 run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
                 round: r.get_round(),

@@ -81,10 +81,7 @@ impl ParameterRef {
         })
     }
 
-    pub(crate) fn write_list(
-        list: &[Self],
-        mut b: capnp::struct_list::Builder<'_, parameter_ref::Owned>,
-    ) {
+    pub(crate) fn write_list(list: &[Self], mut b: capnp::struct_list::Builder<'_, parameter_ref::Owned>) {
         for (i, p) in (0..).zip(list) {
             p.write(b.reborrow().get(i));
         }
@@ -114,25 +111,18 @@ impl Message for RunManifest {
         root.set_name(self.name.as_str());
         root.set_shepherd(&self.shepherd[..]);
         root.set_inner_steps(self.inner_steps);
-        let mut artifacts = root
-            .reborrow()
-            .init_artifacts(list_len(self.artifacts.len()));
+        let mut artifacts = root.reborrow().init_artifacts(list_len(self.artifacts.len()));
         for (i, a) in (0..).zip(&self.artifacts) {
             a.write(artifacts.reborrow().get(i));
         }
-        ParameterRef::write_list(
-            &self.parameters,
-            root.init_parameters(list_len(self.parameters.len())),
-        );
+        ParameterRef::write_list(&self.parameters, root.init_parameters(list_len(self.parameters.len())));
         codec::words(&message)
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         const W: &str = RunManifest::NAME;
         codec::read(W, bytes, Self::MAX_SIZE, |m| {
-            let r = m
-                .get_root::<run_manifest::Reader<'_>>()
-                .map_err(|e| malformed(W, e))?;
+            let r = m.get_root::<run_manifest::Reader<'_>>().map_err(|e| malformed(W, e))?;
             let list = r.get_artifacts().map_err(|e| malformed(W, e))?;
             let mut artifacts = Vec::with_capacity(list.len() as usize);
             for a in list.iter() {
@@ -141,11 +131,7 @@ impl Message for RunManifest {
             Ok(Self {
                 run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
                 name: codec::text(W, "name", r.get_name())?,
-                shepherd: fixed(
-                    W,
-                    "shepherd",
-                    r.get_shepherd().map_err(|e| malformed(W, e))?,
-                )?,
+                shepherd: fixed(W, "shepherd", r.get_shepherd().map_err(|e| malformed(W, e))?)?,
                 inner_steps: r.get_inner_steps(),
                 artifacts,
                 parameters: ParameterRef::read_list(W, r.get_parameters())?,

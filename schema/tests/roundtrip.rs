@@ -1,9 +1,8 @@
 //! Every wire message round-trips; hostile input fails cleanly and within its bounds.
 
 use pcp_schema::{
-    ArtifactRef, Backend, BlobRequest, BlobResponse, BlobWant, CHUNK_SIZE, Capabilities,
-    Contribution, DecodeError, Heartbeat, Message, MessageKind, NodeHello, ParameterRef,
-    RoundAnnouncement, RunManifest, SignedEnvelope,
+    ArtifactRef, Backend, BlobRequest, BlobResponse, BlobWant, CHUNK_SIZE, Capabilities, Contribution, DecodeError,
+    Heartbeat, Message, MessageKind, NodeHello, ParameterRef, RoundAnnouncement, RunManifest, SignedEnvelope,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -17,31 +16,25 @@ fn backend() -> impl Strategy<Value = Backend> {
 }
 
 fn capabilities() -> impl Strategy<Value = Capabilities> {
-    (vec(backend(), 0..4), any::<u64>()).prop_map(|(backends, free_memory_bytes)| Capabilities {
-        backends,
-        free_memory_bytes,
-    })
+    (vec(backend(), 0..4), any::<u64>())
+        .prop_map(|(backends, free_memory_bytes)| Capabilities { backends, free_memory_bytes })
 }
 
 fn parameter() -> impl Strategy<Value = ParameterRef> {
-    (text(), any::<u32>(), any::<[u8; 32]>(), any::<u64>()).prop_map(|(name, shard, blob, size)| {
-        ParameterRef {
-            name,
-            shard,
-            blob,
-            size,
-        }
+    (text(), any::<u32>(), any::<[u8; 32]>(), any::<u64>()).prop_map(|(name, shard, blob, size)| ParameterRef {
+        name,
+        shard,
+        blob,
+        size,
     })
 }
 
 fn artifact() -> impl Strategy<Value = ArtifactRef> {
-    (text(), text(), any::<[u8; 32]>(), any::<u64>()).prop_map(|(backend, target, blob, size)| {
-        ArtifactRef {
-            backend,
-            target,
-            blob,
-            size,
-        }
+    (text(), text(), any::<[u8; 32]>(), any::<u64>()).prop_map(|(backend, target, blob, size)| ArtifactRef {
+        backend,
+        target,
+        blob,
+        size,
     })
 }
 
@@ -151,10 +144,7 @@ fn claimed_huge_segment_is_refused_without_allocating_it() {
     let mut bytes = vec![0, 0, 0, 0, 0xff, 0xff, 0xff, 0x1f];
     bytes.extend_from_slice(&[0; 8]);
     let err = SignedEnvelope::decode(&bytes).err();
-    assert!(
-        matches!(err, Some(DecodeError::Malformed { .. })),
-        "{err:?}"
-    );
+    assert!(matches!(err, Some(DecodeError::Malformed { .. })), "{err:?}");
 
     // 512 claimed segments: more than capnp accepts
     let bytes = [0xff, 0x01, 0, 0, 0, 0, 0, 0];
@@ -178,31 +168,18 @@ fn list_claiming_more_elements_than_the_input_holds_is_refused() {
     assert_eq!(bytes[at] & 3, 1, "expected a list pointer");
     // element size 7 (inline composite), word count 2^29 - 1: about 4 GiB claimed
     bytes[at + 4..at + 8].copy_from_slice(&[0xff; 4]);
-    assert!(matches!(
-        RunManifest::decode(&bytes),
-        Err(DecodeError::Malformed { .. })
-    ));
+    assert!(matches!(RunManifest::decode(&bytes), Err(DecodeError::Malformed { .. })));
 }
 
 #[test]
 fn wrong_length_key_is_refused() {
-    let m = Heartbeat {
-        run: [1; 32],
-        round: 0,
-        unix_ms: 0,
-        free_memory_bytes: 0,
-    };
+    let m = Heartbeat { run: [1; 32], round: 0, unix_ms: 0, free_memory_bytes: 0 };
     let mut message = capnp::message::Builder::new_default();
     let mut root = message.init_root::<pcp_schema::wire::pcp_capnp::heartbeat::Builder<'_>>();
     root.set_run(&m.run[..31]);
     let bytes = capnp::serialize::write_message_to_words(&message);
     assert!(matches!(
         Heartbeat::decode(&bytes),
-        Err(DecodeError::FieldLength {
-            field: "run",
-            expected: 32,
-            got: 31,
-            ..
-        })
+        Err(DecodeError::FieldLength { field: "run", expected: 32, got: 31, .. })
     ));
 }

@@ -88,10 +88,7 @@ async fn pcp_blob(data: &[u8], transport: Transport, window: usize) -> anyhow::R
     let a = net.add().await?;
     let hash = BlobStore::open(&net.nodes[0].data_dir)?.put_bytes(data)?;
     net.nodes[0].node.provide(hash).await?;
-    let report = net.nodes[a]
-        .node
-        .fetch(hash, Duration::from_secs(600))
-        .await?;
+    let report = net.nodes[a].node.fetch(hash, Duration::from_secs(600)).await?;
     anyhow::ensure!(report.bytes == data.len() as u64, "fetched size differs");
     net.shutdown().await;
     Ok(data.len() as f64 / MB / report.seconds)
@@ -112,11 +109,7 @@ pub(crate) async fn run(args: &BlobArgs) -> anyhow::Result<()> {
         if transport != Transport::Both && transport != t {
             continue;
         }
-        let name = if t == Transport::Quic {
-            "QUIC"
-        } else {
-            "TCP+noise+yamux"
-        };
+        let name = if t == Transport::Quic { "QUIC" } else { "TCP+noise+yamux" };
         let mbps = pcp_blob(&data, t, chunk_window).await?;
         println!(
             "pcp blob fetch ({name:>15}):   {mbps:8.1} MB/s = {:.0}% of raw TCP (verified, written to disk)",

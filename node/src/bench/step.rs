@@ -4,12 +4,12 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use crate::Failure;
 use crate::config::Experiment;
 use crate::data::{Sampler, Tokens};
+use crate::join::NetArgs;
 use crate::model::Model;
 use crate::train::{Corpus, DeviceArgs, default_corpus, load_engine};
-use crate::Failure;
-use crate::join::NetArgs;
 
 /// Tokens per second and peak RSS of the fused training step.
 #[derive(Debug, clap::Args)]
