@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# pcp vs the JAX and PyTorch references on one init (issue 3).
+#   bench/compare.sh [--small-steps N] [--medium-steps N] [--skip-medium]
+# small: tokens/s (50 timed steps each) and a full run (default 1000 steps)
+# for the final validation loss; medium: tokens/s only (20 timed steps).
+# Env: PCP_NODE (default target/release/pcp-node), DATA (the corpus),
+# WORK (scratch: checkpoints, artifact cache, logs; default /tmp/pcpbench).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PCP=${PCP_NODE:-target/release/pcp-node}
+PY=${PYTHON:-.venv/bin/python}
+DATA=${DATA:-../shared/data/tiny_shakespeare.txt}
+WORK=${WORK:-/tmp/pcpbench}
+SMALL_STEPS=1000
+MEDIUM_TIMED=20
+SMALL_TIMED=50
+MEDIUM=1
+SEED=1337
+while [ $# -gt 0 ]; do
+    case $1 in
+        --small-steps) SMALL_STEPS=$2; shift 2 ;;
+        --medium-steps) MEDIUM_TIMED=$2; shift 2 ;;
+        --skip-medium) MEDIUM=0; shift ;;
+        *) echo "bench/compare.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+[ -x "$PCP" ] || { echo "bench/compare.sh: no pcp-node at $PCP (set PCP_NODE)" >&2; exit 1; }
+"$PY" -c "import torch" 2>/dev/null || { echo "bench/compare.sh: torch missing; run bench/setup.sh" >&2; exit 1; }
+mkdir -p "$WORK"
+LOG="$WORK/logs"; mkdir -p "$LOG"
+
+# The initial parameters, as pcp's seeded init writes them. `--steps 0`
+# saves them as they are; older binaries save nothing there, and then one
+# step at learning rate 0 (which leaves every parameter unchanged) does.
+init_dir() {
+    local model=$1 dir="$WORK/init-$1"
+    rm -rf "$dir"
+    "$PCP" train --model "nanogpt-$model" --steps 0 --seed $SEED --checkpoint-dir "$dir" \
+        --data-dir "$WORK" --data "$DATA" >"$LOG/init-$model.log" 2>&1
+    if [ ! -f "$dir/latest" ]; then
+        rm -rf "$dir"
+        "$PCP" train --model "nanogpt-$model" --steps 1 --lr 0 --seed $SEED --checkpoint-dir "$dir" \
+            --data-dir "$WORK" --data "$DATA" >"$LOG/init-$model.log" 2>&1
+    fi
+    echo "$dir"
+}
+
+field() { sed -n "s/^$1 *\([0-9.eE+-]*\).*/\1/p" "$2" | tail -1; }
+
+run_model() {
+    local model=$1 timed=$2 full=$3 init
+    init=$(init_dir "$model")
+    echo "== nanogpt-$model: pcp bench step ($timed timed steps)" >&2
+    "$PCP" bench step --model "nanogpt-$model" --steps "$timed" --data "$DATA" --data-dir "$WORK" \
+        >"$LOG/pcp-bench-$model.log" 2>&1
+    PCP_TPS=$(field "tokens\/s" "$LOG/pcp-bench-$model.log")
+    for impl in jax torch; do
+        echo "== nanogpt-$model: $impl reference ($timed timed steps)" >&2
+        "$PY" bench/${impl}_reference.py --model "$model" --steps $((timed + 3)) --init "$init" --data "$DATA" \
+            --no-eval >"$LOG/$impl-tps-$model.log" 2>&1
+    done
+    JAX_TPS=$(field "tokens\/s" "$LOG/jax-tps-$model.log")
+    TORCH_TPS=$(field "tokens\/s" "$LOG/torch-tps-$model.log")
+    if [ "$full" -gt 0 ]; then
+        echo "== nanogpt-$model: pcp train ($full steps)" >&2
+        rm -rf "$WORK/run-$model"
+        "$PCP" train --model "nanogpt-$model" --steps "$full" --seed $SEED --data "$DATA" --data-dir "$WORK" \
+            --checkpoint-dir "$WORK/run-$model" --events "$LOG/pcp-train-$model.jsonl" >"$LOG/pcp-train-$model.log" 2>&1
+        PCP_VAL=$("$PY" -c "
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+with open(sys.argv[2], 'w') as curve:
+    for e in ev:
+        if e.get('event') == 'step':
+            curve.write(json.dumps({'step': e['step'], 'loss': e['loss']}) + '\\n')
+print([e for e in ev if e.get('event') == 'eval'][-1]['val_loss'])
+" "$LOG/pcp-train-$model.jsonl" "$LOG/pcp-curve-$model.jsonl")
+        for impl in jax torch; do
+            echo "== nanogpt-$model: $impl reference ($full steps)" >&2
+            "$PY" bench/${impl}_reference.py --model "$model" --steps "$full" --init "$init" --data "$DATA" \
+                --curve "$LOG/$impl-curve-$model.jsonl" >"$LOG/$impl-train-$model.log" 2>&1
+        done
+        JAX_VAL=$(field "final val loss" "$LOG/jax-train-$model.log")
+        TORCH_VAL=$(field "final val loss" "$LOG/torch-train-$model.log")
+    else
+        PCP_VAL=""; JAX_VAL=""; TORCH_VAL=""
+    fi
+    "$PY" - "$model" "$PCP_TPS" "$JAX_TPS" "$TORCH_TPS" "$full" "$PCP_VAL" "$JAX_VAL" "$TORCH_VAL" >>"$LOG/table.md" <<'PYEOF'
+import sys
+model, pcp, jax, torch, full, *vals = sys.argv[1:]
+pcp, jax, torch = float(pcp), float(jax), float(torch)
+row = f"| nanogpt-{model} | {pcp:.0f} | {jax:.0f} | {torch:.0f} | {pcp / max(jax, torch):.2f}× |"
+if all(vals):
+    p, j, t = map(float, vals)
+    row += f" {p:.4f} | {j:.4f} | {t:.4f} | {100 * (p - j) / j:+.2f}% |"
+else:
+    row += " – | – | – | – |"
+print(row)
+PYEOF
+}
+
+rm -f "$LOG/table.md"
+run_model small "$SMALL_TIMED" "$SMALL_STEPS"
+[ "$MEDIUM" = 1 ] && run_model medium "$MEDIUM_TIMED" 0
+echo
+echo "tokens/s on $(nproc) cores; val loss at step $SMALL_STEPS (pcp: its own ChaCha8 batches; JAX and torch: identical NumPy batches)"
+echo "| model | pcp tok/s | JAX tok/s | torch tok/s | pcp / max | pcp val | JAX val | torch val | pcp vs JAX |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+cat "$LOG/table.md"
+echo "logs and loss curves: $LOG"
