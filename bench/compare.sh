@@ -29,6 +29,33 @@ done
 mkdir -p "$WORK"
 LOG="$WORK/logs"; mkdir -p "$LOG"
 
+# pcp's hyper-parameters, spelled out so that the comparison does not depend
+# on the binary's defaults; the references use the same values
+# (bench/reference_common.py), and check_experiment verifies the run's.
+CONFIG="$WORK/experiment.json"
+"$PY" - "$CONFIG" <<'PYEOF'
+import json, sys
+sys.path.insert(0, "bench")
+import reference_common as rc
+json.dump(dict(learning_rate=rc.PEAK_LR, min_lr=rc.MIN_LR, warmup_steps=rc.WARMUP, beta1=rc.BETA1, beta2=rc.BETA2,
+               eps=rc.EPS, weight_decay=rc.WEIGHT_DECAY, grad_clip=rc.GRAD_CLIP, val_fraction=rc.VAL_FRACTION,
+               eval_batches=rc.EVAL_BATCHES, eval_interval=250), open(sys.argv[1], "w"), indent=1)
+PYEOF
+
+# Fails when the pcp checkpoint under $1 was trained with other hyper-parameters.
+check_experiment() {
+    "$PY" - "$1" "$CONFIG" <<'PYEOF'
+import json, sys
+from pathlib import Path
+d = Path(sys.argv[1])
+meta = json.loads((d / (d / "latest").read_text().strip() / "meta.json").read_text())
+used, want = meta["meta"]["experiment"], json.load(open(sys.argv[2]))
+bad = {k: (used.get(k), v) for k, v in want.items() if used.get(k) != v}
+if bad:
+    sys.exit(f"bench/compare.sh: pcp trained with other hyper-parameters (got, want): {bad}")
+PYEOF
+}
+
 # The initial parameters, as pcp's seeded init writes them. `--steps 0`
 # saves them as they are; older binaries save nothing there, and then one
 # step at learning rate 0 (which leaves every parameter unchanged) does.
@@ -64,8 +91,10 @@ run_model() {
     if [ "$full" -gt 0 ]; then
         echo "== nanogpt-$model: pcp train ($full steps)" >&2
         rm -rf "$WORK/run-$model"
-        "$PCP" train --model "nanogpt-$model" --steps "$full" --seed $SEED --data "$DATA" --data-dir "$WORK" \
-            --checkpoint-dir "$WORK/run-$model" --events "$LOG/pcp-train-$model.jsonl" >"$LOG/pcp-train-$model.log" 2>&1
+        "$PCP" train --config "$CONFIG" --model "nanogpt-$model" --steps "$full" --seed $SEED --data "$DATA" \
+            --data-dir "$WORK" --checkpoint-dir "$WORK/run-$model" --events "$LOG/pcp-train-$model.jsonl" \
+            >"$LOG/pcp-train-$model.log" 2>&1
+        check_experiment "$WORK/run-$model"
         PCP_VAL=$("$PY" -c "
 import json, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]
@@ -100,9 +129,11 @@ PYEOF
 }
 
 rm -f "$LOG/table.md"
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 run_model small "$SMALL_TIMED" "$SMALL_STEPS"
 [ "$MEDIUM" = 1 ] && run_model medium "$MEDIUM_TIMED" 0
 echo
+echo "load average before / after: $LOAD_BEFORE / $(cut -d' ' -f1-3 /proc/loadavg) (other processes skew tokens/s)"
 echo "tokens/s on $(nproc) cores; val loss at step $SMALL_STEPS (pcp: its own ChaCha8 batches; JAX and torch: identical NumPy batches)"
 echo "| model | pcp tok/s | JAX tok/s | torch tok/s | pcp / max | pcp val | JAX val | torch val | pcp vs JAX |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
