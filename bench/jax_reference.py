@@ -111,6 +111,10 @@ def main():
     vals = [(jnp.asarray(x), jnp.asarray(y)) for x, y in rc.val_batches(corpus, cfg, args.seed, args.eval_batches)]
     data = rc.batches(corpus, cfg, args.seed)
     report = rc.Report(args, cfg, "jax")
+
+    def validate(params):
+        return float(np.mean([float(eval_fn(params, vx, vy)) for vx, vy in vals]))
+
     for t in range(1, args.steps + 1):
         x, y = next(data)
         lr = rc.learning_rate(t, args.steps, peak=args.lr)
@@ -119,8 +123,9 @@ def main():
         loss = float(loss)  # waits for the step
         report.step(t, loss, time.perf_counter() - started)
         if report.eval_due(t):
-            val = float(np.mean([float(eval_fn(params, vx, vy)) for vx, vy in vals]))
-            report.eval(t, loss, val)
+            report.eval(t, loss, validate(params))
+    if args.steps == 0 and not args.no_eval:  # evaluate the --init parameters as they are
+        report.eval(0, float("nan"), validate(params))
     report.finish()
 
 

@@ -72,6 +72,11 @@ def main():
     vals = [(to_long(x), to_long(y)) for x, y in rc.val_batches(corpus, cfg, args.seed, args.eval_batches)]
     data = rc.batches(corpus, cfg, args.seed)
     report = rc.Report(args, cfg, "torch")
+
+    def validate():
+        with torch.no_grad():
+            return sum(forward(params, cfg, vx, vy).item() for vx, vy in vals) / len(vals)
+
     for t in range(1, args.steps + 1):
         x, y = next(data)
         x, y = to_long(x), to_long(y)
@@ -87,9 +92,9 @@ def main():
         loss = loss.item()
         report.step(t, loss, time.perf_counter() - started)
         if report.eval_due(t):
-            with torch.no_grad():
-                val = sum(forward(params, cfg, vx, vy).item() for vx, vy in vals) / len(vals)
-            report.eval(t, loss, val)
+            report.eval(t, loss, validate())
+    if args.steps == 0 and not args.no_eval:  # evaluate the --init parameters as they are
+        report.eval(0, float("nan"), validate())
     report.finish()
 
 
