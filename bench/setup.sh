@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the PyTorch CPU build that bench/torch_reference.py needs into
-# .venv, idempotently. `pip install torch` would also pull ~3 GB of nvidia-*
-# CUDA wheels (they are unconditional dependencies of the Linux wheel); the
-# CPU paths of `import torch` never load them, so torch goes in with
-# --no-deps and its pure-Python dependencies are installed explicitly.
-# (pip then warns about the missing CUDA requirements; that is expected.)
+# .venv, idempotently. PyPI's Linux x86-64 wheel is the CUDA build (the CPU
+# build lives only on PyTorch's own index) and `pip install torch` also pulls
+# several GB of nvidia-* and triton wheels. Instead torch goes in with
+# --no-deps, its pure-Python dependencies are installed explicitly (pip then
+# warns about the missing CUDA requirements; that is expected), and stubs
+# stand in for the CUDA libraries that torch's libraries are linked against.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION=2.15.0
@@ -24,9 +25,9 @@ if ! have "$TORCH_VERSION"; then
 fi
 # What `import torch` and torch.optim need on a CPU-only machine.
 "$PY" -m pip install --quiet filelock typing-extensions sympy mpmath networkx jinja2 markupsafe fsspec
-# PyPI's x86-64 wheel is the CUDA build: its libraries link libcudart,
-# cuBLAS, cuDNN, NCCL… Stand-in stubs (bench/cuda_stubs.py) satisfy the
-# loader; CPU code never calls them and torch.cuda.is_available() is False.
+# libtorch.so links libtorch_cuda.so, which links libcudart, cuBLAS, cuDNN,
+# NCCL…: stubs (bench/cuda_stubs.py) satisfy the loader; CPU code never calls
+# them, and torch.cuda.is_available() is False.
 if ! "$PY" -c "import torch" 2>/dev/null; then
     LIB=$("$PY" -c "import importlib.util, os; print(os.path.join(os.path.dirname(importlib.util.find_spec('torch').origin), 'lib'))")
     BUILD=$(mktemp -d)
