@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# pcp vs the JAX and PyTorch references on one init (issue 3).
+#   bench/compare.sh [--small-steps N] [--medium-steps N] [--skip-medium]
+# small: tokens/s (200 timed steps each) and a full run (default 1000 steps)
+# for the final validation loss; medium: tokens/s only (20 timed steps).
+# Env: PCP_NODE (default target/release/pcp-node), DATA (the corpus),
+# WORK (scratch: checkpoints, artifact cache, logs; default /tmp/pcpbench).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PCP=${PCP_NODE:-target/release/pcp-node}
+PY=${PYTHON:-.venv/bin/python}
+DATA=${DATA:-../shared/data/tiny_shakespeare.txt}
+WORK=${WORK:-/tmp/pcpbench}
+SMALL_STEPS=1000
+MEDIUM_TIMED=20
+SMALL_TIMED=200
+MEDIUM=1
+SEED=1337
+while [ $# -gt 0 ]; do
+    case $1 in
+        --small-steps) SMALL_STEPS=$2; shift 2 ;;
+        --medium-steps) MEDIUM_TIMED=$2; shift 2 ;;
+        --skip-medium) MEDIUM=0; shift ;;
+        *) echo "bench/compare.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+[ -x "$PCP" ] || { echo "bench/compare.sh: no pcp-node at $PCP (set PCP_NODE)" >&2; exit 1; }
+"$PY" -c "import torch" 2>/dev/null || { echo "bench/compare.sh: torch missing; run bench/setup.sh" >&2; exit 1; }
+mkdir -p "$WORK"
+LOG="$WORK/logs"; mkdir -p "$LOG"
+
+# pcp's hyper-parameters, spelled out so that the comparison does not depend
+# on the binary's defaults; the references use the same values
+# (bench/reference_common.py), and check_experiment verifies the run's.
+CONFIG="$WORK/experiment.json"
+"$PY" - "$CONFIG" <<'PYEOF'
+import json, sys
+sys.path.insert(0, "bench")
+import reference_common as rc
+json.dump(dict(learning_rate=rc.PEAK_LR, min_lr=rc.MIN_LR, warmup_steps=rc.WARMUP, beta1=rc.BETA1, beta2=rc.BETA2,
+               eps=rc.EPS, weight_decay=rc.WEIGHT_DECAY, grad_clip=rc.GRAD_CLIP, val_fraction=rc.VAL_FRACTION,
+               eval_batches=rc.EVAL_BATCHES, eval_interval=250), open(sys.argv[1], "w"), indent=1)
+PYEOF
+
+# Fails when the pcp checkpoint under $1 was trained with other hyper-parameters.
+check_experiment() {
+    "$PY" - "$1" "$CONFIG" <<'PYEOF'
+import json, sys
+from pathlib import Path
+d = Path(sys.argv[1])
+meta = json.loads((d / (d / "latest").read_text().strip() / "meta.json").read_text())
+used, want = meta["meta"]["experiment"], json.load(open(sys.argv[2]))
+bad = {k: (used.get(k), v) for k, v in want.items() if used.get(k) != v}
+if bad:
+    sys.exit(f"bench/compare.sh: pcp trained with other hyper-parameters (got, want): {bad}")
+PYEOF
+}
+
+# The initial parameters, as pcp's seeded init writes them. `--steps 0`
+# saves them as they are; older binaries save nothing there, and then one
+# step at learning rate 0 (which leaves every parameter unchanged) does.
+init_dir() {
+    local model=$1 dir="$WORK/init-$1"
+    rm -rf "$dir"
+    "$PCP" train --model "nanogpt-$model" --steps 0 --seed $SEED --checkpoint-dir "$dir" \
+        --data-dir "$WORK" --data "$DATA" >"$LOG/init-$model.log" 2>&1
+    if [ ! -f "$dir/latest" ]; then
+        rm -rf "$dir"
+        "$PCP" train --model "nanogpt-$model" --steps 1 --lr 0 --seed $SEED --checkpoint-dir "$dir" \
+            --data-dir "$WORK" --data "$DATA" >"$LOG/init-$model.log" 2>&1
+    fi
+    echo "$dir"
+}
+
+field() { sed -n "s/^$1 *\([0-9.eE+-]*\).*/\1/p" "$2" | tail -1; }
+
+run_model() {
+    local model=$1 timed=$2 full=$3 init
+    init=$(init_dir "$model")
+    echo "== nanogpt-$model: pcp bench step ($timed timed steps)" >&2
+    "$PCP" bench step --model "nanogpt-$model" --steps "$timed" --data "$DATA" --data-dir "$WORK" \
+        >"$LOG/pcp-bench-$model.log" 2>&1
+    PCP_TPS=$(field "tokens\/s" "$LOG/pcp-bench-$model.log")
+    for impl in jax torch; do
+        echo "== nanogpt-$model: $impl reference ($timed timed steps)" >&2
+        "$PY" bench/${impl}_reference.py --model "$model" --steps $((timed + 3)) --init "$init" --data "$DATA" \
+            --no-eval >"$LOG/$impl-tps-$model.log" 2>&1
+    done
+    JAX_TPS=$(field "tokens\/s" "$LOG/jax-tps-$model.log")
+    TORCH_TPS=$(field "tokens\/s" "$LOG/torch-tps-$model.log")
+    if [ "$full" -gt 0 ]; then
+        echo "== nanogpt-$model: pcp train ($full steps)" >&2
+        rm -rf "$WORK/run-$model"
+        "$PCP" train --config "$CONFIG" --model "nanogpt-$model" --steps "$full" --seed $SEED --data "$DATA" \
+            --data-dir "$WORK" --checkpoint-dir "$WORK/run-$model" --events "$LOG/pcp-train-$model.jsonl" \
+            >"$LOG/pcp-train-$model.log" 2>&1
+        check_experiment "$WORK/run-$model"
+        # pcp's final parameters on the references' validation batches, which
+        # removes the difference in validation sampling from the comparison.
+        "$PY" bench/jax_reference.py --model "$model" --steps 0 --init "$WORK/run-$model" --data "$DATA" \
+            >"$LOG/pcp-params-on-ref-val-$model.log" 2>&1
+        PCP_XVAL=$(field "final val loss" "$LOG/pcp-params-on-ref-val-$model.log")
+        PCP_VAL=$("$PY" -c "
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+with open(sys.argv[2], 'w') as curve:
+    for e in ev:
+        if e.get('event') == 'step':
+            curve.write(json.dumps({'step': e['step'], 'loss': e['loss']}) + '\\n')
+print([e for e in ev if e.get('event') == 'eval'][-1]['val_loss'])
+" "$LOG/pcp-train-$model.jsonl" "$LOG/pcp-curve-$model.jsonl")
+        for impl in jax torch; do
+            echo "== nanogpt-$model: $impl reference ($full steps)" >&2
+            "$PY" bench/${impl}_reference.py --model "$model" --steps "$full" --init "$init" --data "$DATA" \
+                --curve "$LOG/$impl-curve-$model.jsonl" >"$LOG/$impl-train-$model.log" 2>&1
+        done
+        JAX_VAL=$(field "final val loss" "$LOG/jax-train-$model.log")
+        TORCH_VAL=$(field "final val loss" "$LOG/torch-train-$model.log")
+    else
+        PCP_VAL=""; PCP_XVAL=""; JAX_VAL=""; TORCH_VAL=""
+    fi
+    "$PY" - "$model" "$PCP_TPS" "$JAX_TPS" "$TORCH_TPS" "$full" "$PCP_VAL" "$PCP_XVAL" "$JAX_VAL" "$TORCH_VAL" >>"$LOG/table.md" <<'PYEOF'
+import sys
+model, pcp, jax, torch, full, *vals = sys.argv[1:]
+pcp, jax, torch = float(pcp), float(jax), float(torch)
+row = f"| nanogpt-{model} | {pcp:.0f} | {jax:.0f} | {torch:.0f} | {pcp / max(jax, torch):.2f}× |"
+if all(vals):
+    p, x, j, t = map(float, vals)
+    row += f" {p:.4f} | {x:.4f} | {j:.4f} | {t:.4f} | {100 * (p - j) / j:+.2f}% | {100 * (x - j) / j:+.2f}% |"
+else:
+    row += " – | – | – | – | – | – |"
+print(row)
+PYEOF
+}
+
+rm -f "$LOG/table.md"
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+run_model small "$SMALL_TIMED" "$SMALL_STEPS"
+[ "$MEDIUM" = 1 ] && run_model medium "$MEDIUM_TIMED" 0
+echo
+echo "load average before / after: $LOAD_BEFORE / $(cut -d' ' -f1-3 /proc/loadavg) (other processes skew tokens/s)"
+echo "tokens/s on $(nproc) cores; val loss at step $SMALL_STEPS over 8 batches: 'pcp val' on pcp's own (ChaCha8) validation"
+echo "batches, 'pcp val*' = pcp's final parameters on the references' batches (JAX and torch share NumPy-seeded batches)"
+echo "| model | pcp tok/s | JAX tok/s | torch tok/s | pcp / max | pcp val | pcp val* | JAX val | torch val | pcp vs JAX | pcp* vs JAX |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+cat "$LOG/table.md"
+echo "logs and loss curves: $LOG"
