@@ -73,13 +73,14 @@ fi
 say "building pcp-node"
 cargo build --release -p pcp-node
 
-# 5. The main job on the built-in default.
+# 5. The main job on the built-in default: nanoGPT-small on the demo corpus,
+#    CPU only, then a sample from its checkpoint.
 if ((RUN)); then
-  MODEL=../shared/models/nanogpt_small.mlir
-  if [ -f "$MODEL" ]; then
-    say "pcp-node graph inspect $MODEL"
-    target/release/pcp-node graph inspect "$MODEL"
-  else
-    say "no $MODEL here; setup is done"
-  fi
+  RUN_DIR=$ROOT/.data/demo
+  say "pcp-node train --model nanogpt-small --data $CORPUS --steps 1000"
+  target/release/pcp-node train --model nanogpt-small --data "$CORPUS" --steps 1000 \
+    --data-dir "$RUN_DIR" --checkpoint-dir "$RUN_DIR/checkpoints" --events "$RUN_DIR/events.jsonl"
+  say "pcp-node generate --checkpoint $RUN_DIR/checkpoints --prompt ROMEO:"
+  target/release/pcp-node generate --checkpoint "$RUN_DIR/checkpoints" --data-dir "$RUN_DIR" \
+    --prompt "ROMEO:" --tokens 200 --top-k 40
 fi

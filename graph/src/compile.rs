@@ -145,7 +145,12 @@ pub struct Artifact {
 pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Result<Artifact, CompileError> {
     let compiler = iree::compiler().map_err(CompileError::Unavailable)?;
     let text = module.to_mlir();
-    let flags = target.flags();
+    let mut flags = target.flags();
+    // Extra flags for experiments (`PCP_IREE_FLAGS="--iree-opt-level=O3 …"`);
+    // they are part of the cache key like every other flag.
+    if let Ok(extra) = std::env::var("PCP_IREE_FLAGS") {
+        flags.extend(extra.split_whitespace().map(str::to_owned));
+    }
     let revision = compiler.get_revision().unwrap_or_default();
     let mut hasher = blake3::Hasher::new();
     hasher.update(text.as_bytes());
