@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Sets up a fresh Debian 12 machine for pcp, idempotently, then runs the main
-# job on the built-in default. `--no-run` stops after setup (CI uses it).
+# Sets up a fresh Debian 12 machine for pcp, idempotently, then builds and runs
+# the main job on the built-in default. `--no-run` stops after installing (CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -69,13 +69,12 @@ PY
   fi
 fi
 
-# 4. Build.
-say "building pcp-node"
-cargo build --release -p pcp-node
-
-# 5. The main job on the built-in default: nanoGPT-small on the demo corpus,
-#    CPU only, then a sample from its checkpoint.
+# 4. Build and run the main job on the built-in default: nanoGPT-small on the
+#    demo corpus, CPU only, then a sample from its checkpoint. (`--no-run`
+#    skips both: scripts/test.sh builds what the tests need.)
 if ((RUN)); then
+  say "building pcp-node"
+  cargo build --release -p pcp-node
   RUN_DIR=$ROOT/.data/demo
   say "pcp-node train --model nanogpt-small --data $CORPUS --steps 1000"
   target/release/pcp-node train --model nanogpt-small --data "$CORPUS" --steps 1000 \
