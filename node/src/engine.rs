@@ -112,7 +112,6 @@ impl Engine {
 
     /// Replaces the parameters (optimizer state is kept): a DiLoCo worker
     /// starting a round.
-    #[allow(dead_code)] // The DiLoCo worker role (issue 5) calls it.
     pub(crate) async fn set_params(&mut self, params: Vec<Vec<f32>>) -> anyhow::Result<()> {
         self.params = self.upload_all(params).await?;
         Ok(())

@@ -12,6 +12,7 @@ mod generate;
 mod graph;
 mod join;
 mod model;
+mod sim;
 mod train;
 
 use std::process::ExitCode;
@@ -42,6 +43,8 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run a shepherd and N-1 workers of DiLoCo on this machine.
+    Sim(sim::SimArgs),
 }
 
 /// An error with the exit code it maps to: 2 for bad input, 1 otherwise.
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
                     Some(Command::Train(args)) => train::run(args, &cli.net).await,
                     Some(Command::Generate(args)) => generate::run(args, &cli.net).await,
                     Some(Command::Bench(command)) => bench::run(command, &cli.net).await,
+                    Some(Command::Sim(args)) => sim::run(args, &cli.net).await,
                     Some(Command::Graph(_)) => unreachable!("handled above"),
                 }
             }),

@@ -1,0 +1,60 @@
+//! `pcp-node sim`: DiLoCo with real training engines on one machine.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn corpus() -> String {
+    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tiny_shakespeare.txt");
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.data/tiny_shakespeare.txt");
+    let path = if shared.exists() { shared } else { local };
+    path.display().to_string()
+}
+
+#[test]
+fn workers_train_die_and_join() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ev = dir.path().join("events.jsonl");
+    let cache = std::env::temp_dir().join("pcp-test-artifact-cache");
+    let out = Command::new(env!("CARGO_BIN_EXE_pcp-node"))
+        .args([
+            "sim",
+            "--nodes",
+            "4",
+            "--rounds",
+            "4",
+            "--tau",
+            "20",
+            "--kill-at",
+            "2:2",
+            "--join-at",
+            "3",
+            "--data",
+            &corpus(),
+        ])
+        .args(["--events", ev.to_str().expect("utf8"), "--data-dir", cache.to_str().expect("utf8")])
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("round contributors"), "{stdout}");
+    let events: Vec<Value> =
+        std::fs::read_to_string(&ev).expect("events").lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    let rounds: Vec<&Value> = events.iter().filter(|e| e["event"] == "round_completed").collect();
+    assert_eq!(rounds.len(), 4);
+    let contributors: Vec<u64> = rounds.iter().map(|r| r["contributors"].as_u64().expect("n")).collect();
+    // Worker 2 dies as round 2 opens: round 2 completes without it.
+    assert_eq!(contributors, vec![3, 2, 2, 3], "the joiner of round 3 contributes from round 4");
+    assert_eq!(rounds[1]["excluded"], serde_json::json!(["2"]));
+    assert!(events.iter().any(|e| e["event"] == "worker_left" && e["peer"] == "2"));
+    assert_eq!(events.iter().filter(|e| e["event"] == "worker_joined").count(), 4);
+    let val = |i: usize| rounds[i]["val_loss"].as_f64().expect("val_loss");
+    assert!(val(3) < val(0), "validation loss {} -> {}", val(0), val(3));
+    // fp32 pseudo-gradients: at most 1.05x the parameter bytes per worker.
+    let params_bytes = 4.0 * 110_464.0;
+    for r in &rounds {
+        let per_worker = r["bytes_in"].as_f64().expect("bytes_in") / r["contributors"].as_f64().expect("n");
+        assert!(per_worker <= 1.05 * params_bytes, "{per_worker} bytes per worker");
+    }
+}
