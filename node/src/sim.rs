@@ -51,6 +51,10 @@ pub(crate) struct SimArgs {
     /// Start one more worker when round ROUND opens.
     #[arg(long, value_name = "ROUND")]
     join_at: Option<u64>,
+    /// Make worker NODE hostile: `nan:NODE` sends NaN, `scale:NODE` sends its
+    /// pseudo-gradient ×1000 (repeatable).
+    #[arg(long, value_name = "KIND:NODE")]
+    hostile: Vec<String>,
     /// Pseudo-gradient encoding: fp32, bf16 or int8.
     #[arg(long, default_value = "fp32")]
     encoding: String,
@@ -90,8 +94,16 @@ fn now_ms(start: Instant) -> u64 {
     start.elapsed().as_millis() as u64
 }
 
+/// How a hostile worker corrupts its pseudo-gradient.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Hostile {
+    Nan,
+    Scale(f32),
+}
+
 struct WorkerCtx {
     peer: u32,
+    hostile: Option<Hostile>,
     tau: u64,
     total_steps: u64,
     lr: f64,
@@ -149,12 +161,17 @@ async fn worker_task(
                         }
                     }
                     let end = engine.params().await?;
-                    let delta: Tensors = round
+                    let mut delta: Tensors = round
                         .params
                         .iter()
                         .zip(&end)
                         .map(|(s, e)| s.iter().zip(e).map(|(s, e)| s - e).collect())
                         .collect();
+                    match ctx.hostile {
+                        Some(Hostile::Nan) => delta[0][0] = f32::NAN,
+                        Some(Hostile::Scale(k)) => delta.iter_mut().flatten().for_each(|v| *v *= k),
+                        None => {}
+                    }
                     let bytes = compress::encode(&delta, ctx.encoding);
                     let samples = steps * (ctx.batch * ctx.block) as u64;
                     let loss = (loss_sum / steps.max(1) as f64) as f32;
@@ -196,6 +213,18 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
         }
         None => None,
     };
+    let mut hostile = BTreeMap::new();
+    for spec in &args.hostile {
+        let bad = || Failure::input(anyhow::anyhow!("--hostile takes nan:NODE or scale:NODE, got {spec:?}"));
+        let (kind, node) = spec.split_once(':').ok_or_else(bad)?;
+        let node: u32 = node.parse().map_err(|_| bad())?;
+        let kind = match kind {
+            "nan" => Hostile::Nan,
+            "scale" => Hostile::Scale(1000.0),
+            _ => return Err(bad()),
+        };
+        hostile.insert(node, kind);
+    }
     let data_path = args.data.clone().or_else(default_corpus).ok_or_else(|| {
         Failure::input(anyhow::anyhow!("no --data given and no demo corpus found; run scripts/setup.sh"))
     })?;
@@ -241,6 +270,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
         workers.insert(peer, tx);
         let ctx = WorkerCtx {
             peer,
+            hostile: hostile.get(&peer).copied(),
             tau: args.tau,
             total_steps,
             lr: args.lr,

@@ -58,3 +58,44 @@ fn workers_train_die_and_join() {
         assert!(per_worker <= 1.05 * params_bytes, "{per_worker} bytes per worker");
     }
 }
+
+/// Runs `pcp-node sim` with `extra` flags; returns its events.
+fn sim(extra: &[&str]) -> Vec<Value> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ev = dir.path().join("events.jsonl");
+    let cache = std::env::temp_dir().join("pcp-test-artifact-cache");
+    let out = Command::new(env!("CARGO_BIN_EXE_pcp-node"))
+        .args(["sim", "--rounds", "3", "--tau", "20", "--data", &corpus()])
+        .args(extra)
+        .args(["--events", ev.to_str().expect("utf8"), "--data-dir", cache.to_str().expect("utf8")])
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::read_to_string(&ev).expect("events").lines().map(|l| serde_json::from_str(l).expect("json")).collect()
+}
+
+fn final_val(events: &[Value]) -> f64 {
+    let rounds: Vec<&Value> = events.iter().filter(|e| e["event"] == "round_completed").collect();
+    assert_eq!(rounds.len(), 3);
+    rounds[2]["val_loss"].as_f64().expect("val_loss")
+}
+
+#[test]
+fn hostile_workers_are_rejected_or_bounded() {
+    let events = sim(&["--nodes", "5", "--hostile", "nan:1", "--hostile", "scale:2"]);
+    let rejected: Vec<&Value> = events.iter().filter(|e| e["event"] == "contribution_rejected").collect();
+    assert_eq!(rejected.len(), 3, "the NaN worker is rejected every round");
+    assert!(
+        rejected.iter().all(|e| e["peer"] == "1" && e["reason"].as_str().is_some_and(|r| r.contains("non-finite")))
+    );
+    for r in events.iter().filter(|e| e["event"] == "round_completed") {
+        assert!(r["clipped"].as_u64().expect("clipped") >= 1, "the x1000 worker is bounded: {r}");
+    }
+    // The same run where worker 2 is honest: bounding leaves it no worse off.
+    let honest = final_val(&sim(&["--nodes", "5", "--hostile", "nan:1"]));
+    let attacked = final_val(&events);
+    assert!(
+        attacked.is_finite() && attacked < honest + 0.1,
+        "validation loss {attacked} with a x1000 worker vs {honest} without"
+    );
+}

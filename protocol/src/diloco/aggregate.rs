@@ -94,11 +94,15 @@ pub struct Accepted {
     pub norm: f64,
 }
 
-/// The norm bound for a round: `factor` × the lower median of recent
-/// accepted norms and this round's. One hostile worker cannot move the
-/// lower median, so it cannot scale the bound up either.
+/// The norm bound for a round: `factor` × the lower median of this round's
+/// norms, or, with a single contribution, of recent rounds' accepted norms
+/// too. One hostile worker cannot move a lower median, so it cannot scale
+/// the bound up; this round's own norms keep the bound from lagging behind
+/// updates that shrink as training converges.
 pub fn norm_bound(history: &[f64], current: &[f64], factor: f64) -> f64 {
-    let mut all: Vec<f64> = history.iter().chain(current).copied().filter(|n| n.is_finite()).collect();
+    let pool: Vec<f64> =
+        if current.len() >= 2 { current.to_vec() } else { history.iter().chain(current).copied().collect() };
+    let mut all: Vec<f64> = pool.into_iter().filter(|n| n.is_finite()).collect();
     if all.is_empty() {
         return f64::INFINITY;
     }
@@ -170,6 +174,8 @@ mod tests {
         assert_eq!(clipped, 1);
         assert!(mean[0][0] < 1.3, "the hostile worker moved the mean to {}", mean[0][0]);
         // Two contributors: the lower median keeps the honest scale.
-        assert!(norm_bound(&[], &[1.0, 1000.0], 2.0) <= 2.0);
+        assert!(norm_bound(&[5.0, 5.0], &[1.0, 1000.0], 2.0) <= 2.0);
+        // A lone hostile contributor is bounded by recent rounds.
+        assert_eq!(norm_bound(&[1.0, 1.2, 0.9], &[1000.0], 1.0), 1.0);
     }
 }

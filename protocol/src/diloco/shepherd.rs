@@ -39,7 +39,8 @@ pub struct Config {
     pub outer_lr: f32,
     /// Outer Nesterov momentum.
     pub outer_momentum: f32,
-    /// Contribution norms are bounded to factor × the lower median norm.
+    /// Contribution norms are bounded to factor × the lower median of recent
+    /// norms (1.0: a ×1000 worker counts no more than a typical one).
     pub norm_factor: f64,
 }
 
@@ -57,7 +58,7 @@ impl Default for Config {
             heartbeat_timeout_ms: 15_000,
             outer_lr: 0.7,
             outer_momentum: 0.9,
-            norm_factor: 2.0,
+            norm_factor: 1.0,
         }
     }
 }
