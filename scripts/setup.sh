@@ -69,17 +69,18 @@ PY
   fi
 fi
 
-# 4. Build and run the main job on the built-in default: nanoGPT-small on the
-#    demo corpus, CPU only, then a sample from its checkpoint. (`--no-run`
-#    skips both: scripts/test.sh builds what the tests need.)
+# 4. Build and run the main job on the built-in default: DiLoCo with a shepherd
+#    and three workers (real nodes on loopback) training nanoGPT-small on the
+#    demo corpus, CPU only, then a sample from the shepherd's checkpoint.
+#    (`--no-run` skips both: scripts/test.sh builds what the tests need.)
 if ((RUN)); then
   say "building pcp-node"
   cargo build --release -p pcp-node
   RUN_DIR=$ROOT/.data/demo
-  say "pcp-node train --model nanogpt-small --data $CORPUS --steps 1000"
-  target/release/pcp-node train --model nanogpt-small --data "$CORPUS" --steps 1000 \
-    --data-dir "$RUN_DIR" --checkpoint-dir "$RUN_DIR/checkpoints" --events "$RUN_DIR/events.jsonl"
-  say "pcp-node generate --checkpoint $RUN_DIR/checkpoints --prompt ROMEO:"
-  target/release/pcp-node generate --checkpoint "$RUN_DIR/checkpoints" --data-dir "$RUN_DIR" \
+  say "pcp-node sim --nodes 4 --rounds 10 --tau 50 --data $CORPUS"
+  target/release/pcp-node sim --nodes 4 --rounds 10 --tau 50 --data "$CORPUS" \
+    --data-dir "$RUN_DIR" --events "$RUN_DIR/events.jsonl"
+  say "pcp-node generate --checkpoint $RUN_DIR/sim/shepherd/shepherd --prompt ROMEO:"
+  target/release/pcp-node generate --checkpoint "$RUN_DIR/sim/shepherd/shepherd" --data-dir "$RUN_DIR" \
     --prompt "ROMEO:" --tokens 200 --top-k 40
 fi

@@ -7,10 +7,11 @@ use libp2p::{
     StreamProtocol, allow_block_list, autonat, connection_limits, gossipsub, identify, identity, kad, ping,
     request_response,
 };
-use pcp_schema::{BlobRequest, BlobResponse, MAX_CONTROL_MESSAGE};
+use pcp_schema::MAX_CONTROL_MESSAGE;
 
-use crate::codec::CapnpCodec;
+use crate::codec::BlobCodec;
 use crate::config::Config;
+use crate::rpc::{RPC_PROTOCOL, RpcCodec};
 
 /// Kademlia protocol name: one DHT for the whole pcp network.
 pub const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/pcp/kad/1.0.0");
@@ -25,8 +26,12 @@ const MAX_CONNECTIONS_PER_PEER: u32 = 8;
 const MAX_CONNECTIONS: u32 = 512;
 /// Pending (handshaking) connections each way.
 const MAX_PENDING: u32 = 64;
-/// Concurrent inbound plus outbound blob streams per connection.
-const MAX_BLOB_STREAMS: usize = 16;
+/// Concurrent inbound plus outbound blob streams per connection: room for two fetches'
+/// chunk windows each way (a stream over the limit fails its request). Each holds at most
+/// one chunk in memory.
+const MAX_BLOB_STREAMS: usize = 32;
+/// Concurrent inbound plus outbound DiLoCo control streams per connection.
+const MAX_RPC_STREAMS: usize = 8;
 
 /// Everything a pcp node speaks.
 #[derive(NetworkBehaviour)]
@@ -39,7 +44,8 @@ pub(crate) struct Behaviour {
     pub(crate) kad: kad::Behaviour<kad::store::MemoryStore>,
     pub(crate) gossipsub: gossipsub::Behaviour,
     pub(crate) autonat: autonat::Behaviour,
-    pub(crate) blob: request_response::Behaviour<CapnpCodec<BlobRequest, BlobResponse>>,
+    pub(crate) blob: request_response::Behaviour<BlobCodec>,
+    pub(crate) rpc: request_response::Behaviour<RpcCodec>,
 }
 
 impl Behaviour {
@@ -92,11 +98,19 @@ impl Behaviour {
         );
 
         let blob = request_response::Behaviour::with_codec(
-            CapnpCodec::default(),
+            BlobCodec,
             [(BLOB_PROTOCOL, request_response::ProtocolSupport::Full)],
             request_response::Config::default()
                 .with_request_timeout(Duration::from_secs(30))
                 .with_max_concurrent_streams(MAX_BLOB_STREAMS),
+        );
+
+        let rpc = request_response::Behaviour::with_codec(
+            RpcCodec::default(),
+            [(RPC_PROTOCOL, request_response::ProtocolSupport::Full)],
+            request_response::Config::default()
+                .with_request_timeout(Duration::from_secs(120))
+                .with_max_concurrent_streams(MAX_RPC_STREAMS),
         );
 
         Ok(Self {
@@ -112,6 +126,7 @@ impl Behaviour {
             gossipsub,
             autonat,
             blob,
+            rpc,
         })
     }
 }

@@ -10,18 +10,20 @@ use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
 use libp2p::swarm::{SwarmEvent, dial_opts::DialOpts};
 use libp2p::{Multiaddr, PeerId, Swarm, autonat, gossipsub, identify, kad, noise, tcp, yamux};
 use pcp_protocol::{BlobHash, Identity, ReplayGuard, RunId};
-use pcp_schema::{BlobRequest, BlobResponse, BlobWant};
+use pcp_schema::{BlobRequest, BlobResponse, BlobWant, SignedEnvelope};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::behaviour::{Behaviour, BehaviourEvent, KAD_PROTOCOL};
+use crate::codec::{BlobReply, ChunkFrame};
 use crate::config::Config;
 use crate::events::{Event, Reachability, Stats};
-use crate::fetch::Fetch;
+use crate::fetch::{Blocking, Fetch, Work};
 use crate::identity_file::keypair;
 use crate::node::{DialError, FetchError, FetchReport, GossipError, StartError};
 use crate::outboard::Outboard;
+use crate::rpc::{InboundId, RequestError, verify_from};
 use crate::store::BlobStore;
 
 /// Replay window for gossip envelopes.
@@ -38,6 +40,18 @@ const MAX_PROVIDER_FAILURES: u32 = 3;
 const MAX_FETCHES: usize = 32;
 /// Outboards cached for serving.
 const OUTBOARD_CACHE: usize = 64;
+/// Most blocking threads hashing, reading and writing chunks at once.
+const BLOB_WORKERS: usize = 4;
+/// Blob jobs waiting for a thread; beyond this they run on the event loop itself.
+const BLOB_QUEUE: usize = 256;
+/// Inbound DiLoCo requests waiting for their answer.
+const MAX_RPC_INBOUND: usize = 1024;
+/// Outbound DiLoCo requests in flight.
+const MAX_RPC_OUTBOUND: usize = 256;
+/// An inbound request not answered within this long is dropped.
+const RPC_ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+/// Provider lookups in flight.
+const MAX_LOOKUPS: usize = 64;
 
 /// A command from a [`crate::Node`] handle.
 #[derive(Debug)]
@@ -45,14 +59,55 @@ pub(crate) enum Command {
     ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
     ExternalAddrs(oneshot::Sender<Vec<Multiaddr>>),
     Reachability(oneshot::Sender<Reachability>),
-    Dial { addr: Multiaddr, reply: oneshot::Sender<Result<(), DialError>> },
+    Dial {
+        addr: Multiaddr,
+        reply: oneshot::Sender<Result<(), DialError>>,
+    },
     RoutingPeers(oneshot::Sender<Vec<PeerId>>),
     ConnectedPeers(oneshot::Sender<Vec<PeerId>>),
-    Provide { hash: BlobHash, reply: oneshot::Sender<()> },
-    Fetch { hash: BlobHash, timeout: Duration, reply: oneshot::Sender<Result<FetchReport, FetchError>> },
-    Subscribe { run: RunId, reply: oneshot::Sender<Result<(), GossipError>> },
-    Publish { run: RunId, data: Vec<u8>, reply: oneshot::Sender<Result<(), GossipError>> },
+    Provide {
+        hash: BlobHash,
+        reply: oneshot::Sender<()>,
+    },
+    Fetch {
+        hash: BlobHash,
+        hint: Vec<PeerId>,
+        timeout: Duration,
+        reply: oneshot::Sender<Result<FetchReport, FetchError>>,
+    },
+    Subscribe {
+        run: RunId,
+        reply: oneshot::Sender<Result<(), GossipError>>,
+    },
+    Publish {
+        run: RunId,
+        data: Vec<u8>,
+        reply: oneshot::Sender<Result<(), GossipError>>,
+    },
     Stats(oneshot::Sender<Stats>),
+    Providers {
+        key: BlobHash,
+        max: usize,
+        reply: oneshot::Sender<Vec<PeerId>>,
+    },
+    Request {
+        peer: PeerId,
+        envelope: SignedEnvelope,
+        reply: oneshot::Sender<Result<pcp_protocol::Verified, RequestError>>,
+    },
+    Respond {
+        id: InboundId,
+        envelope: SignedEnvelope,
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// A provider lookup for [`Command::Providers`].
+#[derive(Debug)]
+struct Lookup {
+    found: Vec<PeerId>,
+    max: usize,
+    reply: oneshot::Sender<Vec<PeerId>>,
 }
 
 /// An in-flight blob request.
@@ -79,13 +134,24 @@ pub struct EventLoop {
     provided: HashSet<BlobHash>,
     banned: HashMap<PeerId, Instant>,
     outboards: HashMap<BlobHash, Outboard>,
+    work: Blocking<Work>,
     subscriptions: HashSet<RunId>,
     replay: ReplayGuard,
+    lookups: HashMap<kad::QueryId, Lookup>,
+    rpc_out: HashMap<OutboundRequestId, (PeerId, oneshot::Sender<Result<pcp_protocol::Verified, RequestError>>)>,
+    rpc_in: HashMap<InboundId, (ResponseChannel<SignedEnvelope>, Instant)>,
+    next_inbound: u64,
     reachability: Reachability,
     stats: Stats,
     last_rebootstrap: Instant,
     last_recovery: Instant,
     last_rescan: Option<Instant>,
+}
+
+/// Blocking threads for blob work: one per core, at least 2 (one may wait on the disk while
+/// the other hashes), at most [`BLOB_WORKERS`]. More than the cores only adds switching.
+fn blob_workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, BLOB_WORKERS))
 }
 
 fn topic(run: RunId) -> gossipsub::IdentTopic {
@@ -154,8 +220,13 @@ impl EventLoop {
             provided: HashSet::new(),
             banned: HashMap::new(),
             outboards: HashMap::new(),
+            work: Blocking::new(blob_workers(), BLOB_QUEUE),
             subscriptions: HashSet::new(),
             replay: ReplayGuard::new(REPLAY_WINDOW_MS, 1024, 4096),
+            lookups: HashMap::new(),
+            rpc_out: HashMap::new(),
+            rpc_in: HashMap::new(),
+            next_inbound: 0,
             reachability: Reachability::Unknown,
             stats: Stats::default(),
             last_rebootstrap: now,
@@ -178,6 +249,7 @@ impl EventLoop {
             tokio::select! {
                 () = cancel.cancelled() => break,
                 event = self.swarm.select_next_some() => self.on_swarm(event),
+                Some(work) = self.work.next(), if !self.work.is_idle() => self.on_work(work),
                 command = self.commands.recv() => match command {
                     Some(c) => self.on_command(c),
                     None => break,
@@ -190,10 +262,12 @@ impl EventLoop {
         }
     }
 
-    fn emit(&mut self, event: Event) {
-        if self.events.try_send(event).is_err() {
+    fn emit(&mut self, event: Event) -> bool {
+        let sent = self.events.try_send(event).is_ok();
+        if !sent {
             self.stats.events_dropped += 1;
         }
+        sent
     }
 
     fn dial_seeds(&mut self) {
@@ -243,6 +317,8 @@ impl EventLoop {
             self.provide_store();
         }
         self.replay.prune(now_ms());
+        // requests the owner never answered: dropping the channel resets the stream
+        self.rpc_in.retain(|_, (_, since)| now.duration_since(*since) < RPC_ANSWER_TIMEOUT);
         let hashes: Vec<BlobHash> = self.fetches.keys().copied().collect();
         for hash in hashes {
             self.drive(hash);
@@ -304,7 +380,16 @@ impl EventLoop {
                 let _ = reply.send(self.swarm.connected_peers().copied().collect());
             }
             Command::Provide { hash, reply } => self.provide(hash, Some(reply)),
-            Command::Fetch { hash, timeout, reply } => self.start_fetch(hash, timeout, reply),
+            Command::Fetch { hash, hint, timeout, reply } => {
+                self.start_fetch(hash, timeout, reply);
+                let local = self.peer_id();
+                if let Some(fetch) = self.fetches.get_mut(&hash) {
+                    for peer in hint.into_iter().filter(|p| *p != local && !self.banned.contains_key(p)) {
+                        fetch.add_provider(peer);
+                    }
+                    self.drive(hash);
+                }
+            }
             Command::Subscribe { run, reply } => {
                 let result = self
                     .swarm
@@ -330,6 +415,30 @@ impl EventLoop {
             }
             Command::Stats(reply) => {
                 let _ = reply.send(self.stats);
+            }
+            Command::Providers { key, max, reply } => {
+                if self.lookups.len() >= MAX_LOOKUPS {
+                    let _ = reply.send(Vec::new());
+                    return;
+                }
+                let id = self.swarm.behaviour_mut().kad.get_providers(kad_key(&key));
+                self.lookups.insert(id, Lookup { found: Vec::new(), max: max.max(1), reply });
+            }
+            Command::Request { peer, envelope, reply } => {
+                if self.rpc_out.len() >= MAX_RPC_OUTBOUND {
+                    let _ = reply.send(Err(RequestError::Busy { peer, max: MAX_RPC_OUTBOUND }));
+                    return;
+                }
+                let id = self.swarm.behaviour_mut().rpc.send_request(&peer, envelope);
+                self.rpc_out.insert(id, (peer, reply));
+            }
+            Command::Respond { id, envelope, reply } => {
+                if let Some((channel, _)) = self.rpc_in.remove(&id)
+                    && self.swarm.behaviour_mut().rpc.send_response(channel, envelope).is_err()
+                {
+                    tracing::debug!(%id, "answer dropped: the requester is gone");
+                }
+                let _ = reply.send(());
             }
         }
     }
@@ -390,6 +499,7 @@ impl EventLoop {
                 self.emit(Event::Reachability(status));
             }
             BehaviourEvent::Blob(event) => self.on_blob(event),
+            BehaviourEvent::Rpc(event) => self.on_rpc(event),
             _ => {}
         }
     }
@@ -397,7 +507,7 @@ impl EventLoop {
     fn on_kad(&mut self, event: kad::Event) {
         match event {
             kad::Event::RoutingUpdated { peer, is_new_peer, .. } if is_new_peer => {
-                self.emit(Event::PeerDiscovered { peer })
+                self.emit(Event::PeerDiscovered { peer });
             }
             kad::Event::OutboundQueryProgressed {
                 id, result: kad::QueryResult::StartProviding(result), step, ..
@@ -409,6 +519,32 @@ impl EventLoop {
                     && let Some(reply) = self.provide_replies.remove(&id)
                 {
                     let _ = reply.send(());
+                }
+            }
+            kad::Event::OutboundQueryProgressed {
+                id, result: kad::QueryResult::GetProviders(result), step, ..
+            } if self.lookups.contains_key(&id) => {
+                let local = self.peer_id();
+                let done = match (self.lookups.get_mut(&id), result) {
+                    (Some(lookup), Ok(kad::GetProvidersOk::FoundProviders { providers, .. })) => {
+                        for p in providers {
+                            if p != local && !self.banned.contains_key(&p) && !lookup.found.contains(&p) {
+                                lookup.found.push(p);
+                            }
+                        }
+                        lookup.found.len() >= lookup.max
+                    }
+                    _ => false,
+                };
+                if (done || step.last)
+                    && let Some(lookup) = self.lookups.remove(&id)
+                {
+                    if !step.last
+                        && let Some(mut query) = self.swarm.behaviour_mut().kad.query_mut(&id)
+                    {
+                        query.finish();
+                    }
+                    let _ = lookup.reply.send(lookup.found);
                 }
             }
             kad::Event::OutboundQueryProgressed {
@@ -437,6 +573,56 @@ impl EventLoop {
                 self.drive(hash);
             }
             _ => {}
+        }
+    }
+
+    fn on_rpc(&mut self, event: request_response::Event<SignedEnvelope, SignedEnvelope>) {
+        match event {
+            request_response::Event::Message { peer, message, .. } => match message {
+                request_response::Message::Request { request, channel, .. } => {
+                    let verdict = verify_from(peer, request).and_then(|v| {
+                        let run = v.binding().run;
+                        self.replay.check(&v, run, now_ms()).map(|()| v).map_err(|e| e.to_string())
+                    });
+                    match verdict {
+                        Ok(verified) if self.rpc_in.len() < MAX_RPC_INBOUND => {
+                            let id = InboundId(self.next_inbound);
+                            self.next_inbound += 1;
+                            self.rpc_in.insert(id, (channel, Instant::now()));
+                            if !self.emit(Event::Request { peer, id, message: Box::new(verified) }) {
+                                self.rpc_in.remove(&id);
+                            }
+                        }
+                        Ok(_) => tracing::debug!(%peer, "request dropped: {MAX_RPC_INBOUND} waiting for answers"),
+                        Err(reason) => {
+                            self.stats.messages_rejected += 1;
+                            tracing::debug!(%peer, "rejected request: {reason}");
+                            self.emit(Event::MessageRejected { peer, reason });
+                        }
+                    }
+                }
+                request_response::Message::Response { request_id, response } => {
+                    if let Some((peer, reply)) = self.rpc_out.remove(&request_id) {
+                        let result = verify_from(peer, response).map_err(|reason| {
+                            self.stats.messages_rejected += 1;
+                            RequestError::Rejected { peer, reason }
+                        });
+                        if let Err(RequestError::Rejected { reason, .. }) = &result {
+                            self.emit(Event::MessageRejected { peer, reason: reason.clone() });
+                        }
+                        let _ = reply.send(result);
+                    }
+                }
+            },
+            request_response::Event::OutboundFailure { request_id, error, peer, .. } => {
+                if let Some((_, reply)) = self.rpc_out.remove(&request_id) {
+                    let _ = reply.send(Err(RequestError::Failed { peer, reason: error.to_string() }));
+                }
+            }
+            request_response::Event::InboundFailure { peer, error, .. } => {
+                tracing::debug!(%peer, "inbound request failed: {error}");
+            }
+            request_response::Event::ResponseSent { .. } => {}
         }
     }
 
@@ -513,6 +699,9 @@ impl EventLoop {
         let Some(fetch) = self.fetches.get_mut(&hash) else {
             return;
         };
+        if fetch.is_finishing() {
+            return;
+        }
         if fetch.is_complete() {
             self.finish(hash);
             return;
@@ -538,11 +727,23 @@ impl EventLoop {
         }
     }
 
+    /// Moves a complete download into the store on a blocking thread (it syncs the data);
+    /// [`EventLoop::finished`] answers the waiters.
     fn finish(&mut self, hash: BlobHash) {
+        let Some(partial) = self.fetches.get_mut(&hash).and_then(Fetch::begin_finish) else {
+            return;
+        };
+        let job = move || Work::Stored { hash, result: partial.finish() };
+        if let Err(job) = self.work.submit(job) {
+            self.on_work(job());
+        }
+    }
+
+    fn finished(&mut self, hash: BlobHash, stored: Result<std::path::PathBuf, crate::store::StoreError>) {
         let Some(fetch) = self.fetches.remove(&hash) else {
             return;
         };
-        let (result, waiters) = fetch.finish(Instant::now());
+        let (result, waiters) = fetch.finished(stored, Instant::now());
         match &result {
             Ok(report) => {
                 tracing::debug!(%hash, "fetch complete");
@@ -577,7 +778,7 @@ impl EventLoop {
         self.emit(Event::MessageRejected { peer, reason });
     }
 
-    fn on_blob(&mut self, event: request_response::Event<BlobRequest, BlobResponse>) {
+    fn on_blob(&mut self, event: request_response::Event<BlobRequest, BlobReply>) {
         match event {
             request_response::Event::Message { peer, message, .. } => match message {
                 request_response::Message::Request { request, channel, .. } => self.serve(peer, request, channel),
@@ -616,29 +817,57 @@ impl EventLoop {
         }
     }
 
-    fn serve(&mut self, peer: PeerId, request: BlobRequest, channel: ResponseChannel<BlobResponse>) {
+    fn serve(&mut self, peer: PeerId, request: BlobRequest, channel: ResponseChannel<BlobReply>) {
         let hash = BlobHash(request.blob);
         let response = match (self.cached_outboard(&hash), request.want) {
             (None, _) => BlobResponse::NotFound,
             (Some(ob), BlobWant::Outboard) => BlobResponse::Outboard { size: ob.size, chunk_cvs: ob.cvs },
-            (Some(ob), BlobWant::Chunk(index)) => match self.store.read_chunk(&hash, ob.size, index) {
-                Ok(Some(data)) => {
-                    self.stats.chunks_served += 1;
-                    BlobResponse::Chunk(data)
+            (Some(ob), BlobWant::Chunk(index)) => {
+                // read on a blocking thread; [`EventLoop::served`] sends the answer
+                let store = self.store.clone();
+                let job = move || {
+                    let result = store.read_chunk_frame(&hash, ob.size, index);
+                    Work::Read { peer, hash, index, channel, result }
+                };
+                if let Err(job) = self.work.submit(job) {
+                    self.on_work(job());
                 }
-                Ok(None) => BlobResponse::Refused(format!("chunk {index} out of range")),
-                Err(e) => {
-                    tracing::warn!(%hash, "reading chunk {index}: {e}");
-                    BlobResponse::NotFound
-                }
-            },
+                return;
+            }
         };
+        self.respond(peer, channel, response.into());
+    }
+
+    fn served(
+        &mut self,
+        peer: PeerId,
+        hash: BlobHash,
+        index: u32,
+        channel: ResponseChannel<BlobReply>,
+        result: crate::fetch::ReadResult,
+    ) {
+        let response = match result {
+            Ok(Some(frame)) => {
+                self.stats.chunks_served += 1;
+                self.stats.bytes_served += frame.data().len() as u64;
+                BlobReply::Chunk(frame)
+            }
+            Ok(None) => BlobResponse::Refused(format!("chunk {index} out of range")).into(),
+            Err(e) => {
+                tracing::warn!(%hash, "reading chunk {index}: {e}");
+                BlobResponse::NotFound.into()
+            }
+        };
+        self.respond(peer, channel, response);
+    }
+
+    fn respond(&mut self, peer: PeerId, channel: ResponseChannel<BlobReply>, response: BlobReply) {
         if self.swarm.behaviour_mut().blob.send_response(channel, response).is_err() {
             tracing::debug!(%peer, "blob response dropped: connection closed");
         }
     }
 
-    fn on_response(&mut self, id: OutboundRequestId, response: BlobResponse) {
+    fn on_response(&mut self, id: OutboundRequestId, response: BlobReply) {
         let Some(Pending { hash, peer, want }) = self.pending.remove(&id) else {
             return;
         };
@@ -646,16 +875,19 @@ impl EventLoop {
             return;
         }
         let verdict = match (want, response) {
-            (_, BlobResponse::NotFound | BlobResponse::Refused(_)) => {
+            (_, BlobReply::Other(BlobResponse::NotFound | BlobResponse::Refused(_))) => {
                 if let Some(f) = self.fetches.get_mut(&hash) {
                     f.provider_lacks(peer, want);
                 }
                 Ok(())
             }
-            (BlobWant::Outboard, BlobResponse::Outboard { size, chunk_cvs }) => {
+            (BlobWant::Outboard, BlobReply::Other(BlobResponse::Outboard { size, chunk_cvs })) => {
                 self.on_outboard(hash, peer, Outboard { size, cvs: chunk_cvs })
             }
-            (BlobWant::Chunk(index), BlobResponse::Chunk(data)) => self.on_chunk(hash, peer, index, &data),
+            (BlobWant::Chunk(index), BlobReply::Chunk(frame)) => {
+                self.on_chunk(hash, peer, index, frame);
+                Ok(())
+            }
             (want, other) => {
                 if let Some(f) = self.fetches.get_mut(&hash) {
                     f.request_failed(peer, want);
@@ -687,9 +919,22 @@ impl EventLoop {
             }
             return Ok(());
         }
-        match self.store.partial(hash, outboard) {
+        tracing::debug!(%hash, %peer, "outboard verified");
+        if let Some(f) = self.fetches.get_mut(&hash) {
+            f.opening();
+        }
+        // opening a resumed download re-verifies its chunks on disk: off the event loop
+        let store = self.store.clone();
+        let job = move || Work::Opened { hash, result: store.partial(hash, outboard) };
+        if let Err(job) = self.work.submit(job) {
+            self.on_work(job());
+        }
+        Ok(())
+    }
+
+    fn opened(&mut self, hash: BlobHash, result: Result<crate::store::Partial, crate::store::StoreError>) {
+        match result {
             Ok(partial) => {
-                tracing::debug!(%hash, %peer, "outboard verified");
                 if let Some(f) = self.fetches.get_mut(&hash) {
                     f.set_partial(partial);
                 }
@@ -700,34 +945,58 @@ impl EventLoop {
                 }
             }
         }
-        Ok(())
+        self.drive(hash);
     }
 
-    fn on_chunk(&mut self, hash: BlobHash, peer: PeerId, index: u32, data: &[u8]) -> Result<(), String> {
-        let Some(fetch) = self.fetches.get_mut(&hash) else {
-            return Ok(());
+    /// Verifies and writes a chunk on a blocking thread; [`EventLoop::checked`] records
+    /// the outcome.
+    fn on_chunk(&mut self, hash: BlobHash, peer: PeerId, index: u32, frame: ChunkFrame) {
+        let Some(writer) = self.fetches.get_mut(&hash).and_then(|f| f.chunk_arrived(peer, index)) else {
+            return;
         };
-        match fetch.accept_chunk(peer, index, data) {
-            Ok(true) => Ok(()),
-            Ok(false) => {
-                self.stats.chunks_rejected += 1;
-                Err(format!("chunk {index} of blob {hash} failed verification"))
+        let job = move || Work::Checked { hash, peer, index, result: writer.verify_and_write(index, frame.data()) };
+        if let Err(job) = self.work.submit(job) {
+            self.on_work(job());
+        }
+    }
+
+    fn checked(&mut self, hash: BlobHash, peer: PeerId, index: u32, result: Result<bool, crate::store::StoreError>) {
+        let Some(fetch) = self.fetches.get_mut(&hash) else {
+            return;
+        };
+        match result {
+            Ok(ok) => {
+                fetch.chunk_checked(peer, index, ok);
+                if !ok {
+                    self.stats.chunks_rejected += 1;
+                    self.ban(peer, format!("chunk {index} of blob {hash} failed verification"));
+                }
             }
             Err(e) => {
                 if let Some(f) = self.fetches.remove(&hash) {
                     f.fail(FetchError::Store { hash, reason: e.to_string() });
                 }
-                Ok(())
             }
+        }
+        self.drive(hash);
+    }
+
+    /// Blob work finished on a blocking thread.
+    fn on_work(&mut self, work: Work) {
+        match work {
+            Work::Checked { hash, peer, index, result } => self.checked(hash, peer, index, result),
+            Work::Read { peer, hash, index, channel, result } => self.served(peer, hash, index, channel, result),
+            Work::Stored { hash, result } => self.finished(hash, result),
+            Work::Opened { hash, result } => self.opened(hash, result),
         }
     }
 }
 
-fn kind(r: &BlobResponse) -> &'static str {
+fn kind(r: &BlobReply) -> &'static str {
     match r {
-        BlobResponse::Outboard { .. } => "an outboard",
-        BlobResponse::Chunk(_) => "a chunk",
-        BlobResponse::NotFound => "not-found",
-        BlobResponse::Refused(_) => "refused",
+        BlobReply::Other(BlobResponse::Outboard { .. }) => "an outboard",
+        BlobReply::Chunk(_) | BlobReply::Other(BlobResponse::Chunk(_)) => "a chunk",
+        BlobReply::Other(BlobResponse::NotFound) => "not-found",
+        BlobReply::Other(BlobResponse::Refused(_)) => "refused",
     }
 }

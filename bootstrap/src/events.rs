@@ -3,6 +3,8 @@
 use libp2p::{Multiaddr, PeerId};
 use pcp_protocol::{BlobHash, RunId, Verified};
 
+use crate::rpc::InboundId;
+
 /// Whether others can dial this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reachability {
@@ -63,6 +65,16 @@ pub enum Event {
         /// The verified envelope.
         message: Box<Verified>,
     },
+    /// A verified DiLoCo request, signed by the peer that sent it. Answer it with
+    /// [`crate::Node::respond`].
+    Request {
+        /// The peer (and signer).
+        peer: PeerId,
+        /// Pass to [`crate::Node::respond`].
+        id: InboundId,
+        /// The verified envelope.
+        message: Box<Verified>,
+    },
 }
 
 /// Counters, for operators and tests.
@@ -78,4 +90,6 @@ pub struct Stats {
     pub events_dropped: u64,
     /// Blob requests served.
     pub chunks_served: u64,
+    /// Blob chunk bytes served.
+    pub bytes_served: u64,
 }

@@ -2,16 +2,20 @@
 //! and in flight per provider, and who delivered verified chunks.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use libp2p::PeerId;
+use libp2p::request_response::ResponseChannel;
 use pcp_protocol::BlobHash;
 use pcp_schema::BlobWant;
 use tokio::sync::oneshot;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::codec::{BlobReply, ChunkFrame};
 use crate::node::{FetchError, FetchReport};
-use crate::store::{Partial, StoreError};
+use crate::store::{ChunkWriter, Partial, StoreError};
 
 type Reply = oneshot::Sender<Result<FetchReport, FetchError>>;
 
@@ -34,6 +38,10 @@ pub(crate) struct Fetch {
     fetched: u32,
     query_running: bool,
     last_query: Option<Instant>,
+    /// The blob's size while it is moved into the store.
+    finishing: Option<u64>,
+    /// The partial download is being opened (and its chunks on disk re-verified).
+    opening: bool,
 }
 
 impl Fetch {
@@ -55,6 +63,8 @@ impl Fetch {
             fetched: 0,
             query_running: false,
             last_query: None,
+            finishing: None,
+            opening: false,
         }
     }
 
@@ -118,6 +128,7 @@ impl Fetch {
         let mut out = Vec::new();
         if self.partial.is_none() {
             if self.outboard_request.is_none()
+                && !self.opening
                 && let Some(p) = usable.first()
             {
                 self.outboard_request = Some(*p);
@@ -151,11 +162,19 @@ impl Fetch {
     pub(crate) fn set_partial(&mut self, partial: Partial) {
         self.queue = partial.missing().into();
         self.outboard_request = None;
+        self.opening = false;
         self.partial = Some(partial);
     }
 
+    /// Whether the download is open, or being opened, on disk.
     pub(crate) fn has_partial(&self) -> bool {
-        self.partial.is_some()
+        self.partial.is_some() || self.opening
+    }
+
+    /// The verified outboard is in: the download is being opened off the event loop.
+    pub(crate) fn opening(&mut self) {
+        self.opening = true;
+        self.outboard_request = None;
     }
 
     /// The outboard `peer` sent does not hash to the blob.
@@ -190,29 +209,56 @@ impl Fetch {
         self.release(peer, want);
     }
 
-    /// Verifies and stores a chunk. `Ok(false)`: it failed verification (the caller bans
-    /// the sender).
-    pub(crate) fn accept_chunk(&mut self, peer: PeerId, index: u32, data: &[u8]) -> Result<bool, StoreError> {
+    /// Chunk `index` arrived from `peer`: the writer to verify and store it with, off the
+    /// event loop, or `None` when it is not needed (already written). Until
+    /// [`Fetch::chunk_checked`] the chunk keeps its place in the peer's window, so that
+    /// chunks waiting for verification hold back further requests.
+    pub(crate) fn chunk_arrived(&mut self, peer: PeerId, index: u32) -> Option<ChunkWriter> {
+        match self.partial.as_ref() {
+            Some(partial) if !partial.has(index) => Some(partial.writer()),
+            _ => {
+                if let Some(s) = self.inflight.get_mut(&peer) {
+                    s.remove(&index);
+                }
+                None
+            }
+        }
+    }
+
+    /// The outcome of verifying and writing chunk `index` from `peer`: `ok` means it was
+    /// verified and written; otherwise it is requested again (the caller bans the sender).
+    pub(crate) fn chunk_checked(&mut self, peer: PeerId, index: u32, ok: bool) {
         if let Some(s) = self.inflight.get_mut(&peer) {
             s.remove(&index);
         }
-        let Some(partial) = self.partial.as_mut() else {
-            return Ok(true);
-        };
-        if !partial.outboard().verify_chunk(index, data) {
+        if !ok {
             self.requeue(index);
-            return Ok(false);
+            return;
         }
-        if !partial.has(index) {
-            partial.write_chunk(index, data)?;
+        if let Some(partial) = self.partial.as_mut()
+            && !partial.has(index)
+        {
+            partial.mark_done(index);
             self.contributors.insert(peer);
             self.fetched += 1;
         }
-        Ok(true)
     }
 
     pub(crate) fn is_complete(&self) -> bool {
         self.partial.as_ref().is_some_and(Partial::is_complete)
+    }
+
+    /// Whether the complete blob is being moved into the store.
+    pub(crate) fn is_finishing(&self) -> bool {
+        self.finishing.is_some()
+    }
+
+    /// Takes the complete download to move into the store (off the event loop); answer
+    /// the waiters with [`Fetch::finished`].
+    pub(crate) fn begin_finish(&mut self) -> Option<Partial> {
+        let partial = self.partial.take()?;
+        self.finishing = Some(partial.outboard().size);
+        Some(partial)
     }
 
     pub(crate) fn timed_out(&self, now: Instant) -> bool {
@@ -241,27 +287,139 @@ impl Fetch {
         }
     }
 
-    /// Moves the complete blob into the store; returns the outcome and the waiters to
+    /// The outcome of moving the blob into the store; returns it and the waiters to
     /// answer (after the caller has recorded the outcome).
-    pub(crate) fn finish(mut self, now: Instant) -> (Result<FetchReport, FetchError>, Vec<Reply>) {
+    pub(crate) fn finished(
+        self,
+        stored: Result<PathBuf, StoreError>,
+        now: Instant,
+    ) -> (Result<FetchReport, FetchError>, Vec<Reply>) {
         let seconds = now.duration_since(self.started).as_secs_f64();
-        let result = match self.partial.take() {
-            Some(partial) => {
-                let bytes = partial.outboard().size;
-                partial
-                    .finish()
-                    .map(|path| FetchReport {
-                        hash: self.hash,
-                        path,
-                        bytes,
-                        providers: self.contributors.len(),
-                        chunks_fetched: self.fetched,
-                        seconds,
-                    })
-                    .map_err(|e| FetchError::Store { hash: self.hash, reason: e.to_string() })
-            }
-            None => Err(FetchError::Store { hash: self.hash, reason: "finished without data".into() }),
+        let result = match (self.finishing, stored) {
+            (Some(bytes), Ok(path)) => Ok(FetchReport {
+                hash: self.hash,
+                path,
+                bytes,
+                providers: self.contributors.len(),
+                chunks_fetched: self.fetched,
+                seconds,
+            }),
+            (_, Err(e)) => Err(FetchError::Store { hash: self.hash, reason: e.to_string() }),
+            (None, Ok(_)) => Err(FetchError::Store { hash: self.hash, reason: "finished without data".into() }),
         };
         (result, self.waiters)
+    }
+}
+
+/// The outcome of blob work done off the event loop.
+pub(crate) enum Work {
+    /// Chunk `index` of `hash` from `peer` was verified (`Ok(true)`) and written, or failed
+    /// verification (`Ok(false)`).
+    Checked { hash: BlobHash, peer: PeerId, index: u32, result: Result<bool, StoreError> },
+    /// A chunk was read to answer `peer`'s request.
+    Read { peer: PeerId, hash: BlobHash, index: u32, channel: ResponseChannel<BlobReply>, result: ReadResult },
+    /// A complete blob was moved into the store.
+    Stored { hash: BlobHash, result: Result<PathBuf, StoreError> },
+    /// A download was opened on disk (resumed ones re-verify what they hold).
+    Opened { hash: BlobHash, result: Result<Partial, StoreError> },
+}
+
+/// A chunk read from the store as a response message, `None` out of range.
+pub(crate) type ReadResult = Result<Option<ChunkFrame>, StoreError>;
+
+impl std::fmt::Debug for Work {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Checked { hash, peer, index, result } => {
+                write!(f, "Checked({hash} #{index} from {peer}: {:?})", result.as_ref().map_err(|e| e.to_string()))
+            }
+            Self::Read { peer, hash, index, .. } => write!(f, "Read({hash} #{index} for {peer})"),
+            Self::Stored { hash, result } => {
+                write!(f, "Stored({hash}: {:?})", result.as_ref().map_err(|e| e.to_string()))
+            }
+            Self::Opened { hash, result } => write!(f, "Opened({hash}: {})", result.is_ok()),
+        }
+    }
+}
+
+/// A job for a blocking thread.
+type Job<T> = Box<dyn FnOnce() -> T + Send + 'static>;
+
+/// Blocking work (hashing, disk reads and writes) run off the event loop on at most
+/// `max_running` threads, with at most `max_queued` jobs waiting. The event loop owns it,
+/// so no job outlives the loop unnoticed: dropping it aborts what has not started.
+pub(crate) struct Blocking<T> {
+    running: JoinSet<T>,
+    queue: VecDeque<Job<T>>,
+    max_running: usize,
+    max_queued: usize,
+}
+
+impl<T> std::fmt::Debug for Blocking<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Blocking").field("running", &self.running.len()).field("queued", &self.queue.len()).finish()
+    }
+}
+
+impl<T: Send + 'static> Blocking<T> {
+    pub(crate) fn new(max_running: usize, max_queued: usize) -> Self {
+        Self { running: JoinSet::new(), queue: VecDeque::new(), max_running: max_running.max(1), max_queued }
+    }
+
+    /// Starts `job` or queues it; when the queue is full the job is handed back for the
+    /// caller to run in place (backpressure without an unbounded queue).
+    pub(crate) fn submit<F: FnOnce() -> T + Send + 'static>(&mut self, job: F) -> Result<(), F> {
+        if self.running.len() < self.max_running {
+            self.running.spawn_blocking(job);
+        } else if self.queue.len() < self.max_queued {
+            self.queue.push_back(Box::new(job));
+        } else {
+            return Err(job);
+        }
+        Ok(())
+    }
+
+    /// Whether nothing is running (then [`Blocking::next`] would wait forever).
+    pub(crate) fn is_idle(&self) -> bool {
+        self.running.is_empty()
+    }
+
+    /// The next finished job's output; starts a queued job in its place. Cancel-safe.
+    pub(crate) async fn next(&mut self) -> Option<T> {
+        loop {
+            let joined = self.running.join_next().await?;
+            if let Some(job) = self.queue.pop_front() {
+                self.running.spawn_blocking(job);
+            }
+            match joined {
+                Ok(out) => return Some(out),
+                Err(e) => tracing::error!("blocking blob work failed: {e}"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn blocking_work_is_bounded_and_overflow_is_handed_back() {
+        let mut work: Blocking<u32> = Blocking::new(1, 2);
+        assert!(work.is_idle());
+        for i in 0..3 {
+            assert!(work.submit(move || i).is_ok(), "job {i} runs or waits");
+        }
+        // one running, two queued: the next job comes back to run in place
+        let Err(job) = work.submit(|| 3) else {
+            panic!("a full queue must hand the job back");
+        };
+        assert_eq!(job(), 3);
+        let mut done = Vec::new();
+        while let Some(i) = work.next().await {
+            done.push(i);
+        }
+        assert_eq!(done, vec![0, 1, 2], "queued jobs start as running ones finish, in order");
+        assert!(work.is_idle());
     }
 }

@@ -10,6 +10,10 @@
 //! the DHT in parallel. Each chunk is verified against its blake3 chaining value; the
 //! chaining values are verified once against the content id (see [`outboard`]). A peer
 //! that sends a bad chunk is banned. Downloads resume from `<data-dir>/blobs/partial/`.
+//!
+//! DiLoCo control messages (join, heartbeat, contribution) travel as signed envelopes
+//! over a request-response protocol (see [`RPC_PROTOCOL`]); the event loop verifies
+//! every signature and refuses replays before the owner sees a request.
 
 mod behaviour;
 mod codec;
@@ -20,6 +24,7 @@ mod fetch;
 mod identity_file;
 mod node;
 pub mod outboard;
+mod rpc;
 mod store;
 pub mod testnet;
 
@@ -31,4 +36,5 @@ pub use events::{Event, Reachability, Stats};
 pub use identity_file::{IdentityError, keypair, load_or_create};
 pub use libp2p::{Multiaddr, PeerId, multiaddr};
 pub use node::{DialError, FetchError, FetchReport, GossipError, Node, StartError, Stopped};
+pub use rpc::{InboundId, RPC_PROTOCOL, RequestError, peer_of};
 pub use store::{BlobStore, Partial, StoreError};

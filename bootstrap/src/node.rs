@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::Config;
 use crate::event_loop::{Command, EventLoop};
 use crate::events::{Event, Reachability, Stats};
+use crate::rpc::{InboundId, RequestError};
 use crate::store::StoreError;
 
 /// Why a node could not start.
@@ -208,7 +209,18 @@ impl Node {
 
     /// Fetches a blob from its providers, verifying every chunk, into the store.
     pub async fn fetch(&self, hash: BlobHash, timeout: Duration) -> Result<FetchReport, FetchError> {
-        self.ask(|reply| Command::Fetch { hash, timeout, reply }).await?
+        self.ask(|reply| Command::Fetch { hash, hint: Vec::new(), timeout, reply }).await?
+    }
+
+    /// Like [`Node::fetch`], starting with `providers` known to have the blob (a
+    /// shepherd that announced it, say) while the DHT is asked for more.
+    pub async fn fetch_from(
+        &self,
+        hash: BlobHash,
+        providers: Vec<PeerId>,
+        timeout: Duration,
+    ) -> Result<FetchReport, FetchError> {
+        self.ask(|reply| Command::Fetch { hash, hint: providers, timeout, reply }).await?
     }
 
     /// Subscribes to a run's gossip topic.
@@ -219,6 +231,27 @@ impl Node {
     /// Publishes an encoded signed envelope on a run's topic.
     pub async fn publish(&self, run: RunId, data: Vec<u8>) -> Result<(), GossipError> {
         self.ask(|reply| Command::Publish { run, data, reply }).await?
+    }
+
+    /// Peers that announced `key` in the DHT (at most `max`; empty if none answered
+    /// before the query ended).
+    pub async fn providers(&self, key: BlobHash, max: usize) -> Result<Vec<PeerId>, Stopped> {
+        self.ask(|reply| Command::Providers { key, max, reply }).await
+    }
+
+    /// Sends a signed request to `peer` and returns its verified, signed answer.
+    pub async fn request(
+        &self,
+        peer: PeerId,
+        envelope: pcp_schema::SignedEnvelope,
+    ) -> Result<pcp_protocol::Verified, RequestError> {
+        self.ask(|reply| Command::Request { peer, envelope, reply }).await?
+    }
+
+    /// Answers an inbound request (see [`Event::Request`]); an unknown or expired id
+    /// is ignored.
+    pub async fn respond(&self, id: InboundId, envelope: pcp_schema::SignedEnvelope) -> Result<(), Stopped> {
+        self.ask(|reply| Command::Respond { id, envelope, reply }).await
     }
 
     /// Counters.

@@ -6,14 +6,18 @@
 //!   byte per chunk (1 = written); chunks marked done are re-verified on resume, so a
 //!   crash between writing a chunk and marking it never yields a corrupt blob.
 
+use std::cell::RefCell;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pcp_protocol::BlobHash;
 use pcp_schema::{CHUNK_SIZE, MAX_BLOB_SIZE, chunk_count};
 
+use crate::codec::ChunkFrame;
 use crate::outboard::{Outboard, OutboardBuilder, chunk_len};
 
 /// A failed blob store operation.
@@ -188,6 +192,31 @@ impl BlobStore {
         Ok(Some(buf))
     }
 
+    /// Chunk `index` of a complete blob as an encoded response, read straight into the
+    /// message; `None` if the blob or chunk is not here.
+    pub(crate) fn read_chunk_frame(
+        &self,
+        hash: &BlobHash,
+        size: u64,
+        index: u32,
+    ) -> Result<Option<ChunkFrame>, StoreError> {
+        if u64::from(index) >= chunk_count(size) {
+            return Ok(None);
+        }
+        let path = self.path(hash);
+        let mut file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err("open", &path)(e)),
+        };
+        let len = chunk_len(size, index);
+        file.seek(SeekFrom::Start(u64::from(index) * CHUNK_SIZE as u64)).map_err(io_err("seek", &path))?;
+        // `read_to_end` reads into the message's spare capacity without zeroing it first
+        let frame = ChunkFrame::build(len, |m| file.take(len as u64).read_to_end(m).map(|_| ()))
+            .map_err(io_err("read", &path))?;
+        Ok(Some(frame))
+    }
+
     /// Starts or resumes a download of `hash` whose verified outboard is `outboard`.
     pub fn partial(&self, hash: BlobHash, outboard: Outboard) -> Result<Partial, StoreError> {
         let data_path = self.partial_path(&hash, "");
@@ -222,19 +251,55 @@ impl BlobStore {
         fs::write(&done_path, &marks).map_err(io_err("write", &done_path))?;
         write_outboard_file(&ob_path, &outboard)?;
         let done_file = OpenOptions::new().write(true).open(&done_path).map_err(io_err("open", &done_path))?;
-        Ok(Partial {
-            hash,
-            outboard,
+        let direct = open_direct(&data_path);
+        let files = PartialFiles {
             data,
+            direct_ok: AtomicBool::new(direct.is_some()),
+            direct,
             done_file,
-            done,
             data_path,
             done_path,
+        };
+        Ok(Partial {
+            hash,
+            outboard: Arc::new(outboard),
+            files: Arc::new(files),
+            done,
             ob_path,
             final_path: self.path(&hash),
             final_outboard: self.outboard_path(&hash),
         })
     }
+}
+
+/// Alignment of buffers, offsets and lengths for direct (uncached) writes: a multiple of
+/// every common logical block size.
+const DIRECT_ALIGN: usize = crate::codec::CHUNK_ALIGN;
+
+/// A second handle on a partial blob's data that bypasses the page cache, where the
+/// file system supports it. Verified chunks are written once and not read again during
+/// the download, so caching them only costs a copy into freshly allocated page-cache
+/// pages (the largest cost of a fetch on loopback) and evicts hotter data.
+#[cfg(target_os = "linux")]
+fn open_direct(path: &Path) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::debug!(path = %path.display(), "direct I/O unavailable, writing through the page cache: {e}");
+            None
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn open_direct(_: &Path) -> Option<File> {
+    None
+}
+
+thread_local! {
+    /// Per-thread staging buffer for direct writes (they need an aligned source).
+    static DIRECT_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 fn write_outboard_file(path: &Path, outboard: &Outboard) -> Result<(), StoreError> {
@@ -260,21 +325,96 @@ fn read_outboard_file(path: &Path, max: u64) -> Result<Outboard, StoreError> {
 #[derive(Debug)]
 pub struct Partial {
     hash: BlobHash,
-    outboard: Outboard,
-    data: File,
-    done_file: File,
+    outboard: Arc<Outboard>,
+    files: Arc<PartialFiles>,
     done: Vec<bool>,
-    data_path: PathBuf,
-    done_path: PathBuf,
     ob_path: PathBuf,
     final_path: PathBuf,
     final_outboard: PathBuf,
+}
+
+/// The open files of a download, shared with the [`ChunkWriter`]s of its chunks.
+#[derive(Debug)]
+struct PartialFiles {
+    data: File,
+    direct: Option<File>,
+    /// Cleared when the file system refuses a direct write: later chunks are cached.
+    direct_ok: AtomicBool,
+    done_file: File,
+    data_path: PathBuf,
+    done_path: PathBuf,
+}
+
+impl PartialFiles {
+    fn write_data(&self, index: u32, data: &[u8]) -> Result<(), StoreError> {
+        let offset = u64::from(index) * CHUNK_SIZE as u64;
+        if let Some(direct) = &self.direct
+            && data.len().is_multiple_of(DIRECT_ALIGN)
+            && self.direct_ok.load(Ordering::Relaxed)
+        {
+            let written = if data.as_ptr().align_offset(DIRECT_ALIGN) == 0 {
+                // received in place (see `codec::CHUNK_ALIGN`)
+                direct.write_all_at(data, offset)
+            } else {
+                DIRECT_BUF.with_borrow_mut(|buf| {
+                    if buf.len() < CHUNK_SIZE + DIRECT_ALIGN {
+                        *buf = vec![0; CHUNK_SIZE + DIRECT_ALIGN];
+                    }
+                    let start = buf.as_ptr().align_offset(DIRECT_ALIGN);
+                    let staged = &mut buf[start..start + data.len()];
+                    staged.copy_from_slice(data);
+                    direct.write_all_at(staged, offset)
+                })
+            };
+            match written {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                    tracing::debug!(path = %self.data_path.display(), "direct write refused, caching: {e}");
+                    self.direct_ok.store(false, Ordering::Relaxed);
+                }
+                Err(e) => return Err(io_err("write", &self.data_path)(e)),
+            }
+        }
+        self.data.write_all_at(data, offset).map_err(io_err("write", &self.data_path))
+    }
+}
+
+/// Verifies and writes chunks of one download; cheap to clone and meant for blocking
+/// threads, so that hashing and disk writes stay off the swarm's event loop.
+#[derive(Debug, Clone)]
+pub struct ChunkWriter {
+    outboard: Arc<Outboard>,
+    files: Arc<PartialFiles>,
+}
+
+impl ChunkWriter {
+    /// Checks `data` against the verified outboard and, if it is chunk `index`, writes it
+    /// and its done mark. `Ok(false)`: it failed verification and nothing was written.
+    /// The caller records success with [`Partial::mark_done`].
+    pub fn verify_and_write(&self, index: u32, data: &[u8]) -> Result<bool, StoreError> {
+        if !self.outboard.verify_chunk(index, data) {
+            return Ok(false);
+        }
+        self.write(index, data)?;
+        Ok(true)
+    }
+
+    /// Writes chunk `index`, which the caller has verified, and its done mark.
+    fn write(&self, index: u32, data: &[u8]) -> Result<(), StoreError> {
+        self.files.write_data(index, data)?;
+        self.files.done_file.write_all_at(&[1], u64::from(index)).map_err(io_err("write", &self.files.done_path))
+    }
 }
 
 impl Partial {
     /// The verified outboard.
     pub fn outboard(&self) -> &Outboard {
         &self.outboard
+    }
+
+    /// A handle that verifies and writes chunks from another thread.
+    pub fn writer(&self) -> ChunkWriter {
+        ChunkWriter { outboard: Arc::clone(&self.outboard), files: Arc::clone(&self.files) }
     }
 
     /// Chunks not yet written.
@@ -292,23 +432,28 @@ impl Partial {
         self.done.iter().all(|d| *d)
     }
 
-    /// Writes chunk `index`, which the caller has verified, and marks it done.
-    pub fn write_chunk(&mut self, index: u32, data: &[u8]) -> Result<(), StoreError> {
-        let offset = u64::from(index) * CHUNK_SIZE as u64;
-        self.data.write_all_at(data, offset).map_err(io_err("write", &self.data_path))?;
-        self.done_file.write_all_at(&[1], u64::from(index)).map_err(io_err("write", &self.done_path))?;
+    /// Records that a [`ChunkWriter`] verified and wrote chunk `index`.
+    pub fn mark_done(&mut self, index: u32) {
         if let Some(d) = self.done.get_mut(index as usize) {
             *d = true;
         }
+    }
+
+    /// Writes chunk `index`, which the caller has verified, and marks it done.
+    pub fn write_chunk(&mut self, index: u32, data: &[u8]) -> Result<(), StoreError> {
+        self.writer().write(index, data)?;
+        self.mark_done(index);
         Ok(())
     }
 
-    /// Moves the complete blob into the store and returns its path.
+    /// Moves the complete blob into the store and returns its path. Blocks on an fsync:
+    /// call it off the event loop.
     pub fn finish(self) -> Result<PathBuf, StoreError> {
-        self.data.sync_all().map_err(io_err("sync", &self.data_path))?;
+        let files = &self.files;
+        files.data.sync_all().map_err(io_err("sync", &files.data_path))?;
         write_outboard_file(&self.final_outboard, &self.outboard)?;
-        fs::rename(&self.data_path, &self.final_path).map_err(io_err("rename", &self.data_path))?;
-        let _ = fs::remove_file(&self.done_path);
+        fs::rename(&files.data_path, &self.final_path).map_err(io_err("rename", &files.data_path))?;
+        let _ = fs::remove_file(&files.done_path);
         let _ = fs::remove_file(&self.ob_path);
         Ok(self.final_path)
     }

@@ -309,3 +309,82 @@ async fn node_recovers_when_its_only_seed_restarts() -> anyhow::Result<()> {
     net.shutdown().await;
     Ok(())
 }
+
+/// Waits for the next DiLoCo request or rejection at `node`.
+async fn next_request(node: &mut TestNode) -> anyhow::Result<Event> {
+    timeout(Duration::from_secs(15), async {
+        loop {
+            match node.events.recv().await {
+                Some(e @ (Event::Request { .. } | Event::MessageRejected { .. })) => return Ok(e),
+                Some(_) => {}
+                None => bail!("the node stopped"),
+            }
+        }
+    })
+    .await
+    .context("waiting for a request")?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_requests_are_verified_both_ways() -> anyhow::Result<()> {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let mut net = TestNet::new(dir.path(), quiet).await?;
+    net.add().await?;
+    net.add().await?;
+    all_discovered(&net, Duration::from_secs(10)).await?;
+    let client_key = pcp_bootstrap::load_or_create(&net.nodes[1].data_dir)?;
+    let server_key = pcp_bootstrap::load_or_create(&net.nodes[2].data_dir)?;
+    let (client, server_peer) = (net.nodes[1].node.clone(), net.nodes[2].peer_id());
+    let mallory = identity(9);
+    let run = RunId([7; 32]);
+    let hb = Heartbeat { run: run.0, round: 1, unix_ms: now_ms(), free_memory_bytes: 0 };
+    let bind = |nonce| Binding { run, round: 1, nonce, unix_ms: now_ms() };
+
+    // a request signed by the sender reaches the server, and its signed answer comes back
+    let good = seal(&client_key, bind(1), &hb);
+    let asking = tokio::spawn({
+        let (client, good) = (client.clone(), good.clone());
+        async move { client.request(server_peer, good).await }
+    });
+    let Event::Request { peer, id, message } = next_request(&mut net.nodes[2]).await? else {
+        bail!("expected a request");
+    };
+    ensure!(peer == net.nodes[1].peer_id() && message.signer() == client_key.public());
+    let answer = pcp_schema::Ack { run: run.0, round: 1, accepted: true, reason: String::new() };
+    net.nodes[2].node.respond(id, seal(&server_key, bind(2), &answer)).await?;
+    let verified = asking.await??;
+    ensure!(verified.signer() == server_key.public());
+    ensure!(verified.decode::<pcp_schema::Ack>()? == answer);
+
+    // signed by someone else than the sending peer, or replayed: refused and counted
+    let impostor = seal(&mallory, bind(3), &hb);
+    for (envelope, why) in [(impostor, "not by the sending peer"), (good, "already seen")] {
+        let asking = tokio::spawn({
+            let client = client.clone();
+            async move { client.request(server_peer, envelope).await }
+        });
+        match next_request(&mut net.nodes[2]).await? {
+            Event::MessageRejected { reason, .. } => ensure!(reason.contains(why), "{reason}"),
+            other => bail!("expected a rejection ({why}), got {other:?}"),
+        }
+        ensure!(asking.await?.is_err(), "a refused request gets no answer");
+    }
+    ensure!(net.nodes[2].node.stats().await?.messages_rejected == 2);
+
+    // an answer signed by someone else than the answering peer is refused
+    let asking = tokio::spawn({
+        let (client, envelope) = (client.clone(), seal(&client_key, bind(4), &hb));
+        async move { client.request(server_peer, envelope).await }
+    });
+    let Event::Request { id, .. } = next_request(&mut net.nodes[2]).await? else { bail!("expected a request") };
+    net.nodes[2].node.respond(id, seal(&mallory, bind(5), &answer)).await?;
+    match asking.await? {
+        Err(pcp_bootstrap::RequestError::Rejected { reason, .. }) => {
+            ensure!(reason.contains("not by the sending peer"), "{reason}")
+        }
+        other => bail!("expected the answer to be rejected, got {other:?}"),
+    }
+    net.shutdown().await;
+    Ok(())
+}

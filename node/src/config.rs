@@ -67,6 +67,8 @@ pub(crate) struct Experiment {
     pub(crate) weight_decay: f64,
     /// Global gradient-norm clip (0: off).
     pub(crate) grad_clip: f64,
+    /// Sequences per batch for the presets (their default when unset).
+    pub(crate) batch_size: Option<usize>,
     /// DiLoCo inner steps per round.
     pub(crate) tau: u64,
     /// DiLoCo rounds.
@@ -111,6 +113,7 @@ impl Default for Experiment {
             eps: 1e-8,
             weight_decay: 0.1,
             grad_clip: 1.0,
+            batch_size: None,
             tau: 10,
             outer_loop_steps: 100,
             outer_lr: 0.7,
@@ -125,6 +128,33 @@ impl Default for Experiment {
 }
 
 impl Experiment {
+    /// Loads `path`, logging a warning for each unknown key.
+    pub(crate) fn load_warned(path: &Path) -> anyhow::Result<Self> {
+        let (experiment, warnings) = Self::load(path)?;
+        for w in warnings {
+            tracing::warn!("{w}");
+        }
+        Ok(experiment)
+    }
+
+    /// Applies the flags `train` and `--shepherd` share.
+    pub(crate) fn override_with(
+        &mut self,
+        model: Option<&String>,
+        data: Option<&PathBuf>,
+        lr: Option<f64>,
+        seed: Option<u64>,
+    ) {
+        if let Some(m) = model {
+            self.model = Some(m.clone());
+        }
+        if let Some(d) = data {
+            self.data_path = Some(d.display().to_string());
+        }
+        self.learning_rate = lr.unwrap_or(self.learning_rate);
+        self.seed = seed.unwrap_or(self.seed);
+    }
+
     /// Every key the file may use.
     fn known_keys() -> Vec<String> {
         let defaults = serde_json::to_value(Self::default()).unwrap_or_default();

@@ -85,7 +85,7 @@ impl EventLog {
             Event::MessageRejected { peer, reason } => {
                 ("message_rejected", json!({"peer": peer.to_string(), "reason": reason}))
             }
-            Event::Reachability(_) | Event::Gossip { .. } => return None,
+            Event::Reachability(_) | Event::Gossip { .. } | Event::Request { .. } => return None,
         })
     }
 

@@ -1,5 +1,6 @@
 //! The default command: join the network, report reachability, provide the blob store
-//! and log events until interrupted.
+//! and log events; then work as a DiLoCo worker (or, with `--shepherd`, run a shepherd)
+//! until the run ends or the node is interrupted.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,7 +13,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::events::EventLog;
+use crate::Failure;
+use crate::diloco::{RoleIo, ShepherdArgs, ShepherdHooks, ShepherdPlan, WorkerArgs, WorkerPlan};
+use crate::events::{EventLog, Events};
 
 /// How long the reachability self-test waits for a dial-back.
 const REACHABILITY_WAIT: Duration = Duration::from_secs(15);
@@ -58,6 +61,7 @@ impl NetArgs {
 #[derive(Debug)]
 pub(crate) struct Running {
     pub(crate) node: Node,
+    pub(crate) identity: pcp_protocol::Identity,
     pub(crate) events: mpsc::Receiver<Event>,
     pub(crate) log: EventLog,
     cancel: CancellationToken,
@@ -71,7 +75,7 @@ impl Running {
         let log = EventLog::open(args.events.as_deref(), node.peer_id())?;
         let cancel = CancellationToken::new();
         let task = tokio::spawn(event_loop.run(cancel.clone()));
-        Ok(Self { node, events, log, cancel, task })
+        Ok(Self { node, identity, events, log, cancel, task })
     }
 
     pub(crate) async fn stop(self) {
@@ -96,26 +100,115 @@ fn print_reachability(r: &Reachability, peer: &pcp_bootstrap::PeerId) {
     }
 }
 
-/// Runs the default command.
-pub(crate) async fn run(args: &NetArgs) -> anyhow::Result<()> {
-    let mut running = Running::start(args)?;
+/// What a node does besides routing and serving blobs.
+#[derive(Debug)]
+pub(crate) enum Role {
+    /// Nothing more.
+    Relay,
+    /// Shepherd a run.
+    Shepherd(Box<ShepherdPlan>, ShepherdHooks),
+    /// Find runs and train in them.
+    Worker(WorkerPlan),
+}
+
+impl Role {
+    /// The role the flags ask for.
+    pub(crate) fn from_args(net: &NetArgs, shepherd: &ShepherdArgs, worker: &WorkerArgs) -> Result<Self, Failure> {
+        if shepherd.shepherd {
+            return Ok(Self::Shepherd(Box::new(ShepherdPlan::new(shepherd, &net.data_dir)?), ShepherdHooks::default()));
+        }
+        if worker.no_train {
+            return Ok(Self::Relay);
+        }
+        Ok(Self::Worker(WorkerPlan::new(worker)?))
+    }
+}
+
+/// Runs a node with `role` until the role is done, `cancel` fires, or (with
+/// `interactive`) the process is interrupted. Without `interactive` nothing is
+/// printed but the role's own output.
+/// Listen addresses are sent to `listening` as they come up.
+pub(crate) async fn run_node(
+    args: &NetArgs,
+    role: Role,
+    interactive: bool,
+    listening: Option<mpsc::Sender<Multiaddr>>,
+    cancel: CancellationToken,
+) -> Result<(), Failure> {
+    let mut running = Running::start(args).map_err(Failure::input)?;
+    let events = Events::open(args.events.as_deref()).map_err(Failure::input)?;
+    let (requests_tx, requests_rx) = mpsc::channel(256);
+    let io = RoleIo {
+        node: running.node.clone(),
+        identity: running.identity.clone(),
+        data_dir: args.data_dir.clone(),
+        events,
+    };
+    let role_cancel = cancel.child_token();
+    let work = async move {
+        match role {
+            Role::Relay => {
+                role_cancel.cancelled().await;
+                Ok(())
+            }
+            Role::Shepherd(plan, hooks) => {
+                crate::diloco::shepherd_run(*plan, io, requests_rx, hooks, role_cancel).await
+            }
+            Role::Worker(plan) => crate::diloco::worker_run(plan, io, role_cancel).await,
+        }
+    };
+    let result = pump(&mut running, args, interactive, (requests_tx, listening), work, cancel).await;
+    running.stop().await;
+    result
+}
+
+/// SIGTERM as a stream.
+pub(crate) fn terminate_signal() -> anyhow::Result<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("installing the SIGTERM handler")
+}
+
+/// Logs network events, hands requests to the role, and runs `work` to completion.
+async fn pump(
+    running: &mut Running,
+    args: &NetArgs,
+    interactive: bool,
+    (requests, listening): (mpsc::Sender<Event>, Option<mpsc::Sender<Multiaddr>>),
+    work: impl std::future::Future<Output = anyhow::Result<()>>,
+    cancel: CancellationToken,
+) -> Result<(), Failure> {
     let peer = running.node.peer_id();
-    println!("peer id: {peer}");
+    if interactive {
+        println!("peer id: {peer}");
+    }
     let mut reach_timer = Box::pin(tokio::time::sleep(REACHABILITY_WAIT));
-    let mut reach_done = false;
-    if args.bootstrap.is_empty() {
+    let mut reach_done = !interactive;
+    if interactive && args.bootstrap.is_empty() {
         println!("reachability: seed node (no --bootstrap): no peer to dial back yet; waiting for others");
     }
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
+    // only an interactive node owns the process's signals; `sim` handles them itself
+    let mut sigterm = if interactive { Some(terminate_signal()?) } else { None };
+    tokio::pin!(work);
     loop {
         tokio::select! {
+            result = &mut work => return Ok(result?),
             event = running.events.recv() => {
-                let Some(event) = event else { break };
+                let event = match event {
+                    None => break,
+                    // a full queue means the role is behind: the request is dropped and
+                    // the peer's stream resets, which it treats as a failure
+                    Some(e @ Event::Request { .. }) => {
+                        requests.try_send(e).unwrap_or_else(|_| tracing::debug!("request dropped: the role is busy"));
+                        continue;
+                    }
+                    Some(e) => e,
+                };
                 running.log.write(&event)?;
+                if let (Event::Listening { addr }, Some(tx)) = (&event, &listening) {
+                    let _ = tx.try_send(addr.clone());
+                }
                 match &event {
-                    Event::Listening { addr } => println!("listening on {addr}/p2p/{peer}"),
-                    Event::Reachability(r) if !matches!(r, Reachability::Unknown) => {
+                    Event::Listening { addr } if interactive => println!("listening on {addr}/p2p/{peer}"),
+                    Event::Reachability(r) if interactive && !matches!(r, Reachability::Unknown) => {
                         print_reachability(r, &peer);
                         reach_done = true;
                     }
@@ -133,10 +226,10 @@ pub(crate) async fn run(args: &NetArgs) -> anyhow::Result<()> {
                     }
                 }
             }
-            _ = tokio::signal::ctrl_c() => break,
-            _ = sigterm.recv() => break,
+            () = cancel.cancelled() => break,
+            _ = tokio::signal::ctrl_c(), if interactive => break,
+            _ = async { sigterm.as_mut()?.recv().await }, if sigterm.is_some() => break,
         }
     }
-    running.stop().await;
     Ok(())
 }

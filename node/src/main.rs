@@ -6,6 +6,7 @@ mod blob;
 mod checkpoint;
 mod config;
 mod data;
+mod diloco;
 mod engine;
 mod events;
 mod generate;
@@ -25,6 +26,10 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(flatten)]
     net: join::NetArgs,
+    #[command(flatten)]
+    shepherd: diloco::ShepherdArgs,
+    #[command(flatten)]
+    worker: diloco::WorkerArgs,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -59,6 +64,11 @@ impl Failure {
     pub(crate) fn input(error: impl Into<anyhow::Error>) -> Self {
         Self { code: 2, error: error.into() }
     }
+
+    /// What went wrong.
+    pub(crate) fn error(&self) -> &anyhow::Error {
+        &self.error
+    }
 }
 
 impl<E: Into<anyhow::Error>> From<E> for Failure {
@@ -83,7 +93,11 @@ fn main() -> ExitCode {
         command => match tokio::runtime::Runtime::new() {
             Ok(runtime) => runtime.block_on(async {
                 match command {
-                    None => Ok(join::run(&cli.net).await?),
+                    None => {
+                        let role = join::Role::from_args(&cli.net, &cli.shepherd, &cli.worker)?;
+                        let cancel = tokio_util::sync::CancellationToken::new();
+                        join::run_node(&cli.net, role, true, None, cancel).await
+                    }
                     Some(Command::Blob(args)) => Ok(blob::run(&args, &cli.net).await?),
                     Some(Command::Train(args)) => train::run(args, &cli.net).await,
                     Some(Command::Generate(args)) => generate::run(args, &cli.net).await,

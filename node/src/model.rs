@@ -26,7 +26,17 @@ impl Model {
     /// Loads a preset (`nanogpt-small`, `nanogpt-medium`) sized for
     /// `vocab_size`, or a `.mlir` file.
     pub(crate) fn load(source: &str, vocab_size: usize) -> anyhow::Result<Self> {
-        if let Some(config) = pcp_graph::models::preset(source) {
+        Self::load_with_batch(source, vocab_size, None)
+    }
+
+    /// Like [`Model::load`], with `batch` sequences per step instead of the preset's
+    /// (a `.mlir` file's batch is fixed by its signature).
+    pub(crate) fn load_with_batch(source: &str, vocab_size: usize, batch: Option<usize>) -> anyhow::Result<Self> {
+        if let Some(mut config) = pcp_graph::models::preset(source) {
+            if let Some(b) = batch {
+                anyhow::ensure!(b > 0, "the batch size must be at least 1");
+                config.batch_size = b;
+            }
             let built = pcp_graph::models::nanogpt(&config.with_vocab_size(vocab_size))?;
             return Ok(Self {
                 source: source.to_owned(),
@@ -36,6 +46,9 @@ impl Model {
             });
         }
         let path = Path::new(source);
+        if batch.is_some() {
+            anyhow::bail!("--batch applies to the presets; the batch of {source} is fixed by its signature");
+        }
         if !path.exists() {
             anyhow::bail!("unknown model {source:?}: not a preset (nanogpt-small, nanogpt-medium) and no such file");
         }

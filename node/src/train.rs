@@ -56,6 +56,9 @@ pub(crate) struct TrainArgs {
     /// Seed for initialisation and data order.
     #[arg(long)]
     seed: Option<u64>,
+    /// Sequences per batch (presets only) [default: the preset's].
+    #[arg(long)]
+    batch: Option<usize>,
     /// char, byte or u16.
     #[arg(long)]
     tokenizer: Option<String>,
@@ -138,6 +141,24 @@ pub(crate) fn learning_rate(step: u64, total: u64, peak: f64, min: f64, warmup: 
     min + 0.5 * (peak - min) * (1.0 + (std::f64::consts::PI * progress).cos())
 }
 
+/// The mean loss of `engine`'s parameters over `batches` validation batches of
+/// `(batch, block)`, fixed by `seed`: `train` and the DiLoCo shepherd report the same
+/// measure.
+pub(crate) async fn validation_loss(
+    engine: &Engine,
+    val: &Split,
+    (batch, block): (usize, usize),
+    seed: u64,
+    batches: u64,
+) -> anyhow::Result<f64> {
+    let mut sampler = Sampler::new(val.clone(), batch, block, seed ^ 0x5eed_0f7a)?;
+    let mut total = 0.0;
+    for _ in 0..batches.max(1) {
+        total += f64::from(engine.eval(&sampler.next_batch()).await?);
+    }
+    Ok(total / batches.max(1) as f64)
+}
+
 /// Everything a run needs: the compiled step on a device and its data.
 pub(crate) struct Run {
     pub(crate) experiment: Experiment,
@@ -201,13 +222,15 @@ pub(crate) async fn load_engine(
         Some(c) => {
             let params =
                 model.params.iter().map(|p| Ok(c.tensor(&p.name)?.data.clone())).collect::<anyhow::Result<Vec<_>>>()?;
+            // a DiLoCo shepherd's checkpoint has parameters but no AdamW state
+            let has_state = model.params.iter().all(|p| c.tensor(&format!("m.{}", p.name)).is_ok());
             let mut state = Vec::new();
-            for prefix in ["m", "v"] {
+            for prefix in ["m", "v"].into_iter().filter(|_| has_state) {
                 for p in &model.params {
                     state.push(c.tensor(&format!("{prefix}.{}", p.name))?.data.clone());
                 }
             }
-            (params, Some(state))
+            (params, has_state.then_some(state))
         }
         None => (model.init(experiment.seed), None),
     };
@@ -225,7 +248,7 @@ impl Run {
         checkpoint: Option<&Checkpoint>,
     ) -> anyhow::Result<Self> {
         let source = experiment.model.clone().unwrap_or_else(|| "nanogpt-small".to_owned());
-        let model = Model::load(&source, corpus.vocab.size())?;
+        let model = Model::load_with_batch(&source, corpus.vocab.size(), experiment.batch_size)?;
         let (batch, block) = model.batch_block()?;
         let engine = load_engine(&experiment, &model, device, cache, checkpoint).await?;
         Ok(Self { experiment, model, corpus, engine, batch, block })
@@ -233,13 +256,7 @@ impl Run {
 
     /// Mean loss over `batches` fixed validation batches.
     pub(crate) async fn validate(&self, batches: u64) -> anyhow::Result<f64> {
-        let mut sampler =
-            Sampler::new(self.corpus.val.clone(), self.batch, self.block, self.experiment.seed ^ 0x5eed_0f7a)?;
-        let mut total = 0.0;
-        for _ in 0..batches.max(1) {
-            total += f64::from(self.engine.eval(&sampler.next_batch()).await?);
-        }
-        Ok(total / batches.max(1) as f64)
+        validation_loss(&self.engine, &self.corpus.val, (self.batch, self.block), self.experiment.seed, batches).await
     }
 
     /// A checkpoint of the current state.
@@ -275,24 +292,12 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
 
     let mut experiment = match (&resumed, &args.config) {
         (Some(c), _) => serde_json::from_value(c.meta["experiment"].clone()).context("checkpoint has no experiment")?,
-        (None, Some(path)) => {
-            let (e, warnings) = Experiment::load(path).map_err(Failure::input)?;
-            for w in warnings {
-                tracing::warn!("{w}");
-            }
-            e
-        }
+        (None, Some(path)) => Experiment::load_warned(path).map_err(Failure::input)?,
         (None, None) => Experiment::default(),
     };
-    if let Some(m) = &args.model {
-        experiment.model = Some(m.clone());
-    }
-    if let Some(d) = &args.data {
-        experiment.data_path = Some(d.display().to_string());
-    }
+    experiment.override_with(args.model.as_ref(), args.data.as_ref(), args.lr, args.seed);
     experiment.steps = args.steps.unwrap_or(experiment.steps);
-    experiment.learning_rate = args.lr.unwrap_or(experiment.learning_rate);
-    experiment.seed = args.seed.unwrap_or(experiment.seed);
+    experiment.batch_size = args.batch.or(experiment.batch_size);
     experiment.eval_interval = args.eval_every.unwrap_or(experiment.eval_interval);
     experiment.checkpoint_interval = args.checkpoint_every.unwrap_or(experiment.checkpoint_interval);
     if let Some(t) = &args.tokenizer {

@@ -6,7 +6,7 @@
 //! the signer committed to.
 
 use pcp_schema::{
-    Contribution, DecodeError, Heartbeat, Message, MessageKind, NodeHello, RoundAnnouncement, RunManifest,
+    Ack, Contribution, DecodeError, Heartbeat, Message, MessageKind, NodeHello, RoundAnnouncement, RunManifest,
     SignedEnvelope,
 };
 
@@ -37,6 +37,9 @@ impl Signable for Contribution {
 }
 impl Signable for Heartbeat {
     const KIND: MessageKind = MessageKind::Heartbeat;
+}
+impl Signable for Ack {
+    const KIND: MessageKind = MessageKind::Ack;
 }
 
 /// What a message is bound to, so that it cannot be replayed elsewhere or later.

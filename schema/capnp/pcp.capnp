@@ -38,6 +38,28 @@ struct ParameterRef {
   size @3 :UInt64;
 }
 
+struct TensorSpec {
+  name @0 :Text;
+  shape @1 :List(UInt64);
+}
+
+struct DataSpec {
+  blob @0 :Data;            # the corpus, blake3 content id, 32 bytes
+  size @1 :UInt64;
+  tokenizer @2 :Text;       # "char", "byte" or "u16"
+  valFraction @3 :Float64;
+  batch @4 :UInt32;
+  block @5 :UInt32;
+  int64 @6 :Bool;           # token inputs are i64 (else i32)
+}
+
+struct Schedule {
+  learningRate @0 :Float64; # peak inner learning rate
+  minLr @1 :Float64;
+  warmupSteps @2 :UInt64;
+  totalSteps @3 :UInt64;    # rounds x inner steps
+}
+
 struct RunManifest {
   run @0 :Data;             # run id, 32 bytes
   name @1 :Text;
@@ -45,6 +67,16 @@ struct RunManifest {
   innerSteps @3 :UInt32;
   artifacts @4 :List(ArtifactRef);
   parameters @5 :List(ParameterRef);
+  modelHash @6 :Data;       # blake3 of the loss module, 32 bytes
+  rounds @7 :UInt64;
+  seed @8 :UInt64;
+  schedule @9 :Schedule;
+  outerLr @10 :Float32;
+  outerMomentum @11 :Float32;
+  data @12 :DataSpec;
+  tensors @13 :List(TensorSpec);
+  statePerParam @14 :UInt32; # optimizer state tensors per parameter
+  encoding @15 :Text;       # pseudo-gradient encoding: "fp32", "bf16" or "int8"
 }
 
 # --- rounds ----------------------------------------------------------------
@@ -54,6 +86,8 @@ struct RoundAnnouncement {
   round @1 :UInt64;
   parameters @2 :List(ParameterRef);
   deadlineUnixMs @3 :UInt64;
+  participants @4 :List(Data); # ed25519 public keys expected to contribute
+  finished @5 :Bool;        # the run is over; `parameters` are the final ones
 }
 
 struct Contribution {
@@ -61,7 +95,17 @@ struct Contribution {
   round @1 :UInt64;
   innerSteps @2 :UInt32;
   samples @3 :UInt64;
-  pseudoGradient @4 :ParameterRef;
+  pseudoGradient @4 :ParameterRef; # content id and size of `delta`
+  loss @5 :Float32;         # mean inner loss
+  delta @6 :Data;           # the encoded pseudo-gradient, inline
+}
+
+# The shepherd's answer to a contribution, or its refusal of any request.
+struct Ack {
+  run @0 :Data;
+  round @1 :UInt64;
+  accepted @2 :Bool;
+  reason @3 :Text;
 }
 
 struct Heartbeat {
@@ -101,6 +145,7 @@ enum MessageKind {
   roundAnnouncement @2;
   contribution @3;
   heartbeat @4;
+  ack @5;
 }
 
 struct SignedEnvelope {

@@ -9,8 +9,10 @@ use capnp::serialize::NoAllocSliceSegments;
 pub const CHUNK_SIZE: usize = 1 << 20;
 /// The largest blob the network transfers (8 GiB).
 pub const MAX_BLOB_SIZE: u64 = 8 << 30;
-/// The largest control message (hello, manifest, round, contribution, heartbeat, envelope).
+/// The largest control message (hello, manifest, round, heartbeat, ack).
 pub const MAX_CONTROL_MESSAGE: usize = 256 * 1024;
+/// The largest contribution: an inline pseudo-gradient of up to 128 Mi fp32 values.
+pub const MAX_CONTRIBUTION: usize = 512 << 20;
 /// The largest blob request.
 pub const MAX_BLOB_REQUEST: usize = 256;
 /// The largest blob response: one chunk, or the outboard of the largest blob, plus framing.

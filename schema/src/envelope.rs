@@ -1,6 +1,6 @@
 //! The signed envelope that carries every gossiped or requested control message.
 
-use crate::codec::{self, DecodeError, MAX_CONTROL_MESSAGE, Message, fixed, malformed};
+use crate::codec::{self, DecodeError, MAX_CONTRIBUTION, MAX_CONTROL_MESSAGE, Message, fixed, malformed};
 use crate::wire::pcp_capnp::{MessageKind as WireKind, signed_envelope};
 
 /// Which message an envelope's payload holds. Part of the signed bytes, so a signature
@@ -17,12 +17,14 @@ pub enum MessageKind {
     Contribution,
     /// [`crate::Heartbeat`].
     Heartbeat,
+    /// [`crate::Ack`].
+    Ack,
 }
 
 impl MessageKind {
     /// Every kind.
-    pub const ALL: [Self; 5] =
-        [Self::NodeHello, Self::RunManifest, Self::RoundAnnouncement, Self::Contribution, Self::Heartbeat];
+    pub const ALL: [Self; 6] =
+        [Self::NodeHello, Self::RunManifest, Self::RoundAnnouncement, Self::Contribution, Self::Heartbeat, Self::Ack];
 
     /// A stable tag for signing.
     pub fn tag(self) -> &'static str {
@@ -32,6 +34,15 @@ impl MessageKind {
             Self::RoundAnnouncement => "round-announcement",
             Self::Contribution => "contribution",
             Self::Heartbeat => "heartbeat",
+            Self::Ack => "ack",
+        }
+    }
+
+    /// The largest payload an envelope of this kind may carry.
+    pub fn max_payload(self) -> usize {
+        match self {
+            Self::Contribution => MAX_CONTRIBUTION,
+            _ => MAX_CONTROL_MESSAGE,
         }
     }
 
@@ -43,6 +54,7 @@ impl MessageKind {
             Self::RoundAnnouncement => K::RoundAnnouncement,
             Self::Contribution => K::Contribution,
             Self::Heartbeat => K::Heartbeat,
+            Self::Ack => K::Ack,
         }
     }
 
@@ -54,6 +66,7 @@ impl MessageKind {
             K::RoundAnnouncement => Self::RoundAnnouncement,
             K::Contribution => Self::Contribution,
             K::Heartbeat => Self::Heartbeat,
+            K::Ack => Self::Ack,
         }
     }
 }
@@ -82,7 +95,7 @@ pub struct SignedEnvelope {
 
 impl Message for SignedEnvelope {
     const NAME: &'static str = "SignedEnvelope";
-    const MAX_SIZE: usize = MAX_CONTROL_MESSAGE + 512;
+    const MAX_SIZE: usize = MAX_CONTRIBUTION + 512;
 
     fn encode(&self) -> Vec<u8> {
         let mut message = capnp::message::Builder::new_default();
@@ -104,16 +117,17 @@ impl Message for SignedEnvelope {
             let r = m.get_root::<signed_envelope::Reader<'_>>().map_err(|e| malformed(W, e))?;
             let kind =
                 r.get_kind().map_err(|e| DecodeError::Invalid { what: W, field: "kind", reason: e.to_string() })?;
+            let kind = MessageKind::from_wire(kind);
             let payload = r.get_payload().map_err(|e| malformed(W, e))?;
-            if payload.len() > MAX_CONTROL_MESSAGE {
+            if payload.len() > kind.max_payload() {
                 return Err(DecodeError::TooLarge {
                     what: "SignedEnvelope payload",
                     len: payload.len(),
-                    max: MAX_CONTROL_MESSAGE,
+                    max: kind.max_payload(),
                 });
             }
             Ok(Self {
-                kind: MessageKind::from_wire(kind),
+                kind,
                 signer: fixed(W, "signer", r.get_signer().map_err(|e| malformed(W, e))?)?,
                 run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
                 round: r.get_round(),

@@ -17,9 +17,10 @@ pub mod wire;
 
 pub use blob::{BlobRequest, BlobResponse, BlobWant, chunk_count};
 pub use codec::{
-    CHUNK_SIZE, DecodeError, MAX_BLOB_REQUEST, MAX_BLOB_RESPONSE, MAX_BLOB_SIZE, MAX_CONTROL_MESSAGE, Message,
+    CHUNK_SIZE, DecodeError, MAX_BLOB_REQUEST, MAX_BLOB_RESPONSE, MAX_BLOB_SIZE, MAX_CONTRIBUTION, MAX_CONTROL_MESSAGE,
+    Message,
 };
 pub use envelope::{MessageKind, SignedEnvelope};
 pub use node::{Backend, Capabilities, NodeHello};
-pub use round::{Contribution, Heartbeat, RoundAnnouncement};
-pub use run::{ArtifactRef, ParameterRef, RunManifest};
+pub use round::{Ack, Contribution, Heartbeat, RoundAnnouncement};
+pub use run::{ArtifactRef, DataSpec, ParameterRef, RunManifest, Schedule, TensorSpec};

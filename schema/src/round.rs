@@ -1,8 +1,8 @@
 //! Round announcements, pseudo-gradient contributions and heartbeats.
 
-use crate::codec::{self, DecodeError, MAX_CONTROL_MESSAGE, Message, fixed, list_len, malformed};
+use crate::codec::{self, DecodeError, MAX_CONTRIBUTION, MAX_CONTROL_MESSAGE, Message, fixed, list_len, malformed};
 use crate::run::ParameterRef;
-use crate::wire::pcp_capnp::{contribution, heartbeat, round_announcement};
+use crate::wire::pcp_capnp::{ack, contribution, heartbeat, round_announcement};
 
 /// The shepherd opens a round: the parameters to start from and a deadline.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,10 +15,14 @@ pub struct RoundAnnouncement {
     pub parameters: Vec<ParameterRef>,
     /// Contributions after this time are not counted.
     pub deadline_unix_ms: u64,
+    /// The ed25519 keys of the workers expected to contribute.
+    pub participants: Vec<[u8; 32]>,
+    /// The run is over and `parameters` are the final ones.
+    pub finished: bool,
 }
 
-/// A worker's pseudo-gradient for a round, stored as a blob.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A worker's pseudo-gradient for a round, sent inline by request-response.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Contribution {
     /// Run id.
     pub run: [u8; 32],
@@ -28,8 +32,25 @@ pub struct Contribution {
     pub inner_steps: u32,
     /// Training samples seen.
     pub samples: u64,
-    /// The pseudo-gradient blob.
+    /// The content id and size of `delta`.
     pub pseudo_gradient: ParameterRef,
+    /// The worker's mean inner loss.
+    pub loss: f32,
+    /// The encoded pseudo-gradient θ_start − θ_end.
+    pub delta: Vec<u8>,
+}
+
+/// The shepherd's answer to a contribution, or its refusal of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ack {
+    /// Run id.
+    pub run: [u8; 32],
+    /// Round number.
+    pub round: u64,
+    /// Whether the request was accepted.
+    pub accepted: bool,
+    /// Why not.
+    pub reason: String,
 }
 
 /// A liveness signal from a participant.
@@ -55,7 +76,12 @@ impl Message for RoundAnnouncement {
         root.set_run(&self.run[..]);
         root.set_round(self.round);
         root.set_deadline_unix_ms(self.deadline_unix_ms);
-        ParameterRef::write_list(&self.parameters, root.init_parameters(list_len(self.parameters.len())));
+        ParameterRef::write_list(&self.parameters, root.reborrow().init_parameters(list_len(self.parameters.len())));
+        let mut participants = root.reborrow().init_participants(list_len(self.participants.len()));
+        for (i, p) in (0..).zip(&self.participants) {
+            participants.set(i, &p[..]);
+        }
+        root.set_finished(self.finished);
         codec::words(&message)
     }
 
@@ -63,11 +89,18 @@ impl Message for RoundAnnouncement {
         const W: &str = RoundAnnouncement::NAME;
         codec::read(W, bytes, Self::MAX_SIZE, |m| {
             let r = m.get_root::<round_announcement::Reader<'_>>().map_err(|e| malformed(W, e))?;
+            let list = r.get_participants().map_err(|e| malformed(W, e))?;
+            let mut participants = Vec::with_capacity(list.len() as usize);
+            for p in list.iter() {
+                participants.push(fixed(W, "participants", p.map_err(|e| malformed(W, e))?)?);
+            }
             Ok(Self {
                 run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
                 round: r.get_round(),
                 parameters: ParameterRef::read_list(W, r.get_parameters())?,
                 deadline_unix_ms: r.get_deadline_unix_ms(),
+                participants,
+                finished: r.get_finished(),
             })
         })
     }
@@ -75,7 +108,7 @@ impl Message for RoundAnnouncement {
 
 impl Message for Contribution {
     const NAME: &'static str = "Contribution";
-    const MAX_SIZE: usize = MAX_CONTROL_MESSAGE;
+    const MAX_SIZE: usize = MAX_CONTRIBUTION;
 
     fn encode(&self) -> Vec<u8> {
         let mut message = capnp::message::Builder::new_default();
@@ -84,7 +117,9 @@ impl Message for Contribution {
         root.set_round(self.round);
         root.set_inner_steps(self.inner_steps);
         root.set_samples(self.samples);
-        self.pseudo_gradient.write(root.init_pseudo_gradient());
+        self.pseudo_gradient.write(root.reborrow().init_pseudo_gradient());
+        root.set_loss(self.loss);
+        root.set_delta(&self.delta);
         codec::words(&message)
     }
 
@@ -98,6 +133,8 @@ impl Message for Contribution {
                 inner_steps: r.get_inner_steps(),
                 samples: r.get_samples(),
                 pseudo_gradient: ParameterRef::read(W, r.get_pseudo_gradient().map_err(|e| malformed(W, e))?)?,
+                loss: r.get_loss(),
+                delta: r.get_delta().map_err(|e| malformed(W, e))?.to_vec(),
             })
         })
     }
@@ -126,6 +163,34 @@ impl Message for Heartbeat {
                 round: r.get_round(),
                 unix_ms: r.get_unix_ms(),
                 free_memory_bytes: r.get_free_memory_bytes(),
+            })
+        })
+    }
+}
+
+impl Message for Ack {
+    const NAME: &'static str = "Ack";
+    const MAX_SIZE: usize = MAX_CONTROL_MESSAGE;
+
+    fn encode(&self) -> Vec<u8> {
+        let mut message = capnp::message::Builder::new_default();
+        let mut root = message.init_root::<ack::Builder<'_>>();
+        root.set_run(&self.run[..]);
+        root.set_round(self.round);
+        root.set_accepted(self.accepted);
+        root.set_reason(self.reason.as_str());
+        codec::words(&message)
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        const W: &str = Ack::NAME;
+        codec::read(W, bytes, Self::MAX_SIZE, |m| {
+            let r = m.get_root::<ack::Reader<'_>>().map_err(|e| malformed(W, e))?;
+            Ok(Self {
+                run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
+                round: r.get_round(),
+                accepted: r.get_accepted(),
+                reason: codec::text(W, "reason", r.get_reason())?,
             })
         })
     }

@@ -1,7 +1,7 @@
 //! Run manifests and the blob references they carry.
 
 use crate::codec::{self, DecodeError, MAX_CONTROL_MESSAGE, Message, fixed, list_len, malformed};
-use crate::wire::pcp_capnp::{artifact_ref, parameter_ref, run_manifest};
+use crate::wire::pcp_capnp::{artifact_ref, data_spec, parameter_ref, run_manifest, schedule, tensor_spec};
 
 /// A compiled training step for one (backend, target), stored as a blob.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,8 +29,49 @@ pub struct ParameterRef {
     pub size: u64,
 }
 
-/// Everything a worker needs to join a run.
+/// A parameter tensor: its name and shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Parameter name.
+    pub name: String,
+    /// Dimensions.
+    pub shape: Vec<u64>,
+}
+
+/// The training data: a corpus blob, how to tokenize it, and the batch shape.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DataSpec {
+    /// blake3 content id of the corpus.
+    pub blob: [u8; 32],
+    /// Its size in bytes.
+    pub size: u64,
+    /// `char`, `byte` or `u16`.
+    pub tokenizer: String,
+    /// Fraction held out for validation.
+    pub val_fraction: f64,
+    /// Sequences per batch.
+    pub batch: u32,
+    /// Tokens per sequence.
+    pub block: u32,
+    /// Whether token inputs are i64 (else i32).
+    pub int64: bool,
+}
+
+/// The inner learning-rate schedule: warmup, then cosine decay.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Schedule {
+    /// Peak inner learning rate.
+    pub learning_rate: f64,
+    /// Floor of the cosine.
+    pub min_lr: f64,
+    /// Linear warmup steps.
+    pub warmup_steps: u64,
+    /// Rounds × inner steps.
+    pub total_steps: u64,
+}
+
+/// Everything a worker needs to join a run, signed by the shepherd.
+#[derive(Debug, Clone, PartialEq)]
 pub struct RunManifest {
     /// Run id.
     pub run: [u8; 32],
@@ -44,6 +85,85 @@ pub struct RunManifest {
     pub artifacts: Vec<ArtifactRef>,
     /// Initial parameters.
     pub parameters: Vec<ParameterRef>,
+    /// blake3 of the loss module.
+    pub model_hash: [u8; 32],
+    /// Outer rounds.
+    pub rounds: u64,
+    /// Run seed (initialisation and data order).
+    pub seed: u64,
+    /// Inner learning-rate schedule.
+    pub schedule: Schedule,
+    /// Outer Nesterov learning rate.
+    pub outer_lr: f32,
+    /// Outer Nesterov momentum.
+    pub outer_momentum: f32,
+    /// The training data.
+    pub data: DataSpec,
+    /// Parameter tensors, in argument order.
+    pub tensors: Vec<TensorSpec>,
+    /// Optimizer state tensors per parameter (2 for AdamW).
+    pub state_per_param: u32,
+    /// Pseudo-gradient encoding: `fp32`, `bf16` or `int8`.
+    pub encoding: String,
+}
+
+impl TensorSpec {
+    fn write(&self, mut b: tensor_spec::Builder<'_>) {
+        b.set_name(self.name.as_str());
+        let mut shape = b.init_shape(list_len(self.shape.len()));
+        for (i, d) in (0..).zip(&self.shape) {
+            shape.set(i, *d);
+        }
+    }
+
+    fn read(w: &'static str, r: tensor_spec::Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(Self {
+            name: codec::text(w, "name", r.get_name())?,
+            shape: r.get_shape().map_err(|e| malformed(w, e))?.iter().collect(),
+        })
+    }
+}
+
+impl DataSpec {
+    fn write(&self, mut b: data_spec::Builder<'_>) {
+        b.set_blob(&self.blob[..]);
+        b.set_size(self.size);
+        b.set_tokenizer(self.tokenizer.as_str());
+        b.set_val_fraction(self.val_fraction);
+        b.set_batch(self.batch);
+        b.set_block(self.block);
+        b.set_int64(self.int64);
+    }
+
+    fn read(w: &'static str, r: data_spec::Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(Self {
+            blob: fixed(w, "data.blob", r.get_blob().map_err(|e| malformed(w, e))?)?,
+            size: r.get_size(),
+            tokenizer: codec::text(w, "data.tokenizer", r.get_tokenizer())?,
+            val_fraction: r.get_val_fraction(),
+            batch: r.get_batch(),
+            block: r.get_block(),
+            int64: r.get_int64(),
+        })
+    }
+}
+
+impl Schedule {
+    fn write(&self, mut b: schedule::Builder<'_>) {
+        b.set_learning_rate(self.learning_rate);
+        b.set_min_lr(self.min_lr);
+        b.set_warmup_steps(self.warmup_steps);
+        b.set_total_steps(self.total_steps);
+    }
+
+    fn read(r: schedule::Reader<'_>) -> Self {
+        Self {
+            learning_rate: r.get_learning_rate(),
+            min_lr: r.get_min_lr(),
+            warmup_steps: r.get_warmup_steps(),
+            total_steps: r.get_total_steps(),
+        }
+    }
 }
 
 impl ArtifactRef {
@@ -115,7 +235,20 @@ impl Message for RunManifest {
         for (i, a) in (0..).zip(&self.artifacts) {
             a.write(artifacts.reborrow().get(i));
         }
-        ParameterRef::write_list(&self.parameters, root.init_parameters(list_len(self.parameters.len())));
+        ParameterRef::write_list(&self.parameters, root.reborrow().init_parameters(list_len(self.parameters.len())));
+        root.set_model_hash(&self.model_hash[..]);
+        root.set_rounds(self.rounds);
+        root.set_seed(self.seed);
+        self.schedule.write(root.reborrow().init_schedule());
+        root.set_outer_lr(self.outer_lr);
+        root.set_outer_momentum(self.outer_momentum);
+        self.data.write(root.reborrow().init_data());
+        let mut tensors = root.reborrow().init_tensors(list_len(self.tensors.len()));
+        for (i, t) in (0..).zip(&self.tensors) {
+            t.write(tensors.reborrow().get(i));
+        }
+        root.set_state_per_param(self.state_per_param);
+        root.set_encoding(self.encoding.as_str());
         codec::words(&message)
     }
 
@@ -128,6 +261,11 @@ impl Message for RunManifest {
             for a in list.iter() {
                 artifacts.push(ArtifactRef::read(W, a)?);
             }
+            let list = r.get_tensors().map_err(|e| malformed(W, e))?;
+            let mut tensors = Vec::with_capacity(list.len() as usize);
+            for t in list.iter() {
+                tensors.push(TensorSpec::read(W, t)?);
+            }
             Ok(Self {
                 run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
                 name: codec::text(W, "name", r.get_name())?,
@@ -135,6 +273,16 @@ impl Message for RunManifest {
                 inner_steps: r.get_inner_steps(),
                 artifacts,
                 parameters: ParameterRef::read_list(W, r.get_parameters())?,
+                model_hash: fixed(W, "model_hash", r.get_model_hash().map_err(|e| malformed(W, e))?)?,
+                rounds: r.get_rounds(),
+                seed: r.get_seed(),
+                schedule: Schedule::read(r.get_schedule().map_err(|e| malformed(W, e))?),
+                outer_lr: r.get_outer_lr(),
+                outer_momentum: r.get_outer_momentum(),
+                data: DataSpec::read(W, r.get_data().map_err(|e| malformed(W, e))?)?,
+                tensors,
+                state_per_param: r.get_state_per_param(),
+                encoding: codec::text(W, "encoding", r.get_encoding())?,
             })
         })
     }

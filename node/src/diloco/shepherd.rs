@@ -1,0 +1,882 @@
+//! The shepherd role: `pcp-node --shepherd`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use pcp_bootstrap::{BlobStore, Event, InboundId, Node, PeerId, Stats};
+use pcp_protocol::diloco::Tensors;
+use pcp_protocol::diloco::aggregate::Rejection;
+use pcp_protocol::diloco::compress::{self, Encoding};
+use pcp_protocol::diloco::shepherd::{self, Action, Input, LeaveReason, RoundSummary, Shepherd, Snapshot};
+use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
+use pcp_schema::{
+    Ack, ArtifactRef, Contribution, DataSpec, Heartbeat, MessageKind, NodeHello, ParameterRef, RoundAnnouncement,
+    RunManifest, Schedule, SignedEnvelope, TensorSpec,
+};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::RoleIo;
+use super::wire::{self, Signer};
+use crate::Failure;
+use crate::checkpoint::{Checkpoint, Tensor};
+use crate::config::Experiment;
+use crate::engine::Engine;
+use crate::events::Events;
+use crate::model::Model;
+use crate::train::{Corpus, default_corpus, step_config, validation_loss};
+
+/// Flags of `pcp-node --shepherd`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct ShepherdArgs {
+    /// Be the shepherd of a new run (or of the checkpointed one with --resume).
+    #[arg(long)]
+    pub(crate) shepherd: bool,
+    /// An experiment file (PCP's keys and pcp's own); flags override it.
+    #[arg(long, requires = "shepherd")]
+    pub(crate) config: Option<PathBuf>,
+    /// nanogpt-small, nanogpt-medium, or a StableHLO loss module (.mlir).
+    #[arg(long, requires = "shepherd")]
+    pub(crate) model: Option<String>,
+    /// The corpus [default: the demo corpus].
+    #[arg(long, requires = "shepherd")]
+    pub(crate) data: Option<PathBuf>,
+    /// Outer rounds.
+    #[arg(long, requires = "shepherd")]
+    pub(crate) rounds: Option<u64>,
+    /// Inner steps per round (τ).
+    #[arg(long, requires = "shepherd")]
+    pub(crate) tau: Option<u64>,
+    /// Peak inner learning rate.
+    #[arg(long, requires = "shepherd")]
+    pub(crate) lr: Option<f64>,
+    /// Outer Nesterov learning rate.
+    #[arg(long, requires = "shepherd")]
+    pub(crate) outer_lr: Option<f64>,
+    /// Outer Nesterov momentum.
+    #[arg(long, requires = "shepherd")]
+    pub(crate) outer_momentum: Option<f64>,
+    /// Run seed: initialisation and data order.
+    #[arg(long, requires = "shepherd")]
+    pub(crate) seed: Option<u64>,
+    /// Workers that must have joined before round 1 opens.
+    #[arg(long, default_value_t = 1, requires = "shepherd")]
+    pub(crate) min_workers: usize,
+    /// Pseudo-gradient encoding workers must use: fp32, bf16 or int8.
+    #[arg(long, default_value = "fp32", requires = "shepherd")]
+    pub(crate) encoding: String,
+    /// Drop a worker that has not sent a heartbeat for this long.
+    #[arg(long, default_value_t = 10_000, requires = "shepherd")]
+    pub(crate) heartbeat_timeout_ms: u64,
+    /// Continue the run checkpointed in <data-dir>/shepherd.
+    #[arg(long, requires = "shepherd")]
+    pub(crate) resume: bool,
+}
+
+/// Everything the shepherd needs, resolved from flags, config and checkpoint.
+#[derive(Debug)]
+pub(crate) struct ShepherdPlan {
+    experiment: Experiment,
+    model: Model,
+    corpus_path: PathBuf,
+    corpus: Corpus,
+    rounds: u64,
+    tau: u64,
+    min_workers: usize,
+    encoding: Encoding,
+    heartbeat_timeout_ms: u64,
+    resumed: Option<Checkpoint>,
+    state_dir: PathBuf,
+    /// Where compiled artifacts are cached [default: `<data-dir>/artifacts`].
+    pub(crate) artifacts_dir: Option<PathBuf>,
+    /// Print the round table on stdout.
+    pub(crate) table: bool,
+}
+
+/// What a host (`sim`) can observe of a running shepherd.
+#[derive(Debug, Default)]
+pub(crate) struct ShepherdHooks {
+    /// Told the number of each round as it opens (never blocks the shepherd).
+    pub(crate) opened: Option<mpsc::Sender<u64>>,
+}
+
+/// How often the shepherd gossips a heartbeat on the run's topic.
+const HEARTBEAT_GOSSIP: Duration = Duration::from_secs(2);
+/// How long the shepherd stays up after the last round so workers see it end.
+const FAREWELL: Duration = Duration::from_secs(3);
+/// Compiles in progress at once; more hellos for new targets are asked to retry.
+const MAX_COMPILES: usize = 2;
+/// Distinct (backend, target) artifacts a run serves.
+const MAX_ARTIFACTS: usize = 32;
+
+impl ShepherdPlan {
+    /// Resolves `args` (config file, flags, or the checkpoint with `--resume`).
+    pub(crate) fn new(args: &ShepherdArgs, data_dir: &Path) -> Result<Self, Failure> {
+        let state_dir = data_dir.join("shepherd");
+        let resumed = if args.resume {
+            Some(Checkpoint::load(&state_dir).map_err(|e| Failure::input(e.context("--resume")))?)
+        } else {
+            None
+        };
+        let mut experiment = match (&resumed, &args.config) {
+            (Some(c), _) => serde_json::from_value(c.meta["experiment"].clone())
+                .context("the shepherd checkpoint has no experiment")?,
+            (None, Some(path)) => Experiment::load_warned(path).map_err(Failure::input)?,
+            (None, None) => Experiment { warmup_steps: 25, ..Experiment::default() },
+        };
+        if resumed.is_none() {
+            experiment.override_with(args.model.as_ref(), args.data.as_ref(), args.lr, args.seed);
+            experiment.tau = args.tau.unwrap_or(experiment.tau);
+            experiment.outer_loop_steps = args.rounds.unwrap_or(experiment.outer_loop_steps);
+            experiment.outer_lr = args.outer_lr.unwrap_or(experiment.outer_lr);
+            experiment.nesterov_momentum = args.outer_momentum.unwrap_or(experiment.nesterov_momentum);
+        } else if args.rounds.is_some() {
+            // more rounds for a resumed run are allowed; everything else is the run's
+            experiment.outer_loop_steps = args.rounds.unwrap_or(experiment.outer_loop_steps);
+        }
+        if experiment.tau == 0 || experiment.outer_loop_steps == 0 {
+            return Err(Failure::input(anyhow::anyhow!("--tau and --rounds must be at least 1")));
+        }
+        let encoding = Encoding::parse(&args.encoding).ok_or_else(|| {
+            Failure::input(anyhow::anyhow!("unknown --encoding {:?}; expected fp32, bf16 or int8", args.encoding))
+        })?;
+        let corpus_path = match &experiment.data_path {
+            Some(p) => PathBuf::from(p),
+            None => default_corpus().ok_or_else(|| {
+                Failure::input(anyhow::anyhow!("no --data given and no demo corpus found; run scripts/setup.sh"))
+            })?,
+        };
+        experiment.data_path = Some(corpus_path.display().to_string());
+        let corpus =
+            Corpus::load(&corpus_path, &experiment.tokenizer, None, experiment.val_fraction).map_err(Failure::input)?;
+        let source = experiment.model.clone().unwrap_or_else(|| "nanogpt-small".to_owned());
+        experiment.model = Some(source.clone());
+        let model =
+            Model::load_with_batch(&source, corpus.vocab.size(), experiment.batch_size).map_err(Failure::input)?;
+        Ok(Self {
+            rounds: experiment.outer_loop_steps,
+            tau: experiment.tau,
+            experiment,
+            model,
+            corpus_path,
+            corpus,
+            min_workers: args.min_workers.max(1),
+            encoding,
+            heartbeat_timeout_ms: args.heartbeat_timeout_ms.max(500),
+            resumed,
+            state_dir,
+            artifacts_dir: None,
+            table: true,
+        })
+    }
+
+    /// A plan for `sim`: everything from arguments, nothing from files.
+    #[allow(clippy::too_many_arguments, reason = "sim's flags, passed through")]
+    pub(crate) fn for_sim(
+        experiment: Experiment,
+        model: Model,
+        corpus_path: PathBuf,
+        corpus: Corpus,
+        min_workers: usize,
+        encoding: Encoding,
+        heartbeat_timeout_ms: u64,
+        state_dir: PathBuf,
+    ) -> Self {
+        Self {
+            rounds: experiment.outer_loop_steps,
+            tau: experiment.tau,
+            experiment,
+            model,
+            corpus_path,
+            corpus,
+            min_workers,
+            encoding,
+            heartbeat_timeout_ms,
+            resumed: None,
+            state_dir,
+            artifacts_dir: None,
+            table: true,
+        }
+    }
+}
+
+/// A compile in progress for one (backend, target), and who waits for it.
+#[derive(Debug)]
+struct Compiling {
+    waiters: Vec<(InboundId, PublicKey)>,
+}
+
+type CompileResult = (String, String, Result<(BlobHash, u64, Vec<u8>), String>);
+
+/// The shepherd's host: the state machine plus its swarm, compiler and device.
+struct Host {
+    node: Node,
+    store: BlobStore,
+    signer: Signer,
+    run: RunId,
+    manifest: RunManifest,
+    machine: Shepherd<PublicKey>,
+    events: Events,
+    plan: ShepherdPlan,
+    step_module: Arc<pcp_graph::Module>,
+    artifacts_dir: PathBuf,
+    artifacts: BTreeMap<(String, String), ArtifactRef>,
+    compiling: HashMap<(String, String), Compiling>,
+    compiles: JoinSet<CompileResult>,
+    /// The signed announcement of the open (or final) round.
+    published: Option<SignedEnvelope>,
+    sizes: Vec<usize>,
+    engine: Engine,
+    started: Instant,
+    bytes_in: u64,
+    served_at_open: u64,
+    last_val: f64,
+    first_val: f64,
+    hooks: ShepherdHooks,
+    out: std::io::Stdout,
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host").field("run", &self.run).finish()
+    }
+}
+
+fn peer_name(key: &PublicKey) -> String {
+    pcp_bootstrap::peer_of(key).map_or_else(|| key.to_string(), |p| p.to_string())
+}
+
+fn served(stats: &Stats) -> u64 {
+    stats.bytes_served
+}
+
+/// Runs a shepherd on `io`'s node until the run is over or `cancel` fires; its
+/// requests arrive on `requests`.
+pub(crate) async fn run(
+    plan: ShepherdPlan,
+    io: RoleIo,
+    mut requests: mpsc::Receiver<Event>,
+    hooks: ShepherdHooks,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let RoleIo { node, identity, data_dir, events } = io;
+    let mut host = Host::start(plan, node, identity, &data_dir, events, hooks).await?;
+    host.main_loop(&mut requests, cancel).await
+}
+
+impl Host {
+    async fn start(
+        plan: ShepherdPlan,
+        node: Node,
+        identity: pcp_protocol::Identity,
+        data_dir: &Path,
+        events: Events,
+        hooks: ShepherdHooks,
+    ) -> anyhow::Result<Self> {
+        let store = BlobStore::open(data_dir)?;
+        let e = &plan.experiment;
+        let step = pcp_graph::train_step(&plan.model.module, "main", &step_config(e))
+            .map_err(|err| anyhow::anyhow!("{}: {err}", plan.model.source))?;
+        let model_hash = *blake3::hash(plan.model.module.to_mlir().as_bytes()).as_bytes();
+        let (corpus_hash, corpus_size) = store.put_file(&plan.corpus_path)?;
+        let (batch, block) = plan.model.batch_block()?;
+        let int64 = plan.model.data.first().is_some_and(|t| t.element.name() == "i64");
+        let tensors: Vec<TensorSpec> = plan
+            .model
+            .params
+            .iter()
+            .map(|p| TensorSpec { name: p.name.clone(), shape: p.ty.shape.iter().map(|d| *d as u64).collect() })
+            .collect();
+        let total_steps = plan.rounds * plan.tau;
+        let (run, params, snapshot) = match &plan.resumed {
+            Some(c) => {
+                let run: RunId =
+                    c.meta["run"].as_str().and_then(|s| s.parse().ok()).context("shepherd checkpoint has no run id")?;
+                let get = |prefix: &str| -> anyhow::Result<Tensors> {
+                    plan.model
+                        .params
+                        .iter()
+                        .map(|p| Ok(c.tensor(&format!("{prefix}{}", p.name))?.data.clone()))
+                        .collect()
+                };
+                let params = get("")?;
+                let snapshot = Snapshot {
+                    completed: c.step,
+                    params: params.clone(),
+                    velocity: get("velocity.")?,
+                    durations: serde_json::from_value(c.meta["durations"].clone()).unwrap_or_default(),
+                    norms: serde_json::from_value(c.meta["norms"].clone()).unwrap_or_default(),
+                };
+                (run, params, Some(snapshot))
+            }
+            None => {
+                let mut h = blake3::Hasher::new();
+                h.update(b"pcp/run-id/v1");
+                h.update(&identity.public().0);
+                h.update(&model_hash);
+                h.update(&wire::unix_ms().to_le_bytes());
+                h.update(&rand::random::<u64>().to_le_bytes());
+                (RunId(*h.finalize().as_bytes()), plan.model.init(e.seed), None)
+            }
+        };
+        let params_blob = wire::params_blob(&params);
+        let params_ref = ParameterRef {
+            name: "params".into(),
+            shard: 0,
+            blob: *blake3::hash(&params_blob).as_bytes(),
+            size: params_blob.len() as u64,
+        };
+        store.put_bytes(&params_blob)?;
+        let manifest = RunManifest {
+            run: run.0,
+            name: format!("{} on {}", plan.model.source, file_name(&plan.corpus_path)),
+            shepherd: identity.public().0,
+            inner_steps: u32::try_from(plan.tau).context("--tau is too large")?,
+            artifacts: Vec::new(),
+            parameters: vec![params_ref],
+            model_hash,
+            rounds: plan.rounds,
+            seed: e.seed,
+            schedule: Schedule {
+                learning_rate: e.learning_rate,
+                min_lr: e.min_lr.min(e.learning_rate),
+                warmup_steps: e.warmup_steps.min(total_steps / 10),
+                total_steps,
+            },
+            outer_lr: e.outer_lr as f32,
+            outer_momentum: e.nesterov_momentum as f32,
+            data: DataSpec {
+                blob: corpus_hash.0,
+                size: corpus_size,
+                tokenizer: e.tokenizer.clone(),
+                val_fraction: e.val_fraction,
+                batch: batch as u32,
+                block: block as u32,
+                int64,
+            },
+            tensors,
+            state_per_param: step.state_per_param as u32,
+            encoding: plan.encoding.name().to_owned(),
+        };
+        let config = shepherd::Config {
+            rounds: plan.rounds,
+            start_workers: plan.min_workers,
+            initial_deadline_ms: 600_000,
+            min_deadline_ms: 10_000,
+            heartbeat_timeout_ms: plan.heartbeat_timeout_ms,
+            outer_lr: e.outer_lr as f32,
+            outer_momentum: e.nesterov_momentum as f32,
+            ..shepherd::Config::default()
+        };
+        let machine = match snapshot {
+            Some(s) => Shepherd::resume(config, s),
+            None => Shepherd::new(config, params.clone()),
+        };
+        let sizes = wire::sizes(&manifest);
+
+        // the host's own artifact, for validation
+        // PCP_ARTIFACT_CACHE lets tests and sims share compiled artifacts
+        let artifacts_dir = std::env::var_os("PCP_ARTIFACT_CACHE")
+            .map(PathBuf::from)
+            .or_else(|| plan.artifacts_dir.clone())
+            .unwrap_or_else(|| data_dir.join("artifacts"));
+        let module = Arc::new(step.module);
+        let cpu = {
+            let module = module.clone();
+            let dir = artifacts_dir.clone();
+            tokio::task::spawn_blocking(move || pcp_graph::compile(&module, &pcp_graph::Target::host(), Some(&dir)))
+                .await??
+        };
+        let engine = Engine::new(
+            pcp_runtime::Device::Cpu,
+            cpu.vmfb,
+            wire::shapes(&manifest),
+            params,
+            None,
+            step.state_per_param,
+            int64,
+        )
+        .await?;
+
+        node.provide(wire::runs_key()).await?;
+        node.provide(wire::run_key(run)).await?;
+        node.subscribe(run).await?;
+        let resumed_at = machine.completed();
+        let mut host = Self {
+            node,
+            store,
+            signer: Signer::new(identity),
+            run,
+            manifest,
+            machine,
+            events,
+            step_module: module,
+            artifacts_dir,
+            artifacts: BTreeMap::new(),
+            compiling: HashMap::new(),
+            compiles: JoinSet::new(),
+            published: None,
+            sizes,
+            engine,
+            started: Instant::now(),
+            bytes_in: 0,
+            served_at_open: 0,
+            last_val: f64::NAN,
+            first_val: f64::NAN,
+            hooks,
+            out: std::io::stdout(),
+            plan,
+        };
+        let params_hash = wire::params_hash(host.machine.params());
+        host.events.emit(
+            "run_started",
+            json!({
+                "run": run.to_hex(), "model": host.plan.model.source, "rounds": host.plan.rounds, "tau": host.plan.tau,
+                "resumed_round": resumed_at, "params_hash": params_hash.to_hex(),
+            }),
+        );
+        if host.plan.resumed.is_some() {
+            host.events.emit("resumed", json!({"round": resumed_at, "params_hash": params_hash.to_hex()}));
+        }
+        host.print_header(resumed_at)?;
+        Ok(host)
+    }
+
+    fn print_header(&mut self, resumed_at: u64) -> anyhow::Result<()> {
+        if !self.plan.table {
+            return Ok(());
+        }
+        let params: usize = self.sizes.iter().sum();
+        let mut out = self.out.lock();
+        writeln!(
+            out,
+            "shepherd of run {} ({}): {} rounds of τ={}, {} parameters ({:.2} MB), {} pseudo-gradients{}",
+            self.run,
+            self.manifest.name,
+            self.plan.rounds,
+            self.plan.tau,
+            params,
+            4.0 * params as f64 / 1e6,
+            self.plan.encoding.name(),
+            if resumed_at > 0 { format!(", resumed after round {resumed_at}") } else { String::new() }
+        )?;
+        writeln!(
+            out,
+            "{:>5} {:>12} {:>10} {:>10} {:>8} {:>9} {:>9}",
+            "round", "contributors", "mean loss", "val loss", "seconds", "MB sent", "MB recv"
+        )?;
+        Ok(())
+    }
+
+    async fn main_loop(
+        &mut self,
+        requests: &mut mpsc::Receiver<Event>,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut gossip = tokio::time::interval(HEARTBEAT_GOSSIP);
+        let mut finished_at: Option<Instant> = None;
+        loop {
+            if finished_at.is_some_and(|t| t.elapsed() >= FAREWELL) {
+                break;
+            }
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                event = requests.recv() => match event {
+                    Some(Event::Request { peer, id, message }) => self.on_request(peer, id, *message).await?,
+                    Some(_) => {}
+                    None => break,
+                },
+                Some(done) = self.compiles.join_next() => match done {
+                    Ok(result) => self.on_compiled(result).await?,
+                    Err(e) => tracing::warn!("compile task failed: {e}"),
+                },
+                _ = tick.tick() => {
+                    self.step(Input::Tick).await?;
+                }
+                _ = gossip.tick() => self.gossip_heartbeat().await,
+            }
+            if self.machine.is_finished() && finished_at.is_none() {
+                finished_at = Some(Instant::now());
+                self.finish()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn now_ms(&self) -> u64 {
+        wire::unix_ms()
+    }
+
+    async fn respond(&mut self, id: InboundId, envelope: SignedEnvelope) -> anyhow::Result<()> {
+        self.node.respond(id, envelope).await?;
+        Ok(())
+    }
+
+    async fn refuse(&mut self, id: InboundId, round: u64, reason: String) -> anyhow::Result<()> {
+        let ack = Ack { run: self.run.0, round, accepted: false, reason };
+        let envelope = self.signer.seal(self.run, round, &ack);
+        self.respond(id, envelope).await
+    }
+
+    async fn on_request(&mut self, peer: PeerId, id: InboundId, message: Verified) -> anyhow::Result<()> {
+        let key = message.signer();
+        let binding = message.binding();
+        // a hello may be for whichever run this shepherd runs (the zero run id)
+        let any_run = message.kind() == MessageKind::NodeHello && binding.run == RunId([0; 32]);
+        if binding.run != self.run && !any_run {
+            return self
+                .refuse(id, binding.round, format!("this shepherd runs {}, not {}", self.run, binding.run))
+                .await;
+        }
+        match message.kind() {
+            MessageKind::NodeHello => match message.decode::<NodeHello>() {
+                Ok(hello) => self.on_hello(id, key, hello).await,
+                Err(e) => self.refuse(id, 0, format!("bad hello: {e}")).await,
+            },
+            MessageKind::Heartbeat => match message.decode::<Heartbeat>() {
+                Ok(_) => {
+                    if !self.machine.workers().any(|w| *w == key) {
+                        self.step(Input::Joined(key)).await?;
+                    }
+                    self.step(Input::Heartbeat(key)).await?;
+                    let envelope = self.current_announcement();
+                    self.respond(id, envelope).await
+                }
+                Err(e) => self.refuse(id, binding.round, format!("bad heartbeat: {e}")).await,
+            },
+            MessageKind::Contribution => {
+                let round = binding.round;
+                let input = match message.decode::<Contribution>() {
+                    Ok(c) => self.contribution_input(key, round, c),
+                    Err(e) => Input::Malformed {
+                        peer: key,
+                        round,
+                        reason: Rejection::Encoding(format!("undecodable contribution: {e}")),
+                    },
+                };
+                let rejected = self.step(input).await?;
+                let reason = rejected.into_iter().find(|(p, _)| *p == key).map(|(_, r)| r);
+                let ack =
+                    Ack { run: self.run.0, round, accepted: reason.is_none(), reason: reason.unwrap_or_default() };
+                let envelope = self.signer.seal(self.run, round, &ack);
+                self.respond(id, envelope).await
+            }
+            other => {
+                tracing::debug!(%peer, "unexpected {} request", other.tag());
+                self.refuse(id, binding.round, format!("a shepherd does not answer {} requests", other.tag())).await
+            }
+        }
+    }
+
+    fn contribution_input(&mut self, key: PublicKey, round: u64, c: Contribution) -> Input<PublicKey> {
+        self.bytes_in += c.delta.len() as u64;
+        let malformed = |reason: String| Input::Malformed { peer: key, round, reason: Rejection::Encoding(reason) };
+        if c.run != self.run.0 || c.round != round {
+            return malformed("the contribution's run or round differs from its envelope's".into());
+        }
+        if c.pseudo_gradient.blob != *blake3::hash(&c.delta).as_bytes() {
+            return malformed("the pseudo-gradient does not hash to its content id".into());
+        }
+        match compress::decode(&c.delta, &self.sizes) {
+            Ok((_, encoding)) if encoding != self.plan.encoding => {
+                malformed(format!("encoded as {}, the run uses {}", encoding.name(), self.plan.encoding.name()))
+            }
+            Ok((delta, _)) => Input::Contribution { peer: key, round, samples: c.samples, loss: c.loss, delta },
+            Err(e) => malformed(e.to_string()),
+        }
+    }
+
+    async fn on_hello(&mut self, id: InboundId, key: PublicKey, hello: NodeHello) -> anyhow::Result<()> {
+        if hello.peer != key.0 {
+            return self.refuse(id, 0, "the hello names another peer than its signer".into()).await;
+        }
+        let Some(backend) = hello.capabilities.backends.first() else {
+            return self.refuse(id, 0, "the hello lists no backend".into()).await;
+        };
+        let name = backend.name.clone();
+        let target = backend.targets.first().cloned().unwrap_or_default();
+        if let Some(artifact) = self.artifacts.get(&(name.clone(), target.clone())).cloned() {
+            let envelope = self.manifest_for(artifact);
+            return self.respond(id, envelope).await;
+        }
+        let parsed: Result<pcp_graph::Backend, _> = name.parse();
+        let backend = match parsed {
+            Ok(b) => b,
+            Err(e) => return self.refuse(id, 0, e.to_string()).await,
+        };
+        let entry = (name.clone(), target.clone());
+        if let Some(c) = self.compiling.get_mut(&entry) {
+            c.waiters.push((id, key));
+            return Ok(());
+        }
+        if self.compiling.len() >= MAX_COMPILES {
+            return self.refuse(id, 0, "the shepherd is busy compiling for other targets; try again".into()).await;
+        }
+        if self.artifacts.len() + self.compiling.len() >= MAX_ARTIFACTS {
+            return self.refuse(id, 0, format!("this run serves at most {MAX_ARTIFACTS} targets")).await;
+        }
+        self.compiling.insert(entry, Compiling { waiters: vec![(id, key)] });
+        let module = self.step_module.clone();
+        let dir = self.artifacts_dir.clone();
+        let store = self.store.clone();
+        let compile_target = pcp_graph::Target { backend, target: (!target.is_empty()).then(|| target.clone()) };
+        tracing::info!("compiling train_step for {compile_target}");
+        self.events.emit("compile_started", json!({"backend": name, "target": target}));
+        self.compiles.spawn_blocking(move || {
+            let result =
+                pcp_graph::compile(&module, &compile_target, Some(&dir)).map_err(|e| e.to_string()).and_then(|a| {
+                    let hash = store.put_bytes(&a.vmfb).map_err(|e| e.to_string())?;
+                    Ok((hash, a.vmfb.len() as u64, a.vmfb))
+                });
+            (name, target, result)
+        });
+        Ok(())
+    }
+
+    async fn on_compiled(&mut self, (name, target, result): CompileResult) -> anyhow::Result<()> {
+        let waiters = self.compiling.remove(&(name.clone(), target.clone())).map(|c| c.waiters).unwrap_or_default();
+        match result {
+            Ok((hash, size, _)) => {
+                let artifact = ArtifactRef { backend: name.clone(), target: target.clone(), blob: hash.0, size };
+                self.artifacts.insert((name.clone(), target.clone()), artifact.clone());
+                self.manifest.artifacts = self.artifacts.values().cloned().collect();
+                self.events.emit(
+                    "artifact_published",
+                    json!({"backend": name, "target": target, "hash": hash.to_hex(), "bytes": size}),
+                );
+                if let Err(e) = self.node.provide(hash).await {
+                    tracing::warn!("providing artifact {hash}: {e}");
+                }
+                for (id, _) in waiters {
+                    let envelope = self.manifest_for(artifact.clone());
+                    self.respond(id, envelope).await?;
+                }
+            }
+            Err(reason) => {
+                let shown = if target.is_empty() { name.clone() } else { format!("{name}:{target}") };
+                let reason = format!("the shepherd cannot compile for {shown}: {reason}");
+                self.events.emit("compile_failed", json!({"backend": name, "target": target, "reason": reason}));
+                for (id, _) in waiters {
+                    self.refuse(id, 0, reason.clone()).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The signed manifest with `artifact` first (the one the asker needs).
+    fn manifest_for(&mut self, artifact: ArtifactRef) -> SignedEnvelope {
+        let mut manifest = self.manifest.clone();
+        manifest.artifacts.retain(|a| a != &artifact);
+        manifest.artifacts.insert(0, artifact);
+        self.signer.seal(self.run, self.machine.completed(), &manifest)
+    }
+
+    /// The announcement of the open round, or a waiting one (round 0) before the first.
+    fn current_announcement(&mut self) -> SignedEnvelope {
+        if let Some(p) = &self.published {
+            return p.clone();
+        }
+        let announcement = RoundAnnouncement {
+            run: self.run.0,
+            round: self.machine.completed(),
+            parameters: Vec::new(),
+            deadline_unix_ms: 0,
+            participants: Vec::new(),
+            finished: false,
+        };
+        self.signer.seal(self.run, self.machine.completed(), &announcement)
+    }
+
+    async fn gossip_heartbeat(&mut self) {
+        let round = self.machine.open_round().unwrap_or(self.machine.completed());
+        let hb = Heartbeat { run: self.run.0, round, unix_ms: wire::unix_ms(), free_memory_bytes: 0 };
+        let envelope = self.signer.seal(self.run, round, &hb);
+        use pcp_schema::Message as _;
+        if let Err(e) = self.node.publish(self.run, envelope.encode()).await {
+            tracing::debug!("gossiping the heartbeat: {e}");
+        }
+    }
+
+    /// Feeds the state machine and performs its actions; returns the rejections.
+    async fn step(&mut self, input: Input<PublicKey>) -> anyhow::Result<Vec<(PublicKey, String)>> {
+        let now = self.now_ms();
+        let mut rejected = Vec::new();
+        for action in self.machine.handle(input, now) {
+            match action {
+                Action::OpenRound { round, deadline_ms, participants } => {
+                    self.open_round(round, deadline_ms, participants).await?;
+                }
+                Action::Rejected { peer, round, reason } => {
+                    let reason = reason.to_string();
+                    tracing::warn!(peer = %peer_name(&peer), round, "contribution rejected: {reason}");
+                    self.events.emit(
+                        "contribution_rejected",
+                        json!({"round": round, "peer": peer_name(&peer), "reason": reason}),
+                    );
+                    rejected.push((peer, reason));
+                }
+                Action::RoundCompleted(summary) => self.round_completed(summary).await?,
+                Action::WorkerJoined(p) => {
+                    tracing::info!(peer = %peer_name(&p), "worker joined");
+                    self.events.emit("worker_joined", json!({"peer": peer_name(&p)}));
+                }
+                Action::WorkerLeft { peer, reason } => {
+                    let reason = match reason {
+                        LeaveReason::Left => "left",
+                        LeaveReason::Timeout => "heartbeat timeout",
+                    };
+                    tracing::info!(peer = %peer_name(&peer), "worker left: {reason}");
+                    self.events.emit("worker_left", json!({"peer": peer_name(&peer), "reason": reason}));
+                }
+                Action::DeadlineExtended { round, deadline_ms } => {
+                    self.events.emit("deadline_extended", json!({"round": round, "deadline_unix_ms": deadline_ms}));
+                }
+                Action::Finished => {}
+            }
+        }
+        Ok(rejected)
+    }
+
+    async fn open_round(&mut self, round: u64, deadline_ms: u64, participants: Vec<PublicKey>) -> anyhow::Result<()> {
+        let blob = wire::params_blob(self.machine.params());
+        let hash = self.store.put_bytes(&blob)?;
+        let announcement = RoundAnnouncement {
+            run: self.run.0,
+            round,
+            parameters: vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size: blob.len() as u64 }],
+            deadline_unix_ms: deadline_ms,
+            participants: participants.iter().map(|p| p.0).collect(),
+            finished: false,
+        };
+        let envelope = self.signer.seal(self.run, round, &announcement);
+        self.published = Some(envelope.clone());
+        self.served_at_open = self.node.stats().await.map(|s| served(&s)).unwrap_or(0);
+        use pcp_schema::Message as _;
+        if let Err(e) = self.node.publish(self.run, envelope.encode()).await {
+            tracing::debug!("gossiping round {round}: {e}");
+        }
+        self.events.emit(
+            "round_started",
+            json!({
+                "round": round, "deadline_unix_ms": deadline_ms, "params_hash": hash.to_hex(),
+                "participants": participants.iter().map(peer_name).collect::<Vec<_>>(),
+            }),
+        );
+        if let Some(tx) = &self.hooks.opened {
+            let _ = tx.try_send(round);
+        }
+        Ok(())
+    }
+
+    async fn round_completed(&mut self, summary: RoundSummary<PublicKey>) -> anyhow::Result<()> {
+        let params = self.machine.params().clone();
+        let params_hash = wire::params_hash(&params);
+        self.last_val = self.validate(params).await?;
+        if self.first_val.is_nan() {
+            self.first_val = self.last_val;
+        }
+        let bytes_out = self.node.stats().await.map(|s| served(&s)).unwrap_or(0).saturating_sub(self.served_at_open);
+        let path = self.checkpoint()?;
+        self.events.emit(
+            "round_completed",
+            json!({
+                "round": summary.round, "contributors": summary.contributors.len(), "mean_loss": summary.mean_loss,
+                "val_loss": self.last_val, "bytes_in": self.bytes_in, "bytes_out": bytes_out,
+                "seconds": summary.duration_ms as f64 / 1e3, "params_hash": params_hash.to_hex(),
+                "peers": summary.contributors.iter().map(peer_name).collect::<Vec<_>>(),
+                "excluded": summary.excluded.iter().map(peer_name).collect::<Vec<_>>(),
+                "clipped": summary.clipped, "norm_bound": summary.norm_bound,
+            }),
+        );
+        self.events.emit("checkpoint", json!({"round": summary.round, "path": path.display().to_string()}));
+        if self.plan.table {
+            writeln!(
+                self.out.lock(),
+                "{:>5} {:>12} {:>10.4} {:>10.4} {:>8.1} {:>9.2} {:>9.2}",
+                summary.round,
+                summary.contributors.len(),
+                summary.mean_loss,
+                self.last_val,
+                summary.duration_ms as f64 / 1e3,
+                bytes_out as f64 / 1e6,
+                self.bytes_in as f64 / 1e6
+            )?;
+        }
+        self.bytes_in = 0;
+        self.published = None;
+        Ok(())
+    }
+
+    async fn validate(&mut self, params: Tensors) -> anyhow::Result<f64> {
+        self.engine.set_params(params).await.context("loading parameters for validation")?;
+        let shape = (self.manifest.data.batch as usize, self.manifest.data.block as usize);
+        let e = &self.plan.experiment;
+        validation_loss(&self.engine, &self.plan.corpus.val, shape, e.seed, e.eval_batches).await
+    }
+
+    fn checkpoint(&self) -> anyhow::Result<PathBuf> {
+        let snapshot = self.machine.snapshot();
+        let mut tensors = Vec::new();
+        for ((p, v), spec) in snapshot.params.iter().zip(&snapshot.velocity).zip(&self.manifest.tensors) {
+            let shape: Vec<usize> = spec.shape.iter().map(|d| *d as usize).collect();
+            tensors.push(Tensor { name: spec.name.clone(), shape: shape.clone(), data: p.clone() });
+            tensors.push(Tensor { name: format!("velocity.{}", spec.name), shape, data: v.clone() });
+        }
+        let checkpoint = Checkpoint {
+            step: snapshot.completed,
+            meta: json!({
+                "role": "shepherd", "run": self.run.to_hex(), "experiment": self.plan.experiment,
+                "model": self.plan.model.source, "vocab": self.plan.corpus.vocab,
+                "durations": snapshot.durations, "norms": snapshot.norms,
+                "params_hash": wire::params_hash(&snapshot.params).to_hex(),
+            }),
+            tensors,
+        };
+        checkpoint.save(&self.plan.state_dir)
+    }
+
+    fn finish(&mut self) -> anyhow::Result<()> {
+        let blob = wire::params_blob(self.machine.params());
+        let hash = self.store.put_bytes(&blob)?;
+        let round = self.machine.completed();
+        let announcement = RoundAnnouncement {
+            run: self.run.0,
+            round,
+            parameters: vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size: blob.len() as u64 }],
+            deadline_unix_ms: 0,
+            participants: Vec::new(),
+            finished: true,
+        };
+        let envelope = self.signer.seal(self.run, round, &announcement);
+        self.published = Some(envelope);
+        self.events.emit(
+            "run_finished",
+            json!({"rounds": round, "val_loss": self.last_val, "params_hash": hash.to_hex(),
+                   "seconds": self.started.elapsed().as_secs_f64()}),
+        );
+        if self.plan.table {
+            writeln!(
+                self.out.lock(),
+                "done: {round} rounds in {:.1} s, val loss {:.4} -> {:.4}, parameters {}",
+                self.started.elapsed().as_secs_f64(),
+                self.first_val,
+                self.last_val,
+                hash
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+}

@@ -1,0 +1,525 @@
+//! The worker role: the default for a node that is not a shepherd.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use pcp_bootstrap::{Node, PeerId, RequestError};
+use pcp_protocol::diloco::Tensors;
+use pcp_protocol::diloco::compress::{self, Encoding};
+use pcp_protocol::diloco::worker::{self, Worker};
+use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
+use pcp_runtime::Device;
+use pcp_schema::{
+    Ack, ArtifactRef, Backend, Capabilities, Contribution, Heartbeat, Message as _, MessageKind, NodeHello,
+    ParameterRef, RoundAnnouncement, RunManifest,
+};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::RoleIo;
+use super::wire::{self, Signer};
+use crate::Failure;
+use crate::data::Sampler;
+use crate::engine::Engine;
+use crate::events::Events;
+use crate::train::{Corpus, learning_rate};
+
+/// Flags of the worker role.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct WorkerArgs {
+    /// The backend this node trains on: cpu, cuda, rocm, vulkan or metal.
+    #[arg(long, default_value = "cpu")]
+    pub(crate) backend: String,
+    /// The device target: an LLVM CPU name, sm_XX, gfx9XX… [default: the host CPU]
+    #[arg(long)]
+    pub(crate) target: Option<String>,
+    /// Join this run (its id, in hex) instead of the first one the DHT knows.
+    #[arg(long, value_name = "RUN_ID")]
+    pub(crate) run: Option<String>,
+    /// Only route, gossip and serve blobs; never train.
+    #[arg(long)]
+    pub(crate) no_train: bool,
+    /// Testing only: send corrupted pseudo-gradients (`nan`, or `scale` for ×1000).
+    #[arg(long, hide = true, value_name = "KIND")]
+    pub(crate) hostile: Option<String>,
+}
+
+/// How a hostile worker corrupts its pseudo-gradient.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Hostile {
+    /// One value is NaN.
+    Nan,
+    /// Everything ×1000.
+    Scale(f32),
+}
+
+impl Hostile {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        match s {
+            "nan" => Some(Self::Nan),
+            "scale" => Some(Self::Scale(1000.0)),
+            _ => None,
+        }
+    }
+}
+
+/// A worker's resolved settings.
+#[derive(Debug, Clone)]
+pub(crate) struct WorkerPlan {
+    device: Device,
+    backend: String,
+    target: String,
+    run: Option<RunId>,
+    pub(crate) hostile: Option<Hostile>,
+    /// Print progress on stdout.
+    pub(crate) verbose: bool,
+}
+
+impl WorkerPlan {
+    /// Checks the flags, and that this build can run the backend.
+    pub(crate) fn new(args: &WorkerArgs) -> Result<Self, Failure> {
+        let device: Device = args.backend.parse().map_err(Failure::input)?;
+        if !device.is_available() {
+            let available: Vec<&str> = pcp_runtime::available_devices().into_iter().map(Device::name).collect();
+            return Err(Failure::input(anyhow::anyhow!(
+                "backend {device} is not available in this build (available: {})",
+                available.join(", ")
+            )));
+        }
+        let run = match &args.run {
+            Some(r) => Some(r.parse::<RunId>().map_err(|e| Failure::input(anyhow::anyhow!("--run {r:?}: {e}")))?),
+            None => None,
+        };
+        let hostile = match &args.hostile {
+            Some(h) => Some(
+                Hostile::parse(h)
+                    .ok_or_else(|| Failure::input(anyhow::anyhow!("--hostile takes nan or scale, got {h:?}")))?,
+            ),
+            None => None,
+        };
+        Ok(Self {
+            device,
+            backend: args.backend.clone(),
+            target: args.target.clone().unwrap_or_default(),
+            run,
+            hostile,
+            verbose: true,
+        })
+    }
+}
+
+/// How often a worker heartbeats (and so polls for rounds).
+const HEARTBEAT: Duration = Duration::from_millis(500);
+/// How often a worker without a run asks the DHT again.
+const DISCOVERY_RETRY: Duration = Duration::from_secs(2);
+/// Blob fetches give up after this long.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(300);
+/// A heartbeat with no answer within this long counts as missed.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A run this worker joined.
+#[derive(Debug, Clone)]
+struct Joined {
+    shepherd: PeerId,
+    shepherd_key: PublicKey,
+    manifest: RunManifest,
+    artifact: ArtifactRef,
+}
+
+/// What the heartbeat task learned last.
+#[derive(Debug, Clone)]
+enum Latest {
+    Nothing,
+    Round(RoundAnnouncement),
+    /// The shepherd refused us (another run now, say): discover again.
+    Refused(String),
+}
+
+/// Runs a worker until its run finishes or `cancel` fires.
+pub(crate) async fn run(plan: WorkerPlan, io: RoleIo, cancel: CancellationToken) -> anyhow::Result<()> {
+    let RoleIo { node, identity, events, .. } = io;
+    let (node, events) = (&node, &events);
+    let mut signer = Signer::new(identity);
+    loop {
+        let Some(joined) = discover(&plan, node, &mut signer, &cancel).await? else { return Ok(()) };
+        match train(&plan, node, &mut signer, &joined, events, &cancel).await? {
+            Outcome::Finished | Outcome::Cancelled => return Ok(()),
+            Outcome::Rejoin(reason) => {
+                tracing::warn!("leaving run {}: {reason}", RunId(joined.manifest.run));
+                events.emit("run_left", json!({"run": RunId(joined.manifest.run).to_hex(), "reason": reason}));
+            }
+        }
+    }
+}
+
+/// Finds a run and joins it: the signed manifest with an artifact for this node.
+async fn discover(
+    plan: &WorkerPlan,
+    node: &Node,
+    signer: &mut Signer,
+    cancel: &CancellationToken,
+) -> anyhow::Result<Option<Joined>> {
+    let key = plan.run.map_or_else(wire::runs_key, wire::run_key);
+    let mut said = false;
+    loop {
+        let providers = node.providers(key, 8).await?;
+        for peer in providers {
+            match join(plan, node, signer, peer).await {
+                Ok(joined) => return Ok(Some(joined)),
+                Err(JoinError::Fatal(e)) => return Err(e),
+                Err(JoinError::Skip(reason)) => tracing::debug!(%peer, "not joining: {reason}"),
+            }
+        }
+        if !said && plan.verbose {
+            println!("looking for a run to join (asking the DHT every {} s)…", DISCOVERY_RETRY.as_secs());
+            said = true;
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return Ok(None),
+            () = tokio::time::sleep(DISCOVERY_RETRY) => {}
+        }
+    }
+}
+
+#[derive(Debug)]
+enum JoinError {
+    /// Try another shepherd, or later.
+    Skip(String),
+    /// The shepherd cannot serve this node at all.
+    Fatal(anyhow::Error),
+}
+
+async fn join(plan: &WorkerPlan, node: &Node, signer: &mut Signer, peer: PeerId) -> Result<Joined, JoinError> {
+    let me = signer.identity().public();
+    let hello = NodeHello {
+        peer: me.0,
+        protocol_version: wire::PROTOCOL_VERSION,
+        agent: format!("pcp-node/{}", env!("CARGO_PKG_VERSION")),
+        capabilities: Capabilities {
+            backends: vec![Backend { name: plan.backend.clone(), targets: vec![plan.target.clone()] }],
+            free_memory_bytes: 0,
+        },
+    };
+    // a hello is for whichever run the shepherd runs: bound to the zero run id
+    let envelope = signer.seal(plan.run.unwrap_or(RunId([0; 32])), 0, &hello);
+    let answer = node.request(peer, envelope).await.map_err(|e| JoinError::Skip(e.to_string()))?;
+    match answer.kind() {
+        MessageKind::RunManifest => {
+            let manifest: RunManifest = answer.decode().map_err(|e| JoinError::Skip(e.to_string()))?;
+            if manifest.shepherd != answer.signer().0 {
+                return Err(JoinError::Skip("the manifest names another shepherd than its signer".into()));
+            }
+            if plan.run.is_some_and(|r| r.0 != manifest.run) {
+                return Err(JoinError::Skip(format!("{peer} runs {}", RunId(manifest.run))));
+            }
+            let wanted = |a: &&ArtifactRef| a.backend == plan.backend && a.target == plan.target;
+            let Some(artifact) = manifest.artifacts.iter().find(wanted).cloned() else {
+                return Err(JoinError::Skip("the manifest has no artifact for this backend".into()));
+            };
+            Ok(Joined { shepherd: peer, shepherd_key: answer.signer(), manifest, artifact })
+        }
+        MessageKind::Ack => {
+            let ack: Ack = answer.decode().map_err(|e| JoinError::Skip(e.to_string()))?;
+            if ack.reason.contains("cannot compile") || ack.reason.contains("unknown backend") {
+                Err(JoinError::Fatal(anyhow::anyhow!("{}", ack.reason)))
+            } else {
+                Err(JoinError::Skip(ack.reason))
+            }
+        }
+        other => Err(JoinError::Skip(format!("answered a hello with {}", other.tag()))),
+    }
+}
+
+/// Why training on a run stopped.
+#[derive(Debug)]
+enum Outcome {
+    Finished,
+    Cancelled,
+    Rejoin(String),
+}
+
+/// Fetches a blob (the shepherd first) and reads it.
+async fn fetch(node: &Node, hash: [u8; 32], shepherd: PeerId, what: &str) -> anyhow::Result<std::path::PathBuf> {
+    let report = node
+        .fetch_from(BlobHash(hash), vec![shepherd], FETCH_TIMEOUT)
+        .await
+        .with_context(|| format!("fetching the {what}"))?;
+    Ok(report.path)
+}
+
+fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+}
+
+async fn train(
+    plan: &WorkerPlan,
+    node: &Node,
+    signer: &mut Signer,
+    joined: &Joined,
+    events: &Events,
+    cancel: &CancellationToken,
+) -> anyhow::Result<Outcome> {
+    let m = &joined.manifest;
+    let run = RunId(m.run);
+    let vmfb = read(&fetch(node, joined.artifact.blob, joined.shepherd, "training artifact").await?)?;
+    let corpus_path = fetch(node, m.data.blob, joined.shepherd, "corpus").await?;
+    let corpus = Corpus::load(&corpus_path, &m.data.tokenizer, None, m.data.val_fraction)?;
+    let (batch, block) = (m.data.batch as usize, m.data.block as usize);
+    let sizes = wire::sizes(m);
+    let encoding = Encoding::parse(&m.encoding).with_context(|| format!("the run uses encoding {:?}", m.encoding))?;
+    let zeros: Tensors = sizes.iter().map(|n| vec![0.0; *n]).collect();
+    let mut engine =
+        Engine::new(plan.device, vmfb, wire::shapes(m), zeros, None, m.state_per_param as usize, m.data.int64).await?;
+    if let Err(e) = node.subscribe(run).await {
+        tracing::warn!("subscribing to run {run}: {e}");
+    }
+    let me = signer.identity().public();
+    events.emit(
+        "run_joined",
+        json!({"run": run.to_hex(), "shepherd": joined.shepherd.to_string(), "backend": plan.backend,
+               "target": plan.target, "artifact": BlobHash(joined.artifact.blob).to_hex()}),
+    );
+    if plan.verbose {
+        println!(
+            "joined run {run} ({}): shepherd {}, {} rounds of τ={}, artifact for {} ({:.1} MB)",
+            m.name,
+            joined.shepherd,
+            m.rounds,
+            m.inner_steps,
+            if plan.target.is_empty() { plan.backend.clone() } else { format!("{}:{}", plan.backend, plan.target) },
+            joined.artifact.size as f64 / 1e6
+        );
+    }
+
+    let (latest_tx, mut latest) = watch::channel(Latest::Nothing);
+    let (round_tx, round_rx) = watch::channel(0u64);
+    let heartbeat = Heartbeats {
+        node: node.clone(),
+        signer: Signer::new(signer.identity().clone()),
+        run,
+        shepherd: joined.shepherd,
+        shepherd_key: joined.shepherd_key,
+        latest: latest_tx,
+        round: round_rx,
+    };
+    let _heartbeat = AbortOnDrop(tokio::spawn(heartbeat.run()));
+
+    let mut machine = Worker::new(me.0.to_vec(), m.seed, u64::from(m.inner_steps));
+    let mut adam_step = 0u64;
+    // the last announcement handled: a shepherd that restarted reopens a round with a
+    // new deadline, and that is a new round to train
+    let mut done: Option<(u64, u64)> = None;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return Ok(Outcome::Cancelled),
+            changed = latest.changed() => if changed.is_err() {
+                return Ok(Outcome::Rejoin("the heartbeat task stopped".into()));
+            },
+        }
+        let announcement = match latest.borrow_and_update().clone() {
+            Latest::Nothing => continue,
+            Latest::Refused(reason) => return Ok(Outcome::Rejoin(reason)),
+            Latest::Round(a) => a,
+        };
+        if announcement.finished {
+            events.emit("run_finished", json!({"run": run.to_hex(), "rounds": announcement.round}));
+            if plan.verbose {
+                println!("run {run} finished after {} rounds", announcement.round);
+            }
+            return Ok(Outcome::Finished);
+        }
+        let r = announcement.round;
+        let this = (r, announcement.deadline_unix_ms);
+        if r == 0 || done.is_some_and(|d| d >= this) {
+            continue;
+        }
+        let participant = announcement.participants.contains(&me.0);
+        let mut actions = machine.handle(
+            worker::Input::RoundOpened { round: r, deadline_ms: announcement.deadline_unix_ms, participant },
+            wire::unix_ms(),
+        );
+        done = Some(this);
+        if !participant {
+            continue;
+        }
+        let _ = round_tx.send(r);
+        let Some(params_ref) = announcement.parameters.first() else { continue };
+        while let Some(action) = actions.pop() {
+            match action {
+                worker::Action::FetchParams(r) => {
+                    let path = fetch(node, params_ref.blob, joined.shepherd, "round parameters").await?;
+                    let params = wire::read_params(&read(&path)?, &sizes)?;
+                    engine.set_params(params).await?;
+                    actions.extend(machine.handle(worker::Input::ParamsReady(r), wire::unix_ms()));
+                }
+                worker::Action::Train { round: r, steps, seed } => {
+                    let start = engine.params().await?;
+                    let mut sampler = Sampler::new(corpus.train.clone(), batch, block, seed)?;
+                    let mut loss_sum = 0.0f64;
+                    let mut taken = 0u64;
+                    for i in 0..steps {
+                        if cancel.is_cancelled() {
+                            return Ok(Outcome::Cancelled);
+                        }
+                        if newer_round(&latest, this) {
+                            break;
+                        }
+                        adam_step += 1;
+                        let global = (r - 1) * steps + i + 1;
+                        let s = &m.schedule;
+                        let lr = learning_rate(global, s.total_steps, s.learning_rate, s.min_lr, s.warmup_steps);
+                        loss_sum += f64::from(engine.step(adam_step, lr as f32, &sampler.next_batch()).await?);
+                        taken += 1;
+                    }
+                    if taken < steps {
+                        events.emit("round_abandoned", json!({"round": r, "steps": taken}));
+                        actions.extend(machine.handle(worker::Input::Failed(r), wire::unix_ms()));
+                        break;
+                    }
+                    let end = engine.params().await?;
+                    let mut delta: Tensors =
+                        start.iter().zip(&end).map(|(s, e)| s.iter().zip(e).map(|(s, e)| s - e).collect()).collect();
+                    match plan.hostile {
+                        Some(Hostile::Nan) => delta[0][0] = f32::NAN,
+                        Some(Hostile::Scale(k)) => delta.iter_mut().flatten().for_each(|v| *v *= k),
+                        None => {}
+                    }
+                    let loss = (loss_sum / taken.max(1) as f64) as f32;
+                    let bytes = compress::encode(&delta, encoding);
+                    let contribution = Contribution {
+                        run: run.0,
+                        round: r,
+                        inner_steps: taken as u32,
+                        samples: taken * (batch * block) as u64,
+                        pseudo_gradient: ParameterRef {
+                            name: "delta".into(),
+                            shard: 0,
+                            blob: *blake3::hash(&bytes).as_bytes(),
+                            size: bytes.len() as u64,
+                        },
+                        loss,
+                        delta: bytes,
+                    };
+                    let envelope = signer.seal(run, r, &contribution);
+                    let wire_bytes = envelope.encode().len() as u64;
+                    let answer = node.request(joined.shepherd, envelope).await;
+                    let (accepted, reason) = ack_of(answer, joined.shepherd_key);
+                    let param_bytes = 4 * sizes.iter().sum::<usize>() as u64;
+                    events.emit(
+                        "contribution_sent",
+                        json!({"round": r, "loss": loss, "bytes": wire_bytes, "param_bytes": param_bytes,
+                               "ratio": wire_bytes as f64 / param_bytes as f64, "accepted": accepted, "reason": reason}),
+                    );
+                    if plan.verbose {
+                        let verdict = if accepted { "accepted".to_owned() } else { format!("rejected: {reason}") };
+                        println!(
+                            "round {r}: {taken} steps, mean loss {loss:.4}, sent {:.2} MB, {verdict}",
+                            wire_bytes as f64 / 1e6
+                        );
+                    }
+                    actions.extend(machine.handle(worker::Input::Trained(r), wire::unix_ms()));
+                }
+                worker::Action::Send(r) => {
+                    actions.extend(machine.handle(worker::Input::Sent(r), wire::unix_ms()));
+                }
+                worker::Action::Abandon(_) => {}
+            }
+        }
+    }
+}
+
+/// Whether an announcement newer than `(round, deadline)` (or the run's end) arrived.
+fn newer_round(latest: &watch::Receiver<Latest>, current: (u64, u64)) -> bool {
+    match &*latest.borrow() {
+        Latest::Round(a) => (a.round, a.deadline_unix_ms) > current || a.finished,
+        Latest::Refused(_) => true,
+        Latest::Nothing => false,
+    }
+}
+
+fn ack_of(answer: Result<Verified, RequestError>, shepherd: PublicKey) -> (bool, String) {
+    match answer {
+        Ok(v) if v.signer() == shepherd => match v.decode::<Ack>() {
+            Ok(ack) => (ack.accepted, ack.reason),
+            Err(e) => (false, format!("unreadable answer: {e}")),
+        },
+        Ok(_) => (false, "answer signed by someone else".into()),
+        Err(e) => (false, e.to_string()),
+    }
+}
+
+/// Aborts a task when dropped: the heartbeat task lives exactly as long as `train`.
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Heartbeats to the shepherd; each answer is its current round announcement.
+#[derive(Debug)]
+struct Heartbeats {
+    node: Node,
+    signer: Signer,
+    run: RunId,
+    shepherd: PeerId,
+    shepherd_key: PublicKey,
+    latest: watch::Sender<Latest>,
+    round: watch::Receiver<u64>,
+}
+
+impl Heartbeats {
+    async fn run(mut self) {
+        let mut tick = tokio::time::interval(HEARTBEAT);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut missed = 0u32;
+        loop {
+            tick.tick().await;
+            let round = *self.round.borrow();
+            let hb = Heartbeat { run: self.run.0, round, unix_ms: wire::unix_ms(), free_memory_bytes: 0 };
+            let envelope = self.signer.seal(self.run, round, &hb);
+            let answer = tokio::time::timeout(HEARTBEAT_TIMEOUT, self.node.request(self.shepherd, envelope)).await;
+            let latest = match answer {
+                Ok(Ok(v)) if v.signer() == self.shepherd_key => self.read(&v),
+                Ok(Ok(_)) => Err("answer signed by someone else".to_owned()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("no answer".to_owned()),
+            };
+            match latest {
+                Ok(latest) => {
+                    missed = 0;
+                    if self.latest.send(latest).is_err() {
+                        return;
+                    }
+                }
+                Err(reason) => {
+                    missed += 1;
+                    if missed == 1 || missed.is_multiple_of(20) {
+                        tracing::warn!(shepherd = %self.shepherd, "heartbeat failed ({missed} in a row): {reason}");
+                    }
+                }
+            }
+        }
+    }
+
+    fn read(&self, v: &Verified) -> Result<Latest, String> {
+        match v.kind() {
+            MessageKind::RoundAnnouncement => {
+                let a: RoundAnnouncement = v.decode().map_err(|e| e.to_string())?;
+                if a.run != self.run.0 {
+                    return Ok(Latest::Refused(format!("the shepherd now runs {}", RunId(a.run))));
+                }
+                Ok(Latest::Round(a))
+            }
+            MessageKind::Ack => {
+                let ack: Ack = v.decode().map_err(|e| e.to_string())?;
+                Ok(Latest::Refused(ack.reason))
+            }
+            other => Err(format!("answered a heartbeat with {}", other.tag())),
+        }
+    }
+}
