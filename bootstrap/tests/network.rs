@@ -40,6 +40,16 @@ async fn all_discovered(net: &TestNet, within: Duration) -> anyhow::Result<Durat
     }
 }
 
+/// A seed and `n` nodes that have all found each other.
+async fn discovered_net(dir: &std::path::Path, n: usize) -> anyhow::Result<TestNet> {
+    let mut net = TestNet::new(dir, quiet).await?;
+    for _ in 0..n {
+        net.add().await?;
+    }
+    all_discovered(&net, Duration::from_secs(10)).await?;
+    Ok(net)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_nodes_find_each_other_within_10s() -> anyhow::Result<()> {
     init_tracing();
@@ -70,11 +80,7 @@ async fn put(node: &TestNode, data: &[u8]) -> anyhow::Result<BlobHash> {
 async fn fifty_mb_blob_from_several_providers_survives_the_origin_leaving() -> anyhow::Result<()> {
     init_tracing();
     let dir = tempfile::tempdir()?;
-    let mut net = TestNet::new(dir.path(), quiet).await?;
-    for _ in 0..4 {
-        net.add().await?;
-    }
-    all_discovered(&net, Duration::from_secs(10)).await?;
+    let mut net = discovered_net(dir.path(), 4).await?;
     let data = random_bytes(50_000_000, 7);
     let (a, b, c, d) = (1, 2, 3, 4);
     let hash = put(&net.nodes[a], &data).await?;
@@ -145,10 +151,7 @@ async fn tampered_chunks_are_rejected_and_their_sender_banned() -> anyhow::Resul
 async fn interrupted_download_resumes_from_the_chunks_on_disk() -> anyhow::Result<()> {
     init_tracing();
     let dir = tempfile::tempdir()?;
-    let mut net = TestNet::new(dir.path(), quiet).await?;
-    net.add().await?;
-    net.add().await?;
-    all_discovered(&net, Duration::from_secs(10)).await?;
+    let net = discovered_net(dir.path(), 2).await?;
     let data = random_bytes(10 << 20, 11);
     let hash = put(&net.nodes[1], &data).await?;
     let outboard = BlobStore::open(&net.nodes[1].data_dir)?.outboard(&hash)?.context("outboard of a stored blob")?;
@@ -255,9 +258,7 @@ async fn forged_gossip_is_rejected_and_counted() -> anyhow::Result<()> {
 async fn node_recovers_when_its_only_seed_restarts() -> anyhow::Result<()> {
     init_tracing();
     let dir = tempfile::tempdir()?;
-    let mut net = TestNet::new(dir.path(), quiet).await?;
-    net.add().await?;
-    all_discovered(&net, Duration::from_secs(10)).await?;
+    let mut net = discovered_net(dir.path(), 1).await?;
     let seed = net.nodes.remove(0);
     let (seed_dir, seed_addrs, seed_peer) = (seed.data_dir.clone(), seed.addrs.clone(), seed.peer_id());
     seed.stop().await;
@@ -329,10 +330,7 @@ async fn next_request(node: &mut TestNode) -> anyhow::Result<Event> {
 async fn signed_requests_are_verified_both_ways() -> anyhow::Result<()> {
     init_tracing();
     let dir = tempfile::tempdir()?;
-    let mut net = TestNet::new(dir.path(), quiet).await?;
-    net.add().await?;
-    net.add().await?;
-    all_discovered(&net, Duration::from_secs(10)).await?;
+    let mut net = discovered_net(dir.path(), 2).await?;
     let client_key = pcp_bootstrap::load_or_create(&net.nodes[1].data_dir)?;
     let server_key = pcp_bootstrap::load_or_create(&net.nodes[2].data_dir)?;
     let (client, server_peer) = (net.nodes[1].node.clone(), net.nodes[2].peer_id());
