@@ -214,6 +214,9 @@ fn shepherd_and_workers_survive_kills_joins_and_restarts() {
     let resumed = wait_for(&shepherd_events, "the resume", long, |e| e["event"] == "resumed");
     assert_eq!(resumed["round"], 5, "{resumed}");
     assert_eq!(resumed["params_hash"], r5["params_hash"], "resumed parameters differ from round 5's");
+    // the workers of round 5 come back in time for round 6
+    let r6 = completed(&shepherd_events, 6, long);
+    assert_eq!(r6["contributors"], r5["contributors"], "{r6}");
     let r7 = completed(&shepherd_events, 7, long);
     assert!(r7["contributors"].as_u64().expect("n") >= 1, "{r7}");
     wait_for(&shepherd_events, "the end of the run", long, |e| e["event"] == "run_finished");

@@ -364,9 +364,14 @@ impl Host {
             state_per_param: step.state_per_param as u32,
             encoding: plan.encoding.name().to_owned(),
         };
+        // a resumed shepherd waits a moment for the last round's workers to come back
+        let start_workers = match &plan.resumed {
+            Some(c) => c.meta["contributors"].as_u64().map_or(1, |n| n as usize).max(1),
+            None => plan.min_workers,
+        };
         let config = shepherd::Config {
             rounds: plan.rounds,
-            start_workers: plan.min_workers,
+            start_workers,
             initial_deadline_ms: 600_000,
             min_deadline_ms: 10_000,
             heartbeat_timeout_ms: plan.heartbeat_timeout_ms,
@@ -785,7 +790,7 @@ impl Host {
             self.first_val = self.last_val;
         }
         let bytes_out = self.node.stats().await.map(|s| served(&s)).unwrap_or(0).saturating_sub(self.served_at_open);
-        let path = self.checkpoint()?;
+        let path = self.checkpoint(summary.contributors.len())?;
         self.events.emit(
             "round_completed",
             json!({
@@ -823,7 +828,7 @@ impl Host {
         validation_loss(&self.engine, &self.plan.corpus.val, shape, e.seed, e.eval_batches).await
     }
 
-    fn checkpoint(&self) -> anyhow::Result<PathBuf> {
+    fn checkpoint(&self, contributors: usize) -> anyhow::Result<PathBuf> {
         let snapshot = self.machine.snapshot();
         let mut tensors = Vec::new();
         for ((p, v), spec) in snapshot.params.iter().zip(&snapshot.velocity).zip(&self.manifest.tensors) {
@@ -836,7 +841,7 @@ impl Host {
             meta: json!({
                 "role": "shepherd", "run": self.run.to_hex(), "experiment": self.plan.experiment,
                 "model": self.plan.model.source, "vocab": self.plan.corpus.vocab,
-                "durations": snapshot.durations, "norms": snapshot.norms,
+                "durations": snapshot.durations, "norms": snapshot.norms, "contributors": contributors,
                 "params_hash": wire::params_hash(&snapshot.params).to_hex(),
             }),
             tensors,

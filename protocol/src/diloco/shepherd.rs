@@ -19,8 +19,12 @@ use super::outer::Nesterov;
 pub struct Config {
     /// Rounds to run.
     pub rounds: u64,
-    /// Workers that must have joined before the first round opens.
+    /// Workers that must have joined before the first round opens (after a
+    /// resume: before the first round it opens, or `resume_grace_ms` after its
+    /// first input, whichever comes first).
     pub start_workers: usize,
+    /// How long a resumed shepherd waits for `start_workers` to come back.
+    pub resume_grace_ms: u64,
     /// Contributions needed to close a round at its deadline.
     pub min_quorum: usize,
     /// The deadline of the first rounds, before any durations are known.
@@ -49,6 +53,7 @@ impl Default for Config {
         Self {
             rounds: 10,
             start_workers: 1,
+            resume_grace_ms: 5_000,
             min_quorum: 1,
             initial_deadline_ms: 120_000,
             min_deadline_ms: 5_000,
@@ -206,6 +211,10 @@ pub struct Shepherd<P> {
     workers: BTreeMap<P, u64>,
     durations: VecDeque<u64>,
     norms: VecDeque<f64>,
+    /// Rounds completed when this shepherd started (non-zero after a resume).
+    resumed_at: u64,
+    /// The time of the first input.
+    first_input_ms: Option<u64>,
 }
 
 impl<P: Ord + Clone> Shepherd<P> {
@@ -224,6 +233,8 @@ impl<P: Ord + Clone> Shepherd<P> {
             workers: BTreeMap::new(),
             durations: VecDeque::new(),
             norms: VecDeque::new(),
+            resumed_at: 0,
+            first_input_ms: None,
         }
     }
 
@@ -232,6 +243,7 @@ impl<P: Ord + Clone> Shepherd<P> {
         let mut s = Self::new(config, snapshot.params);
         s.outer.velocity = snapshot.velocity;
         s.completed = snapshot.completed;
+        s.resumed_at = snapshot.completed;
         s.durations = snapshot.durations.into();
         s.norms = snapshot.norms.into();
         s.finished = s.completed >= s.config.rounds;
@@ -277,6 +289,7 @@ impl<P: Ord + Clone> Shepherd<P> {
     /// Advances the state machine.
     pub fn handle(&mut self, input: Input<P>, now_ms: u64) -> Vec<Action<P>> {
         let mut actions = Vec::new();
+        self.first_input_ms.get_or_insert(now_ms);
         match input {
             Input::Joined(peer) => {
                 if self.workers.insert(peer.clone(), now_ms).is_none() {
@@ -391,7 +404,13 @@ impl<P: Ord + Clone> Shepherd<P> {
                 actions.push(Action::DeadlineExtended { round, deadline_ms: extended });
             }
         }
-        let enough = if self.completed == 0 { self.config.start_workers.max(1) } else { 1 };
+        let waiting_for_start = if self.completed == 0 {
+            true
+        } else {
+            let since = now_ms.saturating_sub(self.first_input_ms.unwrap_or(now_ms));
+            self.completed == self.resumed_at && since < self.config.resume_grace_ms
+        };
+        let enough = if waiting_for_start { self.config.start_workers.max(1) } else { 1 };
         if self.open.is_none() && !self.finished && self.workers.len() >= enough {
             let deadline_ms = now_ms + self.deadline();
             let participants: BTreeSet<P> = self.workers.keys().cloned().collect();
@@ -455,6 +474,28 @@ impl<P: Ord + Clone> Shepherd<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resumed_shepherd_waits_a_grace_period_for_its_workers() {
+        let cfg = Config { start_workers: 2, resume_grace_ms: 1000, ..config() };
+        let mut first = Shepherd::new(cfg.clone(), vec![vec![0.0, 0.0]]);
+        first.handle(Input::Joined(1), 0);
+        assert!(opened(&first.handle(Input::Joined(2), 0)).is_some());
+        first.handle(contribution(1, 1, 1.0), 10);
+        assert!(completed(&first.handle(contribution(2, 1, 1.0), 10)).is_some());
+
+        // both workers come back: the round opens as soon as they have
+        let mut s = Shepherd::<u32>::resume(cfg.clone(), first.snapshot());
+        assert!(opened(&s.handle(Input::Joined(1), 100)).is_none(), "waits for the second worker");
+        assert_eq!(opened(&s.handle(Input::Joined(2), 200)), Some((2, vec![1, 2])));
+
+        // only one comes back: the round opens once the grace period is over
+        let mut s = Shepherd::<u32>::resume(cfg, first.snapshot());
+        assert!(opened(&s.handle(Input::Joined(1), 100)).is_none());
+        assert!(opened(&s.handle(Input::Heartbeat(1), 500)).is_none());
+        assert!(opened(&s.handle(Input::Heartbeat(1), 1099)).is_none());
+        assert_eq!(opened(&s.handle(Input::Heartbeat(1), 1100)), Some((2, vec![1])));
+    }
 
     fn config() -> Config {
         Config {
