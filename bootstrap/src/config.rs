@@ -33,6 +33,9 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// Agent string sent in identify.
     pub agent: String,
+    /// Offer TLS 1.3 (`/tls/1.0.0`) before noise on TCP connections. With `false` TCP
+    /// offers noise only (the fallback every libp2p peer speaks).
+    pub tcp_tls: bool,
 }
 
 impl Config {
@@ -54,6 +57,7 @@ impl Config {
             event_queue: 4096,
             idle_timeout: Duration::from_secs(30),
             agent: format!("pcp-node/{}", env!("CARGO_PKG_VERSION")),
+            tcp_tls: true,
         }
     }
 

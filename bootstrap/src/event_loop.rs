@@ -25,6 +25,7 @@ use crate::node::{DialError, FetchError, FetchReport, GossipError, StartError};
 use crate::outboard::Outboard;
 use crate::rpc::{InboundId, RequestError, verify_from};
 use crate::store::BlobStore;
+use crate::tls;
 
 /// Replay window for gossip envelopes.
 const REPLAY_WINDOW_MS: u64 = 5 * 60 * 1000;
@@ -190,9 +191,14 @@ impl EventLoop {
         let store = BlobStore::open(&config.data_dir)?.with_max_size(config.max_blob_size);
         let key = keypair(identity);
         let behaviour_config = config.clone();
+        let tcp_tls = config.tcp_tls;
         let mut swarm = libp2p::SwarmBuilder::with_existing_identity(key)
             .with_tokio()
-            .with_tcp(tcp::Config::default().nodelay(true), noise::Config::new, yamux::Config::default)
+            .with_tcp(
+                tcp::Config::default().nodelay(true),
+                (move |key: &libp2p::identity::Keypair| tls::Config::new(key, tcp_tls), noise::Config::new),
+                yamux::Config::default,
+            )
             .map_err(|e| StartError::Swarm(format!("tcp transport: {e}")))?
             .with_quic()
             .with_behaviour(|key| Behaviour::new(key, &behaviour_config))

@@ -1,7 +1,8 @@
 //! Joining the pcp network: the libp2p swarm and content-addressed blob transfer.
 //!
 //! A [`Node`] is a Clone handle to an [`EventLoop`] that owns the swarm: QUIC first and
-//! TCP+noise+yamux as fallback, identify, ping, Kademlia (one DHT, `/pcp/kad/1.0.0`),
+//! TCP as fallback (TLS 1.3 preferred, with AES-GCM on CPUs that have AES instructions,
+//! then noise; yamux), identify, ping, Kademlia (one DHT, `/pcp/kad/1.0.0`),
 //! gossipsub (one topic per run, signed, every message validated), AutoNAT dial-back for
 //! the reachability self-test, and request-response blob transfer with a capnp codec.
 //! Queues, inbound streams and connections per peer are bounded.
@@ -27,6 +28,7 @@ pub mod outboard;
 mod rpc;
 mod store;
 pub mod testnet;
+mod tls;
 
 pub use behaviour::{BLOB_PROTOCOL, IDENTIFY_PROTOCOL, KAD_PROTOCOL};
 pub use codec::CapnpCodec;

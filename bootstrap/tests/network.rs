@@ -105,6 +105,31 @@ async fn fifty_mb_blob_from_several_providers_survives_the_origin_leaving() -> a
     Ok(())
 }
 
+/// TCP only, where node 1 offers noise alone: TLS-preferring nodes fall back to noise
+/// with it in both directions, and TLS nodes use TLS between themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_falls_back_to_noise_for_a_peer_without_tls() -> anyhow::Result<()> {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let mut net = TestNet::new(dir.path(), |c: &mut Config| {
+        c.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().expect("valid literal multiaddr")];
+        c.tcp_tls = !c.data_dir.ends_with("node-1");
+    })
+    .await?;
+    let (noise_only, tls) = (net.add().await?, net.add().await?);
+    all_discovered(&net, Duration::from_secs(10)).await?;
+    let data = random_bytes(3_000_000, 11);
+    let from_tls = put(&net.nodes[tls], &data).await?;
+    let got = net.nodes[noise_only].node.fetch(from_tls, Duration::from_secs(30)).await?;
+    assert_eq!(std::fs::read(&got.path)?, data);
+    let data = random_bytes(3_000_000, 12);
+    let from_noise = put(&net.nodes[noise_only], &data).await?;
+    let got = net.nodes[tls].node.fetch(from_noise, Duration::from_secs(30)).await?;
+    assert_eq!(std::fs::read(&got.path)?, data);
+    net.shutdown().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampered_chunks_are_rejected_and_their_sender_banned() -> anyhow::Result<()> {
     init_tracing();

@@ -16,8 +16,8 @@ pub(crate) struct BlobArgs {
     /// Blob size in MB (10^6 bytes).
     #[arg(long, default_value_t = 200)]
     size_mb: u64,
-    /// Transports to measure.
-    #[arg(long, value_enum, default_value_t = Transport::Both)]
+    /// Transports to measure (`all`: QUIC, TCP with TLS, TCP with noise).
+    #[arg(long, value_enum, default_value_t = Transport::All)]
     transport: Transport,
     /// Chunk requests in flight per provider.
     #[arg(long, default_value_t = Config::new(std::path::PathBuf::new()).chunk_window)]
@@ -26,9 +26,25 @@ pub(crate) struct BlobArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Transport {
+    /// QUIC (TLS 1.3 inside, ChaCha20-Poly1305).
     Quic,
+    /// TCP as pcp nodes use it: TLS 1.3 (AES-GCM with AES instructions) and yamux.
     Tcp,
-    Both,
+    /// TCP with noise (ChaCha20-Poly1305) and yamux, the fallback for other peers.
+    TcpNoise,
+    /// All three.
+    #[value(alias = "both")]
+    All,
+}
+
+impl Transport {
+    fn label(self) -> &'static str {
+        match self {
+            Transport::Quic => "QUIC",
+            Transport::Tcp => "TCP+TLS+yamux",
+            Transport::TcpNoise | Transport::All => "TCP+noise+yamux",
+        }
+    }
 }
 
 const MB: f64 = 1e6;
@@ -75,14 +91,16 @@ async fn raw_tcp(data: &[u8], sink: Option<&std::path::Path>) -> anyhow::Result<
 
 async fn pcp_blob(data: &[u8], transport: Transport, window: usize) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir()?;
-    let listen: Multiaddr = if transport == Transport::Tcp {
-        "/ip4/127.0.0.1/tcp/0".parse()?
-    } else {
+    let listen: Multiaddr = if transport == Transport::Quic {
         "/ip4/127.0.0.1/udp/0/quic-v1".parse()?
+    } else {
+        "/ip4/127.0.0.1/tcp/0".parse()?
     };
+    let tcp_tls = transport == Transport::Tcp;
     let mut net = TestNet::new(dir.path(), move |c: &mut Config| {
         c.listen = vec![listen.clone()];
         c.chunk_window = window;
+        c.tcp_tls = tcp_tls;
     })
     .await?;
     let a = net.add().await?;
@@ -105,11 +123,11 @@ pub(crate) async fn run(args: &BlobArgs) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let to_disk = raw_tcp(&data, Some(&dir.path().join("sink"))).await?;
     println!("raw TCP loopback, written to disk:  {to_disk:8.1} MB/s (reference)");
-    for t in [Transport::Quic, Transport::Tcp] {
-        if transport != Transport::Both && transport != t {
+    for t in [Transport::Quic, Transport::Tcp, Transport::TcpNoise] {
+        if transport != Transport::All && transport != t {
             continue;
         }
-        let name = if t == Transport::Quic { "QUIC" } else { "TCP+noise+yamux" };
+        let name = t.label();
         let mbps = pcp_blob(&data, t, chunk_window).await?;
         println!(
             "pcp blob fetch ({name:>15}):   {mbps:8.1} MB/s = {:.0}% of raw TCP (verified, written to disk)",
