@@ -79,6 +79,11 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
     }
 }
 
+/// Keeps the training step's large host blocks for the next step instead of
+/// returning them to the kernel (see [`pcp_runtime::HostAllocator`]).
+#[global_allocator]
+static ALLOC: pcp_runtime::HostAllocator = pcp_runtime::HostAllocator::new();
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()

@@ -11,6 +11,8 @@
 //! state therefore stay on the device across steps; only what the caller asks
 //! for with [`Session::download`] (a loss scalar, a checkpoint) crosses back to
 //! the host. A [`Buffer`] frees its device memory when its last clone drops.
+//! On the cpu device that memory is host memory from Rust's global allocator;
+//! [`HostAllocator`] keeps a step's large blocks for the next step.
 //!
 //! # Backends
 //!
@@ -45,10 +47,12 @@
 //! ```
 
 mod device;
+mod host_alloc;
 mod session;
 mod tensor;
 
 pub use device::{Device, ParseDeviceError, available_devices};
+pub use host_alloc::HostAllocator;
 pub use session::{
     Arg, Buffer, BufferId, DeviceStats, DownloadError, InvokeError, LoadError, Session, StatsError, UploadError,
 };
