@@ -155,15 +155,7 @@ where
     type Future = BoxFuture<'static, Result<Self::Output, Self::Error>>;
 
     fn upgrade_inbound(self, socket: C, _: Self::Info) -> Self::Future {
-        async move {
-            let stream = futures_rustls::TlsAcceptor::from(self.server)
-                .accept(socket)
-                .await
-                .map_err(HandshakeError::Handshake)?;
-            let peer = peer_certificate(stream.get_ref().1)?;
-            Ok((peer, stream.into()))
-        }
-        .boxed()
+        established(futures_rustls::TlsAcceptor::from(self.server).accept(socket)).boxed()
     }
 }
 
@@ -179,15 +171,22 @@ where
         async move {
             // The spec forbids a server name; an IP address name sends no SNI.
             let name = ServerName::IpAddress(IpAddr::V4(Ipv4Addr::UNSPECIFIED).into());
-            let stream = futures_rustls::TlsConnector::from(self.client)
-                .connect(name, socket)
-                .await
-                .map_err(HandshakeError::Handshake)?;
-            let peer = peer_certificate(stream.get_ref().1)?;
-            Ok((peer, stream.into()))
+            established(futures_rustls::TlsConnector::from(self.client).connect(name, socket)).await
         }
         .boxed()
     }
+}
+
+/// Waits for either side's handshake and names the peer from its certificate.
+async fn established<C, S>(
+    handshake: impl Future<Output = std::io::Result<S>>,
+) -> Result<(PeerId, TlsStream<C>), HandshakeError>
+where
+    S: Into<TlsStream<C>>,
+{
+    let stream: TlsStream<C> = handshake.await.map_err(HandshakeError::Handshake)?.into();
+    let peer = peer_certificate(stream.get_ref().1)?;
+    Ok((peer, stream))
 }
 
 /// The PeerId in the one certificate the peer presented (already verified by [`Verifier`]).
