@@ -739,6 +739,7 @@ impl EventLoop {
         let Some(partial) = self.fetches.get_mut(&hash).and_then(Fetch::begin_finish) else {
             return;
         };
+        tracing::debug!(%hash, "all chunks written, finishing");
         let job = move || Work::Stored { hash, result: partial.finish() };
         if let Err(job) = self.work.submit(job) {
             self.on_work(job());

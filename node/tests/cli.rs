@@ -185,3 +185,22 @@ fn bad_input_gets_a_one_line_error_and_exit_code_2() -> anyhow::Result<()> {
     assert_usage_error(&["--shepherd", "--model", "/nonexistent.mlir", "--data-dir", d], "/nonexistent.mlir")?;
     Ok(())
 }
+
+/// `bench blob` runs its rounds and reports medians for raw TCP and the chosen transport
+/// (a smoke test of the command; speed is measured by hand, not asserted).
+#[test]
+fn bench_blob_reports_medians_of_its_rounds() -> anyhow::Result<()> {
+    let out = Command::new(BIN)
+        .args(["bench", "blob", "--size-mb", "3", "--repeat", "2", "--transport", "tcp"])
+        .stdin(Stdio::null())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "bench blob failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("median of 2 rounds"), "{stdout}");
+    let fetch = stdout.lines().find(|l| l.contains("TCP+TLS+yamux")).context("no TCP+TLS row")?;
+    assert!(fetch.contains("% of raw TCP"), "{fetch}");
+    assert!(!stdout.contains("QUIC") && !stdout.contains("noise"), "only the chosen transport runs: {stdout}");
+    let bad = Command::new(BIN).args(["bench", "blob", "--repeat", "0"]).output()?;
+    assert_eq!(bad.status.code(), Some(2), "--repeat 0 is refused by the parser");
+    Ok(())
+}

@@ -22,6 +22,10 @@ pub(crate) struct BlobArgs {
     /// Chunk requests in flight per provider.
     #[arg(long, default_value_t = Config::new(std::path::PathBuf::new()).chunk_window)]
     chunk_window: usize,
+    /// Rounds of measurements: each round measures raw TCP and then every transport once,
+    /// and the report gives the median (and range) of each.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    repeat: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -112,25 +116,57 @@ async fn pcp_blob(data: &[u8], transport: Transport, window: usize) -> anyhow::R
     Ok(data.len() as f64 / MB / report.seconds)
 }
 
+/// The median of `xs` (not empty).
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+/// `median (min–max)` of `xs` (not empty).
+fn spread(xs: &[f64]) -> String {
+    let min = xs.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{:8.1} MB/s ({min:.0}–{max:.0})", median(xs))
+}
+
 /// Runs a benchmark.
 pub(crate) async fn run(args: &BlobArgs) -> anyhow::Result<()> {
-    let BlobArgs { size_mb, transport, chunk_window } = *args;
+    let BlobArgs { size_mb, transport, chunk_window, repeat } = *args;
     let mut data = vec![0u8; usize::try_from(size_mb * 1_000_000).context("size")?];
     rand::thread_rng().fill_bytes(&mut data);
-    println!("blob of {size_mb} MB between two nodes on loopback");
-    let tcp = raw_tcp(&data, None).await?;
-    println!("raw TCP loopback:                   {tcp:8.1} MB/s");
+    let transports: Vec<Transport> = [Transport::Quic, Transport::Tcp, Transport::TcpNoise]
+        .into_iter()
+        .filter(|t| transport == Transport::All || transport == *t)
+        .collect();
+    println!("blob of {size_mb} MB between two nodes on loopback, median of {repeat} rounds (min–max)");
     let dir = tempfile::tempdir()?;
     let to_disk = raw_tcp(&data, Some(&dir.path().join("sink"))).await?;
-    println!("raw TCP loopback, written to disk:  {to_disk:8.1} MB/s (reference)");
-    for t in [Transport::Quic, Transport::Tcp, Transport::TcpNoise] {
-        if transport != Transport::All && transport != t {
-            continue;
+    drop(dir);
+    let mut raw = Vec::new();
+    let mut fetched = vec![Vec::new(); transports.len()];
+    for round in 1..=repeat {
+        raw.push(raw_tcp(&data, None).await?);
+        for (t, results) in transports.iter().zip(&mut fetched) {
+            results.push(pcp_blob(&data, *t, chunk_window).await?);
         }
+        let line: Vec<String> = transports
+            .iter()
+            .zip(&fetched)
+            .filter_map(|(t, r)| Some(format!("{} {:.0}", t.label(), r.last()?)))
+            .collect();
+        tracing::info!("round {round}: raw TCP {:.0}, {} MB/s", raw.last().copied().unwrap_or(0.0), line.join(", "));
+    }
+    let tcp = median(&raw);
+    println!("raw TCP loopback:                   {}", spread(&raw));
+    println!("raw TCP loopback, written to disk:  {to_disk:8.1} MB/s (one round, reference)");
+    for (t, results) in transports.iter().zip(&fetched) {
         let name = t.label();
-        let mbps = pcp_blob(&data, t, chunk_window).await?;
+        let mbps = median(results);
         println!(
-            "pcp blob fetch ({name:>15}):   {mbps:8.1} MB/s = {:.0}% of raw TCP (verified, written to disk)",
+            "pcp blob fetch ({name:>15}):   {} = {:.0}% of raw TCP (verified, written to disk)",
+            spread(results),
             100.0 * mbps / tcp
         );
     }
