@@ -38,15 +38,27 @@ def differentiate(mlir_path: pathlib.Path, out_path: pathlib.Path, entry: str = 
     return proc.stdout
 
 
+# graph::Target::tuned_flags for cpu (graph/src/compile.rs)
+TUNED_CPU_FLAGS = [
+    "--iree-opt-data-tiling=true",
+    "--iree-llvmcpu-enable-ukernels=all",
+    "--iree-llvmcpu-stack-allocation-limit=65536",
+]
+
+
 class Compiled:
     """A compiled module with its functions callable on numpy arrays."""
 
     def __init__(self, mlir_path: pathlib.Path):
-        vmfb = ireec.compile_file(
-            str(mlir_path),
-            target_backends=["llvm-cpu"],
-            extra_args=["--iree-llvmcpu-target-cpu=host"],
-        )
+        # pcp's own cpu flags (graph::Target::flags, then tuned_flags), with the same
+        # fallback to the plain flags when IREE refuses the tuned ones
+        plain = ["--iree-llvmcpu-target-cpu=host"]
+        try:
+            vmfb = ireec.compile_file(
+                str(mlir_path), target_backends=["llvm-cpu"], extra_args=plain + TUNED_CPU_FLAGS
+            )
+        except ireec.CompilerToolError:
+            vmfb = ireec.compile_file(str(mlir_path), target_backends=["llvm-cpu"], extra_args=plain)
         config = ireert.Config("local-task")
         self.ctx = ireert.SystemContext(config=config)
         self.ctx.add_vm_module(ireert.VmModule.copy_buffer(self.ctx.instance, vmfb))
