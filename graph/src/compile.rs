@@ -199,7 +199,7 @@ pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Re
             Err(e) => {
                 refusal = iree::diagnostic(&e);
                 if i < last {
-                    tracing::info!(%target, "compiling without the tuned flags: {refusal}");
+                    tracing::info!(%target, "IREE refused the tuned flags, compiling with the plain ones: {refusal}");
                     if let (Some(refused), Some(dir)) = (&refused, cache_dir) {
                         let _ = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(refused, &refusal));
                     }
