@@ -268,18 +268,19 @@ fn layer_norm(b: &mut Builder<'_>, x: ValueId, (w, bias): (ValueId, Option<Value
     }
 }
 
-/// GELU, tanh approximation: `x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`.
+/// GELU, tanh approximation: `x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`, computed as
+/// `x · σ(x · (k₁ + k₂·x²))` with `k₁ = 2√(2/π)`, `k₂ = 0.044715·k₁` (the same function,
+/// since `(1 + tanh u)/2 = σ(2u)`), which leaves the backward three saved tensors (`x`,
+/// the gate and `k₁ + k₂·x²`) instead of five.
 fn gelu(b: &mut Builder<'_>, x: ValueId) -> ValueId {
+    let k1 = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
     let x2 = b.mul(x, x);
-    let x3 = b.mul(x2, x);
-    let cubic = b.scale(x3, 0.044715);
-    let inner = b.add(x, cubic);
-    let inner = b.scale(inner, (2.0 / std::f64::consts::PI).sqrt());
-    let th = b.unary_op("stablehlo.tanh", inner);
-    let one = b.splat_like(1.0, th);
-    let gate = b.add(one, th);
-    let half = b.scale(x, 0.5);
-    b.mul(half, gate)
+    let slope = b.scale(x2, 0.044715 * k1);
+    let k = b.splat_like(k1, slope);
+    let slope = b.add(slope, k);
+    let inner = b.mul(x, slope);
+    let gate = b.unary_op("stablehlo.logistic", inner);
+    b.mul(x, gate)
 }
 
 /// Causal multi-head self-attention of `x: [B·T, D]` with a fused qkv projection.
