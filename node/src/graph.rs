@@ -1,7 +1,7 @@
 //! `pcp-node graph …`: model import, inspection and differentiation.
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context as _;
@@ -14,7 +14,8 @@ pub(crate) enum GraphCommand {
     /// Print a model's signature, parameter count, data inputs, op histogram
     /// and any ops without a gradient rule.
     Inspect {
-        /// A StableHLO module (`.mlir`).
+        /// A StableHLO module (`.mlir`), or a preset (`nanogpt-small`, `nanogpt-medium`,
+        /// built for the demo corpus's 65 characters).
         model: PathBuf,
         /// The loss function.
         #[arg(long, default_value = "main")]
@@ -23,7 +24,8 @@ pub(crate) enum GraphCommand {
     /// Write a module whose `@<entry>_grad` returns the loss and one gradient
     /// per floating-point argument.
     Grad {
-        /// A StableHLO module (`.mlir`).
+        /// A StableHLO module (`.mlir`), or a preset (`nanogpt-small`, `nanogpt-medium`,
+        /// built for the demo corpus's 65 characters).
         model: PathBuf,
         /// The loss function.
         #[arg(long, default_value = "main")]
@@ -35,7 +37,8 @@ pub(crate) enum GraphCommand {
     /// Write the fused training module: `train_step`, `eval_loss` (and
     /// `logits` when the model has one).
     Step {
-        /// A StableHLO module (`.mlir`).
+        /// A StableHLO module (`.mlir`), or a preset (`nanogpt-small`, `nanogpt-medium`,
+        /// built for the demo corpus's 65 characters).
         model: PathBuf,
         /// The loss function.
         #[arg(long, default_value = "main")]
@@ -90,11 +93,23 @@ impl OptimizerArgs {
     }
 }
 
+/// Vocabulary of a preset built by these commands: the demo corpus's characters.
+const PRESET_VOCAB: usize = 65;
+
+/// Imports `model`, or builds it when it names a preset.
+fn load(model: &Path) -> Result<pcp_graph::Module, Failure> {
+    if let Some(config) = model.to_str().and_then(pcp_graph::models::preset) {
+        let built = pcp_graph::models::nanogpt(&config.with_vocab_size(PRESET_VOCAB)).map_err(Failure::input)?;
+        return Ok(built.module);
+    }
+    pcp_graph::import_file(model).map_err(Failure::input)
+}
+
 pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
     let mut stdout = std::io::stdout().lock();
     match command {
         GraphCommand::Inspect { model, entry } => {
-            let module = pcp_graph::import_file(&model).map_err(Failure::input)?;
+            let module = load(&model)?;
             let report = pcp_graph::inspect::inspect(&module, &entry)
                 .map_err(|e| Failure::input(anyhow::anyhow!("{}: {e}", model.display())))?;
             writeln!(stdout, "model       {}", model.display())?;
@@ -102,7 +117,7 @@ pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
         }
         GraphCommand::Grad { model, entry, output } => {
             let start = Instant::now();
-            let module = pcp_graph::import_file(&model).map_err(Failure::input)?;
+            let module = load(&model)?;
             let imported = start.elapsed();
             let gradient = pcp_graph::differentiate(&module, &entry)
                 .map_err(|e| Failure::input(anyhow::anyhow!("{}: {e}", model.display())))?;
@@ -130,7 +145,7 @@ pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
         }
         GraphCommand::Step { model, entry, output, optimizer } => {
             let config = optimizer.config().map_err(Failure::input)?;
-            let module = pcp_graph::import_file(&model).map_err(Failure::input)?;
+            let module = load(&model)?;
             let step = pcp_graph::train_step(&module, &entry, &config)
                 .map_err(|e| Failure::input(anyhow::anyhow!("{}: {e}", model.display())))?;
             pcp_graph::import::verify(&output.display().to_string(), &step.module)

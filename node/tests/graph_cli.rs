@@ -47,6 +47,23 @@ fn grad_writes_a_module_with_entry_grad() {
 }
 
 #[test]
+fn step_builds_a_preset_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_path = dir.path().join("step.mlir");
+    let out = pcp(&["graph", "step", "nanogpt-small", "-o", out_path.to_str().expect("utf8")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let module = pcp_graph::import_file(&out_path).expect("reimports");
+    let step = module.function("train_step").expect("train_step");
+    let params = pcp_graph::models::nanogpt(&pcp_graph::NanoGptConfig::small()).expect("builds").params.len();
+    // params, AdamW m and v, step, lr, two data inputs
+    assert_eq!(step.args.len(), 3 * params + 4);
+    assert!(module.function("eval_loss").is_some() && module.function("logits").is_some());
+    let inspect = pcp(&["graph", "inspect", "nanogpt-medium"]);
+    assert!(inspect.status.success(), "{}", String::from_utf8_lossy(&inspect.stderr));
+    assert!(String::from_utf8_lossy(&inspect.stdout).contains("every op has a rule"));
+}
+
+#[test]
 fn bad_inputs_exit_2_with_one_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let write = |name: &str, text: &str| -> String {
