@@ -101,7 +101,8 @@ impl Target {
     /// nanogpt-medium's step about 1.5× faster on an AVX-512 host. The stack limit of a
     /// dispatch is raised from 32 to 64 KiB (IREE's task workers have 128 KiB stacks):
     /// a tiled matmul with a fused multi-output epilogue needs about 35 KiB. A module
-    /// that still does not compile with them is compiled with [`Target::flags`] alone.
+    /// that still does not compile with them is compiled with [`Target::flags`] alone, and so
+    /// is one whose matmuls are too narrow to gain from data tiling (see [`compile`]).
     pub fn tuned_flags(&self) -> Vec<String> {
         match self.backend {
             Backend::Cpu => vec![
@@ -162,9 +163,10 @@ pub struct Artifact {
 
 /// Compiles `module` for `target`, caching under `cache_dir` when given.
 ///
-/// It tries [`Target::flags`] with [`Target::tuned_flags`] first and, when IREE refuses
-/// those, the plain flags (a refusal is remembered in the cache as `<key>.refused`, so
-/// it is not retried). `PCP_IREE_FLAGS="--iree-opt-level=O3 …"` adds flags to every
+/// It tries [`Target::flags`] with [`Target::tuned_flags`] first when most of the
+/// module's matmul work is in matmuls at least 128 wide (data tiling slows narrower ones
+/// down) and, when IREE refuses those, the plain flags (a refusal is remembered in the
+/// cache as `<key>.refused`, so it is not retried). `PCP_IREE_FLAGS="--iree-opt-level=O3 …"` adds flags to every
 /// attempt, for experiments; `PCP_IREE_PLAIN=1` skips the tuned flags. Flags are part
 /// of the cache key.
 pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Result<Artifact, CompileError> {
@@ -175,7 +177,7 @@ pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Re
         .map(|extra| extra.split_whitespace().map(str::to_owned).collect())
         .unwrap_or_default();
     let plain = std::env::var("PCP_IREE_PLAIN").is_ok_and(|v| !v.is_empty() && v != "0");
-    let tuned = if plain { Vec::new() } else { target.tuned_flags() };
+    let tuned = if plain || !gains_from_data_tiling(module) { Vec::new() } else { target.tuned_flags() };
     let mut attempts = Vec::new();
     if !tuned.is_empty() {
         attempts.push([target.flags(), tuned, extra.clone()].concat());
@@ -220,6 +222,65 @@ pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Re
     Err(CompileError::Iree { target: target.clone(), message: refusal })
 }
 
+/// Smallest matmul dimension (rows, columns or contraction) at which data tiling pays.
+const WIDE: i64 = 128;
+
+/// Whether most of `module`'s matmul work (by multiply-adds) is in matmuls whose every
+/// dimension is at least [`WIDE`]. Data tiling packs both operands into 16×16 tiles
+/// before each matmul; for nanogpt-medium's 256-wide matmuls that makes the step about
+/// 1.5× faster, for nanogpt-small's 64-wide ones the packing costs more than it saves
+/// (117k against 124k tokens/s), so such modules get the plain flags.
+fn gains_from_data_tiling(module: &Module) -> bool {
+    let (mut wide, mut total) = (0.0, 0.0);
+    for f in &module.functions {
+        for op in &f.ops {
+            let Some((batch, m, n, k)) = matmul_dims(f, op) else {
+                continue;
+            };
+            let work = (batch * m * n * k) as f64;
+            total += work;
+            if m.min(n).min(k) >= WIDE {
+                wide += work;
+            }
+        }
+    }
+    total > 0.0 && 2.0 * wide >= total
+}
+
+/// (batch, rows, columns, contraction) of a `stablehlo.dot_general` or `stablehlo.dot`
+/// with static shapes.
+fn matmul_dims(f: &crate::ir::Function, op: &crate::ir::Op) -> Option<(i64, i64, i64, i64)> {
+    use crate::ir::attr::{lookup, parse_ints, struct_fields};
+    let (lhs, rhs) = (f.ty(*op.operands.first()?), f.ty(*op.operands.get(1)?));
+    let (lb, rb, lc, rc) = match op.name.as_str() {
+        "stablehlo.dot" => (vec![], vec![], vec![lhs.rank() as i64 - 1], vec![0]),
+        "stablehlo.dot_general" => {
+            let fields = struct_fields(op.attr("dot_dimension_numbers")?);
+            let ints = |key: &str| lookup(&fields, key).and_then(parse_ints).unwrap_or_default();
+            (
+                ints("lhs_batching_dimensions"),
+                ints("rhs_batching_dimensions"),
+                ints("lhs_contracting_dimensions"),
+                ints("rhs_contracting_dimensions"),
+            )
+        }
+        _ => return None,
+    };
+    // the product of `shape`'s sizes at `dims` (`None` for a dynamic size)
+    let product = |shape: &[i64], dims: &[usize]| -> Option<i64> {
+        dims.iter().map(|d| shape.get(*d).copied().filter(|n| *n >= 0)).product()
+    };
+    let free = |rank: usize, batch: &[i64], contract: &[i64]| -> Vec<usize> {
+        (0..rank).filter(|d| !batch.contains(&(*d as i64)) && !contract.contains(&(*d as i64))).collect()
+    };
+    let at = |dims: &[i64]| -> Vec<usize> { dims.iter().map(|d| *d as usize).collect() };
+    let batch = product(&lhs.shape, &at(&lb))?;
+    let k = product(&lhs.shape, &at(&lc))?;
+    let m = product(&lhs.shape, &free(lhs.rank(), &lb, &lc))?;
+    let n = product(&rhs.shape, &free(rhs.rank(), &rb, &rc))?;
+    Some((batch, m, n, k))
+}
+
 /// blake3 of (MLIR, flags, compiler revision), hex.
 fn cache_key(text: &str, flags: &[String], revision: &str) -> String {
     let mut hasher = blake3::Hasher::new();
@@ -257,10 +318,32 @@ mod tests {
         }
     }
 
-    const MATMUL: &str = r#"func.func @main(%a: tensor<64x32xf32>, %b: tensor<32x16xf32>) -> tensor<64x16xf32> {
-  %0 = "stablehlo.dot_general"(%a, %b) {dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>} : (tensor<64x32xf32>, tensor<32x16xf32>) -> tensor<64x16xf32>
-  return %0 : tensor<64x16xf32>
+    const MATMUL: &str = r#"func.func @main(%a: tensor<256x128xf32>, %b: tensor<128x192xf32>) -> tensor<256x192xf32> {
+  %0 = "stablehlo.dot_general"(%a, %b) {dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>} : (tensor<256x128xf32>, tensor<128x192xf32>) -> tensor<256x192xf32>
+  return %0 : tensor<256x192xf32>
 }"#;
+
+    /// A wide matmul next to a narrow batched one with less work.
+    const MIXED: &str = r#"func.func @main(%a: tensor<256x128xf32>, %b: tensor<128x192xf32>, %q: tensor<8x32x16xf32>, %k: tensor<8x16x32xf32>) -> (tensor<256x192xf32>, tensor<8x32x32xf32>) {
+  %0 = "stablehlo.dot_general"(%a, %b) {dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>} : (tensor<256x128xf32>, tensor<128x192xf32>) -> tensor<256x192xf32>
+  %1 = "stablehlo.dot_general"(%q, %k) {dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [0], rhs_batching_dimensions = [0], lhs_contracting_dimensions = [2], rhs_contracting_dimensions = [1]>} : (tensor<8x32x16xf32>, tensor<8x16x32xf32>) -> tensor<8x32x32xf32>
+  return %0, %1 : tensor<256x192xf32>, tensor<8x32x32xf32>
+}"#;
+
+    #[test]
+    fn data_tiling_only_for_wide_matmuls() -> anyhow::Result<()> {
+        let module = crate::import_str("mixed", MIXED)?;
+        let f = &module.functions[0];
+        let dims: Vec<_> = f.ops.iter().filter_map(|op| matmul_dims(f, op)).collect();
+        assert_eq!(dims, [(1, 256, 192, 128), (8, 32, 32, 16)]);
+        assert!(gains_from_data_tiling(&module), "most work is in the 128-wide matmul");
+        let narrow = MATMUL.replace("256x128", "256x64").replace("128x192", "64x192");
+        assert!(!gains_from_data_tiling(&crate::import_str("narrow", &narrow)?), "a 64-deep contraction");
+        let presets = |c: crate::NanoGptConfig| crate::nanogpt(&c).map(|m| gains_from_data_tiling(&m.module));
+        assert!(!presets(crate::NanoGptConfig::small())?, "nanogpt-small is 64 wide");
+        assert!(presets(crate::NanoGptConfig::medium())?, "nanogpt-medium is 256 wide");
+        Ok(())
+    }
 
     /// Compiles with the tuned flags, caches, and skips tuned flags IREE refused before.
     #[test]
