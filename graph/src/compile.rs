@@ -166,9 +166,9 @@ pub struct Artifact {
 /// It tries [`Target::flags`] with [`Target::tuned_flags`] first when most of the
 /// module's matmul work is in matmuls at least 128 wide (data tiling slows narrower ones
 /// down) and, when IREE refuses those, the plain flags (a refusal is remembered in the
-/// cache as `<key>.refused`, so it is not retried). `PCP_IREE_FLAGS="--iree-opt-level=O3 …"` adds flags to every
-/// attempt, for experiments; `PCP_IREE_PLAIN=1` skips the tuned flags. Flags are part
-/// of the cache key.
+/// cache as `<key>.refused`, so it is not retried). `PCP_IREE_FLAGS="--iree-opt-level=O3 …"`
+/// adds flags to every attempt, for experiments; `PCP_IREE_PLAIN=1` skips the tuned
+/// flags. Flags are part of the cache key.
 pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Result<Artifact, CompileError> {
     let compiler = iree::compiler().map_err(CompileError::Unavailable)?;
     let text = module.to_mlir();
@@ -237,7 +237,7 @@ fn gains_from_data_tiling(module: &Module) -> bool {
             let Some((batch, m, n, k)) = matmul_dims(f, op) else {
                 continue;
             };
-            let work = (batch * m * n * k) as f64;
+            let work = [batch, m, n, k].iter().map(|d| *d as f64).product::<f64>();
             total += work;
             if m.min(n).min(k) >= WIDE {
                 wide += work;
