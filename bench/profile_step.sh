@@ -5,9 +5,11 @@
 #
 #   bench/profile_step.sh [nanogpt-small|nanogpt-medium|MODEL.mlir] [REPETITIONS]
 #
-# It writes the step module with `pcp-node graph step`, compiles it with the flags pcp
-# tries first on cpu (see `graph::Target::tuned_flags`; set PLAIN=1 for the plain
-# ones), runs it with `iree-benchmark-module` on splat inputs with
+# It writes the step module with `pcp-node graph step`, compiles it with the tuned cpu
+# flags (`graph::Target::tuned_flags`: data tiling and microkernels, what pcp uses for
+# modules with mostly ≥128-wide matmuls such as nanogpt-medium; set PLAIN=1 for the
+# plain flags pcp uses for narrower ones such as nanogpt-small), runs it with
+# `iree-benchmark-module` on splat inputs with
 # `--device_profiling_mode=host-execution`, and prints `iree-profile statistics` per
 # dispatch and per kind of dispatch, averaged over the steps run (the profile also
 # counts the WARMUP seconds of steps, 5 by default, that steady the benchmark's
