@@ -93,13 +93,11 @@ impl OptimizerArgs {
     }
 }
 
-/// Vocabulary of a preset built by these commands: the demo corpus's characters.
-const PRESET_VOCAB: usize = 65;
-
-/// Imports `model`, or builds it when it names a preset.
+/// Imports `model`, or builds it when it names a preset (with the preset's vocabulary,
+/// the demo corpus's 65 characters).
 fn load(model: &Path) -> Result<pcp_graph::Module, Failure> {
     if let Some(config) = model.to_str().and_then(pcp_graph::models::preset) {
-        let built = pcp_graph::models::nanogpt(&config.with_vocab_size(PRESET_VOCAB)).map_err(Failure::input)?;
+        let built = pcp_graph::models::nanogpt(&config).map_err(Failure::input)?;
         return Ok(built.module);
     }
     pcp_graph::import_file(model).map_err(Failure::input)
