@@ -5,10 +5,11 @@
 use std::io;
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use futures::prelude::*;
 use libp2p::StreamProtocol;
+use memmap2::Mmap;
 use pcp_schema::{BlobRequest, BlobResponse, CHUNK_SIZE, Message};
 
 /// Codec for requests `Req` and responses `Resp`.
@@ -132,14 +133,21 @@ pub(crate) const CHUNK_ALIGN: usize = 4096;
 const POOL_SIZE: usize = 32;
 static POOL: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
-/// A chunk-sized buffer from the pool, or a new empty one. Its length and contents are
-/// whatever its last user left.
+/// The capacity of every pooled buffer: a whole chunk response, at any of the placements
+/// [`read_blob_response`] picks. One size for every use, so that a buffer that served a
+/// read from disk serves a read from the network without growing (a `realloc` that copies
+/// the old bytes and faults in fresh pages).
+const POOLED_CAPACITY: usize = CHUNK_SIZE + CHUNK_ALIGN + 256;
+const _: () = assert!(BlobResponse::CHUNK_PREFIX + 8 <= 256, "the chunk response prefix fits the spare room");
+
+/// A chunk buffer from the pool, or a new one of [`POOLED_CAPACITY`]. Its length and
+/// contents are whatever its last user left.
 fn pooled_buffer() -> Vec<u8> {
-    POOL.lock().ok().and_then(|mut pool| pool.pop()).unwrap_or_default()
+    POOL.lock().ok().and_then(|mut pool| pool.pop()).unwrap_or_else(|| Vec::with_capacity(POOLED_CAPACITY))
 }
 
 fn recycle(buffer: Vec<u8>) {
-    if (CHUNK_SIZE..=2 * CHUNK_SIZE + CHUNK_ALIGN).contains(&buffer.capacity())
+    if (POOLED_CAPACITY..=2 * POOLED_CAPACITY).contains(&buffer.capacity())
         && let Ok(mut pool) = POOL.lock()
         && pool.len() < POOL_SIZE
     {
@@ -225,12 +233,60 @@ async fn read_blob_response<T: AsyncRead + Unpin + Send>(io: &mut T) -> io::Resu
     }
 }
 
-/// A blob response as the blob codec carries it: chunks as [`ChunkFrame`]s, anything else
-/// decoded.
+/// A chunk of a complete blob, sent straight from the store's memory map of the blob:
+/// the page cache is the only copy of the bytes until yamux frames them.
+pub(crate) struct MappedChunk {
+    map: Arc<Mmap>,
+    data: Range<usize>,
+}
+
+impl std::fmt::Debug for MappedChunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MappedChunk({} bytes at {})", self.data.len(), self.data.start)
+    }
+}
+
+impl MappedChunk {
+    /// Bytes `data` of `map`, or `None` when the range is not in the map.
+    pub(crate) fn new(map: Arc<Mmap>, data: Range<usize>) -> Option<Self> {
+        (data.start <= data.end && data.end <= map.len()).then_some(Self { map, data })
+    }
+
+    /// The chunk's bytes.
+    pub(crate) fn data(&self) -> &[u8] {
+        &self.map[self.data.clone()]
+    }
+}
+
+/// Writes a mapped chunk as one response frame, the same bytes as [`ChunkFrame`]'s: the
+/// length and capnp prefix, the chunk from the map, and the word padding.
+async fn write_mapped<T: AsyncWrite + Unpin + Send>(io: &mut T, chunk: &MappedChunk) -> io::Result<()> {
+    let data = chunk.data();
+    let padding = BlobResponse::chunk_padding(data.len());
+    let len = BlobResponse::CHUNK_PREFIX + data.len() + padding;
+    let len = u32::try_from(len).ok().filter(|l| *l as usize <= BlobResponse::MAX_SIZE).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: {len} bytes exceed the frame limit", BlobResponse::NAME),
+        )
+    })?;
+    let mut head = [0u8; 4 + BlobResponse::CHUNK_PREFIX];
+    head[..4].copy_from_slice(&len.to_be_bytes());
+    head[4..].copy_from_slice(&BlobResponse::chunk_prefix(data.len())?);
+    io.write_all(&head).await?;
+    io.write_all(data).await?;
+    io.write_all(&[0; 8][..padding]).await?;
+    io.close().await
+}
+
+/// A blob response as the blob codec carries it: chunks as [`ChunkFrame`]s (or, sent,
+/// [`MappedChunk`]s), anything else decoded.
 #[derive(Debug)]
 pub(crate) enum BlobReply {
     /// A chunk.
     Chunk(ChunkFrame),
+    /// A chunk to send from a memory map (never read from the wire).
+    Mapped(MappedChunk),
     /// Any other response (never [`BlobResponse::Chunk`] when read from the wire).
     Other(BlobResponse),
 }
@@ -278,6 +334,7 @@ impl libp2p::request_response::Codec for BlobCodec {
     {
         match res {
             BlobReply::Chunk(frame) => write_frame_bytes::<T, BlobResponse>(io, frame.message()).await,
+            BlobReply::Mapped(chunk) => write_mapped(io, &chunk).await,
             BlobReply::Other(r) => write_frame(io, r).await,
         }
     }
@@ -338,6 +395,30 @@ mod tests {
                 BlobReply::Chunk(f) => assert_eq!(f.data(), &chunk[..]),
                 other => panic!("expected a chunk, got {other:?}"),
             }
+            // a chunk sent from a memory map is the same bytes on the wire
+            let mut file = tempfile::tempfile().expect("temp file");
+            std::io::Write::write_all(&mut file, &chunk).expect("write temp file");
+            // SAFETY: the file is private to this test and not changed while mapped.
+            let map = Arc::new(unsafe { Mmap::map(&file) }.expect("map"));
+            for range in [0..chunk.len(), 3..chunk.len() - 2] {
+                let mapped = MappedChunk::new(Arc::clone(&map), range.clone()).expect("in range");
+                let mut from_map = Vec::new();
+                let mut io = futures::io::Cursor::new(&mut from_map);
+                BlobCodec.write_response(&protocol, &mut io, BlobReply::Mapped(mapped)).await.expect("write");
+                let part = &chunk[range.clone()];
+                let frame = ChunkFrame::build(part.len(), |m| {
+                    m.extend_from_slice(part);
+                    Ok(())
+                })
+                .expect("chunk frame");
+                let mut from_frame = Vec::new();
+                let mut io = futures::io::Cursor::new(&mut from_frame);
+                BlobCodec.write_response(&protocol, &mut io, BlobReply::Chunk(frame)).await.expect("write");
+                assert_eq!(from_map, from_frame, "bytes {range:?}");
+                let generic: BlobResponse = read_frame(&mut &from_map[..]).await.expect("generic read");
+                assert_eq!(generic, BlobResponse::Chunk(part.to_vec()));
+            }
+            assert!(MappedChunk::new(map, 0..chunk.len() + 1).is_none(), "past the end of the map");
             let mut wire = Vec::new();
             let mut io = futures::io::Cursor::new(&mut wire);
             BlobCodec.write_response(&protocol, &mut io, BlobResponse::NotFound.into()).await.expect("write");

@@ -2,13 +2,15 @@
 //! progress, and serves the [`crate::Node`] handle's commands.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
 use libp2p::swarm::{SwarmEvent, dial_opts::DialOpts};
-use libp2p::{Multiaddr, PeerId, Swarm, autonat, gossipsub, identify, kad, noise, tcp, yamux};
+use libp2p::{Multiaddr, PeerId, Swarm, autonat, gossipsub, identify, kad, noise, tcp};
+use memmap2::Mmap;
 use pcp_protocol::{BlobHash, Identity, ReplayGuard, RunId};
 use pcp_schema::{BlobRequest, BlobResponse, BlobWant, SignedEnvelope};
 use tokio::sync::{mpsc, oneshot};
@@ -21,10 +23,11 @@ use crate::config::Config;
 use crate::events::{Event, Reachability, Stats};
 use crate::fetch::{Blocking, Fetch, Work};
 use crate::identity_file::keypair;
+use crate::mux;
 use crate::node::{DialError, FetchError, FetchReport, GossipError, StartError};
 use crate::outboard::Outboard;
 use crate::rpc::{InboundId, RequestError, verify_from};
-use crate::store::BlobStore;
+use crate::store::{BlobStore, map_chunk};
 use crate::tls;
 
 /// Replay window for gossip envelopes.
@@ -41,6 +44,8 @@ const MAX_PROVIDER_FAILURES: u32 = 3;
 const MAX_FETCHES: usize = 32;
 /// Outboards cached for serving.
 const OUTBOARD_CACHE: usize = 64;
+/// Complete blobs kept memory-mapped for serving.
+const MAP_CACHE: usize = 16;
 /// Most blocking threads hashing, reading and writing chunks at once.
 const BLOB_WORKERS: usize = 4;
 /// Blob jobs waiting for a thread; beyond this they run on the event loop itself.
@@ -135,6 +140,8 @@ pub struct EventLoop {
     provided: HashSet<BlobHash>,
     banned: HashMap<PeerId, Instant>,
     outboards: HashMap<BlobHash, Outboard>,
+    /// Memory maps of complete blobs being served (at most [`MAP_CACHE`]).
+    maps: HashMap<BlobHash, Arc<Mmap>>,
     work: Blocking<Work>,
     subscriptions: HashSet<RunId>,
     replay: ReplayGuard,
@@ -197,7 +204,7 @@ impl EventLoop {
             .with_tcp(
                 tcp::Config::default().nodelay(true),
                 (move |key: &libp2p::identity::Keypair| tls::Config::new(key, tcp_tls), noise::Config::new),
-                yamux::Config::default,
+                mux::Config::default,
             )
             .map_err(|e| StartError::Swarm(format!("tcp transport: {e}")))?
             .with_quic()
@@ -226,6 +233,7 @@ impl EventLoop {
             provided: HashSet::new(),
             banned: HashMap::new(),
             outboards: HashMap::new(),
+            maps: HashMap::new(),
             work: Blocking::new(blob_workers(), BLOB_QUEUE),
             subscriptions: HashSet::new(),
             replay: ReplayGuard::new(REPLAY_WINDOW_MS, 1024, 4096),
@@ -824,16 +832,49 @@ impl EventLoop {
         }
     }
 
+    /// The memory map of a complete blob, made on its first request and kept for the next
+    /// ones; `None` (the caller reads chunks instead) if it cannot be mapped.
+    fn blob_map(&mut self, hash: &BlobHash, size: u64) -> Option<Arc<Mmap>> {
+        if let Some(map) = self.maps.get(hash) {
+            return Some(Arc::clone(map));
+        }
+        match self.store.map(hash, size) {
+            Ok(Some(map)) => {
+                if self.maps.len() >= MAP_CACHE {
+                    self.maps.clear();
+                }
+                self.maps.insert(*hash, Arc::clone(&map));
+                Some(map)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(%hash, "mapping blob: {e}");
+                None
+            }
+        }
+    }
+
     fn serve(&mut self, peer: PeerId, request: BlobRequest, channel: ResponseChannel<BlobReply>) {
         let hash = BlobHash(request.blob);
         let response = match (self.cached_outboard(&hash), request.want) {
             (None, _) => BlobResponse::NotFound,
             (Some(ob), BlobWant::Outboard) => BlobResponse::Outboard { size: ob.size, chunk_cvs: ob.cvs },
             (Some(ob), BlobWant::Chunk(index)) => {
-                // read on a blocking thread; [`EventLoop::served`] sends the answer
+                // paged in (or read) on a blocking thread; [`EventLoop::served`] answers
+                let map = self.blob_map(&hash, ob.size);
                 let store = self.store.clone();
+                let size = ob.size;
                 let job = move || {
-                    let result = store.read_chunk_frame(&hash, ob.size, index);
+                    let mapped = map.map(|map| map_chunk(map, size, index));
+                    let result = match mapped {
+                        Some(Ok(chunk)) => Ok(chunk.map(BlobReply::Mapped)),
+                        fallback => {
+                            if let Some(Err(e)) = fallback {
+                                tracing::debug!(%hash, "paging in chunk {index}: {e}; reading it instead");
+                            }
+                            store.read_chunk_frame(&hash, size, index).map(|f| f.map(BlobReply::Chunk))
+                        }
+                    };
                     Work::Read { peer, hash, index, channel, result }
                 };
                 if let Err(job) = self.work.submit(job) {
@@ -854,10 +895,15 @@ impl EventLoop {
         result: crate::fetch::ReadResult,
     ) {
         let response = match result {
-            Ok(Some(frame)) => {
+            Ok(Some(reply)) => {
+                let bytes = match &reply {
+                    BlobReply::Chunk(frame) => frame.data().len(),
+                    BlobReply::Mapped(chunk) => chunk.data().len(),
+                    BlobReply::Other(_) => 0,
+                };
                 self.stats.chunks_served += 1;
-                self.stats.bytes_served += frame.data().len() as u64;
-                BlobReply::Chunk(frame)
+                self.stats.bytes_served += bytes as u64;
+                reply
             }
             Ok(None) => BlobResponse::Refused(format!("chunk {index} out of range")).into(),
             Err(e) => {
@@ -1002,7 +1048,7 @@ impl EventLoop {
 fn kind(r: &BlobReply) -> &'static str {
     match r {
         BlobReply::Other(BlobResponse::Outboard { .. }) => "an outboard",
-        BlobReply::Chunk(_) | BlobReply::Other(BlobResponse::Chunk(_)) => "a chunk",
+        BlobReply::Chunk(_) | BlobReply::Mapped(_) | BlobReply::Other(BlobResponse::Chunk(_)) => "a chunk",
         BlobReply::Other(BlobResponse::NotFound) => "not-found",
         BlobReply::Other(BlobResponse::Refused(_)) => "refused",
     }

@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::codec::{BlobReply, ChunkFrame};
+use crate::codec::BlobReply;
 use crate::node::{FetchError, FetchReport};
 use crate::store::{ChunkWriter, Partial, StoreError};
 
@@ -324,8 +324,8 @@ pub(crate) enum Work {
     Opened { hash: BlobHash, result: Result<Partial, StoreError> },
 }
 
-/// A chunk read from the store as a response message, `None` out of range.
-pub(crate) type ReadResult = Result<Option<ChunkFrame>, StoreError>;
+/// A chunk read (or mapped) from the store as a response, `None` out of range.
+pub(crate) type ReadResult = Result<Option<BlobReply>, StoreError>;
 
 impl std::fmt::Debug for Work {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -23,6 +23,7 @@ mod event_loop;
 mod events;
 mod fetch;
 mod identity_file;
+mod mux;
 mod node;
 pub mod outboard;
 mod rpc;

@@ -14,10 +14,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use memmap2::{Advice, Mmap};
 use pcp_protocol::BlobHash;
 use pcp_schema::{CHUNK_SIZE, MAX_BLOB_SIZE, chunk_count};
 
-use crate::codec::ChunkFrame;
+use crate::codec::{ChunkFrame, MappedChunk};
 use crate::outboard::{Outboard, OutboardBuilder, chunk_len};
 
 /// A failed blob store operation.
@@ -217,6 +218,28 @@ impl BlobStore {
         Ok(Some(frame))
     }
 
+    /// A read-only memory map of a complete blob of `size` bytes, `None` if the blob is not
+    /// here (or its file is not `size` bytes long). Serve chunks from it with
+    /// [`map_chunk`].
+    ///
+    /// A complete blob's file is never written again: it is renamed into place whole and
+    /// only ever removed, which leaves an existing map intact. (Truncating it behind the
+    /// node's back would fault the process that maps it, as with any mapped file.)
+    pub(crate) fn map(&self, hash: &BlobHash, size: u64) -> Result<Option<Arc<Mmap>>, StoreError> {
+        let path = self.path(hash);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err("open", &path)(e)),
+        };
+        if file.metadata().map_err(io_err("stat", &path))?.len() != size || size == 0 {
+            return Ok(None);
+        }
+        // SAFETY: see above; the store never modifies a complete blob in place.
+        let map = unsafe { Mmap::map(&file) }.map_err(io_err("map", &path))?;
+        Ok(Some(Arc::new(map)))
+    }
+
     /// Starts or resumes a download of `hash` whose verified outboard is `outboard`.
     pub fn partial(&self, hash: BlobHash, outboard: Outboard) -> Result<Partial, StoreError> {
         let data_path = self.partial_path(&hash, "");
@@ -270,6 +293,19 @@ impl BlobStore {
             final_outboard: self.outboard_path(&hash),
         })
     }
+}
+
+/// Chunk `index` of a blob of `size` bytes mapped by [`BlobStore::map`], with its pages
+/// read in and mapped (so that sending it faults nothing on the connection's task);
+/// `None` out of range. Blocks on the disk when the blob is not in the page cache.
+pub(crate) fn map_chunk(map: Arc<Mmap>, size: u64, index: u32) -> io::Result<Option<MappedChunk>> {
+    if u64::from(index) >= chunk_count(size) {
+        return Ok(None);
+    }
+    let start = usize::try_from(u64::from(index) * CHUNK_SIZE as u64).map_err(io::Error::other)?;
+    let len = chunk_len(size, index);
+    map.advise_range(Advice::PopulateRead, start, len)?;
+    Ok(MappedChunk::new(map, start..start + len))
 }
 
 /// Alignment of buffers, offsets and lengths for direct (uncached) writes: a multiple of
@@ -504,6 +540,27 @@ mod tests {
         p.write_chunk(0, &vec![0u8; CHUNK_SIZE])?;
         drop(p);
         assert_eq!(third.partial(hash, ob)?.missing(), vec![0, 1, 2]);
+        Ok(())
+    }
+
+    /// Chunks served from a map are the chunks read from the file, the last one short;
+    /// an index past the end, an absent blob or a file of the wrong size gives `None`.
+    #[test]
+    fn mapped_chunks_are_the_file_chunks() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let store = BlobStore::open(dir.path())?;
+        let data: Vec<u8> = (0..(2 * CHUNK_SIZE + 10)).map(|i| (i % 251) as u8).collect();
+        let hash = store.put_bytes(&data)?;
+        let size = data.len() as u64;
+        let map = store.map(&hash, size)?.ok_or_else(|| anyhow::anyhow!("no map"))?;
+        for index in 0..3 {
+            let chunk = map_chunk(Arc::clone(&map), size, index)?.ok_or_else(|| anyhow::anyhow!("no chunk"))?;
+            assert_eq!(Some(chunk.data().to_vec()), store.read_chunk(&hash, size, index)?, "chunk {index}");
+        }
+        assert_eq!(map_chunk(Arc::clone(&map), size, 2)?.map(|c| c.data().len()), Some(10));
+        assert!(map_chunk(map, size, 3)?.is_none());
+        assert!(store.map(&hash, size + 1)?.is_none(), "a size that differs from the file's");
+        assert!(store.map(&BlobHash::of(b"absent"), size)?.is_none());
         Ok(())
     }
 

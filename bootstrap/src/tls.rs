@@ -33,6 +33,11 @@ use rustls::{
     SignatureScheme, SupportedCipherSuite,
 };
 
+mod stream;
+
+use stream::ReadAhead;
+pub(crate) use stream::Stream;
+
 /// The multistream-select name of the libp2p TLS handshake.
 pub(crate) const PROTOCOL: &str = "/tls/1.0.0";
 
@@ -150,12 +155,12 @@ impl<C> InboundConnectionUpgrade<C> for Config
 where
     C: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    type Output = (PeerId, TlsStream<C>);
+    type Output = (PeerId, Stream<C>);
     type Error = HandshakeError;
     type Future = BoxFuture<'static, Result<Self::Output, Self::Error>>;
 
     fn upgrade_inbound(self, socket: C, _: Self::Info) -> Self::Future {
-        established(futures_rustls::TlsAcceptor::from(self.server).accept(socket)).boxed()
+        established(futures_rustls::TlsAcceptor::from(self.server).accept(ReadAhead::new(socket))).boxed()
     }
 }
 
@@ -163,7 +168,7 @@ impl<C> OutboundConnectionUpgrade<C> for Config
 where
     C: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    type Output = (PeerId, TlsStream<C>);
+    type Output = (PeerId, Stream<C>);
     type Error = HandshakeError;
     type Future = BoxFuture<'static, Result<Self::Output, Self::Error>>;
 
@@ -171,7 +176,7 @@ where
         async move {
             // The spec forbids a server name; an IP address name sends no SNI.
             let name = ServerName::IpAddress(IpAddr::V4(Ipv4Addr::UNSPECIFIED).into());
-            established(futures_rustls::TlsConnector::from(self.client).connect(name, socket)).await
+            established(futures_rustls::TlsConnector::from(self.client).connect(name, ReadAhead::new(socket))).await
         }
         .boxed()
     }
@@ -180,12 +185,12 @@ where
 /// Waits for either side's handshake and names the peer from its certificate.
 async fn established<C, S>(
     handshake: impl Future<Output = std::io::Result<S>>,
-) -> Result<(PeerId, TlsStream<C>), HandshakeError>
+) -> Result<(PeerId, Stream<C>), HandshakeError>
 where
-    S: Into<TlsStream<C>>,
+    S: Into<TlsStream<ReadAhead<C>>>,
 {
-    let stream: TlsStream<C> = handshake.await.map_err(HandshakeError::Handshake)?.into();
-    let peer = peer_certificate(stream.get_ref().1)?;
+    let stream = Stream::new(handshake.await.map_err(HandshakeError::Handshake)?.into());
+    let peer = peer_certificate(stream.session())?;
     Ok((peer, stream))
 }
 
@@ -349,13 +354,57 @@ mod tests {
         let ((server_peer, stream), (client_peer, _)) = (client.unwrap(), server.unwrap());
         assert_eq!(server_peer, b.public().to_peer_id());
         assert_eq!(client_peer, a.public().to_peer_id());
-        let suite = stream.get_ref().1.negotiated_cipher_suite().unwrap().suite();
+        let suite = stream.session().negotiated_cipher_suite().unwrap().suite();
         let want = if aes_hardware() {
             rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
         } else {
             rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
         };
         assert_eq!(suite, want);
+    }
+
+    /// Small writes are held back and sent with the next one or on flush: whatever the mix
+    /// of sizes, the peer reads exactly the bytes written, in order, and a small write
+    /// followed by a flush arrives without another write after it.
+    #[tokio::test]
+    async fn small_and_large_writes_arrive_in_order() {
+        use futures::{AsyncReadExt, AsyncWriteExt};
+        use tokio_util::compat::TokioAsyncReadCompatExt;
+        let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let (sa, sb) = tokio::net::UnixStream::pair().unwrap();
+        let client = Config::new(&a, true).unwrap().upgrade_outbound(sa.compat(), PROTOCOL);
+        let server = Config::new(&b, true).unwrap().upgrade_inbound(sb.compat(), PROTOCOL);
+        let (client, server) = tokio::join!(client, server);
+        let ((_, mut client), (_, mut server)) = (client.unwrap(), server.unwrap());
+        let pieces: Vec<Vec<u8>> = (0..200usize)
+            .map(|i| {
+                let len = [12, 70_000, 4, 1_000, 64, 65][i % 6];
+                (0..len).map(|j| (i * 31 + j) as u8).collect()
+            })
+            .chain([b"last!".to_vec()])
+            .collect();
+        let sent = pieces.concat();
+        let writer = async {
+            for p in &pieces {
+                client.write_all(p).await.unwrap();
+            }
+            client.flush().await.unwrap();
+            client
+        };
+        let reader = async {
+            let mut got = vec![0u8; sent.len()];
+            server.read_exact(&mut got).await.unwrap();
+            got
+        };
+        let (mut client, got) = tokio::join!(writer, reader);
+        assert_eq!(got, sent);
+
+        // a lone small write is held until the flush, then arrives
+        client.write_all(b"ping").await.unwrap();
+        client.flush().await.unwrap();
+        let mut ping = [0u8; 4];
+        server.read_exact(&mut ping).await.unwrap();
+        assert_eq!(&ping, b"ping");
     }
 
     #[test]

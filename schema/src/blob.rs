@@ -158,25 +158,10 @@ impl BlobResponse {
         len: usize,
         fill: impl FnOnce(&mut Vec<u8>) -> std::io::Result<()>,
     ) -> std::io::Result<(Vec<u8>, std::ops::Range<usize>)> {
-        let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
-        if len > CHUNK_SIZE {
-            return Err(invalid(format!("{}: a chunk of {len} bytes exceeds the chunk size", Self::NAME)));
-        }
-        let data_words = len.div_ceil(8);
-        let segment_words = u32::try_from(CHUNK_PREFIX_WORDS + data_words).map_err(|e| invalid(e.to_string()))?;
+        let prefix = Self::chunk_prefix(len)?;
         message.clear();
-        message.reserve_exact(CHUNK_PREFIX + 8 * data_words);
-        // segment table: one segment of `segment_words` words
-        message.extend_from_slice(&0u32.to_le_bytes());
-        message.extend_from_slice(&segment_words.to_le_bytes());
-        // root: a struct pointer to the next word, 2 data words and 1 pointer
-        message.extend_from_slice(&[0, 0, 0, 0, 2, 0, 1, 0]);
-        // data word 0: the outboard group's size (unused), word 1: the union discriminant
-        message.extend_from_slice(&[0; 8]);
-        message.extend_from_slice(&u64::from(CHUNK_DISCRIMINANT).to_le_bytes());
-        // pointer 0: a byte list of `len` elements starting right after it
-        message.extend_from_slice(&1u32.to_le_bytes());
-        message.extend_from_slice(&((codec::list_len(len) << 3) | 2).to_le_bytes());
+        message.reserve_exact(CHUNK_PREFIX + len + Self::chunk_padding(len));
+        message.extend_from_slice(&prefix);
         fill(&mut message)?;
         if message.len() != CHUNK_PREFIX + len {
             return Err(std::io::Error::new(
@@ -184,8 +169,35 @@ impl BlobResponse {
                 format!("{}: chunk of {} bytes where {len} were announced", Self::NAME, message.len() - CHUNK_PREFIX),
             ));
         }
-        message.resize(CHUNK_PREFIX + 8 * data_words, 0);
+        message.resize(CHUNK_PREFIX + len + Self::chunk_padding(len), 0);
         Ok((message, CHUNK_PREFIX..CHUNK_PREFIX + len))
+    }
+
+    /// The bytes of a chunk response of `len` bytes that come before the chunk. The whole
+    /// message is this prefix, the chunk, and [`BlobResponse::chunk_padding`] zero bytes.
+    pub fn chunk_prefix(len: usize) -> std::io::Result<[u8; CHUNK_PREFIX]> {
+        let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
+        if len > CHUNK_SIZE {
+            return Err(invalid(format!("{}: a chunk of {len} bytes exceeds the chunk size", Self::NAME)));
+        }
+        let data_words = len.div_ceil(8);
+        let segment_words = u32::try_from(CHUNK_PREFIX_WORDS + data_words).map_err(|e| invalid(e.to_string()))?;
+        let mut prefix = [0u8; CHUNK_PREFIX];
+        // segment table: one segment of `segment_words` words
+        prefix[4..8].copy_from_slice(&segment_words.to_le_bytes());
+        // root: a struct pointer to the next word, 2 data words and 1 pointer
+        prefix[8..16].copy_from_slice(&[0, 0, 0, 0, 2, 0, 1, 0]);
+        // data word 0: the outboard group's size (unused), word 1: the union discriminant
+        prefix[24..32].copy_from_slice(&u64::from(CHUNK_DISCRIMINANT).to_le_bytes());
+        // pointer 0: a byte list of `len` elements starting right after it
+        prefix[32..36].copy_from_slice(&1u32.to_le_bytes());
+        prefix[36..40].copy_from_slice(&((codec::list_len(len) << 3) | 2).to_le_bytes());
+        Ok(prefix)
+    }
+
+    /// Zero bytes after a chunk of `len` bytes that end its response on a word boundary.
+    pub fn chunk_padding(len: usize) -> usize {
+        len.next_multiple_of(8) - len
     }
 
     /// Decodes `bytes` as far as needed to find a chunk: where the chunk's bytes lie in

@@ -54,7 +54,8 @@ impl Transport {
 const MB: f64 = 1e6;
 
 /// Plain TCP over loopback; with `sink`, the receiver also writes what it reads to a file.
-async fn raw_tcp(data: &[u8], sink: Option<&std::path::Path>) -> anyhow::Result<f64> {
+/// MB/s, and CPU seconds per GB.
+async fn raw_tcp(data: &[u8], sink: Option<&std::path::Path>) -> anyhow::Result<(f64, f64)> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let len = data.len();
@@ -88,12 +89,26 @@ async fn raw_tcp(data: &[u8], sink: Option<&std::path::Path>) -> anyhow::Result<
         c.read_exact(&mut ack).await?;
         anyhow::Ok(start.elapsed())
     };
+    let cpu = cpu_seconds();
     let (s, elapsed) = tokio::join!(server, client);
+    let cpu = cpu_seconds() - cpu;
     s?;
-    Ok(len as f64 / MB / elapsed?.as_secs_f64())
+    Ok((len as f64 / MB / elapsed?.as_secs_f64(), cpu / (len as f64 / 1e9)))
 }
 
-async fn pcp_blob(data: &[u8], transport: Transport, window: usize) -> anyhow::Result<f64> {
+/// CPU time this process has used so far (every thread, user and system), in seconds.
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return f64::NAN;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+/// One fetch: MB/s, and CPU seconds per GB (both nodes together).
+async fn pcp_blob(data: &[u8], transport: Transport, window: usize) -> anyhow::Result<(f64, f64)> {
     let dir = tempfile::tempdir()?;
     let listen: Multiaddr = if transport == Transport::Quic {
         "/ip4/127.0.0.1/udp/0/quic-v1".parse()?
@@ -110,10 +125,12 @@ async fn pcp_blob(data: &[u8], transport: Transport, window: usize) -> anyhow::R
     let a = net.add().await?;
     let hash = BlobStore::open(&net.nodes[0].data_dir)?.put_bytes(data)?;
     net.nodes[0].node.provide(hash).await?;
+    let cpu = cpu_seconds();
     let report = net.nodes[a].node.fetch(hash, Duration::from_secs(600)).await?;
+    let cpu = cpu_seconds() - cpu;
     anyhow::ensure!(report.bytes == data.len() as u64, "fetched size differs");
     net.shutdown().await;
-    Ok(data.len() as f64 / MB / report.seconds)
+    Ok((data.len() as f64 / MB / report.seconds, cpu / (data.len() as f64 / 1e9)))
 }
 
 /// The median of `xs` (not empty).
@@ -142,14 +159,20 @@ pub(crate) async fn run(args: &BlobArgs) -> anyhow::Result<()> {
         .collect();
     println!("blob of {size_mb} MB between two nodes on loopback, median of {repeat} rounds (min–max)");
     let dir = tempfile::tempdir()?;
-    let to_disk = raw_tcp(&data, Some(&dir.path().join("sink"))).await?;
+    let (to_disk, _) = raw_tcp(&data, Some(&dir.path().join("sink"))).await?;
     drop(dir);
     let mut raw = Vec::new();
+    let mut raw_cpu = Vec::new();
     let mut fetched = vec![Vec::new(); transports.len()];
+    let mut cpu = vec![Vec::new(); transports.len()];
     for round in 1..=repeat {
-        raw.push(raw_tcp(&data, None).await?);
-        for (t, results) in transports.iter().zip(&mut fetched) {
-            results.push(pcp_blob(&data, *t, chunk_window).await?);
+        let (mbps, cpu_per_gb) = raw_tcp(&data, None).await?;
+        raw.push(mbps);
+        raw_cpu.push(cpu_per_gb);
+        for ((t, results), cpu) in transports.iter().zip(&mut fetched).zip(&mut cpu) {
+            let (mbps, cpu_per_gb) = pcp_blob(&data, *t, chunk_window).await?;
+            results.push(mbps);
+            cpu.push(cpu_per_gb);
         }
         let line: Vec<String> = transports
             .iter()
@@ -159,15 +182,17 @@ pub(crate) async fn run(args: &BlobArgs) -> anyhow::Result<()> {
         tracing::info!("round {round}: raw TCP {:.0}, {} MB/s", raw.last().copied().unwrap_or(0.0), line.join(", "));
     }
     let tcp = median(&raw);
-    println!("raw TCP loopback:                   {}", spread(&raw));
+    println!("raw TCP loopback:                   {}, {:.2} CPU-s per GB", spread(&raw), median(&raw_cpu));
     println!("raw TCP loopback, written to disk:  {to_disk:8.1} MB/s (one round, reference)");
-    for (t, results) in transports.iter().zip(&fetched) {
+    for ((t, results), cpu) in transports.iter().zip(&fetched).zip(&cpu) {
         let name = t.label();
         let mbps = median(results);
         println!(
-            "pcp blob fetch ({name:>15}):   {} = {:.0}% of raw TCP (verified, written to disk)",
+            "pcp blob fetch ({name:>15}):   {} = {:.0}% of raw TCP (verified, written to disk), \
+             {:.2} CPU-s per GB",
             spread(results),
-            100.0 * mbps / tcp
+            100.0 * mbps / tcp,
+            median(cpu)
         );
     }
     Ok(())
