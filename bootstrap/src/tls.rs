@@ -341,17 +341,25 @@ mod tests {
         assert_eq!(Config::new(&key, false).unwrap().protocol_info().count(), 0);
     }
 
+    type Side = (PeerId, Stream<tokio_util::compat::Compat<tokio::net::UnixStream>>);
+
+    /// `a` dials `b` over a socket pair: the client's and the server's ends, each with the
+    /// PeerId it learnt.
+    async fn handshake(a: &Keypair, b: &Keypair) -> (Side, Side) {
+        use tokio_util::compat::TokioAsyncReadCompatExt;
+        let (sa, sb) = tokio::net::UnixStream::pair().unwrap();
+        let client = Config::new(a, true).unwrap().upgrade_outbound(sa.compat(), PROTOCOL);
+        let server = Config::new(b, true).unwrap().upgrade_inbound(sb.compat(), PROTOCOL);
+        let (client, server) = tokio::join!(client, server);
+        (client.unwrap(), server.unwrap())
+    }
+
     /// A full handshake over a socket pair: both sides learn the other's PeerId, and
     /// the suite is AES-128-GCM exactly when this CPU has AES instructions.
     #[tokio::test]
     async fn handshake_names_both_peers_and_picks_the_suite() {
-        use tokio_util::compat::TokioAsyncReadCompatExt;
         let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
-        let (sa, sb) = tokio::net::UnixStream::pair().unwrap();
-        let client = Config::new(&a, true).unwrap().upgrade_outbound(sa.compat(), PROTOCOL);
-        let server = Config::new(&b, true).unwrap().upgrade_inbound(sb.compat(), PROTOCOL);
-        let (client, server) = tokio::join!(client, server);
-        let ((server_peer, stream), (client_peer, _)) = (client.unwrap(), server.unwrap());
+        let ((server_peer, stream), (client_peer, _)) = handshake(&a, &b).await;
         assert_eq!(server_peer, b.public().to_peer_id());
         assert_eq!(client_peer, a.public().to_peer_id());
         let suite = stream.session().negotiated_cipher_suite().unwrap().suite();
@@ -369,13 +377,8 @@ mod tests {
     #[tokio::test]
     async fn small_and_large_writes_arrive_in_order() {
         use futures::{AsyncReadExt, AsyncWriteExt};
-        use tokio_util::compat::TokioAsyncReadCompatExt;
         let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
-        let (sa, sb) = tokio::net::UnixStream::pair().unwrap();
-        let client = Config::new(&a, true).unwrap().upgrade_outbound(sa.compat(), PROTOCOL);
-        let server = Config::new(&b, true).unwrap().upgrade_inbound(sb.compat(), PROTOCOL);
-        let (client, server) = tokio::join!(client, server);
-        let ((_, mut client), (_, mut server)) = (client.unwrap(), server.unwrap());
+        let ((_, mut client), (_, mut server)) = handshake(&a, &b).await;
         let pieces: Vec<Vec<u8>> = (0..200usize)
             .map(|i| {
                 let len = [12, 70_000, 4, 1_000, 64, 65][i % 6];
