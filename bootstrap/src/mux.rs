@@ -1,12 +1,16 @@
 //! The stream muxer of TCP connections: yamux (`/yamux/1.0.0`, the same protocol as
 //! `libp2p::yamux`), configured for bulk transfer.
 //!
-//! `libp2p::yamux::Config` fixes yamux's frame size at 16 KiB. A 16 KiB body and its
-//! 12-byte header are one byte over a TLS record, so every frame costs two records, and
-//! a 1 MiB blob chunk costs 64 frames, each with its own allocation, window update and
-//! `send`. Here a data frame with its header fills exactly [`RECORDS_PER_FRAME`] TLS
-//! records. Peers that use `libp2p::yamux` read these frames as any other: yamux
-//! accepts bodies up to 1 MiB and within the stream's window.
+//! `libp2p::yamux::Config` fixes yamux's frame size at 16 KiB, so a 1 MiB blob chunk
+//! costs 64 frames, each with its own allocation, wake-ups through the connection task,
+//! window accounting and `send`. Here a data frame with its 12-byte header fills exactly
+//! [`RECORDS_PER_FRAME`] TLS records: 256 KiB, which is also a fresh stream's whole
+//! initial window, so a chunk is four frames. [`crate::tls::Stream`] seals the header and
+//! body as one run of full records and hands a frame's body to yamux in one read. Peers
+//! that use `libp2p::yamux` read these frames as any other: yamux accepts bodies up to
+//! 1 MiB and within the stream's window. Frames stay well under that so that a chunk
+//! does not hold up the connection's other streams (gossip, heartbeats) for long on a
+//! slow link.
 
 use std::collections::VecDeque;
 use std::io;
@@ -24,7 +28,7 @@ const TLS_RECORD: usize = 16 << 10;
 /// A yamux frame header.
 const FRAME_HEADER: usize = 12;
 /// TLS records per full data frame.
-pub(crate) const RECORDS_PER_FRAME: usize = 4;
+pub(crate) const RECORDS_PER_FRAME: usize = 16;
 /// The body of a full data frame: with its header, [`RECORDS_PER_FRAME`] whole records.
 pub(crate) const FRAME_BODY: usize = RECORDS_PER_FRAME * TLS_RECORD - FRAME_HEADER;
 const _: () = assert!(FRAME_BODY < 1 << 20, "yamux refuses frame bodies over 1 MiB");

@@ -2,12 +2,18 @@
 //! (`/tls/1.0.0`): each side presents one self-signed certificate whose libp2p
 //! extension is signed by its identity key, and the PeerId comes from that key.
 //!
-//! Certificates are made and checked by `libp2p-tls`; what this module adds is the
-//! cipher-suite order. `libp2p-tls` always offers ChaCha20-Poly1305 first, so two
-//! libp2p peers always pick it. On a CPU with AES instructions AES-GCM costs a
-//! fraction of that, and blob transfer between two peers on one machine runs about
-//! 20% faster (see the README's blob benchmark). Where the CPU lacks them the order
-//! stays ChaCha20 first. TLS 1.2 is never negotiated.
+//! Certificates are made and checked by `libp2p-tls`; what this module adds:
+//!
+//! * **The cipher-suite order.** `libp2p-tls` always offers ChaCha20-Poly1305 first,
+//!   so two libp2p peers always pick it. On a CPU with AES instructions AES-GCM costs a
+//!   fraction of that, and blob transfer between two peers on one machine runs about
+//!   20% faster (see the README's blob benchmark). Where the CPU lacks them the order
+//!   stays ChaCha20 first. TLS 1.2 is never negotiated.
+//! * **Its own record layer.** rustls runs the handshake through its unbuffered API
+//!   ([`handshake`]), then hands over the traffic secrets and [`Stream`] seals and opens
+//!   records itself, with rustls' AEADs, decrypting in place (see [`stream`]). The
+//!   records on the wire are standard TLS 1.3: stock rustls peers interoperate, key
+//!   updates included.
 //!
 //! Noise remains the fallback on TCP: a peer that does not speak `/tls/1.0.0` gets
 //! noise, and [`Config::new`] with `enabled = false` offers noise only.
@@ -17,7 +23,6 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::{AsyncRead, AsyncWrite, FutureExt};
-use futures_rustls::TlsStream;
 use libp2p::PeerId;
 use libp2p::core::UpgradeInfo;
 use libp2p::core::upgrade::{InboundConnectionUpgrade, OutboundConnectionUpgrade};
@@ -33,9 +38,9 @@ use rustls::{
     SignatureScheme, SupportedCipherSuite,
 };
 
+mod handshake;
 mod stream;
 
-use stream::ReadAhead;
 pub(crate) use stream::Stream;
 
 /// The multistream-select name of the libp2p TLS handshake.
@@ -101,12 +106,18 @@ impl Config {
             .with_client_cert_verifier(Arc::new(Verifier))
             .with_cert_resolver(identity.clone());
         server.alpn_protocols = vec![ALPN.to_vec()];
+        // `Stream` runs the record layer itself once the handshake is done
+        server.enable_secret_extraction = true;
+        // libp2p connections are never resumed
+        server.send_tls13_tickets = 0;
         let mut client = rustls::ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(Verifier))
             .with_client_cert_resolver(identity);
         client.alpn_protocols = vec![ALPN.to_vec()];
+        client.enable_secret_extraction = true;
+        client.resumption = rustls::client::Resumption::disabled();
         Ok(Self { server: Arc::new(server), client: Arc::new(client), enabled })
     }
 }
@@ -160,7 +171,11 @@ where
     type Future = BoxFuture<'static, Result<Self::Output, Self::Error>>;
 
     fn upgrade_inbound(self, socket: C, _: Self::Info) -> Self::Future {
-        established(futures_rustls::TlsAcceptor::from(self.server).accept(ReadAhead::new(socket))).boxed()
+        async move {
+            let conn = rustls::server::UnbufferedServerConnection::new(self.server).map_err(handshake_error)?;
+            handshake::run(socket, conn).await
+        }
+        .boxed()
     }
 }
 
@@ -176,22 +191,15 @@ where
         async move {
             // The spec forbids a server name; an IP address name sends no SNI.
             let name = ServerName::IpAddress(IpAddr::V4(Ipv4Addr::UNSPECIFIED).into());
-            established(futures_rustls::TlsConnector::from(self.client).connect(name, ReadAhead::new(socket))).await
+            let conn = rustls::client::UnbufferedClientConnection::new(self.client, name).map_err(handshake_error)?;
+            handshake::run(socket, conn).await
         }
         .boxed()
     }
 }
 
-/// Waits for either side's handshake and names the peer from its certificate.
-async fn established<C, S>(
-    handshake: impl Future<Output = std::io::Result<S>>,
-) -> Result<(PeerId, Stream<C>), HandshakeError>
-where
-    S: Into<TlsStream<ReadAhead<C>>>,
-{
-    let stream = Stream::new(handshake.await.map_err(HandshakeError::Handshake)?.into());
-    let peer = peer_certificate(stream.session())?;
-    Ok((peer, stream))
+fn handshake_error(e: rustls::Error) -> HandshakeError {
+    HandshakeError::Handshake(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 /// The PeerId in the one certificate the peer presented (already verified by [`Verifier`]).
@@ -346,7 +354,6 @@ mod tests {
     /// `a` dials `b` over a socket pair: the client's and the server's ends, each with the
     /// PeerId it learnt.
     async fn handshake(a: &Keypair, b: &Keypair) -> (Side, Side) {
-        use tokio_util::compat::TokioAsyncReadCompatExt;
         let (sa, sb) = tokio::net::UnixStream::pair().unwrap();
         let client = Config::new(a, true).unwrap().upgrade_outbound(sa.compat(), PROTOCOL);
         let server = Config::new(b, true).unwrap().upgrade_inbound(sb.compat(), PROTOCOL);
@@ -362,7 +369,7 @@ mod tests {
         let ((server_peer, stream), (client_peer, _)) = handshake(&a, &b).await;
         assert_eq!(server_peer, b.public().to_peer_id());
         assert_eq!(client_peer, a.public().to_peer_id());
-        let suite = stream.session().negotiated_cipher_suite().unwrap().suite();
+        let suite = stream.suite().suite();
         let want = if aes_hardware() {
             rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
         } else {
@@ -376,7 +383,6 @@ mod tests {
     /// followed by a flush arrives without another write after it.
     #[tokio::test]
     async fn small_and_large_writes_arrive_in_order() {
-        use futures::{AsyncReadExt, AsyncWriteExt};
         let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
         let ((_, mut client), (_, mut server)) = handshake(&a, &b).await;
         let pieces: Vec<Vec<u8>> = (0..200usize)
@@ -408,6 +414,111 @@ mod tests {
         let mut ping = [0u8; 4];
         server.read_exact(&mut ping).await.unwrap();
         assert_eq!(&ping, b"ping");
+    }
+
+    use futures::{AsyncReadExt, AsyncWriteExt};
+    use tokio_util::compat::{Compat, TokioAsyncReadCompatExt};
+
+    fn pattern(len: usize, seed: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + seed) as u8).collect()
+    }
+
+    /// pcp's record layer against stock rustls (`futures-rustls`) on the other end: data
+    /// both ways, a `key_update` the stock side requests (ours must switch its receive key
+    /// and answer before its next record), our own key replaced every two records, and a
+    /// clean close_notify.
+    #[tokio::test]
+    async fn record_layer_speaks_tls_with_stock_rustls_through_key_updates() {
+        let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let (sa, sb) = tokio::net::UnixStream::pair().unwrap();
+        let ours = Config::new(&a, true).unwrap().upgrade_outbound(sa.compat(), PROTOCOL);
+        let stock = futures_rustls::TlsAcceptor::from(Config::new(&b, true).unwrap().server).accept(sb.compat());
+        let (ours, stock) = tokio::join!(ours, stock);
+        let ((peer, mut ours), mut stock) = (ours.unwrap(), stock.unwrap());
+        assert_eq!(peer, b.public().to_peer_id());
+
+        let up = pattern(100_000, 1);
+        let (sent, got) = tokio::join!(async { ours.write_all(&up).await.and(ours.flush().await) }, async {
+            let mut got = vec![0; up.len()];
+            stock.read_exact(&mut got).await.map(|()| got)
+        });
+        sent.unwrap();
+        assert_eq!(got.unwrap(), up);
+
+        stock.get_mut().1.refresh_traffic_keys().unwrap();
+        let down = pattern(50_000, 2);
+        stock.write_all(&down).await.unwrap();
+        stock.flush().await.unwrap();
+        let mut got = vec![0; down.len()];
+        ours.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, down);
+
+        ours.set_rekey_at(2);
+        let up = pattern(200_000, 3);
+        let (sent, got) = tokio::join!(async { ours.write_all(&up).await.and(ours.flush().await) }, async {
+            let mut got = vec![0; up.len()];
+            stock.read_exact(&mut got).await.map(|()| got)
+        });
+        sent.unwrap();
+        assert_eq!(got.unwrap(), up);
+
+        ours.close().await.unwrap();
+        let mut rest = Vec::new();
+        assert_eq!(stock.read_to_end(&mut rest).await.unwrap(), 0);
+    }
+
+    /// Stock rustls dialing pcp's side: both directions arrive, and the stock side's
+    /// close_notify ends our stream with a clean end of file.
+    #[tokio::test]
+    async fn stock_rustls_client_talks_to_our_server() {
+        let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let (sa, sb) = tokio::net::UnixStream::pair().unwrap();
+        let name = ServerName::IpAddress(IpAddr::V4(Ipv4Addr::UNSPECIFIED).into());
+        let stock =
+            futures_rustls::TlsConnector::from(Config::new(&a, true).unwrap().client).connect(name, sa.compat());
+        let ours = Config::new(&b, true).unwrap().upgrade_inbound(sb.compat(), PROTOCOL);
+        let (stock, ours) = tokio::join!(stock, ours);
+        let (mut stock, (peer, mut ours)) = (stock.unwrap(), ours.unwrap());
+        assert_eq!(peer, a.public().to_peer_id());
+
+        let up = pattern(70_000, 4);
+        stock.write_all(&up).await.unwrap();
+        stock.flush().await.unwrap();
+        let mut got = vec![0; up.len()];
+        ours.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, up);
+
+        ours.write_all(b"hello").await.unwrap();
+        ours.flush().await.unwrap();
+        let mut hello = [0; 5];
+        stock.read_exact(&mut hello).await.unwrap();
+        assert_eq!(&hello, b"hello");
+
+        stock.close().await.unwrap();
+        let mut rest = Vec::new();
+        assert_eq!(ours.read_to_end(&mut rest).await.unwrap(), 0);
+    }
+
+    /// Whatever the peer puts on the wire after the handshake, a bad record ends the
+    /// stream with an error naming it, and an oversized length is refused from its header
+    /// alone (the reader does not wait for 64 KiB that will never be a valid record).
+    #[tokio::test]
+    async fn bad_records_are_refused() {
+        type Raw = Compat<tokio::net::UnixStream>;
+        let cases: [(&[u8], &str); 3] = [
+            (&[23, 3, 3, 0xff, 0xff], "exceeds"),
+            (&[22, 3, 3, 0, 4, 1, 2, 3, 4], "outer record type"),
+            (&[23, 3, 3, 0, 20, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], "tls:"),
+        ];
+        for (bytes, want) in cases {
+            let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+            let ((_, mut client), (_, mut server)) = handshake(&a, &b).await;
+            let raw: &mut Raw = client.io_mut();
+            raw.write_all(bytes).await.unwrap();
+            let mut buf = [0; 16];
+            let err = server.read(&mut buf).await.unwrap_err();
+            assert!(err.to_string().contains(want), "{err} lacks {want}");
+        }
     }
 
     #[test]

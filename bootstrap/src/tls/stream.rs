@@ -1,130 +1,455 @@
-//! The byte stream of an established TLS connection, shaped for what runs on top of it
-//! (yamux frames): reads ahead below TLS, and writes small pieces together with what
-//! follows them.
+//! The record layer of an established TLS 1.3 connection.
 //!
-//! * **Reads.** rustls asks the socket for at most 4 KiB at a time, so a 16 KiB record
-//!   costs four or five `recv` calls. [`ReadAhead`] sits below TLS and takes whatever the
-//!   kernel has, up to [`READ_AHEAD`], in one call; rustls' small reads are then copies
-//!   from memory that is still in cache.
-//! * **Writes.** yamux writes each frame as two calls, its 12-byte header and then the
-//!   body, and TLS turns each call into records and a `send`. [`Stream`] holds back writes
-//!   of at most [`SMALL_WRITE`] bytes and hands them to rustls together with the next
-//!   write (one vectored call, one `send`), or on flush.
+//! rustls runs the handshake (see [`super::handshake`]) and then hands over the traffic
+//! secrets; this module seals and opens the records itself with rustls' own AEAD
+//! implementations. That is what kTLS does in the kernel, and for the same reason: a
+//! buffered rustls connection copies every received byte three times (the socket read
+//! into its deframer, the decrypted record into a plaintext queue, the queue into the
+//! caller's buffer). Here the socket reads straight into one buffer, records are
+//! decrypted where they lie, and the plaintext is copied once, into the caller's buffer.
+//!
+//! * **Reads.** Up to [`READ_BUFFER`] bytes per `recv`; each record is checked
+//!   (outer type, length at most 2^14 + 256) before it is decrypted in place.
+//! * **Writes.** Each write becomes records of at most 2^14 bytes, sealed and queued,
+//!   and the queue goes to the socket in one vectored call. Writes of at most
+//!   [`SMALL_WRITE`] bytes (yamux's frame headers) wait and are sealed together with the
+//!   next write, or at flush.
+//! * **Post-handshake messages.** A peer's `key_update` switches the receive key (and,
+//!   if asked, ours too, before our next record); `new_session_ticket` is ignored (pcp
+//!   does not resume sessions); `close_notify` ends the stream. Our own key is replaced
+//!   well before the suite's confidentiality limit.
 
+use std::collections::VecDeque;
 use std::io::{self, IoSlice};
+use std::ops::Range;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use futures::{AsyncRead, AsyncWrite};
-use futures_rustls::TlsStream;
-use rustls::CommonState;
+use rustls::crypto::cipher::{
+    InboundOpaqueMessage, MessageDecrypter, MessageEncrypter, OutboundChunks, OutboundPlainMessage, Tls13AeadAlgorithm,
+};
+use rustls::{ConnectionTrafficSecrets, ContentType, ExtractedSecrets, ProtocolVersion, SupportedCipherSuite};
 
-/// How much [`ReadAhead`] takes from the socket in one call.
-pub(crate) const READ_AHEAD: usize = 256 << 10;
+/// How much one socket read may take (and the largest handshake flight).
+pub(crate) const READ_BUFFER: usize = 256 << 10;
 /// Writes up to this size wait for the next write or a flush.
 pub(crate) const SMALL_WRITE: usize = 64;
+/// The largest plaintext in one record (RFC 8446 §5.1).
+const MAX_PLAINTEXT: usize = 1 << 14;
+/// The largest ciphertext in one record (RFC 8446 §5.2).
+const MAX_CIPHERTEXT: usize = MAX_PLAINTEXT + 256;
+/// A record header: type, legacy version, length.
+const HEADER: usize = 5;
+/// The partial record moves to the front when less than this is left behind it.
+const MIN_READ: usize = 64 << 10;
+/// Sealed bytes queued before writes wait for the socket.
+const WRITE_QUEUE: usize = 256 << 10;
+/// `key_update` messages accepted in a row without application data between them.
+const KEY_UPDATES_IN_A_ROW: u8 = 32;
+/// Records sealed under one key before it is replaced, this far short of the limit.
+const REKEY_MARGIN: u64 = 1 << 10;
 
-/// A reader that fills a buffer of [`READ_AHEAD`] bytes from `io` and serves reads from
-/// it; writes pass through.
-#[derive(Debug)]
-pub(crate) struct ReadAhead<C> {
-    io: C,
-    buf: Box<[u8]>,
-    start: usize,
-    end: usize,
+const KEY_UPDATE: u8 = 24;
+const NEW_SESSION_TICKET: u8 = 4;
+const CLOSE_NOTIFY: u8 = 0;
+const USER_CANCELED: u8 = 90;
+
+/// Where the next traffic secrets come from after a `key_update` (rustls'
+/// `KernelConnection`).
+pub(super) trait KeySchedule: Send {
+    fn next_tx(&mut self) -> Result<ConnectionTrafficSecrets, rustls::Error>;
+    fn next_rx(&mut self) -> Result<ConnectionTrafficSecrets, rustls::Error>;
 }
 
-impl<C> ReadAhead<C> {
-    pub(crate) fn new(io: C) -> Self {
-        Self { io, buf: Box::default(), start: 0, end: 0 }
-    }
+fn broken(what: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("tls: {what}"))
 }
 
-impl<C: AsyncRead + Unpin> AsyncRead for ReadAhead<C> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, out: &mut [u8]) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        if this.start == this.end {
-            if out.len() >= READ_AHEAD {
-                return Pin::new(&mut this.io).poll_read(cx, out);
-            }
-            if this.buf.is_empty() {
-                // allocated on the first read: the handshake's reads are small anyway
-                this.buf = vec![0; READ_AHEAD].into_boxed_slice();
-            }
-            let n = ready!(Pin::new(&mut this.io).poll_read(cx, &mut this.buf))?;
-            this.start = 0;
-            this.end = n;
-        }
-        let n = out.len().min(this.end - this.start);
-        out[..n].copy_from_slice(&this.buf[this.start..this.start + n]);
-        this.start += n;
-        Poll::Ready(Ok(n))
-    }
-}
-
-impl<C: AsyncWrite + Unpin> AsyncWrite for ReadAhead<C> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_close(cx)
-    }
-}
-
-/// An established TLS connection over `C`.
+/// An established TLS 1.3 connection over `C`.
 pub(crate) struct Stream<C> {
-    tls: TlsStream<ReadAhead<C>>,
-    /// Small writes not yet handed to rustls (at most [`SMALL_WRITE`] bytes).
+    io: C,
+    suite: SupportedCipherSuite,
+    aead: &'static dyn Tls13AeadAlgorithm,
+    keys: Box<dyn KeySchedule>,
+    rx: Rx,
+    tx: Tx,
+}
+
+/// The receiving half: ciphertext in `buf[next..end]`, plaintext being read in `plain`.
+struct Rx {
+    open: Box<dyn MessageDecrypter>,
+    seq: u64,
+    buf: Box<[u8]>,
+    next: usize,
+    end: usize,
+    plain: Range<usize>,
+    /// Application data that arrived with the handshake, read before anything else.
+    early: Vec<u8>,
+    early_read: usize,
+    key_updates: u8,
+    closed: bool,
+}
+
+/// The sending half: sealed records waiting for the socket.
+struct Tx {
+    seal: Box<dyn MessageEncrypter>,
+    seq: u64,
+    /// Replace the key once this many records were sealed with it.
+    rekey_at: u64,
+    /// The peer asked for our key to be replaced too.
+    update_requested: bool,
+    queue: VecDeque<Vec<u8>>,
+    /// Bytes of `queue[0]` already written.
+    written: usize,
+    queued: usize,
     held: Vec<u8>,
+    close_sent: bool,
 }
 
 impl<C> std::fmt::Debug for Stream<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("tls::Stream").field("held", &self.held.len()).finish_non_exhaustive()
+        f.debug_struct("tls::Stream")
+            .field("suite", &self.suite.suite())
+            .field("rx_seq", &self.rx.seq)
+            .field("tx_seq", &self.tx.seq)
+            .field("queued", &self.tx.queued)
+            .finish_non_exhaustive()
+    }
+}
+
+fn parts(
+    secrets: ConnectionTrafficSecrets,
+) -> Result<(rustls::crypto::cipher::AeadKey, rustls::crypto::cipher::Iv), rustls::Error> {
+    match secrets {
+        ConnectionTrafficSecrets::Aes128Gcm { key, iv }
+        | ConnectionTrafficSecrets::Aes256Gcm { key, iv }
+        | ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => Ok((key, iv)),
+        _ => Err(rustls::Error::General("unsupported traffic secret".into())),
     }
 }
 
 impl<C> Stream<C> {
-    pub(crate) fn new(tls: TlsStream<ReadAhead<C>>) -> Self {
-        Self { tls, held: Vec::with_capacity(SMALL_WRITE) }
+    /// The record layer after a handshake: `incoming[..used]` holds bytes already read
+    /// past the handshake, `early` the application data that came with it.
+    pub(super) fn new(
+        io: C,
+        suite: SupportedCipherSuite,
+        secrets: ExtractedSecrets,
+        keys: Box<dyn KeySchedule>,
+        incoming: Box<[u8]>,
+        used: usize,
+        early: Vec<u8>,
+    ) -> Result<Self, rustls::Error> {
+        let tls13 = suite.tls13().ok_or(rustls::Error::General("TLS 1.2 is not supported".into()))?;
+        let aead = tls13.aead_alg;
+        let (tx_seq, tx) = secrets.tx;
+        let (rx_seq, rx) = secrets.rx;
+        let (key, iv) = parts(tx)?;
+        let seal = aead.encrypter(key, iv);
+        let (key, iv) = parts(rx)?;
+        let open = aead.decrypter(key, iv);
+        Ok(Self {
+            io,
+            suite,
+            aead,
+            keys,
+            rx: Rx {
+                open,
+                seq: rx_seq,
+                buf: incoming,
+                next: 0,
+                end: used,
+                plain: 0..0,
+                early,
+                early_read: 0,
+                key_updates: 0,
+                closed: false,
+            },
+            tx: Tx {
+                seal,
+                seq: tx_seq,
+                rekey_at: tls13.common.confidentiality_limit.saturating_sub(REKEY_MARGIN),
+                update_requested: false,
+                queue: VecDeque::new(),
+                written: 0,
+                queued: 0,
+                held: Vec::with_capacity(SMALL_WRITE),
+                close_sent: false,
+            },
+        })
     }
 
-    /// The TLS session (negotiated suite, peer certificates).
-    pub(crate) fn session(&self) -> &CommonState {
-        self.tls.get_ref().1
+    /// The negotiated cipher suite.
+    #[cfg(test)]
+    pub(super) fn suite(&self) -> SupportedCipherSuite {
+        self.suite
+    }
+
+    #[cfg(test)]
+    pub(super) fn set_rekey_at(&mut self, records: u64) {
+        self.tx.rekey_at = records;
+    }
+
+    #[cfg(test)]
+    pub(super) fn io_mut(&mut self) -> &mut C {
+        &mut self.io
+    }
+
+    /// Seals `typ` records carrying `chunks`, replacing our key first when it is due.
+    fn seal(&mut self, typ: ContentType, chunks: &[&[u8]]) -> io::Result<()> {
+        let mut rest = OutboundChunks::new(chunks);
+        loop {
+            if self.tx.update_requested || self.tx.seq >= self.tx.rekey_at {
+                self.rekey_tx()?;
+            }
+            let (record, tail) = rest.split_at(MAX_PLAINTEXT);
+            self.seal_one(typ, record)?;
+            if tail.is_empty() {
+                return Ok(());
+            }
+            rest = tail;
+        }
+    }
+
+    fn seal_one(&mut self, typ: ContentType, payload: OutboundChunks<'_>) -> io::Result<()> {
+        let message = OutboundPlainMessage { typ, version: ProtocolVersion::TLSv1_2, payload };
+        let sealed = self.tx.seal.encrypt(message, self.tx.seq).map_err(broken)?.encode();
+        self.tx.seq += 1;
+        self.tx.queued += sealed.len();
+        self.tx.queue.push_back(sealed);
+        Ok(())
+    }
+
+    /// Sends `key_update(update_not_requested)` under the old key and switches to the next.
+    fn rekey_tx(&mut self) -> io::Result<()> {
+        self.seal_one(ContentType::Handshake, OutboundChunks::Single(&[KEY_UPDATE, 0, 0, 1, 0]))?;
+        let (key, iv) = self.keys.next_tx().and_then(parts).map_err(broken)?;
+        self.tx.seal = self.aead.encrypter(key, iv);
+        self.tx.seq = 0;
+        self.tx.update_requested = false;
+        Ok(())
+    }
+
+    /// Seals the held small writes, if any.
+    fn seal_held(&mut self) -> io::Result<()> {
+        if self.tx.held.is_empty() {
+            return Ok(());
+        }
+        let held = std::mem::take(&mut self.tx.held);
+        let sealed = self.seal(ContentType::ApplicationData, &[&held]);
+        self.tx.held = held;
+        self.tx.held.clear();
+        sealed
+    }
+
+    /// Copies plaintext into `out`: the record being read, then as many whole records
+    /// as are already buffered (without asking the socket), so that a large read (a
+    /// yamux frame body) takes one call rather than one per record.
+    fn read_buffered(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let mut filled = 0;
+        loop {
+            let rx = &mut self.rx;
+            let n = (out.len() - filled).min(rx.plain.len());
+            out[filled..filled + n].copy_from_slice(&rx.buf[rx.plain.start..rx.plain.start + n]);
+            rx.plain.start += n;
+            filled += n;
+            if filled == out.len() || rx.closed {
+                return Ok(filled);
+            }
+            match self.open_buffered()? {
+                Some((ContentType::ApplicationData, range)) => {
+                    self.rx.key_updates = 0;
+                    self.rx.plain = range;
+                }
+                Some((typ, range)) => self.control(typ, range)?,
+                None => return Ok(filled),
+            }
+        }
+    }
+
+    /// Decrypts the next record if all of it is in the buffer: its inner type and the
+    /// range of its plaintext in `rx.buf`; `None` if more bytes are needed.
+    fn open_buffered(&mut self) -> io::Result<Option<(ContentType, Range<usize>)>> {
+        match self.record_len()? {
+            Ok(len) => self.open(len).map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// The length of the next record with its header if all of it is buffered, else
+    /// `Err` with how many bytes from `rx.next` are needed to go on.
+    fn record_len(&self) -> io::Result<Result<usize, usize>> {
+        let rx = &self.rx;
+        let have = rx.end - rx.next;
+        if have < HEADER {
+            return Ok(Err(HEADER));
+        }
+        let header = &rx.buf[rx.next..rx.next + HEADER];
+        if header[0] != u8::from(ContentType::ApplicationData) {
+            return Err(broken(format!("unexpected outer record type {}", header[0])));
+        }
+        let len = u16::from_be_bytes([header[3], header[4]]) as usize;
+        if len > MAX_CIPHERTEXT {
+            return Err(broken(format!("record of {len} bytes exceeds {MAX_CIPHERTEXT}")));
+        }
+        Ok(if have >= HEADER + len { Ok(HEADER + len) } else { Err(HEADER + len) })
+    }
+
+    /// Decrypts the buffered record of `len` bytes (header included) at `rx.next` in place.
+    fn open(&mut self, len: usize) -> io::Result<(ContentType, Range<usize>)> {
+        let rx = &mut self.rx;
+        let base = rx.buf.as_ptr() as usize;
+        let body = &mut rx.buf[rx.next + HEADER..rx.next + len];
+        let message = InboundOpaqueMessage::new(ContentType::ApplicationData, ProtocolVersion::TLSv1_2, body);
+        let plain = rx.open.decrypt(message, rx.seq).map_err(broken)?;
+        rx.seq += 1;
+        rx.next += len;
+        let offset = plain.payload.as_ptr() as usize - base;
+        Ok((plain.typ, offset..offset + plain.payload.len()))
+    }
+
+    /// Handles one decrypted record that is not application data.
+    fn control(&mut self, typ: ContentType, range: Range<usize>) -> io::Result<()> {
+        let mut msg = &self.rx.buf[range];
+        match typ {
+            ContentType::Alert => match msg {
+                [_, CLOSE_NOTIFY] => {
+                    self.rx.closed = true;
+                    Ok(())
+                }
+                [_, USER_CANCELED] => Ok(()),
+                [_, description] => Err(broken(format!("peer sent alert {description}"))),
+                _ => Err(broken("malformed alert")),
+            },
+            ContentType::Handshake => {
+                while !msg.is_empty() {
+                    let [kind, a, b, c, rest @ ..] = msg else {
+                        return Err(broken("truncated post-handshake message"));
+                    };
+                    let len = u32::from_be_bytes([0, *a, *b, *c]) as usize;
+                    if rest.len() < len {
+                        return Err(broken("post-handshake message split across records"));
+                    }
+                    let (body, rest) = rest.split_at(len);
+                    match (*kind, body) {
+                        (KEY_UPDATE, [request @ (0 | 1)]) if rest.is_empty() => {
+                            self.rx.key_updates += 1;
+                            if self.rx.key_updates > KEY_UPDATES_IN_A_ROW {
+                                return Err(broken("too many key updates"));
+                            }
+                            let (key, iv) = self.keys.next_rx().and_then(parts).map_err(broken)?;
+                            self.rx.open = self.aead.decrypter(key, iv);
+                            self.rx.seq = 0;
+                            self.tx.update_requested |= *request == 1;
+                        }
+                        (KEY_UPDATE, _) => return Err(broken("malformed key_update")),
+                        (NEW_SESSION_TICKET, _) => {}
+                        (kind, _) => return Err(broken(format!("unexpected post-handshake message {kind}"))),
+                    }
+                    msg = rest;
+                }
+                Ok(())
+            }
+            other => Err(broken(format!("unexpected record type {other:?}"))),
+        }
     }
 }
 
-impl<C: AsyncRead + AsyncWrite + Unpin> Stream<C> {
-    /// Hands every held byte to rustls.
-    fn poll_release(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while !self.held.is_empty() {
-            let n = ready!(Pin::new(&mut self.tls).poll_write(cx, &self.held))?;
+impl<C: AsyncRead + Unpin> Stream<C> {
+    /// Opens the next whole record in the buffer, reading from the socket as needed.
+    /// Returns its inner type and the range of its plaintext in `rx.buf`.
+    fn poll_record(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<(ContentType, Range<usize>)>> {
+        loop {
+            let need = match self.record_len()? {
+                Ok(len) => return Poll::Ready(self.open(len)),
+                Err(need) => need,
+            };
+            let rx = &mut self.rx;
+            let have = rx.end - rx.next;
+            if have == 0 {
+                (rx.next, rx.end) = (0, 0);
+            } else if rx.next + need > rx.buf.len() || rx.buf.len() - rx.end < MIN_READ {
+                // move the partial record to the front: at most one record's bytes
+                rx.buf.copy_within(rx.next..rx.end, 0);
+                rx.end = have;
+                rx.next = 0;
+            }
+            let n = ready!(Pin::new(&mut self.io).poll_read(cx, &mut rx.buf[rx.end..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "tls: connection closed without close_notify",
+                )));
+            }
+            rx.end += n;
+        }
+    }
+}
+
+impl<C: AsyncWrite + Unpin> Stream<C> {
+    /// Writes queued records until the queue is empty.
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let tx = &mut self.tx;
+        while !tx.queue.is_empty() {
+            let mut slices = [IoSlice::new(&[]); 64];
+            let mut count = 0;
+            for (i, record) in tx.queue.iter().take(slices.len()).enumerate() {
+                let from = if i == 0 { tx.written } else { 0 };
+                slices[i] = IoSlice::new(&record[from..]);
+                count += 1;
+            }
+            let mut n = ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..count]))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
-            self.held.drain(..n);
+            tx.queued -= n;
+            while n > 0 {
+                let Some(front) = tx.queue.front() else { break };
+                let left = front.len() - tx.written;
+                if n >= left {
+                    n -= left;
+                    tx.written = 0;
+                    tx.queue.pop_front();
+                } else {
+                    tx.written += n;
+                    n = 0;
+                }
+            }
         }
         Poll::Ready(Ok(()))
     }
 }
 
 impl<C: AsyncRead + AsyncWrite + Unpin> AsyncRead for Stream<C> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.tls).poll_read(cx, buf)
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, out: &mut [u8]) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        loop {
+            let rx = &mut this.rx;
+            if rx.early_read < rx.early.len() {
+                let n = out.len().min(rx.early.len() - rx.early_read);
+                out[..n].copy_from_slice(&rx.early[rx.early_read..rx.early_read + n]);
+                rx.early_read += n;
+                if rx.early_read == rx.early.len() {
+                    rx.early = Vec::new();
+                    rx.early_read = 0;
+                }
+                return Poll::Ready(Ok(n));
+            }
+            if !rx.plain.is_empty() {
+                return Poll::Ready(this.read_buffered(out));
+            }
+            if rx.closed || out.is_empty() {
+                return Poll::Ready(Ok(0));
+            }
+            match ready!(this.poll_record(cx))? {
+                (ContentType::ApplicationData, range) => {
+                    this.rx.key_updates = 0;
+                    this.rx.plain = range;
+                }
+                (typ, range) => this.control(typ, range)?,
+            }
+        }
     }
 }
 
@@ -134,36 +459,44 @@ impl<C: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Stream<C> {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        if this.held.len() + buf.len() <= SMALL_WRITE {
-            this.held.extend_from_slice(buf);
+        if this.tx.close_sent {
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, "tls: write after close_notify")));
+        }
+        if this.tx.queued > 0 && this.poll_send(cx)?.is_pending() && this.tx.queued >= WRITE_QUEUE {
+            return Poll::Pending;
+        }
+        if this.tx.held.len() + buf.len() <= SMALL_WRITE {
+            this.tx.held.extend_from_slice(buf);
             return Poll::Ready(Ok(buf.len()));
         }
-        loop {
-            if this.held.is_empty() {
-                return Pin::new(&mut this.tls).poll_write(cx, buf);
-            }
-            let bufs = [IoSlice::new(&this.held), IoSlice::new(buf)];
-            let n = ready!(Pin::new(&mut this.tls).poll_write_vectored(cx, &bufs))?;
-            if n == 0 {
-                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-            }
-            let held = this.held.len();
-            if n > held {
-                this.held.clear();
-                return Poll::Ready(Ok(n - held));
-            }
-            // only (part of) the held bytes went: go on with the rest
-            this.held.drain(..n);
+        let take = buf.len().min(WRITE_QUEUE);
+        let held = std::mem::take(&mut this.tx.held);
+        let sealed = this.seal(ContentType::ApplicationData, &[&held, &buf[..take]]);
+        this.tx.held = held;
+        this.tx.held.clear();
+        sealed?;
+        // the records are queued: whatever the socket takes now is a head start
+        if let Poll::Ready(Err(e)) = this.poll_send(cx) {
+            return Poll::Ready(Err(e));
         }
+        Poll::Ready(Ok(take))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        ready!(self.poll_release(cx))?;
-        Pin::new(&mut self.tls).poll_flush(cx)
+        let this = &mut *self;
+        this.seal_held()?;
+        ready!(this.poll_send(cx))?;
+        Pin::new(&mut this.io).poll_flush(cx)
     }
 
     fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        ready!(self.poll_release(cx))?;
-        Pin::new(&mut self.tls).poll_close(cx)
+        let this = &mut *self;
+        this.seal_held()?;
+        if !this.tx.close_sent {
+            this.seal_one(ContentType::Alert, OutboundChunks::Single(&[1, CLOSE_NOTIFY]))?;
+            this.tx.close_sent = true;
+        }
+        ready!(this.poll_send(cx))?;
+        Pin::new(&mut this.io).poll_close(cx)
     }
 }
