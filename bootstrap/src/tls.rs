@@ -423,6 +423,20 @@ mod tests {
         (0..len).map(|i| (i * 7 + seed) as u8).collect()
     }
 
+    /// Writes `data` on `from` while `to` reads it, and checks that it arrived whole.
+    async fn send_and_check(
+        from: &mut (impl AsyncWrite + Unpin),
+        to: &mut (impl futures::AsyncRead + Unpin),
+        data: &[u8],
+    ) {
+        let (sent, got) = tokio::join!(async { from.write_all(data).await.and(from.flush().await) }, async {
+            let mut got = vec![0; data.len()];
+            to.read_exact(&mut got).await.map(|()| got)
+        });
+        sent.unwrap();
+        assert_eq!(got.unwrap(), data);
+    }
+
     /// pcp's record layer against stock rustls (`futures-rustls`) on the other end: data
     /// both ways, a `key_update` the stock side requests (ours must switch its receive key
     /// and answer before its next record), our own key replaced every two records, and a
@@ -437,13 +451,7 @@ mod tests {
         let ((peer, mut ours), mut stock) = (ours.unwrap(), stock.unwrap());
         assert_eq!(peer, b.public().to_peer_id());
 
-        let up = pattern(100_000, 1);
-        let (sent, got) = tokio::join!(async { ours.write_all(&up).await.and(ours.flush().await) }, async {
-            let mut got = vec![0; up.len()];
-            stock.read_exact(&mut got).await.map(|()| got)
-        });
-        sent.unwrap();
-        assert_eq!(got.unwrap(), up);
+        send_and_check(&mut ours, &mut stock, &pattern(100_000, 1)).await;
 
         stock.get_mut().1.refresh_traffic_keys().unwrap();
         let down = pattern(50_000, 2);
@@ -454,13 +462,7 @@ mod tests {
         assert_eq!(got, down);
 
         ours.set_rekey_at(2);
-        let up = pattern(200_000, 3);
-        let (sent, got) = tokio::join!(async { ours.write_all(&up).await.and(ours.flush().await) }, async {
-            let mut got = vec![0; up.len()];
-            stock.read_exact(&mut got).await.map(|()| got)
-        });
-        sent.unwrap();
-        assert_eq!(got.unwrap(), up);
+        send_and_check(&mut ours, &mut stock, &pattern(200_000, 3)).await;
 
         ours.close().await.unwrap();
         let mut rest = Vec::new();

@@ -20,33 +20,27 @@ pub(super) trait Side: Send {
     fn into_kernel(self) -> Result<(ExtractedSecrets, KernelConnection<Self::Data>), rustls::Error>;
 }
 
-impl Side for UnbufferedClientConnection {
-    type Data = ClientConnectionData;
+/// The two unbuffered connections have the same methods on different types.
+macro_rules! side {
+    ($conn:ty, $data:ty) => {
+        impl Side for $conn {
+            type Data = $data;
 
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn common(&self) -> &CommonState {
-        self
-    }
-    fn into_kernel(self) -> Result<(ExtractedSecrets, KernelConnection<Self::Data>), rustls::Error> {
-        self.dangerous_into_kernel_connection()
-    }
+            fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
+                self.process_tls_records(incoming)
+            }
+            fn common(&self) -> &CommonState {
+                self
+            }
+            fn into_kernel(self) -> Result<(ExtractedSecrets, KernelConnection<Self::Data>), rustls::Error> {
+                self.dangerous_into_kernel_connection()
+            }
+        }
+    };
 }
 
-impl Side for UnbufferedServerConnection {
-    type Data = ServerConnectionData;
-
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn common(&self) -> &CommonState {
-        self
-    }
-    fn into_kernel(self) -> Result<(ExtractedSecrets, KernelConnection<Self::Data>), rustls::Error> {
-        self.dangerous_into_kernel_connection()
-    }
-}
+side!(UnbufferedClientConnection, ClientConnectionData);
+side!(UnbufferedServerConnection, ServerConnectionData);
 
 impl<D: Send + Sync> KeySchedule for KernelConnection<D> {
     fn next_tx(&mut self) -> Result<rustls::ConnectionTrafficSecrets, rustls::Error> {
