@@ -231,16 +231,29 @@ impl<C> Stream<C> {
         Ok(())
     }
 
-    /// Seals the held small writes, if any.
-    fn seal_held(&mut self) -> io::Result<()> {
-        if self.tx.held.is_empty() {
+    /// Seals the held small writes followed by `data` as application data (nothing if
+    /// both are empty), and empties the held buffer (keeping its allocation).
+    fn seal_after_held(&mut self, data: &[u8]) -> io::Result<()> {
+        if self.tx.held.is_empty() && data.is_empty() {
             return Ok(());
         }
         let held = std::mem::take(&mut self.tx.held);
-        let sealed = self.seal(ContentType::ApplicationData, &[&held]);
+        let sealed = self.seal(ContentType::ApplicationData, &[&held, data]);
         self.tx.held = held;
         self.tx.held.clear();
         sealed
+    }
+
+    /// Takes in one opened record: application data becomes the plaintext to read,
+    /// anything else is handled as a control message.
+    fn accept(&mut self, (typ, range): (ContentType, Range<usize>)) -> io::Result<()> {
+        if typ == ContentType::ApplicationData {
+            self.rx.key_updates = 0;
+            self.rx.plain = range;
+            Ok(())
+        } else {
+            self.control(typ, range)
+        }
     }
 
     /// Copies plaintext into `out`: the record being read, then as many whole records
@@ -258,11 +271,7 @@ impl<C> Stream<C> {
                 return Ok(filled);
             }
             match self.open_buffered()? {
-                Some((ContentType::ApplicationData, range)) => {
-                    self.rx.key_updates = 0;
-                    self.rx.plain = range;
-                }
-                Some((typ, range)) => self.control(typ, range)?,
+                Some(record) => self.accept(record)?,
                 None => return Ok(filled),
             }
         }
@@ -442,13 +451,8 @@ impl<C: AsyncRead + AsyncWrite + Unpin> AsyncRead for Stream<C> {
             if rx.closed || out.is_empty() {
                 return Poll::Ready(Ok(0));
             }
-            match ready!(this.poll_record(cx))? {
-                (ContentType::ApplicationData, range) => {
-                    this.rx.key_updates = 0;
-                    this.rx.plain = range;
-                }
-                (typ, range) => this.control(typ, range)?,
-            }
+            let record = ready!(this.poll_record(cx))?;
+            this.accept(record)?;
         }
     }
 }
@@ -470,11 +474,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Stream<C> {
             return Poll::Ready(Ok(buf.len()));
         }
         let take = buf.len().min(WRITE_QUEUE);
-        let held = std::mem::take(&mut this.tx.held);
-        let sealed = this.seal(ContentType::ApplicationData, &[&held, &buf[..take]]);
-        this.tx.held = held;
-        this.tx.held.clear();
-        sealed?;
+        this.seal_after_held(&buf[..take])?;
         // the records are queued: whatever the socket takes now is a head start
         if let Poll::Ready(Err(e)) = this.poll_send(cx) {
             return Poll::Ready(Err(e));
@@ -484,14 +484,14 @@ impl<C: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Stream<C> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        this.seal_held()?;
+        this.seal_after_held(&[])?;
         ready!(this.poll_send(cx))?;
         Pin::new(&mut this.io).poll_flush(cx)
     }
 
     fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        this.seal_held()?;
+        this.seal_after_held(&[])?;
         if !this.tx.close_sent {
             this.seal_one(ContentType::Alert, OutboundChunks::Single(&[1, CLOSE_NOTIFY]))?;
             this.tx.close_sent = true;
