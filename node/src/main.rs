@@ -6,6 +6,7 @@ mod blob;
 mod checkpoint;
 mod config;
 mod data;
+mod devices;
 mod diloco;
 mod engine;
 mod events;
@@ -50,6 +51,8 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Run a shepherd and N-1 workers of DiLoCo on this machine.
     Sim(sim::SimArgs),
+    /// List the backends in this build and the devices each can see.
+    Devices,
 }
 
 /// An error with the exit code it maps to: 2 for bad input, 1 otherwise.
@@ -110,6 +113,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Some(Command::Graph(command)) => graph::run(command),
+        Some(Command::Devices) => devices::run(),
         command => match tokio::runtime::Runtime::new() {
             Ok(runtime) => runtime.block_on(async {
                 match command {
@@ -123,7 +127,7 @@ fn main() -> ExitCode {
                     Some(Command::Generate(args)) => generate::run(args, &cli.net).await,
                     Some(Command::Bench(command)) => bench::run(command, &cli.net).await,
                     Some(Command::Sim(args)) => sim::run(args, &cli.net).await,
-                    Some(Command::Graph(_)) => unreachable!("handled above"),
+                    Some(Command::Graph(_) | Command::Devices) => unreachable!("handled above"),
                 }
             }),
             Err(e) => Err(Failure::from(anyhow::anyhow!("cannot start the async runtime: {e}"))),

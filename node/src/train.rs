@@ -30,9 +30,7 @@ pub(crate) struct DeviceArgs {
 
 impl DeviceArgs {
     pub(crate) fn resolve(&self) -> anyhow::Result<(Device, pcp_graph::Target)> {
-        let backend: pcp_graph::Backend = self.backend.parse()?;
-        let device: Device = self.backend.parse()?;
-        Ok((device, pcp_graph::Target { backend, target: self.target.clone() }))
+        crate::devices::resolve(&self.backend, self.target.as_deref())
     }
 }
 
@@ -205,10 +203,6 @@ pub(crate) async fn load_engine(
     let step = pcp_graph::train_step(&model.module, "main", &step_config(experiment))
         .map_err(|e| anyhow::anyhow!("{}: {e}", model.source))?;
     let (device_kind, target) = device.resolve()?;
-    if !device_kind.is_available() {
-        let available: Vec<&str> = pcp_runtime::available_devices().into_iter().map(Device::name).collect();
-        anyhow::bail!("backend {device_kind} is not available in this build (available: {})", available.join(", "));
-    }
     let started = Instant::now();
     let artifact = pcp_graph::compile(&step.module, &target, Some(&cache.join("artifacts")))?;
     tracing::info!(

@@ -1,7 +1,12 @@
 //! Compute backends and the IREE HAL drivers behind them.
 
+mod probe;
+
+pub use probe::{DeviceInfo, ProbeError, detect_arch, library_override, probe, vendor_library};
+
 use std::fmt;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 /// A compute backend a node can offer, as typed on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -46,18 +51,54 @@ impl Device {
 
     /// Whether this build of the runtime contains the backend's driver.
     ///
-    /// A compiled-in driver can still fail to find hardware at load time.
+    /// pcp's build turns on IREE's CUDA, HIP and Vulkan drivers
+    /// (`runtime/cmake/gpu-drivers.cmake`); this asks IREE's driver registry
+    /// rather than trusting that, once per process. A compiled-in driver can still
+    /// find no hardware: see [`probe`].
     pub fn is_available(self) -> bool {
         match self {
             Device::Cpu => true,
-            Device::Cuda => cfg!(feature = "cuda"),
-            // eerie-sys always builds the IREE runtime without the HIP driver.
-            Device::Rocm => false,
-            Device::Vulkan => cfg!(feature = "vulkan"),
+            Device::Cuda | Device::Rocm | Device::Vulkan => {
+                static REGISTERED: OnceLock<Vec<&'static str>> = OnceLock::new();
+                REGISTERED.get_or_init(registered_gpu_drivers).contains(&self.driver())
+            }
             // eerie-sys enables Metal on Apple silicon only.
             Device::Metal => cfg!(all(target_os = "macos", target_arch = "aarch64")),
         }
     }
+
+    /// Checks that this backend can run here: its driver is in the build, its vendor
+    /// library loads and sees a device. The error is one line naming what is missing
+    /// (`backend rocm: libamdhip64.so not found (install ROCm 6.x)`).
+    pub fn check(self) -> Result<Vec<DeviceInfo>, ProbeError> {
+        if !self.is_available() {
+            return Err(ProbeError::NotBuilt { device: self, available: available_names() });
+        }
+        probe(self)
+    }
+}
+
+/// The GPU drivers IREE's registry holds in this binary. A driver that is not
+/// registered fails with "no driver … registered"; any other failure (no
+/// library, no device) means it is there.
+fn registered_gpu_drivers() -> Vec<&'static str> {
+    use eerie::runtime::{DeviceSpec, Driver, Runtime};
+    [Device::Cuda, Device::Rocm, Device::Vulkan]
+        .into_iter()
+        .map(Device::driver)
+        .filter(|driver| match Runtime::new(DeviceSpec::new(Driver::custom(*driver))) {
+            Ok(_) => true,
+            Err(error) => {
+                let text = error.to_string();
+                !(text.contains("no driver") && text.contains("registered"))
+            }
+        })
+        .collect()
+}
+
+/// The names of [`available_devices`], comma-separated.
+pub fn available_names() -> String {
+    available_devices().into_iter().map(Device::name).collect::<Vec<_>>().join(", ")
 }
 
 /// The backends whose drivers are compiled into this build, `cpu` first.
@@ -111,10 +152,27 @@ mod tests {
     }
 
     #[test]
-    fn cpu_is_always_available_and_rocm_never() {
+    fn the_build_has_cpu_cuda_rocm_and_vulkan() {
         let devices = available_devices();
         assert_eq!(devices.first(), Some(&Device::Cpu));
-        assert!(!devices.contains(&Device::Rocm));
-        assert_eq!(devices.contains(&Device::Cuda), cfg!(feature = "cuda"));
+        for gpu in [Device::Cuda, Device::Rocm, Device::Vulkan] {
+            assert!(devices.contains(&gpu), "{gpu} driver missing from the build: {devices:?}");
+        }
+    }
+
+    /// Without the vendor library (an override pointing nowhere, so this holds on a
+    /// GPU machine too) the error names the library and what to install.
+    #[test]
+    fn a_missing_vendor_library_is_named() {
+        // SAFETY: this test binary sets these variables before any probe reads them,
+        // and no other test reads them.
+        unsafe {
+            std::env::set_var("PCP_HIP_LIBRARY", "/nonexistent/libamdhip64.so");
+            std::env::set_var("PCP_CUDA_LIBRARY", "/nonexistent/libcuda.so.1");
+        }
+        let rocm = Device::Rocm.check().unwrap_err().to_string();
+        assert_eq!(rocm, "backend rocm: /nonexistent/libamdhip64.so not found (install ROCm 6.x)");
+        let cuda = detect_arch(Device::Cuda).unwrap_err().to_string();
+        assert_eq!(cuda, "backend cuda: /nonexistent/libcuda.so.1 not found (install the NVIDIA driver)");
     }
 }

@@ -16,10 +16,16 @@
 //!
 //! # Backends
 //!
-//! `cpu` (IREE's `local-task` driver) is always built. The `cuda` and `vulkan`
-//! cargo features build those drivers; `metal` comes with Apple-silicon
-//! builds; eerie never builds IREE's HIP driver, so `rocm` is refused with
-//! [`LoadError::Unavailable`]. [`available_devices`] lists what this build has.
+//! One build runs every backend: `cpu` (IREE's `local-task` driver), `cuda`,
+//! `rocm` (IREE's `hip` driver) and `vulkan`; `metal` comes with Apple-silicon
+//! builds. eerie 0.7 builds IREE's runtime without the HIP driver and offers no
+//! switch for it, so `runtime/cmake/gpu-drivers.cmake` (a CMake toolchain file,
+//! which cmake-rs takes from `CMAKE_TOOLCHAIN_FILE` in `.cargo/config.toml`)
+//! turns the GPU drivers on, compiled against headers that `scripts/setup.sh`
+//! takes from PyPI's triton wheel. Each driver `dlopen`s its vendor library when
+//! a device is created, so the binary builds and runs without any GPU SDK.
+//! [`probe`] asks that library first, so a missing one is a one-line
+//! [`ProbeError`] naming it; [`available_devices`] lists what this build has.
 //!
 //! # Building
 //!
@@ -51,7 +57,10 @@ mod host_alloc;
 mod session;
 mod tensor;
 
-pub use device::{Device, ParseDeviceError, available_devices};
+pub use device::{
+    Device, DeviceInfo, ParseDeviceError, ProbeError, available_devices, available_names, detect_arch,
+    library_override, probe, vendor_library,
+};
 pub use host_alloc::HostAllocator;
 pub use session::{
     Arg, Buffer, BufferId, DeviceStats, DownloadError, InvokeError, LoadError, Session, StatsError, UploadError,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::device::{Device, available_devices};
+use crate::device::{self, Device, available_names};
 use crate::tensor::{DType, HostTensor};
 
 pub use error::{DownloadError, InvokeError, LoadError, StatsError, UploadError};
@@ -150,8 +150,11 @@ impl Session {
     /// Starts a runtime thread on `device` and loads the VMFB `module` into it.
     pub async fn load(device: Device, module: Vec<u8>) -> Result<Self, LoadError> {
         if !device.is_available() {
-            let available = available_devices().into_iter().map(Device::name).collect::<Vec<_>>().join(", ");
-            return Err(LoadError::Unavailable { device, available });
+            return Err(LoadError::Unavailable { device, available: available_names() });
+        }
+        if device != Device::Cpu {
+            // the vendor library and a device, named in one line, before IREE tries
+            device::probe(device).map_err(LoadError::Probe)?;
         }
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
         let (commands, queue) = mpsc::channel(QUEUE_DEPTH);

@@ -41,6 +41,13 @@ impl NanoGptConfig {
         Self { n_layer: 4, n_head: 8, n_embd: 256, block_size: 128, vocab_size: 65, batch_size: 64, bias: true }
     }
 
+    /// GPT-2 small's shape: 12 layers, width 768, 12 heads, context 1024, batch 8.
+    /// With GPT-2's 50,257-token vocabulary it has 124M parameters (163M with
+    /// nanoGPT's untied head); with the demo corpus's 65 characters, 85M.
+    pub fn gpt2_124m() -> Self {
+        Self { n_layer: 12, n_head: 12, n_embd: 768, block_size: 1024, vocab_size: 50257, batch_size: 8, bias: true }
+    }
+
     /// The same configuration with another vocabulary size.
     pub fn with_vocab_size(self, vocab_size: usize) -> Self {
         Self { vocab_size, ..self }

@@ -617,6 +617,11 @@ impl Host {
             Ok(b) => b,
             Err(e) => return self.refuse(id, 0, e.to_string()).await,
         };
+        // a target name the compiler does not know is refused with the accepted names
+        let compile_target = match pcp_graph::Target::parse(backend, Some(&target)) {
+            Ok(t) => t,
+            Err(e) => return self.refuse(id, 0, format!("the shepherd cannot compile for {name}: {e}")).await,
+        };
         let entry = (name.clone(), target.clone());
         if let Some(c) = self.compiling.get_mut(&entry) {
             c.waiters.push((id, key));
@@ -632,7 +637,6 @@ impl Host {
         let module = self.step_module.clone();
         let dir = self.artifacts_dir.clone();
         let store = self.store.clone();
-        let compile_target = pcp_graph::Target { backend, target: (!target.is_empty()).then(|| target.clone()) };
         tracing::info!("compiling train_step for {compile_target}");
         self.events.emit("compile_started", json!({"backend": name, "target": target}));
         self.compiles.spawn_blocking(move || {

@@ -80,14 +80,8 @@ pub(crate) struct WorkerPlan {
 impl WorkerPlan {
     /// Checks the flags, and that this build can run the backend.
     pub(crate) fn new(args: &WorkerArgs) -> Result<Self, Failure> {
-        let device: Device = args.backend.parse().map_err(Failure::input)?;
-        if !device.is_available() {
-            let available: Vec<&str> = pcp_runtime::available_devices().into_iter().map(Device::name).collect();
-            return Err(Failure::input(anyhow::anyhow!(
-                "backend {device} is not available in this build (available: {})",
-                available.join(", ")
-            )));
-        }
+        let (device, target) =
+            crate::devices::resolve(&args.backend, args.target.as_deref()).map_err(Failure::input)?;
         let run = match &args.run {
             Some(r) => Some(r.parse::<RunId>().map_err(|e| Failure::input(anyhow::anyhow!("--run {r:?}: {e}")))?),
             None => None,
@@ -101,8 +95,8 @@ impl WorkerPlan {
         };
         Ok(Self {
             device,
-            backend: args.backend.clone(),
-            target: args.target.clone().unwrap_or_default(),
+            backend: device.name().to_owned(),
+            target: target.target.unwrap_or_default(),
             run,
             hostile,
             verbose: true,

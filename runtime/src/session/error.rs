@@ -15,6 +15,9 @@ pub enum LoadError {
         /// The backends this build has, comma-separated.
         available: String,
     },
+    /// The vendor library is missing or sees no device.
+    #[error(transparent)]
+    Probe(crate::device::ProbeError),
     /// The driver is built in, but no usable device was found or it failed to start.
     #[error("backend {device} (IREE driver {driver}) has no usable device: {message}")]
     Device {
