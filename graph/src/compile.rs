@@ -117,7 +117,7 @@ fn gains_from_data_tiling(module: &Module) -> bool {
     let (mut wide, mut total) = (0.0, 0.0);
     for f in &module.functions {
         for op in &f.ops {
-            let Some((batch, m, n, k)) = matmul_dims(f, op) else {
+            let Some((batch, m, n, k)) = crate::cost::matmul_dims(f, op) else {
                 continue;
             };
             let work = [batch, m, n, k].iter().map(|d| *d as f64).product::<f64>();
@@ -128,40 +128,6 @@ fn gains_from_data_tiling(module: &Module) -> bool {
         }
     }
     total > 0.0 && 2.0 * wide >= total
-}
-
-/// (batch, rows, columns, contraction) of a `stablehlo.dot_general` or `stablehlo.dot`
-/// with static shapes.
-fn matmul_dims(f: &crate::ir::Function, op: &crate::ir::Op) -> Option<(i64, i64, i64, i64)> {
-    use crate::ir::attr::{lookup, parse_ints, struct_fields};
-    let (lhs, rhs) = (f.ty(*op.operands.first()?), f.ty(*op.operands.get(1)?));
-    let (lb, rb, lc, rc) = match op.name.as_str() {
-        "stablehlo.dot" => (vec![], vec![], vec![lhs.rank() as i64 - 1], vec![0]),
-        "stablehlo.dot_general" => {
-            let fields = struct_fields(op.attr("dot_dimension_numbers")?);
-            let ints = |key: &str| lookup(&fields, key).and_then(parse_ints).unwrap_or_default();
-            (
-                ints("lhs_batching_dimensions"),
-                ints("rhs_batching_dimensions"),
-                ints("lhs_contracting_dimensions"),
-                ints("rhs_contracting_dimensions"),
-            )
-        }
-        _ => return None,
-    };
-    // the product of `shape`'s sizes at `dims` (`None` for a dynamic size)
-    let product = |shape: &[i64], dims: &[usize]| -> Option<i64> {
-        dims.iter().map(|d| shape.get(*d).copied().filter(|n| *n >= 0)).product()
-    };
-    let free = |rank: usize, batch: &[i64], contract: &[i64]| -> Vec<usize> {
-        (0..rank).filter(|d| !batch.contains(&(*d as i64)) && !contract.contains(&(*d as i64))).collect()
-    };
-    let at = |dims: &[i64]| -> Vec<usize> { dims.iter().map(|d| *d as usize).collect() };
-    let batch = product(&lhs.shape, &at(&lb))?;
-    let k = product(&lhs.shape, &at(&lc))?;
-    let m = product(&lhs.shape, &free(lhs.rank(), &lb, &lc))?;
-    let n = product(&rhs.shape, &free(rhs.rank(), &rb, &rc))?;
-    Some((batch, m, n, k))
 }
 
 /// blake3 of (MLIR, flags, compiler revision), hex.
@@ -197,7 +163,7 @@ mod tests {
     fn data_tiling_only_for_wide_matmuls() -> anyhow::Result<()> {
         let module = crate::import_str("mixed", MIXED)?;
         let f = &module.functions[0];
-        let dims: Vec<_> = f.ops.iter().filter_map(|op| matmul_dims(f, op)).collect();
+        let dims: Vec<_> = f.ops.iter().filter_map(|op| crate::cost::matmul_dims(f, op)).collect();
         assert_eq!(dims, [(1, 256, 192, 128), (8, 32, 32, 16)]);
         assert!(gains_from_data_tiling(&module), "most work is in the 128-wide matmul");
         let narrow = MATMUL.replace("256x128", "256x64").replace("128x192", "64x192");

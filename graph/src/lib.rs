@@ -14,6 +14,7 @@
 
 pub mod autodiff;
 pub mod compile;
+pub mod cost;
 pub mod import;
 pub mod inspect;
 pub mod ir;

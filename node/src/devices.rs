@@ -5,6 +5,7 @@ use std::io::Write as _;
 use pcp_runtime::Device;
 
 use crate::Failure;
+use crate::join::Usage;
 
 /// Prints one block per backend: its IREE driver, whether it is in this build, and
 /// the devices its vendor library sees (name, architecture, memory), or why none.
@@ -14,13 +15,11 @@ pub(crate) fn run() -> Result<(), Failure> {
     for device in Device::ALL {
         write!(out, "{:<7} (IREE driver {}): ", device.name(), device.driver())?;
         match device.check() {
-            Ok(found) if found.is_empty() => {
-                writeln!(out, "driver library loads; devices are listed when IREE starts it")?;
-            }
             Ok(found) => {
-                let default = match device {
-                    Device::Cpu => "host".to_owned(),
-                    _ => found.first().and_then(|d| d.arch.clone()).unwrap_or_else(|| "?".to_owned()),
+                let default = match (device, found.first().and_then(|d| d.arch.clone())) {
+                    (Device::Cpu, _) => "host".to_owned(),
+                    (_, Some(arch)) => arch,
+                    (_, None) => "none (IREE's portable baseline)".to_owned(),
                 };
                 writeln!(out, "{} device{}, default --target {default}", found.len(), plural(found.len()))?;
                 for info in found {
@@ -47,7 +46,12 @@ fn strip_backend(reason: &str, device: Device) -> String {
 /// (`backend rocm: libamdhip64.so not found (install ROCm 6.x)`). cuda and rocm
 /// without `--target` compile for the first device's architecture. The target
 /// name is checked against the backend's accepted names.
+/// Every error is a [`Usage`] error (exit code 2).
 pub(crate) fn resolve(backend: &str, target: Option<&str>) -> anyhow::Result<(Device, pcp_graph::Target)> {
+    resolve_inner(backend, target).map_err(|e| Usage(e.to_string()).into())
+}
+
+fn resolve_inner(backend: &str, target: Option<&str>) -> anyhow::Result<(Device, pcp_graph::Target)> {
     let device: Device = backend.parse()?;
     let kind: pcp_graph::Backend = backend.parse()?;
     if device != Device::Cpu {

@@ -74,6 +74,25 @@ pub(crate) struct SimArgs {
     heartbeat_timeout_ms: u64,
     #[command(flatten)]
     device: DeviceArgs,
+    /// Run worker NODE on another backend than `--backend`, as a heterogeneous run:
+    /// `1:cuda`, `2:rocm:gfx942`, `1:vulkan` (repeatable). The shepherd compiles one
+    /// artifact per (backend, target) its workers announce.
+    #[arg(long, value_name = "NODE:BACKEND[:TARGET]")]
+    worker_backend: Vec<String>,
+}
+
+/// `--worker-backend` specs: worker → (backend, target).
+fn parse_worker_backends(specs: &[String]) -> Result<BTreeMap<u32, WorkerArgs>, Failure> {
+    let mut backends = BTreeMap::new();
+    for spec in specs {
+        let bad = || Failure::input(anyhow::anyhow!("--worker-backend takes NODE:BACKEND[:TARGET], got {spec:?}"));
+        let mut parts = spec.splitn(3, ':');
+        let node: u32 = parts.next().and_then(|n| n.parse().ok()).filter(|n| *n > 0).ok_or_else(bad)?;
+        let backend = parts.next().filter(|b| !b.is_empty()).ok_or_else(bad)?.to_owned();
+        let target = parts.next().map(str::to_owned);
+        backends.insert(node, WorkerArgs { backend, target, ..WorkerArgs::default() });
+    }
+    Ok(backends)
 }
 
 fn parse_kill(spec: &str) -> Result<(u64, u32), Failure> {
@@ -112,6 +131,10 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
         ..WorkerArgs::default()
     };
     let worker_plan = WorkerPlan::new(&worker_args)?;
+    let mut worker_plans = BTreeMap::new();
+    for (node, args) in parse_worker_backends(&args.worker_backend)? {
+        worker_plans.insert(node, WorkerPlan::new(&args)?);
+    }
     let data_path = args.data.clone().or_else(default_corpus).ok_or_else(|| {
         Failure::input(anyhow::anyhow!("no --data given and no demo corpus found; run scripts/setup.sh"))
     })?;
@@ -183,7 +206,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
         let identity = pcp_bootstrap::load_or_create(&dir)?;
         let peer = pcp_bootstrap::keypair(&identity).public().to_peer_id();
         events.emit("worker_started", json!({"worker": n, "peer": peer.to_string(), "round": round}));
-        let mut plan = worker_plan.clone();
+        let mut plan = worker_plans.get(&n).unwrap_or(&worker_plan).clone();
         plan.verbose = false;
         plan.hostile = hostile.get(&n).copied();
         let worker_net =

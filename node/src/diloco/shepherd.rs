@@ -229,6 +229,9 @@ struct Host {
     artifacts: BTreeMap<(String, String), ArtifactRef>,
     compiling: HashMap<(String, String), Compiling>,
     compiles: JoinSet<CompileResult>,
+    /// The backend (and target) each worker announced in its hello, bounded by
+    /// the peers the state machine knows plus a margin.
+    backends: BTreeMap<PublicKey, String>,
     /// The signed announcement of the open (or final) round.
     published: Option<SignedEnvelope>,
     sizes: Vec<usize>,
@@ -247,6 +250,9 @@ impl std::fmt::Debug for Host {
         f.debug_struct("Host").field("run", &self.run).finish()
     }
 }
+
+/// Hellos whose backend the shepherd remembers (for `worker_joined` events).
+const MAX_BACKEND_RECORDS: usize = 4096;
 
 fn peer_name(key: &PublicKey) -> String {
     pcp_bootstrap::peer_of(key).map_or_else(|| key.to_string(), |p| p.to_string())
@@ -426,6 +432,7 @@ impl Host {
             artifacts: BTreeMap::new(),
             compiling: HashMap::new(),
             compiles: JoinSet::new(),
+            backends: BTreeMap::new(),
             published: None,
             sizes,
             engine,
@@ -608,6 +615,10 @@ impl Host {
         };
         let name = backend.name.clone();
         let target = backend.targets.first().cloned().unwrap_or_default();
+        if self.backends.len() < MAX_BACKEND_RECORDS || self.backends.contains_key(&key) {
+            let shown = if target.is_empty() { name.clone() } else { format!("{name}:{target}") };
+            self.backends.insert(key, shown);
+        }
         if let Some(artifact) = self.artifacts.get(&(name.clone(), target.clone())).cloned() {
             let envelope = self.manifest_for(artifact);
             return self.respond(id, envelope).await;
@@ -736,7 +747,8 @@ impl Host {
                 Action::RoundCompleted(summary) => self.round_completed(summary).await?,
                 Action::WorkerJoined(p) => {
                     tracing::info!(peer = %peer_name(&p), "worker joined");
-                    self.events.emit("worker_joined", json!({"peer": peer_name(&p)}));
+                    let backend = self.backends.get(&p).cloned().unwrap_or_default();
+                    self.events.emit("worker_joined", json!({"peer": peer_name(&p), "backend": backend}));
                 }
                 Action::WorkerLeft { peer, reason } => {
                     let reason = match reason {

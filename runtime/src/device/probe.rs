@@ -11,7 +11,9 @@
 //! * rocm: `libamdhip64.so` (`hipDeviceGetName`, `hipDeviceTotalMem`), with the
 //!   architecture (`gfx942`) from the kernel driver's topology in
 //!   `/sys/class/kfd/kfd/topology/nodes/*/properties` (`gfx_target_version`);
-//! * vulkan: `libvulkan.so.1` must load; devices are listed by IREE's driver.
+//! * vulkan: `libvulkan.so.1` (`vkEnumeratePhysicalDevices`, the device's
+//!   name and its device-local heaps); no architecture: Vulkan artifacts are
+//!   compiled for IREE's portable baseline unless `--target` names one.
 
 use std::ffi::{c_char, c_int, c_uint};
 use std::fmt;
@@ -133,9 +135,8 @@ pub fn probe(device: Device) -> Result<Vec<DeviceInfo>, ProbeError> {
             hip(device, &lib)
         }
         Device::Vulkan => {
-            // Enumerating Vulkan devices needs an instance; IREE's driver does that
-            // when it starts. Here: the loader is present.
-            open(device).map(|_| Vec::new())
+            let lib = open(device)?;
+            vulkan(device, &lib)
         }
         Device::Metal => Err(ProbeError::Unsupported { device }),
     }
@@ -335,6 +336,102 @@ fn hip(device: Device, lib: &Library) -> Result<Vec<DeviceInfo>, ProbeError> {
     }
     if devices.is_empty() {
         return Err(ProbeError::NoDevice { device, library: "libamdhip64.so" });
+    }
+    Ok(devices)
+}
+
+/// `VkInstanceCreateInfo`, with no application info, layers or extensions.
+#[repr(C)]
+struct VkInstanceCreateInfo {
+    s_type: u32,
+    p_next: *const std::ffi::c_void,
+    flags: u32,
+    p_application_info: *const std::ffi::c_void,
+    enabled_layer_count: u32,
+    pp_enabled_layer_names: *const *const c_char,
+    enabled_extension_count: u32,
+    pp_enabled_extension_names: *const *const c_char,
+}
+
+type VkHandle = *mut std::ffi::c_void;
+type VkCreateInstance =
+    unsafe extern "C" fn(*const VkInstanceCreateInfo, *const std::ffi::c_void, *mut VkHandle) -> i32;
+type VkDestroyInstance = unsafe extern "C" fn(VkHandle, *const std::ffi::c_void);
+type VkEnumeratePhysicalDevices = unsafe extern "C" fn(VkHandle, *mut u32, *mut VkHandle) -> i32;
+type VkGetProperties = unsafe extern "C" fn(VkHandle, *mut u8);
+
+/// `VkPhysicalDeviceProperties` is 824 bytes, `VkPhysicalDeviceMemoryProperties`
+/// 520; the buffers are larger and 8-byte aligned.
+const VK_PROPERTIES_BYTES: usize = 1024;
+/// `deviceName[256]` follows five `uint32_t`s.
+const VK_DEVICE_NAME: std::ops::Range<usize> = 20..276;
+/// `memoryHeapCount` and the 16-byte `VkMemoryHeap`s after it.
+const VK_HEAP_COUNT: usize = 260;
+const VK_HEAPS: usize = 264;
+
+fn vulkan(device: Device, lib: &Library) -> Result<Vec<DeviceInfo>, ProbeError> {
+    let create: Symbol<VkCreateInstance> = symbol(device, lib, "vkCreateInstance")?;
+    let destroy: Symbol<VkDestroyInstance> = symbol(device, lib, "vkDestroyInstance")?;
+    let enumerate: Symbol<VkEnumeratePhysicalDevices> = symbol(device, lib, "vkEnumeratePhysicalDevices")?;
+    let properties: Symbol<VkGetProperties> = symbol(device, lib, "vkGetPhysicalDeviceProperties")?;
+    let memory: Symbol<VkGetProperties> = symbol(device, lib, "vkGetPhysicalDeviceMemoryProperties")?;
+    let info = VkInstanceCreateInfo {
+        s_type: 1, // VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO
+        p_next: std::ptr::null(),
+        flags: 0,
+        p_application_info: std::ptr::null(),
+        enabled_layer_count: 0,
+        pp_enabled_layer_names: std::ptr::null(),
+        enabled_extension_count: 0,
+        pp_enabled_extension_names: std::ptr::null(),
+    };
+    let mut instance: VkHandle = std::ptr::null_mut();
+    // SAFETY: a valid create-info with nothing enabled, no allocator, an out-pointer.
+    let code = unsafe { create(&info, std::ptr::null(), &mut instance) };
+    if code != 0 || instance.is_null() {
+        return Err(ProbeError::Call { device, call: "vkCreateInstance", message: format!("VkResult {code}") });
+    }
+    let mut count: u32 = 0;
+    // SAFETY: the count query, then a buffer of that many handles.
+    let mut handles = Vec::new();
+    let code = unsafe { enumerate(instance, &mut count, std::ptr::null_mut()) };
+    if code == 0 && count > 0 {
+        handles = vec![std::ptr::null_mut(); count as usize];
+        // SAFETY: `handles` holds `count` slots.
+        unsafe { enumerate(instance, &mut count, handles.as_mut_ptr()) };
+        handles.truncate(count as usize);
+    }
+    let mut devices = Vec::new();
+    for (ordinal, handle) in handles.into_iter().enumerate() {
+        let mut props = vec![0u64; VK_PROPERTIES_BYTES / 8];
+        let mut heaps = vec![0u64; VK_PROPERTIES_BYTES / 8];
+        // SAFETY: both structs fit their 8-byte aligned buffers.
+        unsafe {
+            properties(handle, props.as_mut_ptr().cast());
+            memory(handle, heaps.as_mut_ptr().cast());
+        }
+        let props: Vec<u8> = props.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let heaps: Vec<u8> = heaps.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let u32_at = |b: &[u8], at: usize| u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let u64_at = |b: &[u8], at: usize| u64::from_ne_bytes(std::array::from_fn(|i| b[at + i]));
+        let heap_count = u32_at(&heaps, VK_HEAP_COUNT).min(16) as usize;
+        // device-local heaps (VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+        let local: u64 = (0..heap_count)
+            .map(|i| VK_HEAPS + 16 * i)
+            .filter(|at| u32_at(&heaps, at + 8) & 1 == 1)
+            .map(|at| u64_at(&heaps, at))
+            .sum();
+        devices.push(DeviceInfo {
+            ordinal,
+            name: c_string(&props[VK_DEVICE_NAME]),
+            arch: None,
+            memory: (local > 0).then_some(local),
+        });
+    }
+    // SAFETY: the instance was created above and nothing derived from it lives on.
+    unsafe { destroy(instance, std::ptr::null()) };
+    if devices.is_empty() {
+        return Err(ProbeError::NoDevice { device, library: "libvulkan.so.1" });
     }
     Ok(devices)
 }

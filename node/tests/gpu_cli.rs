@@ -1,0 +1,138 @@
+//! GPU backends from the outside, on a machine without a GPU: artifacts compile
+//! for every backend, and a missing driver library is a one-line error naming it.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn pcp(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pcp-node"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("pcp-node runs")
+}
+
+fn shared(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/models").join(name).display().to_string()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The error line of a failed command: exit code 2, one line, no panic.
+fn one_line_error(out: &Output) -> String {
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit code; stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty() && !l.contains(" INFO ")).collect();
+    assert_eq!(lines.len(), 1, "one line: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    lines[0].to_owned()
+}
+
+/// What `graph compile` produced: the VMFB and its report line.
+fn compile(model: &str, backend: &str, target: Option<&str>) -> anyhow::Result<(Vec<u8>, String)> {
+    let dir = tempfile::tempdir()?;
+    let out_path = dir.path().join("a.vmfb");
+    let out = out_path.to_str().unwrap_or_default();
+    let mut args = vec!["graph", "compile", model, "--backend", backend, "-o", out];
+    if let Some(t) = target {
+        args.extend(["--target", t]);
+    }
+    let result = pcp(&args, &[]);
+    anyhow::ensure!(
+        result.status.success(),
+        "{model} for {backend}:{target:?}: {}",
+        text(&result.stderr).lines().last().unwrap_or_default()
+    );
+    Ok((std::fs::read(&out_path)?, text(&result.stdout)))
+}
+
+/// The training module of the nanogpt-small preset and of PCP's exported
+/// nanogpt_small.mlir compile for one target of each GPU backend (the full
+/// matrix, with timings, is `bench/gpu_compile.sh`).
+#[test]
+fn training_modules_compile_for_one_target_per_gpu_backend() -> anyhow::Result<()> {
+    let targets = [("cuda", Some("h100")), ("rocm", Some("gfx942")), ("vulkan", Some("rdna3"))];
+    let mut failures = Vec::new();
+    for model in ["nanogpt-small".to_owned(), shared("nanogpt_small.mlir")] {
+        for (backend, target) in targets {
+            match compile(&model, backend, target) {
+                Ok((vmfb, report)) => {
+                    // a FlatBuffer whose file identifier is IREE's
+                    assert_eq!(&vmfb[4..8], b"IREE", "{model} {backend}");
+                    assert!(report.contains("@train_step") && report.contains("compiled in"), "{report}");
+                    if target == Some("h100") {
+                        assert!(report.contains("note: IREE 3.13 has no h100 description"), "{report}");
+                    }
+                }
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    Ok(())
+}
+
+#[test]
+fn an_unknown_target_lists_the_accepted_names() {
+    let out =
+        pcp(&["graph", "compile", "nanogpt-small", "--backend", "rocm", "--target", "gfx9999", "-o", "/dev/null"], &[]);
+    let line = one_line_error(&out);
+    assert!(line.starts_with("error: unknown rocm target \"gfx9999\"; accepted: gfx908, gfx90a, gfx942"), "{line}");
+    assert!(line.contains("mi300x"), "{line}");
+}
+
+/// Library overrides that point nowhere, so this holds on a GPU machine too.
+const MISSING: [(&str, &str); 3] = [
+    ("PCP_CUDA_LIBRARY", "/nonexistent/libcuda.so.1"),
+    ("PCP_HIP_LIBRARY", "/nonexistent/libamdhip64.so"),
+    ("PCP_VULKAN_LIBRARY", "/nonexistent/libvulkan.so.1"),
+];
+
+#[test]
+fn devices_lists_every_backend_and_why_it_sees_nothing() {
+    let out = pcp(&["devices"], &MISSING);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let line = |backend: &str| stdout.lines().find(|l| l.starts_with(backend)).unwrap_or_default().to_owned();
+    assert!(line("cpu").contains("1 device, default --target host"), "{stdout}");
+    assert!(
+        line("cuda").ends_with("none: /nonexistent/libcuda.so.1 not found (install the NVIDIA driver)"),
+        "{stdout}"
+    );
+    assert!(line("rocm").ends_with("none: /nonexistent/libamdhip64.so not found (install ROCm 6.x)"), "{stdout}");
+    assert!(line("vulkan").contains("/nonexistent/libvulkan.so.1 not found"), "{stdout}");
+    assert!(line("metal").contains("not available in this build (available: cpu, cuda, rocm, vulkan)"), "{stdout}");
+}
+
+/// Lavapipe (Mesa's Vulkan on the CPU, installed by scripts/setup.sh) is a device.
+#[test]
+fn devices_sees_a_vulkan_device() {
+    let out = pcp(&["devices"], &[]);
+    let stdout = text(&out.stdout);
+    let vulkan = stdout.lines().skip_while(|l| !l.starts_with("vulkan")).take(2).collect::<Vec<_>>();
+    assert!(vulkan[0].contains("device") && vulkan[0].contains("portable baseline"), "{stdout}");
+    assert!(vulkan.get(1).is_some_and(|l| l.trim_start().starts_with("0: ") && l.contains("GiB")), "{stdout}");
+}
+
+/// A volunteer's headline command, and `train`, without the vendor library.
+#[test]
+fn gpu_nodes_without_their_library_say_which_library() {
+    let join = pcp(
+        &[
+            "--backend",
+            "rocm",
+            "--bootstrap",
+            "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWGjMCe9UJ8sbo5mqJUVwHFu5uP8qVpMvNQZuNanN6H1cN",
+        ],
+        &MISSING,
+    );
+    assert_eq!(one_line_error(&join), "error: backend rocm: /nonexistent/libamdhip64.so not found (install ROCm 6.x)");
+    let train = pcp(&["train", "--backend", "cuda", "--steps", "1"], &MISSING);
+    assert_eq!(
+        one_line_error(&train),
+        "error: backend cuda: /nonexistent/libcuda.so.1 not found (install the NVIDIA driver)"
+    );
+}
