@@ -46,6 +46,9 @@ pub struct Artifact {
 
 /// Compiles `module` for `target`, caching under `cache_dir` when given.
 ///
+/// Modules for SPIR-V backends (Vulkan, Metal) first get
+/// [`iree::legalize_for_spirv`].
+///
 /// It tries [`Target::flags`] with [`Target::tuned_flags`] first when most of the
 /// module's matmul work is in matmuls at least 128 wide (data tiling slows narrower ones
 /// down) and, when IREE refuses those, the plain flags (a refusal is remembered in the
@@ -54,7 +57,13 @@ pub struct Artifact {
 /// flags. Flags are part of the cache key.
 pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Result<Artifact, CompileError> {
     let compiler = iree::compiler().map_err(CompileError::Unavailable)?;
-    let text = module.to_mlir();
+    let text = if target.backend.is_spirv() {
+        let mut spirv = module.clone();
+        spirv.functions.iter_mut().for_each(iree::legalize_for_spirv);
+        spirv.to_mlir()
+    } else {
+        module.to_mlir()
+    };
     let revision = compiler.get_revision().unwrap_or_default();
     let extra: Vec<String> = std::env::var("PCP_IREE_FLAGS")
         .map(|extra| extra.split_whitespace().map(str::to_owned).collect())

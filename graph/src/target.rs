@@ -31,6 +31,11 @@ impl Backend {
     /// Every backend.
     pub const ALL: [Backend; 5] = [Self::Cpu, Self::Cuda, Self::Rocm, Self::Vulkan, Self::Metal];
 
+    /// Whether IREE compiles for it through SPIR-V (Vulkan, Metal).
+    pub fn is_spirv(self) -> bool {
+        matches!(self, Self::Vulkan | Self::Metal)
+    }
+
     /// The name used on the command line and the wire.
     pub fn name(self) -> &'static str {
         match self {

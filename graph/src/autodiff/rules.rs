@@ -67,6 +67,7 @@ const DIFFERENTIABLE: &[&str] = &[
     "stablehlo.reduce",
     "stablehlo.reduce_window",
     "stablehlo.gather",
+    "stablehlo.optimization_barrier",
     "chlo.square",
     "chlo.erf",
     "chlo.erfc",
@@ -121,6 +122,10 @@ pub(super) fn vjp(
     }
     if !DIFFERENTIABLE.contains(&op.name.as_str()) {
         return Err(GradError::NoRule { op: op.name.clone(), location: op.location() });
+    }
+    if op.name == "stablehlo.optimization_barrier" {
+        // The identity on each operand (a fusion fence, not a computation).
+        return Ok(g.to_vec());
     }
     if op.results.len() != 1 {
         return Err(cx.unsupported(format!("{} results", op.results.len())));
