@@ -32,6 +32,9 @@ fn check(args: &SimulateArgs) -> Result<(), Error> {
     if args.flops_per_step.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
         return bad("--flops-per-step must be a positive number");
     }
+    if args.shared_cores.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+        return bad("--shared-cores must be a positive number");
+    }
     if args.params == Some(0) {
         return bad("--params must be at least 1");
     }
@@ -76,6 +79,16 @@ fn settings(args: &SimulateArgs, nodes: usize, rounds: u64) -> Settings {
     let compute = match args.step_seconds {
         Some(s) => ComputeModel::measured(s),
         None => ComputeModel::from_flops(flops, args.device.flops(), args.device.name()),
+    };
+    let compute = match args.shared_cores {
+        Some(cores) => {
+            let share = ((nodes - 1) as f64 / cores).max(1.0);
+            ComputeModel {
+                step_seconds: compute.step_seconds * share,
+                source: format!("{}, × {share:.2}: {} workers on {cores} cores", compute.source, nodes - 1),
+            }
+        }
+        None => compute,
     };
     let encoding = args.encoding.encoding();
     Settings {
