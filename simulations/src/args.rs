@@ -107,10 +107,10 @@ pub struct SimulateArgs {
     /// FLOPs per inner step (e.g. counted from pcp's IR), overriding the preset's.
     #[arg(long)]
     pub flops_per_step: Option<f64>,
-    /// All workers share one machine with this many cores (`pcp-node sim`): a step takes
-    /// max(1, workers / cores) × the step time alone.
+    /// All workers share the one machine the step time was measured on (`pcp-node sim`): its
+    /// throughput is split, so a step takes workers × the step time alone.
     #[arg(long)]
-    pub shared_cores: Option<f64>,
+    pub one_machine: bool,
     /// Seconds the shepherd spends between closing a round and announcing the next (validation, checkpoint).
     #[arg(long, default_value_t = 0.0)]
     pub overhead_seconds: f64,

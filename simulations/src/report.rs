@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::compute::ComputeModel;
 use crate::model::ModelSpec;
+use crate::network::Link;
 use crate::world::WorldConfig;
 
 /// One round of one strategy.
@@ -146,6 +147,8 @@ pub struct Settings {
     pub compute: ComputeModel,
     /// The world.
     pub world: WorldConfig,
+    /// The shepherd's drawn link.
+    pub shepherd_link: Link,
     /// The seed.
     pub seed: u64,
 }
@@ -200,6 +203,13 @@ impl Report {
             s.compute.step_seconds,
             s.world.profile.name(),
             if s.world.regions > 1 { format!(" over {} regions", s.world.regions) } else { String::new() }
+        )?;
+        writeln!(
+            out,
+            "shepherd link {}/s up, {}/s down ({})",
+            bytes(s.shepherd_link.up),
+            bytes(s.shepherd_link.down),
+            s.world.shepherd_profile.name()
         )?;
         writeln!(
             out,

@@ -32,9 +32,6 @@ fn check(args: &SimulateArgs) -> Result<(), Error> {
     if args.flops_per_step.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
         return bad("--flops-per-step must be a positive number");
     }
-    if args.shared_cores.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
-        return bad("--shared-cores must be a positive number");
-    }
     if args.params == Some(0) {
         return bad("--params must be at least 1");
     }
@@ -80,17 +77,27 @@ fn settings(args: &SimulateArgs, nodes: usize, rounds: u64) -> Settings {
         Some(s) => ComputeModel::measured(s),
         None => ComputeModel::from_flops(flops, args.device.flops(), args.device.name()),
     };
-    let compute = match args.shared_cores {
-        Some(cores) => {
-            let share = ((nodes - 1) as f64 / cores).max(1.0);
-            ComputeModel {
-                step_seconds: compute.step_seconds * share,
-                source: format!("{}, × {share:.2}: {} workers on {cores} cores", compute.source, nodes - 1),
-            }
+    let compute = if args.one_machine {
+        let workers = nodes - 1;
+        ComputeModel {
+            step_seconds: compute.step_seconds * workers as f64,
+            source: format!("{}, × {workers}: the workers share one machine", compute.source),
         }
-        None => compute,
+    } else {
+        compute
     };
     let encoding = args.encoding.encoding();
+    let world = WorldConfig {
+        profile: args.profile,
+        shepherd_profile: args.shepherd_profile,
+        regions: if args.profile.spans_regions() { args.regions } else { 1 },
+        stragglers: args.stragglers,
+        straggler_slowdown: args.straggler_slowdown,
+        jitter: args.jitter,
+        hostile: args.hostile,
+        poll_s: args.poll_ms as f64 / 1e3,
+    };
+    let shepherd_link = World::new(world.clone(), args.seed).shepherd;
     Settings {
         nodes,
         rounds,
@@ -101,16 +108,8 @@ fn settings(args: &SimulateArgs, nodes: usize, rounds: u64) -> Settings {
         contribution_bytes: model.encoded_bytes(encoding),
         model,
         compute,
-        world: WorldConfig {
-            profile: args.profile,
-            shepherd_profile: args.shepherd_profile,
-            regions: if args.profile.spans_regions() { args.regions } else { 1 },
-            stragglers: args.stragglers,
-            straggler_slowdown: args.straggler_slowdown,
-            jitter: args.jitter,
-            hostile: args.hostile,
-            poll_s: args.poll_ms as f64 / 1e3,
-        },
+        world,
+        shepherd_link,
         seed: args.seed,
     }
 }
