@@ -6,7 +6,6 @@ use pcp_protocol::diloco::compress::Encoding;
 use serde::Serialize;
 
 use crate::compute::Device;
-use crate::model::ModelPreset;
 use crate::network::Profile;
 
 /// Which strategies to simulate.
@@ -65,10 +64,11 @@ pub struct SimulateArgs {
     /// Outer rounds.
     #[arg(long, default_value_t = 100)]
     pub rounds: u64,
-    /// Model-size preset.
-    #[arg(long, value_enum, default_value_t = ModelPreset::Gpt2_124m)]
-    pub model: ModelPreset,
-    /// Parameter count, overriding the preset's (FLOPs scale with it).
+    /// Model: nanogpt-small, nanogpt-medium, gpt2-124m, or any name given --params and
+    /// --flops-per-step (pcp-node counts them for a .mlir).
+    #[arg(long, default_value = "gpt2-124m")]
+    pub model: String,
+    /// Parameter count, overriding the preset's (its FLOPs scale with it).
     #[arg(long)]
     pub params: Option<u64>,
     /// Workers' link profile.

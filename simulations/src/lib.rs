@@ -15,7 +15,8 @@
 //! * [`plot`]: PNG plots.
 //!
 //! The entry point is [`run`] with [`SimulateArgs`] (a clap `Args`, so
-//! `pcp-node simulate` flattens it). The same seed gives the same
+//! `pcp-node simulate` flattens it), or [`run_with_model`] for a model the
+//! caller has measured. The same seed gives the same
 //! `report.json`, byte for byte.
 
 pub mod analytic;
@@ -36,4 +37,4 @@ pub use error::Error;
 pub use model::{ModelPreset, ModelSpec};
 pub use network::Profile;
 pub use report::Report;
-pub use run::{run, to_json};
+pub use run::{run, run_with_model, to_json};

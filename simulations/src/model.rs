@@ -108,6 +108,11 @@ impl ModelPreset {
         }
     }
 
+    /// The preset called `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::NanogptSmall, Self::NanogptMedium, Self::Gpt2_124m].into_iter().find(|p| p.name() == name)
+    }
+
     /// The preset's spec.
     pub fn spec(self) -> ModelSpec {
         self.shape().spec(self.name())

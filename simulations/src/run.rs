@@ -10,6 +10,7 @@ use crate::args::{SimulateArgs, Strategy, Topology};
 use crate::compute::ComputeModel;
 use crate::diloco::{StarSetup, run_star};
 use crate::error::Error;
+use crate::model::{ModelPreset, ModelSpec};
 use crate::plot;
 use crate::report::{Report, Settings, StrategyReport, SweepPoint};
 use crate::world::{World, WorldConfig};
@@ -65,11 +66,29 @@ fn check(args: &SimulateArgs) -> Result<(), Error> {
     Ok(())
 }
 
-fn settings(args: &SimulateArgs, nodes: usize, rounds: u64) -> Settings {
-    let preset = args.model.spec();
+/// The model `--model` names: a preset, or a custom one from `--params` and `--flops-per-step`.
+fn resolve(args: &SimulateArgs) -> Result<ModelSpec, Error> {
+    if let Some(preset) = ModelPreset::parse(&args.model) {
+        return Ok(preset.spec());
+    }
+    match (args.params, args.flops_per_step) {
+        (Some(params), Some(flops)) => Ok(ModelSpec {
+            name: args.model.clone(),
+            tensor_sizes: vec![params],
+            tokens_per_step: 0,
+            flops_per_step: flops,
+        }),
+        _ => Err(Error::Invalid(format!(
+            "--model {} is not nanogpt-small, nanogpt-medium or gpt2-124m; give --params and --flops-per-step for it",
+            args.model
+        ))),
+    }
+}
+
+fn settings(args: &SimulateArgs, base: &ModelSpec, nodes: usize, rounds: u64) -> Settings {
     let model = match args.params {
-        Some(p) => preset.with_params(p),
-        None => preset,
+        Some(p) if p != base.params() => base.with_params(p),
+        _ => base.clone(),
     };
     let flops = args.flops_per_step.unwrap_or(model.flops_per_step);
     let model = crate::model::ModelSpec { flops_per_step: flops, ..model };
@@ -184,8 +203,20 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
 /// stderr when it is a terminal.
 pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<Report, Error> {
     check(args)?;
+    let model = resolve(args)?;
+    run_with_model(args, &model, out)
+}
+
+/// [`run`] for a model the caller describes (exact tensor sizes, tokens and
+/// FLOPs per step, e.g. counted from a StableHLO module); `--model` only names
+/// it, and `--params` and `--flops-per-step` still override it.
+pub fn run_with_model(args: &SimulateArgs, model: &ModelSpec, out: &mut impl Write) -> Result<Report, Error> {
+    check(args)?;
+    if model.params() == 0 || !(model.flops_per_step.is_finite() && model.flops_per_step > 0.0) {
+        return Err(Error::Invalid(format!("model {} has no parameters or no FLOPs per step", model.name)));
+    }
     let names = strategies(args);
-    let main = settings(args, args.nodes, args.rounds);
+    let main = settings(args, model, args.nodes, args.rounds);
     let sweep_nodes: &[usize] = if args.sweep { &args.sweep_nodes } else { &[] };
     let total = names.len() as u64 * (args.rounds + sweep_nodes.len() as u64 * args.sweep_rounds);
     let bar = if std::io::stderr().is_terminal() {
@@ -209,7 +240,7 @@ pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<Report, Error> {
     }
     let mut sweep = Vec::new();
     for &nodes in sweep_nodes {
-        let s = settings(args, nodes, args.sweep_rounds);
+        let s = settings(args, model, nodes, args.sweep_rounds);
         for name in &names {
             bar.set_message(format!("sweep: {name}, {nodes} nodes"));
             let mut tick = |r: u64| bar.set_position(done + r);

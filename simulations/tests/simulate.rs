@@ -111,6 +111,18 @@ fn writes_report_and_plots() {
 }
 
 #[test]
+fn a_custom_model_needs_its_counts() {
+    let r = simulate("--nodes 5 --rounds 2 --model loss.mlir --params 1000000 --flops-per-step 1e12 --device h100");
+    assert_eq!((r.settings.params, r.settings.model.name.as_str()), (1_000_000, "loss.mlir"));
+    assert_eq!(r.settings.contribution_bytes, 10 + 4 + 4_000_000);
+    assert!((r.settings.compute.step_seconds - 1e12 / 400e12).abs() < 1e-12);
+    match run(&args("--model loss.mlir"), &mut Vec::new()) {
+        Err(Error::Invalid(msg)) => assert!(msg.contains("loss.mlir") && msg.contains("--params"), "{msg}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn bad_settings_are_named() {
     for (extra, what) in [
         ("--nodes 1", "--nodes"),
