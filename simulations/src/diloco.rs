@@ -23,6 +23,9 @@
 //!   uploads of consecutive rounds do not share the link.
 //! * After a round closes, the shepherd spends `overhead_s` (validation,
 //!   checkpoint) before the next announcement is visible.
+//! * Workers obey their state machine: `Abandon` means the round is neither
+//!   trained further nor sent (pcp-node's worker ignores `Abandon` today and
+//!   sends late contributions anyway).
 //! * The shepherd holds one tensor of 4 values; wire sizes come from the
 //!   modelled model. Hostile workers send NaN and the real validation
 //!   rejects them.
