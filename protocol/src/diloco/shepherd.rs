@@ -209,6 +209,9 @@ pub struct Shepherd<P> {
     open: Option<OpenRound<P>>,
     finished: bool,
     workers: BTreeMap<P, u64>,
+    /// No worker was last seen before this: `expire` scans only once one may
+    /// have timed out, so an input costs O(log workers), not O(workers).
+    earliest_seen: u64,
     durations: VecDeque<u64>,
     norms: VecDeque<f64>,
     /// Rounds completed when this shepherd started (non-zero after a resume).
@@ -231,6 +234,7 @@ impl<P: Ord + Clone> Shepherd<P> {
             open: None,
             finished: false,
             workers: BTreeMap::new(),
+            earliest_seen: u64::MAX,
             durations: VecDeque::new(),
             norms: VecDeque::new(),
             resumed_at: 0,
@@ -292,6 +296,7 @@ impl<P: Ord + Clone> Shepherd<P> {
         self.first_input_ms.get_or_insert(now_ms);
         match input {
             Input::Joined(peer) => {
+                self.earliest_seen = self.earliest_seen.min(now_ms);
                 if self.workers.insert(peer.clone(), now_ms).is_none() {
                     actions.push(Action::WorkerJoined(peer));
                 }
@@ -365,12 +370,22 @@ impl<P: Ord + Clone> Shepherd<P> {
 
     fn expire(&mut self, now_ms: u64, actions: &mut Vec<Action<P>>) {
         let timeout = self.config.heartbeat_timeout_ms;
+        if now_ms.saturating_sub(self.earliest_seen) <= timeout {
+            return;
+        }
         let dead: Vec<P> = self
             .workers
             .iter()
             .filter(|(_, seen)| now_ms.saturating_sub(**seen) > timeout)
             .map(|(p, _)| p.clone())
             .collect();
+        self.earliest_seen = self
+            .workers
+            .iter()
+            .filter(|(_, seen)| now_ms.saturating_sub(**seen) <= timeout)
+            .map(|(_, seen)| *seen)
+            .min()
+            .unwrap_or(u64::MAX);
         for peer in dead {
             self.remove(peer, LeaveReason::Timeout, actions);
         }
@@ -567,6 +582,24 @@ mod tests {
         assert!(a.contains(&Action::WorkerLeft { peer: 2, reason: LeaveReason::Timeout }));
         let summary = completed(&a).expect("closes once the dead worker is dropped");
         assert_eq!((summary.contributors, summary.excluded), (vec![1], vec![2]));
+    }
+
+    #[test]
+    fn every_silent_worker_expires_once_its_own_timeout_passes() {
+        // timeout 500: 1 goes silent at 0, 2 at 400, 3 keeps heartbeating
+        let mut s = Shepherd::new(Config { start_workers: 3, ..config() }, vec![vec![0.0, 0.0]]);
+        for p in 1..=3 {
+            s.handle(Input::Joined(p), 0);
+        }
+        s.handle(Input::Heartbeat(2), 400);
+        s.handle(Input::Heartbeat(3), 400);
+        let a = s.handle(Input::Heartbeat(3), 501);
+        assert_eq!(a, vec![Action::WorkerLeft { peer: 1, reason: LeaveReason::Timeout }]);
+        s.handle(Input::Heartbeat(3), 800);
+        assert!(s.handle(Input::Tick, 900).is_empty(), "2 was seen at 400");
+        let a = s.handle(Input::Tick, 901);
+        assert!(a.contains(&Action::WorkerLeft { peer: 2, reason: LeaveReason::Timeout }), "{a:?}");
+        assert_eq!(s.workers().copied().collect::<Vec<_>>(), vec![3]);
     }
 
     #[test]

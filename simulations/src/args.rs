@@ -1,0 +1,168 @@
+//! The command line of `pcp-node simulate`.
+
+use std::path::PathBuf;
+
+use pcp_protocol::diloco::compress::Encoding;
+use serde::Serialize;
+
+use crate::compute::Device;
+use crate::network::Profile;
+
+/// Which strategies to simulate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// DiLoCo in the `--topology` chosen.
+    Diloco,
+    /// Synchronous data-parallel training with a ring all-reduce every step.
+    Allreduce,
+    /// Streaming DiLoCo: staggered fragment syncs overlapping compute.
+    Streaming,
+    /// DiLoCo star and hierarchical, Streaming DiLoCo and all-reduce.
+    All,
+}
+
+/// How DiLoCo contributions reach the shepherd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Topology {
+    /// Every worker talks to the shepherd (pcp today; real state machines).
+    Star,
+    /// One aggregator per region sums its workers' contributions.
+    Hierarchical,
+}
+
+/// Pseudo-gradient encodings on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WireEncoding {
+    /// 4 bytes a value.
+    Fp32,
+    /// 2 bytes a value.
+    Bf16,
+    /// 1 byte a value and a scale per tensor.
+    Int8,
+}
+
+impl WireEncoding {
+    /// The protocol's encoding.
+    pub fn encoding(self) -> Encoding {
+        match self {
+            Self::Fp32 => Encoding::F32,
+            Self::Bf16 => Encoding::Bf16,
+            Self::Int8 => Encoding::Int8,
+        }
+    }
+}
+
+/// `pcp-node simulate`: predict what pcp does with many nodes before renting any.
+#[derive(Clone, Debug, PartialEq, clap::Args, Serialize)]
+pub struct SimulateArgs {
+    /// Nodes, the shepherd included (workers = nodes − 1).
+    #[arg(long, default_value_t = 10_000)]
+    pub nodes: usize,
+    /// Outer rounds.
+    #[arg(long, default_value_t = 100)]
+    pub rounds: u64,
+    /// Model: nanogpt-small, nanogpt-medium, gpt2-124m, or any name given --params and
+    /// --flops-per-step (pcp-node counts them for a .mlir).
+    #[arg(long, default_value = "gpt2-124m")]
+    pub model: String,
+    /// Parameter count, overriding the preset's (its FLOPs scale with it).
+    #[arg(long)]
+    pub params: Option<u64>,
+    /// Workers' link profile.
+    #[arg(long, value_enum, default_value_t = Profile::Residential)]
+    pub profile: Profile,
+    /// The shepherd's (and aggregators') link profile.
+    #[arg(long, value_enum, default_value_t = Profile::Datacenter)]
+    pub shepherd_profile: Profile,
+    /// Regions (continents) workers are spread over; crossing costs half an 80–250 ms RTT.
+    #[arg(long, default_value_t = 4)]
+    pub regions: usize,
+    /// Strategy to simulate.
+    #[arg(long, value_enum, default_value_t = Strategy::Diloco)]
+    pub strategy: Strategy,
+    /// DiLoCo topology.
+    #[arg(long, value_enum, default_value_t = Topology::Star)]
+    pub topology: Topology,
+    /// Inner steps per round.
+    #[arg(long, default_value_t = 500)]
+    pub tau: u64,
+    /// Pseudo-gradient encoding.
+    #[arg(long, value_enum, default_value_t = WireEncoding::Fp32)]
+    pub encoding: WireEncoding,
+    /// Seed of everything random.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Directory for report.json and PNG plots.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Device preset for the step time (FLOPs / sustained FLOP/s).
+    #[arg(long, value_enum, default_value_t = Device::H100)]
+    pub device: Device,
+    /// Measured seconds per inner step (`pcp-node bench step`), overriding the FLOP model.
+    #[arg(long)]
+    pub step_seconds: Option<f64>,
+    /// FLOPs per inner step (e.g. counted from pcp's IR), overriding the preset's.
+    #[arg(long)]
+    pub flops_per_step: Option<f64>,
+    /// All workers share the one machine the step time was measured on (`pcp-node sim`): its
+    /// throughput is split, so a step takes workers × the step time alone.
+    #[arg(long)]
+    pub one_machine: bool,
+    /// Seconds the shepherd spends between closing a round and announcing the next (validation, checkpoint).
+    #[arg(long, default_value_t = 0.0)]
+    pub overhead_seconds: f64,
+    /// Workers' heartbeat interval (they learn of a round from its answer), milliseconds.
+    #[arg(long, default_value_t = 500)]
+    pub poll_ms: u64,
+    /// Fraction of workers that are stragglers.
+    #[arg(long, default_value_t = 0.05)]
+    pub stragglers: f64,
+    /// Stragglers' steps take 1.5× to this many times longer.
+    #[arg(long, default_value_t = 4.0)]
+    pub straggler_slowdown: f64,
+    /// Per-round step-time noise, ± this fraction.
+    #[arg(long, default_value_t = 0.05)]
+    pub jitter: f64,
+    /// Fraction of hostile workers (they send NaN; the shepherd's validation rejects it).
+    #[arg(long, default_value_t = 0.0)]
+    pub hostile: f64,
+    /// Expected leaves per worker per hour, with as many Poisson joins (DiLoCo star only).
+    #[arg(long, default_value_t = 0.0)]
+    pub churn_per_hour: f64,
+    /// Fraction of leaves that are crashes, noticed after the heartbeat timeout.
+    #[arg(long, default_value_t = 0.5)]
+    pub crash_fraction: f64,
+    /// The params blob is served at this multiple of the shepherd's uplink (workers serving each other).
+    #[arg(long, default_value_t = 1.0)]
+    pub swarm: f64,
+    /// Streaming DiLoCo fragments.
+    #[arg(long, default_value_t = 4)]
+    pub fragments: u32,
+    /// Contributions that close a round at its deadline.
+    #[arg(long, default_value_t = 1)]
+    pub min_quorum: usize,
+    /// The first round's deadline, seconds (pcp-node: 600).
+    #[arg(long, default_value_t = 600.0)]
+    pub initial_deadline_s: f64,
+    /// Shortest adaptive deadline, seconds (pcp-node: 10).
+    #[arg(long, default_value_t = 10.0)]
+    pub min_deadline_s: f64,
+    /// Longest adaptive deadline, seconds (pcp-node: 600).
+    #[arg(long, default_value_t = 600.0)]
+    pub max_deadline_s: f64,
+    /// Heartbeat timeout, seconds (pcp-node: 10).
+    #[arg(long, default_value_t = 10.0)]
+    pub heartbeat_timeout_s: f64,
+    /// Also simulate every strategy at each of --sweep-nodes (with --sweep-rounds rounds each).
+    #[arg(long)]
+    pub sweep: bool,
+    /// Node counts of the sweep.
+    #[arg(long, value_delimiter = ',', default_value = "10,100,1000,10000")]
+    pub sweep_nodes: Vec<usize>,
+    /// Rounds per sweep point.
+    #[arg(long, default_value_t = 10)]
+    pub sweep_rounds: u64,
+}

@@ -1,0 +1,40 @@
+//! pcp at planet scale, before anyone rents a GPU: a seeded discrete-event
+//! simulator that drives pcp's real DiLoCo state machines
+//! ([`pcp_protocol::diloco::shepherd::Shepherd`] and
+//! [`pcp_protocol::diloco::worker::Worker`]) with simulated time, links and
+//! compute, and compares DiLoCo (star and hierarchical), Streaming DiLoCo and
+//! synchronous all-reduce.
+//!
+//! * [`model`]: parameter counts, wire sizes and FLOPs of the model presets.
+//! * [`compute`]: step time from FLOPs and a device, or measured.
+//! * [`network`]: link profiles and max-min fair flows through a shared link.
+//! * [`world`]: the seeded world (links, regions, stragglers, hostile workers).
+//! * [`diloco`]: DiLoCo in a star on the real state machines, with churn.
+//! * [`analytic`]: hierarchical DiLoCo, Streaming DiLoCo, ring all-reduce.
+//! * [`report`]: per-round statistics, summaries and the printed table.
+//! * [`plot`]: PNG plots.
+//!
+//! The entry point is [`run`] with [`SimulateArgs`] (a clap `Args`, so
+//! `pcp-node simulate` flattens it), or [`run_with_model`] for a model the
+//! caller has measured. The same seed gives the same
+//! `report.json`, byte for byte.
+
+pub mod analytic;
+mod args;
+pub mod compute;
+pub mod diloco;
+mod error;
+pub mod model;
+pub mod network;
+pub mod plot;
+pub mod report;
+mod run;
+pub mod world;
+
+pub use args::{SimulateArgs, Strategy, Topology, WireEncoding};
+pub use compute::{ComputeModel, Device};
+pub use error::Error;
+pub use model::{ModelPreset, ModelSpec};
+pub use network::Profile;
+pub use report::Report;
+pub use run::{run, run_with_model, to_json};

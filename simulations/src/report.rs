@@ -1,0 +1,283 @@
+//! What a simulation reports, and the table it prints.
+
+use std::io::Write;
+
+use serde::Serialize;
+
+use crate::compute::ComputeModel;
+use crate::model::ModelSpec;
+use crate::network::Link;
+use crate::world::WorldConfig;
+
+/// One round of one strategy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RoundStats {
+    /// The round (1-based).
+    pub round: u64,
+    /// When it closed, seconds since the start.
+    pub end_s: f64,
+    /// Wall-clock from the previous round's close (or the start) to this close.
+    pub wall_s: f64,
+    /// Workers expected to contribute.
+    pub participants: u64,
+    /// Contributions averaged.
+    pub contributors: u64,
+    /// Closed at its deadline with a quorum rather than with every live participant answered.
+    pub at_quorum: bool,
+    /// Contributions that arrived after their round closed.
+    pub dropped_late: u64,
+    /// Contributions refused by validation (NaN from hostile workers).
+    pub dropped_rejected: u64,
+    /// Rounds a worker gave up (a newer round or its deadline came first).
+    pub abandoned: u64,
+    /// Compute time of this round's participants / (participants × wall).
+    pub utilization: f64,
+    /// Bytes into the shepherd.
+    pub shepherd_bytes_in: f64,
+    /// Bytes out of the shepherd.
+    pub shepherd_bytes_out: f64,
+    /// Mean bytes into a participant.
+    pub worker_bytes_in: f64,
+    /// Mean bytes out of a participant.
+    pub worker_bytes_out: f64,
+}
+
+/// Totals and means over a strategy's rounds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Summary {
+    /// Rounds completed.
+    pub rounds: u64,
+    /// Simulated seconds until the last round closed.
+    pub total_s: f64,
+    /// Mean wall-clock per round.
+    pub mean_round_s: f64,
+    /// Mean compute utilization.
+    pub utilization: f64,
+    /// Mean bytes into the shepherd per round.
+    pub shepherd_bytes_in: f64,
+    /// Mean bytes out of the shepherd per round.
+    pub shepherd_bytes_out: f64,
+    /// Mean bytes into a worker per round.
+    pub worker_bytes_in: f64,
+    /// Mean bytes out of a worker per round.
+    pub worker_bytes_out: f64,
+    /// Rounds closed at their deadline.
+    pub rounds_at_quorum: u64,
+    /// Rounds closed with every live participant answered.
+    pub rounds_all_answered: u64,
+    /// Late contributions.
+    pub dropped_late: u64,
+    /// Rejected contributions.
+    pub dropped_rejected: u64,
+    /// Abandoned worker rounds.
+    pub abandoned: u64,
+}
+
+impl Summary {
+    /// Sums and averages `rounds`.
+    pub fn of(rounds: &[RoundStats]) -> Self {
+        let n = rounds.len().max(1) as f64;
+        let mean = |f: fn(&RoundStats) -> f64| rounds.iter().map(f).sum::<f64>() / n;
+        Self {
+            rounds: rounds.len() as u64,
+            total_s: rounds.last().map_or(0.0, |r| r.end_s),
+            mean_round_s: mean(|r| r.wall_s),
+            utilization: mean(|r| r.utilization),
+            shepherd_bytes_in: mean(|r| r.shepherd_bytes_in),
+            shepherd_bytes_out: mean(|r| r.shepherd_bytes_out),
+            worker_bytes_in: mean(|r| r.worker_bytes_in),
+            worker_bytes_out: mean(|r| r.worker_bytes_out),
+            rounds_at_quorum: rounds.iter().filter(|r| r.at_quorum).count() as u64,
+            rounds_all_answered: rounds.iter().filter(|r| !r.at_quorum).count() as u64,
+            dropped_late: rounds.iter().map(|r| r.dropped_late).sum(),
+            dropped_rejected: rounds.iter().map(|r| r.dropped_rejected).sum(),
+            abandoned: rounds.iter().map(|r| r.abandoned).sum(),
+        }
+    }
+}
+
+/// One strategy's run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StrategyReport {
+    /// `diloco-star`, `diloco-hierarchical`, `streaming-diloco` or `allreduce`.
+    pub strategy: String,
+    /// `protocol` (pcp's real shepherd and worker state machines) or `analytic`.
+    pub engine: String,
+    /// Every round.
+    pub rounds: Vec<RoundStats>,
+    /// Over all rounds.
+    pub summary: Summary,
+}
+
+/// One point of the node-count sweep.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SweepPoint {
+    /// Strategy name.
+    pub strategy: String,
+    /// Nodes (shepherd included).
+    pub nodes: usize,
+    /// Mean wall-clock per round.
+    pub mean_round_s: f64,
+    /// Mean compute utilization.
+    pub utilization: f64,
+    /// Mean bytes into the shepherd per round.
+    pub shepherd_bytes_in: f64,
+}
+
+/// The settings a report was made with.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Settings {
+    /// Nodes, shepherd included.
+    pub nodes: usize,
+    /// Rounds asked for.
+    pub rounds: u64,
+    /// Inner steps per round.
+    pub tau: u64,
+    /// Pseudo-gradient encoding.
+    pub encoding: String,
+    /// The model.
+    pub model: ModelSpec,
+    /// Parameters.
+    pub params: u64,
+    /// Bytes of the fp32 parameters blob a worker fetches each round.
+    pub params_bytes: u64,
+    /// Bytes of one encoded pseudo-gradient.
+    pub contribution_bytes: u64,
+    /// Step time.
+    pub compute: ComputeModel,
+    /// The world.
+    pub world: WorldConfig,
+    /// The shepherd's drawn link.
+    pub shepherd_link: Link,
+    /// The seed.
+    pub seed: u64,
+}
+
+/// Everything a run produced.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    /// The settings.
+    pub settings: Settings,
+    /// One entry per strategy simulated.
+    pub strategies: Vec<StrategyReport>,
+    /// The node-count sweep (empty without `--sweep`).
+    pub sweep: Vec<SweepPoint>,
+}
+
+/// `1.23 GB`-style sizes.
+pub fn bytes(b: f64) -> String {
+    let units = [("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)];
+    for (name, size) in units {
+        if b >= size {
+            return format!("{:.2} {name}", b / size);
+        }
+    }
+    format!("{b:.0} B")
+}
+
+/// `12.3 s`, `4.5 min` or `2.1 h`.
+pub fn seconds(s: f64) -> String {
+    if s >= 7200.0 {
+        format!("{:.1} h", s / 3600.0)
+    } else if s >= 120.0 {
+        format!("{:.1} min", s / 60.0)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+impl Report {
+    /// Prints the per-strategy table (and the sweep, if any) to `out`.
+    pub fn write_table(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let s = &self.settings;
+        writeln!(
+            out,
+            "{} nodes, {} ({} params, {} fp32), tau {}, {} pseudo-gradients ({}), step {:.4} s, {} workers{}",
+            s.nodes,
+            s.model.name,
+            s.params,
+            bytes(s.params_bytes as f64),
+            s.tau,
+            s.encoding,
+            bytes(s.contribution_bytes as f64),
+            s.compute.step_seconds,
+            s.world.profile.name(),
+            if s.world.regions > 1 { format!(" over {} regions", s.world.regions) } else { String::new() }
+        )?;
+        writeln!(
+            out,
+            "shepherd link {}/s up, {}/s down ({})",
+            bytes(s.shepherd_link.up),
+            bytes(s.shepherd_link.down),
+            s.world.shepherd_profile.name()
+        )?;
+        writeln!(
+            out,
+            "{:<20} {:>6} {:>10} {:>6} {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}",
+            "strategy",
+            "rounds",
+            "round",
+            "util",
+            "shep in",
+            "shep out",
+            "worker in",
+            "worker out",
+            "quorum/all",
+            "late/reject"
+        )?;
+        for r in &self.strategies {
+            let m = &r.summary;
+            writeln!(
+                out,
+                "{:<20} {:>6} {:>10} {:>5.1}% {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}",
+                r.strategy,
+                m.rounds,
+                seconds(m.mean_round_s),
+                100.0 * m.utilization,
+                bytes(m.shepherd_bytes_in),
+                bytes(m.shepherd_bytes_out),
+                bytes(m.worker_bytes_in),
+                bytes(m.worker_bytes_out),
+                format!("{}/{}", m.rounds_at_quorum, m.rounds_all_answered),
+                format!("{}/{}", m.dropped_late, m.dropped_rejected),
+            )?;
+        }
+        writeln!(out, "(bytes and round times are means per round; util = compute time / wall time per worker)")?;
+        if !self.sweep.is_empty() {
+            writeln!(out, "\nsweep: mean round time / utilization / shepherd bytes in per round")?;
+            let mut nodes: Vec<usize> = self.sweep.iter().map(|p| p.nodes).collect();
+            nodes.dedup();
+            write!(out, "{:<20}", "strategy")?;
+            for n in &nodes {
+                write!(out, " {:>28}", format!("{n} nodes"))?;
+            }
+            writeln!(out)?;
+            let mut names: Vec<&str> = Vec::new();
+            for p in &self.sweep {
+                if !names.contains(&p.strategy.as_str()) {
+                    names.push(&p.strategy);
+                }
+            }
+            for name in names {
+                write!(out, "{name:<20}")?;
+                for n in &nodes {
+                    match self.sweep.iter().find(|p| p.strategy == name && p.nodes == *n) {
+                        Some(p) => write!(
+                            out,
+                            " {:>28}",
+                            format!(
+                                "{} / {:.0}% / {}",
+                                seconds(p.mean_round_s),
+                                100.0 * p.utilization,
+                                bytes(p.shepherd_bytes_in)
+                            )
+                        )?,
+                        None => write!(out, " {:>28}", "-")?,
+                    }
+                }
+                writeln!(out)?;
+            }
+        }
+        Ok(())
+    }
+}

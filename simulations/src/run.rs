@@ -1,0 +1,275 @@
+//! `run`: checks the settings, simulates each strategy, prints the table and
+//! writes the report and plots.
+
+use std::io::{IsTerminal, Write};
+
+use pcp_protocol::diloco::shepherd;
+
+use crate::analytic::{self, Setup};
+use crate::args::{SimulateArgs, Strategy, Topology};
+use crate::compute::ComputeModel;
+use crate::diloco::{StarSetup, run_star};
+use crate::error::Error;
+use crate::model::{ModelPreset, ModelSpec};
+use crate::plot;
+use crate::report::{Report, Settings, StrategyReport, SweepPoint};
+use crate::world::{World, WorldConfig};
+
+fn check(args: &SimulateArgs) -> Result<(), Error> {
+    let bad = |what: &str| Err(Error::Invalid(what.to_owned()));
+    let fraction = |f: f64| (0.0..=1.0).contains(&f);
+    if args.nodes < 2 {
+        return bad("--nodes must be at least 2 (a shepherd and a worker)");
+    }
+    if args.nodes > 1_000_000 {
+        return bad("--nodes is at most 1,000,000");
+    }
+    if args.rounds == 0 || args.tau == 0 {
+        return bad("--rounds and --tau must be at least 1");
+    }
+    if args.step_seconds.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
+        return bad("--step-seconds must be a positive number");
+    }
+    if args.flops_per_step.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
+        return bad("--flops-per-step must be a positive number");
+    }
+    if args.params == Some(0) {
+        return bad("--params must be at least 1");
+    }
+    if [args.stragglers, args.hostile, args.crash_fraction, args.jitter].iter().any(|f| !fraction(*f)) {
+        return bad("--stragglers, --hostile, --crash-fraction and --jitter are fractions in [0, 1]");
+    }
+    let finite_nonneg = [
+        args.overhead_seconds,
+        args.churn_per_hour,
+        args.initial_deadline_s,
+        args.min_deadline_s,
+        args.max_deadline_s,
+        args.heartbeat_timeout_s,
+    ];
+    if finite_nonneg.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
+        return bad("times and rates must be finite and not negative");
+    }
+    let swarm_ok = args.swarm.is_finite() && args.swarm >= 1.0;
+    if !swarm_ok || !args.straggler_slowdown.is_finite() {
+        return bad("--swarm must be at least 1 and --straggler-slowdown finite");
+    }
+    if args.regions == 0 || args.fragments == 0 || args.sweep_rounds == 0 {
+        return bad("--regions, --fragments and --sweep-rounds must be at least 1");
+    }
+    if args.sweep_nodes.iter().any(|n| !(2..=1_000_000).contains(n)) {
+        return bad("--sweep-nodes are between 2 and 1,000,000");
+    }
+    if args.min_deadline_s > args.max_deadline_s {
+        return bad("--min-deadline-s exceeds --max-deadline-s");
+    }
+    Ok(())
+}
+
+/// The model `--model` names: a preset, or a custom one from `--params` and `--flops-per-step`.
+fn resolve(args: &SimulateArgs) -> Result<ModelSpec, Error> {
+    if let Some(preset) = ModelPreset::parse(&args.model) {
+        return Ok(preset.spec());
+    }
+    match (args.params, args.flops_per_step) {
+        (Some(params), Some(flops)) => Ok(ModelSpec {
+            name: args.model.clone(),
+            tensor_sizes: vec![params],
+            tokens_per_step: 0,
+            flops_per_step: flops,
+        }),
+        _ => Err(Error::Invalid(format!(
+            "--model {} is not nanogpt-small, nanogpt-medium or gpt2-124m; give --params and --flops-per-step for it",
+            args.model
+        ))),
+    }
+}
+
+fn settings(args: &SimulateArgs, base: &ModelSpec, nodes: usize, rounds: u64) -> Settings {
+    let model = match args.params {
+        Some(p) if p != base.params() => base.with_params(p),
+        _ => base.clone(),
+    };
+    let flops = args.flops_per_step.unwrap_or(model.flops_per_step);
+    let model = crate::model::ModelSpec { flops_per_step: flops, ..model };
+    let compute = match args.step_seconds {
+        Some(s) => ComputeModel::measured(s),
+        None => ComputeModel::from_flops(flops, args.device.flops(), args.device.name()),
+    };
+    let compute = if args.one_machine {
+        let workers = nodes - 1;
+        ComputeModel {
+            step_seconds: compute.step_seconds * workers as f64,
+            source: format!("{}, × {workers}: the workers share one machine", compute.source),
+        }
+    } else {
+        compute
+    };
+    let encoding = args.encoding.encoding();
+    let world = WorldConfig {
+        profile: args.profile,
+        shepherd_profile: args.shepherd_profile,
+        regions: if args.profile.spans_regions() { args.regions } else { 1 },
+        stragglers: args.stragglers,
+        straggler_slowdown: args.straggler_slowdown,
+        jitter: args.jitter,
+        hostile: args.hostile,
+        poll_s: args.poll_ms as f64 / 1e3,
+    };
+    let shepherd_link = World::new(world.clone(), args.seed).shepherd;
+    Settings {
+        nodes,
+        rounds,
+        tau: args.tau,
+        encoding: encoding.name().into(),
+        params: model.params(),
+        params_bytes: model.encoded_bytes(pcp_protocol::diloco::compress::Encoding::F32),
+        contribution_bytes: model.encoded_bytes(encoding),
+        model,
+        compute,
+        world,
+        shepherd_link,
+        seed: args.seed,
+    }
+}
+
+fn shepherd_config(args: &SimulateArgs, rounds: u64) -> shepherd::Config {
+    let ms = |s: f64| (s * 1e3).round() as u64;
+    shepherd::Config {
+        rounds,
+        min_quorum: args.min_quorum,
+        initial_deadline_ms: ms(args.initial_deadline_s),
+        min_deadline_ms: ms(args.min_deadline_s),
+        max_deadline_ms: ms(args.max_deadline_s),
+        heartbeat_timeout_ms: ms(args.heartbeat_timeout_s),
+        ..shepherd::Config::default()
+    }
+}
+
+fn strategies(args: &SimulateArgs) -> Vec<&'static str> {
+    match (args.strategy, args.topology) {
+        (Strategy::Diloco, Topology::Star) => vec!["diloco-star"],
+        (Strategy::Diloco, Topology::Hierarchical) => vec!["diloco-hierarchical"],
+        (Strategy::Streaming, _) => vec!["streaming-diloco"],
+        (Strategy::Allreduce, _) => vec!["allreduce"],
+        (Strategy::All, _) => vec!["diloco-star", "diloco-hierarchical", "streaming-diloco", "allreduce"],
+    }
+}
+
+fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut dyn FnMut(u64)) -> StrategyReport {
+    let world = World::new(settings.world.clone(), args.seed);
+    let workers = settings.nodes - 1;
+    let step_seconds = settings.compute.step_seconds;
+    let shepherd = shepherd_config(args, settings.rounds);
+    if name == "diloco-star" {
+        let setup = StarSetup {
+            rounds: settings.rounds,
+            workers,
+            tau: args.tau,
+            step_seconds,
+            params_bytes: settings.params_bytes as f64,
+            contribution_bytes: settings.contribution_bytes as f64,
+            overhead_s: args.overhead_seconds,
+            swarm: args.swarm,
+            churn_per_hour: args.churn_per_hour,
+            crash_fraction: args.crash_fraction,
+            shepherd,
+            seed: args.seed,
+        };
+        return run_star(world, &setup, progress);
+    }
+    let setup = Setup {
+        rounds: settings.rounds,
+        workers,
+        tau: args.tau,
+        step_seconds,
+        params_bytes: settings.params_bytes as f64,
+        contribution_bytes: settings.contribution_bytes as f64,
+        overhead_s: args.overhead_seconds,
+        swarm: args.swarm,
+        fragments: args.fragments,
+        shepherd,
+        seed: args.seed,
+    };
+    match name {
+        "diloco-hierarchical" => analytic::hierarchical(world, &setup, progress),
+        "streaming-diloco" => analytic::streaming(world, &setup, progress),
+        _ => analytic::allreduce(world, &setup, progress),
+    }
+}
+
+/// Simulates what `args` asks, prints the table to `out`, and with `--out`
+/// writes `report.json` and PNG plots there. A progress bar is drawn on
+/// stderr when it is a terminal.
+pub fn run(args: &SimulateArgs, out: &mut impl Write) -> Result<Report, Error> {
+    check(args)?;
+    let model = resolve(args)?;
+    run_with_model(args, &model, out)
+}
+
+/// [`run`] for a model the caller describes (exact tensor sizes, tokens and
+/// FLOPs per step, e.g. counted from a StableHLO module); `--model` only names
+/// it, and `--params` and `--flops-per-step` still override it.
+pub fn run_with_model(args: &SimulateArgs, model: &ModelSpec, out: &mut impl Write) -> Result<Report, Error> {
+    check(args)?;
+    if model.params() == 0 || !(model.flops_per_step.is_finite() && model.flops_per_step > 0.0) {
+        return Err(Error::Invalid(format!("model {} has no parameters or no FLOPs per step", model.name)));
+    }
+    let names = strategies(args);
+    let main = settings(args, model, args.nodes, args.rounds);
+    let sweep_nodes: &[usize] = if args.sweep { &args.sweep_nodes } else { &[] };
+    let total = names.len() as u64 * (args.rounds + sweep_nodes.len() as u64 * args.sweep_rounds);
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = indicatif::ProgressBar::new(total);
+        if let Ok(style) = indicatif::ProgressStyle::with_template("{msg:>28} {wide_bar} {pos}/{len} rounds {elapsed}")
+        {
+            bar.set_style(style);
+        }
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut done = 0u64;
+    let mut reports = Vec::new();
+    for name in &names {
+        bar.set_message(format!("{name}, {} nodes", args.nodes));
+        let mut tick = |r: u64| bar.set_position(done + r);
+        reports.push(simulate(args, &main, name, &mut tick));
+        done += args.rounds;
+        bar.set_position(done);
+    }
+    let mut sweep = Vec::new();
+    for &nodes in sweep_nodes {
+        let s = settings(args, model, nodes, args.sweep_rounds);
+        for name in &names {
+            bar.set_message(format!("sweep: {name}, {nodes} nodes"));
+            let mut tick = |r: u64| bar.set_position(done + r);
+            let r = simulate(args, &s, name, &mut tick);
+            done += args.sweep_rounds;
+            sweep.push(SweepPoint {
+                strategy: r.strategy,
+                nodes,
+                mean_round_s: r.summary.mean_round_s,
+                utilization: r.summary.utilization,
+                shepherd_bytes_in: r.summary.shepherd_bytes_in,
+            });
+        }
+    }
+    bar.finish_and_clear();
+    let report = Report { settings: main, strategies: reports, sweep };
+    report.write_table(out).map_err(Error::Table)?;
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Write { path: dir.clone(), source })?;
+        let path = dir.join("report.json");
+        let json = to_json(&report)?;
+        std::fs::write(&path, json).map_err(|source| Error::Write { path: path.clone(), source })?;
+        let written = plot::all(&report, dir)?;
+        writeln!(out, "wrote {} and {} plots to {}", path.display(), written, dir.display()).map_err(Error::Table)?;
+    }
+    Ok(report)
+}
+
+/// The report as pretty JSON (what `report.json` holds): same seed, same bytes.
+pub fn to_json(report: &Report) -> Result<String, Error> {
+    Ok(serde_json::to_string_pretty(report)? + "\n")
+}

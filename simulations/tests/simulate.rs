@@ -1,0 +1,138 @@
+//! End-to-end runs of the simulator on small, seeded worlds.
+
+use clap::Parser;
+use pcp_simulations::{Error, Report, SimulateArgs, run, to_json};
+
+#[derive(Debug, Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: SimulateArgs,
+}
+
+fn args(extra: &str) -> SimulateArgs {
+    let line = format!("simulate {extra}");
+    Cli::parse_from(line.split_whitespace()).args
+}
+
+fn simulate(extra: &str) -> Report {
+    let mut table = Vec::new();
+    let report = run(&args(extra), &mut table).expect("runs");
+    assert!(String::from_utf8(table).expect("utf-8").contains("strategy"));
+    report
+}
+
+fn strategy<'a>(report: &'a Report, name: &str) -> &'a pcp_simulations::report::StrategyReport {
+    report.strategies.iter().find(|s| s.strategy == name).expect("strategy present")
+}
+
+#[test]
+fn same_seed_same_bytes_and_another_seed_differs() {
+    let base =
+        "--nodes 150 --rounds 4 --strategy all --model nanogpt-medium --tau 20 --churn-per-hour 20 --hostile 0.1";
+    let a = to_json(&simulate(&format!("{base} --seed 7"))).expect("json");
+    let b = to_json(&simulate(&format!("{base} --seed 7"))).expect("json");
+    let c = to_json(&simulate(&format!("{base} --seed 8"))).expect("json");
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+}
+
+#[test]
+fn the_real_shepherd_rejects_hostile_workers() {
+    let r = simulate("--nodes 101 --rounds 3 --model nanogpt-small --tau 10 --hostile 0.2 --seed 1");
+    let star = strategy(&r, "diloco-star");
+    assert_eq!(star.summary.rounds, 3);
+    let rejected = star.summary.dropped_rejected;
+    assert!((8..=40).contains(&(rejected / 3)), "about 20 NaN contributions a round, got {rejected} in 3");
+    for round in &star.rounds {
+        assert!(round.contributors < round.participants, "{round:?}");
+        assert_eq!(round.participants, 100);
+    }
+}
+
+#[test]
+fn stragglers_miss_the_deadline_and_rounds_close_at_quorum() {
+    // half the workers are 10-25x slower; a 20 s deadline closes rounds at quorum
+    let r = simulate(
+        "--nodes 41 --rounds 6 --model nanogpt-small --tau 100 --step-seconds 0.05 --stragglers 0.5 \
+         --straggler-slowdown 25 --initial-deadline-s 20 --min-deadline-s 20 --max-deadline-s 20 --seed 3",
+    );
+    let star = strategy(&r, "diloco-star");
+    assert_eq!(star.summary.rounds, 6);
+    assert!(star.summary.rounds_at_quorum >= 5, "{:?}", star.summary);
+    assert!(star.summary.dropped_late + star.summary.abandoned > 0, "{:?}", star.summary);
+    assert!(star.summary.mean_round_s < 30.0, "{:?}", star.summary);
+}
+
+#[test]
+fn churn_keeps_rounds_going() {
+    let r =
+        simulate("--nodes 51 --rounds 8 --model nanogpt-small --tau 50 --step-seconds 1 --churn-per-hour 60 --seed 5");
+    let star = strategy(&r, "diloco-star");
+    assert_eq!(star.summary.rounds, 8);
+    let participants: Vec<u64> = star.rounds.iter().map(|r| r.participants).collect();
+    assert!(participants.windows(2).any(|w| w[0] != w[1]), "workers came and went: {participants:?}");
+}
+
+#[test]
+fn the_star_saturates_and_aggregators_relieve_it() {
+    // gpt2-124m on residential links: 10x the workers, about 10x the bytes into the shepherd
+    let small = simulate("--nodes 11 --rounds 2 --strategy all --seed 2");
+    let big = simulate("--nodes 201 --rounds 2 --strategy all --seed 2");
+    let (s, b) = (strategy(&small, "diloco-star"), strategy(&big, "diloco-star"));
+    let ratio = b.summary.shepherd_bytes_in / s.summary.shepherd_bytes_in;
+    assert!((15.0..=25.0).contains(&ratio), "{ratio}");
+    let h = strategy(&big, "diloco-hierarchical");
+    assert!(h.summary.shepherd_bytes_in * 20.0 < b.summary.shepherd_bytes_in, "{:?}", h.summary);
+    // all-reduce moves τ gradients per round over residential uplinks
+    let a = strategy(&big, "allreduce");
+    assert!(
+        a.summary.mean_round_s > 10.0 * b.summary.mean_round_s,
+        "{} vs {}",
+        a.summary.mean_round_s,
+        b.summary.mean_round_s
+    );
+}
+
+#[test]
+fn writes_report_and_plots() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = format!(
+        "--nodes 20 --rounds 3 --strategy all --model nanogpt-small --tau 10 --sweep --sweep-nodes 10,30 --sweep-rounds 2 --out {}",
+        dir.path().display()
+    );
+    let report = simulate(&extra);
+    assert_eq!(report.sweep.len(), 2 * 4);
+    let json = std::fs::read_to_string(dir.path().join("report.json")).expect("report.json");
+    assert_eq!(json, to_json(&report).expect("json"));
+    for png in ["round_time.png", "sweep_round_time.png", "sweep_utilization.png"] {
+        let bytes = std::fs::read(dir.path().join(png)).expect(png);
+        assert_eq!(&bytes[1..4], b"PNG", "{png}");
+    }
+}
+
+#[test]
+fn a_custom_model_needs_its_counts() {
+    let r = simulate("--nodes 5 --rounds 2 --model loss.mlir --params 1000000 --flops-per-step 1e12 --device h100");
+    assert_eq!((r.settings.params, r.settings.model.name.as_str()), (1_000_000, "loss.mlir"));
+    assert_eq!(r.settings.contribution_bytes, 10 + 4 + 4_000_000);
+    assert!((r.settings.compute.step_seconds - 1e12 / 400e12).abs() < 1e-12);
+    match run(&args("--model loss.mlir"), &mut Vec::new()) {
+        Err(Error::Invalid(msg)) => assert!(msg.contains("loss.mlir") && msg.contains("--params"), "{msg}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn bad_settings_are_named() {
+    for (extra, what) in [
+        ("--nodes 1", "--nodes"),
+        ("--step-seconds 0", "--step-seconds"),
+        ("--hostile 2", "--hostile"),
+        ("--min-deadline-s 700", "--min-deadline-s"),
+    ] {
+        match run(&args(extra), &mut Vec::new()) {
+            Err(Error::Invalid(msg)) => assert!(msg.contains(what), "{msg}"),
+            other => panic!("{extra}: {other:?}"),
+        }
+    }
+}
