@@ -15,6 +15,7 @@ mod graph;
 mod join;
 mod model;
 mod sim;
+mod simulate;
 mod train;
 
 use std::process::ExitCode;
@@ -53,6 +54,8 @@ enum Command {
     Sim(sim::SimArgs),
     /// List the backends in this build and the devices each can see.
     Devices,
+    /// Simulate a network of thousands of volunteers (seeded discrete events; no sockets).
+    Simulate(pcp_simulations::SimulateArgs),
 }
 
 /// An error with the exit code it maps to: 2 for bad input, 1 otherwise.
@@ -114,6 +117,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Graph(command)) => graph::run(command),
         Some(Command::Devices) => devices::run(),
+        Some(Command::Simulate(args)) => simulate::run(&args),
         command => match tokio::runtime::Runtime::new() {
             Ok(runtime) => runtime.block_on(async {
                 match command {
@@ -127,7 +131,7 @@ fn main() -> ExitCode {
                     Some(Command::Generate(args)) => generate::run(args, &cli.net).await,
                     Some(Command::Bench(command)) => bench::run(command, &cli.net).await,
                     Some(Command::Sim(args)) => sim::run(args, &cli.net).await,
-                    Some(Command::Graph(_) | Command::Devices) => unreachable!("handled above"),
+                    Some(Command::Graph(_) | Command::Devices | Command::Simulate(_)) => unreachable!("handled above"),
                 }
             }),
             Err(e) => Err(Failure::from(anyhow::anyhow!("cannot start the async runtime: {e}"))),

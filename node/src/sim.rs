@@ -41,6 +41,9 @@ pub(crate) struct SimArgs {
     /// nanogpt-small, nanogpt-medium or a .mlir loss module.
     #[arg(long, default_value = "nanogpt-small")]
     model: String,
+    /// Sequences per inner step (presets only) [default: the preset's].
+    #[arg(long)]
+    batch: Option<usize>,
     /// The corpus [default: the demo corpus].
     #[arg(long)]
     data: Option<PathBuf>,
@@ -139,7 +142,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
         Failure::input(anyhow::anyhow!("no --data given and no demo corpus found; run scripts/setup.sh"))
     })?;
     let corpus = Corpus::load(&data_path, "char", None, 0.1).map_err(Failure::input)?;
-    let model = Model::load(&args.model, corpus.vocab.size()).map_err(Failure::input)?;
+    let model = Model::load_with_batch(&args.model, corpus.vocab.size(), args.batch).map_err(Failure::input)?;
     let total = args.rounds * args.tau;
     let experiment = Experiment {
         model: Some(args.model.clone()),
@@ -148,6 +151,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
         min_lr: args.lr / 10.0,
         warmup_steps: (total / 20).min(100),
         seed: args.seed,
+        batch_size: args.batch,
         tau: args.tau,
         outer_loop_steps: args.rounds,
         outer_lr: f64::from(args.outer_lr),

@@ -60,8 +60,11 @@ fn training_modules_compile_for_one_target_per_gpu_backend() -> anyhow::Result<(
         for (backend, target) in targets {
             match compile(&model, backend, target) {
                 Ok((vmfb, report)) => {
-                    // a FlatBuffer whose file identifier is IREE's
-                    assert_eq!(&vmfb[4..8], b"IREE", "{model} {backend}");
+                    // IREE's archive: a zip whose first entry is the module's FlatBuffer
+                    assert_eq!(&vmfb[..4], b"PK\x03\x04", "{model} {backend}");
+                    let head = &vmfb[..vmfb.len().min(256)];
+                    assert!(head.windows(9).any(|w| w == b"module.fb"), "{model} {backend}");
+                    assert!(head.windows(4).any(|w| w == b"IREE"), "{model} {backend}");
                     assert!(report.contains("@train_step") && report.contains("compiled in"), "{report}");
                     if target == Some("h100") {
                         assert!(report.contains("note: IREE 3.13 has no h100 description"), "{report}");
@@ -135,4 +138,97 @@ fn gpu_nodes_without_their_library_say_which_library() {
         one_line_error(&train),
         "error: backend cuda: /nonexistent/libcuda.so.1 not found (install the NVIDIA driver)"
     );
+}
+
+/// The losses `train` printed: every `step N/M loss X` and the final `val loss X`.
+fn losses(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split_once(" loss ")?.1;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// A GPU backend's numbers are the cpu's: the same seed trains to the same losses
+/// on Vulkan (lavapipe here; an H100's figures are in the README).
+#[test]
+fn vulkan_trains_like_the_cpu() -> anyhow::Result<()> {
+    let mut runs = Vec::new();
+    for backend in ["cpu", "vulkan"] {
+        let dir = tempfile::tempdir()?;
+        let data_dir = dir.path().to_str().unwrap_or_default();
+        let args = [
+            "train",
+            "--model",
+            "nanogpt-small",
+            "--steps",
+            "3",
+            "--batch",
+            "2",
+            "--eval-every",
+            "0",
+            "--seed",
+            "7",
+            "--backend",
+            backend,
+            "--data-dir",
+            data_dir,
+        ];
+        let out = pcp(&args, &[]);
+        anyhow::ensure!(out.status.success(), "{backend}: {}", text(&out.stderr));
+        runs.push(losses(&text(&out.stdout)));
+    }
+    let (cpu, vulkan) = (&runs[0], &runs[1]);
+    assert!(cpu.len() >= 3, "step and validation losses: {cpu:?}");
+    assert_eq!(cpu.len(), vulkan.len(), "{cpu:?} vs {vulkan:?}");
+    for (c, v) in cpu.iter().zip(vulkan) {
+        assert!(((c - v) / c).abs() < 1e-3, "cpu {cpu:?} vs vulkan {vulkan:?}");
+    }
+    Ok(())
+}
+
+/// A heterogeneous run: one Vulkan worker and one cpu worker. The shepherd
+/// compiles an artifact for each, both contribute to every round, the loss falls.
+#[test]
+fn a_vulkan_worker_and_a_cpu_worker_train_together() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let events_path = dir.path().join("events.jsonl");
+    let args = [
+        "sim",
+        "--nodes",
+        "3",
+        "--rounds",
+        "3",
+        "--tau",
+        "3",
+        "--batch",
+        "2",
+        "--worker-backend",
+        "1:vulkan",
+        "--data-dir",
+        dir.path().to_str().unwrap_or_default(),
+        "--events",
+        events_path.to_str().unwrap_or_default(),
+    ];
+    let out = pcp(&args, &[]);
+    anyhow::ensure!(out.status.success(), "{}", text(&out.stderr));
+    let events: Vec<serde_json::Value> =
+        std::fs::read_to_string(&events_path)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    let of = |kind: &str| events.iter().filter(|e| e["event"] == kind).collect::<Vec<_>>();
+    let published: Vec<&str> = of("artifact_published").iter().filter_map(|e| e["backend"].as_str()).collect();
+    assert!(published.contains(&"cpu") && published.contains(&"vulkan"), "{published:?}");
+    let joined = of("worker_joined");
+    let vulkan = joined.iter().find(|e| e["backend"] == "vulkan").map(|e| e["peer"].clone());
+    let vulkan = vulkan.ok_or_else(|| anyhow::anyhow!("no vulkan worker joined: {joined:?}"))?;
+    let rounds = of("round_completed");
+    assert_eq!(rounds.len(), 3, "{rounds:?}");
+    for round in &rounds {
+        assert_eq!(round["contributors"], 2, "{round}");
+        assert!(round["peers"].as_array().is_some_and(|p| p.contains(&vulkan)), "{round}");
+    }
+    let loss = |r: &serde_json::Value| r["mean_loss"].as_f64().unwrap_or(f64::NAN);
+    assert!(loss(rounds[2]) < loss(rounds[0]), "the loss falls: {rounds:?}");
+    Ok(())
 }

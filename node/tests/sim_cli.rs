@@ -120,3 +120,43 @@ fn hostile_workers_are_rejected_or_bounded() {
         "validation loss {attacked} with a x1000 worker vs {honest} without"
     );
 }
+
+/// `pcp-node simulate` counts an exported `.mlir` model from its IR (parameters,
+/// tokens per batch, FLOPs of the fused step) and writes its report; bad input is
+/// one line and exit code 2.
+#[test]
+fn simulate_counts_an_exported_model() {
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/models/nanogpt_small.mlir");
+    if !model.exists() {
+        // ../shared is part of every checkout this project runs in; say so loudly if not.
+        panic!("{} is missing", model.display());
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = pcp_node()
+        .args(["simulate", "--nodes", "40", "--rounds", "3", "--tau", "50", "--device", "cpu-2core"])
+        .arg("--model")
+        .arg(&model)
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .expect("pcp-node simulate");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The exported model's 109,377 parameters, counted from its signature.
+    assert!(stdout.contains("(109377 params"), "{stdout}");
+    assert!(stdout.contains("diloco-star"), "{stdout}");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).expect("report.json"))
+            .expect("report.json parses");
+    assert!(report.to_string().contains("nanogpt_small.mlir"), "{report}");
+
+    for (args, needle) in [
+        (vec!["simulate", "--model", "/nonexistent.mlir"], "/nonexistent.mlir"),
+        (vec!["simulate", "--nodes", "1"], "--nodes must be at least 2"),
+    ] {
+        let out = pcp_node().args(&args).output().expect("pcp-node simulate");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle) && stderr.trim().lines().count() == 1, "{args:?}: {stderr}");
+    }
+}

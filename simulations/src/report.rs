@@ -175,9 +175,13 @@ pub fn bytes(b: f64) -> String {
     format!("{b:.0} B")
 }
 
-/// `12.3 s`, `4.5 min` or `2.1 h`.
+/// `85 µs`, `3.2 ms`, `12.3 s`, `4.5 min` or `2.1 h`.
 pub fn seconds(s: f64) -> String {
-    if s >= 7200.0 {
+    if s > 0.0 && s < 1e-3 {
+        format!("{:.0} µs", s * 1e6)
+    } else if s > 0.0 && s < 0.1 {
+        format!("{:.1} ms", s * 1e3)
+    } else if s >= 7200.0 {
         format!("{:.1} h", s / 3600.0)
     } else if s >= 120.0 {
         format!("{:.1} min", s / 60.0)
@@ -192,7 +196,7 @@ impl Report {
         let s = &self.settings;
         writeln!(
             out,
-            "{} nodes, {} ({} params, {} fp32), tau {}, {} pseudo-gradients ({}), step {:.4} s, {} workers{}",
+            "{} nodes, {} ({} params, {} fp32), tau {}, {} pseudo-gradients ({}), step {}, {} workers{}",
             s.nodes,
             s.model.name,
             s.params,
@@ -200,7 +204,7 @@ impl Report {
             s.tau,
             s.encoding,
             bytes(s.contribution_bytes as f64),
-            s.compute.step_seconds,
+            seconds(s.compute.step_seconds),
             s.world.profile.name(),
             if s.world.regions > 1 { format!(" over {} regions", s.world.regions) } else { String::new() }
         )?;
