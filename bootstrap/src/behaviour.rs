@@ -1,5 +1,6 @@
 //! The composed libp2p behaviour and its construction.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use libp2p::swarm::NetworkBehaviour;
@@ -9,8 +10,10 @@ use libp2p::{
 };
 use pcp_schema::MAX_CONTROL_MESSAGE;
 
+use crate::admission::Admission;
 use crate::codec::BlobCodec;
 use crate::config::Config;
+use crate::ip_limits::IpLimits;
 use crate::rpc::{RPC_PROTOCOL, RpcCodec};
 
 /// Kademlia protocol name: one DHT for the whole pcp network.
@@ -24,7 +27,8 @@ pub const BLOB_PROTOCOL: StreamProtocol = StreamProtocol::new("/pcp/blob/1.0.0")
 const MAX_CONNECTIONS_PER_PEER: u32 = 8;
 /// Established connections in all.
 const MAX_CONNECTIONS: u32 = 512;
-/// Pending (handshaking) connections each way.
+/// Pending (handshaking) outbound connections; inbound ones are capped per transport
+/// and per address by [`IpLimits`].
 const MAX_PENDING: u32 = 64;
 /// Concurrent inbound plus outbound blob streams per connection: room for two fetches'
 /// chunk windows each way (a stream over the limit fails its request). Each holds at most
@@ -38,6 +42,7 @@ const MAX_RPC_STREAMS: usize = 8;
 #[allow(missing_debug_implementations)]
 pub(crate) struct Behaviour {
     pub(crate) limits: connection_limits::Behaviour,
+    pub(crate) ip_limits: IpLimits,
     pub(crate) blocked: allow_block_list::Behaviour<allow_block_list::BlockedPeers>,
     pub(crate) identify: identify::Behaviour,
     pub(crate) ping: ping::Behaviour,
@@ -52,12 +57,12 @@ impl Behaviour {
     pub(crate) fn new(
         key: &identity::Keypair,
         config: &Config,
+        admission: Arc<Admission>,
     ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         let peer_id = key.public().to_peer_id();
         let limits = connection_limits::ConnectionLimits::default()
             .with_max_established_per_peer(Some(MAX_CONNECTIONS_PER_PEER))
             .with_max_established(Some(MAX_CONNECTIONS))
-            .with_max_pending_incoming(Some(MAX_PENDING))
             .with_max_pending_outgoing(Some(MAX_PENDING));
 
         let mut kad_config = kad::Config::new(KAD_PROTOCOL);
@@ -106,7 +111,7 @@ impl Behaviour {
         );
 
         let rpc = request_response::Behaviour::with_codec(
-            RpcCodec::default(),
+            RpcCodec::new(admission),
             [(RPC_PROTOCOL, request_response::ProtocolSupport::Full)],
             request_response::Config::default()
                 .with_request_timeout(Duration::from_secs(120))
@@ -115,6 +120,7 @@ impl Behaviour {
 
         Ok(Self {
             limits: connection_limits::Behaviour::new(limits),
+            ip_limits: IpLimits::default(),
             blocked: allow_block_list::Behaviour::default(),
             identify: identify::Behaviour::new(
                 identify::Config::new(IDENTIFY_PROTOCOL.into(), key.public())

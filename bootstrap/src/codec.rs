@@ -50,9 +50,18 @@ async fn read_frame_bytes<T: AsyncRead + Unpin + Send, M: Message>(io: &mut T) -
             format!("{}: frame of {len} bytes exceeds {} bytes", M::NAME, M::MAX_SIZE),
         ));
     }
-    // grow with what actually arrives: a peer that claims a large frame and stops early
-    // costs at most twice what it sent. Each step is zeroed once and read in place (no
-    // `read_to_end`, which re-zeroes and reallocates past a chunk-sized frame).
+    read_growing(io, len, M::NAME).await
+}
+
+/// Exactly `len` bytes of `what`. The buffer grows with what actually arrives: a peer
+/// that announces many bytes and stops early costs at most twice what it sent. Each
+/// step is zeroed once and read in place (no `read_to_end`, which re-zeroes and
+/// reallocates past a chunk-sized frame).
+pub(crate) async fn read_growing<T: AsyncRead + Unpin + Send>(
+    io: &mut T,
+    len: usize,
+    what: &str,
+) -> io::Result<Vec<u8>> {
     let mut buf = Vec::new();
     while buf.len() < len {
         let start = buf.len();
@@ -61,7 +70,7 @@ async fn read_frame_bytes<T: AsyncRead + Unpin + Send, M: Message>(io: &mut T) -
         buf.resize(start + step, 0);
         io.read_exact(&mut buf[start..]).await.map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
-                io::Error::new(e.kind(), format!("{}: frame truncated before {} of {len} bytes", M::NAME, start + step))
+                io::Error::new(e.kind(), format!("{what}: frame truncated before {} of {len} bytes", start + step))
             } else {
                 e
             }

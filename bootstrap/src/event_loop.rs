@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::Admission;
 use crate::behaviour::{Behaviour, BehaviourEvent, KAD_PROTOCOL};
 use crate::codec::{BlobReply, ChunkFrame};
 use crate::config::Config;
@@ -52,6 +53,12 @@ const BLOB_WORKERS: usize = 4;
 const BLOB_QUEUE: usize = 256;
 /// Inbound DiLoCo requests waiting for their answer.
 const MAX_RPC_INBOUND: usize = 1024;
+/// A connection's transport handshake (TCP: security and multiplexer; QUIC: TLS) must
+/// finish within this long: a silent socket holds a pending slot no longer.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(4);
+/// Refused inbound requests are logged once per peer per interval, with a count.
+const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Outbound DiLoCo requests in flight.
 const MAX_RPC_OUTBOUND: usize = 256;
 /// An inbound request not answered within this long is dropped.
@@ -153,6 +160,15 @@ pub struct EventLoop {
     stats: Stats,
     last_rebootstrap: Instant,
     last_recovery: Instant,
+    /// Inbound requests refused and not yet logged, per peer: count, last reason.
+    refused: HashMap<PeerId, (u64, String)>,
+    /// When each peer's refusals were last logged.
+    refusals_logged: HashMap<PeerId, Instant>,
+    /// Refused requests whose head did not verify (no known sender), and when they
+    /// were last logged.
+    unverified_refusals: (u64, String),
+    unverified_logged: Option<Instant>,
+    admission: Arc<Admission>,
     last_rescan: Option<Instant>,
 }
 
@@ -194,6 +210,7 @@ impl EventLoop {
         config: Config,
         commands: mpsc::Receiver<Command>,
         events: mpsc::Sender<Event>,
+        admission: Arc<Admission>,
     ) -> Result<Self, StartError> {
         let store = BlobStore::open(&config.data_dir)?.with_max_size(config.max_blob_size);
         let key = keypair(identity);
@@ -208,9 +225,10 @@ impl EventLoop {
             )
             .map_err(|e| StartError::Swarm(format!("tcp transport: {e}")))?
             .with_quic()
-            .with_behaviour(|key| Behaviour::new(key, &behaviour_config))
+            .with_behaviour(|key| Behaviour::new(key, &behaviour_config, admission.clone()))
             .map_err(|e| StartError::Swarm(format!("behaviour: {e}")))?
             .with_swarm_config(|c| c.with_idle_connection_timeout(config.idle_timeout))
+            .with_connection_timeout(HANDSHAKE_TIMEOUT)
             .build();
         for addr in &config.listen {
             swarm
@@ -244,6 +262,11 @@ impl EventLoop {
             reachability: Reachability::Unknown,
             stats: Stats::default(),
             last_rebootstrap: now,
+            refused: HashMap::new(),
+            refusals_logged: HashMap::new(),
+            unverified_refusals: (0, String::new()),
+            unverified_logged: None,
+            admission,
             last_recovery: now,
             last_rescan: None,
             config,
@@ -306,6 +329,42 @@ impl EventLoop {
         }
     }
 
+    /// One line and one `message_rejected` event per peer whose requests were refused,
+    /// with the count: at once for the first, then at most once per [`DROP_LOG_INTERVAL`].
+    fn log_refusals(&mut self, now: Instant) {
+        // what the codec refused (see `Admission::refused`)
+        for (signer, count, reason) in self.admission.take_refusals() {
+            self.stats.messages_rejected += count;
+            match signer.and_then(|s| crate::rpc::peer_of(&s)) {
+                Some(peer) => {
+                    let entry = self.refused.entry(peer).or_default();
+                    entry.0 += count;
+                    entry.1 = reason;
+                }
+                None => {
+                    self.unverified_refusals.0 += count;
+                    self.unverified_refusals.1 = reason;
+                }
+            }
+        }
+        if self.unverified_refusals.0 > 0
+            && self.unverified_logged.is_none_or(|t| now.duration_since(t) >= DROP_LOG_INTERVAL)
+        {
+            let (count, reason) = std::mem::take(&mut self.unverified_refusals);
+            tracing::warn!("{count} requests without a valid signed head refused; the last: {reason}");
+            self.unverified_logged = Some(now);
+        }
+        self.refusals_logged.retain(|_, at| now.duration_since(*at) < DROP_LOG_INTERVAL);
+        let due: Vec<PeerId> = self.refused.keys().filter(|p| !self.refusals_logged.contains_key(p)).copied().collect();
+        for peer in due {
+            let Some((count, reason)) = self.refused.remove(&peer) else { continue };
+            self.refusals_logged.insert(peer, now);
+            let what = if count == 1 { "request".to_owned() } else { format!("{count} requests") };
+            tracing::warn!(%peer, "{what} refused: {reason}");
+            self.emit(Event::MessageRejected { peer, reason: format!("{what} refused: {reason}") });
+        }
+    }
+
     fn housekeeping(&mut self) {
         let now = Instant::now();
         let expired: Vec<PeerId> = self.banned.iter().filter(|(_, until)| **until <= now).map(|(p, _)| *p).collect();
@@ -331,6 +390,7 @@ impl EventLoop {
             self.provide_store();
         }
         self.replay.prune(now_ms());
+        self.log_refusals(now);
         // requests the owner never answered: dropping the channel resets the stream
         self.rpc_in.retain(|_, (_, since)| now.duration_since(*since) < RPC_ANSWER_TIMEOUT);
         let hashes: Vec<BlobHash> = self.fetches.keys().copied().collect();

@@ -16,6 +16,7 @@
 //! over a request-response protocol (see [`RPC_PROTOCOL`]); the event loop verifies
 //! every signature and refuses replays before the owner sees a request.
 
+pub mod admission;
 mod behaviour;
 mod codec;
 mod config;
@@ -23,6 +24,7 @@ mod event_loop;
 mod events;
 mod fetch;
 mod identity_file;
+mod ip_limits;
 mod mux;
 mod node;
 pub mod outboard;
@@ -31,6 +33,7 @@ mod store;
 pub mod testnet;
 mod tls;
 
+pub use admission::Admission;
 pub use behaviour::{BLOB_PROTOCOL, IDENTIFY_PROTOCOL, KAD_PROTOCOL};
 pub use codec::CapnpCodec;
 pub use config::Config;

@@ -35,6 +35,8 @@ const _: () = assert!(FRAME_BODY < 1 << 20, "yamux refuses frame bodies over 1 M
 /// Inbound streams held while the swarm is busy; beyond this they are dropped (the
 /// same bound as yamux's own backlog of unacknowledged streams).
 const MAX_BUFFERED_INBOUND: usize = 256;
+/// At most one warning about dropped streams per connection per interval.
+const DROP_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The yamux upgrade.
 #[derive(Debug, Clone)]
@@ -90,11 +92,15 @@ pub(crate) struct Muxer<C> {
     /// Inbound streams that arrived while [`StreamMuxer::poll`] drove the connection.
     inbound: VecDeque<yamux::Stream>,
     inbound_waker: Option<Waker>,
+    /// Inbound streams dropped since the last warning, logged at most once per
+    /// [`DROP_LOG_INTERVAL`] so that a flood of streams is not a flood of lines.
+    dropped: u64,
+    last_drop_log: Option<std::time::Instant>,
 }
 
 impl<C> Muxer<C> {
     fn new(connection: yamux::Connection<C>) -> Self {
-        Self { connection, inbound: VecDeque::new(), inbound_waker: None }
+        Self { connection, inbound: VecDeque::new(), inbound_waker: None, dropped: 0, last_drop_log: None }
     }
 }
 
@@ -161,7 +167,13 @@ where
                 waker.wake();
             }
         } else {
-            tracing::warn!(%stream, "yamux: inbound stream dropped, {MAX_BUFFERED_INBOUND} already wait");
+            this.dropped += 1;
+            let now = std::time::Instant::now();
+            if this.last_drop_log.is_none_or(|t| now.duration_since(t) >= DROP_LOG_INTERVAL) {
+                let dropped = std::mem::take(&mut this.dropped);
+                tracing::warn!("yamux: {dropped} inbound streams dropped ({MAX_BUFFERED_INBOUND} already waited)");
+                this.last_drop_log = Some(now);
+            }
         }
         // let the swarm take the stream before driving the connection further
         cx.waker().wake_by_ref();

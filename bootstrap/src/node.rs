@@ -1,12 +1,14 @@
 //! The handle to a running node: a Clone wrapper around the command queue.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use libp2p::{Multiaddr, PeerId};
 use pcp_protocol::{BlobHash, Identity, PublicKey, RunId};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::admission::Admission;
 use crate::config::Config;
 use crate::event_loop::{Command, EventLoop};
 use crate::events::{Event, Reachability, Stats};
@@ -143,6 +145,7 @@ pub struct Node {
     commands: mpsc::Sender<Command>,
     peer_id: PeerId,
     public: PublicKey,
+    admission: Arc<Admission>,
 }
 
 impl Node {
@@ -151,14 +154,21 @@ impl Node {
     pub fn new(identity: &Identity, config: Config) -> Result<(Self, mpsc::Receiver<Event>, EventLoop), StartError> {
         let (tx, rx) = mpsc::channel(config.command_queue.max(1));
         let (event_tx, event_rx) = mpsc::channel(config.event_queue.max(1));
-        let event_loop = EventLoop::new(identity, config, rx, event_tx)?;
-        let node = Self { commands: tx, peer_id: event_loop.peer_id(), public: identity.public() };
+        let admission = Arc::new(Admission::default());
+        let event_loop = EventLoop::new(identity, config, rx, event_tx, admission.clone())?;
+        let node = Self { commands: tx, peer_id: event_loop.peer_id(), public: identity.public(), admission };
         Ok((node, event_rx, event_loop))
     }
 
     /// This node's PeerId.
     pub fn peer_id(&self) -> PeerId {
         self.peer_id
+    }
+
+    /// The runs this node serves and their participants: what it agrees to read, and
+    /// from whom, before reading it (see [`crate::admission`]).
+    pub fn admission(&self) -> &Admission {
+        &self.admission
     }
 
     /// This node's signing key (the same key as its PeerId).

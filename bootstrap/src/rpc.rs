@@ -1,23 +1,131 @@
 //! Signed request-response: the DiLoCo control protocol (join, heartbeat, contribution).
 //!
-//! Requests and responses are [`SignedEnvelope`]s. The event loop verifies each
+//! Requests and responses are [`SignedEnvelope`]s, framed as a 4-byte big-endian
+//! length, a [`FrameHead`] (the envelope without its payload, at most
+//! [`MAX_FRAME_HEAD`] bytes) and then the payload's bytes. The head carries the
+//! envelope's signature, which covers the payload's blake3 hash, so the codec verifies
+//! it and asks [`Admission`] whether it may read the announced payload before it reads
+//! any (see [`crate::admission`]). The event loop verifies each
 //! signature before anything decodes the payload, requires the signer to be the peer on
 //! the other end of the stream (so a message cannot be relayed in someone else's name),
 //! and refuses replays of requests. Inbound requests wait for [`crate::Node::respond`]
 //! in a bounded table; requests beyond it are dropped.
 
+use std::io;
+use std::sync::Arc;
+
+use futures::prelude::*;
 use libp2p::{PeerId, StreamProtocol};
 use pcp_protocol::PublicKey;
-use pcp_schema::SignedEnvelope;
+use pcp_schema::{FrameHead, MAX_CONTROL_MESSAGE, MAX_FRAME_HEAD, Message, MessageKind, SignedEnvelope};
 
-use crate::codec::CapnpCodec;
+use crate::admission::{Admission, Permit};
+use crate::codec::read_growing;
 use crate::node::Stopped;
 
-/// The DiLoCo request-response protocol.
-pub const RPC_PROTOCOL: StreamProtocol = StreamProtocol::new("/pcp/diloco/1.0.0");
+/// The DiLoCo request-response protocol (2.0.0: the signed head before the payload).
+pub const RPC_PROTOCOL: StreamProtocol = StreamProtocol::new("/pcp/diloco/2.0.0");
 
-/// Its codec: a signed envelope each way.
-pub(crate) type RpcCodec = CapnpCodec<SignedEnvelope, SignedEnvelope>;
+/// Its codec: a signed envelope each way, head first.
+#[derive(Debug, Clone)]
+pub(crate) struct RpcCodec {
+    admission: Arc<Admission>,
+}
+
+impl RpcCodec {
+    pub(crate) fn new(admission: Arc<Admission>) -> Self {
+        Self { admission }
+    }
+}
+
+fn invalid(reason: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, reason.to_string())
+}
+
+/// A frame's head, its signature verified.
+async fn read_head<T: AsyncRead + Unpin + Send>(io: &mut T) -> io::Result<(FrameHead, PublicKey)> {
+    let mut len = [0u8; 4];
+    io.read_exact(&mut len).await?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_FRAME_HEAD {
+        return Err(invalid(format!("FrameHead of {len} bytes exceeds {MAX_FRAME_HEAD} bytes")));
+    }
+    let mut bytes = vec![0u8; len];
+    io.read_exact(&mut bytes).await?;
+    let head = FrameHead::decode(&bytes).map_err(invalid)?;
+    let signer = pcp_protocol::verify_head(&head).map_err(invalid)?;
+    Ok((head, signer))
+}
+
+/// The payload `head` announces, checked against its hash; `_permit` holds its share
+/// of the node's budgets while it is read.
+async fn read_payload<T: AsyncRead + Unpin + Send>(
+    io: &mut T,
+    head: FrameHead,
+    _permit: Option<Permit>,
+) -> io::Result<SignedEnvelope> {
+    let len = usize::try_from(head.payload_len).map_err(invalid)?;
+    let payload = read_growing(io, len, head.kind.tag()).await?;
+    if *blake3::hash(&payload).as_bytes() != head.payload_hash {
+        return Err(invalid(format!("{} payload does not match its signed hash", head.kind.tag())));
+    }
+    Ok(head.with_payload(payload))
+}
+
+async fn write_envelope<T: AsyncWrite + Unpin + Send>(io: &mut T, envelope: &SignedEnvelope) -> io::Result<()> {
+    let head = pcp_protocol::head_of(envelope).encode();
+    let len = u32::try_from(head.len()).map_err(invalid)?;
+    io.write_all(&len.to_be_bytes()).await?;
+    io.write_all(&head).await?;
+    io.write_all(&envelope.payload).await?;
+    io.close().await
+}
+
+impl libp2p::request_response::Codec for RpcCodec {
+    type Protocol = StreamProtocol;
+    type Request = SignedEnvelope;
+    type Response = SignedEnvelope;
+
+    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<SignedEnvelope>
+    where
+        T: AsyncRead + Unpin + Send,
+    {
+        // request-response drops a request that fails here without telling the event
+        // loop: the refusal is noted for it to report
+        let (head, signer) = read_head(io).await.inspect_err(|e| self.admission.refused(None, e.to_string()))?;
+        let permit = self.admission.permit(&head, signer).map_err(|refusal| {
+            self.admission.refused(Some(signer), refusal.to_string());
+            invalid(refusal)
+        })?;
+        read_payload(io, head, Some(permit)).await.inspect_err(|e| self.admission.refused(Some(signer), e.to_string()))
+    }
+
+    async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<SignedEnvelope>
+    where
+        T: AsyncRead + Unpin + Send,
+    {
+        // an answer comes from a peer this node asked, and is never a contribution
+        let (head, _) = read_head(io).await?;
+        if head.kind == MessageKind::Contribution || head.payload_len > MAX_CONTROL_MESSAGE as u64 {
+            return Err(invalid(format!("an answer of {} bytes of {}", head.payload_len, head.kind.tag())));
+        }
+        read_payload(io, head, None).await
+    }
+
+    async fn write_request<T>(&mut self, _: &StreamProtocol, io: &mut T, req: SignedEnvelope) -> io::Result<()>
+    where
+        T: AsyncWrite + Unpin + Send,
+    {
+        write_envelope(io, &req).await
+    }
+
+    async fn write_response<T>(&mut self, _: &StreamProtocol, io: &mut T, res: SignedEnvelope) -> io::Result<()>
+    where
+        T: AsyncWrite + Unpin + Send,
+    {
+        write_envelope(io, &res).await
+    }
+}
 
 /// An inbound request waiting for its answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

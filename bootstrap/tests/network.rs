@@ -411,3 +411,58 @@ async fn signed_requests_are_verified_both_ways() -> anyhow::Result<()> {
     net.shutdown().await;
     Ok(())
 }
+
+/// A contribution is read only from a participant of a run the node serves, and only up
+/// to the run's size; anything else is refused after its signed head, reported once
+/// per peer with a count, and the sender's request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contributions_are_read_only_from_admitted_participants() -> anyhow::Result<()> {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let mut net = discovered_net(dir.path(), 2).await?;
+    let client_key = pcp_bootstrap::load_or_create(&net.nodes[1].data_dir)?;
+    let (client, server_peer) = (net.nodes[1].node.clone(), net.nodes[2].peer_id());
+    let run = RunId([5; 32]);
+    let contribution = |len: usize| pcp_schema::Contribution {
+        run: run.0,
+        round: 1,
+        inner_steps: 1,
+        samples: 1,
+        pseudo_gradient: pcp_schema::ParameterRef { name: "delta".into(), shard: 0, blob: [0; 32], size: len as u64 },
+        loss: 1.0,
+        delta: vec![7; len],
+    };
+    let mut nonce = 0;
+    let mut send = |len: usize| {
+        nonce += 1;
+        let envelope = seal(&client_key, Binding { run, round: 1, nonce, unix_ms: now_ms() }, &contribution(len));
+        let client = client.clone();
+        tokio::spawn(async move { client.request(server_peer, envelope).await })
+    };
+
+    // the server serves no run: refused before the payload is read
+    let asking = send(100_000);
+    match next_request(&mut net.nodes[2]).await? {
+        Event::MessageRejected { reason, .. } => ensure!(reason.contains("does not serve"), "{reason}"),
+        other => bail!("expected a rejection, got {other:?}"),
+    }
+    ensure!(asking.await?.is_err(), "a refused contribution gets no answer");
+
+    // served and admitted: read up to the run's size, and not beyond
+    let server = net.nodes[2].node.clone();
+    server.admission().serve(run, 200_000);
+    server.admission().admit(run, client_key.public());
+    let asking = send(100_000);
+    let Event::Request { message, .. } = next_request(&mut net.nodes[2]).await? else { bail!("expected a request") };
+    ensure!(message.decode::<pcp_schema::Contribution>()?.delta.len() == 100_000);
+    drop(asking);
+    let asking = send(300_000);
+    match next_request(&mut net.nodes[2]).await? {
+        Event::MessageRejected { reason, .. } => ensure!(reason.contains("exceeds its limit of 200000"), "{reason}"),
+        other => bail!("expected a rejection, got {other:?}"),
+    }
+    ensure!(asking.await?.is_err());
+    ensure!(server.stats().await?.messages_rejected == 2);
+    net.shutdown().await;
+    Ok(())
+}

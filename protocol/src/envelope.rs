@@ -6,8 +6,8 @@
 //! the signer committed to.
 
 use pcp_schema::{
-    Ack, Contribution, DecodeError, Heartbeat, Message, MessageKind, NodeHello, RoundAnnouncement, RunManifest,
-    SignedEnvelope,
+    Ack, Contribution, DecodeError, FrameHead, Heartbeat, Message, MessageKind, NodeHello, RoundAnnouncement,
+    RunManifest, SignedEnvelope,
 };
 
 use crate::identity::{Identity, PublicKey, VerifyFailure};
@@ -98,18 +98,54 @@ pub struct Verified {
 }
 
 fn signed_bytes(e: &SignedEnvelope) -> Vec<u8> {
-    let tag = e.kind.tag().as_bytes();
+    signed_fields(e.kind, &e.signer, &e.run, [e.round, e.nonce, e.unix_ms], blake3::hash(&e.payload).as_bytes())
+}
+
+/// What a signature covers: the domain, the kind's tag, signer, run, `[round, nonce,
+/// unix_ms]` and the payload's blake3 hash.
+fn signed_fields(kind: MessageKind, signer: &[u8; 32], run: &[u8; 32], numbers: [u64; 3], hash: &[u8; 32]) -> Vec<u8> {
+    let tag = kind.tag().as_bytes();
     let mut m = Vec::with_capacity(DOMAIN.len() + tag.len() + 1 + 32 * 3 + 24);
     m.extend_from_slice(DOMAIN);
     m.extend_from_slice(tag);
     m.push(0);
-    m.extend_from_slice(&e.signer);
-    m.extend_from_slice(&e.run);
-    m.extend_from_slice(&e.round.to_le_bytes());
-    m.extend_from_slice(&e.nonce.to_le_bytes());
-    m.extend_from_slice(&e.unix_ms.to_le_bytes());
-    m.extend_from_slice(blake3::hash(&e.payload).as_bytes());
+    m.extend_from_slice(signer);
+    m.extend_from_slice(run);
+    for n in numbers {
+        m.extend_from_slice(&n.to_le_bytes());
+    }
+    m.extend_from_slice(hash);
     m
+}
+
+/// The frame head of `envelope`: everything but its payload, whose length and hash it
+/// carries instead (see [`FrameHead`]).
+pub fn head_of(envelope: &SignedEnvelope) -> FrameHead {
+    FrameHead {
+        kind: envelope.kind,
+        signer: envelope.signer,
+        run: envelope.run,
+        round: envelope.round,
+        nonce: envelope.nonce,
+        unix_ms: envelope.unix_ms,
+        payload_len: envelope.payload.len() as u64,
+        payload_hash: *blake3::hash(&envelope.payload).as_bytes(),
+        signature: envelope.signature,
+    }
+}
+
+/// Verifies a frame head's signature before its payload is read: the signer committed
+/// to the kind, run, round, nonce, time and the payload's hash. Returns the signer.
+/// The payload, once read, must hash to [`FrameHead::payload_hash`].
+pub fn verify_head(head: &FrameHead) -> Result<PublicKey, OpenError> {
+    let signer = PublicKey(head.signer);
+    let numbers = [head.round, head.nonce, head.unix_ms];
+    let bytes = signed_fields(head.kind, &head.signer, &head.run, numbers, &head.payload_hash);
+    match signer.verify_raw(&bytes, &head.signature) {
+        Ok(()) => Ok(signer),
+        Err(VerifyFailure::InvalidKey) => Err(OpenError::InvalidKey { signer }),
+        Err(VerifyFailure::BadSignature) => Err(OpenError::BadSignature { signer }),
+    }
 }
 
 /// Signs `message` as `identity`, bound to `binding`.

@@ -11,7 +11,7 @@ mod identity;
 mod ids;
 mod replay;
 
-pub use envelope::{Binding, OpenError, PayloadError, Signable, Verified, open, seal, verify};
+pub use envelope::{Binding, OpenError, PayloadError, Signable, Verified, head_of, open, seal, verify, verify_head};
 pub use identity::{Identity, PublicKey};
 pub use ids::{BlobHash, ParseIdError, RunId};
 pub use replay::{ReplayError, ReplayGuard};

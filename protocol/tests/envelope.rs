@@ -1,6 +1,9 @@
 //! Signing, verification and replay refusal of envelopes.
 
-use pcp_protocol::{Binding, BlobHash, Identity, OpenError, PayloadError, ReplayError, ReplayGuard, RunId, open, seal};
+use pcp_protocol::{
+    Binding, BlobHash, Identity, OpenError, PayloadError, ReplayError, ReplayGuard, RunId, head_of, open, seal,
+    verify_head,
+};
 use pcp_schema::{Heartbeat, Message, NodeHello, SignedEnvelope};
 use proptest::prelude::*;
 use rand::{RngCore, SeedableRng, rngs::StdRng};
@@ -60,6 +63,30 @@ fn tampered_payload_header_or_signer_is_refused() {
             matches!(result, Err(OpenError::BadSignature { .. } | OpenError::InvalidKey { .. })),
             "tampered {name} was accepted: {result:?}"
         );
+    }
+}
+
+/// A frame head verifies on its own, with the envelope's signature, and names the
+/// payload it announces; any change to it fails.
+#[test]
+fn a_frame_head_verifies_before_its_payload_arrives() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let me = identity(&mut rng);
+    let run = RunId([4; 32]);
+    let envelope = seal(&me, binding(run, 9, 2_000), &heartbeat(run));
+    let head = head_of(&envelope);
+    assert_eq!(verify_head(&head).ok(), Some(me.public()));
+    assert_eq!(head.payload_len, envelope.payload.len() as u64);
+    assert_eq!(head.clone().with_payload(envelope.payload.clone()), envelope);
+
+    let mut len = head.clone();
+    len.payload_hash[0] ^= 1;
+    let mut kind = head.clone();
+    kind.kind = pcp_schema::MessageKind::Contribution;
+    let mut round = head.clone();
+    round.round += 1;
+    for (name, bad) in [("hash", len), ("kind", kind), ("round", round)] {
+        assert!(verify_head(&bad).is_err(), "tampered {name} was accepted");
     }
 }
 

@@ -158,3 +158,19 @@ struct SignedEnvelope {
   payload @6 :Data;         # the encoded message of `kind`
   signature @7 :Data;       # 64 bytes over the domain, the header fields and the payload
 }
+
+# The head of a request-response frame (`/pcp/diloco/2.0.0`): a SignedEnvelope
+# without its payload, which follows the head on the stream as `payloadLen` raw
+# bytes. The signature covers the payload's blake3 hash, so a receiver verifies
+# the head, and decides whether it wants the payload, before reading any of it.
+struct FrameHead {
+  kind @0 :MessageKind;
+  signer @1 :Data;          # ed25519 public key, 32 bytes
+  run @2 :Data;             # run id, 32 bytes
+  round @3 :UInt64;
+  nonce @4 :UInt64;
+  unixMs @5 :UInt64;
+  payloadLen @6 :UInt64;
+  payloadHash @7 :Data;     # blake3 of the payload, 32 bytes
+  signature @8 :Data;       # the envelope's signature
+}

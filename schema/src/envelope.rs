@@ -1,7 +1,7 @@
 //! The signed envelope that carries every gossiped or requested control message.
 
 use crate::codec::{self, DecodeError, MAX_CONTRIBUTION, MAX_CONTROL_MESSAGE, Message, fixed, malformed};
-use crate::wire::pcp_capnp::{MessageKind as WireKind, signed_envelope};
+use crate::wire::pcp_capnp::{MessageKind as WireKind, frame_head, signed_envelope};
 
 /// Which message an envelope's payload holds. Part of the signed bytes, so a signature
 /// for one kind never verifies as another.
@@ -134,6 +134,101 @@ impl Message for SignedEnvelope {
                 nonce: r.get_nonce(),
                 unix_ms: r.get_unix_ms(),
                 payload: payload.to_vec(),
+                signature: fixed(W, "signature", r.get_signature().map_err(|e| malformed(W, e))?)?,
+            })
+        })
+    }
+}
+
+/// The largest encoded [`FrameHead`].
+pub const MAX_FRAME_HEAD: usize = 512;
+
+/// The head of a request-response frame: a [`SignedEnvelope`] without its payload,
+/// which follows on the stream as [`FrameHead::payload_len`] raw bytes whose blake3
+/// hash is [`FrameHead::payload_hash`]. The envelope's signature covers that hash, so
+/// the head verifies on its own before any payload byte is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameHead {
+    /// The payload's message kind.
+    pub kind: MessageKind,
+    /// The signer's ed25519 public key.
+    pub signer: [u8; 32],
+    /// The run this message belongs to.
+    pub run: [u8; 32],
+    /// The round this message belongs to.
+    pub round: u64,
+    /// A per-signer unique number.
+    pub nonce: u64,
+    /// When it was signed (signer's clock).
+    pub unix_ms: u64,
+    /// The payload's length in bytes.
+    pub payload_len: u64,
+    /// The payload's blake3 hash.
+    pub payload_hash: [u8; 32],
+    /// ed25519 signature.
+    pub signature: [u8; 64],
+}
+
+impl FrameHead {
+    /// The envelope this head announces, once its payload has arrived. Whether the
+    /// payload matches [`FrameHead::payload_hash`] is the caller's to check.
+    pub fn with_payload(self, payload: Vec<u8>) -> SignedEnvelope {
+        SignedEnvelope {
+            kind: self.kind,
+            signer: self.signer,
+            run: self.run,
+            round: self.round,
+            nonce: self.nonce,
+            unix_ms: self.unix_ms,
+            payload,
+            signature: self.signature,
+        }
+    }
+}
+
+impl Message for FrameHead {
+    const NAME: &'static str = "FrameHead";
+    const MAX_SIZE: usize = MAX_FRAME_HEAD;
+
+    fn encode(&self) -> Vec<u8> {
+        let mut message = capnp::message::Builder::new_default();
+        let mut root = message.init_root::<frame_head::Builder<'_>>();
+        root.set_kind(self.kind.to_wire());
+        root.set_signer(&self.signer[..]);
+        root.set_run(&self.run[..]);
+        root.set_round(self.round);
+        root.set_nonce(self.nonce);
+        root.set_unix_ms(self.unix_ms);
+        root.set_payload_len(self.payload_len);
+        root.set_payload_hash(&self.payload_hash[..]);
+        root.set_signature(&self.signature[..]);
+        codec::words(&message)
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        const W: &str = FrameHead::NAME;
+        codec::read(W, bytes, Self::MAX_SIZE, |m| {
+            let r = m.get_root::<frame_head::Reader<'_>>().map_err(|e| malformed(W, e))?;
+            let kind =
+                r.get_kind().map_err(|e| DecodeError::Invalid { what: W, field: "kind", reason: e.to_string() })?;
+            let kind = MessageKind::from_wire(kind);
+            let payload_len = r.get_payload_len();
+            if payload_len > kind.max_payload() as u64 {
+                return Err(DecodeError::Invalid {
+                    what: W,
+                    field: "payloadLen",
+                    reason: format!("{payload_len} bytes exceed {}'s limit of {}", kind.tag(), kind.max_payload()),
+                });
+            }
+            Ok(Self {
+                kind,
+                signer: fixed(W, "signer", r.get_signer().map_err(|e| malformed(W, e))?)?,
+                run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
+                round: r.get_round(),
+                nonce: r.get_nonce(),
+                unix_ms: r.get_unix_ms(),
+                payload_len,
+                payload_hash: fixed(W, "payloadHash", r.get_payload_hash().map_err(|e| malformed(W, e))?)?,
                 signature: fixed(W, "signature", r.get_signature().map_err(|e| malformed(W, e))?)?,
             })
         })

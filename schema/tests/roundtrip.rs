@@ -5,6 +5,7 @@ use pcp_schema::{
     DecodeError, Heartbeat, MAX_CONTROL_MESSAGE, Message, MessageKind, NodeHello, ParameterRef, RoundAnnouncement,
     RunManifest, Schedule, SignedEnvelope, TensorSpec,
 };
+use pcp_schema::{FrameHead, MAX_CONTRIBUTION, MAX_FRAME_HEAD};
 use proptest::collection::vec;
 use proptest::prelude::*;
 
@@ -189,7 +190,20 @@ proptest! {
     }
 
     #[test]
+    fn frame_head(
+        kind in prop::sample::select(MessageKind::ALL.to_vec()), signer in any::<[u8; 32]>(),
+        run in any::<[u8; 32]>(), round in any::<u64>(), nonce in any::<u64>(), unix_ms in any::<u64>(),
+        len in 0..=MAX_CONTROL_MESSAGE as u64, payload_hash in any::<[u8; 32]>(), sig in vec(any::<u8>(), 64),
+    ) {
+        let signature: [u8; 64] = sig.try_into().map_err(|_| TestCaseError::fail("len"))?;
+        let head = FrameHead { kind, signer, run, round, nonce, unix_ms, payload_len: len, payload_hash, signature };
+        roundtrip(&head)?;
+        prop_assert!(head.encode().len() <= MAX_FRAME_HEAD);
+    }
+
+    #[test]
     fn random_bytes_fail_cleanly(bytes in vec(any::<u8>(), 0..4096)) {
+        let _ = FrameHead::decode(&bytes);
         // only checks that nothing panics or hangs; any result is allowed
         let _ = SignedEnvelope::decode(&bytes);
         let _ = NodeHello::decode(&bytes);
@@ -273,4 +287,26 @@ fn only_contributions_may_carry_large_payloads() {
         let err = SignedEnvelope::decode(&envelope(kind).encode()).err();
         assert!(matches!(err, Some(DecodeError::TooLarge { .. })), "{kind:?}: {err:?}");
     }
+}
+
+#[test]
+fn a_frame_head_claiming_more_than_its_kind_allows_is_refused() {
+    let head = |kind, payload_len| FrameHead {
+        kind,
+        signer: [1; 32],
+        run: [2; 32],
+        round: 3,
+        nonce: 4,
+        unix_ms: 5,
+        payload_len,
+        payload_hash: [6; 32],
+        signature: [7; 64],
+    };
+    let ok = head(MessageKind::Heartbeat, MAX_CONTROL_MESSAGE as u64);
+    assert_eq!(FrameHead::decode(&ok.encode()).ok(), Some(ok));
+    let err = FrameHead::decode(&head(MessageKind::Heartbeat, MAX_CONTROL_MESSAGE as u64 + 1).encode()).err();
+    assert!(err.is_some_and(|e| e.to_string().contains("exceed heartbeat's limit")));
+    let big = head(MessageKind::Contribution, MAX_CONTRIBUTION as u64);
+    assert!(FrameHead::decode(&big.encode()).is_ok());
+    assert!(FrameHead::decode(&head(MessageKind::Contribution, u64::MAX).encode()).is_err());
 }

@@ -253,6 +253,9 @@ impl std::fmt::Debug for Host {
 
 /// Hellos whose backend the shepherd remembers (for `worker_joined` events).
 const MAX_BACKEND_RECORDS: usize = 4096;
+/// A contribution's bytes besides its encoded pseudo-gradient: the capnp message's
+/// fields (run, round, counts, loss, the pseudo-gradient's reference).
+const CONTRIBUTION_OVERHEAD: usize = 4096;
 
 fn peer_name(key: &PublicKey) -> String {
     pcp_bootstrap::peer_of(key).map_or_else(|| key.to_string(), |p| p.to_string())
@@ -390,6 +393,8 @@ impl Host {
             None => Shepherd::new(config, params.clone()),
         };
         let sizes = wire::sizes(&manifest);
+        // contributions are read only from workers that joined, and only up to this size
+        node.admission().serve(run, compress::encoded_len(&sizes, plan.encoding) + CONTRIBUTION_OVERHEAD);
 
         // the host's own artifact, for validation
         // PCP_ARTIFACT_CACHE lets tests and sims share compiled artifacts
@@ -555,6 +560,8 @@ impl Host {
             },
             MessageKind::Heartbeat => match message.decode::<Heartbeat>() {
                 Ok(_) => {
+                    // a resumed shepherd's workers come back with heartbeats, not hellos
+                    self.node.admission().admit(self.run, key);
                     if !self.machine.workers().any(|w| *w == key) {
                         self.step(Input::Joined(key)).await?;
                     }
@@ -615,6 +622,7 @@ impl Host {
         };
         let name = backend.name.clone();
         let target = backend.targets.first().cloned().unwrap_or_default();
+        self.node.admission().admit(self.run, key);
         if self.backends.len() < MAX_BACKEND_RECORDS || self.backends.contains_key(&key) {
             let shown = if target.is_empty() { name.clone() } else { format!("{name}:{target}") };
             self.backends.insert(key, shown);

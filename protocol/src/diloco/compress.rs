@@ -75,13 +75,8 @@ const MAGIC: &[u8; 4] = b"PCPG";
 
 /// Encodes `tensors`.
 pub fn encode(tensors: &Tensors, encoding: Encoding) -> Vec<u8> {
-    let values: usize = tensors.iter().map(Vec::len).sum();
-    let per = match encoding {
-        Encoding::F32 => 4,
-        Encoding::Bf16 => 2,
-        Encoding::Int8 => 1,
-    };
-    let mut out = Vec::with_capacity(10 + tensors.len() * 8 + values * per);
+    let sizes: Vec<usize> = tensors.iter().map(Vec::len).collect();
+    let mut out = Vec::with_capacity(encoded_len(&sizes, encoding));
     out.extend_from_slice(MAGIC);
     out.push(1);
     out.push(encoding.tag());
@@ -103,6 +98,17 @@ pub fn encode(tensors: &Tensors, encoding: Encoding) -> Vec<u8> {
         }
     }
     out
+}
+
+/// The exact length of [`encode`]'s output for tensors of `sizes` elements: what a
+/// receiver may expect at most, before any byte arrives.
+pub fn encoded_len(sizes: &[usize], encoding: Encoding) -> usize {
+    let (per, scale) = match encoding {
+        Encoding::F32 => (4, 0),
+        Encoding::Bf16 => (2, 0),
+        Encoding::Int8 => (1, 4),
+    };
+    10 + sizes.iter().map(|n| 4 + scale + n * per).sum::<usize>()
 }
 
 /// Decodes bytes that must hold tensors of exactly `sizes` elements.
@@ -174,6 +180,14 @@ mod tests {
         let bytes = encode(&t, Encoding::F32);
         assert!(bytes.len() as f64 <= 1.05 * 4.0 * 1064.0);
         assert_eq!(decode(&bytes, &[1000, 64]), Ok((t, Encoding::F32)));
+    }
+
+    #[test]
+    fn encoded_len_is_exact() {
+        let t: Tensors = vec![vec![0.5; 7], vec![], vec![-2.0; 300]];
+        for enc in [Encoding::F32, Encoding::Bf16, Encoding::Int8] {
+            assert_eq!(encode(&t, enc).len(), encoded_len(&[7, 0, 300], enc), "{enc:?}");
+        }
     }
 
     #[test]

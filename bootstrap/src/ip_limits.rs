@@ -1,0 +1,248 @@
+//! Connection fairness by address: caps on handshaking connections per transport and
+//! per remote IP, and on established connections per remote IP.
+//!
+//! `libp2p-connection-limits` counts connections per peer and in total, but a silent
+//! socket has no peer yet: 64 of them from one host filled the shared pending limit
+//! and kept every other peer out. Here TCP and QUIC each have their own pending budget
+//! (a TCP flood does not starve QUIC joins), one IP may hold only a few of it, and the
+//! swarm's handshake timeout frees a silent socket's slot within seconds. Loopback is
+//! exempt from the per-IP caps: `pcp-node sim` runs many nodes on one address.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::task::{Context, Poll};
+
+use libp2p::core::transport::PortUse;
+use libp2p::core::{Endpoint, Multiaddr};
+use libp2p::multiaddr::Protocol;
+use libp2p::swarm::{
+    ConnectionClosed, ConnectionDenied, ConnectionId, FromSwarm, ListenFailure, NetworkBehaviour, THandler,
+    THandlerInEvent, THandlerOutEvent, ToSwarm, dummy,
+};
+use libp2p::{PeerId, core::ConnectedPoint};
+
+/// Handshaking inbound connections per transport (TCP, QUIC).
+pub(crate) const MAX_PENDING_PER_TRANSPORT: usize = 64;
+/// Handshaking inbound connections per remote IP and transport.
+pub(crate) const MAX_PENDING_PER_IP: usize = 8;
+/// Established connections per remote IP (both directions).
+pub(crate) const MAX_ESTABLISHED_PER_IP: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Transport {
+    Tcp,
+    Quic,
+}
+
+fn transport(addr: &Multiaddr) -> Transport {
+    if addr.iter().any(|p| matches!(p, Protocol::QuicV1 | Protocol::Quic)) { Transport::Quic } else { Transport::Tcp }
+}
+
+fn ip(addr: &Multiaddr) -> Option<IpAddr> {
+    addr.iter().find_map(|p| match p {
+        Protocol::Ip4(a) => Some(IpAddr::V4(a)),
+        Protocol::Ip6(a) => Some(IpAddr::V6(a)),
+        _ => None,
+    })
+}
+
+/// Why a connection was refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Denied {
+    #[error("{0:?}: {MAX_PENDING_PER_TRANSPORT} connections already handshaking")]
+    Pending(Transport),
+    #[error("{1}: {MAX_PENDING_PER_IP} {0:?} connections from this address already handshaking")]
+    PendingPerIp(Transport, IpAddr),
+    #[error("{0}: {MAX_ESTABLISHED_PER_IP} connections from this address already established")]
+    EstablishedPerIp(IpAddr),
+}
+
+/// The counts, and the decisions on them.
+#[derive(Debug, Default)]
+pub(crate) struct IpLimits {
+    pending: HashMap<ConnectionId, (Option<IpAddr>, Transport)>,
+    pending_per_ip: HashMap<(IpAddr, Transport), usize>,
+    established: HashMap<ConnectionId, IpAddr>,
+    established_per_ip: HashMap<IpAddr, usize>,
+}
+
+fn decrement<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: K) {
+    if let Some(n) = map.get_mut(&key) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(&key);
+        }
+    }
+}
+
+impl IpLimits {
+    fn pending_inbound(&mut self, id: ConnectionId, remote: &Multiaddr) -> Result<(), Denied> {
+        let (ip, transport) = (ip(remote), transport(remote));
+        if self.pending.values().filter(|(_, t)| *t == transport).count() >= MAX_PENDING_PER_TRANSPORT {
+            return Err(Denied::Pending(transport));
+        }
+        if let Some(ip) = ip.filter(|ip| !ip.is_loopback()) {
+            let n = self.pending_per_ip.entry((ip, transport)).or_default();
+            if *n >= MAX_PENDING_PER_IP {
+                return Err(Denied::PendingPerIp(transport, ip));
+            }
+            *n += 1;
+        }
+        self.pending.insert(id, (ip, transport));
+        Ok(())
+    }
+
+    fn pending_done(&mut self, id: ConnectionId) {
+        if let Some((Some(ip), transport)) = self.pending.remove(&id)
+            && !ip.is_loopback()
+        {
+            decrement(&mut self.pending_per_ip, (ip, transport));
+        }
+    }
+
+    fn established(&mut self, id: ConnectionId, remote: &Multiaddr) -> Result<(), Denied> {
+        self.pending_done(id);
+        let Some(ip) = ip(remote).filter(|ip| !ip.is_loopback()) else {
+            return Ok(());
+        };
+        if self.established_per_ip.get(&ip).copied().unwrap_or(0) >= MAX_ESTABLISHED_PER_IP {
+            return Err(Denied::EstablishedPerIp(ip));
+        }
+        Ok(())
+    }
+
+    fn opened(&mut self, id: ConnectionId, remote: &Multiaddr) {
+        if let Some(ip) = ip(remote).filter(|ip| !ip.is_loopback()) {
+            self.established.insert(id, ip);
+            *self.established_per_ip.entry(ip).or_default() += 1;
+        }
+    }
+
+    fn closed(&mut self, id: ConnectionId) {
+        if let Some(ip) = self.established.remove(&id) {
+            decrement(&mut self.established_per_ip, ip);
+        }
+    }
+}
+
+impl NetworkBehaviour for IpLimits {
+    type ConnectionHandler = dummy::ConnectionHandler;
+    type ToSwarm = Infallible;
+
+    fn handle_pending_inbound_connection(
+        &mut self,
+        id: ConnectionId,
+        _: &Multiaddr,
+        remote: &Multiaddr,
+    ) -> Result<(), ConnectionDenied> {
+        self.pending_inbound(id, remote).map_err(ConnectionDenied::new)
+    }
+
+    fn handle_established_inbound_connection(
+        &mut self,
+        id: ConnectionId,
+        _: PeerId,
+        _: &Multiaddr,
+        remote: &Multiaddr,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        self.established(id, remote).map_err(ConnectionDenied::new)?;
+        Ok(dummy::ConnectionHandler)
+    }
+
+    fn handle_established_outbound_connection(
+        &mut self,
+        id: ConnectionId,
+        _: PeerId,
+        remote: &Multiaddr,
+        _: Endpoint,
+        _: PortUse,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        self.established(id, remote).map_err(ConnectionDenied::new)?;
+        Ok(dummy::ConnectionHandler)
+    }
+
+    fn on_swarm_event(&mut self, event: FromSwarm) {
+        match event {
+            FromSwarm::ConnectionEstablished(e) => {
+                let remote = match e.endpoint {
+                    ConnectedPoint::Dialer { address, .. } => address,
+                    ConnectedPoint::Listener { send_back_addr, .. } => send_back_addr,
+                };
+                self.opened(e.connection_id, remote);
+            }
+            FromSwarm::ConnectionClosed(ConnectionClosed { connection_id, .. }) => self.closed(connection_id),
+            FromSwarm::ListenFailure(ListenFailure { connection_id, .. }) => self.pending_done(connection_id),
+            _ => {}
+        }
+    }
+
+    fn on_connection_handler_event(&mut self, _: PeerId, _: ConnectionId, event: THandlerOutEvent<Self>) {
+        match event {}
+    }
+
+    fn poll(&mut self, _: &mut Context<'_>) -> Poll<ToSwarm<Self::ToSwarm, THandlerInEvent<Self>>> {
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(s: &str) -> Multiaddr {
+        s.parse().expect("valid multiaddr")
+    }
+
+    #[test]
+    fn one_address_cannot_fill_the_pending_budget_and_tcp_cannot_starve_quic() {
+        let mut limits = IpLimits::default();
+        let mut next = 0;
+        let mut id = || {
+            next += 1;
+            ConnectionId::new_unchecked(next)
+        };
+        let flood = addr("/ip4/203.0.113.7/tcp/5000");
+        for _ in 0..MAX_PENDING_PER_IP {
+            assert!(limits.pending_inbound(id(), &flood).is_ok());
+        }
+        let err = limits.pending_inbound(id(), &flood).err();
+        assert!(matches!(err, Some(Denied::PendingPerIp(Transport::Tcp, _))), "{err:?}");
+        // many addresses fill the TCP budget
+        for i in 0..MAX_PENDING_PER_TRANSPORT - MAX_PENDING_PER_IP {
+            let a = addr(&format!("/ip4/198.51.100.{i}/tcp/4000"));
+            assert!(limits.pending_inbound(id(), &a).is_ok(), "slot {i}");
+        }
+        let other = addr("/ip4/192.0.2.1/tcp/4000");
+        assert!(matches!(limits.pending_inbound(id(), &other), Err(Denied::Pending(Transport::Tcp))));
+        // QUIC has its own budget, from the same flooding address too
+        let quic = addr("/ip4/203.0.113.7/udp/4001/quic-v1");
+        let quic_id = id();
+        assert!(limits.pending_inbound(quic_id, &quic).is_ok());
+        // a finished handshake frees its slot
+        assert!(limits.established(quic_id, &quic).is_ok());
+        assert!(!limits.pending.contains_key(&quic_id));
+    }
+
+    #[test]
+    fn established_connections_per_address_are_capped_but_not_on_loopback() {
+        let mut limits = IpLimits::default();
+        let remote = addr("/ip4/203.0.113.9/udp/4001/quic-v1");
+        for i in 0..MAX_ESTABLISHED_PER_IP {
+            let id = ConnectionId::new_unchecked(i);
+            assert!(limits.established(id, &remote).is_ok());
+            limits.opened(id, &remote);
+        }
+        let extra = ConnectionId::new_unchecked(9999);
+        assert!(matches!(limits.established(extra, &remote), Err(Denied::EstablishedPerIp(_))));
+        limits.closed(ConnectionId::new_unchecked(0));
+        assert!(limits.established(extra, &remote).is_ok());
+        let local = addr("/ip4/127.0.0.1/tcp/4000");
+        for i in 0..2 * MAX_ESTABLISHED_PER_IP {
+            let id = ConnectionId::new_unchecked(20_000 + i);
+            assert!(limits.pending_inbound(id, &local).is_ok());
+            assert!(limits.established(id, &local).is_ok());
+            limits.opened(id, &local);
+        }
+    }
+}
