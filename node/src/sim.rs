@@ -54,7 +54,8 @@ pub(crate) struct SimArgs {
     #[arg(long, value_name = "ROUND")]
     join_at: Option<u64>,
     /// Make worker NODE hostile: `nan:NODE` sends NaN, `scale:NODE` sends its
-    /// pseudo-gradient ×1000 (repeatable).
+    /// pseudo-gradient ×1000, `flip:NODE` sends −Δ, `noise:NODE` random values at Δ's
+    /// norm (repeatable).
     #[arg(long, value_name = "KIND:NODE")]
     hostile: Vec<String>,
     /// Pseudo-gradient encoding: fp32, bf16 or int8.
@@ -72,6 +73,10 @@ pub(crate) struct SimArgs {
     /// Run seed.
     #[arg(long, default_value_t = 1337)]
     seed: u64,
+    /// How the shepherd screens contributions: `score` (held-out loss of θ − Δ must
+    /// fall) or `norm` (norm bound only).
+    #[arg(long, default_value = "score")]
+    screen: String,
     /// A worker silent for this long is dropped.
     #[arg(long, default_value_t = 5_000)]
     heartbeat_timeout_ms: u64,
@@ -107,7 +112,11 @@ fn parse_kill(spec: &str) -> Result<(u64, u32), Failure> {
 fn parse_hostile(specs: &[String]) -> Result<BTreeMap<u32, Hostile>, Failure> {
     let mut hostile = BTreeMap::new();
     for spec in specs {
-        let bad = || Failure::input(anyhow::anyhow!("--hostile takes nan:NODE or scale:NODE, got {spec:?}"));
+        let bad = || {
+            Failure::input(anyhow::anyhow!(
+                "--hostile takes nan:NODE, scale:NODE, flip:NODE or noise:NODE, got {spec:?}"
+            ))
+        };
         let (kind, node) = spec.split_once(':').ok_or_else(bad)?;
         hostile.insert(node.parse().map_err(|_| bad())?, Hostile::parse(kind).ok_or_else(bad)?);
     }
@@ -181,6 +190,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
         shepherd_dir.join("shepherd"),
     );
     plan.table = true;
+    plan.screen = crate::diloco::Screen::parse(&args.screen)?;
     // share the compile cache of `train` and `generate` in the same data directory
     plan.artifacts_dir = Some(net.data_dir.join("artifacts"));
     let (opened_tx, mut opened) = mpsc::channel(16);

@@ -99,7 +99,8 @@ fn final_val(events: &[Value]) -> f64 {
 
 #[test]
 fn hostile_workers_are_rejected_or_bounded() {
-    let events = sim(&["--nodes", "5", "--hostile", "nan:1", "--hostile", "scale:2"]);
+    // the norm bound alone (the loss screen would reject the x1000 worker outright)
+    let events = sim(&["--nodes", "5", "--hostile", "nan:1", "--hostile", "scale:2", "--screen", "norm"]);
     let rejected: Vec<&Value> = events.iter().filter(|e| e["event"] == "contribution_rejected").collect();
     assert_eq!(rejected.len(), 3, "the NaN worker is rejected every round");
     let one = worker_peer(&events, 1);
@@ -113,12 +114,34 @@ fn hostile_workers_are_rejected_or_bounded() {
         assert!(r["clipped"].as_u64().expect("clipped") >= 1, "the x1000 worker is bounded: {r}");
     }
     // The same run where worker 2 is honest: bounding leaves it no worse off.
-    let honest = final_val(&sim(&["--nodes", "5", "--hostile", "nan:1"]));
+    let honest = final_val(&sim(&["--nodes", "5", "--hostile", "nan:1", "--screen", "norm"]));
     let attacked = final_val(&events);
     assert!(
         attacked.is_finite() && attacked < honest + 0.1,
         "validation loss {attacked} with a x1000 worker vs {honest} without"
     );
+}
+
+/// Byzantine workers of typical norm: one sends −Δ, one random values at Δ's norm.
+/// The loss screen rejects their contributions (each an event with its reason) and
+/// the run ends within 3% of the honest run's validation loss.
+#[test]
+fn sign_flipped_and_noise_contributions_are_screened_out() {
+    let events = sim(&["--nodes", "5", "--hostile", "flip:1", "--hostile", "noise:2"]);
+    let (flip, noise) = (worker_peer(&events, 1), worker_peer(&events, 2));
+    let rejected: Vec<&Value> = events.iter().filter(|e| e["event"] == "contribution_rejected").collect();
+    for peer in [&flip, &noise] {
+        let theirs = rejected.iter().filter(|e| e["peer"] == peer.as_str()).count();
+        assert_eq!(theirs, 3, "{peer} rejected every round: {rejected:?}");
+    }
+    assert_eq!(rejected.len(), 6, "honest contributions pass the screen: {rejected:?}");
+    assert!(
+        rejected.iter().all(|e| e["reason"].as_str().is_some_and(|r| r.starts_with("no improvement: held-out loss"))),
+        "{rejected:?}"
+    );
+    let honest = final_val(&sim(&["--nodes", "5"]));
+    let attacked = final_val(&events);
+    assert!(attacked <= honest * 1.03, "validation loss {attacked} with flip and noise workers vs {honest} without");
 }
 
 /// `pcp-node simulate` counts an exported `.mlir` model from its IR (parameters,

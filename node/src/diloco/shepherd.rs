@@ -27,6 +27,7 @@ use super::wire::{self, Signer};
 use crate::Failure;
 use crate::checkpoint::{Checkpoint, Tensor};
 use crate::config::Experiment;
+use crate::data::Sampler;
 use crate::engine::Engine;
 use crate::events::Events;
 use crate::model::Model;
@@ -77,6 +78,30 @@ pub(crate) struct ShepherdArgs {
     /// Continue the run checkpointed in <data-dir>/shepherd.
     #[arg(long, requires = "shepherd")]
     pub(crate) resume: bool,
+    /// How contributions are screened besides NaN, shape and norm checks: `score`
+    /// rejects one that does not lower the loss on a held-out batch when applied
+    /// alone; `norm` only bounds norms.
+    #[arg(long, default_value = "score", requires = "shepherd")]
+    pub(crate) screen: String,
+}
+
+/// How a shepherd screens contributions beyond NaN, shapes and the norm bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Screen {
+    /// Only the norm bound.
+    Norm,
+    /// Also the loss-delta score on a held-out batch.
+    Score,
+}
+
+impl Screen {
+    pub(crate) fn parse(name: &str) -> Result<Self, Failure> {
+        match name {
+            "norm" => Ok(Self::Norm),
+            "score" => Ok(Self::Score),
+            _ => Err(Failure::input(anyhow::anyhow!("unknown --screen {name:?}; expected score or norm"))),
+        }
+    }
 }
 
 /// Everything the shepherd needs, resolved from flags, config and checkpoint.
@@ -97,6 +122,8 @@ pub(crate) struct ShepherdPlan {
     pub(crate) artifacts_dir: Option<PathBuf>,
     /// Print the round table on stdout.
     pub(crate) table: bool,
+    /// How contributions are screened.
+    pub(crate) screen: Screen,
 }
 
 /// What a host (`sim`) can observe of a running shepherd.
@@ -173,6 +200,7 @@ impl ShepherdPlan {
             state_dir,
             artifacts_dir: None,
             table: true,
+            screen: Screen::parse(&args.screen)?,
         })
     }
 
@@ -202,8 +230,31 @@ impl ShepherdPlan {
             state_dir,
             artifacts_dir: None,
             table: true,
+            screen: Screen::Score,
         }
     }
+}
+
+/// The loss on `batch` at `params − sign × delta`.
+async fn loss_moved(
+    engine: &mut Engine,
+    params: &Tensors,
+    delta: &Tensors,
+    sign: f32,
+    batch: &crate::data::Batch,
+) -> anyhow::Result<f32> {
+    let moved: Tensors =
+        params.iter().zip(delta).map(|(p, d)| p.iter().zip(d).map(|(p, d)| p - sign * d).collect()).collect();
+    engine.set_params(moved).await.context("loading parameters to screen")?;
+    engine.eval(batch).await
+}
+
+/// The loss screen's reference for one round: the held-out loss at the round's
+/// parameters.
+#[derive(Debug, Default)]
+struct ScreenState {
+    round: u64,
+    before: f32,
 }
 
 /// A compile in progress for one (backend, target), and who waits for it.
@@ -236,6 +287,8 @@ struct Host {
     published: Option<SignedEnvelope>,
     sizes: Vec<usize>,
     engine: Engine,
+    /// The loss screen's state for the open round.
+    screen: ScreenState,
     started: Instant,
     bytes_in: u64,
     served_at_open: u64,
@@ -446,6 +499,7 @@ impl Host {
             served_at_open: 0,
             last_val: f64::NAN,
             first_val: f64::NAN,
+            screen: ScreenState::default(),
             hooks,
             out: std::io::stdout(),
             plan,
@@ -574,7 +628,10 @@ impl Host {
             MessageKind::Contribution => {
                 let round = binding.round;
                 let input = match message.decode::<Contribution>() {
-                    Ok(c) => self.contribution_input(key, round, c),
+                    Ok(c) => {
+                        let input = self.contribution_input(key, round, c);
+                        self.screened(input).await?
+                    }
                     Err(e) => Input::Malformed {
                         peer: key,
                         round,
@@ -593,6 +650,41 @@ impl Host {
                 self.refuse(id, binding.round, format!("a shepherd does not answer {} requests", other.tag())).await
             }
         }
+    }
+
+    /// With [`Screen::Score`], a contribution Δ to the open round is evaluated alone on
+    /// the round's held-out batch: the loss at θ − Δ must be below the loss at θ, and
+    /// below the loss at θ + Δ (a sign-flipped Δ lowers the loss less than its
+    /// opposite). Random values at a typical norm raise the loss in both directions
+    /// (curvature) and are refused by the first test, −Δ by both. A round whose every
+    /// contribution is refused closes without moving the parameters.
+    async fn screened(&mut self, input: Input<PublicKey>) -> anyhow::Result<Input<PublicKey>> {
+        let Input::Contribution { peer, round, delta, .. } = &input else { return Ok(input) };
+        let (peer, round) = (*peer, *round);
+        if self.plan.screen != Screen::Score || round != self.machine.completed() + 1 {
+            return Ok(input);
+        }
+        let params = self.machine.params().to_vec();
+        let fits = delta.len() == params.len() && delta.iter().zip(&params).all(|(d, p)| d.len() == p.len());
+        if !fits || delta.iter().flatten().any(|v| !v.is_finite()) {
+            return Ok(input); // the machine names the shape or NaN
+        }
+        let shape = (self.manifest.data.batch as usize, self.manifest.data.block as usize);
+        let seed = self.plan.experiment.seed ^ 0x5c0e_0000 ^ round;
+        let batch = Sampler::new(self.plan.corpus.val.clone(), shape.0, shape.1, seed)?.next_batch();
+        if self.screen.round != round {
+            self.engine.set_params(params.clone()).await.context("loading parameters to screen")?;
+            let before = self.engine.eval(&batch).await?;
+            self.screen = ScreenState { round, before };
+        }
+        let after = loss_moved(&mut self.engine, &params, delta, 1.0, &batch).await?;
+        let reversed = loss_moved(&mut self.engine, &params, delta, -1.0, &batch).await?;
+        let before = self.screen.before;
+        // NaN compares false: a contribution that makes the loss NaN is refused
+        if after < before && after < reversed {
+            return Ok(input);
+        }
+        Ok(Input::Malformed { peer, round, reason: Rejection::NoImprovement { before, after, reversed } })
     }
 
     fn contribution_input(&mut self, key: PublicKey, round: u64, c: Contribution) -> Input<PublicKey> {

@@ -53,6 +53,10 @@ pub(crate) enum Hostile {
     Nan,
     /// Everything ×1000.
     Scale(f32),
+    /// −Δ: the honest pseudo-gradient, sign-flipped (the same norm).
+    Flip,
+    /// Random values with the honest pseudo-gradient's norm.
+    Noise,
 }
 
 impl Hostile {
@@ -60,6 +64,8 @@ impl Hostile {
         match s {
             "nan" => Some(Self::Nan),
             "scale" => Some(Self::Scale(1000.0)),
+            "flip" => Some(Self::Flip),
+            "noise" => Some(Self::Noise),
             _ => None,
         }
     }
@@ -87,10 +93,9 @@ impl WorkerPlan {
             None => None,
         };
         let hostile = match &args.hostile {
-            Some(h) => Some(
-                Hostile::parse(h)
-                    .ok_or_else(|| Failure::input(anyhow::anyhow!("--hostile takes nan or scale, got {h:?}")))?,
-            ),
+            Some(h) => Some(Hostile::parse(h).ok_or_else(|| {
+                Failure::input(anyhow::anyhow!("--hostile takes nan, scale, flip or noise, got {h:?}"))
+            })?),
             None => None,
         };
         Ok(Self {
@@ -378,6 +383,8 @@ async fn train(
                     match plan.hostile {
                         Some(Hostile::Nan) => delta[0][0] = f32::NAN,
                         Some(Hostile::Scale(k)) => delta.iter_mut().flatten().for_each(|v| *v *= k),
+                        Some(Hostile::Flip) => delta.iter_mut().flatten().for_each(|v| *v = -*v),
+                        Some(Hostile::Noise) => noise_like(&mut delta, r),
                         None => {}
                     }
                     let loss = (loss_sum / taken.max(1) as f64) as f32;
@@ -422,6 +429,18 @@ async fn train(
             }
         }
     }
+}
+
+/// Replaces `delta` with uniform noise of the same L2 norm (a hostile worker's
+/// pseudo-gradient of typical size), seeded by the round.
+fn noise_like(delta: &mut Tensors, round: u64) {
+    use rand::{Rng, SeedableRng};
+    let norm = delta.iter().flatten().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(round ^ 0x0015_e0ff);
+    delta.iter_mut().flatten().for_each(|v| *v = rng.gen_range(-1.0f32..1.0));
+    let drawn = delta.iter().flatten().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt().max(f64::MIN_POSITIVE);
+    let k = (norm / drawn) as f32;
+    delta.iter_mut().flatten().for_each(|v| *v *= k);
 }
 
 /// Whether an announcement newer than `(round, deadline)` (or the run's end) arrived.

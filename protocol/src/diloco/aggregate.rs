@@ -61,6 +61,21 @@ pub enum Rejection {
     /// The encoded tensors did not decode.
     #[error("undecodable: {0}")]
     Encoding(String),
+    /// Applied alone, the contribution does not lower the loss on the shepherd's
+    /// held-out batch, or lowers it less than its opposite would (a
+    /// loss-delta screen in the spirit of Templar's Gauntlet).
+    #[error(
+        "no improvement: held-out loss {after:.4} with it, {before:.4} without, {reversed:.4} with it reversed \
+         (needs below both)"
+    )]
+    NoImprovement {
+        /// The loss at the round's parameters.
+        before: f32,
+        /// The loss at the parameters minus this pseudo-gradient.
+        after: f32,
+        /// The loss at the parameters plus this pseudo-gradient.
+        reversed: f32,
+    },
 }
 
 /// Checks `delta` against the parameter sizes; returns its L2 norm.

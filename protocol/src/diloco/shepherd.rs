@@ -408,7 +408,9 @@ impl<P: Ord + Clone> Shepherd<P> {
         if let Some(open) = &self.open {
             let waiting = open.participants.iter().any(|p| self.workers.contains_key(p) && !open.answered.contains(p));
             let quorum = open.accepted.len() >= self.config.min_quorum.max(1);
-            if !waiting && !open.accepted.is_empty() || now_ms >= open.deadline_ms && quorum {
+            // everyone answered: close, even with every contribution rejected (the
+            // round then leaves the parameters as they were and the run goes on)
+            if !waiting && !open.answered.is_empty() || now_ms >= open.deadline_ms && quorum {
                 self.close(now_ms, actions);
             } else if now_ms >= open.deadline_ms {
                 let extended = now_ms + self.deadline();
@@ -455,8 +457,13 @@ impl<P: Ord + Clone> Shepherd<P> {
         let mean_loss =
             entries.iter().map(|(a, l)| f64::from(*l) * a.samples as f64).sum::<f64>() / samples.max(1) as f64;
         let accepted: Vec<Accepted> = entries.into_iter().map(|(a, _)| a).collect();
-        let (delta, clipped) = aggregate(&accepted, bound);
-        self.outer.step(&mut self.params, &delta);
+        let clipped = if accepted.is_empty() {
+            0
+        } else {
+            let (delta, clipped) = aggregate(&accepted, bound);
+            self.outer.step(&mut self.params, &delta);
+            clipped
+        };
         self.completed = round;
         let duration_ms = now_ms.saturating_sub(open.started_ms);
         self.durations.push_back(duration_ms);
@@ -540,6 +547,29 @@ mod tests {
             Action::RoundCompleted(s) => Some(s.clone()),
             _ => None,
         })
+    }
+
+    #[test]
+    fn a_round_whose_every_contribution_is_rejected_closes_unchanged() {
+        let mut s = Shepherd::new(Config { start_workers: 2, ..config() }, vec![vec![1.0, 1.0]]);
+        s.handle(Input::Joined(1), 0);
+        s.handle(Input::Joined(2), 0);
+        let rejected = |peer| Input::Malformed { peer, round: 1, reason: Rejection::NoSamples };
+        assert!(completed(&s.handle(rejected(1), 10)).is_none(), "worker 2 has not answered");
+        let a = s.handle(rejected(2), 20);
+        let summary = completed(&a).expect("everyone answered: the round closes instead of waiting forever");
+        assert!(summary.contributors.is_empty());
+        assert_eq!(summary.excluded, vec![1, 2]);
+        assert_eq!(s.params(), &vec![vec![1.0, 1.0]], "nothing accepted, nothing moved");
+        assert_eq!(opened(&a), Some((2, vec![1, 2])));
+        // momentum from an earlier round does not move an empty one either
+        s.handle(contribution(1, 2, 0.5), 30);
+        completed(&s.handle(contribution(2, 2, 0.5), 40)).expect("round 2");
+        let after_two = s.params().clone();
+        s.handle(Input::Malformed { peer: 1, round: 3, reason: Rejection::NoSamples }, 50);
+        completed(&s.handle(Input::Malformed { peer: 2, round: 3, reason: Rejection::NoSamples }, 60))
+            .expect("round 3");
+        assert_eq!(s.params(), &after_two);
     }
 
     #[test]
