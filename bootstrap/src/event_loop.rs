@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::StreamExt;
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
-use libp2p::swarm::{SwarmEvent, dial_opts::DialOpts};
+use libp2p::swarm::{ConnectionId, SwarmEvent, dial_opts::DialOpts};
 use libp2p::{Multiaddr, PeerId, Swarm, autonat, gossipsub, identify, kad, noise, tcp};
 use memmap2::Mmap;
 use pcp_protocol::{BlobHash, Identity, ReplayGuard, RunId};
@@ -28,6 +28,7 @@ use crate::mux;
 use crate::node::{DialError, FetchError, FetchReport, GossipError, StartError};
 use crate::outboard::Outboard;
 use crate::rpc::{InboundId, RequestError, verify_from};
+use crate::seeds::{Backoff, check_port_free, dial_reason, transport_reason};
 use crate::store::{BlobStore, map_chunk};
 use crate::tls;
 
@@ -140,6 +141,10 @@ pub struct EventLoop {
     events: mpsc::Sender<Event>,
     store: BlobStore,
     seeds: Vec<(Option<PeerId>, Multiaddr)>,
+    /// When to retry each seed (same order as `seeds`).
+    seed_retry: Vec<Backoff>,
+    /// Seed dials in flight: the index of the seed.
+    seed_dials: HashMap<ConnectionId, usize>,
     fetches: HashMap<BlobHash, Fetch>,
     pending: HashMap<OutboundRequestId, Pending>,
     provider_queries: HashMap<kad::QueryId, BlobHash>,
@@ -230,10 +235,15 @@ impl EventLoop {
             .with_swarm_config(|c| c.with_idle_connection_timeout(config.idle_timeout))
             .with_connection_timeout(HANDSHAKE_TIMEOUT)
             .build();
+        // every port is checked before the first listener takes one of them
+        for addr in &config.listen {
+            check_port_free(addr)
+                .map_err(|e| StartError::Listen { addr: addr.clone(), reason: crate::seeds::cause_of(&e) })?;
+        }
         for addr in &config.listen {
             swarm
                 .listen_on(addr.clone())
-                .map_err(|e| StartError::Listen { addr: addr.clone(), reason: e.to_string() })?;
+                .map_err(|e| StartError::Listen { addr: addr.clone(), reason: transport_reason(&e) })?;
         }
         let mut seeds: Vec<_> = config.bootstrap.iter().map(split_peer).collect();
         seeds.sort_by_key(|(_, a)| !is_quic(a));
@@ -243,6 +253,8 @@ impl EventLoop {
             commands,
             events,
             store,
+            seed_retry: vec![Backoff::default(); seeds.len()],
+            seed_dials: HashMap::new(),
             seeds,
             fetches: HashMap::new(),
             pending: HashMap::new(),
@@ -279,7 +291,7 @@ impl EventLoop {
 
     /// Runs until `cancel` fires or every handle is dropped.
     pub async fn run(mut self, cancel: CancellationToken) {
-        self.dial_seeds();
+        self.dial_seeds(false);
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -307,10 +319,18 @@ impl EventLoop {
         sent
     }
 
-    fn dial_seeds(&mut self) {
+    /// Dials the seeds that are not connected, not being dialled and not waiting out a
+    /// backoff; with `only_due`, only those whose backoff just ended.
+    fn dial_seeds(&mut self, only_due: bool) {
         let local = self.peer_id();
-        for (peer, addr) in self.seeds.clone() {
-            if peer == Some(local) {
+        let now = Instant::now();
+        for (index, (peer, addr)) in self.seeds.clone().into_iter().enumerate() {
+            let retry = self.seed_retry[index];
+            if peer == Some(local)
+                || !retry.ready(now)
+                || (only_due && !retry.due(now))
+                || self.seed_dials.values().any(|i| *i == index)
+            {
                 continue;
             }
             if let Some(peer) = peer {
@@ -323,8 +343,12 @@ impl EventLoop {
                 Some(peer) => DialOpts::peer_id(peer).addresses(vec![addr.clone()]).build(),
                 None => DialOpts::unknown_peer_id().address(addr.clone()).build(),
             };
-            if let Err(e) = self.swarm.dial(opts) {
-                tracing::debug!(%addr, "seed dial: {e}");
+            let id = opts.connection_id();
+            match self.swarm.dial(opts) {
+                Ok(()) => {
+                    self.seed_dials.insert(id, index);
+                }
+                Err(e) => self.seed_failed(index, &e),
             }
         }
     }
@@ -365,6 +389,22 @@ impl EventLoop {
         }
     }
 
+    /// A seed could not be reached: says why, and when it will be tried again.
+    fn seed_failed(&mut self, index: usize, error: &libp2p::swarm::DialError) {
+        let Some(reason) = dial_reason(error) else {
+            tracing::debug!(seed = %self.seeds[index].1, "seed dial: {error}");
+            return;
+        };
+        let retry_in = self.seed_retry[index].failed(Instant::now(), self.config.recovery_interval);
+        let (peer, base) = &self.seeds[index];
+        let addr = match peer {
+            Some(peer) => base.clone().with(Protocol::P2p(*peer)),
+            None => base.clone(),
+        };
+        tracing::warn!("bootstrap {addr}: {reason}; retrying in {} s", retry_in.as_secs());
+        self.emit(Event::BootstrapFailed { addr, reason, retry_in });
+    }
+
     fn housekeeping(&mut self) {
         let now = Instant::now();
         let expired: Vec<PeerId> = self.banned.iter().filter(|(_, until)| **until <= now).map(|(p, _)| *p).collect();
@@ -377,11 +417,13 @@ impl EventLoop {
             if alone && now.duration_since(self.last_recovery) >= self.config.recovery_interval {
                 // every seed is unreachable: keep trying them until one answers
                 self.last_recovery = now;
-                self.dial_seeds();
+                self.dial_seeds(false);
             }
+            // seeds that failed are retried when their backoff ends, peers or not
+            self.dial_seeds(true);
             if now.duration_since(self.last_rebootstrap) >= self.config.rebootstrap_interval {
                 self.last_rebootstrap = now;
-                self.dial_seeds();
+                self.dial_seeds(false);
                 let _ = self.swarm.behaviour_mut().kad.bootstrap();
             }
         }
@@ -522,7 +564,15 @@ impl EventLoop {
             SwarmEvent::NewListenAddr { address, .. } => {
                 self.emit(Event::Listening { addr: address });
             }
-            SwarmEvent::ConnectionEstablished { peer_id, endpoint, num_established, .. } => {
+            SwarmEvent::ConnectionEstablished { peer_id, connection_id, endpoint, num_established, .. } => {
+                if let Some(index) = self.seed_dials.remove(&connection_id) {
+                    self.seed_retry[index].reset();
+                }
+                for (index, (peer, _)) in self.seeds.iter().enumerate() {
+                    if *peer == Some(peer_id) {
+                        self.seed_retry[index].reset();
+                    }
+                }
                 let addr = endpoint.get_remote_address().clone();
                 tracing::debug!(%peer_id, %addr, "connected");
                 if num_established.get() == 1 {
@@ -531,6 +581,11 @@ impl EventLoop {
                 }
                 if self.seeds.iter().any(|(p, _)| *p == Some(peer_id)) {
                     let _ = self.swarm.behaviour_mut().kad.bootstrap();
+                }
+            }
+            SwarmEvent::OutgoingConnectionError { connection_id, error, .. } => {
+                if let Some(index) = self.seed_dials.remove(&connection_id) {
+                    self.seed_failed(index, &error);
                 }
             }
             SwarmEvent::ExternalAddrConfirmed { address } => {

@@ -31,6 +31,16 @@ pub enum Event {
         /// Its address on this connection.
         addr: Multiaddr,
     },
+    /// A seed peer (`Config::bootstrap`) could not be reached; it is dialled again
+    /// after `retry_in` (exponential backoff, capped at a minute).
+    BootstrapFailed {
+        /// The seed's address, as configured.
+        addr: Multiaddr,
+        /// Why, in a few words (`connection refused`, `timed out`, …).
+        reason: String,
+        /// How long until the next attempt.
+        retry_in: std::time::Duration,
+    },
     /// A peer entered the Kademlia routing table.
     PeerDiscovered {
         /// The peer.

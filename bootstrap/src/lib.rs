@@ -29,6 +29,7 @@ mod mux;
 mod node;
 pub mod outboard;
 mod rpc;
+mod seeds;
 mod store;
 pub mod testnet;
 mod tls;

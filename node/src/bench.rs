@@ -4,19 +4,30 @@ mod blob;
 mod step;
 
 use crate::Failure;
-use crate::join::NetArgs;
+use crate::join::{DataDirArg, NetFlags, Uses};
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum BenchCommand {
     /// Tokens per second and peak RSS of the fused training step.
-    Step(step::StepArgs),
+    Step {
+        #[command(flatten)]
+        args: step::StepArgs,
+        #[command(flatten)]
+        data_dir: DataDirArg,
+    },
     /// Blob transfer throughput between two nodes vs raw TCP loopback.
     Blob(blob::BlobArgs),
 }
 
-pub(crate) async fn run(command: BenchCommand, net: &NetArgs) -> Result<(), Failure> {
+/// `root` holds the flags given before `bench`.
+pub(crate) async fn run(command: BenchCommand, root: &NetFlags) -> Result<(), Failure> {
     match command {
-        BenchCommand::Step(args) => step::run(args, net).await,
-        BenchCommand::Blob(args) => Ok(blob::run(&args).await?),
+        BenchCommand::Step { args, data_dir } => {
+            step::run(args, &root.resolve(data_dir.into(), "bench step", Uses::DataDir)?).await
+        }
+        BenchCommand::Blob(args) => {
+            root.resolve(NetFlags::default(), "bench blob", Uses::Nothing)?;
+            Ok(blob::run(&args).await?)
+        }
     }
 }

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use pcp_bootstrap::{BlobStore, Event, StoreError};
 use pcp_protocol::BlobHash;
 
-use crate::join::{NetArgs, Running, Usage};
+use crate::join::{DataDirArg, NetFlags, Running, Usage, Uses};
 
 /// Blob store operations.
 #[derive(Debug, Args)]
@@ -24,6 +24,8 @@ enum BlobCommand {
     Put {
         /// The file to add.
         file: PathBuf,
+        #[command(flatten)]
+        data_dir: DataDirArg,
     },
     /// Join the network, fetch a blob from its providers, verify it and write it out.
     Get {
@@ -35,13 +37,17 @@ enum BlobCommand {
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 300)]
         timeout: u64,
+        #[command(flatten)]
+        net: NetFlags,
     },
 }
 
 /// Runs a blob subcommand.
-pub(crate) async fn run(args: &BlobArgs, net: &NetArgs) -> anyhow::Result<()> {
+/// `root` holds the flags given before `blob`.
+pub(crate) async fn run(args: &BlobArgs, root: &NetFlags) -> anyhow::Result<()> {
     match &args.command {
-        BlobCommand::Put { file } => {
+        BlobCommand::Put { file, data_dir } => {
+            let net = root.resolve(data_dir.clone().into(), "blob put", Uses::DataDir)?;
             let store = BlobStore::open(&net.data_dir)?;
             let (hash, size) = store.put_file(file).map_err(|e| match e {
                 StoreError::Io { ref path, .. } if path == file => anyhow::Error::new(Usage(e.to_string())),
@@ -52,7 +58,8 @@ pub(crate) async fn run(args: &BlobArgs, net: &NetArgs) -> anyhow::Result<()> {
             eprintln!("added {} ({size} bytes) to {}", file.display(), net.data_dir.display());
             Ok(())
         }
-        BlobCommand::Get { hash, output, timeout } => {
+        BlobCommand::Get { hash, output, timeout, net } => {
+            let net = &root.resolve(net.clone(), "blob get", Uses::Network)?;
             let store = BlobStore::open(&net.data_dir)?;
             if !store.contains(hash) && net.bootstrap.is_empty() {
                 return Err(Usage(format!(

@@ -77,6 +77,10 @@ impl EventLog {
             Event::PeerConnected { peer, addr } => {
                 ("peer_connected", json!({"peer": peer.to_string(), "addr": addr.to_string()}))
             }
+            Event::BootstrapFailed { addr, reason, retry_in } => (
+                "bootstrap_failed",
+                json!({"addr": addr.to_string(), "reason": reason, "retry_in_s": retry_in.as_secs_f64()}),
+            ),
             Event::PeerDiscovered { peer } => ("peer_discovered", json!({"peer": peer.to_string()})),
             Event::BlobFetched { hash, bytes, providers, seconds } => (
                 "blob_fetched",

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use pcp_bootstrap::multiaddr::Protocol;
-use pcp_bootstrap::{Config, Event, EventLoop, Multiaddr, Node, Reachability, load_or_create};
+use pcp_bootstrap::{Config, Event, EventLoop, Multiaddr, Node, Reachability, StartError, load_or_create};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -25,20 +25,121 @@ const REACHABILITY_WAIT: Duration = Duration::from_secs(15);
 #[error("{0}")]
 pub(crate) struct Usage(pub(crate) String);
 
-/// Network options, accepted before or after a subcommand.
-#[derive(Debug, Clone, Args)]
-pub(crate) struct NetArgs {
+/// The data directory flag, for every command that keeps state.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct DataDirArg {
+    /// Data directory: identity key, blob store and caches [default: ~/.pcp]
+    #[arg(long, value_name = "DIR")]
+    pub(crate) data_dir: Option<PathBuf>,
+}
+
+/// The events flag, for the commands that record events.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct EventsArg {
+    /// Write events to this file as JSON lines.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) events: Option<PathBuf>,
+}
+
+/// The flags of the commands that run a local job: data directory and events.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct LocalArgs {
+    #[command(flatten)]
+    pub(crate) data_dir: DataDirArg,
+    #[command(flatten)]
+    pub(crate) events: EventsArg,
+}
+
+/// The flags of the commands that join the network. Each command declares only the
+/// flags it uses; the flags may also come before the subcommand
+/// (`pcp-node --data-dir D train …`), where they apply to it if it has them.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct NetFlags {
     /// Seed peer to join through (repeatable), e.g. /ip4/1.2.3.4/udp/4001/quic-v1/p2p/12D3...
-    #[arg(long = "bootstrap", value_name = "MULTIADDR", global = true)]
+    #[arg(long = "bootstrap", value_name = "MULTIADDR")]
     pub(crate) bootstrap: Vec<Multiaddr>,
     /// Address to listen on (repeatable); default: QUIC and TCP on every interface.
-    #[arg(long = "listen", value_name = "MULTIADDR", global = true)]
+    #[arg(long = "listen", value_name = "MULTIADDR")]
+    pub(crate) listen: Vec<Multiaddr>,
+    #[command(flatten)]
+    pub(crate) local: LocalArgs,
+}
+
+impl From<DataDirArg> for NetFlags {
+    fn from(data_dir: DataDirArg) -> Self {
+        Self { local: LocalArgs { data_dir, events: EventsArg::default() }, ..Self::default() }
+    }
+}
+
+impl From<LocalArgs> for NetFlags {
+    fn from(local: LocalArgs) -> Self {
+        Self { local, ..Self::default() }
+    }
+}
+
+/// Which of the [`NetFlags`] a command has.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Uses {
+    /// None: the command neither keeps state nor joins the network.
+    Nothing,
+    /// `--data-dir`.
+    DataDir,
+    /// `--data-dir` and `--events`.
+    Local,
+    /// All of them.
+    Network,
+}
+
+impl NetFlags {
+    /// The flags given before the subcommand (`self`) merged into those given to
+    /// `command` (`own`, which wins). A flag before the subcommand that `command` does
+    /// not have is a usage error rather than silently ignored.
+    pub(crate) fn resolve(&self, own: NetFlags, command: &str, uses: Uses) -> Result<NetArgs, Usage> {
+        let (peers, data_dir, events) = match uses {
+            Uses::Nothing => (false, false, false),
+            Uses::DataDir => (false, true, false),
+            Uses::Local => (false, true, true),
+            Uses::Network => (true, true, true),
+        };
+        let unused = [
+            (!peers && !self.bootstrap.is_empty(), "--bootstrap"),
+            (!peers && !self.listen.is_empty(), "--listen"),
+            (!data_dir && self.local.data_dir.data_dir.is_some(), "--data-dir"),
+            (!events && self.local.events.events.is_some(), "--events"),
+        ];
+        if let Some((_, flag)) = unused.into_iter().find(|(given, _)| *given) {
+            return Err(Usage(format!(
+                "{flag} is not an option of `pcp-node {command}` (see `pcp-node {command} --help`)"
+            )));
+        }
+        let mut bootstrap = self.bootstrap.clone();
+        bootstrap.extend(own.bootstrap);
+        let mut listen = self.listen.clone();
+        listen.extend(own.listen);
+        Ok(NetArgs {
+            bootstrap,
+            listen,
+            data_dir: own
+                .local
+                .data_dir
+                .data_dir
+                .or_else(|| self.local.data_dir.data_dir.clone())
+                .unwrap_or_else(default_data_dir),
+            events: own.local.events.events.or_else(|| self.local.events.events.clone()),
+        })
+    }
+}
+
+/// Network options, resolved from [`NetFlags`].
+#[derive(Debug, Clone)]
+pub(crate) struct NetArgs {
+    /// Seed peers.
+    pub(crate) bootstrap: Vec<Multiaddr>,
+    /// Listen addresses; empty for the default.
     pub(crate) listen: Vec<Multiaddr>,
     /// Data directory: identity key and blob store.
-    #[arg(long, value_name = "DIR", global = true, default_value_os_t = default_data_dir())]
     pub(crate) data_dir: PathBuf,
-    /// Write network events to this file as JSON lines.
-    #[arg(long, value_name = "FILE", global = true)]
+    /// Where events go as JSON lines.
     pub(crate) events: Option<PathBuf>,
 }
 
@@ -71,7 +172,12 @@ pub(crate) struct Running {
 impl Running {
     pub(crate) fn start(args: &NetArgs) -> anyhow::Result<Self> {
         let identity = load_or_create(&args.data_dir)?;
-        let (node, events, event_loop): (Node, _, EventLoop) = Node::new(&identity, args.config())?;
+        let (node, events, event_loop): (Node, _, EventLoop) =
+            Node::new(&identity, args.config()).map_err(|e| match e {
+                // the kernel's words for the address the user typed: `address already in use`
+                StartError::Listen { addr, reason } => anyhow::Error::new(Usage(format!("--listen {addr}: {reason}"))),
+                e => e.into(),
+            })?;
         let log = EventLog::open(args.events.as_deref(), node.peer_id())?;
         let cancel = CancellationToken::new();
         let task = tokio::spawn(event_loop.run(cancel.clone()));

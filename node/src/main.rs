@@ -22,12 +22,19 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// What `pcp-node --help` shows under the options: one line per way to use it.
+const EXAMPLES: &str = "\
+Examples:
+  pcp-node --bootstrap <multiaddr> --backend rocm --target gfx942    join a run with a GPU
+  pcp-node --shepherd --model nanogpt-small --data corpus.txt        shepherd a run
+  pcp-node sim --nodes 4                                             run a shepherd and 3 workers here";
+
 /// A pcp peer. Without a subcommand it joins the network.
 #[derive(Debug, Parser)]
-#[command(name = "pcp-node", version, about)]
+#[command(name = "pcp-node", version, about, after_help = EXAMPLES)]
 struct Cli {
     #[command(flatten)]
-    net: join::NetArgs,
+    net: join::NetFlags,
     #[command(flatten)]
     shepherd: diloco::ShepherdArgs,
     #[command(flatten)]
@@ -44,14 +51,29 @@ enum Command {
     #[command(subcommand)]
     Graph(graph::GraphCommand),
     /// Train a model on this node alone.
-    Train(train::TrainArgs),
+    Train {
+        #[command(flatten)]
+        args: train::TrainArgs,
+        #[command(flatten)]
+        local: join::LocalArgs,
+    },
     /// Sample text from a checkpoint.
-    Generate(generate::GenerateArgs),
+    Generate {
+        #[command(flatten)]
+        args: generate::GenerateArgs,
+        #[command(flatten)]
+        data_dir: join::DataDirArg,
+    },
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Run a shepherd and N-1 workers of DiLoCo on this machine.
-    Sim(sim::SimArgs),
+    Sim {
+        #[command(flatten)]
+        args: sim::SimArgs,
+        #[command(flatten)]
+        local: join::LocalArgs,
+    },
     /// List the backends in this build and the devices each can see.
     Devices,
     /// Simulate a network of thousands of volunteers (seeded discrete events; no sockets).
@@ -104,39 +126,64 @@ fn keep_freed_memory() {
     }
 }
 
+/// Runs the command line's command.
+fn run(cli: Cli) -> Result<(), Failure> {
+    let root = cli.net;
+    let offline = |command: &str| root.resolve(join::NetFlags::default(), command, join::Uses::Nothing);
+    let command = match cli.command {
+        Some(Command::Graph(command)) => {
+            offline("graph")?;
+            return graph::run(command);
+        }
+        Some(Command::Devices) => {
+            offline("devices")?;
+            return devices::run();
+        }
+        Some(Command::Simulate(args)) => {
+            offline("simulate")?;
+            return simulate::run(&args);
+        }
+        command => command,
+    };
+    let runtime = tokio::runtime::Runtime::new()
+        .map_err(|e| Failure::from(anyhow::anyhow!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async {
+        match command {
+            None => {
+                let net = join::NetFlags::default().resolve(root, "", join::Uses::Network)?;
+                let role = join::Role::from_args(&net, &cli.shepherd, &cli.worker)?;
+                let cancel = tokio_util::sync::CancellationToken::new();
+                join::run_node(&net, role, true, None, cancel).await
+            }
+            Some(Command::Blob(args)) => Ok(blob::run(&args, &root).await?),
+            Some(Command::Train { args, local }) => {
+                train::run(args, &root.resolve(local.into(), "train", join::Uses::Local)?).await
+            }
+            Some(Command::Generate { args, data_dir }) => {
+                generate::run(args, &root.resolve(data_dir.into(), "generate", join::Uses::DataDir)?).await
+            }
+            Some(Command::Bench(command)) => bench::run(command, &root).await,
+            Some(Command::Sim { args, local }) => {
+                sim::run(args, &root.resolve(local.into(), "sim", join::Uses::Local)?).await
+            }
+            Some(Command::Graph(_) | Command::Devices | Command::Simulate(_)) => Ok(()),
+        }
+    })
+}
+
 fn main() -> ExitCode {
     keep_freed_memory();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // colours only for a person reading a terminal, not in a log file
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,libp2p_kad=error")),
         )
         .init();
-    let result = match cli.command {
-        Some(Command::Graph(command)) => graph::run(command),
-        Some(Command::Devices) => devices::run(),
-        Some(Command::Simulate(args)) => simulate::run(&args),
-        command => match tokio::runtime::Runtime::new() {
-            Ok(runtime) => runtime.block_on(async {
-                match command {
-                    None => {
-                        let role = join::Role::from_args(&cli.net, &cli.shepherd, &cli.worker)?;
-                        let cancel = tokio_util::sync::CancellationToken::new();
-                        join::run_node(&cli.net, role, true, None, cancel).await
-                    }
-                    Some(Command::Blob(args)) => Ok(blob::run(&args, &cli.net).await?),
-                    Some(Command::Train(args)) => train::run(args, &cli.net).await,
-                    Some(Command::Generate(args)) => generate::run(args, &cli.net).await,
-                    Some(Command::Bench(command)) => bench::run(command, &cli.net).await,
-                    Some(Command::Sim(args)) => sim::run(args, &cli.net).await,
-                    Some(Command::Graph(_) | Command::Devices | Command::Simulate(_)) => unreachable!("handled above"),
-                }
-            }),
-            Err(e) => Err(Failure::from(anyhow::anyhow!("cannot start the async runtime: {e}"))),
-        },
-    };
+    let result = run(cli);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {

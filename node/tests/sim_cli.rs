@@ -123,18 +123,19 @@ fn hostile_workers_are_rejected_or_bounded() {
 }
 
 /// Byzantine workers of typical norm: one sends −Δ, one random values at Δ's norm.
-/// The loss screen rejects their contributions (each an event with its reason) and
-/// the run ends within 3% of the honest run's validation loss.
+/// The loss screen rejects their contributions (each an event with its reason), never
+/// an honest one, and the run ends within 3% of the honest run's validation loss.
+/// Random values raise the held-out loss in most rounds, but may lower it by a hair
+/// in one (then they are accepted, with a third of the weight, and do no harm).
 #[test]
 fn sign_flipped_and_noise_contributions_are_screened_out() {
     let events = sim(&["--nodes", "5", "--hostile", "flip:1", "--hostile", "noise:2"]);
     let (flip, noise) = (worker_peer(&events, 1), worker_peer(&events, 2));
     let rejected: Vec<&Value> = events.iter().filter(|e| e["event"] == "contribution_rejected").collect();
-    for peer in [&flip, &noise] {
-        let theirs = rejected.iter().filter(|e| e["peer"] == peer.as_str()).count();
-        assert_eq!(theirs, 3, "{peer} rejected every round: {rejected:?}");
-    }
-    assert_eq!(rejected.len(), 6, "honest contributions pass the screen: {rejected:?}");
+    let count = |peer: &str| rejected.iter().filter(|e| e["peer"] == peer).count();
+    assert_eq!(count(&flip), 3, "the sign-flipping worker is rejected every round: {rejected:?}");
+    assert!(count(&noise) >= 2, "the noise worker is rejected in most rounds: {rejected:?}");
+    assert_eq!(count(&flip) + count(&noise), rejected.len(), "honest contributions pass the screen: {rejected:?}");
     assert!(
         rejected.iter().all(|e| e["reason"].as_str().is_some_and(|r| r.starts_with("no improvement: held-out loss"))),
         "{rejected:?}"
