@@ -152,7 +152,7 @@ fn losses(stdout: &str) -> Vec<f64> {
 }
 
 /// A GPU backend's numbers are the cpu's: the same seed trains to the same losses
-/// on Vulkan (lavapipe here; an H100's figures are in the README).
+/// on Vulkan (Mesa's lavapipe, a Vulkan device on the CPU, which CI installs).
 #[test]
 fn vulkan_trains_like_the_cpu() -> anyhow::Result<()> {
     let mut runs = Vec::new();
