@@ -23,6 +23,8 @@ mod config;
 mod event_loop;
 mod events;
 mod fetch;
+#[cfg(test)]
+mod fuzz;
 mod identity_file;
 mod ip_limits;
 mod mux;

@@ -523,6 +523,37 @@ mod tests {
         }
     }
 
+    /// Fuzzing the record reader: arbitrary bytes after the handshake (bare, or behind
+    /// a well-formed application-data header so they reach the AEAD), then the end of
+    /// the stream. The reader answers an error or the end, never plaintext, and never
+    /// waits for more. 256 cases, each a fresh handshake.
+    #[test]
+    fn arbitrary_records_never_yield_plaintext() {
+        use proptest::prelude::*;
+        type Raw = Compat<tokio::net::UnixStream>;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let config = proptest::test_runner::Config { cases: 256, ..Default::default() };
+        proptest!(config, |(body in proptest::collection::vec(any::<u8>(), 0..600), framed in any::<bool>())| {
+            let mut bytes = Vec::new();
+            if framed {
+                bytes.extend_from_slice(&[23, 3, 3]);
+                bytes.extend_from_slice(&(body.len() as u16).to_be_bytes());
+            }
+            bytes.extend_from_slice(&body);
+            let read = rt.block_on(async {
+                let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+                let ((_, mut client), (_, mut server)) = handshake(&a, &b).await;
+                let raw: &mut Raw = client.io_mut();
+                raw.write_all(&bytes).await.unwrap();
+                raw.close().await.unwrap();
+                let mut buf = [0; 1024];
+                tokio::time::timeout(std::time::Duration::from_secs(10), server.read(&mut buf)).await
+            });
+            let read = read.map_err(|_| TestCaseError::fail("the reader waited for bytes after the end"))?;
+            prop_assert!(!matches!(read, Ok(n) if n > 0), "{} bytes of plaintext from garbage", read.unwrap_or(0));
+        });
+    }
+
     #[test]
     fn a_foreign_certificate_is_refused() {
         let (cert, _) = certificate::generate(&Keypair::generate_ed25519()).unwrap();
