@@ -32,5 +32,5 @@ pub(crate) struct RoleIo {
     pub(crate) events: crate::events::Events,
 }
 
-pub(crate) use shepherd::{Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, run as shepherd_run};
+pub(crate) use shepherd::{Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, parse_trim, run as shepherd_run};
 pub(crate) use worker::{Hostile, WorkerArgs, WorkerPlan, run as worker_run};

@@ -77,6 +77,10 @@ pub(crate) struct SimArgs {
     /// fall) or `norm` (norm bound only).
     #[arg(long, default_value = "score")]
     screen: String,
+    /// Aggregate by the coordinate-wise mean trimmed by this fraction at each end
+    /// (with 3 or more contributions), instead of the token-weighted mean.
+    #[arg(long, default_value_t = 0.0, value_parser = crate::diloco::parse_trim)]
+    trim: f64,
     /// A worker silent for this long is dropped.
     #[arg(long, default_value_t = 5_000)]
     heartbeat_timeout_ms: u64,
@@ -191,6 +195,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
     );
     plan.table = true;
     plan.screen = crate::diloco::Screen::parse(&args.screen)?;
+    plan.trim = args.trim;
     // share the compile cache of `train` and `generate` in the same data directory
     plan.artifacts_dir = Some(net.data_dir.join("artifacts"));
     let (opened_tx, mut opened) = mpsc::channel(16);

@@ -145,6 +145,26 @@ fn sign_flipped_and_noise_contributions_are_screened_out() {
     assert!(attacked <= honest * 1.03, "validation loss {attacked} with flip and noise workers vs {honest} without");
 }
 
+/// `--trim`: the coordinate-wise trimmed mean takes every contribution (the norm
+/// screen rejects none) and the ×1000 and sign-flipped workers cannot stop the
+/// loss from falling; a fraction outside [0, 0.5) is refused by the parser.
+#[test]
+fn a_trimmed_mean_outvotes_extreme_coordinates() {
+    let events =
+        sim(&["--nodes", "5", "--hostile", "scale:1", "--hostile", "flip:2", "--screen", "norm", "--trim", "0.25"]);
+    let rounds: Vec<&Value> = events.iter().filter(|e| e["event"] == "round_completed").collect();
+    assert_eq!(rounds.len(), 3);
+    for r in &rounds {
+        assert_eq!(r["contributors"].as_u64(), Some(4), "every contribution is averaged: {r}");
+    }
+    let val: Vec<f64> = rounds.iter().filter_map(|r| r["val_loss"].as_f64()).collect();
+    assert!(val.len() == 3 && val.iter().all(|v| v.is_finite()) && val[val.len() - 1] < val[0], "{val:?}");
+
+    let out = pcp_node().args(["sim", "--trim", "0.5"]).output().expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a fraction from 0 to below 0.5"));
+}
+
 /// `pcp-node simulate` counts an exported `.mlir` model from its IR (parameters,
 /// tokens per batch, FLOPs of the fused step) and writes its report; bad input is
 /// one line and exit code 2.

@@ -83,6 +83,18 @@ pub(crate) struct ShepherdArgs {
     /// alone; `norm` only bounds norms.
     #[arg(long, default_value = "score", requires = "shepherd")]
     pub(crate) screen: String,
+    /// Aggregate by the coordinate-wise mean trimmed by this fraction at each end
+    /// (with 3 or more contributions), instead of the token-weighted mean.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_trim, requires = "shepherd")]
+    pub(crate) trim: f64,
+}
+
+/// A trim fraction: from 0 (the weighted mean) to below 0.5.
+pub(crate) fn parse_trim(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if (0.0..0.5).contains(&t) => Ok(t),
+        _ => Err(format!("{s:?} is not a fraction from 0 to below 0.5")),
+    }
 }
 
 /// How a shepherd screens contributions beyond NaN, shapes and the norm bound.
@@ -124,6 +136,8 @@ pub(crate) struct ShepherdPlan {
     pub(crate) table: bool,
     /// How contributions are screened.
     pub(crate) screen: Screen,
+    /// The trimmed mean's fraction (0: the token-weighted mean).
+    pub(crate) trim: f64,
 }
 
 /// What a host (`sim`) can observe of a running shepherd.
@@ -201,6 +215,7 @@ impl ShepherdPlan {
             artifacts_dir: None,
             table: true,
             screen: Screen::parse(&args.screen)?,
+            trim: args.trim,
         })
     }
 
@@ -231,6 +246,7 @@ impl ShepherdPlan {
             artifacts_dir: None,
             table: true,
             screen: Screen::Score,
+            trim: 0.0,
         }
     }
 }
@@ -439,6 +455,7 @@ impl Host {
             heartbeat_timeout_ms: plan.heartbeat_timeout_ms,
             outer_lr: e.outer_lr as f32,
             outer_momentum: e.nesterov_momentum as f32,
+            trim: plan.trim,
             ..shepherd::Config::default()
         };
         let machine = match snapshot {

@@ -149,9 +149,69 @@ pub fn aggregate(contributions: &[Accepted], bound: f64) -> (Tensors, usize) {
     (mean.into_iter().map(|t| t.into_iter().map(|v| v as f32).collect()).collect(), clipped)
 }
 
+/// The coordinate-wise trimmed mean of the contributions, each first scaled down
+/// to at most `bound` in norm: in every coordinate the `⌊trim × n⌋` largest and
+/// smallest of the n values are dropped (at most all but one or two) and the rest
+/// averaged, unweighted. A few workers sending extreme values, in any
+/// coordinates, move no coordinate beyond the honest values' range. Returns the
+/// mean and how many contributions were scaled.
+pub fn trimmed_mean(contributions: &[Accepted], bound: f64, trim: f64) -> (Tensors, usize) {
+    let Some(first) = contributions.first() else { return (Vec::new(), 0) };
+    let n = contributions.len();
+    let k = ((trim.clamp(0.0, 0.5) * n as f64) as usize).min((n - 1) / 2);
+    let scales: Vec<f64> = contributions.iter().map(|c| if c.norm > bound { bound / c.norm } else { 1.0 }).collect();
+    let clipped = scales.iter().filter(|s| **s < 1.0).count();
+    let mut column = vec![0.0f64; n];
+    let mean = first
+        .delta
+        .iter()
+        .enumerate()
+        .map(|(t, tensor)| {
+            (0..tensor.len())
+                .map(|i| {
+                    for ((slot, c), scale) in column.iter_mut().zip(contributions).zip(&scales) {
+                        *slot = scale * f64::from(c.delta[t][i]);
+                    }
+                    column.sort_by(f64::total_cmp);
+                    let kept = &column[k..n - k];
+                    (kept.iter().sum::<f64>() / kept.len() as f64) as f32
+                })
+                .collect()
+        })
+        .collect();
+    (mean, clipped)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trimmed_mean_drops_the_extremes_of_every_coordinate() {
+        let c = |samples, delta: Vec<f32>| {
+            let norm = delta.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+            Accepted { samples, delta: vec![delta], norm }
+        };
+        // five workers; one sends a huge first coordinate, another a huge negative second
+        let all = [
+            c(1, vec![1.0, 2.0]),
+            c(1, vec![2.0, 3.0]),
+            c(9, vec![3.0, 4.0]),
+            c(1, vec![100.0, 1.0]),
+            c(1, vec![0.0, -100.0]),
+        ];
+        let (mean, clipped) = trimmed_mean(&all, f64::INFINITY, 0.2);
+        assert_eq!(clipped, 0);
+        // first coordinate: drop 0 and 100, mean of 1, 2, 3; second: drop -100 and 4
+        assert_eq!(mean, vec![vec![2.0, 2.0]]);
+        // trim 0 is the unweighted mean; too large a trim keeps the median
+        assert_eq!(trimmed_mean(&all, f64::INFINITY, 0.0).0, vec![vec![106.0 / 5.0, -90.0 / 5.0]]);
+        assert_eq!(trimmed_mean(&all, f64::INFINITY, 0.9).0, vec![vec![2.0, 2.0]]);
+        // the norm bound applies first
+        let (_, clipped) = trimmed_mean(&all, 10.0, 0.2);
+        assert_eq!(clipped, 2);
+        assert_eq!(trimmed_mean(&[], 1.0, 0.2), (Vec::new(), 0));
+    }
 
     #[test]
     fn validation_names_the_problem() {

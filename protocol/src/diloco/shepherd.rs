@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::Tensors;
-use super::aggregate::{Accepted, Rejection, aggregate, norm_bound, validate};
+use super::aggregate::{Accepted, Rejection, aggregate, norm_bound, trimmed_mean, validate};
 use super::outer::Nesterov;
 
 /// Shepherd settings.
@@ -46,6 +46,10 @@ pub struct Config {
     /// Contribution norms are bounded to factor × the lower median of recent
     /// norms (1.0: a ×1000 worker counts no more than a typical one).
     pub norm_factor: f64,
+    /// With 3 or more contributions, aggregate by the coordinate-wise mean
+    /// trimmed by this fraction at each end ([`trimmed_mean`]) instead of the
+    /// sample-weighted mean; 0 (the default) keeps the weighted mean.
+    pub trim: f64,
 }
 
 impl Default for Config {
@@ -64,6 +68,7 @@ impl Default for Config {
             outer_lr: 0.7,
             outer_momentum: 0.9,
             norm_factor: 1.0,
+            trim: 0.0,
         }
     }
 }
@@ -460,7 +465,11 @@ impl<P: Ord + Clone> Shepherd<P> {
         let clipped = if accepted.is_empty() {
             0
         } else {
-            let (delta, clipped) = aggregate(&accepted, bound);
+            let (delta, clipped) = if self.config.trim > 0.0 && accepted.len() >= 3 {
+                trimmed_mean(&accepted, bound, self.config.trim)
+            } else {
+                aggregate(&accepted, bound)
+            };
             self.outer.step(&mut self.params, &delta);
             clipped
         };
