@@ -95,7 +95,12 @@ impl Config {
     /// A configuration presenting a certificate for `key`. With `enabled = false`
     /// the upgrade offers no protocol, so multistream-select falls through to noise.
     pub(crate) fn new(key: &Keypair, enabled: bool) -> Result<Self, ConfigError> {
-        let provider = Arc::new(provider(aes_hardware()));
+        Self::with_suite_order(key, enabled, aes_hardware())
+    }
+
+    /// [`Config::new`] with AES-GCM offered first (`aes`) or ChaCha20-Poly1305.
+    fn with_suite_order(key: &Keypair, enabled: bool, aes: bool) -> Result<Self, ConfigError> {
+        let provider = Arc::new(provider(aes));
         let (cert, private_key) = certificate::generate(key)?;
         // A fixed resolver, not `with_single_cert`: rustls' key check parses the
         // certificate with webpki, which refuses libp2p's critical extension.
@@ -435,6 +440,48 @@ mod tests {
         });
         sent.unwrap();
         assert_eq!(got.unwrap(), data);
+    }
+
+    /// At the confidentiality limit of the suite, less a margin, the sender replaces
+    /// its key with a `key_update` before sealing the next record. With
+    /// ChaCha20-Poly1305 the limit is the 64-bit sequence number itself: both ends
+    /// jump to just short of it, and every byte still arrives under the new key.
+    /// With AES-GCM (rustls allows 2^24 records per key) aws-lc's sealing key counts its own
+    /// nonces, so there the jump cannot be staged: the limit is checked, and
+    /// `record_layer_speaks_tls_with_stock_rustls_through_key_updates` replaces the
+    /// key every two records.
+    #[tokio::test]
+    async fn the_key_is_replaced_at_the_sequence_limit() {
+        for aes in [true, false] {
+            let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+            let (sa, sb) = tokio::net::UnixStream::pair().unwrap();
+            let client = Config::with_suite_order(&a, true, aes).unwrap().upgrade_outbound(sa.compat(), PROTOCOL);
+            let server = Config::with_suite_order(&b, true, aes).unwrap().upgrade_inbound(sb.compat(), PROTOCOL);
+            let (client, server) = tokio::join!(client, server);
+            let ((_, mut client), (_, mut server)) = (client.unwrap(), server.unwrap());
+            let (_, limit) = client.tx_seq();
+            if aes {
+                assert_eq!(client.suite().suite(), rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+                assert_eq!(limit, (1 << 24) - 1024, "rustls' AES-GCM limit, 2^24 records, less the margin");
+                continue;
+            }
+            assert_eq!(client.suite().suite(), rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256);
+            assert_eq!(limit, u64::MAX - 1024);
+            client.set_seq(Some(limit - 3), None);
+            server.set_seq(None, Some(limit - 3));
+            let mut sent = Vec::new();
+            for i in 0..8 {
+                let record = pattern(1000, i);
+                client.write_all(&record).await.unwrap();
+                client.flush().await.unwrap();
+                sent.extend_from_slice(&record);
+            }
+            let (seq, _) = client.tx_seq();
+            assert!(seq < 8, "the key was replaced and the count restarted ({seq})");
+            let mut got = vec![0; sent.len()];
+            server.read_exact(&mut got).await.unwrap();
+            assert_eq!(got, sent);
+        }
     }
 
     /// pcp's record layer against stock rustls (`futures-rustls`) on the other end: data

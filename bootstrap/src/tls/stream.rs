@@ -196,6 +196,19 @@ impl<C> Stream<C> {
         &mut self.io
     }
 
+    /// Records sealed under the current send key, and when it will be replaced.
+    #[cfg(test)]
+    pub(super) fn tx_seq(&self) -> (u64, u64) {
+        (self.tx.seq, self.tx.rekey_at)
+    }
+
+    /// Moves the sequence numbers (both ends of a connection must agree).
+    #[cfg(test)]
+    pub(super) fn set_seq(&mut self, tx: Option<u64>, rx: Option<u64>) {
+        self.tx.seq = tx.unwrap_or(self.tx.seq);
+        self.rx.seq = rx.unwrap_or(self.rx.seq);
+    }
+
     /// Seals `typ` records carrying `chunks`, replacing our key first when it is due.
     fn seal(&mut self, typ: ContentType, chunks: &[&[u8]]) -> io::Result<()> {
         let mut rest = OutboundChunks::new(chunks);
@@ -498,5 +511,111 @@ impl<C: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Stream<C> {
         }
         ready!(this.poll_send(cx))?;
         Pin::new(&mut this.io).poll_close(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::{AsyncReadExt, AsyncWriteExt};
+    use rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256;
+    use rustls::crypto::tls13::OkmBlock;
+
+    use super::*;
+
+    /// RFC 8448 §3 (simple 1-RTT handshake, TLS_AES_128_GCM_SHA256): the application
+    /// traffic secrets, the keys and IVs derived from them, and the records sent.
+    const CLIENT_SECRET: &str = "9e40646ce79a7f9dc05af8889bce6552875afa0b06df0087f792ebb7c17504a5";
+    const CLIENT_KEY_IV: (&str, &str) = ("17422dda596ed5d9acd890e3c63f5051", "5b78923dee08579033e523d9");
+    const SERVER_SECRET: &str = "a11af9f05531f856ad47116b45a950328204b4f44bfb6b3a4b4f1f3fcb631643";
+    const SERVER_KEY_IV: (&str, &str) = ("9f02283b6c9c07efc26bb9f2ac92e356", "cf782b88dd83549aadf1e984");
+    /// `{client} send application_data record`: bytes 0x00..=0x31 at sequence 0.
+    const CLIENT_DATA_RECORD: &str = "1703030043a23f7054b62c94d0affafe8228ba55cbefacea42f914aa66bcab3f\
+        2b9819a8a5b46b395bd54a9a20441e2b62974e1f5a6292a2977014bd1e3deae63aeebb21694915e4";
+    /// `{client} send alert record`: close_notify at sequence 1.
+    const CLIENT_ALERT_RECORD: &str = "1703030013c9872760655666b74d7ff1153efd6db6d0b0e3";
+    /// `{server} send application_data record`: the same bytes at sequence 1 (the
+    /// server's NewSessionTicket took sequence 0).
+    const SERVER_DATA_RECORD: &str = "17030300432e937e11ef4ac740e538ad36005fc4a46932fc3225d05f82aa1b36\
+        e30efaf97d90e6dffc602dcb501a59a8fcc49c4bf2e5f0a21c0047c2abf332540dd032e167c2955d";
+
+    fn hex(s: &str) -> Vec<u8> {
+        let s: String = s.split_whitespace().collect();
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
+    }
+
+    struct NoUpdates;
+
+    impl KeySchedule for NoUpdates {
+        fn next_tx(&mut self) -> Result<ConnectionTrafficSecrets, rustls::Error> {
+            Err(rustls::Error::General("no key updates here".into()))
+        }
+        fn next_rx(&mut self) -> Result<ConnectionTrafficSecrets, rustls::Error> {
+            Err(rustls::Error::General("no key updates here".into()))
+        }
+    }
+
+    /// The key and IV of a traffic secret, checked against the RFC's.
+    fn traffic(secret: &str, (key, iv): (&str, &str)) -> ConnectionTrafficSecrets {
+        let suite = TLS13_AES_128_GCM_SHA256.tls13().expect("a TLS 1.3 suite");
+        let expander = suite.hkdf_provider.expander_for_okm(&OkmBlock::new(&hex(secret)));
+        let derived_key = rustls::internal::derive_traffic_key(expander.as_ref(), suite.aead_alg);
+        let derived_iv = rustls::internal::derive_traffic_iv(expander.as_ref());
+        assert_eq!(derived_key.as_ref(), hex(key));
+        assert_eq!(derived_iv.as_ref(), hex(iv));
+        ConnectionTrafficSecrets::Aes128Gcm { key: derived_key, iv: derived_iv }
+    }
+
+    /// A stream over `wire` sending with `tx` and receiving with `rx` from the given
+    /// sequence numbers.
+    fn stream(
+        wire: Vec<u8>,
+        tx: (u64, ConnectionTrafficSecrets),
+        rx: (u64, ConnectionTrafficSecrets),
+    ) -> Stream<futures::io::Cursor<Vec<u8>>> {
+        let incoming = vec![0u8; READ_BUFFER].into_boxed_slice();
+        let secrets = ExtractedSecrets { tx, rx };
+        let io = futures::io::Cursor::new(wire);
+        Stream::new(io, TLS13_AES_128_GCM_SHA256, secrets, Box::new(NoUpdates), incoming, 0, Vec::new())
+            .expect("a TLS 1.3 suite")
+    }
+
+    /// The record layer reproduces RFC 8448's records byte for byte: framing, inner
+    /// content type, nonce (IV ⊕ sequence number) and AEAD additional data.
+    #[test]
+    fn records_match_rfc_8448() {
+        futures::executor::block_on(async {
+            let payload: Vec<u8> = (0..0x32).collect();
+            let client = || traffic(CLIENT_SECRET, CLIENT_KEY_IV);
+            let server = || traffic(SERVER_SECRET, SERVER_KEY_IV);
+
+            // the client seals the application data and then close_notify
+            let mut ours = stream(Vec::new(), (0, client()), (0, server()));
+            ours.write_all(&payload).await.expect("write");
+            ours.flush().await.expect("flush");
+            assert_eq!(ours.io_mut().get_ref(), &hex(CLIENT_DATA_RECORD));
+            ours.close().await.expect("close");
+            let wire = ours.io_mut().get_ref().clone();
+            assert_eq!(&wire[hex(CLIENT_DATA_RECORD).len()..], &hex(CLIENT_ALERT_RECORD)[..]);
+
+            // the server opens them: the data, then a clean end
+            let mut server_side = stream(wire, (1, server()), (0, client()));
+            let mut got = Vec::new();
+            server_side.read_to_end(&mut got).await.expect("a clean close_notify");
+            assert_eq!(got, payload);
+
+            // the client opens the server's record at sequence 1
+            let mut ours = stream(hex(SERVER_DATA_RECORD), (1, client()), (1, server()));
+            let mut got = vec![0; payload.len()];
+            ours.read_exact(&mut got).await.expect("read");
+            assert_eq!(got, payload);
+
+            // one flipped bit anywhere in the record is refused
+            for at in [0, 4, 5, 40, 71] {
+                let mut bad = hex(SERVER_DATA_RECORD);
+                bad[at] ^= 1;
+                let mut ours = stream(bad, (1, client()), (1, server()));
+                assert!(ours.read(&mut got).await.is_err(), "a record with byte {at} flipped was accepted");
+            }
+        });
     }
 }
