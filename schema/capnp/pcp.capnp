@@ -77,6 +77,8 @@ struct RunManifest {
   tensors @13 :List(TensorSpec);
   statePerParam @14 :UInt32; # optimizer state tensors per parameter
   encoding @15 :Text;       # pseudo-gradient encoding: "fp32", "bf16" or "int8"
+  screen @16 :Text;         # how contributions are screened: "score" (held-out loss) or "norm"
+  trim @17 :Float32;        # trimmed-mean fraction at each end; 0: the token-weighted mean
 }
 
 # --- rounds ----------------------------------------------------------------

@@ -105,6 +105,12 @@ pub struct RunManifest {
     pub state_per_param: u32,
     /// Pseudo-gradient encoding: `fp32`, `bf16` or `int8`.
     pub encoding: String,
+    /// How the shepherd screens contributions: `score` (each must lower a held-out
+    /// loss) or `norm` (norm bound only); empty in manifests from before it existed.
+    pub screen: String,
+    /// The coordinate-wise trimmed mean's fraction at each end; 0 for the
+    /// token-weighted mean.
+    pub trim: f32,
 }
 
 impl TensorSpec {
@@ -249,6 +255,8 @@ impl Message for RunManifest {
         }
         root.set_state_per_param(self.state_per_param);
         root.set_encoding(self.encoding.as_str());
+        root.set_screen(self.screen.as_str());
+        root.set_trim(self.trim);
         codec::words(&message)
     }
 
@@ -283,6 +291,8 @@ impl Message for RunManifest {
                 tensors,
                 state_per_param: r.get_state_per_param(),
                 encoding: codec::text(W, "encoding", r.get_encoding())?,
+                screen: codec::text(W, "screen", r.get_screen())?,
+                trim: r.get_trim(),
             })
         })
     }

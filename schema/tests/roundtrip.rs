@@ -75,6 +75,7 @@ fn manifest(
     (artifacts, parameters, model_hash): (Vec<ArtifactRef>, Vec<ParameterRef>, [u8; 32]),
     (rounds, seed, schedule, outer_lr, outer_momentum): (u64, u64, Schedule, f32, f32),
     (data, tensors, state_per_param, encoding): (DataSpec, Vec<TensorSpec>, u32, String),
+    (screen, trim): (String, f32),
 ) -> RunManifest {
     RunManifest {
         run,
@@ -93,6 +94,8 @@ fn manifest(
         tensors,
         state_per_param,
         encoding,
+        screen,
+        trim,
     }
 }
 
@@ -125,8 +128,9 @@ proptest! {
         refs in (vec(artifact(), 0..4), vec(parameter(), 0..4), any::<[u8; 32]>()),
         hyper in (any::<u64>(), any::<u64>(), schedule(), any::<f32>(), any::<f32>()),
         shape in (data_spec(), vec(tensor(), 0..4), any::<u32>(), text()),
+        robust in (text(), any::<f32>()),
     ) {
-        roundtrip(&manifest(head, refs, hyper, shape))?;
+        roundtrip(&manifest(head, refs, hyper, shape, robust))?;
     }
 
     #[test]
@@ -245,11 +249,12 @@ fn list_claiming_more_elements_than_the_input_holds_is_refused() {
         (vec![], vec![], [3; 32]),
         (1, 2, Schedule::default(), 0.7, 0.9),
         (DataSpec::default(), vec![], 2, "fp32".into()),
+        ("score".into(), 0.25),
     );
     let mut bytes = m.encode();
-    // layout: segment table, root pointer, four data words, then the pointers run, name,
-    // shepherd, artifacts: the artifacts list pointer is word 8 of the segment
-    let at = 8 + 8 * 8;
+    // layout: segment table, root pointer, five data words, then the pointers run, name,
+    // shepherd, artifacts: the artifacts list pointer is word 9 of the segment
+    let at = 8 + 9 * 8;
     assert_eq!(bytes[at] & 3, 1, "expected a list pointer");
     // element size 7 (inline composite), word count 2^29 - 1: about 4 GiB claimed
     bytes[at + 4..at + 8].copy_from_slice(&[0xff; 4]);

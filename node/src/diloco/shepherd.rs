@@ -107,6 +107,14 @@ pub(crate) enum Screen {
 }
 
 impl Screen {
+    /// The name `parse` takes, as the run manifest records it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Norm => "norm",
+            Self::Score => "score",
+        }
+    }
+
     pub(crate) fn parse(name: &str) -> Result<Self, Failure> {
         match name {
             "norm" => Ok(Self::Norm),
@@ -441,6 +449,8 @@ impl Host {
             tensors,
             state_per_param: step.state_per_param as u32,
             encoding: plan.encoding.name().to_owned(),
+            screen: plan.screen.name().to_owned(),
+            trim: plan.trim as f32,
         };
         // a resumed shepherd waits a moment for the last round's workers to come back
         let start_workers = match &plan.resumed {
@@ -544,7 +554,7 @@ impl Host {
         let mut out = self.out.lock();
         writeln!(
             out,
-            "shepherd of run {} ({}): {} rounds of τ={}, {} parameters ({:.2} MB), {} pseudo-gradients{}",
+            "shepherd of run {} ({}): {} rounds of τ={}, {} parameters ({:.2} MB), {} pseudo-gradients, {} screen{}{}",
             self.run,
             self.manifest.name,
             self.plan.rounds,
@@ -552,6 +562,8 @@ impl Host {
             params,
             4.0 * params as f64 / 1e6,
             self.plan.encoding.name(),
+            self.plan.screen.name(),
+            if self.plan.trim > 0.0 { format!(", mean trimmed by {}", self.plan.trim) } else { String::new() },
             if resumed_at > 0 { format!(", resumed after round {resumed_at}") } else { String::new() }
         )?;
         writeln!(

@@ -278,7 +278,8 @@ async fn train(
     events.emit(
         "run_joined",
         json!({"run": run.to_hex(), "shepherd": joined.shepherd.to_string(), "backend": plan.backend,
-               "target": plan.target, "artifact": BlobHash(joined.artifact.blob).to_hex()}),
+               "target": plan.target, "artifact": BlobHash(joined.artifact.blob).to_hex(),
+               "screen": m.screen, "trim": m.trim}),
     );
     if plan.verbose {
         println!(
