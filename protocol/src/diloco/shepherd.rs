@@ -121,6 +121,8 @@ pub struct RoundSummary<P> {
     pub mean_loss: f64,
     /// Contributions scaled down by the norm bound.
     pub clipped: usize,
+    /// The contributions scaled down to the norm bound, each with its norm.
+    pub scaled: Vec<(P, f64)>,
     /// The norm bound used.
     pub norm_bound: f64,
     /// From opening to closing.
@@ -462,6 +464,8 @@ impl<P: Ord + Clone> Shepherd<P> {
         let mean_loss =
             entries.iter().map(|(a, l)| f64::from(*l) * a.samples as f64).sum::<f64>() / samples.max(1) as f64;
         let accepted: Vec<Accepted> = entries.into_iter().map(|(a, _)| a).collect();
+        let scaled: Vec<(P, f64)> =
+            peers.iter().zip(&norms).filter(|(_, n)| **n > bound).map(|(p, n)| (p.clone(), *n)).collect();
         let clipped = if accepted.is_empty() {
             0
         } else {
@@ -492,6 +496,7 @@ impl<P: Ord + Clone> Shepherd<P> {
             excluded,
             mean_loss,
             clipped,
+            scaled,
             norm_bound: bound,
             duration_ms,
         }));
@@ -690,6 +695,7 @@ mod tests {
         let a = s.handle(contribution(4, 2, 100.0), 11);
         let summary = completed(&a).expect("round 2");
         assert_eq!(summary.clipped, 1);
+        assert_eq!(summary.scaled.len(), 1, "the scaled contribution is named: {:?}", summary.scaled);
         assert!(s.params()[0][0].abs() < 0.6, "bounded: {}", s.params()[0][0]);
     }
 
