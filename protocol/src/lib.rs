@@ -1,11 +1,12 @@
 //! pcp's protocol core: identities, signed envelopes, replay guards, content
-//! ids and the DiLoCo state machines.
+//! ids, the DiLoCo state machines and the shepherd election.
 //!
 //! Pure: no sockets, no clocks, no randomness. Keys are made from bytes the caller
 //! supplies, and every time-dependent check takes `now` as an argument, so
 //! simulations are deterministic.
 
 pub mod diloco;
+pub mod election;
 mod envelope;
 mod identity;
 mod ids;
