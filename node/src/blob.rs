@@ -60,6 +60,7 @@ pub(crate) async fn run(args: &BlobArgs, root: &NetFlags) -> anyhow::Result<()> 
         }
         BlobCommand::Get { hash, output, timeout, net } => {
             let net = &root.resolve(net.clone(), "blob get", Uses::Network)?;
+            let _metrics = crate::metrics::serve(net.metrics).await?;
             let store = BlobStore::open(&net.data_dir)?;
             if !store.contains(hash) && net.bootstrap.is_empty() {
                 return Err(Usage(format!(

@@ -35,6 +35,7 @@ impl Events {
 
     /// Writes `{"t":…,"event":name,…fields}`; `fields` must be a JSON object.
     pub(crate) fn emit(&self, name: &str, fields: Value) {
+        crate::metrics::observe(name, &fields);
         let Some(out) = &self.out else { return };
         let mut object = Map::new();
         let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);

@@ -39,6 +39,10 @@ pub(crate) struct EventsArg {
     /// Write events to this file as JSON lines.
     #[arg(long, value_name = "FILE")]
     pub(crate) events: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (rounds, losses, bytes,
+    /// rejections by reason, peers, fetch throughput, step throughput).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// The flags of the commands that run a local job: data directory and events.
@@ -106,6 +110,7 @@ impl NetFlags {
             (!peers && !self.listen.is_empty(), "--listen"),
             (!data_dir && self.local.data_dir.data_dir.is_some(), "--data-dir"),
             (!events && self.local.events.events.is_some(), "--events"),
+            (!events && self.local.events.metrics_addr.is_some(), "--metrics-addr"),
         ];
         if let Some((_, flag)) = unused.into_iter().find(|(given, _)| *given) {
             return Err(Usage(format!(
@@ -126,6 +131,7 @@ impl NetFlags {
                 .or_else(|| self.local.data_dir.data_dir.clone())
                 .unwrap_or_else(default_data_dir),
             events: own.local.events.events.or_else(|| self.local.events.events.clone()),
+            metrics: own.local.events.metrics_addr.or(self.local.events.metrics_addr),
         })
     }
 }
@@ -141,6 +147,8 @@ pub(crate) struct NetArgs {
     pub(crate) data_dir: PathBuf,
     /// Where events go as JSON lines.
     pub(crate) events: Option<PathBuf>,
+    /// Where Prometheus metrics are served.
+    pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
 fn default_data_dir() -> PathBuf {
@@ -241,6 +249,7 @@ pub(crate) async fn run_node(
     listening: Option<mpsc::Sender<Multiaddr>>,
     cancel: CancellationToken,
 ) -> Result<(), Failure> {
+    let _metrics = crate::metrics::serve(args.metrics).await.map_err(Failure::input)?;
     let mut running = Running::start(args).map_err(Failure::input)?;
     let events = Events::open(args.events.as_deref()).map_err(Failure::input)?;
     let (requests_tx, requests_rx) = mpsc::channel(256);

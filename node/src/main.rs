@@ -13,6 +13,7 @@ mod events;
 mod generate;
 mod graph;
 mod join;
+mod metrics;
 mod model;
 mod sim;
 mod simulate;

@@ -136,6 +136,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
     if args.nodes < 2 {
         return Err(Failure::input(anyhow::anyhow!("--nodes must be at least 2 (a shepherd and a worker)")));
     }
+    let _metrics = crate::metrics::serve(net.metrics).await.map_err(Failure::input)?;
     let encoding = Encoding::parse(&args.encoding).ok_or_else(|| {
         Failure::input(anyhow::anyhow!("unknown --encoding {:?}; expected fp32, bf16 or int8", args.encoding))
     })?;
@@ -200,8 +201,13 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
     plan.artifacts_dir = Some(net.data_dir.join("artifacts"));
     let (opened_tx, mut opened) = mpsc::channel(16);
     let hooks = ShepherdHooks { opened: Some(opened_tx) };
-    let shepherd_net =
-        NetArgs { bootstrap: Vec::new(), listen: loopback(), data_dir: shepherd_dir, events: net.events.clone() };
+    let shepherd_net = NetArgs {
+        bootstrap: Vec::new(),
+        listen: loopback(),
+        data_dir: shepherd_dir,
+        events: net.events.clone(),
+        metrics: None,
+    };
     let cancel = CancellationToken::new();
     let mut nodes: JoinSet<(u32, Result<(), Failure>)> = JoinSet::new();
     let (addr_tx, mut addrs) = mpsc::channel(8);
@@ -228,8 +234,13 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
         let mut plan = worker_plans.get(&n).unwrap_or(&worker_plan).clone();
         plan.verbose = false;
         plan.hostile = hostile.get(&n).copied();
-        let worker_net =
-            NetArgs { bootstrap: vec![bootstrap.clone()], listen: loopback(), data_dir: dir, events: None };
+        let worker_net = NetArgs {
+            bootstrap: vec![bootstrap.clone()],
+            listen: loopback(),
+            data_dir: dir,
+            events: None,
+            metrics: None,
+        };
         let token = cancel.child_token();
         let node_cancel = token.clone();
         nodes.spawn(async move { (n, run_node(&worker_net, Role::Worker(plan), false, None, node_cancel).await) });

@@ -280,6 +280,7 @@ impl Run {
 
 /// Trains; `net` supplies the data directory and the events file.
 pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
+    let _metrics = crate::metrics::serve(net.metrics).await.map_err(Failure::input)?;
     let data_dir = net.data_dir.clone();
     let checkpoint_dir = args.checkpoint_dir.clone().unwrap_or_else(|| data_dir.join("checkpoints"));
     let resumed = if args.resume { Some(Checkpoint::load(&checkpoint_dir).map_err(Failure::input)?) } else { None };

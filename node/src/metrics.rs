@@ -1,0 +1,317 @@
+//! `--metrics-addr HOST:PORT`: the node's state as Prometheus (OpenMetrics) text
+//! at `http://HOST:PORT/metrics`, for a scraper or `curl`.
+//!
+//! The series are fed by the same events as `--events FILE` (see
+//! [`crate::events::Events::emit`]), so the two never disagree: every emitted
+//! event passes through [`observe`], whether or not an events file was given.
+//! The registry is process-wide: `pcp-node sim` runs every node in one process,
+//! and its metrics are those of the whole simulated network (rounds and losses
+//! come from its one shepherd; peers and bytes add up over its nodes).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+/// Scrapes served at once; more connections are closed at once.
+const MAX_CONNECTIONS: usize = 16;
+/// How long a scraper may take to send its request and read the answer.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Labels = Vec<(String, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Every series pcp exports.
+#[derive(Debug)]
+struct Metrics {
+    registry: Registry,
+    rounds: Counter,
+    contributors: Gauge,
+    mean_loss: FloatGauge,
+    val_loss: FloatGauge,
+    train_loss: FloatGauge,
+    tokens_per_second: FloatGauge,
+    round_seconds: FloatGauge,
+    round_bytes_in: Gauge,
+    round_bytes_out: Gauge,
+    rejected: Family<Labels, Counter>,
+    clipped: Counter,
+    messages_rejected: Counter,
+    peers: Gauge,
+    workers: Gauge,
+    fetched_bytes: Counter,
+    fetch_seconds: Counter<f64, AtomicU64>,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("pcp");
+        let metrics = Self {
+            registry: Registry::default(),
+            rounds: Counter::default(),
+            contributors: Gauge::default(),
+            mean_loss: FloatGauge::default(),
+            val_loss: FloatGauge::default(),
+            train_loss: FloatGauge::default(),
+            tokens_per_second: FloatGauge::default(),
+            round_seconds: FloatGauge::default(),
+            round_bytes_in: Gauge::default(),
+            round_bytes_out: Gauge::default(),
+            rejected: Family::default(),
+            clipped: Counter::default(),
+            messages_rejected: Counter::default(),
+            peers: Gauge::default(),
+            workers: Gauge::default(),
+            fetched_bytes: Counter::default(),
+            fetch_seconds: Counter::default(),
+        };
+        let r = &mut registry;
+        r.register("rounds_completed", "DiLoCo rounds the shepherd completed", metrics.rounds.clone());
+        r.register("round_contributors", "Contributions averaged in the last round", metrics.contributors.clone());
+        r.register("round_mean_loss", "Mean inner loss of the last round's contributions", metrics.mean_loss.clone());
+        r.register("val_loss", "Validation loss after the last round (or eval)", metrics.val_loss.clone());
+        r.register("train_loss", "Loss of the last training step (pcp-node train)", metrics.train_loss.clone());
+        r.register("tokens_per_second", "Training throughput of the last step", metrics.tokens_per_second.clone());
+        r.register("round_seconds", "Duration of the last round", metrics.round_seconds.clone());
+        r.register(
+            "round_bytes_in",
+            "Bytes of contributions received in the last round",
+            metrics.round_bytes_in.clone(),
+        );
+        r.register("round_bytes_out", "Bytes served to workers in the last round", metrics.round_bytes_out.clone());
+        r.register("contributions_rejected", "Contributions refused, by reason", metrics.rejected.clone());
+        r.register("contributions_clipped", "Contributions scaled down to the norm bound", metrics.clipped.clone());
+        r.register("messages_rejected", "Requests refused before they were read", metrics.messages_rejected.clone());
+        r.register("peers", "Connected peers", metrics.peers.clone());
+        r.register("workers", "Workers the shepherd counts as live", metrics.workers.clone());
+        r.register("blob_fetched_bytes", "Bytes of blobs fetched from the network", metrics.fetched_bytes.clone());
+        r.register("blob_fetch_seconds", "Seconds spent fetching those blobs", metrics.fetch_seconds.clone());
+        Self { registry, ..metrics }
+    }
+
+    fn observe(&self, name: &str, fields: &Value) {
+        let f64_of = |key: &str| fields.get(key).and_then(Value::as_f64);
+        let u64_of = |key: &str| fields.get(key).and_then(Value::as_u64);
+        match name {
+            "round_completed" => {
+                self.rounds.inc();
+                let gauges = [
+                    (&self.contributors, u64_of("contributors")),
+                    (&self.round_bytes_in, u64_of("bytes_in")),
+                    (&self.round_bytes_out, u64_of("bytes_out")),
+                ];
+                for (gauge, value) in gauges {
+                    if let Some(v) = value {
+                        gauge.set(i64::try_from(v).unwrap_or(i64::MAX));
+                    }
+                }
+                let floats =
+                    [(&self.mean_loss, "mean_loss"), (&self.val_loss, "val_loss"), (&self.round_seconds, "seconds")];
+                for (gauge, key) in floats {
+                    if let Some(v) = f64_of(key) {
+                        gauge.set(v);
+                    }
+                }
+            }
+            "eval" => {
+                if let Some(v) = f64_of("val_loss") {
+                    self.val_loss.set(v);
+                }
+            }
+            "step" => {
+                if let Some(v) = f64_of("loss") {
+                    self.train_loss.set(v);
+                }
+                if let Some(v) = f64_of("tokens_per_s") {
+                    self.tokens_per_second.set(v);
+                }
+            }
+            "contribution_rejected" => {
+                let reason = fields.get("reason").and_then(Value::as_str).unwrap_or("");
+                self.rejected.get_or_create(&vec![("reason".into(), reason_kind(reason))]).inc();
+            }
+            "contribution_clipped" => {
+                self.clipped.inc();
+            }
+            "message_rejected" => {
+                self.messages_rejected.inc();
+            }
+            "peer_connected" => {
+                self.peers.inc();
+            }
+            "peer_disconnected" => {
+                self.peers.dec();
+            }
+            "worker_joined" => {
+                self.workers.inc();
+            }
+            "worker_left" => {
+                self.workers.dec();
+            }
+            "blob_fetched" => {
+                self.fetched_bytes.inc_by(u64_of("bytes").unwrap_or(0));
+                self.fetch_seconds.inc_by(f64_of("seconds").unwrap_or(0.0));
+            }
+            _ => {}
+        }
+    }
+
+    fn text(&self) -> String {
+        let mut out = String::new();
+        // writing to a String cannot fail
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// A short label for a rejection: its reason up to the first `:` or `(`, at most
+/// 40 characters (`no improvement`, `non-finite value in tensor 0`, `late`, …),
+/// so that the label set stays small whatever the reasons carry.
+fn reason_kind(reason: &str) -> String {
+    let end = reason.find([':', '(']).unwrap_or(reason.len());
+    let kind = reason[..end].trim();
+    let kind: String = kind.chars().take(40).collect();
+    if kind.is_empty() { "other".into() } else { kind }
+}
+
+static METRICS: OnceLock<Metrics> = OnceLock::new();
+
+/// Counts an emitted event, once a metrics server was started in this process.
+pub(crate) fn observe(name: &str, fields: &Value) {
+    if let Some(metrics) = METRICS.get() {
+        metrics.observe(name, fields);
+    }
+}
+
+/// The metrics endpoint; stops when dropped.
+#[derive(Debug)]
+pub(crate) struct Server {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Why the endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("--metrics-addr {addr}: {reason}")]
+pub(crate) struct ServeError {
+    addr: SocketAddr,
+    reason: String,
+}
+
+/// Serves `/metrics` on `addr` (port 0 picks one) until the returned server is
+/// dropped; nothing without an address.
+pub(crate) async fn serve(addr: Option<SocketAddr>) -> Result<Option<Server>, ServeError> {
+    let Some(addr) = addr else { return Ok(None) };
+    let failed = |e: std::io::Error| ServeError { addr, reason: e.to_string() };
+    let listener = TcpListener::bind(addr).await.map_err(failed)?;
+    let addr = listener.local_addr().map_err(failed)?;
+    let metrics = METRICS.get_or_init(Metrics::new);
+    let task = tokio::spawn(accept(listener, metrics));
+    tracing::info!("metrics at http://{addr}/metrics");
+    Ok(Some(Server { task }))
+}
+
+async fn accept(listener: TcpListener, metrics: &'static Metrics) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                if connections.len() >= MAX_CONNECTIONS {
+                    continue; // dropping the stream closes it
+                }
+                connections.spawn(async move {
+                    let service = hyper::service::service_fn(move |request| respond(metrics, request));
+                    let connection = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(CONNECTION_TIMEOUT)
+                        .serve_connection(TokioIo::new(stream), service);
+                    let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+async fn respond(metrics: &Metrics, request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (status, content_type, body) = if request.method() == Method::GET && request.uri().path() == "/metrics" {
+        (StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics.text())
+    } else {
+        (StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "pcp serves only GET /metrics\n".to_owned())
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
+        response.headers_mut().insert(hyper::header::CONTENT_TYPE, value);
+    }
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn events_become_series() {
+        let m = Metrics::new();
+        m.observe(
+            "round_completed",
+            &json!({"round": 1, "contributors": 3, "mean_loss": 2.5, "val_loss": 2.25, "seconds": 1.5,
+                    "bytes_in": 1000, "bytes_out": 2000}),
+        );
+        m.observe("contribution_rejected", &json!({"reason": "no improvement: held-out loss 2.0 with it"}));
+        m.observe("contribution_rejected", &json!({"reason": "no improvement: held-out loss 3.0 with it"}));
+        m.observe("contribution_rejected", &json!({"reason": "non-finite value in tensor 0"}));
+        m.observe("peer_connected", &json!({}));
+        m.observe("peer_connected", &json!({}));
+        m.observe("peer_disconnected", &json!({}));
+        m.observe("blob_fetched", &json!({"bytes": 4096, "seconds": 0.5}));
+        let text = m.text();
+        for line in [
+            "pcp_rounds_completed_total 1",
+            "pcp_round_contributors 3",
+            "pcp_val_loss 2.25",
+            "pcp_round_bytes_in 1000",
+            "pcp_contributions_rejected_total{reason=\"no improvement\"} 2",
+            "pcp_contributions_rejected_total{reason=\"non-finite value in tensor 0\"} 1",
+            "pcp_peers 1",
+            "pcp_blob_fetched_bytes_total 4096",
+            "pcp_blob_fetch_seconds_total 0.5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn reasons_become_short_labels() {
+        assert_eq!(reason_kind("late: round 3 closed"), "late");
+        assert_eq!(reason_kind("norm 4.0 above the round's bound (x)"), "norm 4.0 above the round's bound");
+        assert_eq!(reason_kind(""), "other");
+        assert_eq!(reason_kind(&"x".repeat(100)).len(), 40);
+    }
+}
