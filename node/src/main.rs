@@ -17,6 +17,7 @@ mod metrics;
 mod model;
 mod sim;
 mod simulate;
+mod supervisor;
 mod train;
 
 use std::process::ExitCode;
@@ -150,6 +151,11 @@ fn run(cli: Cli) -> Result<(), Failure> {
         .map_err(|e| Failure::from(anyhow::anyhow!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async {
         match command {
+            None if cli.worker.scale.is_some() => {
+                let net = join::NetFlags::default().resolve(root, "", join::Uses::Network)?;
+                let n = cli.worker.scale.unwrap_or(1);
+                supervisor::run(n, net, cli.worker).await
+            }
             None => {
                 let net = join::NetFlags::default().resolve(root, "", join::Uses::Network)?;
                 let role = join::Role::from_args(&net, &cli.shepherd, &cli.worker)?;
@@ -175,6 +181,13 @@ fn run(cli: Cli) -> Result<(), Failure> {
 fn main() -> ExitCode {
     keep_freed_memory();
     let cli = Cli::parse();
+    if let Some(ordinal) = cli.worker.device_id {
+        let ordinal = ordinal.to_string();
+        for var in ["CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"] {
+            // SAFETY: no other thread exists yet (the runtime and logging start below).
+            unsafe { std::env::set_var(var, &ordinal) };
+        }
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         // colours only for a person reading a terminal, not in a log file

@@ -41,6 +41,15 @@ pub(crate) struct WorkerArgs {
     /// Only route, gossip and serve blobs; never train.
     #[arg(long)]
     pub(crate) no_train: bool,
+    /// Use the GPU of this ordinal (sets CUDA_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES
+    /// for this process); `--scale` gives worker i ordinal i.
+    #[arg(long, value_name = "ORDINAL")]
+    pub(crate) device_id: Option<u32>,
+    /// Run this many workers as child processes of this one, worker i on device
+    /// ordinal i with data directory <data-dir>/worker-i, restarted with backoff
+    /// when they exit, stopped together on SIGINT or SIGTERM.
+    #[arg(long, value_name = "N", conflicts_with_all = ["shepherd", "no_train", "device_id"])]
+    pub(crate) scale: Option<usize>,
     /// Testing only: send corrupted pseudo-gradients (`nan`, or `scale` for ×1000).
     #[arg(long, hide = true, value_name = "KIND")]
     pub(crate) hostile: Option<String>,
