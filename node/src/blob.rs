@@ -73,12 +73,14 @@ pub(crate) async fn run(args: &BlobArgs, root: &NetFlags) -> anyhow::Result<()> 
             let node = running.node.clone();
             let fetch = node.fetch(*hash, Duration::from_secs(*timeout));
             tokio::pin!(fetch);
+            let spinner = crate::progress::spinner(format!("fetching {hash:#}"));
             let report = loop {
                 tokio::select! {
                     r = &mut fetch => break r,
                     Some(event) = running.events.recv() => running.log.write(&event)?,
                 }
             };
+            spinner.finish_and_clear();
             while let Ok(event) = running.events.try_recv() {
                 running.log.write(&event)?;
             }

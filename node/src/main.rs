@@ -15,6 +15,7 @@ mod graph;
 mod join;
 mod metrics;
 mod model;
+mod progress;
 mod sim;
 mod simulate;
 mod supervisor;

@@ -204,7 +204,10 @@ pub(crate) async fn load_engine(
         .map_err(|e| anyhow::anyhow!("{}: {e}", model.source))?;
     let (device_kind, target) = device.resolve()?;
     let started = Instant::now();
-    let artifact = pcp_graph::compile(&step.module, &target, Some(&cache.join("artifacts")))?;
+    let spinner = crate::progress::spinner(format!("compiling the training step for {target}"));
+    let artifact = pcp_graph::compile(&step.module, &target, Some(&cache.join("artifacts")));
+    spinner.finish_and_clear();
+    let artifact = artifact?;
     tracing::info!(
         cached = artifact.cached,
         seconds = started.elapsed().as_secs_f64(),
@@ -335,7 +338,8 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
     let start_step = resumed.as_ref().map_or(0, |c| c.step);
     let total = experiment.steps;
     let tokens_per_step = (run.batch * run.block) as f64;
-    let mut out = std::io::stdout().lock();
+    // not locked: the progress bar draws on stdout too
+    let mut out = std::io::stdout();
     let tty = out.is_terminal();
     writeln!(
         out,
@@ -350,6 +354,8 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
         start_step
     )?;
     let mut tokens_per_s = 0.0;
+    let bar = crate::progress::bar(total);
+    bar.set_position(start_step);
     for step in start_step + 1..=total {
         let lr = learning_rate(step, total, experiment.learning_rate, experiment.min_lr, experiment.warmup_steps);
         let batch = sampler.next_batch();
@@ -363,15 +369,8 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
         }
         events.emit("step", json!({"step": step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s}));
         if tty {
-            let done = (step * 30 / total.max(1)) as usize;
-            write!(
-                out,
-                "\r[{}{}] step {step}/{total} loss {loss:.4} lr {lr:.2e} {:.1}k tok/s ",
-                "#".repeat(done),
-                ".".repeat(30 - done),
-                tokens_per_s / 1e3
-            )?;
-            out.flush()?;
+            bar.set_message(format!("loss {loss:.4} lr {lr:.2e} {:.1}k tok/s", tokens_per_s / 1e3));
+            bar.set_position(step);
         } else if step % 50 == 0 || step == total || step == start_step + 1 {
             writeln!(out, "step {step}/{total} loss {loss:.4} lr {lr:.2e} {:.1}k tok/s", tokens_per_s / 1e3)?;
         }
@@ -380,9 +379,10 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
             let val = run.validate(experiment.eval_batches).await?;
             events.emit("eval", json!({"step": step, "val_loss": val}));
             if tty {
-                writeln!(out)?;
+                bar.println(format!("step {step}: val loss {val:.4}"));
+            } else {
+                writeln!(out, "step {step}: val loss {val:.4}")?;
             }
-            writeln!(out, "step {step}: val loss {val:.4}")?;
         }
         let checkpoint_due =
             (experiment.checkpoint_interval > 0 && step % experiment.checkpoint_interval == 0) || step == total;
@@ -397,6 +397,7 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
         let path = run.checkpoint(start_step, &sampler.state()).await?.save(&checkpoint_dir)?;
         events.emit("checkpoint", json!({"step": start_step, "path": path.display().to_string()}));
     }
+    bar.finish();
     run.experiment = experiment;
     writeln!(out, "done: checkpoints in {}", checkpoint_dir.display())?;
     Ok(())

@@ -75,6 +75,10 @@ fn nanogpt_small_learns_shakespeare_and_generates() {
         &cache_dir(),
     ]);
     ok(&out);
+    // piped stdout gets plain lines: no progress bar, no terminal escapes
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(!printed.contains('\x1b') && !printed.contains("[#"), "{printed}");
+    assert!(printed.lines().any(|l| l.starts_with("step 1000/1000 loss ")), "{printed}");
     let events = events(&ev);
     let steps = of_kind(&events, "step");
     assert_eq!(steps.len(), 1000);
