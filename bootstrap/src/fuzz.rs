@@ -20,7 +20,7 @@ use crate::{BLOB_PROTOCOL, RPC_PROTOCOL};
 fn envelope() -> SignedEnvelope {
     let identity = Identity::from_secret([7; 32]);
     let binding = Binding { run: RunId([1; 32]), round: 2, nonce: 3, unix_ms: 4 };
-    seal(&identity, binding, &Heartbeat { run: [1; 32], round: 2, unix_ms: 4, free_memory_bytes: 5 })
+    seal(&identity, binding, &Heartbeat { run: [1; 32], round: 2, unix_ms: 4, free_memory_bytes: 5, term: 0 })
 }
 
 /// A heartbeat request as the RPC codec writes it.

@@ -45,5 +45,5 @@ pub use events::{Event, Reachability, Stats};
 pub use identity_file::{IdentityError, keypair, load_or_create};
 pub use libp2p::{Multiaddr, PeerId, multiaddr};
 pub use node::{DialError, FetchError, FetchReport, GossipError, Node, StartError, Stopped};
-pub use rpc::{InboundId, RPC_PROTOCOL, RequestError, peer_of};
+pub use rpc::{InboundId, RPC_PROTOCOL, RequestError, key_of, peer_of};
 pub use store::{BlobStore, Partial, StoreError};

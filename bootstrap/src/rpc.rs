@@ -175,6 +175,16 @@ pub fn peer_of(key: &PublicKey) -> Option<PeerId> {
     Some(libp2p::identity::PublicKey::from(key).to_peer_id())
 }
 
+/// The ed25519 key a peer id embeds (every pcp peer id does), or `None`.
+pub fn key_of(peer: &PeerId) -> Option<PublicKey> {
+    let multihash = peer.as_ref();
+    if multihash.code() != 0 {
+        return None; // not an identity multihash: the key is not inside
+    }
+    let key = libp2p::identity::PublicKey::try_decode_protobuf(multihash.digest()).ok()?;
+    Some(PublicKey(key.try_into_ed25519().ok()?.to_bytes()))
+}
+
 /// Verifies an envelope that arrived from `peer` and checks `peer` signed it.
 pub(crate) fn verify_from(peer: PeerId, envelope: SignedEnvelope) -> Result<pcp_protocol::Verified, String> {
     let verified = pcp_protocol::verify(envelope).map_err(|e| e.to_string())?;
@@ -193,7 +203,7 @@ mod tests {
 
     fn heartbeat(identity: &Identity) -> SignedEnvelope {
         let binding = Binding { run: RunId([1; 32]), round: 2, nonce: 3, unix_ms: 4 };
-        seal(identity, binding, &Heartbeat { run: [1; 32], round: 2, unix_ms: 4, free_memory_bytes: 0 })
+        seal(identity, binding, &Heartbeat { run: [1; 32], round: 2, unix_ms: 4, free_memory_bytes: 0, term: 0 })
     }
 
     #[test]
@@ -202,6 +212,7 @@ mod tests {
         let bob = Identity::from_secret([8; 32]);
         let alice_peer = peer_of(&alice.public()).expect("valid key");
         assert_eq!(alice_peer, crate::keypair(&alice).public().to_peer_id());
+        assert_eq!(key_of(&alice_peer), Some(alice.public()), "the key a peer id embeds");
         assert!(verify_from(alice_peer, heartbeat(&alice)).is_ok());
         let err = verify_from(alice_peer, heartbeat(&bob)).err().unwrap_or_default();
         assert!(err.contains("not by the sending peer"), "{err}");

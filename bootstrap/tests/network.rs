@@ -235,7 +235,7 @@ async fn forged_gossip_is_rejected_and_counted() -> anyhow::Result<()> {
 
     let alice = identity(1);
     let mallory = identity(2);
-    let hb = Heartbeat { run: run.0, round: 1, unix_ms: now_ms(), free_memory_bytes: 1 };
+    let hb = Heartbeat { run: run.0, round: 1, unix_ms: now_ms(), free_memory_bytes: 1, term: 0 };
     let bind = |nonce| Binding { run, round: 1, nonce, unix_ms: now_ms() };
     // signed by mallory but claiming alice as signer
     let mut impostor = seal(&mallory, bind(1), &hb);
@@ -361,7 +361,7 @@ async fn signed_requests_are_verified_both_ways() -> anyhow::Result<()> {
     let (client, server_peer) = (net.nodes[1].node.clone(), net.nodes[2].peer_id());
     let mallory = identity(9);
     let run = RunId([7; 32]);
-    let hb = Heartbeat { run: run.0, round: 1, unix_ms: now_ms(), free_memory_bytes: 0 };
+    let hb = Heartbeat { run: run.0, round: 1, unix_ms: now_ms(), free_memory_bytes: 0, term: 0 };
     let bind = |nonce| Binding { run, round: 1, nonce, unix_ms: now_ms() };
 
     // a request signed by the sender reaches the server, and its signed answer comes back

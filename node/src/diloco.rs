@@ -15,6 +15,7 @@
 //!   run's topic, aggregates contributions, applies the outer Nesterov step, and
 //!   checkpoints every round.
 
+mod candidate;
 mod shepherd;
 mod wire;
 mod worker;
@@ -32,5 +33,6 @@ pub(crate) struct RoleIo {
     pub(crate) events: crate::events::Events,
 }
 
-pub(crate) use shepherd::{Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, parse_trim, run as shepherd_run};
+pub(crate) use candidate::{Begin, STANDBY, run as candidate_run};
+pub(crate) use shepherd::{Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, parse_trim};
 pub(crate) use worker::{Hostile, WorkerArgs, WorkerPlan, run as worker_run};

@@ -34,9 +34,14 @@ impl Events {
     }
 
     /// Writes `{"t":…,"event":name,…fields}`; `fields` must be a JSON object.
+    /// The same line goes to the wandb bridge when one runs ([`crate::wandb`]),
+    /// whether or not an events file was given.
     pub(crate) fn emit(&self, name: &str, fields: Value) {
         crate::metrics::observe(name, &fields);
-        let Some(out) = &self.out else { return };
+        let to_wandb = crate::wandb::active();
+        if self.out.is_none() && !to_wandb {
+            return;
+        }
         let mut object = Map::new();
         let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
         object.insert("t".into(), t.into());
@@ -44,12 +49,18 @@ impl Events {
         if let Value::Object(fields) = fields {
             object.extend(fields);
         }
+        let mut line = Value::Object(object).to_string();
+        line.push('\n');
+        let Some(out) = &self.out else {
+            crate::wandb::send(line);
+            return;
+        };
+        if to_wandb {
+            crate::wandb::send(line.clone());
+        }
         let Ok(mut out) = out.lock() else { return };
         // An events file that stops accepting writes must not stop training.
-        let written = serde_json::to_writer(&mut *out, &Value::Object(object))
-            .map_err(std::io::Error::from)
-            .and_then(|()| out.write_all(b"\n"))
-            .and_then(|()| out.flush());
+        let written = out.write_all(line.as_bytes()).and_then(|()| out.flush());
         if let Err(e) = written {
             tracing::warn!("cannot write event {name}: {e}");
         }

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::Failure;
-use crate::diloco::{RoleIo, ShepherdArgs, ShepherdHooks, ShepherdPlan, WorkerArgs, WorkerPlan};
+use crate::diloco::{Begin, RoleIo, ShepherdArgs, ShepherdHooks, ShepherdPlan, WorkerArgs, WorkerPlan};
 use crate::events::{EventLog, Events};
 
 /// How long the reachability self-test waits for a dial-back.
@@ -223,13 +223,33 @@ pub(crate) enum Role {
     Shepherd(Box<ShepherdPlan>, ShepherdHooks),
     /// Find runs and train in them.
     Worker(WorkerPlan),
+    /// Stand by as a coordinator candidate of a run (the first the DHT knows when
+    /// `None`), ready to lead it.
+    Candidate(Option<pcp_protocol::RunId>, ShepherdHooks),
 }
 
 impl Role {
     /// The role the flags ask for.
     pub(crate) fn from_args(net: &NetArgs, shepherd: &ShepherdArgs, worker: &WorkerArgs) -> Result<Self, Failure> {
         if shepherd.shepherd {
+            if shepherd.candidate.iter().any(String::is_empty) {
+                return Err(Failure::input(anyhow::anyhow!(
+                    "with --shepherd, --candidate names a candidate: a peer id, a hex public key or an identity.key"
+                )));
+            }
             return Ok(Self::Shepherd(Box::new(ShepherdPlan::new(shepherd, &net.data_dir)?), ShepherdHooks::default()));
+        }
+        if !shepherd.candidate.is_empty() {
+            if shepherd.candidate.iter().any(|c| !c.is_empty()) {
+                return Err(Failure::input(anyhow::anyhow!(
+                    "--candidate takes a value only with --shepherd; a standby is `--candidate --run RUN_ID`"
+                )));
+            }
+            let run = worker.run.as_deref().ok_or_else(|| {
+                Failure::input(anyhow::anyhow!("a standby candidate needs the run: --candidate --run RUN_ID"))
+            })?;
+            let run = run.parse().map_err(|e| Failure::input(anyhow::anyhow!("--run {run:?}: {e}")))?;
+            return Ok(Self::Candidate(Some(run), ShepherdHooks::default()));
         }
         if worker.no_train {
             return Ok(Self::Relay);
@@ -250,6 +270,12 @@ pub(crate) async fn run_node(
     cancel: CancellationToken,
 ) -> Result<(), Failure> {
     let _metrics = crate::metrics::serve(args.metrics).await.map_err(Failure::input)?;
+    // a node of its own reports to wandb when it may lead (`sim` starts one for all)
+    let _wandb = match &role {
+        Role::Shepherd(plan, _) if interactive => crate::wandb::Bridge::start(plan.experiment(), "shepherd"),
+        Role::Candidate(..) if interactive => crate::wandb::Bridge::start(&crate::config::Experiment::default(), "shepherd"),
+        _ => None,
+    };
     let mut running = Running::start(args).map_err(Failure::input)?;
     let events = Events::open(args.events.as_deref()).map_err(Failure::input)?;
     let (requests_tx, requests_rx) = mpsc::channel(256);
@@ -267,9 +293,12 @@ pub(crate) async fn run_node(
                 Ok(())
             }
             Role::Shepherd(plan, hooks) => {
-                crate::diloco::shepherd_run(*plan, io, requests_rx, hooks, role_cancel).await
+                crate::diloco::candidate_run(Begin::Lead(plan), io, requests_rx, hooks, role_cancel).await
             }
-            Role::Worker(plan) => crate::diloco::worker_run(plan, io, role_cancel).await,
+            Role::Candidate(run, hooks) => {
+                crate::diloco::candidate_run(Begin::Standby(run), io, requests_rx, hooks, role_cancel).await
+            }
+            Role::Worker(plan) => crate::diloco::worker_run(plan, io, requests_rx, role_cancel).await,
         }
     };
     let result = pump(&mut running, args, interactive, (requests_tx, listening), work, cancel).await;
@@ -314,6 +343,12 @@ async fn pump(
                     Some(e @ Event::Request { .. }) => {
                         requests.try_send(e).unwrap_or_else(|_| tracing::debug!("request dropped: the role is busy"));
                         continue;
+                    }
+                    // gossip is logged and also handed to the role (workers check leases in it)
+                    Some(Event::Gossip { run, from, message }) => {
+                        let copy = Event::Gossip { run, from, message: message.clone() };
+                        requests.try_send(copy).unwrap_or_else(|_| tracing::debug!("gossip dropped: the role is busy"));
+                        Event::Gossip { run, from, message }
                     }
                     Some(e) => e,
                 };

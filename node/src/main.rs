@@ -20,6 +20,7 @@ mod sim;
 mod simulate;
 mod supervisor;
 mod train;
+mod wandb;
 
 use std::process::ExitCode;
 
@@ -99,6 +100,11 @@ impl Failure {
     /// What went wrong.
     pub(crate) fn error(&self) -> &anyhow::Error {
         &self.error
+    }
+
+    /// The error, without its exit code.
+    pub(crate) fn into_error(self) -> anyhow::Error {
+        self.error
     }
 }
 

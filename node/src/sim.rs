@@ -91,6 +91,16 @@ pub(crate) struct SimArgs {
     /// artifact per (backend, target) its workers announce.
     #[arg(long, value_name = "NODE:BACKEND[:TARGET]")]
     worker_backend: Vec<String>,
+    /// Nodes 1..=K are standby coordinator candidates instead of workers: they
+    /// replicate the shepherd's state each round and take over when its lease lapses.
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    candidates: usize,
+    /// Kill the shepherd (node 0) when round ROUND opens; a candidate takes over.
+    #[arg(long, value_name = "ROUND", requires = "candidates")]
+    kill_shepherd_at: Option<u64>,
+    /// The leader's lease: candidates take over after this long without a heartbeat.
+    #[arg(long, default_value_t = 5_000)]
+    lease_ms: u64,
 }
 
 /// `--worker-backend` specs: worker → (backend, target).
@@ -133,8 +143,10 @@ fn loopback() -> Vec<Multiaddr> {
 }
 
 pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
-    if args.nodes < 2 {
-        return Err(Failure::input(anyhow::anyhow!("--nodes must be at least 2 (a shepherd and a worker)")));
+    if args.nodes < 2 + args.candidates {
+        return Err(Failure::input(anyhow::anyhow!(
+            "--nodes must be at least 2 + --candidates (a shepherd, the candidates and a worker)"
+        )));
     }
     let _metrics = crate::metrics::serve(net.metrics).await.map_err(Failure::input)?;
     let encoding = Encoding::parse(&args.encoding).ok_or_else(|| {
@@ -180,16 +192,23 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
     let _ = std::fs::remove_dir_all(shepherd_dir.join("blobs"));
     let _ = std::fs::remove_dir_all(shepherd_dir.join("shepherd"));
     for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
-        if entry.file_name().to_string_lossy().starts_with("worker-") {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("worker-") || name.starts_with("candidate-") {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
+    let candidate_dir = |n: u32| root.join(format!("candidate-{n}"));
+    let mut candidate_keys = Vec::new();
+    for n in 1..=args.candidates as u32 {
+        candidate_keys.push(pcp_bootstrap::load_or_create(&candidate_dir(n))?.public());
+    }
+    let _wandb = crate::wandb::Bridge::start(&experiment, "sim");
     let mut plan = ShepherdPlan::for_sim(
         experiment,
         model,
         data_path,
         corpus,
-        args.nodes - 1,
+        args.nodes - 1 - args.candidates,
         encoding,
         args.heartbeat_timeout_ms,
         shepherd_dir.join("shepherd"),
@@ -197,10 +216,14 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
     plan.table = true;
     plan.screen = crate::diloco::Screen::parse(&args.screen)?;
     plan.trim = args.trim;
+    plan.candidates = candidate_keys;
+    plan.lease_ms = args.lease_ms.max(500);
     // share the compile cache of `train` and `generate` in the same data directory
     plan.artifacts_dir = Some(net.data_dir.join("artifacts"));
     let (opened_tx, mut opened) = mpsc::channel(16);
-    let hooks = ShepherdHooks { opened: Some(opened_tx) };
+    let (replicated_tx, mut replicated) = mpsc::channel(64);
+    let hooks = ShepherdHooks { opened: Some(opened_tx), replicated: None };
+    let candidate_hooks = ShepherdHooks { replicated: Some(replicated_tx), ..hooks.clone() };
     let shepherd_net = NetArgs {
         bootstrap: Vec::new(),
         listen: loopback(),
@@ -211,8 +234,9 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
     let cancel = CancellationToken::new();
     let mut nodes: JoinSet<(u32, Result<(), Failure>)> = JoinSet::new();
     let (addr_tx, mut addrs) = mpsc::channel(8);
+    let shepherd_cancel = cancel.child_token();
     {
-        let cancel = cancel.child_token();
+        let cancel = shepherd_cancel.clone();
         let role = Role::Shepherd(Box::new(plan), hooks);
         nodes.spawn(async move { (0, run_node(&shepherd_net, role, false, Some(addr_tx), cancel).await) });
     }
@@ -246,16 +270,61 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
         nodes.spawn(async move { (n, run_node(&worker_net, Role::Worker(plan), false, None, node_cancel).await) });
         Ok(token)
     };
-    for n in 1..args.nodes as u32 {
+    for n in 1..=args.candidates as u32 {
+        let candidate_net = NetArgs {
+            bootstrap: vec![bootstrap.clone()],
+            listen: loopback(),
+            data_dir: candidate_dir(n),
+            events: net.events.clone(),
+            metrics: None,
+        };
+        let role = Role::Candidate(None, candidate_hooks.clone());
+        let token = cancel.child_token();
+        nodes.spawn(async move { (n, run_node(&candidate_net, role, false, None, token).await) });
+    }
+    // the candidates stand by before round 1 can open, so that they hold every round
+    let mut standing = 0;
+    while standing < args.candidates {
+        match tokio::time::timeout(Duration::from_secs(120), replicated.recv()).await {
+            Ok(Some(None)) => standing += 1,
+            Ok(Some(Some(_))) => {}
+            _ => return Err(anyhow::anyhow!("the candidates did not stand by within 120 s").into()),
+        }
+    }
+    for n in args.candidates as u32 + 1..args.nodes as u32 {
         workers.insert(n, spawn(n, 0, &mut nodes)?);
     }
+    let leaders = args.candidates as u32;
+    let mut shepherd_killed = false;
+    // `--kill-shepherd-at R`: once round R is open and every candidate holds the state
+    // after round R-1, the shepherd dies during round R
+    let mut kill_when: Option<u64> = None;
+    let mut holding: BTreeMap<u64, usize> = BTreeMap::new();
     let mut next = args.nodes as u32;
     let mut sigterm = crate::join::terminate_signal()?;
     let result = loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break Err(anyhow::anyhow!("interrupted").into()),
             _ = sigterm.recv() => break Err(anyhow::anyhow!("terminated").into()),
+            Some(Some(round)) = replicated.recv() => {
+                *holding.entry(round).or_default() += 1;
+                if kill_when.is_some_and(|r| holding.get(&(r - 1)).copied().unwrap_or(0) >= args.candidates) {
+                    kill_when = None;
+                    shepherd_killed = true;
+                    shepherd_cancel.cancel();
+                    events.emit("shepherd_killed", json!({"round": round + 1, "node": 0}));
+                }
+            }
             Some(round) = opened.recv() => {
+                if args.kill_shepherd_at == Some(round) && !shepherd_killed {
+                    if round == 1 || holding.get(&(round - 1)).copied().unwrap_or(0) >= args.candidates {
+                        shepherd_killed = true;
+                        shepherd_cancel.cancel();
+                        events.emit("shepherd_killed", json!({"round": round, "node": 0}));
+                    } else {
+                        kill_when = Some(round);
+                    }
+                }
                 if let Some((_, victim)) = kill_at.filter(|(r, _)| *r == round)
                     && let Some(token) = workers.remove(&victim)
                 {
@@ -268,7 +337,9 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
                 }
             }
             done = nodes.join_next() => match done {
-                Some(Ok((0, result))) => break result,
+                // the killed shepherd's node stops; the run goes on under a candidate
+                Some(Ok((0, _))) if shepherd_killed => {}
+                Some(Ok((n, result))) if n <= leaders => break result,
                 Some(Ok((n, Err(e)))) => tracing::warn!("worker {n} failed: {:#}", e.error()),
                 Some(Ok(_)) => {}
                 Some(Err(e)) => break Err(anyhow::anyhow!("a node task failed: {e}").into()),

@@ -31,6 +31,23 @@ use std::collections::BTreeSet;
 
 use crate::{PublicKey, RunId};
 
+/// A run's id: blake3 over the creator's key, the model, a random salt and the
+/// other candidates' keys. It binds the candidates to the run, so a manifest served
+/// by a successor (signed by it, not by the creator) is checked against the id
+/// every worker already trusts.
+pub fn run_id(creator: &PublicKey, model_hash: &[u8; 32], salt: &[u8; 32], candidates: &[PublicKey]) -> RunId {
+    let mut h = blake3::Hasher::new();
+    h.update(b"pcp/run-id/v2");
+    h.update(&creator.0);
+    h.update(model_hash);
+    h.update(salt);
+    h.update(&(candidates.len() as u64).to_le_bytes());
+    for c in candidates {
+        h.update(&c.0);
+    }
+    RunId(*h.finalize().as_bytes())
+}
+
 /// The candidates of a run in the order they take terms.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Succession {
@@ -183,6 +200,13 @@ impl Election {
         self.succession.leader(self.term)
     }
 
+    /// The candidate whose lease this node awaits: the leader of its term, or, once
+    /// that lease has lapsed `k` times, the leader of the term `k` later. A
+    /// follower heartbeats it.
+    pub fn awaited(&self) -> PublicKey {
+        if self.leading { self.me } else { self.succession.leader(self.term + self.lapsed) }
+    }
+
     /// Whether this node leads: it should send leases (heartbeats) of [`Self::term`].
     pub fn is_leader(&self) -> bool {
         self.leading
@@ -276,6 +300,16 @@ mod tests {
             Action::Elected { term, leader } => Some((*term, *leader)),
             _ => None,
         })
+    }
+
+    #[test]
+    fn a_run_id_binds_its_creator_salt_and_candidates() {
+        let id = run_id(&key(1), &[2; 32], &[3; 32], &[key(4), key(5)]);
+        assert_eq!(id, run_id(&key(1), &[2; 32], &[3; 32], &[key(4), key(5)]));
+        assert_ne!(id, run_id(&key(1), &[2; 32], &[3; 32], &[key(4)]), "a dropped candidate");
+        assert_ne!(id, run_id(&key(1), &[2; 32], &[3; 32], &[key(4), key(6)]), "a swapped candidate");
+        assert_ne!(id, run_id(&key(9), &[2; 32], &[3; 32], &[key(4), key(5)]), "another creator");
+        assert_ne!(id, run_id(&key(1), &[2; 32], &[4; 32], &[key(4), key(5)]), "another salt");
     }
 
     #[test]

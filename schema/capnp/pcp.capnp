@@ -79,6 +79,10 @@ struct RunManifest {
   encoding @15 :Text;       # pseudo-gradient encoding: "fp32", "bf16" or "int8"
   screen @16 :Text;         # how contributions are screened: "score" (held-out loss) or "norm"
   trim @17 :Float32;        # trimmed-mean fraction at each end; 0: the token-weighted mean
+  candidates @18 :List(Data); # ed25519 keys of the coordinator candidates besides the creator
+  leaseMs @19 :UInt64;      # a leader's lease: candidates take over after this long without one
+  salt @20 :Data;           # 32 bytes; the run id is blake3 over creator, model, salt and candidates
+  experiment @21 :Data;     # blake3 of the experiment (JSON) blob a successor needs; empty: none
 }
 
 # --- rounds ----------------------------------------------------------------
@@ -90,6 +94,9 @@ struct RoundAnnouncement {
   deadlineUnixMs @3 :UInt64;
   participants @4 :List(Data); # ed25519 public keys expected to contribute
   finished @5 :Bool;        # the run is over; `parameters` are the final ones
+  term @6 :UInt64;          # the signer's term as leader (1: the creator's)
+  state @7 :ParameterRef;   # the leader's state after the last completed round, for successors
+  hasState @8 :Bool;        # whether `state` is set
 }
 
 struct Contribution {
@@ -115,6 +122,7 @@ struct Heartbeat {
   round @1 :UInt64;
   unixMs @2 :UInt64;
   freeMemoryBytes @3 :UInt64;
+  term @4 :UInt64;          # the leader's term when a leader sends it; 0 from workers
 }
 
 # --- blob transfer (request-response) --------------------------------------

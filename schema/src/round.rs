@@ -19,6 +19,11 @@ pub struct RoundAnnouncement {
     pub participants: Vec<[u8; 32]>,
     /// The run is over and `parameters` are the final ones.
     pub finished: bool,
+    /// The signer's term as leader (1: the creator's).
+    pub term: u64,
+    /// The leader's state after the last completed round (parameters, outer
+    /// momentum, deadlines, exclusions): what a successor resumes from.
+    pub state: Option<ParameterRef>,
 }
 
 /// A worker's pseudo-gradient for a round, sent inline by request-response.
@@ -64,6 +69,8 @@ pub struct Heartbeat {
     pub unix_ms: u64,
     /// Free device memory.
     pub free_memory_bytes: u64,
+    /// The leader's term when a leader sends it (its lease); 0 from workers.
+    pub term: u64,
 }
 
 impl Message for RoundAnnouncement {
@@ -82,6 +89,11 @@ impl Message for RoundAnnouncement {
             participants.set(i, &p[..]);
         }
         root.set_finished(self.finished);
+        root.set_term(self.term);
+        if let Some(state) = &self.state {
+            state.write(root.reborrow().init_state());
+            root.set_has_state(true);
+        }
         codec::words(&message)
     }
 
@@ -101,6 +113,11 @@ impl Message for RoundAnnouncement {
                 deadline_unix_ms: r.get_deadline_unix_ms(),
                 participants,
                 finished: r.get_finished(),
+                term: r.get_term(),
+                state: match r.get_has_state() {
+                    true => Some(ParameterRef::read(W, r.get_state().map_err(|e| malformed(W, e))?)?),
+                    false => None,
+                },
             })
         })
     }
@@ -151,6 +168,7 @@ impl Message for Heartbeat {
         root.set_round(self.round);
         root.set_unix_ms(self.unix_ms);
         root.set_free_memory_bytes(self.free_memory_bytes);
+        root.set_term(self.term);
         codec::words(&message)
     }
 
@@ -163,6 +181,7 @@ impl Message for Heartbeat {
                 round: r.get_round(),
                 unix_ms: r.get_unix_ms(),
                 free_memory_bytes: r.get_free_memory_bytes(),
+                term: r.get_term(),
             })
         })
     }

@@ -111,6 +111,16 @@ pub struct RunManifest {
     /// The coordinate-wise trimmed mean's fraction at each end; 0 for the
     /// token-weighted mean.
     pub trim: f32,
+    /// The ed25519 keys of the coordinator candidates besides the creator
+    /// (`shepherd`); empty: the creator alone leads.
+    pub candidates: Vec<[u8; 32]>,
+    /// How long candidates wait without a leader's lease before the next takes over.
+    pub lease_ms: u64,
+    /// The run id's salt: the id is blake3 over the creator, the model, the salt and
+    /// the candidates, so a manifest served by a successor is checked against the id.
+    pub salt: [u8; 32],
+    /// blake3 of the experiment (JSON) blob a successor leads with; zero: none.
+    pub experiment: [u8; 32],
 }
 
 impl TensorSpec {
@@ -257,6 +267,13 @@ impl Message for RunManifest {
         root.set_encoding(self.encoding.as_str());
         root.set_screen(self.screen.as_str());
         root.set_trim(self.trim);
+        let mut candidates = root.reborrow().init_candidates(list_len(self.candidates.len()));
+        for (i, c) in (0..).zip(&self.candidates) {
+            candidates.set(i, &c[..]);
+        }
+        root.set_lease_ms(self.lease_ms);
+        root.set_salt(&self.salt[..]);
+        root.set_experiment(&self.experiment[..]);
         codec::words(&message)
     }
 
@@ -273,6 +290,11 @@ impl Message for RunManifest {
             let mut tensors = Vec::with_capacity(list.len() as usize);
             for t in list.iter() {
                 tensors.push(TensorSpec::read(W, t)?);
+            }
+            let list = r.get_candidates().map_err(|e| malformed(W, e))?;
+            let mut candidates = Vec::with_capacity(list.len() as usize);
+            for c in list.iter() {
+                candidates.push(fixed(W, "candidates", c.map_err(|e| malformed(W, e))?)?);
             }
             Ok(Self {
                 run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
@@ -293,6 +315,10 @@ impl Message for RunManifest {
                 encoding: codec::text(W, "encoding", r.get_encoding())?,
                 screen: codec::text(W, "screen", r.get_screen())?,
                 trim: r.get_trim(),
+                candidates,
+                lease_ms: r.get_lease_ms(),
+                salt: fixed(W, "salt", r.get_salt().map_err(|e| malformed(W, e))?)?,
+                experiment: fixed(W, "experiment", r.get_experiment().map_err(|e| malformed(W, e))?)?,
             })
         })
     }

@@ -76,6 +76,7 @@ fn manifest(
     (rounds, seed, schedule, outer_lr, outer_momentum): (u64, u64, Schedule, f32, f32),
     (data, tensors, state_per_param, encoding): (DataSpec, Vec<TensorSpec>, u32, String),
     (screen, trim): (String, f32),
+    (candidates, lease_ms, salt, experiment): (Vec<[u8; 32]>, u64, [u8; 32], [u8; 32]),
 ) -> RunManifest {
     RunManifest {
         run,
@@ -96,6 +97,10 @@ fn manifest(
         encoding,
         screen,
         trim,
+        candidates,
+        lease_ms,
+        salt,
+        experiment,
     }
 }
 
@@ -129,16 +134,18 @@ proptest! {
         hyper in (any::<u64>(), any::<u64>(), schedule(), any::<f32>(), any::<f32>()),
         shape in (data_spec(), vec(tensor(), 0..4), any::<u32>(), text()),
         robust in (text(), any::<f32>()),
+        election in (vec(any::<[u8; 32]>(), 0..4), any::<u64>(), any::<[u8; 32]>(), any::<[u8; 32]>()),
     ) {
-        roundtrip(&manifest(head, refs, hyper, shape, robust))?;
+        roundtrip(&manifest(head, refs, hyper, shape, robust, election))?;
     }
 
     #[test]
     fn round_announcement(
         run in any::<[u8; 32]>(), round in any::<u64>(), parameters in vec(parameter(), 0..4), d in any::<u64>(),
-        participants in vec(any::<[u8; 32]>(), 0..8), finished in any::<bool>(),
+        participants in vec(any::<[u8; 32]>(), 0..8), finished in any::<bool>(), term in any::<u64>(),
+        state in proptest::option::of(parameter()),
     ) {
-        roundtrip(&RoundAnnouncement { run, round, parameters, deadline_unix_ms: d, participants, finished })?;
+        roundtrip(&RoundAnnouncement { run, round, parameters, deadline_unix_ms: d, participants, finished, term, state })?;
     }
 
     #[test]
@@ -155,8 +162,11 @@ proptest! {
     }
 
     #[test]
-    fn heartbeat(run in any::<[u8; 32]>(), round in any::<u64>(), unix_ms in any::<u64>(), free in any::<u64>()) {
-        roundtrip(&Heartbeat { run, round, unix_ms, free_memory_bytes: free })?;
+    fn heartbeat(
+        run in any::<[u8; 32]>(), round in any::<u64>(), unix_ms in any::<u64>(), free in any::<u64>(),
+        term in any::<u64>(),
+    ) {
+        roundtrip(&Heartbeat { run, round, unix_ms, free_memory_bytes: free, term })?;
     }
 
     #[test]
@@ -250,6 +260,7 @@ fn list_claiming_more_elements_than_the_input_holds_is_refused() {
         (1, 2, Schedule::default(), 0.7, 0.9),
         (DataSpec::default(), vec![], 2, "fp32".into()),
         ("score".into(), 0.25),
+        (vec![[4; 32]], 5_000, [5; 32], [6; 32]),
     );
     let mut bytes = m.encode();
     // layout: segment table, root pointer, five data words, then the pointers run, name,
@@ -263,7 +274,7 @@ fn list_claiming_more_elements_than_the_input_holds_is_refused() {
 
 #[test]
 fn wrong_length_key_is_refused() {
-    let m = Heartbeat { run: [1; 32], round: 0, unix_ms: 0, free_memory_bytes: 0 };
+    let m = Heartbeat { run: [1; 32], round: 0, unix_ms: 0, free_memory_bytes: 0, term: 0 };
     let mut message = capnp::message::Builder::new_default();
     let mut root = message.init_root::<pcp_schema::wire::pcp_capnp::heartbeat::Builder<'_>>();
     root.set_run(&m.run[..31]);

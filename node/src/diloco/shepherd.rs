@@ -12,6 +12,7 @@ use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::aggregate::Rejection;
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::shepherd::{self, Action, Input, LeaveReason, RoundSummary, Shepherd, Snapshot};
+use pcp_protocol::election::{self, Election, Succession};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
 use pcp_schema::{
     Ack, ArtifactRef, Contribution, DataSpec, Heartbeat, MessageKind, NodeHello, ParameterRef, RoundAnnouncement,
@@ -22,8 +23,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::RoleIo;
-use super::wire::{self, Signer};
+use super::wire::{self, LeaderState, Signer};
 use crate::Failure;
 use crate::checkpoint::{Checkpoint, Tensor};
 use crate::config::Experiment;
@@ -87,6 +87,36 @@ pub(crate) struct ShepherdArgs {
     /// (with 3 or more contributions), instead of the token-weighted mean.
     #[arg(long, default_value_t = 0.0, value_parser = parse_trim, requires = "shepherd")]
     pub(crate) trim: f64,
+    /// With --shepherd: a coordinator candidate that takes over when this shepherd's
+    /// lease lapses (a peer id, a hex public key, or a node's identity.key;
+    /// repeatable). Without --shepherd: be a standby candidate of --run, ready to lead.
+    #[arg(long, num_args = 0..=1, default_missing_value = "", value_name = "PEER")]
+    pub(crate) candidate: Vec<String>,
+    /// The leader's lease: candidates take over after this long without a heartbeat.
+    #[arg(long, default_value_t = 5_000, requires = "shepherd")]
+    pub(crate) lease_ms: u64,
+}
+
+/// A `--candidate` value: a peer id, a hex ed25519 public key, or a path to a
+/// node's `identity.key` (or its data directory).
+pub(crate) fn parse_candidate(spec: &str) -> Result<PublicKey, Failure> {
+    if let Ok(peer) = spec.parse::<PeerId>() {
+        return pcp_bootstrap::key_of(&peer)
+            .ok_or_else(|| Failure::input(anyhow::anyhow!("--candidate {spec}: the peer id embeds no ed25519 key")));
+    }
+    if let Ok(key) = spec.parse::<BlobHash>() {
+        return Ok(PublicKey(key.0));
+    }
+    let path = Path::new(spec);
+    let dir = if path.is_dir() { path.to_path_buf() } else { path.parent().unwrap_or(Path::new(".")).to_path_buf() };
+    if path.is_dir() || path.file_name().is_some_and(|n| n == "identity.key") && path.exists() {
+        let identity = pcp_bootstrap::load_or_create(&dir)
+            .map_err(|e| Failure::input(anyhow::anyhow!("--candidate {spec}: {e}")))?;
+        return Ok(identity.public());
+    }
+    Err(Failure::input(anyhow::anyhow!(
+        "--candidate {spec:?} is neither a peer id, a hex public key nor a node's identity.key"
+    )))
 }
 
 /// A trim fraction: from 0 (the weighted mean) to below 0.5.
@@ -136,8 +166,13 @@ pub(crate) struct ShepherdPlan {
     min_workers: usize,
     encoding: Encoding,
     heartbeat_timeout_ms: u64,
-    resumed: Option<Checkpoint>,
+    start: Start,
     state_dir: PathBuf,
+    /// The other coordinator candidates (a new run's; a resumed or inherited run's
+    /// come from its checkpoint or manifest).
+    pub(crate) candidates: Vec<PublicKey>,
+    /// The leader's lease.
+    pub(crate) lease_ms: u64,
     /// Where compiled artifacts are cached [default: `<data-dir>/artifacts`].
     pub(crate) artifacts_dir: Option<PathBuf>,
     /// Print the round table on stdout.
@@ -146,13 +181,58 @@ pub(crate) struct ShepherdPlan {
     pub(crate) screen: Screen,
     /// The trimmed mean's fraction (0: the token-weighted mean).
     pub(crate) trim: f64,
+    /// A training step compiled and loaded ahead (by a standby candidate).
+    prepared: Option<Prepared>,
+}
+
+/// A training step and a CPU engine a standby prepares, so that it leads at once
+/// when elected.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    pub(crate) step: pcp_graph::TrainModule,
+    pub(crate) engine: Engine,
+}
+
+/// How a shepherd begins.
+#[derive(Debug)]
+pub(crate) enum Start {
+    /// A new run.
+    New,
+    /// The run checkpointed in the state directory (`--resume`).
+    Resume(Box<Checkpoint>),
+    /// A candidate elected for `term` takes over from the replicated state.
+    Succeed {
+        /// The run's manifest, as its last leader served it.
+        manifest: Box<RunManifest>,
+        /// The state after the last completed round.
+        state: Box<LeaderState>,
+        /// The term it won.
+        term: u64,
+    },
+}
+
+/// Why a shepherd stopped.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// The run is over, or the node is shutting down.
+    Done,
+    /// It saw a higher term and is a candidate again.
+    SteppedDown {
+        /// The run's manifest.
+        manifest: Box<RunManifest>,
+        /// The higher term.
+        term: u64,
+    },
 }
 
 /// What a host (`sim`) can observe of a running shepherd.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct ShepherdHooks {
     /// Told the number of each round as it opens (never blocks the shepherd).
     pub(crate) opened: Option<mpsc::Sender<u64>>,
+    /// A standby candidate tells it is standing by (`None`) and each completed
+    /// round whose state it replicated.
+    pub(crate) replicated: Option<mpsc::Sender<Option<u64>>>,
 }
 
 /// How often the shepherd gossips a heartbeat on the run's topic.
@@ -165,6 +245,11 @@ const MAX_COMPILES: usize = 2;
 const MAX_ARTIFACTS: usize = 32;
 
 impl ShepherdPlan {
+    /// The experiment the run trains.
+    pub(crate) fn experiment(&self) -> &Experiment {
+        &self.experiment
+    }
+
     /// Resolves `args` (config file, flags, or the checkpoint with `--resume`).
     pub(crate) fn new(args: &ShepherdArgs, data_dir: &Path) -> Result<Self, Failure> {
         let state_dir = data_dir.join("shepherd");
@@ -173,6 +258,7 @@ impl ShepherdPlan {
         } else {
             None
         };
+        let candidates = args.candidate.iter().map(|c| parse_candidate(c)).collect::<Result<Vec<_>, _>>()?;
         let mut experiment = match (&resumed, &args.config) {
             (Some(c), _) => serde_json::from_value(c.meta["experiment"].clone())
                 .context("the shepherd checkpoint has no experiment")?,
@@ -218,12 +304,15 @@ impl ShepherdPlan {
             min_workers: args.min_workers.max(1),
             encoding,
             heartbeat_timeout_ms: args.heartbeat_timeout_ms.max(500),
-            resumed,
+            start: resumed.map_or(Start::New, |c| Start::Resume(Box::new(c))),
             state_dir,
+            candidates,
+            lease_ms: args.lease_ms.max(500),
             artifacts_dir: None,
             table: true,
             screen: Screen::parse(&args.screen)?,
             trim: args.trim,
+            prepared: None,
         })
     }
 
@@ -249,13 +338,57 @@ impl ShepherdPlan {
             min_workers,
             encoding,
             heartbeat_timeout_ms,
-            resumed: None,
+            start: Start::New,
             state_dir,
+            candidates: Vec::new(),
+            lease_ms: 5_000,
             artifacts_dir: None,
             table: true,
             screen: Screen::Score,
             trim: 0.0,
+            prepared: None,
         }
+    }
+}
+
+impl ShepherdPlan {
+    /// A plan for a candidate elected for `term`: the run's manifest, experiment,
+    /// model and corpus as fetched from the network, and the replicated state.
+    #[allow(clippy::too_many_arguments, reason = "everything a successor inherits")]
+    pub(crate) fn successor(
+        manifest: RunManifest,
+        experiment: Experiment,
+        model: Model,
+        corpus_path: PathBuf,
+        corpus: Corpus,
+        state: LeaderState,
+        term: u64,
+        data_dir: &Path,
+        prepared: Prepared,
+    ) -> Result<Self, Failure> {
+        let encoding = Encoding::parse(&manifest.encoding)
+            .ok_or_else(|| Failure::input(anyhow::anyhow!("the run uses encoding {:?}", manifest.encoding)))?;
+        let screen = Screen::parse(if manifest.screen.is_empty() { "score" } else { &manifest.screen })?;
+        Ok(Self {
+            rounds: manifest.rounds,
+            tau: u64::from(manifest.inner_steps),
+            experiment,
+            model,
+            corpus_path,
+            corpus,
+            min_workers: 1,
+            encoding,
+            heartbeat_timeout_ms: 10_000,
+            candidates: manifest.candidates.iter().map(|k| PublicKey(*k)).collect(),
+            lease_ms: manifest.lease_ms,
+            screen,
+            trim: f64::from(manifest.trim),
+            start: Start::Succeed { manifest: Box::new(manifest), state: Box::new(state), term },
+            state_dir: data_dir.join("shepherd"),
+            artifacts_dir: None,
+            table: true,
+            prepared: Some(prepared),
+        })
     }
 }
 
@@ -290,7 +423,7 @@ struct Compiling {
 type CompileResult = (String, String, Result<(BlobHash, u64, Vec<u8>), String>);
 
 /// The shepherd's host: the state machine plus its swarm, compiler and device.
-struct Host {
+pub(super) struct Host {
     node: Node,
     store: BlobStore,
     signer: Signer,
@@ -320,6 +453,16 @@ struct Host {
     first_val: f64,
     hooks: ShepherdHooks,
     out: std::io::Stdout,
+    /// Who leads the run, and in which term.
+    election: Election,
+    /// The state blob after the last completed round, for successors.
+    state: Option<ParameterRef>,
+    /// Leases sent to the other candidates, so that a leader of a lower term
+    /// learns of this one (and this one of a higher).
+    probes: JoinSet<(PublicKey, Option<Verified>)>,
+    probe_signer: Signer,
+    /// Set when this shepherd saw a higher term.
+    stepped_down: Option<u64>,
 }
 
 impl std::fmt::Debug for Host {
@@ -342,23 +485,9 @@ fn served(stats: &Stats) -> u64 {
     stats.bytes_served
 }
 
-/// Runs a shepherd on `io`'s node until the run is over or `cancel` fires; its
-/// requests arrive on `requests`.
-pub(crate) async fn run(
-    plan: ShepherdPlan,
-    io: RoleIo,
-    mut requests: mpsc::Receiver<Event>,
-    hooks: ShepherdHooks,
-    cancel: CancellationToken,
-) -> anyhow::Result<()> {
-    let RoleIo { node, identity, data_dir, events } = io;
-    let mut host = Host::start(plan, node, identity, &data_dir, events, hooks).await?;
-    host.main_loop(&mut requests, cancel).await
-}
-
 impl Host {
-    async fn start(
-        plan: ShepherdPlan,
+    pub(super) async fn start(
+        mut plan: ShepherdPlan,
         node: Node,
         identity: pcp_protocol::Identity,
         data_dir: &Path,
@@ -366,9 +495,15 @@ impl Host {
         hooks: ShepherdHooks,
     ) -> anyhow::Result<Self> {
         let store = BlobStore::open(data_dir)?;
+        let (step, prepared_engine) = match plan.prepared.take() {
+            Some(p) => (p.step, Some(p.engine)),
+            None => {
+                let step = pcp_graph::train_step(&plan.model.module, "main", &step_config(&plan.experiment))
+                    .map_err(|err| anyhow::anyhow!("{}: {err}", plan.model.source))?;
+                (step, None)
+            }
+        };
         let e = &plan.experiment;
-        let step = pcp_graph::train_step(&plan.model.module, "main", &step_config(e))
-            .map_err(|err| anyhow::anyhow!("{}: {err}", plan.model.source))?;
         let model_hash = *blake3::hash(plan.model.module.to_mlir().as_bytes()).as_bytes();
         let (corpus_hash, corpus_size) = store.put_file(&plan.corpus_path)?;
         let (batch, block) = plan.model.batch_block()?;
@@ -380,8 +515,15 @@ impl Host {
             .map(|p| TensorSpec { name: p.name.clone(), shape: p.ty.shape.iter().map(|d| *d as u64).collect() })
             .collect();
         let total_steps = plan.rounds * plan.tau;
-        let (run, params, snapshot) = match &plan.resumed {
-            Some(c) => {
+        let me = identity.public();
+        // the run: new, from the checkpoint, or inherited with the replicated state
+        let mut salt = rand::random::<[u8; 32]>();
+        let mut creator = me;
+        let mut candidates = plan.candidates.clone();
+        let mut term = 1;
+        let mut inherited: Option<RunManifest> = None;
+        let (run, params, snapshot, contributors) = match &plan.start {
+            Start::Resume(c) => {
                 let run: RunId =
                     c.meta["run"].as_str().and_then(|s| s.parse().ok()).context("shepherd checkpoint has no run id")?;
                 let get = |prefix: &str| -> anyhow::Result<Tensors> {
@@ -391,6 +533,14 @@ impl Host {
                         .map(|p| Ok(c.tensor(&format!("{prefix}{}", p.name))?.data.clone()))
                         .collect()
                 };
+                let key = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse::<BlobHash>().ok());
+                salt = key(&c.meta["salt"]).context("shepherd checkpoint has no run salt")?.0;
+                creator = key(&c.meta["creator"]).map_or(me, |k| PublicKey(k.0));
+                candidates = c.meta["candidates"]
+                    .as_array()
+                    .map(|list| list.iter().filter_map(key).map(|k| PublicKey(k.0)).collect())
+                    .unwrap_or_default();
+                term = c.meta["term"].as_u64().unwrap_or(1);
                 let params = get("")?;
                 let snapshot = Snapshot {
                     completed: c.step,
@@ -399,16 +549,21 @@ impl Host {
                     durations: serde_json::from_value(c.meta["durations"].clone()).unwrap_or_default(),
                     norms: serde_json::from_value(c.meta["norms"].clone()).unwrap_or_default(),
                 };
-                (run, params, Some(snapshot))
+                let contributors = c.meta["contributors"].as_u64().unwrap_or(1) as usize;
+                (run, params, Some(snapshot), contributors)
             }
-            None => {
-                let mut h = blake3::Hasher::new();
-                h.update(b"pcp/run-id/v1");
-                h.update(&identity.public().0);
-                h.update(&model_hash);
-                h.update(&wire::unix_ms().to_le_bytes());
-                h.update(&rand::random::<u64>().to_le_bytes());
-                (RunId(*h.finalize().as_bytes()), plan.model.init(e.seed), None)
+            Start::Succeed { manifest, state, term: won } => {
+                salt = manifest.salt;
+                creator = PublicKey(manifest.shepherd);
+                candidates = manifest.candidates.iter().map(|k| PublicKey(*k)).collect();
+                term = *won;
+                inherited = Some((**manifest).clone());
+                let snapshot = state.snapshot.clone();
+                (RunId(manifest.run), snapshot.params.clone(), Some(snapshot), state.contributors.len())
+            }
+            Start::New => {
+                let run = pcp_protocol::election::run_id(&me, &model_hash, &salt, &candidates);
+                (run, plan.model.init(e.seed), None, plan.min_workers)
             }
         };
         let params_blob = wire::params_blob(&params);
@@ -419,44 +574,62 @@ impl Host {
             size: params_blob.len() as u64,
         };
         store.put_bytes(&params_blob)?;
-        let manifest = RunManifest {
-            run: run.0,
-            name: format!("{} on {}", plan.model.source, file_name(&plan.corpus_path)),
-            shepherd: identity.public().0,
-            inner_steps: u32::try_from(plan.tau).context("--tau is too large")?,
-            artifacts: Vec::new(),
-            parameters: vec![params_ref],
-            model_hash,
-            rounds: plan.rounds,
-            seed: e.seed,
-            schedule: Schedule {
-                learning_rate: e.learning_rate,
-                min_lr: e.min_lr.min(e.learning_rate),
-                warmup_steps: e.warmup_steps.min(total_steps / 10),
-                total_steps,
+        // what a successor needs besides the corpus: the loss module and the experiment
+        store.put_bytes(plan.model.module.to_mlir().as_bytes())?;
+        let mut shared = plan.experiment.clone();
+        shared.data_path = None;
+        let experiment_hash = store.put_bytes(&serde_json::to_vec(&shared)?)?;
+        let manifest = match inherited {
+            Some(mut m) => {
+                m.artifacts = Vec::new();
+                m
+            }
+            None => RunManifest {
+                run: run.0,
+                name: format!("{} on {}", plan.model.source, file_name(&plan.corpus_path)),
+                shepherd: creator.0,
+                inner_steps: u32::try_from(plan.tau).context("--tau is too large")?,
+                artifacts: Vec::new(),
+                parameters: vec![params_ref],
+                model_hash,
+                rounds: plan.rounds,
+                seed: e.seed,
+                schedule: Schedule {
+                    learning_rate: e.learning_rate,
+                    min_lr: e.min_lr.min(e.learning_rate),
+                    warmup_steps: e.warmup_steps.min(total_steps / 10),
+                    total_steps,
+                },
+                outer_lr: e.outer_lr as f32,
+                outer_momentum: e.nesterov_momentum as f32,
+                data: DataSpec {
+                    blob: corpus_hash.0,
+                    size: corpus_size,
+                    tokenizer: e.tokenizer.clone(),
+                    val_fraction: e.val_fraction,
+                    batch: batch as u32,
+                    block: block as u32,
+                    int64,
+                },
+                tensors,
+                state_per_param: step.state_per_param as u32,
+                encoding: plan.encoding.name().to_owned(),
+                screen: plan.screen.name().to_owned(),
+                trim: plan.trim as f32,
+                candidates: candidates.iter().map(|k| k.0).collect(),
+                lease_ms: plan.lease_ms,
+                salt,
+                experiment: experiment_hash.0,
             },
-            outer_lr: e.outer_lr as f32,
-            outer_momentum: e.nesterov_momentum as f32,
-            data: DataSpec {
-                blob: corpus_hash.0,
-                size: corpus_size,
-                tokenizer: e.tokenizer.clone(),
-                val_fraction: e.val_fraction,
-                batch: batch as u32,
-                block: block as u32,
-                int64,
-            },
-            tensors,
-            state_per_param: step.state_per_param as u32,
-            encoding: plan.encoding.name().to_owned(),
-            screen: plan.screen.name().to_owned(),
-            trim: plan.trim as f32,
         };
-        // a resumed shepherd waits a moment for the last round's workers to come back
-        let start_workers = match &plan.resumed {
-            Some(c) => c.meta["contributors"].as_u64().map_or(1, |n| n as usize).max(1),
-            None => plan.min_workers,
-        };
+        anyhow::ensure!(
+            pcp_protocol::election::run_id(&creator, &manifest.model_hash, &manifest.salt, &candidates) == run,
+            "run {run}: its id does not match its creator, model, salt and candidates"
+        );
+        let succession = Succession::new(run, creator, &candidates);
+        let election = Election::resume(me, succession, manifest.lease_ms.max(500), term, wire::unix_ms());
+        // a resumed or elected shepherd waits a moment for the last round's workers to come back
+        let start_workers = contributors.max(1);
         let config = shepherd::Config {
             rounds: plan.rounds,
             start_workers,
@@ -483,27 +656,38 @@ impl Host {
             .or_else(|| plan.artifacts_dir.clone())
             .unwrap_or_else(|| data_dir.join("artifacts"));
         let module = Arc::new(step.module);
-        let cpu = {
-            let module = module.clone();
-            let dir = artifacts_dir.clone();
-            tokio::task::spawn_blocking(move || pcp_graph::compile(&module, &pcp_graph::Target::host(), Some(&dir)))
-                .await??
+        let engine = match prepared_engine {
+            Some(mut engine) => {
+                engine.set_params(params).await.context("loading the inherited parameters")?;
+                engine
+            }
+            None => {
+                let cpu = {
+                    let module = module.clone();
+                    let dir = artifacts_dir.clone();
+                    tokio::task::spawn_blocking(move || {
+                        pcp_graph::compile(&module, &pcp_graph::Target::host(), Some(&dir))
+                    })
+                    .await??
+                };
+                Engine::new(
+                    pcp_runtime::Device::Cpu,
+                    cpu.vmfb,
+                    wire::shapes(&manifest),
+                    params,
+                    None,
+                    step.state_per_param,
+                    int64,
+                )
+                .await?
+            }
         };
-        let engine = Engine::new(
-            pcp_runtime::Device::Cpu,
-            cpu.vmfb,
-            wire::shapes(&manifest),
-            params,
-            None,
-            step.state_per_param,
-            int64,
-        )
-        .await?;
 
         node.provide(wire::runs_key()).await?;
         node.provide(wire::run_key(run)).await?;
         node.subscribe(run).await?;
         let resumed_at = machine.completed();
+        let probe_signer = Signer::new(identity.clone());
         let mut host = Self {
             node,
             store,
@@ -530,7 +714,13 @@ impl Host {
             hooks,
             out: std::io::stdout(),
             plan,
+            election,
+            state: None,
+            probes: JoinSet::new(),
+            probe_signer,
+            stepped_down: None,
         };
+        host.publish_state(&[], &[])?;
         let params_hash = wire::params_hash(host.machine.params());
         host.events.emit(
             "run_started",
@@ -539,11 +729,45 @@ impl Host {
                 "resumed_round": resumed_at, "params_hash": params_hash.to_hex(),
             }),
         );
-        if host.plan.resumed.is_some() {
+        if matches!(host.plan.start, Start::Resume(_)) {
             host.events.emit("resumed", json!({"round": resumed_at, "params_hash": params_hash.to_hex()}));
         }
         host.print_header(resumed_at)?;
+        if let Start::Succeed { term, .. } = &host.plan.start {
+            let term = *term;
+            host.events.emit(
+                "shepherd_elected",
+                json!({"term": term, "peer": peer_name(&me), "round": resumed_at, "params_hash": params_hash.to_hex()}),
+            );
+            host.table_line(&format!(
+                "term {term}: {} elected; resumes after round {resumed_at} from parameters {params_hash}",
+                peer_name(&me)
+            ))?;
+        }
         Ok(host)
+    }
+
+    /// A line in the round table (elections and step-downs).
+    fn table_line(&mut self, line: &str) -> anyhow::Result<()> {
+        if self.plan.table {
+            writeln!(self.out.lock(), "{:>5} {line}", "--")?;
+        }
+        Ok(())
+    }
+
+    /// Publishes the state after the last completed round as a blob, named by the
+    /// next announcement, so candidates can take over from it.
+    fn publish_state(&mut self, contributors: &[PublicKey], excluded: &[PublicKey]) -> anyhow::Result<()> {
+        let state = LeaderState {
+            term: self.election.term(),
+            snapshot: self.machine.snapshot(),
+            contributors: contributors.to_vec(),
+            excluded: excluded.to_vec(),
+        };
+        let blob = wire::state_blob(&state);
+        let hash = self.store.put_bytes(&blob)?;
+        self.state = Some(ParameterRef { name: "state".into(), shard: 0, blob: hash.0, size: blob.len() as u64 });
+        Ok(())
     }
 
     fn print_header(&mut self, resumed_at: u64) -> anyhow::Result<()> {
@@ -574,21 +798,32 @@ impl Host {
         Ok(())
     }
 
-    async fn main_loop(
+    pub(super) async fn main_loop(
         &mut self,
         requests: &mut mpsc::Receiver<Event>,
-        cancel: CancellationToken,
-    ) -> anyhow::Result<()> {
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<Outcome> {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut gossip = tokio::time::interval(HEARTBEAT_GOSSIP);
+        let mut probe = tokio::time::interval(Duration::from_millis((self.manifest.lease_ms / 3).max(200)));
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut finished_at: Option<Instant> = None;
         loop {
             if finished_at.is_some_and(|t| t.elapsed() >= FAREWELL) {
                 break;
             }
+            if let Some(term) = self.stepped_down {
+                return Ok(Outcome::SteppedDown { manifest: Box::new(self.manifest.clone()), term });
+            }
             tokio::select! {
                 () = cancel.cancelled() => break,
+                _ = probe.tick() => self.probe(),
+                Some(done) = self.probes.join_next() => {
+                    if let Ok((from, Some(answer))) = done {
+                        self.on_probe_answer(from, &answer)?;
+                    }
+                }
                 event = requests.recv() => match event {
                     Some(Event::Request { peer, id, message }) => self.on_request(peer, id, *message).await?,
                     Some(_) => {}
@@ -606,6 +841,77 @@ impl Host {
             if self.machine.is_finished() && finished_at.is_none() {
                 finished_at = Some(Instant::now());
                 self.finish()?;
+            }
+        }
+        Ok(Outcome::Done)
+    }
+
+    /// Sends this leader's lease to every other candidate that is not being asked
+    /// already: a standby answers with an ack, a leader with its announcement.
+    fn probe(&mut self) {
+        let me = self.signer.identity().public();
+        let lease = Duration::from_millis(self.manifest.lease_ms.max(500));
+        for key in self.election.succession().order().to_vec() {
+            if key == me || self.probes.len() >= self.election.succession().order().len() {
+                continue;
+            }
+            let Some(peer) = pcp_bootstrap::peer_of(&key) else { continue };
+            let round = self.machine.open_round().unwrap_or(self.machine.completed());
+            let hb = Heartbeat {
+                run: self.run.0,
+                round,
+                unix_ms: wire::unix_ms(),
+                free_memory_bytes: 0,
+                term: self.election.term(),
+            };
+            let envelope = self.probe_signer.seal(self.run, round, &hb);
+            let node = self.node.clone();
+            self.probes.spawn(async move {
+                let answer = tokio::time::timeout(lease, node.request(peer, envelope)).await;
+                (key, answer.ok().and_then(Result::ok))
+            });
+        }
+    }
+
+    /// A candidate's answer to this leader's lease: a leader of a higher term makes
+    /// this one step down.
+    fn on_probe_answer(&mut self, from: PublicKey, answer: &Verified) -> anyhow::Result<()> {
+        if answer.signer() != from || answer.kind() != MessageKind::RoundAnnouncement {
+            return Ok(()); // a standby's ack, or nothing to learn
+        }
+        let Ok(a) = answer.decode::<RoundAnnouncement>() else { return Ok(()) };
+        if a.run != self.run.0 || a.term <= self.election.term() {
+            return Ok(());
+        }
+        self.on_lease(from, a.term)
+    }
+
+    /// A lease of `term` from candidate `from`, seen in a probe's answer or a request.
+    fn on_lease(&mut self, from: PublicKey, term: u64) -> anyhow::Result<()> {
+        let now = wire::unix_ms();
+        for action in self.election.on_lease(from, term, now) {
+            match action {
+                election::Action::SteppedDown { term, newer } => {
+                    let me = self.signer.identity().public();
+                    tracing::warn!("run {}: term {newer} is led by {}; stepping down", self.run, peer_name(&from));
+                    self.events.emit(
+                        "stepped_down",
+                        json!({"term": term, "peer": peer_name(&me), "newer": newer, "leader": peer_name(&from)}),
+                    );
+                    self.table_line(&format!(
+                        "term {term}: {} stepped down; term {newer} is led by {}",
+                        peer_name(&me),
+                        peer_name(&from)
+                    ))?;
+                    self.stepped_down = Some(newer);
+                }
+                election::Action::Rejected { from, reason } => {
+                    self.events.emit(
+                        "message_rejected",
+                        json!({"peer": peer_name(&from), "kind": "lease", "term": term, "reason": reason.to_string()}),
+                    );
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -642,8 +948,16 @@ impl Host {
                 Err(e) => self.refuse(id, 0, format!("bad hello: {e}")).await,
             },
             MessageKind::Heartbeat => match message.decode::<Heartbeat>() {
+                // a candidate: a standby following this leader, or another leader's lease
+                Ok(hb) if self.election.succession().contains(&key) => {
+                    if hb.term > 0 {
+                        self.on_lease(key, hb.term)?;
+                    }
+                    let envelope = self.current_announcement();
+                    self.respond(id, envelope).await
+                }
                 Ok(_) => {
-                    // a resumed shepherd's workers come back with heartbeats, not hellos
+                    // a resumed (or elected) shepherd's workers come back with heartbeats, not hellos
                     self.node.admission().admit(self.run, key);
                     if !self.machine.workers().any(|w| *w == key) {
                         self.step(Input::Joined(key)).await?;
@@ -841,13 +1155,16 @@ impl Host {
             deadline_unix_ms: 0,
             participants: Vec::new(),
             finished: false,
+            term: self.election.term(),
+            state: self.state.clone(),
         };
         self.signer.seal(self.run, self.machine.completed(), &announcement)
     }
 
     async fn gossip_heartbeat(&mut self) {
         let round = self.machine.open_round().unwrap_or(self.machine.completed());
-        let hb = Heartbeat { run: self.run.0, round, unix_ms: wire::unix_ms(), free_memory_bytes: 0 };
+        let hb =
+            Heartbeat { run: self.run.0, round, unix_ms: wire::unix_ms(), free_memory_bytes: 0, term: self.election.term() };
         let envelope = self.signer.seal(self.run, round, &hb);
         use pcp_schema::Message as _;
         if let Err(e) = self.node.publish(self.run, envelope.encode()).await {
@@ -906,6 +1223,8 @@ impl Host {
             deadline_unix_ms: deadline_ms,
             participants: participants.iter().map(|p| p.0).collect(),
             finished: false,
+            term: self.election.term(),
+            state: self.state.clone(),
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.published = Some(envelope.clone());
@@ -936,6 +1255,7 @@ impl Host {
         }
         let bytes_out = self.node.stats().await.map(|s| served(&s)).unwrap_or(0).saturating_sub(self.served_at_open);
         let path = self.checkpoint(summary.contributors.len())?;
+        self.publish_state(&summary.contributors, &summary.excluded)?;
         for (peer, norm) in &summary.scaled {
             let bound = summary.norm_bound;
             self.events.emit(
@@ -997,6 +1317,9 @@ impl Host {
                 "model": self.plan.model.source, "vocab": self.plan.corpus.vocab,
                 "durations": snapshot.durations, "norms": snapshot.norms, "contributors": contributors,
                 "params_hash": wire::params_hash(&snapshot.params).to_hex(),
+                "creator": hex::encode(self.manifest.shepherd), "salt": hex::encode(self.manifest.salt),
+                "candidates": self.manifest.candidates.iter().map(hex::encode).collect::<Vec<_>>(),
+                "term": self.election.term(),
             }),
             tensors,
         };
@@ -1014,6 +1337,8 @@ impl Host {
             deadline_unix_ms: 0,
             participants: Vec::new(),
             finished: true,
+            term: self.election.term(),
+            state: self.state.clone(),
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.published = Some(envelope);

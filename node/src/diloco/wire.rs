@@ -5,7 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::compress::{self, Encoding};
-use pcp_protocol::{Binding, BlobHash, Identity, RunId, Signable};
+use pcp_protocol::{Binding, BlobHash, Identity, PublicKey, RunId, Signable};
 use pcp_schema::{RunManifest, SignedEnvelope};
 
 /// The wire protocol version in `NodeHello`.
@@ -77,6 +77,93 @@ pub(crate) fn params_hash(params: &Tensors) -> BlobHash {
     BlobHash(*blake3::hash(&params_blob(params)).as_bytes())
 }
 
+/// What a successor resumes from: the leader's state after a completed round.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LeaderState {
+    /// The term of the leader that completed the round.
+    pub(crate) term: u64,
+    /// Rounds completed, parameters, outer momentum, recent durations (deadlines)
+    /// and norms (the norm bound).
+    pub(crate) snapshot: pcp_protocol::diloco::shepherd::Snapshot,
+    /// Who contributed to the last completed round.
+    pub(crate) contributors: Vec<PublicKey>,
+    /// Participants of the last completed round who missed its deadline.
+    pub(crate) excluded: Vec<PublicKey>,
+}
+
+/// The header of a state blob, in JSON before the tensors.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct StateHeader {
+    term: u64,
+    completed: u64,
+    durations: Vec<u64>,
+    norms: Vec<f64>,
+    contributors: Vec<String>,
+    excluded: Vec<String>,
+}
+
+const STATE_MAGIC: &[u8; 8] = b"pcpstat1";
+/// A state header's size limit: peers lists of a large run fit easily.
+const MAX_STATE_HEADER: usize = 16 << 20;
+
+/// A state blob: magic, the JSON header's length (u32 LE) and header, then the
+/// parameters and the outer momentum as parameter blobs of equal size.
+pub(crate) fn state_blob(state: &LeaderState) -> Vec<u8> {
+    let s = &state.snapshot;
+    let header = StateHeader {
+        term: state.term,
+        completed: s.completed,
+        durations: s.durations.clone(),
+        norms: s.norms.clone(),
+        contributors: state.contributors.iter().map(|k| hex::encode(k.0)).collect(),
+        excluded: state.excluded.iter().map(|k| hex::encode(k.0)).collect(),
+    };
+    let header = serde_json::to_vec(&header).unwrap_or_default();
+    let mut out = Vec::with_capacity(12 + header.len());
+    out.extend_from_slice(STATE_MAGIC);
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&params_blob(&s.params));
+    out.extend_from_slice(&params_blob(&s.velocity));
+    out
+}
+
+/// Reads a state blob, checking its header and every tensor's size.
+pub(crate) fn read_state(bytes: &[u8], sizes: &[usize]) -> anyhow::Result<LeaderState> {
+    let rest = bytes.strip_prefix(STATE_MAGIC).ok_or_else(|| anyhow::anyhow!("state blob: bad magic"))?;
+    anyhow::ensure!(rest.len() >= 4, "state blob: truncated header length");
+    let (len, rest) = rest.split_at(4);
+    let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    anyhow::ensure!(len <= MAX_STATE_HEADER && len <= rest.len(), "state blob: header of {len} bytes");
+    let (header, tensors) = rest.split_at(len);
+    let header: StateHeader = serde_json::from_slice(header).map_err(|e| anyhow::anyhow!("state blob header: {e}"))?;
+    anyhow::ensure!(tensors.len() % 2 == 0, "state blob: odd tensor bytes");
+    let (params, velocity) = tensors.split_at(tensors.len() / 2);
+    let keys = |list: &[String]| -> anyhow::Result<Vec<PublicKey>> {
+        list.iter()
+            .map(|k| {
+                let bytes: [u8; 32] = hex::decode(k)
+                    .ok()
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or_else(|| anyhow::anyhow!("state blob: bad key {k:?}"))?;
+                Ok(PublicKey(bytes))
+            })
+            .collect()
+    };
+    Ok(LeaderState {
+        term: header.term,
+        snapshot: pcp_protocol::diloco::shepherd::Snapshot {
+            completed: header.completed,
+            params: read_params(params, sizes)?,
+            velocity: read_params(velocity, sizes)?,
+            durations: header.durations,
+            norms: header.norms,
+        },
+        contributors: keys(&header.contributors)?,
+        excluded: keys(&header.excluded)?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,10 +179,34 @@ mod tests {
     }
 
     #[test]
+    fn state_blobs_round_trip_and_refuse_damage() {
+        let state = LeaderState {
+            term: 2,
+            snapshot: pcp_protocol::diloco::shepherd::Snapshot {
+                completed: 3,
+                params: vec![vec![1.0, 2.0], vec![3.0]],
+                velocity: vec![vec![-1.0, 0.5], vec![0.25]],
+                durations: vec![1000, 2000],
+                norms: vec![0.5],
+            },
+            contributors: vec![PublicKey([1; 32])],
+            excluded: vec![PublicKey([2; 32])],
+        };
+        let blob = state_blob(&state);
+        assert_eq!(read_state(&blob, &[2, 1]).ok(), Some(state));
+        assert!(read_state(&blob, &[2, 2]).is_err(), "other shapes");
+        assert!(read_state(&blob[..blob.len() - 4], &[2, 1]).is_err(), "truncated");
+        assert!(read_state(&blob[1..], &[2, 1]).is_err(), "no magic");
+        let mut huge = blob.clone();
+        huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(read_state(&huge, &[2, 1]).is_err(), "a header longer than the blob");
+    }
+
+    #[test]
     fn nonces_never_repeat() {
         let mut signer = Signer::new(Identity::from_secret([3; 32]));
         let run = RunId([1; 32]);
-        let hb = pcp_schema::Heartbeat { run: run.0, round: 0, unix_ms: 0, free_memory_bytes: 0 };
+        let hb = pcp_schema::Heartbeat { run: run.0, round: 0, unix_ms: 0, free_memory_bytes: 0, term: 0 };
         let a = signer.seal(run, 0, &hb);
         let b = signer.seal(run, 0, &hb);
         assert_ne!(a.nonce, b.nonce);

@@ -4,10 +4,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use pcp_bootstrap::{Node, PeerId, RequestError};
+use std::sync::Arc;
+
+use pcp_bootstrap::{Event, Node, PeerId, RequestError};
 use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::worker::{self, Worker};
+use pcp_protocol::election::{self, Election, Succession};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
 use pcp_runtime::Device;
 use pcp_schema::{
@@ -15,7 +18,8 @@ use pcp_schema::{
     ParameterRef, RoundAnnouncement, RunManifest,
 };
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::RoleIo;
@@ -66,6 +70,9 @@ pub(crate) enum Hostile {
     Flip,
     /// Random values with the honest pseudo-gradient's norm.
     Noise,
+    /// Honest training, but also gossips round announcements it signs itself, as if
+    /// it led a term.
+    Forge,
 }
 
 impl Hostile {
@@ -75,6 +82,7 @@ impl Hostile {
             "scale" => Some(Self::Scale(1000.0)),
             "flip" => Some(Self::Flip),
             "noise" => Some(Self::Noise),
+            "forge" => Some(Self::Forge),
             _ => None,
         }
     }
@@ -103,7 +111,7 @@ impl WorkerPlan {
         };
         let hostile = match &args.hostile {
             Some(h) => Some(Hostile::parse(h).ok_or_else(|| {
-                Failure::input(anyhow::anyhow!("--hostile takes nan, scale, flip or noise, got {h:?}"))
+                Failure::input(anyhow::anyhow!("--hostile takes nan, scale, flip, noise or forge, got {h:?}"))
             })?),
             None => None,
         };
@@ -134,7 +142,13 @@ struct Joined {
     shepherd_key: PublicKey,
     manifest: RunManifest,
     artifact: ArtifactRef,
+    /// The run's coordinator candidates, in the order they take terms.
+    succession: Succession,
 }
+
+/// The leader a worker follows: where it fetches parameters and sends
+/// contributions.
+type Leader = (PeerId, PublicKey);
 
 /// What the heartbeat task learned last.
 #[derive(Debug, Clone)]
@@ -146,13 +160,19 @@ enum Latest {
 }
 
 /// Runs a worker until its run finishes or `cancel` fires.
-pub(crate) async fn run(plan: WorkerPlan, io: RoleIo, cancel: CancellationToken) -> anyhow::Result<()> {
+pub(crate) async fn run(
+    plan: WorkerPlan,
+    io: RoleIo,
+    gossip: mpsc::Receiver<Event>,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
     let RoleIo { node, identity, events, .. } = io;
     let (node, events) = (&node, &events);
     let mut signer = Signer::new(identity);
+    let gossip = Arc::new(tokio::sync::Mutex::new(gossip));
     loop {
         let Some(joined) = discover(&plan, node, &mut signer, &cancel).await? else { return Ok(()) };
-        match train(&plan, node, &mut signer, &joined, events, &cancel).await? {
+        match train(&plan, node, &mut signer, &joined, events, gossip.clone(), &cancel).await? {
             Outcome::Finished | Outcome::Cancelled => return Ok(()),
             Outcome::Rejoin(reason) => {
                 tracing::warn!("leaving run {}: {reason}", RunId(joined.manifest.run));
@@ -216,8 +236,16 @@ async fn join(plan: &WorkerPlan, node: &Node, signer: &mut Signer, peer: PeerId)
     match answer.kind() {
         MessageKind::RunManifest => {
             let manifest: RunManifest = answer.decode().map_err(|e| JoinError::Skip(e.to_string()))?;
-            if manifest.shepherd != answer.signer().0 {
-                return Err(JoinError::Skip("the manifest names another shepherd than its signer".into()));
+            let run = RunId(manifest.run);
+            let creator = PublicKey(manifest.shepherd);
+            let candidates: Vec<PublicKey> = manifest.candidates.iter().map(|k| PublicKey(*k)).collect();
+            // the id binds the creator and the candidates: a successor's manifest is checked against it
+            if pcp_protocol::election::run_id(&creator, &manifest.model_hash, &manifest.salt, &candidates) != run {
+                return Err(JoinError::Skip(format!("the manifest of run {run} does not hash to its id")));
+            }
+            let succession = Succession::new(run, creator, &candidates);
+            if !succession.contains(&answer.signer()) {
+                return Err(JoinError::Skip("the manifest is signed by a key that is not a candidate".into()));
             }
             if plan.run.is_some_and(|r| r.0 != manifest.run) {
                 return Err(JoinError::Skip(format!("{peer} runs {}", RunId(manifest.run))));
@@ -226,11 +254,13 @@ async fn join(plan: &WorkerPlan, node: &Node, signer: &mut Signer, peer: PeerId)
             let Some(artifact) = manifest.artifacts.iter().find(wanted).cloned() else {
                 return Err(JoinError::Skip("the manifest has no artifact for this backend".into()));
             };
-            Ok(Joined { shepherd: peer, shepherd_key: answer.signer(), manifest, artifact })
+            Ok(Joined { shepherd: peer, shepherd_key: answer.signer(), manifest, artifact, succession })
         }
         MessageKind::Ack => {
             let ack: Ack = answer.decode().map_err(|e| JoinError::Skip(e.to_string()))?;
-            if ack.reason.contains("cannot compile") || ack.reason.contains("unknown backend") {
+            if ack.reason.starts_with(super::STANDBY) {
+                Err(JoinError::Skip(ack.reason))
+            } else if ack.reason.contains("cannot compile") || ack.reason.contains("unknown backend") {
                 Err(JoinError::Fatal(anyhow::anyhow!("{}", ack.reason)))
             } else {
                 Err(JoinError::Skip(ack.reason))
@@ -267,6 +297,7 @@ async fn train(
     signer: &mut Signer,
     joined: &Joined,
     events: &Events,
+    gossip: Arc<tokio::sync::Mutex<mpsc::Receiver<Event>>>,
     cancel: &CancellationToken,
 ) -> anyhow::Result<Outcome> {
     let m = &joined.manifest;
@@ -304,14 +335,19 @@ async fn train(
 
     let (latest_tx, mut latest) = watch::channel(Latest::Nothing);
     let (round_tx, round_rx) = watch::channel(0u64);
+    let (leader_tx, leader) = watch::channel((joined.shepherd, joined.shepherd_key));
     let heartbeat = Heartbeats {
         node: node.clone(),
         signer: Signer::new(signer.identity().clone()),
         run,
-        shepherd: joined.shepherd,
-        shepherd_key: joined.shepherd_key,
+        election: Election::new(me, joined.succession.clone(), m.lease_ms.max(500), wire::unix_ms()),
+        heard: false,
+        leader: leader_tx,
         latest: latest_tx,
         round: round_rx,
+        events: events.clone(),
+        gossip,
+        forge: plan.hostile == Some(Hostile::Forge),
     };
     let _heartbeat = AbortOnDrop(tokio::spawn(heartbeat.run()));
 
@@ -358,7 +394,29 @@ async fn train(
         while let Some(action) = actions.pop() {
             match action {
                 worker::Action::FetchParams(r) => {
-                    let path = fetch(node, params_ref.blob, joined.shepherd, "round parameters").await?;
+                    let from = leader.borrow().0;
+                    // a leader that dies mid-fetch is replaced: a newer announcement (or the
+                    // end of the run) abandons the fetch, and a failed fetch only this round
+                    let mut watching = latest.clone();
+                    let fetched = tokio::select! {
+                        () = cancel.cancelled() => return Ok(Outcome::Cancelled),
+                        () = newer_arrives(&mut watching, this) => None,
+                        fetched = fetch(node, params_ref.blob, from, "round parameters") => Some(fetched),
+                    };
+                    let path = match fetched {
+                        Some(Ok(path)) => path,
+                        Some(Err(e)) => {
+                            tracing::warn!("round {r}: {e:#}");
+                            events.emit("round_abandoned", json!({"round": r, "steps": 0, "reason": format!("{e:#}")}));
+                            actions.extend(machine.handle(worker::Input::Failed(r), wire::unix_ms()));
+                            break;
+                        }
+                        None => {
+                            events.emit("round_abandoned", json!({"round": r, "steps": 0, "reason": "a newer announcement"}));
+                            actions.extend(machine.handle(worker::Input::Failed(r), wire::unix_ms()));
+                            break;
+                        }
+                    };
                     let params = wire::read_params(&read(&path)?, &sizes)?;
                     engine.set_params(params).await?;
                     actions.extend(machine.handle(worker::Input::ParamsReady(r), wire::unix_ms()));
@@ -395,7 +453,7 @@ async fn train(
                         Some(Hostile::Scale(k)) => delta.iter_mut().flatten().for_each(|v| *v *= k),
                         Some(Hostile::Flip) => delta.iter_mut().flatten().for_each(|v| *v = -*v),
                         Some(Hostile::Noise) => noise_like(&mut delta, r),
-                        None => {}
+                        Some(Hostile::Forge) | None => {}
                     }
                     let loss = (loss_sum / taken.max(1) as f64) as f32;
                     let bytes = compress::encode(&delta, encoding);
@@ -415,8 +473,9 @@ async fn train(
                     };
                     let envelope = signer.seal(run, r, &contribution);
                     let wire_bytes = envelope.encode().len() as u64;
-                    let answer = node.request(joined.shepherd, envelope).await;
-                    let (accepted, reason) = ack_of(answer, joined.shepherd_key);
+                    let (to, to_key) = *leader.borrow();
+                    let answer = node.request(to, envelope).await;
+                    let (accepted, reason) = ack_of(answer, to_key);
                     let param_bytes = 4 * sizes.iter().sum::<usize>() as u64;
                     events.emit(
                         "contribution_sent",
@@ -453,6 +512,16 @@ fn noise_like(delta: &mut Tensors, round: u64) {
     delta.iter_mut().flatten().for_each(|v| *v *= k);
 }
 
+/// Waits until an announcement newer than `current` arrives (forever if the
+/// heartbeat task stops).
+async fn newer_arrives(latest: &mut watch::Receiver<Latest>, current: (u64, u64)) {
+    while !newer_round(latest, current) {
+        if latest.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// Whether an announcement newer than `(round, deadline)` (or the run's end) arrived.
 fn newer_round(latest: &watch::Receiver<Latest>, current: (u64, u64)) -> bool {
     match &*latest.borrow() {
@@ -483,66 +552,210 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Heartbeats to the shepherd; each answer is its current round announcement.
+/// Heartbeats to the leader; each answer is its current round announcement. It
+/// follows the run's election: announcements and gossiped leases are checked
+/// against the succession and the term, and when the leader's lease lapses the
+/// heartbeats go to the candidate whose term comes next.
 #[derive(Debug)]
 struct Heartbeats {
     node: Node,
     signer: Signer,
     run: RunId,
-    shepherd: PeerId,
-    shepherd_key: PublicKey,
+    election: Election,
+    /// Whether a valid lease was heard yet: until then the heartbeats go to the
+    /// candidate that answered the hello.
+    heard: bool,
+    leader: watch::Sender<Leader>,
     latest: watch::Sender<Latest>,
     round: watch::Receiver<u64>,
+    events: Events,
+    gossip: Arc<tokio::sync::Mutex<mpsc::Receiver<Event>>>,
+    /// A hostile worker's forgeries (tests).
+    forge: bool,
 }
+
+type Asked = (PublicKey, PeerId, Result<Verified, String>);
 
 impl Heartbeats {
     async fn run(mut self) {
         let mut tick = tokio::time::interval(HEARTBEAT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut missed = 0u32;
+        let mut asking: JoinSet<Asked> = JoinSet::new();
+        let gossip = self.gossip.clone();
+        let mut gossip = gossip.lock().await;
+        let mut beats = 0u64;
         loop {
-            tick.tick().await;
-            let round = *self.round.borrow();
-            let hb = Heartbeat { run: self.run.0, round, unix_ms: wire::unix_ms(), free_memory_bytes: 0 };
-            let envelope = self.signer.seal(self.run, round, &hb);
-            let answer = tokio::time::timeout(HEARTBEAT_TIMEOUT, self.node.request(self.shepherd, envelope)).await;
-            let latest = match answer {
-                Ok(Ok(v)) if v.signer() == self.shepherd_key => self.read(&v),
-                Ok(Ok(_)) => Err("answer signed by someone else".to_owned()),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err("no answer".to_owned()),
-            };
-            match latest {
-                Ok(latest) => {
-                    missed = 0;
-                    if self.latest.send(latest).is_err() {
-                        return;
+            tokio::select! {
+                _ = tick.tick() => {
+                    beats += 1;
+                    self.expire();
+                    if asking.is_empty() {
+                        self.ask(&mut asking);
+                    }
+                    if self.forge && beats.is_multiple_of(4) {
+                        self.forge().await;
                     }
                 }
-                Err(reason) => {
-                    missed += 1;
-                    if missed == 1 || missed.is_multiple_of(20) {
-                        tracing::warn!(shepherd = %self.shepherd, "heartbeat failed ({missed} in a row): {reason}");
+                Some(done) = asking.join_next() => {
+                    let Ok((key, peer, answer)) = done else { continue };
+                    match answer.and_then(|v| self.read(key, &v)) {
+                        Ok(Some(latest)) => {
+                            missed = 0;
+                            if self.latest.send(latest).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) => missed = 0,
+                        Err(reason) => {
+                            missed += 1;
+                            if missed == 1 || missed.is_multiple_of(20) {
+                                tracing::warn!(shepherd = %peer, "heartbeat failed ({missed} in a row): {reason}");
+                            }
+                        }
                     }
                 }
+                event = gossip.recv() => match event {
+                    Some(Event::Gossip { run, message, .. }) if run == self.run => {
+                        if let Some(latest) = self.on_gossip(&message)
+                            && self.latest.send(latest).is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Some(_) => {}
+                    None => return,
+                },
             }
         }
     }
 
-    fn read(&self, v: &Verified) -> Result<Latest, String> {
+    /// Reports a lapsed lease; the next heartbeat goes to the candidate awaited.
+    fn expire(&mut self) {
+        for action in self.election.tick(wire::unix_ms()) {
+            if let election::Action::LeaseExpired { term, leader } = action {
+                tracing::warn!("run {}: the lease of term {term} lapsed; asking the next candidate", self.run);
+                self.events.emit("lease_expired", json!({"term": term, "peer": peer_name(&leader)}));
+                self.heard = true; // from now on the election says whom to ask
+            }
+        }
+    }
+
+    fn ask(&mut self, asking: &mut JoinSet<Asked>) {
+        let key = if self.heard { self.election.awaited() } else { self.leader.borrow().1 };
+        let Some(peer) = pcp_bootstrap::peer_of(&key) else { return };
+        let round = *self.round.borrow();
+        let hb = Heartbeat { run: self.run.0, round, unix_ms: wire::unix_ms(), free_memory_bytes: 0, term: 0 };
+        let envelope = self.signer.seal(self.run, round, &hb);
+        let node = self.node.clone();
+        asking.spawn(async move {
+            let answer = match tokio::time::timeout(HEARTBEAT_TIMEOUT, node.request(peer, envelope)).await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("no answer".to_owned()),
+            };
+            (key, peer, answer)
+        });
+    }
+
+    /// Checks a lease of `term` signed by `from`; rejected ones are recorded.
+    fn lease(&mut self, from: PublicKey, term: u64, what: &str) -> bool {
+        let mut valid = true;
+        for action in self.election.on_lease(from, term, wire::unix_ms()) {
+            match action {
+                election::Action::Rejected { from, reason } => {
+                    valid = false;
+                    tracing::warn!("run {}: refused a {what} from {}: {reason}", self.run, peer_name(&from));
+                    self.events.emit(
+                        "message_rejected",
+                        json!({"peer": peer_name(&from), "kind": what, "term": term, "reason": reason.to_string()}),
+                    );
+                }
+                election::Action::Elected { term, leader } => {
+                    if let Some(peer) = pcp_bootstrap::peer_of(&leader) {
+                        if *self.leader.borrow() != (peer, leader) {
+                            self.events.emit("leader_followed", json!({"term": term, "peer": peer.to_string()}));
+                        }
+                        let _ = self.leader.send((peer, leader));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if valid {
+            self.heard = true;
+        }
+        valid
+    }
+
+    /// An answer to a heartbeat sent to `key`: the round to train (or none).
+    fn read(&mut self, key: PublicKey, v: &Verified) -> Result<Option<Latest>, String> {
+        if v.signer() != key {
+            return Err("answer signed by someone else".to_owned());
+        }
         match v.kind() {
             MessageKind::RoundAnnouncement => {
                 let a: RoundAnnouncement = v.decode().map_err(|e| e.to_string())?;
                 if a.run != self.run.0 {
-                    return Ok(Latest::Refused(format!("the shepherd now runs {}", RunId(a.run))));
+                    return Ok(Some(Latest::Refused(format!("the shepherd now runs {}", RunId(a.run)))));
                 }
-                Ok(Latest::Round(a))
+                if !self.lease(key, a.term, "round announcement") {
+                    return Ok(None);
+                }
+                Ok(Some(Latest::Round(a)))
             }
             MessageKind::Ack => {
                 let ack: Ack = v.decode().map_err(|e| e.to_string())?;
-                Ok(Latest::Refused(ack.reason))
+                if ack.reason.starts_with(super::STANDBY) {
+                    return Ok(None); // the candidate awaited does not lead yet
+                }
+                Ok(Some(Latest::Refused(ack.reason)))
             }
             other => Err(format!("answered a heartbeat with {}", other.tag())),
         }
     }
+
+    /// A gossiped announcement or leader heartbeat: a lease to check, and maybe a
+    /// round to train sooner than the next heartbeat's answer brings it.
+    fn on_gossip(&mut self, message: &Verified) -> Option<Latest> {
+        match message.kind() {
+            MessageKind::RoundAnnouncement => {
+                let a: RoundAnnouncement = message.decode().ok()?;
+                if a.run != self.run.0 || !self.lease(message.signer(), a.term, "round announcement") {
+                    return None;
+                }
+                Some(Latest::Round(a))
+            }
+            MessageKind::Heartbeat => {
+                let hb: Heartbeat = message.decode().ok()?;
+                if hb.run == self.run.0 && hb.term > 0 {
+                    self.lease(message.signer(), hb.term, "leader heartbeat");
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// A hostile worker claims the next term on the run's topic.
+    async fn forge(&mut self) {
+        let forged = RoundAnnouncement {
+            run: self.run.0,
+            round: 1_000_000,
+            parameters: Vec::new(),
+            deadline_unix_ms: wire::unix_ms() + 60_000,
+            participants: Vec::new(),
+            finished: false,
+            term: self.election.term() + 1,
+            state: None,
+        };
+        let envelope = self.signer.seal(self.run, forged.round, &forged);
+        if let Err(e) = self.node.publish(self.run, envelope.encode()).await {
+            tracing::debug!("gossiping a forgery: {e}");
+        }
+    }
+}
+
+fn peer_name(key: &PublicKey) -> String {
+    pcp_bootstrap::peer_of(key).map_or_else(|| key.to_string(), |p| p.to_string())
 }

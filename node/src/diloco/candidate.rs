@@ -1,0 +1,516 @@
+//! Coordinator candidates: a shepherd that may step down, and standbys that take
+//! over when the leader's lease lapses.
+//!
+//! A candidate alternates between two phases. **Leading**, it is a shepherd
+//! ([`super::shepherd`]) whose announcements carry its term and name the state blob
+//! of the last completed round. **Standby**, it heartbeats the leader it awaits
+//! (the run's [`Election`] says which), fetches each round's state blob as the
+//! announcement naming it arrives, and checks that its parameters are the ones
+//! announced. When the lease lapses and the next term is its own, it leads from
+//! the last state it replicated: the open round is reopened (workers train it
+//! again from the same parameters), so no completed round is lost or applied
+//! twice. A standby does not train: its compute is free to take over at once.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use pcp_bootstrap::{Event, InboundId, Node, PeerId};
+use pcp_protocol::election::{self, Election, Succession};
+use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
+use pcp_schema::{Ack, Heartbeat, MessageKind, RoundAnnouncement, RunManifest};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::RoleIo;
+use super::shepherd::{Host, Outcome, Prepared, ShepherdHooks, ShepherdPlan};
+use super::wire::{self, LeaderState, Signer};
+use crate::config::Experiment;
+use crate::engine::Engine;
+use crate::events::Events;
+use crate::model::Model;
+use crate::train::{Corpus, step_config};
+
+/// How often a standby heartbeats the leader it awaits.
+const HEARTBEAT: Duration = Duration::from_millis(500);
+/// Blob fetches from the leader give up after this long.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(120);
+/// How often a standby without a manifest asks the DHT for the run's leader.
+const DISCOVERY_RETRY: Duration = Duration::from_secs(2);
+
+/// How a candidate starts.
+#[derive(Debug)]
+pub(crate) enum Begin {
+    /// As the leader: `pcp-node --shepherd` (a new run, or `--resume`).
+    Lead(Box<ShepherdPlan>),
+    /// As a standby of `run` (`pcp-node --candidate --run RUN_ID`), or of the first
+    /// run the DHT knows (`sim`).
+    Standby(Option<RunId>),
+}
+
+/// Runs a candidate until the run is over or `cancel` fires.
+pub(crate) async fn run(
+    begin: Begin,
+    io: RoleIo,
+    mut requests: mpsc::Receiver<Event>,
+    hooks: ShepherdHooks,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let RoleIo { node, identity, data_dir, events } = io;
+    let mut signer = Signer::new(identity.clone());
+    let (mut plan, mut follow) = match begin {
+        Begin::Lead(plan) => (Some(*plan), None),
+        Begin::Standby(run) => (None, Some(Follow::Discover(run))),
+    };
+    loop {
+        if let Some(plan) = plan.take() {
+            let mut host =
+                Host::start(plan, node.clone(), identity.clone(), &data_dir, events.clone(), hooks.clone()).await?;
+            match host.main_loop(&mut requests, &cancel).await? {
+                Outcome::Done => return Ok(()),
+                Outcome::SteppedDown { manifest, term } => follow = Some(Follow::Known(manifest, term)),
+            }
+        }
+        let Some(how) = follow.take() else { return Ok(()) };
+        let mut standby = match Standby::start(how, &node, &mut signer, &data_dir, &events, &mut requests, &cancel)
+            .await?
+        {
+            Some(s) => s,
+            None => return Ok(()),
+        };
+        standby.hooks = hooks.clone();
+        if let Some(tx) = &standby.hooks.replicated {
+            let _ = tx.try_send(None);
+        }
+        match standby.run(&mut signer, &mut requests, &cancel).await? {
+            Standing::Elected(term) => plan = Some(standby.successor(term, &data_dir).await?),
+            Standing::Over => return Ok(()),
+        }
+    }
+}
+
+/// How a standby learns the run.
+#[derive(Debug)]
+enum Follow {
+    /// Ask the run's providers (any run's when `None`) for its manifest.
+    Discover(Option<RunId>),
+    /// A leader that stepped down knows it, and the term it saw.
+    Known(Box<RunManifest>, u64),
+}
+
+/// Why a standby stopped.
+#[derive(Debug)]
+enum Standing {
+    /// Its term came: lead.
+    Elected(u64),
+    /// The run finished, or the node is shutting down.
+    Over,
+}
+
+/// What a successor inherits, fetched while standing by.
+#[derive(Debug)]
+struct Inheritance {
+    experiment: Experiment,
+    model: Model,
+    corpus_path: PathBuf,
+    corpus: Corpus,
+    prepared: Prepared,
+}
+
+/// A standby candidate of one run.
+#[derive(Debug)]
+struct Standby {
+    node: Node,
+    events: Events,
+    run: RunId,
+    manifest: RunManifest,
+    sizes: Vec<usize>,
+    election: Election,
+    /// Fetching and compiling what a successor needs, while standing by.
+    inheritance: JoinSet<anyhow::Result<Inheritance>>,
+    /// The latest replicated state (the run's start until a round completes).
+    state: LeaderState,
+    hooks: ShepherdHooks,
+}
+
+impl Standby {
+    /// Learns the run's manifest (unless known), checks this node is a candidate,
+    /// and fetches what it would need to lead. `None` when cancelled.
+    async fn start(
+        how: Follow,
+        node: &Node,
+        signer: &mut Signer,
+        data_dir: &std::path::Path,
+        events: &Events,
+        requests: &mut mpsc::Receiver<Event>,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<Option<Self>> {
+        let me = signer.identity().public();
+        let (manifest, term, source) = match how {
+            Follow::Known(manifest, term) => {
+                let leader = Succession::new(
+                    RunId(manifest.run),
+                    PublicKey(manifest.shepherd),
+                    &manifest.candidates.iter().map(|k| PublicKey(*k)).collect::<Vec<_>>(),
+                )
+                .leader(term);
+                let peer = pcp_bootstrap::peer_of(&leader).context("the leader's key is not a peer id")?;
+                (*manifest, term, peer)
+            }
+            Follow::Discover(run) => {
+                let Some((manifest, peer)) = discover(run, node, signer, requests, cancel).await? else {
+                    return Ok(None);
+                };
+                (manifest, 1, peer)
+            }
+        };
+        let run = RunId(manifest.run);
+        let candidates: Vec<PublicKey> = manifest.candidates.iter().map(|k| PublicKey(*k)).collect();
+        let creator = PublicKey(manifest.shepherd);
+        anyhow::ensure!(
+            pcp_protocol::election::run_id(&creator, &manifest.model_hash, &manifest.salt, &candidates) == run,
+            "run {run}: the manifest's creator, model, salt and candidates do not hash to its id"
+        );
+        let succession = Succession::new(run, creator, &candidates);
+        if !succession.contains(&me) {
+            let peers: Vec<String> =
+                succession.order().iter().filter_map(pcp_bootstrap::peer_of).map(|p| p.to_string()).collect();
+            anyhow::bail!(
+                "this node ({}) is not a candidate of run {run}; its candidates are {}",
+                pcp_bootstrap::peer_of(&me).map_or_else(|| me.to_string(), |p| p.to_string()),
+                peers.join(", ")
+            );
+        }
+        let election = Election::resume(me, succession, manifest.lease_ms.max(500), term, wire::unix_ms());
+        let sizes = wire::sizes(&manifest);
+        let mut inheritance = JoinSet::new();
+        {
+            let (node, manifest, data_dir) = (node.clone(), manifest.clone(), data_dir.to_path_buf());
+            inheritance.spawn(async move { inherit(&node, &manifest, source, &data_dir).await });
+        }
+        let initial = manifest.parameters.first().context("the manifest names no parameters")?;
+        let params = wire::read_params(&read(fetch(node, initial.blob, source, "initial parameters").await?)?, &sizes)?;
+        let velocity = sizes.iter().map(|n| vec![0.0; *n]).collect();
+        let state = LeaderState {
+            term,
+            snapshot: pcp_protocol::diloco::shepherd::Snapshot {
+                completed: 0,
+                params,
+                velocity,
+                durations: Vec::new(),
+                norms: Vec::new(),
+            },
+            contributors: Vec::new(),
+            excluded: Vec::new(),
+        };
+        tracing::info!("standing by as a candidate of run {run} (term {term})");
+        events.emit(
+            "standby",
+            json!({"run": run.to_hex(), "term": term, "peer": pcp_bootstrap::peer_of(&me).map(|p| p.to_string())}),
+        );
+        Ok(Some(Self {
+            node: node.clone(),
+            events: events.clone(),
+            run,
+            manifest,
+            sizes,
+            election,
+            inheritance,
+            state,
+            hooks: ShepherdHooks::default(),
+        }))
+    }
+
+    async fn run(
+        &mut self,
+        signer: &mut Signer,
+        requests: &mut mpsc::Receiver<Event>,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<Standing> {
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut beat = tokio::time::interval(HEARTBEAT);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut asking: JoinSet<(PublicKey, PeerId, Option<Verified>)> = JoinSet::new();
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return Ok(Standing::Over),
+                event = requests.recv() => match event {
+                    Some(Event::Request { id, message, .. }) => self.on_request(signer, id, *message).await?,
+                    // the leader gossips each announcement as it opens a round: replicate at once
+                    Some(Event::Gossip { run, from, message }) if run == self.run => {
+                        if self.on_answer(from, &message).await? {
+                            return Ok(Standing::Over);
+                        }
+                    }
+                    Some(_) => {}
+                    None => return Ok(Standing::Over),
+                },
+                _ = beat.tick(), if asking.is_empty() => {
+                    let leader = self.election.awaited();
+                    if let Some(peer) = pcp_bootstrap::peer_of(&leader) {
+                        let hb = Heartbeat { run: self.run.0, round: 0, unix_ms: wire::unix_ms(), free_memory_bytes: 0, term: 0 };
+                        let envelope = signer.seal(self.run, 0, &hb);
+                        let node = self.node.clone();
+                        asking.spawn(async move {
+                            let answer = tokio::time::timeout(HEARTBEAT * 4, node.request(peer, envelope)).await;
+                            (leader, peer, answer.ok().and_then(Result::ok))
+                        });
+                    }
+                }
+                Some(done) = asking.join_next() => {
+                    if let Ok((leader, peer, Some(answer))) = done
+                        && answer.signer() == leader
+                        && self.on_answer(peer, &answer).await?
+                    {
+                        return Ok(Standing::Over);
+                    }
+                }
+                _ = tick.tick() => {
+                    for action in self.election.tick(wire::unix_ms()) {
+                        match action {
+                            election::Action::LeaseExpired { term, leader } => {
+                                let peer = pcp_bootstrap::peer_of(&leader).map(|p| p.to_string());
+                                tracing::warn!("run {}: the lease of term {term} lapsed", self.run);
+                                self.events.emit("lease_expired", json!({"term": term, "peer": peer}));
+                            }
+                            election::Action::Elected { term, .. } if self.election.is_leader() => {
+                                return Ok(Standing::Elected(term));
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The leader's answer to a heartbeat, or its gossiped announcement (`peer`
+    /// forwarded it); `true` when the run is over.
+    async fn on_answer(&mut self, peer: PeerId, answer: &Verified) -> anyhow::Result<bool> {
+        if answer.kind() != MessageKind::RoundAnnouncement {
+            return Ok(false); // another standby's ack: the awaited leader is not up yet
+        }
+        let a: RoundAnnouncement = match answer.decode() {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!("undecodable announcement from {peer}: {e}");
+                return Ok(false);
+            }
+        };
+        if a.run != self.run.0 {
+            return Ok(false);
+        }
+        let mut valid = true;
+        for action in self.election.on_lease(answer.signer(), a.term, wire::unix_ms()) {
+            if let election::Action::Rejected { from, reason } = action {
+                valid = false;
+                self.events.emit(
+                    "message_rejected",
+                    json!({"peer": pcp_bootstrap::peer_of(&from).map(|p| p.to_string()), "kind": "lease",
+                           "term": a.term, "reason": reason.to_string()}),
+                );
+            }
+        }
+        if !valid {
+            return Ok(false);
+        }
+        if let Some(state) = a.state.as_ref().filter(|s| s.blob != [0; 32]) {
+            // fetched from the signer first: the forwarder of gossip may not hold it
+            let from = pcp_bootstrap::peer_of(&answer.signer()).unwrap_or(peer);
+            self.replicate(from, &a, state.blob).await;
+        }
+        Ok(a.finished)
+    }
+
+    /// Fetches the state blob an announcement names, unless it is the one held,
+    /// and keeps it when its parameters are the announced ones.
+    async fn replicate(&mut self, peer: PeerId, a: &RoundAnnouncement, blob: [u8; 32]) {
+        if a.round.saturating_sub(1) <= self.state.snapshot.completed && !a.finished && a.term <= self.state.term {
+            return; // held already
+        }
+        let fetched = async {
+            let path = fetch(&self.node, blob, peer, "replicated state").await?;
+            wire::read_state(&read(path)?, &self.sizes)
+        };
+        let state = match fetched.await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("run {}: cannot replicate the state of round {}: {e:#}", self.run, a.round);
+                return;
+            }
+        };
+        if state.snapshot.completed < self.state.snapshot.completed
+            || (state.snapshot.completed == self.state.snapshot.completed && state.term <= self.state.term)
+        {
+            return;
+        }
+        let params_hash = wire::params_hash(&state.snapshot.params);
+        // an open round's announcement names the parameters the state must hold
+        if let Some(p) = a.parameters.first()
+            && !a.finished
+            && (p.blob != params_hash.0 || state.snapshot.completed + 1 != a.round)
+        {
+            tracing::warn!("run {}: the state blob of round {} does not match its announcement", self.run, a.round);
+            return;
+        }
+        self.events.emit(
+            "state_replicated",
+            json!({"round": state.snapshot.completed, "term": state.term, "params_hash": params_hash.to_hex()}),
+        );
+        if let Some(tx) = &self.hooks.replicated {
+            let _ = tx.try_send(Some(state.snapshot.completed));
+        }
+        self.state = state;
+    }
+
+    /// Answers requests while standing by: heartbeats with an ack naming the leader
+    /// awaited, a leader's lease by following it.
+    async fn on_request(&mut self, signer: &mut Signer, id: InboundId, message: Verified) -> anyhow::Result<()> {
+        let key = message.signer();
+        if message.kind() == MessageKind::Heartbeat
+            && let Ok(hb) = message.decode::<Heartbeat>()
+            && hb.term > 0
+            && hb.run == self.run.0
+        {
+            for action in self.election.on_lease(key, hb.term, wire::unix_ms()) {
+                if let election::Action::Rejected { from, reason } = action {
+                    self.events.emit(
+                        "message_rejected",
+                        json!({"peer": pcp_bootstrap::peer_of(&from).map(|p| p.to_string()), "kind": "lease",
+                               "term": hb.term, "reason": reason.to_string()}),
+                    );
+                }
+            }
+        }
+        let leader = pcp_bootstrap::peer_of(&self.election.awaited()).map_or_else(String::new, |p| p.to_string());
+        let ack = Ack {
+            run: self.run.0,
+            round: self.state.snapshot.completed,
+            accepted: false,
+            reason: format!("{STANDBY} of run {}; term {} is led by {leader}", self.run, self.election.term()),
+        };
+        let envelope = signer.seal(self.run, self.state.snapshot.completed, &ack);
+        self.node.respond(id, envelope).await?;
+        Ok(())
+    }
+
+    /// The plan to lead `term` from the replicated state.
+    async fn successor(mut self, term: u64, data_dir: &std::path::Path) -> anyhow::Result<ShepherdPlan> {
+        let inheritance = self.inheritance.join_next().await.context("the inheritance task is gone")??;
+        let Inheritance { experiment, model, corpus_path, corpus, prepared } = inheritance?;
+        tracing::info!("run {}: elected for term {term} after round {}", self.run, self.state.snapshot.completed);
+        let state = self.state;
+        ShepherdPlan::successor(self.manifest, experiment, model, corpus_path, corpus, state, term, data_dir, prepared)
+            .map_err(|e| e.into_error())
+    }
+}
+
+/// How a standby's acks begin, so workers tell them from a leader's refusals.
+pub(crate) const STANDBY: &str = "standby candidate";
+
+/// Asks the run's providers for its signed manifest.
+async fn discover(
+    run: Option<RunId>,
+    node: &Node,
+    signer: &mut Signer,
+    requests: &mut mpsc::Receiver<Event>,
+    cancel: &CancellationToken,
+) -> anyhow::Result<Option<(RunManifest, PeerId)>> {
+    let me = signer.identity().public();
+    loop {
+        let key = run.map_or_else(wire::runs_key, wire::run_key);
+        for peer in node.providers(key, 8).await? {
+            let hello = pcp_schema::NodeHello {
+                peer: me.0,
+                protocol_version: wire::PROTOCOL_VERSION,
+                agent: format!("pcp-node/{} (candidate)", env!("CARGO_PKG_VERSION")),
+                capabilities: pcp_schema::Capabilities {
+                    backends: vec![pcp_schema::Backend {
+                        name: "cpu".into(),
+                        targets: vec![pcp_graph::Target::host().target.unwrap_or_default()],
+                    }],
+                    free_memory_bytes: 0,
+                },
+            };
+            let envelope = signer.seal(run.unwrap_or(RunId([0; 32])), 0, &hello);
+            match node.request(peer, envelope).await {
+                Ok(answer) if answer.kind() == MessageKind::RunManifest => match answer.decode::<RunManifest>() {
+                    Ok(m) if run.is_none_or(|r| r.0 == m.run) => return Ok(Some((m, peer))),
+                    Ok(_) => tracing::debug!(%peer, "serves another run"),
+                    Err(e) => tracing::debug!(%peer, "bad manifest: {e}"),
+                },
+                Ok(_) => tracing::debug!(%peer, "did not answer with a manifest"),
+                Err(e) => tracing::debug!(%peer, "hello failed: {e}"),
+            }
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return Ok(None),
+            () = tokio::time::sleep(DISCOVERY_RETRY) => {}
+            // nobody leads yet: requests get a standby's refusal
+            Some(Event::Request { id, .. }) = requests.recv() => {
+                let run = run.unwrap_or(RunId([0; 32]));
+                let ack = Ack { run: run.0, round: 0, accepted: false, reason: format!("{STANDBY}: not yet following a run") };
+                let envelope = signer.seal(run, 0, &ack);
+                node.respond(id, envelope).await?;
+            }
+        }
+    }
+}
+
+/// Fetches the experiment, the loss module and the corpus a successor needs, and
+/// compiles the training step ahead (into the artifact cache).
+async fn inherit(
+    node: &Node,
+    manifest: &RunManifest,
+    leader: PeerId,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<Inheritance> {
+    anyhow::ensure!(manifest.experiment != [0; 32], "the run's manifest names no experiment blob");
+    let mut experiment: Experiment = serde_json::from_slice(&read(
+        fetch(node, manifest.experiment, leader, "experiment").await?,
+    )?)
+    .context("the run's experiment blob")?;
+    let model_path = fetch(node, manifest.model_hash, leader, "loss module").await?;
+    let corpus_path = fetch(node, manifest.data.blob, leader, "corpus").await?;
+    let corpus = Corpus::load(&corpus_path, &manifest.data.tokenizer, None, manifest.data.val_fraction)?;
+    experiment.data_path = Some(corpus_path.display().to_string());
+    let source = model_path.display().to_string();
+    let model = Model::load_with_batch(&source, corpus.vocab.size(), None)?;
+    let module = model.module.clone();
+    let config = step_config(&experiment);
+    let dir = std::env::var_os("PCP_ARTIFACT_CACHE").map_or_else(|| data_dir.join("artifacts"), PathBuf::from);
+    let (step, vmfb) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let step = pcp_graph::train_step(&module, "main", &config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let artifact = pcp_graph::compile(&step.module, &pcp_graph::Target::host(), Some(&dir))?;
+        Ok((step, artifact.vmfb))
+    })
+    .await??;
+    let sizes = wire::sizes(manifest);
+    let zeros = sizes.iter().map(|n| vec![0.0; *n]).collect();
+    let engine = Engine::new(
+        pcp_runtime::Device::Cpu,
+        vmfb,
+        wire::shapes(manifest),
+        zeros,
+        None,
+        step.state_per_param,
+        manifest.data.int64,
+    )
+    .await?;
+    Ok(Inheritance { experiment, model, corpus_path, corpus, prepared: Prepared { step, engine } })
+}
+
+async fn fetch(node: &Node, hash: [u8; 32], from: PeerId, what: &str) -> anyhow::Result<PathBuf> {
+    let report = node
+        .fetch_from(BlobHash(hash), vec![from], FETCH_TIMEOUT)
+        .await
+        .with_context(|| format!("fetching the {what} from {from}"))?;
+    Ok(report.path)
+}
+
+fn read(path: PathBuf) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(&path).with_context(|| format!("reading {}", path.display()))
+}
