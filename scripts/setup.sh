@@ -16,10 +16,11 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
 # 1. System packages: LLVM/MLIR 22 for melior, Cap'n Proto, build tools, and the
 #    Vulkan loader with Mesa's lavapipe (a Vulkan device on the CPU), on which the
-#    tests run pcp's Vulkan backend where no GPU is.
+#    tests run pcp's Vulkan backend where no GPU is; tmux, in which a test drives
+#    the --tui dashboard.
 APT_PACKAGES=(llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev clang-22 libpolly-22-dev
   libzstd-dev libz3-dev libxml2-dev zlib1g-dev capnproto libcapnp-dev python3-venv pkg-config
-  libvulkan1 mesa-vulkan-drivers)
+  libvulkan1 mesa-vulkan-drivers tmux)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -32,8 +33,10 @@ if ((${#missing[@]})); then
 fi
 
 # 2. Python venv: the IREE compiler (dlopened by eerie), IREE runtime tools,
-#    CMake >= 3.26 for eerie's runtime build, and jax for reference tests.
-PY_PACKAGES=(iree-base-compiler==3.13.0 iree-base-runtime==3.13.0 "cmake>=3.26,<5" jax==0.10.2 jaxlib==0.10.2 numpy==2.4.6 pytest==9.2.0)
+#    CMake >= 3.26 for eerie's runtime build, jax for reference tests, and wandb
+#    for the Weights & Biases bridge (tools/wandb_bridge.py; ~100 MB).
+PY_PACKAGES=(iree-base-compiler==3.13.0 iree-base-runtime==3.13.0 "cmake>=3.26,<5" jax==0.10.2 jaxlib==0.10.2 numpy==2.4.6 pytest==9.2.0
+  wandb==0.31.0)
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv"
   python3 -m venv .venv
@@ -49,6 +52,22 @@ PY
   say "installing Python packages into .venv"
   .venv/bin/python -m pip install -q --upgrade pip packaging
   .venv/bin/python -m pip install -q "${PY_PACKAGES[@]}"
+fi
+
+# 2b. PyTorch (CPU) and torch-mlir, for tools/export_model.py's PyTorch path and
+#     its test (node/tests/export_cli.rs): bench/setup.sh installs torch without
+#     the CUDA wheels (about 40 s, 1.2 GB), torch-mlir needs nothing more (290 MB).
+TORCH_MLIR=torch-mlir==20261001
+if ! .venv/bin/python - "$TORCH_MLIR" <<'PY' 2>/dev/null; then
+import sys
+from importlib.metadata import version
+name, _, want = sys.argv[1].partition("==")
+assert version(name) == want
+import torch_mlir.fx  # imports torch
+PY
+  say "installing torch (CPU) and $TORCH_MLIR into .venv"
+  bench/setup.sh
+  .venv/bin/python -m pip install -q --no-deps "$TORCH_MLIR"
 fi
 
 # 3. Headers for IREE's CUDA, HIP and Vulkan runtime drivers, which pcp-node

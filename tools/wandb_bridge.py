@@ -241,7 +241,8 @@ def dump(path):
         data = f.read()
     if data[:4] != b":W&B":
         raise ValueError(f"{path} is not a wandb run file")
-    out = {"project": None, "name": None, "entity": None, "config": {}, "history": [], "summary": {}}
+    out = {"project": None, "name": None, "entity": None, "job_type": None}
+    out.update(config={}, history=[], summary={})
 
     def items(entries):
         return {e.key or "/".join(e.nested_key): json.loads(e.value_json) for e in entries}
@@ -264,7 +265,8 @@ def dump(path):
         pending = b""
         which = record.WhichOneof("record_type")
         if which == "run":
-            out.update(project=record.run.project, name=record.run.display_name, entity=record.run.entity)
+            run = record.run
+            out.update(project=run.project, name=run.display_name, entity=run.entity, job_type=run.job_type)
             out["config"].update(items(record.run.config.update))
         elif which == "config":
             out["config"].update(items(record.config.update))

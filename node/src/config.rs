@@ -79,13 +79,14 @@ pub(crate) struct Experiment {
     pub(crate) nesterov_momentum: f64,
     /// PCP's epoch cap; pcp counts steps instead.
     pub(crate) max_epochs: Option<u64>,
-    /// Accepted for PCP compatibility; pcp does not report to wandb.
+    /// The Weights & Biases project [default: `pcp-distributed`]; see [`crate::wandb`].
     pub(crate) wandb_project: Option<String>,
-    /// Accepted for PCP compatibility.
+    /// The wandb team or user [default: the key's].
     pub(crate) wandb_entity: Option<String>,
-    /// Accepted for PCP compatibility.
+    /// The wandb run's name [default: one wandb picks].
     pub(crate) wandb_run_name: Option<String>,
-    /// Accepted for PCP compatibility; never logged.
+    /// The wandb API key, else `WANDB_API_KEY`; without either, pcp does not
+    /// report to wandb. Never logged, written to a checkpoint or put on a command line.
     #[serde(skip_serializing)]
     pub(crate) wandb_api_key: Option<String>,
 }

@@ -38,6 +38,7 @@ impl Events {
     /// whether or not an events file was given.
     pub(crate) fn emit(&self, name: &str, fields: Value) {
         crate::metrics::observe(name, &fields);
+        crate::tui::observe(name, &fields);
         let to_wandb = crate::wandb::active();
         if self.out.is_none() && !to_wandb {
             return;

@@ -272,8 +272,8 @@ pub(crate) async fn run_node(
     let _metrics = crate::metrics::serve(args.metrics).await.map_err(Failure::input)?;
     // a node of its own reports to wandb when it may lead (`sim` starts one for all)
     let _wandb = match &role {
-        Role::Shepherd(plan, _) if interactive => crate::wandb::Bridge::start(plan.experiment(), "shepherd"),
-        Role::Candidate(..) if interactive => crate::wandb::Bridge::start(&crate::config::Experiment::default(), "shepherd"),
+        Role::Shepherd(plan, _) if interactive => crate::wandb::Bridge::start(Some(plan.experiment()), "shepherd"),
+        Role::Candidate(..) if interactive => crate::wandb::Bridge::start(None, "shepherd"),
         _ => None,
     };
     let mut running = Running::start(args).map_err(Failure::input)?;
@@ -321,12 +321,14 @@ async fn pump(
     cancel: CancellationToken,
 ) -> Result<(), Failure> {
     let peer = running.node.peer_id();
-    if interactive {
+    // the dashboard, when it is up, owns stdout and shows these itself
+    let say = interactive && !crate::tui::owns_stdout();
+    if say {
         println!("peer id: {peer}");
     }
     let mut reach_timer = Box::pin(tokio::time::sleep(REACHABILITY_WAIT));
-    let mut reach_done = !interactive;
-    if interactive && args.bootstrap.is_empty() {
+    let mut reach_done = !say;
+    if say && args.bootstrap.is_empty() {
         println!("reachability: seed node (no --bootstrap): no peer to dial back yet; waiting for others");
     }
     // only an interactive node owns the process's signals; `sim` handles them itself
@@ -357,8 +359,8 @@ async fn pump(
                     let _ = tx.try_send(addr.clone());
                 }
                 match &event {
-                    Event::Listening { addr } if interactive => println!("listening on {addr}/p2p/{peer}"),
-                    Event::Reachability(r) if interactive && !matches!(r, Reachability::Unknown) => {
+                    Event::Listening { addr } if say => println!("listening on {addr}/p2p/{peer}"),
+                    Event::Reachability(r) if say && !matches!(r, Reachability::Unknown) => {
                         print_reachability(r, &peer);
                         reach_done = true;
                     }

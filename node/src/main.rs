@@ -20,6 +20,7 @@ mod sim;
 mod simulate;
 mod supervisor;
 mod train;
+mod tui;
 mod wandb;
 
 use std::process::ExitCode;
@@ -43,6 +44,8 @@ struct Cli {
     shepherd: diloco::ShepherdArgs,
     #[command(flatten)]
     worker: diloco::WorkerArgs,
+    #[command(flatten)]
+    tui: tui::TuiArgs,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -77,6 +80,8 @@ enum Command {
         args: sim::SimArgs,
         #[command(flatten)]
         local: join::LocalArgs,
+        #[command(flatten)]
+        tui: tui::TuiArgs,
     },
     /// List the backends in this build and the devices each can see.
     Devices,
@@ -135,8 +140,42 @@ fn keep_freed_memory() {
     }
 }
 
-/// Runs the command line's command.
-fn run(cli: Cli) -> Result<(), Failure> {
+/// The dashboard a role shows.
+fn dashboard_mode(role: &join::Role) -> tui::Mode {
+    match role {
+        join::Role::Shepherd(..) | join::Role::Candidate(..) => tui::Mode::Shepherd,
+        join::Role::Worker(_) | join::Role::Relay => tui::Mode::Worker,
+    }
+}
+
+/// Whether the command shows the dashboard; `--tui` or `--no-tui` where it has
+/// none is a usage error.
+fn wants_dashboard(cli: &Cli) -> Result<bool, join::Usage> {
+    let name = match &cli.command {
+        None if cli.worker.scale.is_some() => "--scale",
+        None => return Ok(cli.tui.wanted()),
+        Some(Command::Sim { tui, .. }) => return Ok(tui.or(cli.tui).wanted()),
+        Some(Command::Blob(_)) => "blob",
+        Some(Command::Graph(_)) => "graph",
+        Some(Command::Train { .. }) => "train",
+        Some(Command::Generate { .. }) => "generate",
+        Some(Command::Bench(_)) => "bench",
+        Some(Command::Devices) => "devices",
+        Some(Command::Simulate(_)) => "simulate",
+    };
+    if !cli.tui.given() {
+        return Ok(false);
+    }
+    let flag = if cli.tui.tui { "--tui" } else { "--no-tui" };
+    Err(join::Usage(if name == "--scale" {
+        format!("{flag} is not an option of `pcp-node --scale` (its workers log to stderr)")
+    } else {
+        format!("{flag} is not an option of `pcp-node {name}` (see `pcp-node {name} --help`)")
+    }))
+}
+
+/// Runs the command line's command, on the dashboard with `dashboard`.
+fn run(cli: Cli, dashboard: bool) -> Result<(), Failure> {
     let root = cli.net;
     let offline = |command: &str| root.resolve(join::NetFlags::default(), command, join::Uses::Nothing);
     let command = match cli.command {
@@ -167,6 +206,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 let net = join::NetFlags::default().resolve(root, "", join::Uses::Network)?;
                 let role = join::Role::from_args(&net, &cli.shepherd, &cli.worker)?;
                 let cancel = tokio_util::sync::CancellationToken::new();
+                // `q` on the dashboard stops the node as Ctrl-C does; dropped, it restores the terminal
+                let _dashboard =
+                    if dashboard { Some(tui::Dashboard::start(dashboard_mode(&role), cancel.clone())?) } else { None };
                 join::run_node(&net, role, true, None, cancel).await
             }
             Some(Command::Blob(args)) => Ok(blob::run(&args, &root).await?),
@@ -177,12 +219,39 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 generate::run(args, &root.resolve(data_dir.into(), "generate", join::Uses::DataDir)?).await
             }
             Some(Command::Bench(command)) => bench::run(command, &root).await,
-            Some(Command::Sim { args, local }) => {
-                sim::run(args, &root.resolve(local.into(), "sim", join::Uses::Local)?).await
+            Some(Command::Sim { args, local, .. }) => {
+                let net = root.resolve(local.into(), "sim", join::Uses::Local)?;
+                let quit = tokio_util::sync::CancellationToken::new();
+                let _dashboard =
+                    if dashboard { Some(tui::Dashboard::start(tui::Mode::Sim, quit.clone())?) } else { None };
+                sim::run(args, &net, quit).await
             }
             Some(Command::Graph(_) | Command::Devices | Command::Simulate(_)) => Ok(()),
         }
     })
+}
+
+/// Logs go to stderr through `tracing`; with the dashboard, to its log pane while it
+/// is up (with pcp's own `info` lines), and to stderr again once it is closed.
+fn init_logging(dashboard: bool) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let filter = |default: &str| {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+    };
+    let stderr = tracing_subscriber::fmt::layer()
+        .with_writer(tui::Stderr)
+        // colours only for a person reading a terminal, not in a log file
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter(filter("warn,libp2p_kad=error"));
+    let registry = tracing_subscriber::registry().with(stderr);
+    if dashboard {
+        registry.with(tui::Capture.with_filter(filter("warn,pcp_node=info,libp2p_kad=error"))).init();
+    } else {
+        registry.init();
+    }
 }
 
 fn main() -> ExitCode {
@@ -195,16 +264,9 @@ fn main() -> ExitCode {
             unsafe { std::env::set_var(var, &ordinal) };
         }
     }
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        // colours only for a person reading a terminal, not in a log file
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,libp2p_kad=error")),
-        )
-        .init();
-    let result = run(cli);
+    let dashboard = wants_dashboard(&cli);
+    init_logging(dashboard.as_ref().is_ok_and(|d| *d));
+    let result = dashboard.map_err(Failure::from).and_then(|dashboard| run(cli, dashboard));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {

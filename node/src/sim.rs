@@ -142,7 +142,9 @@ fn loopback() -> Vec<Multiaddr> {
     vec![Multiaddr::empty().with(Protocol::Ip4(std::net::Ipv4Addr::LOCALHOST)).with(Protocol::Tcp(0))]
 }
 
-pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
+/// Runs the sim until its run ends, the process is interrupted, or `quit` (the
+/// dashboard's `q`) is cancelled.
+pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -> Result<(), Failure> {
     if args.nodes < 2 + args.candidates {
         return Err(Failure::input(anyhow::anyhow!(
             "--nodes must be at least 2 + --candidates (a shepherd, the candidates and a worker)"
@@ -202,7 +204,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
     for n in 1..=args.candidates as u32 {
         candidate_keys.push(pcp_bootstrap::load_or_create(&candidate_dir(n))?.public());
     }
-    let _wandb = crate::wandb::Bridge::start(&experiment, "sim");
+    let _wandb = crate::wandb::Bridge::start(Some(&experiment), "sim");
     let mut plan = ShepherdPlan::for_sim(
         experiment,
         model,
@@ -305,6 +307,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs) -> Result<(), Failure> {
     let result = loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break Err(anyhow::anyhow!("interrupted").into()),
+            () = quit.cancelled() => break Err(anyhow::anyhow!("interrupted").into()),
             _ = sigterm.recv() => break Err(anyhow::anyhow!("terminated").into()),
             Some(Some(round)) = replicated.recv() => {
                 *holding.entry(round).or_default() += 1;

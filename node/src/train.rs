@@ -321,7 +321,7 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
     let corpus =
         Corpus::load(&data_path, &experiment.tokenizer, vocab, experiment.val_fraction).map_err(Failure::input)?;
     let events = Events::open(net.events.as_deref()).map_err(Failure::input)?;
-    let _wandb = crate::wandb::Bridge::start(&experiment, "train");
+    let _wandb = crate::wandb::Bridge::start(Some(&experiment), "train");
     let run = Run::prepare(experiment.clone(), corpus, &args.device, &data_dir, resumed.as_ref())
         .await
         .map_err(Failure::input)?;

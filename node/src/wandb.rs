@@ -117,11 +117,13 @@ pub(crate) struct Bridge {
 
 impl Bridge {
     /// Starts the bridge when wandb is on for `experiment` (see the module
-    /// docs); `role` (`train`, `sim`, `shepherd`) becomes the run's job type.
-    /// `None`, after one warning, when it cannot start or another runs in this
-    /// process already.
-    pub(crate) fn start(experiment: &Experiment, role: &str) -> Option<Self> {
-        let settings = settings(experiment, |name| std::env::var(name).ok())?;
+    /// docs), which becomes the run's config; `None` for a candidate, which
+    /// learns the experiment only when it leads. `role` (`train`, `sim`,
+    /// `shepherd`) becomes the run's job type. `None`, after one warning, when
+    /// it cannot start or another runs in this process already.
+    pub(crate) fn start(experiment: Option<&Experiment>, role: &str) -> Option<Self> {
+        let default = Experiment::default();
+        let settings = settings(experiment.unwrap_or(&default), |name| std::env::var(name).ok())?;
         let Ok(mut sink) = SINK.lock() else { return None };
         if sink.is_some() {
             return None;
@@ -132,9 +134,11 @@ impl Bridge {
             Some(script) => command.arg(script),
             None => command.arg("-c").arg(SCRIPT),
         };
-        let config = serde_json::to_string(experiment).unwrap_or_else(|_| "{}".into());
+        let config = experiment.and_then(|e| serde_json::to_string(e).ok()).unwrap_or_else(|| "{}".into());
         command.args(["--job-type", role, "--config", &config]);
-        for (flag, value) in [("--project", &settings.project), ("--entity", &settings.entity), ("--name", &settings.name)] {
+        for (flag, value) in
+            [("--project", &settings.project), ("--entity", &settings.entity), ("--name", &settings.name)]
+        {
             if let Some(value) = value {
                 command.arg(flag).arg(value);
             }
@@ -299,7 +303,7 @@ mod tests {
         e.wandb_entity = Some(String::new());
         let on = settings(&e, env(&[])).expect("on with the file's key");
         assert_eq!(on.key, Some(ApiKey("secret".into())));
-        assert_eq!((on.name.as_deref(), on.entity), (Some("run-1"), None));
+        assert_eq!((on.name.as_deref(), on.entity.as_deref()), (Some("run-1"), None));
         assert!(!format!("{on:?}").contains("secret"), "the key is never shown");
         assert_eq!(settings(&e, env(&[("WANDB_MODE", "disabled")])), None);
         assert_eq!(settings(&e, env(&[("WANDB_DISABLED", "true")])), None);

@@ -234,3 +234,143 @@ fn shepherd_and_workers_survive_kills_joins_and_restarts() {
         assert!(ratio <= 1.05, "{s}");
     }
 }
+
+/// The first event named `name` with `field == value`, if any.
+fn find(path: &Path, name: &str) -> Vec<Value> {
+    events(path).into_iter().filter(|e| e["event"] == name).collect()
+}
+
+#[test]
+fn a_candidate_leads_when_the_shepherd_dies_and_the_old_shepherd_steps_down() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = |name: &str| dir.path().join(name).display().to_string();
+    let ev = |name: &str| dir.path().join(format!("{name}.jsonl"));
+    let long = Duration::from_secs(240);
+    for c in ["c1", "c2"] {
+        std::fs::create_dir_all(dir.path().join(c)).expect("candidate dir");
+    }
+    let shepherd_args = |listen: &str, resume: bool| {
+        let mut args: Vec<String> = [
+            "--shepherd",
+            "--rounds",
+            "6",
+            "--tau",
+            "20",
+            "--min-workers",
+            "3",
+            "--heartbeat-timeout-ms",
+            "3000",
+            "--lease-ms",
+            "4000",
+            "--candidate",
+            &d("c1"),
+            "--candidate",
+            &d("c2"),
+            "--data",
+            &corpus(),
+            "--listen",
+            listen,
+            "--data-dir",
+            &d("shepherd"),
+            "--events",
+            &d("shepherd.jsonl"),
+        ]
+        .map(String::from)
+        .to_vec();
+        if resume {
+            args.push("--resume".into());
+        }
+        args
+    };
+    let mut shepherd = Proc::spawn("shepherd", &shepherd_args("/ip4/127.0.0.1/tcp/0", false));
+    let listening = shepherd.line_with("listening on /ip4/127.0.0.1/tcp/", Duration::from_secs(30));
+    let addr = listening.trim_start_matches("listening on ").trim().to_owned();
+    let listen_addr = addr.split("/p2p/").next().expect("address").to_owned();
+    let started = wait_for(&ev("shepherd"), "the run", long, |e| e["event"] == "run_started");
+    let run = started["run"].as_str().expect("run id").to_owned();
+    let node = |name: &str, extra: &[&str]| {
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        args.extend(
+            ["--bootstrap", &addr, "--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", &d(name), "--events"]
+                .map(String::from),
+        );
+        args.push(d(&format!("{name}.jsonl")));
+        Proc::spawn(name, &args)
+    };
+    let mut c1 = node("c1", &["--candidate", "--run", &run]);
+    let mut c2 = node("c2", &["--candidate", "--run", &run]);
+    for c in ["c1", "c2"] {
+        wait_for(&ev(c), "the candidate to stand by", long, |e| e["event"] == "standby");
+    }
+    let mut w1 = node("w1", &[]);
+    let mut w2 = node("w2", &[]);
+    // the third worker trains honestly but also gossips announcements it signs itself
+    let mut w3 = node("w3", &["--hostile", "forge"]);
+
+    // kill -9 the shepherd during round 3, once both candidates hold round 2's state
+    wait_for(&ev("shepherd"), "round 3 to start", long, |e| e["event"] == "round_started" && e["round"] == 3);
+    for c in ["c1", "c2"] {
+        wait_for(&ev(c), "round 2's state", long, |e| e["event"] == "state_replicated" && e["round"] == 2);
+    }
+    shepherd.kill();
+    let killed_at = Instant::now();
+    let r2 = completed(&ev("shepherd"), 2, long);
+    let (leader, elected) = loop {
+        let found = ["c1", "c2"].into_iter().find_map(|c| find(&ev(c), "shepherd_elected").pop().map(|e| (c, e)));
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(killed_at.elapsed() < long, "no candidate was elected");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // two round deadlines: the shortest a round's deadline gets is 10 s
+    assert!(killed_at.elapsed() < Duration::from_secs(20), "elected {:?} after the kill", killed_at.elapsed());
+    assert_eq!(elected["term"], 2, "{elected}");
+    assert_eq!(elected["round"], 2, "{elected}");
+    assert_eq!(elected["params_hash"], r2["params_hash"], "the successor starts from round 2's parameters");
+
+    // split brain: the old shepherd comes back with --resume while the new one leads,
+    // bootstrapping from it as a restarted node would
+    let leader_addr = wait_for(&ev(leader), "the leader's address", long, |e| e["event"] == "listening")["addr"]
+        .as_str()
+        .expect("addr")
+        .to_owned();
+    let leader_peer = elected["peer"].as_str().expect("peer").to_owned();
+    let mut old_args = shepherd_args(&listen_addr, true);
+    old_args.extend(["--bootstrap".to_owned(), format!("{leader_addr}/p2p/{leader_peer}")]);
+    let mut old = Proc::spawn("shepherd (resumed)", &old_args);
+    let down = wait_for(&ev("shepherd"), "the old shepherd to step down", long, |e| e["event"] == "stepped_down");
+    assert_eq!((down["term"].as_u64(), down["newer"].as_u64()), (Some(1), Some(2)), "{down}");
+    let stale = wait_for(&ev(leader), "the stale lease to be refused", long, |e| {
+        e["event"] == "message_rejected" && e["term"] == 1
+    });
+    assert!(stale["reason"].as_str().expect("reason").contains("stale term 1"), "{stale}");
+
+    // the run completes under the new leader: every round once, the chain unbroken
+    wait_for(&ev(leader), "the end of the run", long, |e| e["event"] == "run_finished");
+    let mut rounds = find(&ev("shepherd"), "round_completed");
+    rounds.extend(find(&ev(leader), "round_completed"));
+    let numbers: Vec<u64> = rounds.iter().map(|r| r["round"].as_u64().expect("round")).collect();
+    assert_eq!(numbers, (1..=6).collect::<Vec<_>>(), "no round lost or applied twice");
+    let led = events(&ev(leader));
+    for pair in rounds.windows(2) {
+        let next = pair[1]["round"].as_u64().expect("round");
+        let start = led
+            .iter()
+            .chain(events(&ev("shepherd")).iter())
+            .find(|e| e["event"] == "round_started" && e["round"] == next)
+            .cloned()
+            .expect("the round started");
+        assert_eq!(start["params_hash"], pair[0]["params_hash"], "round {next} starts where {} ended", next - 1);
+    }
+
+    // forgery: the honest workers refused the hostile worker's announcements
+    let forged = find(&ev("w1"), "message_rejected").into_iter().chain(find(&ev("w2"), "message_rejected"));
+    assert!(
+        forged.into_iter().any(|e| e["reason"].as_str().is_some_and(|r| r.contains("not a candidate"))),
+        "no forged announcement was refused"
+    );
+    for p in [&mut w1, &mut w2, &mut w3, &mut c1, &mut c2, &mut old] {
+        p.wait_success(Duration::from_secs(90));
+    }
+}

@@ -215,3 +215,28 @@ fn simulate_counts_an_exported_model() {
         assert!(stderr.contains(needle) && stderr.trim().lines().count() == 1, "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn a_candidate_takes_over_a_killed_shepherd_and_the_run_ends_as_without_the_kill() {
+    let flags = ["--nodes", "6", "--candidates", "2"];
+    let killed = sim_rounds(8, &[&flags[..], &["--kill-shepherd-at", "3"]].concat());
+    let rounds: Vec<&Value> = killed.iter().filter(|e| e["event"] == "round_completed").collect();
+    let numbers: Vec<u64> = rounds.iter().map(|r| r["round"].as_u64().expect("round")).collect();
+    assert_eq!(numbers, (1..=8).collect::<Vec<_>>(), "every round completed exactly once");
+    let elected: Vec<&Value> = killed.iter().filter(|e| e["event"] == "shepherd_elected").collect();
+    assert_eq!(elected.len(), 1, "{elected:?}");
+    assert_eq!(elected[0]["term"], 2);
+    assert_eq!(elected[0]["round"], 2, "the successor resumes after the last completed round");
+    // the chain of parameters continues: round 3 starts from round 2's
+    assert_eq!(elected[0]["params_hash"], rounds[1]["params_hash"]);
+    for pair in rounds.windows(2) {
+        let next = pair[1]["round"].as_u64().expect("round");
+        let started =
+            killed.iter().rfind(|e| e["event"] == "round_started" && e["round"] == next).expect("the round started");
+        assert_eq!(started["params_hash"], pair[0]["params_hash"], "round {next} starts where {} ended", next - 1);
+    }
+    assert!(killed.iter().any(|e| e["event"] == "lease_expired" && e["term"] == 1));
+    let calm = sim_rounds(8, &flags);
+    let (a, b) = (final_val(&killed), final_val(&calm));
+    assert!((a - b).abs() / b < 0.02, "val loss {a} with the kill, {b} without");
+}

@@ -258,3 +258,22 @@ fn each_command_lists_only_the_flags_it_uses_and_the_root_help_has_examples() ->
     ensure!(hash == blake3::hash(b"hello").to_hex().as_str());
     Ok(())
 }
+
+#[test]
+fn candidate_flags_are_checked_with_one_line_errors() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path().to_string_lossy().into_owned();
+    let cases: [(&[&str], &str); 3] = [
+        (&["--candidate", "--data-dir", &d], "a standby candidate needs the run: --candidate --run RUN_ID"),
+        (&["--shepherd", "--candidate", "--data-dir", &d], "with --shepherd, --candidate names a candidate"),
+        (&["--shepherd", "--candidate", "not-a-peer", "--data-dir", &d], "--candidate \"not-a-peer\" is neither"),
+    ];
+    for (args, message) in cases {
+        let out = run_within(args, Duration::from_secs(20))?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(out.status.code() == Some(2), "{args:?}: exit {:?}: {stderr}", out.status.code());
+        ensure!(stderr.contains(message), "{args:?}: {stderr}");
+        ensure!(stderr.trim().lines().count() == 1, "{args:?}: not one line: {stderr}");
+    }
+    Ok(())
+}

@@ -327,6 +327,21 @@ mod tests {
     }
 
     #[test]
+    fn a_follower_awaits_the_candidate_whose_term_comes_next() {
+        let s = succession();
+        let mut worker = Election::new(key(50), s.clone(), LEASE, 0);
+        assert_eq!(worker.awaited(), key(1));
+        worker.tick(LEASE);
+        assert_eq!((worker.term(), worker.awaited()), (1, s.leader(2)), "one lapse: term 2's candidate");
+        worker.tick(2 * LEASE);
+        assert_eq!(worker.awaited(), s.leader(3), "two lapses: term 3's");
+        assert_eq!(elected(&worker.on_lease(s.leader(2), 2, 2 * LEASE + 1)), Some((2, s.leader(2))));
+        assert_eq!(worker.awaited(), s.leader(2), "a valid lease resets the wait");
+        let leader = Election::new(key(1), s, LEASE, 0);
+        assert_eq!(leader.awaited(), key(1), "a leader awaits itself");
+    }
+
+    #[test]
     fn the_next_candidate_takes_the_next_term_one_lease_after_the_last_heartbeat() {
         let s = succession();
         let (second, third) = (s.leader(2), s.leader(3));

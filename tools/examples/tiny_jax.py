@@ -8,9 +8,9 @@ The exporter's contract: `TinyGPT()` builds the model (keyword arguments come
 from `--kwarg NAME=VALUE`), `init(key)` returns its parameters as a pytree of
 float arrays, and `loss(params, idx, targets)` takes two `[batch, block]`
 int32 token arrays and returns the scalar cross-entropy loss. The parameters
-become the module's arguments in the pytree's flattening order: plain dicts
-flatten by sorted key, so the names below sort into the order pcp's
-shape-based initialisation expects (each LayerNorm's gain before its bias).
+become the module's arguments in the order `init` builds them (dicts in
+insertion order, as PyTorch's `named_parameters`), each LayerNorm's gain
+before its bias as pcp's shape-based initialisation expects.
 """
 
 import jax
@@ -35,35 +35,37 @@ class TinyGPT:
         def normal(*shape):
             return 0.02 * jax.random.normal(next(keys), shape, jnp.float32)
 
-        ln = {"a_gain": jnp.ones(c), "b_bias": jnp.zeros(c)}
-        params = {"a_wte": normal(v, c), "b_wpe": normal(self.block_size, c), "z_ln_f": dict(ln), "z_head": normal(c, v)}
+        ln = {"g": jnp.ones(c), "b": jnp.zeros(c)}
+        params = {"wte": normal(v, c), "wpe": normal(self.block_size, c)}
         for i in range(self.n_layer):
-            params[f"h{i:02d}"] = {
-                "a_ln_1": dict(ln),
-                "b_qkv": normal(c, 3 * c),
-                "c_proj": normal(c, c),
-                "d_ln_2": dict(ln),
-                "e_fc": normal(c, 4 * c),
-                "f_out": normal(4 * c, c),
+            params[f"h{i}"] = {
+                "ln_1": dict(ln),
+                "qkv": normal(c, 3 * c),
+                "proj": normal(c, c),
+                "ln_2": dict(ln),
+                "fc": normal(c, 4 * c),
+                "out": normal(4 * c, c),
             }
+        params["ln_f"] = dict(ln)
+        params["head"] = normal(c, v)
         return params
 
     def loss(self, params, idx, targets):
         b, t = idx.shape
         c, nh = self.n_embd, self.n_head
-        x = params["a_wte"][idx] + params["b_wpe"][:t]
+        x = params["wte"][idx] + params["wpe"][:t]
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
         for i in range(self.n_layer):
-            p = params[f"h{i:02d}"]
-            h = _layer_norm(x, p["a_ln_1"]["a_gain"], p["a_ln_1"]["b_bias"])
-            q, k, v = jnp.split(h @ p["b_qkv"], 3, axis=-1)
+            p = params[f"h{i}"]
+            h = _layer_norm(x, p["ln_1"]["g"], p["ln_1"]["b"])
+            q, k, v = jnp.split(h @ p["qkv"], 3, axis=-1)
             q, k, v = (z.reshape(b, t, nh, c // nh).transpose(0, 2, 1, 3) for z in (q, k, v))
             att = q @ k.transpose(0, 1, 3, 2) / (c // nh) ** 0.5
             att = jax.nn.softmax(jnp.where(causal, att, -jnp.inf), axis=-1)
             y = (att @ v).transpose(0, 2, 1, 3).reshape(b, t, c)
-            x = x + y @ p["c_proj"]
-            h = _layer_norm(x, p["d_ln_2"]["a_gain"], p["d_ln_2"]["b_bias"])
-            x = x + jax.nn.gelu(h @ p["e_fc"], approximate=True) @ p["f_out"]
-        logits = _layer_norm(x, params["z_ln_f"]["a_gain"], params["z_ln_f"]["b_bias"]) @ params["z_head"]
+            x = x + y @ p["proj"]
+            h = _layer_norm(x, p["ln_2"]["g"], p["ln_2"]["b"])
+            x = x + jax.nn.gelu(h @ p["fc"], approximate=True) @ p["out"]
+        logits = _layer_norm(x, params["ln_f"]["g"], params["ln_f"]["b"]) @ params["head"]
         logp = jax.nn.log_softmax(logits, axis=-1)
         return -jnp.take_along_axis(logp, targets[..., None], axis=-1).mean()

@@ -74,12 +74,11 @@ pub(crate) async fn run(
             }
         }
         let Some(how) = follow.take() else { return Ok(()) };
-        let mut standby = match Standby::start(how, &node, &mut signer, &data_dir, &events, &mut requests, &cancel)
-            .await?
-        {
-            Some(s) => s,
-            None => return Ok(()),
-        };
+        let mut standby =
+            match Standby::start(how, &node, &mut signer, &data_dir, &events, &mut requests, &cancel).await? {
+                Some(s) => s,
+                None => return Ok(()),
+            };
         standby.hooks = hooks.clone();
         if let Some(tx) = &standby.hooks.replicated {
             let _ = tx.try_send(None);
@@ -469,10 +468,9 @@ async fn inherit(
     data_dir: &std::path::Path,
 ) -> anyhow::Result<Inheritance> {
     anyhow::ensure!(manifest.experiment != [0; 32], "the run's manifest names no experiment blob");
-    let mut experiment: Experiment = serde_json::from_slice(&read(
-        fetch(node, manifest.experiment, leader, "experiment").await?,
-    )?)
-    .context("the run's experiment blob")?;
+    let mut experiment: Experiment =
+        serde_json::from_slice(&read(fetch(node, manifest.experiment, leader, "experiment").await?)?)
+            .context("the run's experiment blob")?;
     let model_path = fetch(node, manifest.model_hash, leader, "loss module").await?;
     let corpus_path = fetch(node, manifest.data.blob, leader, "corpus").await?;
     let corpus = Corpus::load(&corpus_path, &manifest.data.tokenizer, None, manifest.data.val_fraction)?;

@@ -463,6 +463,8 @@ pub(super) struct Host {
     probe_signer: Signer,
     /// Set when this shepherd saw a higher term.
     stepped_down: Option<u64>,
+    /// DHT announcements of the run in progress.
+    background: JoinSet<()>,
 }
 
 impl std::fmt::Debug for Host {
@@ -683,8 +685,17 @@ impl Host {
             }
         };
 
-        node.provide(wire::runs_key()).await?;
-        node.provide(wire::run_key(run)).await?;
+        // providing is a DHT query that can take seconds (a dead leader is still in
+        // routing tables): it runs beside the main loop, so an elected candidate leads at once
+        let mut background = JoinSet::new();
+        for key in [wire::runs_key(), wire::run_key(run)] {
+            let node = node.clone();
+            background.spawn(async move {
+                if let Err(e) = node.provide(key).await {
+                    tracing::warn!("providing {key}: {e}");
+                }
+            });
+        }
         node.subscribe(run).await?;
         let resumed_at = machine.completed();
         let probe_signer = Signer::new(identity.clone());
@@ -719,7 +730,10 @@ impl Host {
             probes: JoinSet::new(),
             probe_signer,
             stepped_down: None,
+            background,
         };
+        // the dashboard, when it is up, owns stdout and shows the rounds itself
+        host.plan.table &= !crate::tui::owns_stdout();
         host.publish_state(&[], &[])?;
         let params_hash = wire::params_hash(host.machine.params());
         host.events.emit(
@@ -809,6 +823,10 @@ impl Host {
         let mut probe = tokio::time::interval(Duration::from_millis((self.manifest.lease_ms / 3).max(200)));
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut finished_at: Option<Instant> = None;
+        // a leader asserts its lease at once: a leader of another term learns of it (or
+        // this one of a higher term) within a round trip
+        self.probe();
+        self.gossip_heartbeat().await;
         loop {
             if finished_at.is_some_and(|t| t.elapsed() >= FAREWELL) {
                 break;
@@ -819,6 +837,7 @@ impl Host {
             tokio::select! {
                 () = cancel.cancelled() => break,
                 _ = probe.tick() => self.probe(),
+                Some(_) = self.background.join_next() => {}
                 Some(done) = self.probes.join_next() => {
                     if let Ok((from, Some(answer))) = done {
                         self.on_probe_answer(from, &answer)?;
@@ -880,9 +899,10 @@ impl Host {
             return Ok(()); // a standby's ack, or nothing to learn
         }
         let Ok(a) = answer.decode::<RoundAnnouncement>() else { return Ok(()) };
-        if a.run != self.run.0 || a.term <= self.election.term() {
+        if a.run != self.run.0 {
             return Ok(());
         }
+        // a higher term makes this leader step down; a lower one is refused and recorded
         self.on_lease(from, a.term)
     }
 
@@ -953,6 +973,10 @@ impl Host {
                     if hb.term > 0 {
                         self.on_lease(key, hb.term)?;
                     }
+                    if self.stepped_down.is_some() {
+                        let reason = format!("{} of run {}: stepped down", super::STANDBY, self.run);
+                        return self.refuse(id, binding.round, reason).await;
+                    }
                     let envelope = self.current_announcement();
                     self.respond(id, envelope).await
                 }
@@ -970,8 +994,10 @@ impl Host {
             },
             MessageKind::Contribution => {
                 let round = binding.round;
+                let mut received = None;
                 let input = match message.decode::<Contribution>() {
                     Ok(c) => {
+                        received = Some((c.samples, c.loss, c.delta.len()));
                         let input = self.contribution_input(key, round, c);
                         self.screened(input).await?
                     }
@@ -983,6 +1009,13 @@ impl Host {
                 };
                 let rejected = self.step(input).await?;
                 let reason = rejected.into_iter().find(|(p, _)| *p == key).map(|(_, r)| r);
+                if let Some((tokens, loss, bytes)) = received {
+                    self.events.emit(
+                        "contribution_received",
+                        json!({"round": round, "peer": peer_name(&key), "tokens": tokens, "loss": loss, "bytes": bytes,
+                               "accepted": reason.is_none(), "reason": reason.clone().unwrap_or_default()}),
+                    );
+                }
                 let ack =
                     Ack { run: self.run.0, round, accepted: reason.is_none(), reason: reason.unwrap_or_default() };
                 let envelope = self.signer.seal(self.run, round, &ack);
@@ -1163,8 +1196,13 @@ impl Host {
 
     async fn gossip_heartbeat(&mut self) {
         let round = self.machine.open_round().unwrap_or(self.machine.completed());
-        let hb =
-            Heartbeat { run: self.run.0, round, unix_ms: wire::unix_ms(), free_memory_bytes: 0, term: self.election.term() };
+        let hb = Heartbeat {
+            run: self.run.0,
+            round,
+            unix_ms: wire::unix_ms(),
+            free_memory_bytes: 0,
+            term: self.election.term(),
+        };
         let envelope = self.signer.seal(self.run, round, &hb);
         use pcp_schema::Message as _;
         if let Err(e) = self.node.publish(self.run, envelope.encode()).await {

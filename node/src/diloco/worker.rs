@@ -168,6 +168,8 @@ pub(crate) async fn run(
 ) -> anyhow::Result<()> {
     let RoleIo { node, identity, events, .. } = io;
     let (node, events) = (&node, &events);
+    // the dashboard, when it is up, owns stdout and shows the rounds itself
+    let plan = WorkerPlan { verbose: plan.verbose && !crate::tui::owns_stdout(), ..plan };
     let mut signer = Signer::new(identity);
     let gossip = Arc::new(tokio::sync::Mutex::new(gossip));
     loop {
@@ -319,7 +321,7 @@ async fn train(
         "run_joined",
         json!({"run": run.to_hex(), "shepherd": joined.shepherd.to_string(), "backend": plan.backend,
                "target": plan.target, "artifact": BlobHash(joined.artifact.blob).to_hex(),
-               "screen": m.screen, "trim": m.trim}),
+               "screen": m.screen, "trim": m.trim, "rounds": m.rounds, "tau": m.inner_steps}),
     );
     if plan.verbose {
         println!(
@@ -386,6 +388,10 @@ async fn train(
             wire::unix_ms(),
         );
         done = Some(this);
+        events.emit(
+            "round_announced",
+            json!({"round": r, "deadline_unix_ms": announcement.deadline_unix_ms, "participant": participant}),
+        );
         if !participant {
             continue;
         }
@@ -412,7 +418,10 @@ async fn train(
                             break;
                         }
                         None => {
-                            events.emit("round_abandoned", json!({"round": r, "steps": 0, "reason": "a newer announcement"}));
+                            events.emit(
+                                "round_abandoned",
+                                json!({"round": r, "steps": 0, "reason": "a newer announcement"}),
+                            );
                             actions.extend(machine.handle(worker::Input::Failed(r), wire::unix_ms()));
                             break;
                         }
@@ -426,6 +435,7 @@ async fn train(
                     let mut sampler = Sampler::new(corpus.train.clone(), batch, block, seed)?;
                     let mut loss_sum = 0.0f64;
                     let mut taken = 0u64;
+                    let training = std::time::Instant::now();
                     for i in 0..steps {
                         if cancel.is_cancelled() {
                             return Ok(Outcome::Cancelled);
@@ -446,6 +456,7 @@ async fn train(
                         break;
                     }
                     let end = engine.params().await?;
+                    let trained_s = training.elapsed().as_secs_f64();
                     let mut delta: Tensors =
                         start.iter().zip(&end).map(|(s, e)| s.iter().zip(e).map(|(s, e)| s - e).collect()).collect();
                     match plan.hostile {
@@ -480,7 +491,8 @@ async fn train(
                     events.emit(
                         "contribution_sent",
                         json!({"round": r, "loss": loss, "bytes": wire_bytes, "param_bytes": param_bytes,
-                               "ratio": wire_bytes as f64 / param_bytes as f64, "accepted": accepted, "reason": reason}),
+                               "ratio": wire_bytes as f64 / param_bytes as f64, "accepted": accepted, "reason": reason,
+                               "tokens": taken * (batch * block) as u64, "seconds": trained_s}),
                     );
                     if plan.verbose {
                         let verdict = if accepted { "accepted".to_owned() } else { format!("rejected: {reason}") };
