@@ -140,11 +140,12 @@ fn keep_freed_memory() {
     }
 }
 
-/// The dashboard a role shows.
-fn dashboard_mode(role: &join::Role) -> tui::Mode {
+/// The dashboard a role shows, if any.
+fn dashboard_mode(role: &join::Role) -> Option<tui::Mode> {
     match role {
-        join::Role::Shepherd(..) | join::Role::Candidate(..) => tui::Mode::Shepherd,
-        join::Role::Worker(_) | join::Role::Relay => tui::Mode::Worker,
+        join::Role::Shepherd(..) | join::Role::Candidate(..) => Some(tui::Mode::Shepherd),
+        join::Role::Worker(_) => Some(tui::Mode::Worker),
+        join::Role::Relay => None,
     }
 }
 
@@ -207,8 +208,11 @@ fn run(cli: Cli, dashboard: bool) -> Result<(), Failure> {
                 let role = join::Role::from_args(&net, &cli.shepherd, &cli.worker)?;
                 let cancel = tokio_util::sync::CancellationToken::new();
                 // `q` on the dashboard stops the node as Ctrl-C does; dropped, it restores the terminal
-                let _dashboard =
-                    if dashboard { Some(tui::Dashboard::start(dashboard_mode(&role), cancel.clone())?) } else { None };
+                // a relay (--no-train) has no run to show: it prints its plain lines
+                let _dashboard = match dashboard_mode(&role) {
+                    Some(mode) if dashboard => Some(tui::Dashboard::start(mode, cancel.clone())?),
+                    _ => None,
+                };
                 join::run_node(&net, role, true, None, cancel).await
             }
             Some(Command::Blob(args)) => Ok(blob::run(&args, &root).await?),

@@ -151,6 +151,10 @@ impl Bridge {
         // pcp-node ends it by closing stdin.
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         command.stdin(Stdio::piped()).stdout(Stdio::from(std::io::stderr())).stderr(Stdio::inherit());
+        if crate::tui::owns_stdout() {
+            // the dashboard owns the terminal: wandb's lines would draw over it
+            command.stdout(Stdio::null()).stderr(Stdio::null());
+        }
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(e) => {

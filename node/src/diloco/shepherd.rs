@@ -753,6 +753,8 @@ impl Host {
                 "shepherd_elected",
                 json!({"term": term, "peer": peer_name(&me), "round": resumed_at, "params_hash": params_hash.to_hex()}),
             );
+            let lapsed = host.election.succession().leader(term.saturating_sub(1));
+            host.table_line(&format!("term {}: the lease of {} expired", term - 1, peer_name(&lapsed)))?;
             host.table_line(&format!(
                 "term {term}: {} elected; resumes after round {resumed_at} from parameters {params_hash}",
                 peer_name(&me)

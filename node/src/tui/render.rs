@@ -210,7 +210,7 @@ fn render_workers(frame: &mut Frame<'_>, area: Rect, state: &State) {
     let rows = state.worker_rows();
     let live = rows.iter().filter(|r| !r.status.gone()).count();
     let sim = state.mode == Mode::Sim;
-    let mut header = vec!["peer", "backend", "address", "status", "tok/s", "last contribution"];
+    let mut header = vec!["peer", "backend", "address", "status", "tok/s", "contribution"];
     let mut widths = vec![
         Constraint::Length(9),
         Constraint::Length(10),
