@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::RoleIo;
 use super::shepherd::{Host, Outcome, Prepared, ShepherdHooks, ShepherdPlan};
-use super::wire::{self, LeaderState, Signer};
+use super::wire::{self, LeaderState, Signer, peer_name};
 use crate::config::Experiment;
 use crate::engine::Engine;
 use crate::events::Events;
@@ -271,7 +271,7 @@ impl Standby {
                     for action in self.election.tick(wire::unix_ms()) {
                         match action {
                             election::Action::LeaseExpired { term, leader } => {
-                                let peer = pcp_bootstrap::peer_of(&leader).map(|p| p.to_string());
+                                let peer = peer_name(&leader);
                                 tracing::warn!("run {}: the lease of term {term} lapsed", self.run);
                                 self.events.emit("lease_expired", json!({"term": term, "peer": peer}));
                             }
@@ -308,7 +308,7 @@ impl Standby {
                 valid = false;
                 self.events.emit(
                     "message_rejected",
-                    json!({"peer": pcp_bootstrap::peer_of(&from).map(|p| p.to_string()), "kind": "lease",
+                    json!({"peer": peer_name(&from), "kind": "lease",
                            "term": a.term, "reason": reason.to_string()}),
                 );
             }
@@ -378,7 +378,7 @@ impl Standby {
                 if let election::Action::Rejected { from, reason } = action {
                     self.events.emit(
                         "message_rejected",
-                        json!({"peer": pcp_bootstrap::peer_of(&from).map(|p| p.to_string()), "kind": "lease",
+                        json!({"peer": peer_name(&from), "kind": "lease",
                                "term": hb.term, "reason": reason.to_string()}),
                     );
                 }

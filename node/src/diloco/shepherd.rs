@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::wire::{self, LeaderState, Signer};
+use super::wire::{self, LeaderState, Signer, peer_name};
 use crate::Failure;
 use crate::checkpoint::{Checkpoint, Tensor};
 use crate::config::Experiment;
@@ -479,10 +479,6 @@ const MAX_BACKEND_RECORDS: usize = 4096;
 /// fields (run, round, counts, loss, the pseudo-gradient's reference).
 const CONTRIBUTION_OVERHEAD: usize = 4096;
 
-fn peer_name(key: &PublicKey) -> String {
-    pcp_bootstrap::peer_of(key).map_or_else(|| key.to_string(), |p| p.to_string())
-}
-
 fn served(stats: &Stats) -> u64 {
     stats.bytes_served
 }
@@ -877,14 +873,7 @@ impl Host {
                 continue;
             }
             let Some(peer) = pcp_bootstrap::peer_of(&key) else { continue };
-            let round = self.machine.open_round().unwrap_or(self.machine.completed());
-            let hb = Heartbeat {
-                run: self.run.0,
-                round,
-                unix_ms: wire::unix_ms(),
-                free_memory_bytes: 0,
-                term: self.election.term(),
-            };
+            let (round, hb) = self.lease();
             let envelope = self.probe_signer.seal(self.run, round, &hb);
             let node = self.node.clone();
             self.probes.spawn(async move {
@@ -1196,15 +1185,15 @@ impl Host {
         self.signer.seal(self.run, self.machine.completed(), &announcement)
     }
 
-    async fn gossip_heartbeat(&mut self) {
+    /// This leader's heartbeat (its lease of the current term) and the round it names.
+    fn lease(&self) -> (u64, Heartbeat) {
         let round = self.machine.open_round().unwrap_or(self.machine.completed());
-        let hb = Heartbeat {
-            run: self.run.0,
-            round,
-            unix_ms: wire::unix_ms(),
-            free_memory_bytes: 0,
-            term: self.election.term(),
-        };
+        let term = self.election.term();
+        (round, Heartbeat { run: self.run.0, round, unix_ms: wire::unix_ms(), free_memory_bytes: 0, term })
+    }
+
+    async fn gossip_heartbeat(&mut self) {
+        let (round, hb) = self.lease();
         let envelope = self.signer.seal(self.run, round, &hb);
         use pcp_schema::Message as _;
         if let Err(e) = self.node.publish(self.run, envelope.encode()).await {

@@ -50,6 +50,11 @@ impl Signer {
     }
 }
 
+/// A key as the peer id it signs for (how events and logs name peers).
+pub(crate) fn peer_name(key: &PublicKey) -> String {
+    pcp_bootstrap::peer_of(key).map_or_else(|| key.to_string(), |p| p.to_string())
+}
+
 /// Element counts of the manifest's tensors, in argument order.
 pub(crate) fn sizes(manifest: &RunManifest) -> Vec<usize> {
     manifest.tensors.iter().map(|t| t.shape.iter().product::<u64>() as usize).collect()

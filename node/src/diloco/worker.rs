@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::RoleIo;
-use super::wire::{self, Signer};
+use super::wire::{self, Signer, peer_name};
 use crate::Failure;
 use crate::data::Sampler;
 use crate::engine::Engine;
@@ -766,8 +766,4 @@ impl Heartbeats {
             tracing::debug!("gossiping a forgery: {e}");
         }
     }
-}
-
-fn peer_name(key: &PublicKey) -> String {
-    pcp_bootstrap::peer_of(key).map_or_else(|| key.to_string(), |p| p.to_string())
 }
