@@ -104,6 +104,21 @@ fn completed(path: &Path, round: u64, timeout: Duration) -> Value {
     })
 }
 
+/// `--shepherd` with `extra`, three workers, a 3 s heartbeat timeout and the demo corpus.
+fn shepherd_flags(extra: &[&str], listen: &str, data_dir: &str, events: &Path, resume: bool) -> Vec<String> {
+    let mut args: Vec<String> = ["--shepherd", "--min-workers", "3", "--heartbeat-timeout-ms", "3000"]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(["--data".into(), corpus(), "--listen".into(), listen.into(), "--data-dir".into(), data_dir.into()]);
+    args.extend(["--events".into(), events.display().to_string()]);
+    if resume {
+        args.push("--resume".into());
+    }
+    args
+}
+
 fn peer_id(proc: &Proc) -> String {
     let line = proc.line_with("peer id:", Duration::from_secs(30));
     line.trim_start_matches("peer id:").trim().to_owned()
@@ -116,31 +131,7 @@ fn shepherd_and_workers_survive_kills_joins_and_restarts() {
     let shepherd_events = dir.path().join("shepherd.jsonl");
     let long = Duration::from_secs(240);
     let shepherd_args = |listen: &str, resume: bool| {
-        let mut args: Vec<String> = [
-            "--shepherd",
-            "--rounds",
-            "7",
-            "--tau",
-            "40",
-            "--min-workers",
-            "3",
-            "--heartbeat-timeout-ms",
-            "3000",
-            "--data",
-            &corpus(),
-            "--listen",
-            listen,
-            "--data-dir",
-            &d("shepherd"),
-            "--events",
-            shepherd_events.to_str().expect("utf8"),
-        ]
-        .map(String::from)
-        .to_vec();
-        if resume {
-            args.push("--resume".into());
-        }
-        args
+        shepherd_flags(&["--rounds", "7", "--tau", "40"], listen, &d("shepherd"), &shepherd_events, resume)
     };
     let mut shepherd = Proc::spawn("shepherd", &shepherd_args("/ip4/127.0.0.1/tcp/0", false));
     let shepherd_peer = peer_id(&shepherd);
@@ -250,37 +241,9 @@ fn a_candidate_leads_when_the_shepherd_dies_and_the_old_shepherd_steps_down() {
         std::fs::create_dir_all(dir.path().join(c)).expect("candidate dir");
     }
     let shepherd_args = |listen: &str, resume: bool| {
-        let mut args: Vec<String> = [
-            "--shepherd",
-            "--rounds",
-            "6",
-            "--tau",
-            "20",
-            "--min-workers",
-            "3",
-            "--heartbeat-timeout-ms",
-            "3000",
-            "--lease-ms",
-            "4000",
-            "--candidate",
-            &d("c1"),
-            "--candidate",
-            &d("c2"),
-            "--data",
-            &corpus(),
-            "--listen",
-            listen,
-            "--data-dir",
-            &d("shepherd"),
-            "--events",
-            &d("shepherd.jsonl"),
-        ]
-        .map(String::from)
-        .to_vec();
-        if resume {
-            args.push("--resume".into());
-        }
-        args
+        let extra =
+            ["--rounds", "6", "--tau", "20", "--lease-ms", "4000", "--candidate", &d("c1"), "--candidate", &d("c2")];
+        shepherd_flags(&extra, listen, &d("shepherd"), &ev("shepherd"), resume)
     };
     let mut shepherd = Proc::spawn("shepherd", &shepherd_args("/ip4/127.0.0.1/tcp/0", false));
     let listening = shepherd.line_with("listening on /ip4/127.0.0.1/tcp/", Duration::from_secs(30));

@@ -306,11 +306,7 @@ impl Standby {
         for action in self.election.on_lease(answer.signer(), a.term, wire::unix_ms()) {
             if let election::Action::Rejected { from, reason } = action {
                 valid = false;
-                self.events.emit(
-                    "message_rejected",
-                    json!({"peer": peer_name(&from), "kind": "lease",
-                           "term": a.term, "reason": reason.to_string()}),
-                );
+                wire::lease_rejected(&self.events, "lease", &from, a.term, &reason);
             }
         }
         if !valid {
@@ -376,11 +372,7 @@ impl Standby {
         {
             for action in self.election.on_lease(key, hb.term, wire::unix_ms()) {
                 if let election::Action::Rejected { from, reason } = action {
-                    self.events.emit(
-                        "message_rejected",
-                        json!({"peer": peer_name(&from), "kind": "lease",
-                               "term": hb.term, "reason": reason.to_string()}),
-                    );
+                    wire::lease_rejected(&self.events, "lease", &from, hb.term, &reason);
                 }
             }
         }

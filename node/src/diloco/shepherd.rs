@@ -917,10 +917,7 @@ impl Host {
                     self.stepped_down = Some(newer);
                 }
                 election::Action::Rejected { from, reason } => {
-                    self.events.emit(
-                        "message_rejected",
-                        json!({"peer": peer_name(&from), "kind": "lease", "term": term, "reason": reason.to_string()}),
-                    );
+                    wire::lease_rejected(&self.events, "lease", &from, term, &reason);
                 }
                 _ => {}
             }

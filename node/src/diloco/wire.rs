@@ -55,6 +55,21 @@ pub(crate) fn peer_name(key: &PublicKey) -> String {
     pcp_bootstrap::peer_of(key).map_or_else(|| key.to_string(), |p| p.to_string())
 }
 
+/// Records a refused lease (an announcement or heartbeat of `term` from `from`) as
+/// a `message_rejected` event of `kind`.
+pub(crate) fn lease_rejected(
+    events: &crate::events::Events,
+    kind: &str,
+    from: &PublicKey,
+    term: u64,
+    reason: &pcp_protocol::election::Rejection,
+) {
+    events.emit(
+        "message_rejected",
+        serde_json::json!({"peer": peer_name(from), "kind": kind, "term": term, "reason": reason.to_string()}),
+    );
+}
+
 /// Element counts of the manifest's tensors, in argument order.
 pub(crate) fn sizes(manifest: &RunManifest) -> Vec<usize> {
     manifest.tensors.iter().map(|t| t.shape.iter().product::<u64>() as usize).collect()

@@ -678,10 +678,7 @@ impl Heartbeats {
                 election::Action::Rejected { from, reason } => {
                     valid = false;
                     tracing::warn!("run {}: refused a {what} from {}: {reason}", self.run, peer_name(&from));
-                    self.events.emit(
-                        "message_rejected",
-                        json!({"peer": peer_name(&from), "kind": what, "term": term, "reason": reason.to_string()}),
-                    );
+                    wire::lease_rejected(&self.events, what, &from, term, &reason);
                 }
                 election::Action::Elected { term, leader } => {
                     if let Some(peer) = pcp_bootstrap::peer_of(&leader) {
