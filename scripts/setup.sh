@@ -70,6 +70,11 @@ PY
   .venv/bin/python -m pip install -q --no-deps "$TORCH_MLIR"
 fi
 
+# 2c. eerie-sys with its rerun fix, for the workspace's [patch.crates-io]: without
+#     it every `cargo build` reran IREE's CMake and relinked pcp-node
+#     (scripts/patch-eerie-sys.sh says why; nothing of eerie-sys is committed).
+scripts/patch-eerie-sys.sh
+
 # 3. Headers for IREE's CUDA, HIP and Vulkan runtime drivers, which pcp-node
 #    always builds (runtime/cmake/gpu-drivers.cmake). Only headers: each driver
 #    dlopens its vendor library at run time, so no GPU SDK is installed. PyPI's

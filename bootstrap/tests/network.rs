@@ -431,6 +431,7 @@ async fn contributions_are_read_only_from_admitted_participants() -> anyhow::Res
         pseudo_gradient: pcp_schema::ParameterRef { name: "delta".into(), shard: 0, blob: [0; 32], size: len as u64 },
         loss: 1.0,
         delta: vec![7; len],
+        bytes_down: 0,
     };
     let mut nonce = 0;
     let mut send = |len: usize| {

@@ -136,6 +136,7 @@ fn frames(attacker: &Identity) -> Vec<Vec<u8>> {
         pseudo_gradient: ParameterRef { name: "delta".into(), shard: 0, blob: [0; 32], size: 0 },
         loss: 0.0,
         delta: Vec::new(),
+        bytes_down: 0,
     };
     let heartbeat = Heartbeat { run: run.0, round: 1, unix_ms: 1, free_memory_bytes: 0, term: 0 };
     let mut contribution_head = head_of(&seal(attacker, binding(1), &contribution));

@@ -4,13 +4,15 @@
 //!
 //! * [`outer`]: the outer optimizer.
 //! * [`aggregate`]: validating, bounding and averaging contributions.
-//! * [`compress`]: pseudo-gradient encodings for the wire (fp32, bf16, int8).
+//! * [`compress`]: pseudo-gradient encodings for the wire (fp32, bf16, int8, sparse).
+//! * [`sparse`]: SparseLoCo's chunked top-k with error feedback, both directions.
 //! * [`shepherd`] and [`worker`]: the state machines, `(state, input, now) -> actions`.
 
 pub mod aggregate;
 pub mod compress;
 pub mod outer;
 pub mod shepherd;
+pub mod sparse;
 pub mod worker;
 
 /// Parameters or a pseudo-gradient: one flat `f32` vector per tensor.

@@ -97,6 +97,9 @@ struct RoundAnnouncement {
   term @6 :UInt64;          # the signer's term as leader (1: the creator's)
   state @7 :ParameterRef;   # the leader's state after the last completed round, for successors
   hasState @8 :Bool;        # whether `state` is set
+  update @9 :ParameterRef;  # a sparse run: the last round's update (the parameters before it minus these)
+  updateBase @10 :Data;     # blake3 of the parameters blob the update applies to
+  hasUpdate @11 :Bool;      # whether `update` is set
 }
 
 struct Contribution {
@@ -107,6 +110,7 @@ struct Contribution {
   pseudoGradient @4 :ParameterRef; # content id and size of `delta`
   loss @5 :Float32;         # mean inner loss
   delta @6 :Data;           # the encoded pseudo-gradient, inline
+  bytesDown @7 :UInt64;     # parameter bytes the worker fetched for this round (its report)
 }
 
 # The shepherd's answer to a contribution, or its refusal of any request.

@@ -24,6 +24,18 @@ pub struct RoundAnnouncement {
     /// The leader's state after the last completed round (parameters, outer
     /// momentum, deadlines, exclusions): what a successor resumes from.
     pub state: Option<ParameterRef>,
+    /// A sparse run's update from the previous round's parameters to these: a
+    /// worker that holds them fetches this instead of the parameters.
+    pub update: Option<Update>,
+}
+
+/// A sparse update blob and the parameters it applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Update {
+    /// The update blob (the sparse format of `pcp_protocol::diloco::sparse`).
+    pub blob: ParameterRef,
+    /// blake3 of the parameters blob it applies to.
+    pub base: [u8; 32],
 }
 
 /// A worker's pseudo-gradient for a round, sent inline by request-response.
@@ -43,6 +55,8 @@ pub struct Contribution {
     pub loss: f32,
     /// The encoded pseudo-gradient θ_start − θ_end.
     pub delta: Vec<u8>,
+    /// Parameter bytes the worker fetched for this round, as it reports them.
+    pub bytes_down: u64,
 }
 
 /// The shepherd's answer to a contribution, or its refusal of a request.
@@ -94,6 +108,11 @@ impl Message for RoundAnnouncement {
             state.write(root.reborrow().init_state());
             root.set_has_state(true);
         }
+        if let Some(update) = &self.update {
+            update.blob.write(root.reborrow().init_update());
+            root.set_update_base(&update.base[..]);
+            root.set_has_update(true);
+        }
         codec::words(&message)
     }
 
@@ -118,6 +137,13 @@ impl Message for RoundAnnouncement {
                     true => Some(ParameterRef::read(W, r.get_state().map_err(|e| malformed(W, e))?)?),
                     false => None,
                 },
+                update: match r.get_has_update() {
+                    true => Some(Update {
+                        blob: ParameterRef::read(W, r.get_update().map_err(|e| malformed(W, e))?)?,
+                        base: fixed(W, "updateBase", r.get_update_base().map_err(|e| malformed(W, e))?)?,
+                    }),
+                    false => None,
+                },
             })
         })
     }
@@ -137,6 +163,7 @@ impl Message for Contribution {
         self.pseudo_gradient.write(root.reborrow().init_pseudo_gradient());
         root.set_loss(self.loss);
         root.set_delta(&self.delta);
+        root.set_bytes_down(self.bytes_down);
         codec::words(&message)
     }
 
@@ -152,6 +179,7 @@ impl Message for Contribution {
                 pseudo_gradient: ParameterRef::read(W, r.get_pseudo_gradient().map_err(|e| malformed(W, e))?)?,
                 loss: r.get_loss(),
                 delta: r.get_delta().map_err(|e| malformed(W, e))?.to_vec(),
+                bytes_down: r.get_bytes_down(),
             })
         })
     }

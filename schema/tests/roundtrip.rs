@@ -3,7 +3,7 @@
 use pcp_schema::{
     Ack, ArtifactRef, Backend, BlobRequest, BlobResponse, BlobWant, CHUNK_SIZE, Capabilities, Contribution, DataSpec,
     DecodeError, Heartbeat, MAX_CONTROL_MESSAGE, Message, MessageKind, NodeHello, ParameterRef, RoundAnnouncement,
-    RunManifest, Schedule, SignedEnvelope, TensorSpec,
+    RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
 };
 use pcp_schema::{FrameHead, MAX_CONTRIBUTION, MAX_FRAME_HEAD};
 use proptest::collection::vec;
@@ -144,16 +144,21 @@ proptest! {
         run in any::<[u8; 32]>(), round in any::<u64>(), parameters in vec(parameter(), 0..4), d in any::<u64>(),
         participants in vec(any::<[u8; 32]>(), 0..8), finished in any::<bool>(), term in any::<u64>(),
         state in proptest::option::of(parameter()),
+        update in proptest::option::of((parameter(), any::<[u8; 32]>())),
     ) {
-        roundtrip(&RoundAnnouncement { run, round, parameters, deadline_unix_ms: d, participants, finished, term, state })?;
+        let update = update.map(|(blob, base)| Update { blob, base });
+        roundtrip(&RoundAnnouncement {
+            run, round, parameters, deadline_unix_ms: d, participants, finished, term, state, update,
+        })?;
     }
 
     #[test]
     fn contribution(
         run in any::<[u8; 32]>(), round in any::<u64>(), inner_steps in any::<u32>(), samples in any::<u64>(),
         pseudo_gradient in parameter(), loss in any::<f32>(), delta in vec(any::<u8>(), 0..2048),
+        bytes_down in any::<u64>(),
     ) {
-        roundtrip(&Contribution { run, round, inner_steps, samples, pseudo_gradient, loss, delta })?;
+        roundtrip(&Contribution { run, round, inner_steps, samples, pseudo_gradient, loss, delta, bytes_down })?;
     }
 
     #[test]

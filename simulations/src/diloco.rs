@@ -307,7 +307,7 @@ impl Sim<'_> {
                     vec![(0..4).map(|_| 0.01 * (1.0 + 0.1 * self.delta.r#gen::<f32>())).collect()]
                 };
                 let samples = self.setup.tau.max(1);
-                let input = Input::Contribution { peer: w, round: r, samples, loss: 2.0, delta };
+                let input = Input::Contribution { peer: w, round: r, samples, loss: 2.0, delta: delta.into() };
                 self.shepherd_input(input, now, false);
             }
         }

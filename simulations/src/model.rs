@@ -138,12 +138,17 @@ impl ModelSpec {
 
     /// Bytes of `compress::encode(params, encoding)` for this model: a 10-byte
     /// header, 4 bytes of length per tensor (plus a 4-byte scale for int8) and
-    /// the values. The parameters blob is always fp32.
+    /// the values; sparse: exactly its layout's length. The parameters blob is
+    /// always fp32.
     pub fn encoded_bytes(&self, encoding: Encoding) -> u64 {
         let (per, extra) = match encoding {
             Encoding::F32 => (4, 0),
             Encoding::Bf16 => (2, 0),
             Encoding::Int8 => (1, 4),
+            Encoding::Sparse(s) => {
+                let sizes: Vec<usize> = self.tensor_sizes.iter().map(|n| *n as usize).collect();
+                return s.up.encoded_len(&sizes) as u64;
+            }
         };
         10 + self.tensor_sizes.iter().map(|n| 4 + extra + per * n).sum::<u64>()
     }

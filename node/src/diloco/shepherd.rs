@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use pcp_bootstrap::{BlobStore, Event, InboundId, Node, PeerId, Stats};
 use pcp_protocol::diloco::Tensors;
-use pcp_protocol::diloco::aggregate::Rejection;
+use pcp_protocol::diloco::aggregate::{Delta, Rejection};
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::shepherd::{self, Action, Input, LeaveReason, RoundSummary, Shepherd, Snapshot};
 use pcp_protocol::election::{self, Election, Succession};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
 use pcp_schema::{
     Ack, ArtifactRef, Contribution, DataSpec, Heartbeat, MessageKind, NodeHello, ParameterRef, RoundAnnouncement,
-    RunManifest, Schedule, SignedEnvelope, TensorSpec,
+    RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
 };
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -69,7 +69,9 @@ pub(crate) struct ShepherdArgs {
     /// Workers that must have joined before round 1 opens.
     #[arg(long, default_value_t = 1, requires = "shepherd")]
     pub(crate) min_workers: usize,
-    /// Pseudo-gradient encoding workers must use: fp32, bf16 or int8.
+    /// Pseudo-gradient encoding workers must use: fp32, bf16, int8, or `sparse`
+    /// (SparseLoCo: chunked top-k with error feedback, sparse updates both ways;
+    /// `sparse:chunk=4096,k=64,bits=2,decay=0.95,down=256` spells out the defaults).
     #[arg(long, default_value = "fp32", requires = "shepherd")]
     pub(crate) encoding: String,
     /// Drop a worker that has not sent a heartbeat for this long.
@@ -278,9 +280,10 @@ impl ShepherdPlan {
         if experiment.tau == 0 || experiment.outer_loop_steps == 0 {
             return Err(Failure::input(anyhow::anyhow!("--tau and --rounds must be at least 1")));
         }
-        let encoding = Encoding::parse(&args.encoding).ok_or_else(|| {
-            Failure::input(anyhow::anyhow!("unknown --encoding {:?}; expected fp32, bf16 or int8", args.encoding))
-        })?;
+        let encoding = parse_encoding(&args.encoding, args.trim)?;
+        if encoding.sparse().is_some() && args.outer_lr.is_none() && resumed.is_none() {
+            experiment.outer_lr = SPARSE_OUTER_LR;
+        }
         let corpus_path = match &experiment.data_path {
             Some(p) => PathBuf::from(p),
             None => default_corpus().ok_or_else(|| {
@@ -392,16 +395,35 @@ impl ShepherdPlan {
     }
 }
 
+/// A sparse run's outer learning rate unless `--outer-lr` says otherwise: the
+/// averaged sparse update is applied whole, as in SparseLoCo (error feedback
+/// stands in for momentum).
+pub(crate) const SPARSE_OUTER_LR: f64 = 1.0;
+
+/// Parses `--encoding`, refusing the trimmed mean for sparse runs: it needs every
+/// contribution at once, which sparse runs never keep.
+pub(crate) fn parse_encoding(spec: &str, trim: f64) -> Result<Encoding, Failure> {
+    let encoding =
+        Encoding::parse_spec(spec).map_err(|e| Failure::input(anyhow::anyhow!("--encoding: {e}")))?;
+    if encoding.sparse().is_some() && trim > 0.0 {
+        return Err(Failure::input(anyhow::anyhow!(
+            "--trim cannot be used with --encoding sparse: the trimmed mean needs every contribution at once, \
+             and a sparse run adds each to one running sum"
+        )));
+    }
+    Ok(encoding)
+}
+
 /// The loss on `batch` at `params − sign × delta`.
 async fn loss_moved(
     engine: &mut Engine,
     params: &Tensors,
-    delta: &Tensors,
+    delta: &Delta,
     sign: f32,
     batch: &crate::data::Batch,
 ) -> anyhow::Result<f32> {
-    let moved: Tensors =
-        params.iter().zip(delta).map(|(p, d)| p.iter().zip(d).map(|(p, d)| p - sign * d).collect()).collect();
+    let mut moved = params.clone();
+    delta.add_to(&mut moved, -sign);
     engine.set_params(moved).await.context("loading parameters to screen")?;
     engine.eval(batch).await
 }
@@ -448,6 +470,12 @@ pub(super) struct Host {
     screen: ScreenState,
     started: Instant,
     bytes_in: u64,
+    /// Bytes each contributor of the open round sent, and says it fetched.
+    traffic: BTreeMap<PublicKey, (u64, u64)>,
+    /// The parameters blob of the open round: what its update applies to.
+    round_base: Option<BlobHash>,
+    /// A sparse run's last update and the parameters it applies to.
+    update: Option<Update>,
     served_at_open: u64,
     last_val: f64,
     first_val: f64,
@@ -611,7 +639,7 @@ impl Host {
                 },
                 tensors,
                 state_per_param: step.state_per_param as u32,
-                encoding: plan.encoding.name().to_owned(),
+                encoding: plan.encoding.spec(),
                 screen: plan.screen.name().to_owned(),
                 trim: plan.trim as f32,
                 candidates: candidates.iter().map(|k| k.0).collect(),
@@ -637,6 +665,7 @@ impl Host {
             outer_lr: e.outer_lr as f32,
             outer_momentum: e.nesterov_momentum as f32,
             trim: plan.trim,
+            sparse: plan.encoding.sparse(),
             ..shepherd::Config::default()
         };
         let machine = match snapshot {
@@ -714,6 +743,9 @@ impl Host {
             engine,
             started: Instant::now(),
             bytes_in: 0,
+            traffic: BTreeMap::new(),
+            round_base: None,
+            update: None,
             served_at_open: 0,
             last_val: f64::NAN,
             first_val: f64::NAN,
@@ -985,7 +1017,7 @@ impl Host {
                 let mut received = None;
                 let input = match message.decode::<Contribution>() {
                     Ok(c) => {
-                        received = Some((c.samples, c.loss, c.delta.len()));
+                        received = Some((c.samples, c.loss, c.delta.len(), c.bytes_down));
                         let input = self.contribution_input(key, round, c);
                         self.screened(input).await?
                     }
@@ -995,13 +1027,20 @@ impl Host {
                         reason: Rejection::Encoding(format!("undecodable contribution: {e}")),
                     },
                 };
+                if let Some((_, _, bytes, bytes_down)) = received
+                    && (self.traffic.len() < MAX_BACKEND_RECORDS || self.traffic.contains_key(&key))
+                {
+                    // before the step: the contribution that closes the round is in its event
+                    self.traffic.insert(key, (bytes as u64, bytes_down));
+                }
                 let rejected = self.step(input).await?;
                 let reason = rejected.into_iter().find(|(p, _)| *p == key).map(|(_, r)| r);
-                if let Some((tokens, loss, bytes)) = received {
+                if let Some((tokens, loss, bytes, bytes_down)) = received {
                     self.events.emit(
                         "contribution_received",
                         json!({"round": round, "peer": peer_name(&key), "tokens": tokens, "loss": loss, "bytes": bytes,
-                               "accepted": reason.is_none(), "reason": reason.clone().unwrap_or_default()}),
+                               "bytes_down": bytes_down, "accepted": reason.is_none(),
+                               "reason": reason.clone().unwrap_or_default()}),
                     );
                 }
                 let ack =
@@ -1029,8 +1068,7 @@ impl Host {
             return Ok(input);
         }
         let params = self.machine.params().to_vec();
-        let fits = delta.len() == params.len() && delta.iter().zip(&params).all(|(d, p)| d.len() == p.len());
-        if !fits || delta.iter().flatten().any(|v| !v.is_finite()) {
+        if delta.validate(&self.sizes).is_err() {
             return Ok(input); // the machine names the shape or NaN
         }
         let shape = (self.manifest.data.batch as usize, self.manifest.data.block as usize);
@@ -1060,11 +1098,8 @@ impl Host {
         if c.pseudo_gradient.blob != *blake3::hash(&c.delta).as_bytes() {
             return malformed("the pseudo-gradient does not hash to its content id".into());
         }
-        match compress::decode(&c.delta, &self.sizes) {
-            Ok((_, encoding)) if encoding != self.plan.encoding => {
-                malformed(format!("encoded as {}, the run uses {}", encoding.name(), self.plan.encoding.name()))
-            }
-            Ok((delta, _)) => Input::Contribution { peer: key, round, samples: c.samples, loss: c.loss, delta },
+        match compress::decode_delta(&c.delta, &self.sizes, self.plan.encoding) {
+            Ok(delta) => Input::Contribution { peer: key, round, samples: c.samples, loss: c.loss, delta },
             Err(e) => malformed(e.to_string()),
         }
     }
@@ -1178,6 +1213,7 @@ impl Host {
             finished: false,
             term: self.election.term(),
             state: self.state.clone(),
+            update: None,
         };
         self.signer.seal(self.run, self.machine.completed(), &announcement)
     }
@@ -1242,6 +1278,8 @@ impl Host {
     async fn open_round(&mut self, round: u64, deadline_ms: u64, participants: Vec<PublicKey>) -> anyhow::Result<()> {
         let blob = wire::params_blob(self.machine.params());
         let hash = self.store.put_bytes(&blob)?;
+        self.round_base = Some(hash);
+        self.traffic.clear();
         let announcement = RoundAnnouncement {
             run: self.run.0,
             round,
@@ -1251,6 +1289,7 @@ impl Host {
             finished: false,
             term: self.election.term(),
             state: self.state.clone(),
+            update: self.update.clone(),
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.published = Some(envelope.clone());
@@ -1275,6 +1314,24 @@ impl Host {
     async fn round_completed(&mut self, summary: RoundSummary<PublicKey>) -> anyhow::Result<()> {
         let params = self.machine.params().clone();
         let params_hash = wire::params_hash(&params);
+        // a sparse run publishes the update: workers holding this round's parameters fetch it instead
+        let update_bytes = summary.update.as_ref().map_or(0, Vec::len) as u64;
+        self.update = match (&summary.update, self.round_base) {
+            (Some(bytes), Some(base)) => {
+                let hash = self.store.put_bytes(bytes)?;
+                let blob = ParameterRef { name: "update".into(), shard: 0, blob: hash.0, size: bytes.len() as u64 };
+                Some(Update { blob, base: base.0 })
+            }
+            _ => None,
+        };
+        let workers: Vec<serde_json::Value> = summary
+            .contributors
+            .iter()
+            .map(|p| {
+                let (up, down) = self.traffic.get(p).copied().unwrap_or_default();
+                json!({"peer": peer_name(p), "bytes_up": up, "bytes_down": down})
+            })
+            .collect();
         self.last_val = self.validate(params).await?;
         if self.first_val.is_nan() {
             self.first_val = self.last_val;
@@ -1300,6 +1357,7 @@ impl Host {
                 "peers": summary.contributors.iter().map(peer_name).collect::<Vec<_>>(),
                 "excluded": summary.excluded.iter().map(peer_name).collect::<Vec<_>>(),
                 "clipped": summary.clipped, "norm_bound": summary.norm_bound,
+                "encoding": self.plan.encoding.name(), "update_bytes": update_bytes, "workers": workers,
             }),
         );
         self.events.emit("checkpoint", json!({"round": summary.round, "path": path.display().to_string()}));
@@ -1365,6 +1423,7 @@ impl Host {
             finished: true,
             term: self.election.term(),
             state: self.state.clone(),
+            update: None,
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.published = Some(envelope);

@@ -1,6 +1,6 @@
 //! The worker role: the default for a node that is not a shepherd.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -9,6 +9,7 @@ use std::sync::Arc;
 use pcp_bootstrap::{Event, Node, PeerId, RequestError};
 use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::compress::{self, Encoding};
+use pcp_protocol::diloco::sparse::{self, ErrorFeedback, Layout, Settings};
 use pcp_protocol::diloco::worker::{self, Worker};
 use pcp_protocol::election::{self, Election, Succession};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
@@ -166,7 +167,7 @@ pub(crate) async fn run(
     gossip: mpsc::Receiver<Event>,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
-    let RoleIo { node, identity, events, .. } = io;
+    let RoleIo { node, identity, events, data_dir } = io;
     let (node, events) = (&node, &events);
     // the dashboard, when it is up, owns stdout and shows the rounds itself
     let plan = WorkerPlan { verbose: plan.verbose && !crate::tui::owns_stdout(), ..plan };
@@ -174,7 +175,8 @@ pub(crate) async fn run(
     let gossip = Arc::new(tokio::sync::Mutex::new(gossip));
     loop {
         let Some(joined) = discover(&plan, node, &mut signer, &cancel).await? else { return Ok(()) };
-        match train(&plan, node, &mut signer, &joined, events, gossip.clone(), &cancel).await? {
+        let io = TrainIo { node, events, data_dir: &data_dir, cancel: &cancel };
+        match train(&plan, io, &mut signer, &joined, gossip.clone()).await? {
             Outcome::Finished | Outcome::Cancelled => return Ok(()),
             Outcome::Rejoin(reason) => {
                 tracing::warn!("leaving run {}: {reason}", RunId(joined.manifest.run));
@@ -293,15 +295,102 @@ fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("reading {}", path.display()))
 }
 
+/// What a worker's training loop works with.
+#[derive(Clone, Copy, Debug)]
+struct TrainIo<'a> {
+    node: &'a Node,
+    events: &'a Events,
+    data_dir: &'a Path,
+    cancel: &'a CancellationToken,
+}
+
+/// A round's starting parameters and how they were had.
+struct RoundParams {
+    params: Tensors,
+    /// Bytes fetched for them: the update's or the parameters' blob, or 0.
+    bytes: u64,
+    /// `held` (unchanged), `update` (the sparse update applied) or `full`.
+    via: &'static str,
+}
+
+/// The parameters a round starts from. A worker that holds the previous round's
+/// parameters reuses them when they did not change, and in a sparse run fetches
+/// only the update and applies it, checking the result against the announced
+/// hash; anyone else (a joiner, a worker that missed rounds, a failed check)
+/// fetches the whole parameters blob.
+async fn round_params(
+    node: &Node,
+    from: PeerId,
+    announcement: &RoundAnnouncement,
+    held: Option<&(BlobHash, Tensors)>,
+    sizes: &[usize],
+    down: Option<Layout>,
+) -> anyhow::Result<RoundParams> {
+    let params_ref = announcement.parameters.first().context("the announcement names no parameters")?;
+    let want = BlobHash(params_ref.blob);
+    if let Some((hash, params)) = held {
+        if *hash == want {
+            return Ok(RoundParams { params: params.clone(), bytes: 0, via: "held" });
+        }
+        if let (Some(update), Some(layout)) = (&announcement.update, down)
+            && BlobHash(update.base) == *hash
+        {
+            let applied = async {
+                let bytes = read(&fetch(node, update.blob.blob, from, "round update").await?)?;
+                let sent = sparse::decode(&bytes, sizes, layout).context("the round's update")?;
+                let mut next = params.clone();
+                sparse::subtract(&mut next, &sent, 1.0);
+                anyhow::ensure!(wire::params_hash(&next) == want, "the updated parameters do not hash to {want}");
+                Ok(next)
+            };
+            match applied.await {
+                Ok(params) => return Ok(RoundParams { params, bytes: update.blob.size, via: "update" }),
+                Err(e) => tracing::warn!("round {}: {e:#}; fetching the whole parameters", announcement.round),
+            }
+        }
+    }
+    let path = fetch(node, params_ref.blob, from, "round parameters").await?;
+    let params = wire::read_params(&read(&path)?, sizes)?;
+    Ok(RoundParams { params, bytes: params_ref.size, via: "full" })
+}
+
+/// Where a sparse run's error feedback survives a restart.
+fn feedback_path(data_dir: &Path, run: RunId) -> PathBuf {
+    data_dir.join("worker").join(format!("feedback-{}.bin", run.to_hex()))
+}
+
+/// The error-feedback buffer saved for `run`, if any fits these sizes, else zeros.
+fn load_feedback(path: &Path, sizes: &[usize], settings: Settings) -> ErrorFeedback {
+    let mut feedback = ErrorFeedback::new(sizes, settings.decay(), settings.up);
+    match std::fs::read(path) {
+        Ok(bytes) => match wire::read_params(&bytes, sizes) {
+            Ok(buffer) => feedback.buffer = buffer,
+            Err(e) => tracing::warn!("ignoring {}: {e:#}", path.display()),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!("reading {}: {e}", path.display()),
+    }
+    feedback
+}
+
+/// Saves the error feedback atomically (a temporary file renamed over the old).
+fn save_feedback(path: &Path, feedback: &ErrorFeedback) -> anyhow::Result<()> {
+    let dir = path.parent().context("feedback path has no parent")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, wire::params_blob(&feedback.buffer)).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
+    Ok(())
+}
+
 async fn train(
     plan: &WorkerPlan,
-    node: &Node,
+    io: TrainIo<'_>,
     signer: &mut Signer,
     joined: &Joined,
-    events: &Events,
     gossip: Arc<tokio::sync::Mutex<mpsc::Receiver<Event>>>,
-    cancel: &CancellationToken,
 ) -> anyhow::Result<Outcome> {
+    let TrainIo { node, events, data_dir, cancel } = io;
     let m = &joined.manifest;
     let run = RunId(m.run);
     let vmfb = read(&fetch(node, joined.artifact.blob, joined.shepherd, "training artifact").await?)?;
@@ -310,6 +399,12 @@ async fn train(
     let (batch, block) = (m.data.batch as usize, m.data.block as usize);
     let sizes = wire::sizes(m);
     let encoding = Encoding::parse(&m.encoding).with_context(|| format!("the run uses encoding {:?}", m.encoding))?;
+    let settings = encoding.sparse();
+    let feedback_file = feedback_path(data_dir, run);
+    let mut feedback = settings.map(|s| load_feedback(&feedback_file, &sizes, s));
+    // the parameters the last round started from, by blob hash
+    let mut held: Option<(BlobHash, Tensors)> = None;
+    let mut bytes_down = 0u64;
     let zeros: Tensors = sizes.iter().map(|n| vec![0.0; *n]).collect();
     let mut engine =
         Engine::new(plan.device, vmfb, wire::shapes(m), zeros, None, m.state_per_param as usize, m.data.int64).await?;
@@ -396,7 +491,9 @@ async fn train(
             continue;
         }
         let _ = round_tx.send(r);
-        let Some(params_ref) = announcement.parameters.first() else { continue };
+        if announcement.parameters.is_empty() {
+            continue;
+        }
         while let Some(action) = actions.pop() {
             match action {
                 worker::Action::FetchParams(r) => {
@@ -407,10 +504,11 @@ async fn train(
                     let fetched = tokio::select! {
                         () = cancel.cancelled() => return Ok(Outcome::Cancelled),
                         () = newer_arrives(&mut watching, this) => None,
-                        fetched = fetch(node, params_ref.blob, from, "round parameters") => Some(fetched),
+                        fetched = round_params(node, from, &announcement, held.as_ref(), &sizes,
+                                               settings.map(|s| s.down())) => Some(fetched),
                     };
-                    let path = match fetched {
-                        Some(Ok(path)) => path,
+                    let fetched = match fetched {
+                        Some(Ok(fetched)) => fetched,
                         Some(Err(e)) => {
                             tracing::warn!("round {r}: {e:#}");
                             events.emit("round_abandoned", json!({"round": r, "steps": 0, "reason": format!("{e:#}")}));
@@ -426,8 +524,11 @@ async fn train(
                             break;
                         }
                     };
-                    let params = wire::read_params(&read(&path)?, &sizes)?;
-                    engine.set_params(params).await?;
+                    bytes_down = fetched.bytes;
+                    tracing::debug!("round {r}: parameters {} ({} bytes)", fetched.via, fetched.bytes);
+                    let hash = announcement.parameters.first().map(|p| BlobHash(p.blob));
+                    engine.set_params(fetched.params.clone()).await?;
+                    held = hash.map(|h| (h, fetched.params));
                     actions.extend(machine.handle(worker::Input::ParamsReady(r), wire::unix_ms()));
                 }
                 worker::Action::Train { round: r, steps, seed } => {
@@ -467,7 +568,14 @@ async fn train(
                         Some(Hostile::Forge) | None => {}
                     }
                     let loss = (loss_sum / taken.max(1) as f64) as f32;
-                    let bytes = compress::encode(&delta, encoding);
+                    let (bytes, sent) = match feedback.as_mut() {
+                        Some(ef) => {
+                            let (bytes, sent) = ef.compress(&delta, 1.0);
+                            (bytes, Some(sent))
+                        }
+                        None => (compress::encode(&delta, encoding), None),
+                    };
+                    drop(delta);
                     let contribution = Contribution {
                         run: run.0,
                         round: r,
@@ -481,18 +589,29 @@ async fn train(
                         },
                         loss,
                         delta: bytes,
+                        bytes_down,
                     };
                     let envelope = signer.seal(run, r, &contribution);
                     let wire_bytes = envelope.encode().len() as u64;
                     let (to, to_key) = *leader.borrow();
                     let answer = node.request(to, envelope).await;
                     let (accepted, reason) = ack_of(answer, to_key);
+                    if let (Some(ef), Some(sent)) = (feedback.as_mut(), sent) {
+                        // what was not taken is sent again later, not lost
+                        if !accepted {
+                            sparse::subtract(&mut ef.buffer, &sent, -1.0);
+                        }
+                        if let Err(e) = save_feedback(&feedback_file, ef) {
+                            tracing::warn!("saving the error feedback: {e:#}");
+                        }
+                    }
                     let param_bytes = 4 * sizes.iter().sum::<usize>() as u64;
                     events.emit(
                         "contribution_sent",
                         json!({"round": r, "loss": loss, "bytes": wire_bytes, "param_bytes": param_bytes,
                                "ratio": wire_bytes as f64 / param_bytes as f64, "accepted": accepted, "reason": reason,
-                               "tokens": taken * (batch * block) as u64, "seconds": trained_s}),
+                               "tokens": taken * (batch * block) as u64, "seconds": trained_s,
+                               "bytes_up": wire_bytes, "bytes_down": bytes_down}),
                     );
                     if plan.verbose {
                         let verdict = if accepted { "accepted".to_owned() } else { format!("rejected: {reason}") };
@@ -757,6 +876,7 @@ impl Heartbeats {
             finished: false,
             term: self.election.term() + 1,
             state: None,
+            update: None,
         };
         let envelope = self.signer.seal(self.run, forged.round, &forged);
         if let Err(e) = self.node.publish(self.run, envelope.encode()).await {

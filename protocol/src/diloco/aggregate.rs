@@ -1,6 +1,113 @@
 //! Validating, bounding and averaging pseudo-gradients from untrusted workers.
+//!
+//! A round's contributions are averaged as they arrive ([`RunningMean`]): each
+//! is validated, bounded and added to one sum, and not kept, so the shepherd's
+//! memory does not grow with its workers. The buffered [`aggregate`] and
+//! [`trimmed_mean`] remain for the coordinate-wise trimmed mean, which needs
+//! every contribution at once.
 
 use super::Tensors;
+use super::sparse::SparseTensors;
+
+/// A decoded contribution: dense tensors, or a sparse message's kept entries.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Delta {
+    /// One value per parameter.
+    Dense(Tensors),
+    /// The kept entries of every tensor ([`super::sparse`]).
+    Sparse(SparseTensors),
+}
+
+impl From<Tensors> for Delta {
+    fn from(t: Tensors) -> Self {
+        Self::Dense(t)
+    }
+}
+
+impl Delta {
+    /// Checks the delta against the parameter sizes; returns its L2 norm.
+    pub fn validate(&self, sizes: &[usize]) -> Result<f64, Rejection> {
+        match self {
+            Self::Dense(t) => validate(t, sizes),
+            Self::Sparse(s) => {
+                if s.len() != sizes.len() {
+                    return Err(Rejection::Count { got: s.len(), expected: sizes.len() });
+                }
+                let mut sum = 0.0f64;
+                for (index, (t, n)) in s.iter().zip(sizes).enumerate() {
+                    if t.indices.len() != t.values.len() || t.indices.iter().any(|i| *i as usize >= *n) {
+                        return Err(Rejection::Shape { index, got: t.indices.len(), expected: *n });
+                    }
+                    for v in &t.values {
+                        if !v.is_finite() {
+                            return Err(Rejection::NonFinite { index });
+                        }
+                        sum += f64::from(*v) * f64::from(*v);
+                    }
+                }
+                Ok(sum.sqrt())
+            }
+        }
+    }
+
+    /// Adds `weight` × the delta to `sum` (shapes validated).
+    pub fn add_to(&self, sum: &mut Tensors, weight: f32) {
+        match self {
+            Self::Dense(t) => {
+                for (s, d) in sum.iter_mut().zip(t) {
+                    s.iter_mut().zip(d).for_each(|(s, d)| *s += weight * d);
+                }
+            }
+            Self::Sparse(t) => super::sparse::subtract(sum, t, -weight),
+        }
+    }
+
+    /// The delta as dense tensors of `sizes` elements.
+    pub fn to_dense(&self, sizes: &[usize]) -> Tensors {
+        match self {
+            Self::Dense(t) => t.clone(),
+            Self::Sparse(_) => {
+                let mut dense: Tensors = sizes.iter().map(|n| vec![0.0; *n]).collect();
+                self.add_to(&mut dense, 1.0);
+                dense
+            }
+        }
+    }
+}
+
+/// The sample-weighted mean of a round's contributions, each scaled down to the
+/// norm bound in force when it arrived, kept as one running sum: memory is one
+/// copy of the parameters, whatever the number of contributions.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunningMean {
+    sum: Option<Tensors>,
+    samples: u64,
+}
+
+impl RunningMean {
+    /// Adds a validated contribution of `norm`, trained on `samples`, bounded to
+    /// `bound`; returns whether it was scaled down.
+    pub fn add(&mut self, delta: &Delta, samples: u64, norm: f64, bound: f64, sizes: &[usize]) -> bool {
+        let scale = if norm > bound { bound / norm } else { 1.0 };
+        let sum = self.sum.get_or_insert_with(|| sizes.iter().map(|n| vec![0.0; *n]).collect());
+        delta.add_to(sum, (scale * samples as f64) as f32);
+        self.samples += samples;
+        scale < 1.0
+    }
+
+    /// How many contributions' samples were added.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// The mean, or `None` if nothing was added.
+    pub fn finish(self) -> Option<Tensors> {
+        let mut sum = self.sum?;
+        let inv = 1.0 / self.samples.max(1) as f64;
+        sum.iter_mut().flatten().for_each(|v| *v = (f64::from(*v) * inv) as f32);
+        Some(sum)
+    }
+}
 
 /// Why a contribution was refused.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -107,6 +214,23 @@ pub struct Accepted {
     pub delta: Tensors,
     /// ‖delta‖₂.
     pub norm: f64,
+}
+
+/// The bound a contribution arriving now is held to: `factor` × the lower
+/// median of the norms accepted in the previous round and so far in this one
+/// (`current` includes its own). `None` while there is no previous round and
+/// fewer than two norms: the round then holds its first contributions until a
+/// second arrives or it closes.
+pub fn running_bound(previous: &[f64], current: &[f64], factor: f64) -> Option<f64> {
+    if previous.is_empty() && current.len() < 2 {
+        return None;
+    }
+    let mut all: Vec<f64> = previous.iter().chain(current).copied().filter(|n| n.is_finite()).collect();
+    if all.is_empty() {
+        return None;
+    }
+    all.sort_by(f64::total_cmp);
+    Some(factor * all[(all.len() - 1) / 2])
 }
 
 /// The norm bound for a round: `factor` × the lower median of this round's
@@ -227,6 +351,39 @@ mod tests {
             validate(&vec![vec![1.0, 1.0], vec![f32::INFINITY]], &sizes),
             Err(Rejection::NonFinite { index: 1 })
         );
+    }
+
+    #[test]
+    fn the_running_mean_matches_the_buffered_one() {
+        let a = Accepted { samples: 3, delta: vec![vec![1.0, 0.0]], norm: 1.0 };
+        let b = Accepted { samples: 1, delta: vec![vec![5.0, 0.0]], norm: 5.0 };
+        let (buffered, clipped) = aggregate(&[a.clone(), b.clone()], 2.0);
+        assert_eq!(clipped, 1);
+        let mut running = RunningMean::default();
+        assert!(!running.add(&Delta::Dense(a.delta), 3, 1.0, 2.0, &[2]));
+        assert!(running.add(&Delta::Dense(b.delta), 1, 5.0, 2.0, &[2]));
+        assert_eq!(running.finish(), Some(buffered));
+        assert_eq!(RunningMean::default().finish(), None);
+    }
+
+    #[test]
+    fn sparse_deltas_validate_and_add_like_their_dense_form() {
+        use crate::diloco::sparse::SparseTensor;
+        let sparse = Delta::Sparse(vec![SparseTensor { indices: vec![0, 2], values: vec![3.0, 4.0] }]);
+        assert_eq!(sparse.validate(&[3]), Ok(5.0));
+        assert_eq!(sparse.to_dense(&[3]), vec![vec![3.0, 0.0, 4.0]]);
+        assert!(matches!(sparse.validate(&[2]), Err(Rejection::Shape { .. })));
+        assert!(matches!(sparse.validate(&[3, 1]), Err(Rejection::Count { .. })));
+        let nan = Delta::Sparse(vec![SparseTensor { indices: vec![1], values: vec![f32::NAN] }]);
+        assert_eq!(nan.validate(&[3]), Err(Rejection::NonFinite { index: 0 }));
+    }
+
+    #[test]
+    fn the_running_bound_waits_for_two_norms_without_history() {
+        assert_eq!(running_bound(&[], &[3.0], 1.0), None);
+        assert_eq!(running_bound(&[], &[3.0, 1.0], 1.0), Some(1.0));
+        assert_eq!(running_bound(&[2.0, 2.0, 9.0], &[1000.0], 1.0), Some(2.0));
+        assert_eq!(running_bound(&[2.0], &[], 2.0), Some(4.0));
     }
 
     #[test]

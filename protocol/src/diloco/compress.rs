@@ -1,12 +1,14 @@
-//! Pseudo-gradient encodings for the wire: fp32 (exact), bf16, and int8 with
-//! one scale per tensor.
+//! Pseudo-gradient encodings for the wire: fp32 (exact), bf16, int8 with one
+//! scale per tensor, and SparseLoCo's chunked top-k ([`super::sparse`]).
 //!
-//! Layout: `b"PCPG"`, version `1`, encoding byte, tensor count (u32 LE), then
+//! Dense layout: `b"PCPG"`, version `1`, encoding byte, tensor count (u32 LE), then
 //! per tensor its element count (u32 LE), for int8 a scale (f32 LE), and the
 //! elements. Decoding checks every count against the expected sizes before
 //! allocating, so a hostile header cannot make the receiver allocate.
 
 use super::Tensors;
+use super::aggregate::Delta;
+use super::sparse::{self, Settings};
 
 /// How values are encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -17,6 +19,9 @@ pub enum Encoding {
     Bf16,
     /// 1 byte per value plus a scale per tensor: round(x / (max|x| / 127)).
     Int8,
+    /// The chunked top-k of an error-feedback buffer, 2 to 8 bits per value
+    /// ([`super::sparse`]).
+    Sparse(Settings),
 }
 
 impl Encoding {
@@ -25,6 +30,7 @@ impl Encoding {
             Self::F32 => 0,
             Self::Bf16 => 1,
             Self::Int8 => 2,
+            Self::Sparse(_) => 3,
         }
     }
 
@@ -38,12 +44,41 @@ impl Encoding {
             Self::F32 => "fp32",
             Self::Bf16 => "bf16",
             Self::Int8 => "int8",
+            Self::Sparse(_) => "sparse",
         }
     }
 
-    /// Parses `fp32`, `bf16` or `int8`.
+    /// The full spelling, as the signed manifest records it: the name, and for
+    /// sparse its settings (`sparse:chunk=4096,k=64,bits=2,decay=0.95,down=256`).
+    pub fn spec(self) -> String {
+        match self {
+            Self::Sparse(s) => s.spec(),
+            dense => dense.name().to_owned(),
+        }
+    }
+
+    /// Parses `fp32`, `bf16`, `int8`, `sparse` or `sparse:key=value,…`.
     pub fn parse(name: &str) -> Option<Self> {
-        [Self::F32, Self::Bf16, Self::Int8].into_iter().find(|e| e.name() == name)
+        Self::parse_spec(name).ok()
+    }
+
+    /// [`Encoding::parse`], saying what is wrong.
+    pub fn parse_spec(name: &str) -> Result<Self, String> {
+        if let Some(dense) = [Self::F32, Self::Bf16, Self::Int8].into_iter().find(|e| e.name() == name) {
+            return Ok(dense);
+        }
+        if name.starts_with("sparse") {
+            return Settings::parse(name).map(Self::Sparse);
+        }
+        Err(format!("unknown encoding {name:?}; expected fp32, bf16, int8 or sparse[:chunk=N,k=N,bits=2|4|8,decay=F,down=N]"))
+    }
+
+    /// The sparse settings, for a sparse encoding.
+    pub fn sparse(self) -> Option<Settings> {
+        match self {
+            Self::Sparse(s) => Some(s),
+            _ => None,
+        }
     }
 }
 
@@ -69,12 +104,26 @@ pub enum DecodeError {
     /// Fewer or more bytes than the header implies.
     #[error("truncated or oversized payload")]
     Length,
+    /// A sparse message that did not decode.
+    #[error("sparse: {0}")]
+    Sparse(#[from] sparse::DecodeError),
+    /// Another encoding than the run's.
+    #[error("encoded as {got}, the run uses {expected}")]
+    Mismatch {
+        /// What the bytes are.
+        got: &'static str,
+        /// The run's encoding.
+        expected: &'static str,
+    },
 }
 
 const MAGIC: &[u8; 4] = b"PCPG";
 
-/// Encodes `tensors`.
+/// Encodes `tensors` (sparse: their chunked top-k, with no error feedback).
 pub fn encode(tensors: &Tensors, encoding: Encoding) -> Vec<u8> {
+    if let Encoding::Sparse(s) = encoding {
+        return sparse::encode(tensors, s.up).0;
+    }
     let sizes: Vec<usize> = tensors.iter().map(Vec::len).collect();
     let mut out = Vec::with_capacity(encoded_len(&sizes, encoding));
     out.extend_from_slice(MAGIC);
@@ -86,6 +135,7 @@ pub fn encode(tensors: &Tensors, encoding: Encoding) -> Vec<u8> {
         match encoding {
             Encoding::F32 => t.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
             Encoding::Bf16 => t.iter().for_each(|v| out.extend_from_slice(&to_bf16(*v).to_le_bytes())),
+            Encoding::Sparse(_) => {}
             Encoding::Int8 => {
                 let max = t.iter().fold(0.0f32, |m, v| m.max(v.abs()));
                 let scale = if max > 0.0 && max.is_finite() { max / 127.0 } else { 0.0 };
@@ -107,11 +157,33 @@ pub fn encoded_len(sizes: &[usize], encoding: Encoding) -> usize {
         Encoding::F32 => (4, 0),
         Encoding::Bf16 => (2, 0),
         Encoding::Int8 => (1, 4),
+        Encoding::Sparse(s) => return s.up.encoded_len(sizes),
     };
     10 + sizes.iter().map(|n| 4 + scale + n * per).sum::<usize>()
 }
 
-/// Decodes bytes that must hold tensors of exactly `sizes` elements.
+/// Decodes a contribution that must be in the run's `encoding`, for tensors of
+/// exactly `sizes` elements: dense encodings to dense tensors, sparse to its
+/// kept entries.
+pub fn decode_delta(bytes: &[u8], sizes: &[usize], encoding: Encoding) -> Result<Delta, DecodeError> {
+    match encoding {
+        Encoding::Sparse(s) => {
+            if bytes.starts_with(MAGIC) {
+                return Err(DecodeError::Mismatch { got: "dense", expected: "sparse" });
+            }
+            Ok(Delta::Sparse(sparse::decode(bytes, sizes, s.up)?))
+        }
+        dense => {
+            let (tensors, got) = decode(bytes, sizes)?;
+            if got != dense {
+                return Err(DecodeError::Mismatch { got: got.name(), expected: dense.name() });
+            }
+            Ok(Delta::Dense(tensors))
+        }
+    }
+}
+
+/// Decodes dense bytes that must hold tensors of exactly `sizes` elements.
 pub fn decode(bytes: &[u8], sizes: &[usize]) -> Result<(Tensors, Encoding), DecodeError> {
     if bytes.len() < 10 || &bytes[..4] != MAGIC || bytes[4] != 1 {
         return Err(DecodeError::Magic);
@@ -142,6 +214,7 @@ pub fn decode(bytes: &[u8], sizes: &[usize]) -> Result<(Tensors, Encoding), Deco
             Encoding::Bf16 => {
                 take(2 * got)?.chunks_exact(2).map(|c| from_bf16(u16::from_le_bytes([c[0], c[1]]))).collect()
             }
+            Encoding::Sparse(_) => return Err(DecodeError::Encoding(3)),
             Encoding::Int8 => {
                 let s = take(4)?;
                 let scale = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);

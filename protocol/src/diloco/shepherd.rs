@@ -4,15 +4,27 @@
 //! (a worker that joins mid-round starts at the next one) with a deadline,
 //! accepts one validated contribution per participant, and closes the round
 //! when every live participant has answered, or at the deadline once a
-//! quorum has. Closing bounds every contribution's norm, averages them by
-//! samples and applies the outer Nesterov step. Workers silent for longer
-//! than the heartbeat timeout are dropped and no longer waited for.
+//! quorum has. Each accepted contribution is bounded in norm and added to a
+//! running sample-weighted sum as it arrives ([`RunningMean`]); closing applies
+//! the outer step: Nesterov for dense encodings, and for sparse ones
+//! SparseLoCo's plain averaged step, re-sparsified through the shepherd's own
+//! error feedback so that the update it publishes is sparse too. Workers silent
+//! for longer than the heartbeat timeout are dropped and no longer waited for.
+//!
+//! The norm bound cannot wait for the round's median without keeping every
+//! contribution, so each contribution is held to the bound in force when it
+//! arrives: the norm factor × the lower median of the norms accepted in the
+//! previous round and so far in this one ([`running_bound`]). The first round
+//! of a run, with no previous norms, holds its first contribution until a
+//! second arrives. With `trim`, every contribution is held until the round
+//! closes (the trimmed mean needs them all); sparse runs refuse `trim`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::Tensors;
-use super::aggregate::{Accepted, Rejection, aggregate, norm_bound, trimmed_mean, validate};
+use super::aggregate::{Accepted, Delta, Rejection, RunningMean, norm_bound, running_bound, trimmed_mean};
 use super::outer::Nesterov;
+use super::sparse::{self, ErrorFeedback, Settings};
 
 /// Shepherd settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,6 +62,10 @@ pub struct Config {
     /// trimmed by this fraction at each end ([`trimmed_mean`]) instead of the
     /// sample-weighted mean; 0 (the default) keeps the weighted mean.
     pub trim: f64,
+    /// A sparse run: contributions are sparse, the outer step is
+    /// θ ← θ − Û where Û is the chunked top-k of the shepherd's error feedback
+    /// plus `outer_lr` × the mean (no momentum), published as the round's update.
+    pub sparse: Option<Settings>,
 }
 
 impl Default for Config {
@@ -69,6 +85,7 @@ impl Default for Config {
             outer_momentum: 0.9,
             norm_factor: 1.0,
             trim: 0.0,
+            sparse: None,
         }
     }
 }
@@ -92,8 +109,8 @@ pub enum Input<P> {
         samples: u64,
         /// The worker's mean inner loss.
         loss: f32,
-        /// θ_start − θ_end.
-        delta: Tensors,
+        /// θ_start − θ_end, dense or sparse.
+        delta: Delta,
     },
     /// A contribution that could not even be decoded or verified.
     Malformed {
@@ -127,6 +144,8 @@ pub struct RoundSummary<P> {
     pub norm_bound: f64,
     /// From opening to closing.
     pub duration_ms: u64,
+    /// A sparse run's update (θ_before − θ_after, [`sparse`] format), to publish.
+    pub update: Option<Vec<u8>>,
 }
 
 /// Why a worker left.
@@ -181,13 +200,78 @@ pub enum Action<P> {
     Finished,
 }
 
+/// An accepted contribution, once added to the round's sum.
+#[derive(Clone, Debug, PartialEq)]
+struct Entry {
+    samples: u64,
+    loss: f32,
+    norm: f64,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 struct OpenRound<P> {
     started_ms: u64,
     deadline_ms: u64,
     participants: BTreeSet<P>,
     answered: BTreeSet<P>,
-    accepted: BTreeMap<P, (Accepted, f32)>,
+    accepted: BTreeMap<P, Entry>,
+    /// The raw norms accepted so far.
+    norms: Vec<f64>,
+    /// The bounded, weighted sum of what was added.
+    mean: RunningMean,
+    /// Contributions not added yet: the first of a run (no bound yet), or all of
+    /// them with the trimmed mean.
+    held: Vec<(P, Delta)>,
+    /// Contributions scaled down to the bound, with their norms.
+    scaled: Vec<(P, f64)>,
+    /// The last bound applied.
+    bound: f64,
+}
+
+/// The outer optimizer.
+#[derive(Clone, Debug, PartialEq)]
+enum Outer {
+    /// DiLoCo's Nesterov step on the mean.
+    Nesterov(Nesterov),
+    /// SparseLoCo: θ ← θ − Û, Û the sparse top-k of the error feedback plus lr × the mean.
+    Sparse {
+        /// The outer learning rate.
+        lr: f32,
+        /// The shepherd's error feedback (decay 1) in the update's layout.
+        feedback: ErrorFeedback,
+    },
+}
+
+impl Outer {
+    /// Nesterov's velocity, or the sparse error feedback: what a snapshot keeps.
+    fn state(&self) -> &Tensors {
+        match self {
+            Self::Nesterov(n) => &n.velocity,
+            Self::Sparse { feedback, .. } => &feedback.buffer,
+        }
+    }
+
+    fn state_mut(&mut self) -> &mut Tensors {
+        match self {
+            Self::Nesterov(n) => &mut n.velocity,
+            Self::Sparse { feedback, .. } => &mut feedback.buffer,
+        }
+    }
+
+    /// Applies the round's mean; returns the sparse update, if any.
+    fn step(&mut self, params: &mut Tensors, mean: &Tensors) -> Option<Vec<u8>> {
+        match self {
+            Self::Nesterov(n) => {
+                n.step(params, mean);
+                None
+            }
+            Self::Sparse { lr, feedback } => {
+                let (bytes, sent) = feedback.compress(mean, *lr);
+                sparse::subtract(params, &sent, 1.0);
+                Some(bytes)
+            }
+        }
+    }
 }
 
 /// Everything needed to resume a shepherd after its last completed round.
@@ -197,11 +281,12 @@ pub struct Snapshot {
     pub completed: u64,
     /// Current parameters.
     pub params: Tensors,
-    /// Outer momentum.
+    /// Outer momentum (a sparse run: the shepherd's error feedback).
     pub velocity: Tensors,
     /// Recent round durations.
     pub durations: Vec<u64>,
-    /// Recent accepted norms.
+    /// The norms accepted in the last round that accepted any (the next
+    /// round's norm bound).
     pub norms: Vec<f64>,
 }
 
@@ -211,7 +296,7 @@ pub struct Shepherd<P> {
     config: Config,
     sizes: Vec<usize>,
     params: Tensors,
-    outer: Nesterov,
+    outer: Outer,
     completed: u64,
     open: Option<OpenRound<P>>,
     finished: bool,
@@ -230,8 +315,11 @@ pub struct Shepherd<P> {
 impl<P: Ord + Clone> Shepherd<P> {
     /// A shepherd starting from `params`.
     pub fn new(config: Config, params: Tensors) -> Self {
-        let outer = Nesterov::new(config.outer_lr, config.outer_momentum, &params);
-        let sizes = params.iter().map(Vec::len).collect();
+        let sizes: Vec<usize> = params.iter().map(Vec::len).collect();
+        let outer = match config.sparse {
+            Some(s) => Outer::Sparse { lr: config.outer_lr, feedback: ErrorFeedback::new(&sizes, 1.0, s.down()) },
+            None => Outer::Nesterov(Nesterov::new(config.outer_lr, config.outer_momentum, &params)),
+        };
         Self {
             config,
             sizes,
@@ -252,7 +340,7 @@ impl<P: Ord + Clone> Shepherd<P> {
     /// Resumes from a snapshot taken after a completed round.
     pub fn resume(config: Config, snapshot: Snapshot) -> Self {
         let mut s = Self::new(config, snapshot.params);
-        s.outer.velocity = snapshot.velocity;
+        *s.outer.state_mut() = snapshot.velocity;
         s.completed = snapshot.completed;
         s.resumed_at = snapshot.completed;
         s.durations = snapshot.durations.into();
@@ -266,7 +354,7 @@ impl<P: Ord + Clone> Shepherd<P> {
         Snapshot {
             completed: self.completed,
             params: self.params.clone(),
-            velocity: self.outer.velocity.clone(),
+            velocity: self.outer.state().clone(),
             durations: self.durations.iter().copied().collect(),
             norms: self.norms.iter().copied().collect(),
         }
@@ -322,16 +410,10 @@ impl<P: Ord + Clone> Shepherd<P> {
                     if samples == 0 {
                         return Err(Rejection::NoSamples);
                     }
-                    let norm = validate(&delta, &self.sizes)?;
-                    Ok(Accepted { samples, delta, norm })
+                    delta.validate(&self.sizes)
                 });
                 match result {
-                    Ok(accepted) => {
-                        if let Some(open) = self.open.as_mut() {
-                            open.answered.insert(peer.clone());
-                            open.accepted.insert(peer, (accepted, loss));
-                        }
-                    }
+                    Ok(norm) => self.accept(peer, Entry { samples, loss, norm }, delta),
                     Err(reason) => self.reject(peer, round, reason, &mut actions),
                 }
             }
@@ -341,6 +423,32 @@ impl<P: Ord + Clone> Shepherd<P> {
         self.expire(now_ms, &mut actions);
         self.progress(now_ms, &mut actions);
         actions
+    }
+
+    /// Adds a validated contribution to the open round's sum, or holds it while
+    /// the round has no bound yet (or for the trimmed mean).
+    fn accept(&mut self, peer: P, entry: Entry, delta: Delta) {
+        let previous: Vec<f64> = self.norms.iter().copied().collect();
+        let (factor, trim) = (self.config.norm_factor, self.config.trim > 0.0);
+        let Some(open) = self.open.as_mut() else { return };
+        open.answered.insert(peer.clone());
+        open.norms.push(entry.norm);
+        open.accepted.insert(peer.clone(), entry);
+        open.held.push((peer, delta));
+        if !trim && let Some(bound) = running_bound(&previous, &open.norms, factor) {
+            Self::flush(open, bound, &self.sizes);
+        }
+    }
+
+    /// Adds every held contribution to the sum, bounded by `bound`.
+    fn flush(open: &mut OpenRound<P>, bound: f64, sizes: &[usize]) {
+        open.bound = bound;
+        for (peer, delta) in std::mem::take(&mut open.held) {
+            let Some(e) = open.accepted.get(&peer) else { continue };
+            if open.mean.add(&delta, e.samples, e.norm, bound, sizes) {
+                open.scaled.push((peer, e.norm));
+            }
+        }
     }
 
     fn reject(&mut self, peer: P, round: u64, reason: Rejection, actions: &mut Vec<Action<P>>) {
@@ -449,56 +557,64 @@ impl<P: Ord + Clone> Shepherd<P> {
                 participants,
                 answered: BTreeSet::new(),
                 accepted: BTreeMap::new(),
+                norms: Vec::new(),
+                mean: RunningMean::default(),
+                held: Vec::new(),
+                scaled: Vec::new(),
+                bound: f64::INFINITY,
             });
         }
     }
 
     fn close(&mut self, now_ms: u64, actions: &mut Vec<Action<P>>) {
-        let Some(open) = self.open.take() else { return };
+        let Some(mut open) = self.open.take() else { return };
         let round = self.completed + 1;
-        let (peers, entries): (Vec<P>, Vec<(Accepted, f32)>) = open.accepted.into_iter().unzip();
-        let norms: Vec<f64> = entries.iter().map(|(a, _)| a.norm).collect();
-        let history: Vec<f64> = self.norms.iter().copied().collect();
-        let bound = norm_bound(&history, &norms, self.config.norm_factor);
-        let samples: u64 = entries.iter().map(|(a, _)| a.samples).sum();
+        let peers: Vec<P> = open.accepted.keys().cloned().collect();
+        let samples: u64 = open.accepted.values().map(|e| e.samples).sum();
         let mean_loss =
-            entries.iter().map(|(a, l)| f64::from(*l) * a.samples as f64).sum::<f64>() / samples.max(1) as f64;
-        let accepted: Vec<Accepted> = entries.into_iter().map(|(a, _)| a).collect();
-        let scaled: Vec<(P, f64)> =
-            peers.iter().zip(&norms).filter(|(_, n)| **n > bound).map(|(p, n)| (p.clone(), *n)).collect();
-        let clipped = if accepted.is_empty() {
-            0
+            open.accepted.values().map(|e| f64::from(e.loss) * e.samples as f64).sum::<f64>() / samples.max(1) as f64;
+        let previous: Vec<f64> = self.norms.iter().copied().collect();
+        let bound = norm_bound(&previous, &open.norms, self.config.norm_factor);
+        let mean = if self.config.trim > 0.0 && open.held.len() >= 3 {
+            // the trimmed mean: every contribution was held
+            let mut held = Vec::with_capacity(open.held.len());
+            for (p, d) in std::mem::take(&mut open.held) {
+                let Some(e) = open.accepted.get(&p) else { continue };
+                if e.norm > bound {
+                    open.scaled.push((p, e.norm));
+                }
+                held.push(Accepted { samples: e.samples, delta: d.to_dense(&self.sizes), norm: e.norm });
+            }
+            open.bound = bound;
+            Some(trimmed_mean(&held, bound, self.config.trim).0)
         } else {
-            let (delta, clipped) = if self.config.trim > 0.0 && accepted.len() >= 3 {
-                trimmed_mean(&accepted, bound, self.config.trim)
-            } else {
-                aggregate(&accepted, bound)
-            };
-            self.outer.step(&mut self.params, &delta);
-            clipped
+            if !open.held.is_empty() {
+                // held until the close: bounded by all of this round's norms (one alone: its own)
+                Self::flush(&mut open, bound, &self.sizes);
+            }
+            std::mem::take(&mut open.mean).finish()
         };
+        let update = mean.and_then(|mean| self.outer.step(&mut self.params, &mean));
         self.completed = round;
         let duration_ms = now_ms.saturating_sub(open.started_ms);
         self.durations.push_back(duration_ms);
         while self.durations.len() > self.config.deadline_window.max(1) {
             self.durations.pop_front();
         }
-        for n in norms {
-            self.norms.push_back(n.min(bound));
+        if !open.norms.is_empty() {
+            self.norms = open.norms.iter().copied().take(MAX_NORMS).collect();
         }
-        while self.norms.len() > 64 {
-            self.norms.pop_front();
-        }
-        let excluded = open.participants.into_iter().filter(|p| !peers.contains(p)).collect();
+        let excluded = open.participants.iter().filter(|p| !peers.contains(p)).cloned().collect();
         actions.push(Action::RoundCompleted(RoundSummary {
             round,
             contributors: peers,
             excluded,
             mean_loss,
-            clipped,
-            scaled,
-            norm_bound: bound,
+            clipped: open.scaled.len(),
+            scaled: open.scaled,
+            norm_bound: open.bound,
             duration_ms,
+            update,
         }));
         if self.completed >= self.config.rounds {
             self.finished = true;
@@ -506,6 +622,9 @@ impl<P: Ord + Clone> Shepherd<P> {
         }
     }
 }
+
+/// Norms a round keeps for the next round's bound.
+const MAX_NORMS: usize = 4096;
 
 #[cfg(test)]
 mod tests {
@@ -546,7 +665,7 @@ mod tests {
     }
 
     fn contribution(peer: u32, round: u64, v: f32) -> Input<u32> {
-        Input::Contribution { peer, round, samples: 10, loss: 2.0, delta: vec![vec![v, v]] }
+        Input::Contribution { peer, round, samples: 10, loss: 2.0, delta: Delta::Dense(vec![vec![v, v]]) }
     }
 
     fn opened(actions: &[Action<u32>]) -> Option<(u64, Vec<u32>)> {
@@ -669,12 +788,18 @@ mod tests {
             s.handle(Input::Joined(p), 0);
         }
         let nan = s.handle(
-            Input::Contribution { peer: 4, round: 1, samples: 10, loss: 1.0, delta: vec![vec![f32::NAN, 0.0]] },
+            Input::Contribution {
+                peer: 4,
+                round: 1,
+                samples: 10,
+                loss: 1.0,
+                delta: Delta::Dense(vec![vec![f32::NAN, 0.0]]),
+            },
             1,
         );
         assert!(matches!(nan[0], Action::Rejected { reason: Rejection::NonFinite { index: 0 }, .. }));
         let shape =
-            s.handle(Input::Contribution { peer: 3, round: 1, samples: 10, loss: 1.0, delta: vec![vec![0.0]] }, 1);
+            s.handle(Input::Contribution { peer: 3, round: 1, samples: 10, loss: 1.0, delta: vec![vec![0.0]].into() }, 1);
         assert!(matches!(shape[0], Action::Rejected { reason: Rejection::Shape { .. }, .. }));
         let wrong_round = s.handle(contribution(1, 7, 0.1), 1);
         assert!(matches!(

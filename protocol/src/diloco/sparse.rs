@@ -1,0 +1,691 @@
+//! SparseLoCo's pseudo-gradient encoding (arXiv 2508.15706): each tensor is cut
+//! into chunks, the k entries of largest magnitude of every chunk are kept, and
+//! their values are quantized to 2 (4 or 8) bits by the statistical quantizer of
+//! the reference code: centred on their mean and binned at `6σ / 2^bits` around
+//! it. At 2 and 4 bits a value decodes to its bin's mean, from a per-tensor table
+//! of 4 or 16 floats; at 8 bits, to the bin's centre, `mean + (code − 128) × step`,
+//! from two floats (a 256-entry table would cost more than the values of a small
+//! tensor). What was not sent stays in an [`ErrorFeedback`] buffer and is sent in a
+//! later round.
+//!
+//! The same format carries both directions: a worker's contribution
+//! (`chunk 4096, k 64, 2 bits` by default: 146× fewer bytes than fp32, less the
+//! tables) and the shepherd's aggregated update (`k 256, 8 bits`), re-sparsified
+//! from the union of the contributions with the shepherd's own error feedback.
+//!
+//! Wire format, version 1 (all integers little-endian):
+//!
+//! ```text
+//! b"PCPS" | version u8 = 1 | chunk u32 | k u32 | bits u8 | tensor count u32
+//! per tensor: elements u32 | table: 2^bits × f32 (8 bits: mean, step) | packed bits, padded to a byte
+//!   packed bits: for each chunk (the last may be shorter), its kept entries'
+//!   offsets within the chunk (ceil(log2(chunk length)) bits each, strictly
+//!   increasing), then their codes (`bits` each)
+//! ```
+//!
+//! A chunk of `len` elements keeps `max(1, ceil(len × k / chunk))` entries, so the
+//! byte length of a message follows from the tensor sizes and the layout alone:
+//! [`Layout::encoded_len`]. [`decode`] checks the layout and that length before it
+//! allocates anything, then that every offset is in its chunk and increasing.
+
+use super::Tensors;
+
+const MAGIC: &[u8; 4] = b"PCPS";
+const VERSION: u8 = 1;
+const HEADER: usize = 4 + 1 + 4 + 4 + 1 + 4;
+/// The quantizer's range: values within ±RANGE_SIGMAS/2 σ of the mean get their own bins.
+const RANGE_SIGMAS: f32 = 6.0;
+/// The largest chunk a layout may name.
+pub const MAX_CHUNK: u32 = 1 << 20;
+
+/// How a sparse message is laid out: chunk size, entries kept per full chunk and
+/// bits per kept value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    /// Elements per chunk.
+    pub chunk: u32,
+    /// Entries kept per full chunk.
+    pub k: u32,
+    /// Bits per kept value: 2, 4 or 8.
+    pub bits: u8,
+}
+
+impl Layout {
+    /// Checks the numbers: `1 <= k <= chunk <= MAX_CHUNK`, bits 2, 4 or 8.
+    pub fn check(&self) -> Result<(), String> {
+        if self.chunk == 0 || self.chunk > MAX_CHUNK {
+            return Err(format!("chunk {} is outside 1..={MAX_CHUNK}", self.chunk));
+        }
+        if self.k == 0 || self.k > self.chunk {
+            return Err(format!("k {} is outside 1..={} (the chunk)", self.k, self.chunk));
+        }
+        if ![2, 4, 8].contains(&self.bits) {
+            return Err(format!("bits {} is not 2, 4 or 8", self.bits));
+        }
+        Ok(())
+    }
+
+    /// Entries kept in a chunk of `len` elements.
+    fn kept(&self, len: usize) -> usize {
+        if len == 0 {
+            return 0;
+        }
+        (len * self.k as usize).div_ceil(self.chunk as usize).clamp(1, len)
+    }
+
+    /// The chunks of a tensor of `n` elements: (start, length).
+    fn chunks(&self, n: usize) -> impl Iterator<Item = (usize, usize)> {
+        let c = self.chunk as usize;
+        (0..n.div_ceil(c)).map(move |i| (i * c, c.min(n - i * c)))
+    }
+
+    /// Entries kept in a tensor of `n` elements.
+    pub fn kept_in(&self, n: usize) -> usize {
+        self.chunks(n).map(|(_, len)| self.kept(len)).sum()
+    }
+
+    fn tensor_bits(&self, n: usize) -> usize {
+        self.chunks(n).map(|(_, len)| self.kept(len) * (offset_bits(len) + usize::from(self.bits))).sum()
+    }
+
+    /// Floats in a tensor's table: the bins' means, or at 8 bits (mean, step).
+    fn table_len(&self) -> usize {
+        if self.bits >= 8 { 2 } else { 1 << self.bits }
+    }
+
+    /// The exact byte length of a message for tensors of `sizes` elements.
+    pub fn encoded_len(&self, sizes: &[usize]) -> usize {
+        HEADER + sizes.iter().map(|n| 4 + 4 * self.table_len() + self.tensor_bits(*n).div_ceil(8)).sum::<usize>()
+    }
+}
+
+/// Bits that address an offset in a chunk of `len` elements.
+fn offset_bits(len: usize) -> usize {
+    if len <= 1 { 0 } else { (usize::BITS - (len - 1).leading_zeros()) as usize }
+}
+
+/// A sparse run's settings, as its manifest records them: the workers' layout,
+/// their error-feedback decay, and how many entries per chunk the shepherd's
+/// update keeps (at 8 bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Settings {
+    /// What workers send.
+    pub up: Layout,
+    /// Workers' error-feedback decay, in thousandths (950: 0.95).
+    pub decay_milli: u16,
+    /// Entries per chunk of the shepherd's update.
+    pub down_k: u32,
+}
+
+impl Default for Settings {
+    /// chunk 4096, k 64, 2 bits, decay 0.95, update k 256: SparseLoCo's
+    /// defaults, and an update of at most 1/25 of the fp32 bytes.
+    fn default() -> Self {
+        Self { up: Layout { chunk: 4096, k: 64, bits: 2 }, decay_milli: 950, down_k: 256 }
+    }
+}
+
+impl Settings {
+    /// The workers' error-feedback decay.
+    pub fn decay(&self) -> f32 {
+        f32::from(self.decay_milli) / 1000.0
+    }
+
+    /// What the shepherd's update is laid out as: the workers' chunks, `down_k`
+    /// entries each, 8 bits.
+    pub fn down(&self) -> Layout {
+        Layout { chunk: self.up.chunk, k: self.down_k, bits: 8 }
+    }
+
+    /// The canonical spelling, as in the manifest:
+    /// `sparse:chunk=4096,k=64,bits=2,decay=0.95,down=256`.
+    pub fn spec(&self) -> String {
+        format!(
+            "sparse:chunk={},k={},bits={},decay={},down={}",
+            self.up.chunk,
+            self.up.k,
+            self.up.bits,
+            self.decay(),
+            self.down_k
+        )
+    }
+
+    /// Parses `sparse` (the defaults) or `sparse:` followed by any of
+    /// `chunk=N`, `k=N`, `bits=2|4|8`, `decay=F` (0 to 1) and `down=N`, comma-separated.
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let mut s = Self::default();
+        let rest = match spec.strip_prefix("sparse") {
+            Some("") => return Ok(s),
+            Some(rest) => rest.strip_prefix(':').ok_or_else(|| format!("{spec:?} is not sparse[:key=value,…]"))?,
+            None => return Err(format!("{spec:?} is not a sparse encoding")),
+        };
+        for part in rest.split(',').filter(|p| !p.is_empty()) {
+            let (key, value) = part.split_once('=').ok_or_else(|| format!("{part:?} is not key=value"))?;
+            let int = || value.parse::<u32>().map_err(|_| format!("{key}={value:?} is not a whole number"));
+            match key {
+                "chunk" => s.up.chunk = int()?,
+                "k" => s.up.k = int()?,
+                "bits" => s.up.bits = u8::try_from(int()?).map_err(|_| format!("bits={value} is not 2, 4 or 8"))?,
+                "down" => s.down_k = int()?,
+                "decay" => {
+                    let d: f64 = value.parse().map_err(|_| format!("decay={value:?} is not a number"))?;
+                    if !(0.0..=1.0).contains(&d) {
+                        return Err(format!("decay={value} is outside 0..=1"));
+                    }
+                    s.decay_milli = (d * 1000.0).round() as u16;
+                }
+                other => return Err(format!("unknown sparse setting {other:?} (chunk, k, bits, decay, down)")),
+            }
+        }
+        s.up.check()?;
+        s.down().check().map_err(|e| format!("down: {e}"))?;
+        Ok(s)
+    }
+}
+
+/// One tensor's kept entries: increasing indices into the flat tensor, and values.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SparseTensor {
+    /// Flat indices, strictly increasing.
+    pub indices: Vec<u32>,
+    /// The decoded values at those indices.
+    pub values: Vec<f32>,
+}
+
+/// A decoded sparse message: one [`SparseTensor`] per parameter tensor.
+pub type SparseTensors = Vec<SparseTensor>;
+
+/// Why bytes did not decode as a sparse message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Not a pcp sparse message.
+    #[error("bad magic or version (not a pcp sparse message)")]
+    Magic,
+    /// The message's layout is not the run's.
+    #[error("layout chunk {chunk}, k {k}, {bits} bits; the run uses chunk {want_chunk}, k {want_k}, {want_bits} bits")]
+    Layout {
+        /// From the header.
+        chunk: u32,
+        /// From the header.
+        k: u32,
+        /// From the header.
+        bits: u8,
+        /// Expected.
+        want_chunk: u32,
+        /// Expected.
+        want_k: u32,
+        /// Expected.
+        want_bits: u8,
+    },
+    /// The tensor count or a tensor's size differs from the parameters'.
+    #[error("expected {expected} elements in tensor {index}, header says {got}")]
+    Size {
+        /// Which tensor (`usize::MAX`: the count).
+        index: usize,
+        /// From the header.
+        got: usize,
+        /// Expected.
+        expected: usize,
+    },
+    /// Fewer or more bytes than the layout implies.
+    #[error("{got} bytes; the layout implies {expected}")]
+    Length {
+        /// Received.
+        got: usize,
+        /// Implied by the sizes and the layout.
+        expected: usize,
+    },
+    /// An offset outside its chunk, or not above the previous one.
+    #[error("tensor {index}: offset {offset} in a chunk of {len} is out of range or out of order")]
+    Offset {
+        /// Which tensor.
+        index: usize,
+        /// The offset read.
+        offset: usize,
+        /// The chunk's length.
+        len: usize,
+    },
+}
+
+/// Encodes the chunked top-k of `tensors`; returns the bytes and exactly what a
+/// receiver decodes from them.
+pub fn encode(tensors: &Tensors, layout: Layout) -> (Vec<u8>, SparseTensors) {
+    let sizes: Vec<usize> = tensors.iter().map(Vec::len).collect();
+    let mut out = Vec::with_capacity(layout.encoded_len(&sizes));
+    out.extend_from_slice(MAGIC);
+    out.push(VERSION);
+    out.extend_from_slice(&layout.chunk.to_le_bytes());
+    out.extend_from_slice(&layout.k.to_le_bytes());
+    out.push(layout.bits);
+    out.extend_from_slice(&(tensors.len() as u32).to_le_bytes());
+    let mut decoded = Vec::with_capacity(tensors.len());
+    let mut order: Vec<u32> = Vec::new();
+    for t in tensors {
+        out.extend_from_slice(&(t.len() as u32).to_le_bytes());
+        // 1. the top-k offsets of every chunk, increasing
+        let mut indices: Vec<u32> = Vec::with_capacity(layout.kept_in(t.len()));
+        for (start, len) in layout.chunks(t.len()) {
+            let keep = layout.kept(len);
+            order.clear();
+            order.extend(0..len as u32);
+            let chunk = &t[start..start + len];
+            let by_magnitude = |a: &u32, b: &u32| chunk[*b as usize].abs().total_cmp(&chunk[*a as usize].abs());
+            if keep < len {
+                order.select_nth_unstable_by(keep - 1, by_magnitude);
+            }
+            let kept = &mut order[..keep];
+            kept.sort_unstable();
+            indices.extend(kept.iter().map(|o| start as u32 + o));
+        }
+        // 2. the kept values, quantized
+        let values: Vec<f32> = indices.iter().map(|i| t[*i as usize]).collect();
+        let (stored, table, codes) = quantize(&values, layout.bits);
+        stored.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+        // 3. offsets then codes, chunk by chunk
+        let mut bits = BitWriter::new(&mut out);
+        let mut at = 0;
+        for (start, len) in layout.chunks(t.len()) {
+            let keep = layout.kept(len);
+            let width = offset_bits(len);
+            for i in &indices[at..at + keep] {
+                bits.put(u64::from(*i) - start as u64, width);
+            }
+            for c in &codes[at..at + keep] {
+                bits.put(u64::from(*c), usize::from(layout.bits));
+            }
+            at += keep;
+        }
+        bits.finish();
+        let values = codes.iter().map(|c| table[usize::from(*c)]).collect();
+        decoded.push(SparseTensor { indices, values });
+    }
+    (out, decoded)
+}
+
+/// The statistical quantizer: what is stored (the bins' means, or at 8 bits the
+/// mean and step), the decoding table of all 2^bits bins, and each value's bin.
+fn quantize(values: &[f32], bits: u8) -> (Vec<f32>, Vec<f32>, Vec<u8>) {
+    let bins = 1usize << bits;
+    if values.is_empty() {
+        let stored = vec![0.0; Layout { chunk: 1, k: 1, bits }.table_len()];
+        let table = decoding_table(&stored, bits);
+        return (stored, table, Vec::new());
+    }
+    let n = values.len() as f64;
+    let mean = values.iter().map(|v| f64::from(*v)).sum::<f64>() / n;
+    let var = if values.len() > 1 {
+        values.iter().map(|v| (f64::from(*v) - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    let mut scale = f64::from(RANGE_SIGMAS) * var.sqrt() / bins as f64;
+    if !(scale.is_finite() && scale > 0.0) {
+        scale = 1.0;
+    }
+    let offset = (bins / 2) as f64;
+    let codes: Vec<u8> = values
+        .iter()
+        .map(|v| {
+            let q = ((f64::from(*v) - mean) / scale + offset).round();
+            // NaN casts to 0: a non-finite input decodes to the non-finite table
+            q.clamp(0.0, (bins - 1) as f64) as u8
+        })
+        .collect();
+    let stored = if bits >= 8 {
+        vec![mean as f32, scale as f32]
+    } else {
+        let mut sums = vec![0.0f64; bins];
+        let mut counts = vec![0u64; bins];
+        for (v, c) in values.iter().zip(&codes) {
+            sums[usize::from(*c)] += f64::from(*v) - mean;
+            counts[usize::from(*c)] += 1;
+        }
+        sums.iter().zip(&counts).map(|(s, c)| (mean + s / (*c).max(1) as f64) as f32).collect()
+    };
+    let table = decoding_table(&stored, bits);
+    (stored, table, codes)
+}
+
+/// Every bin's value, from what a message stores for a tensor: at 8 bits the bin
+/// centres `mean + (code − 128) × step` (computed in f32, as both ends do).
+fn decoding_table(stored: &[f32], bits: u8) -> Vec<f32> {
+    if bits >= 8 {
+        let (mean, step) = (stored[0], stored[1]);
+        (0..256).map(|code| mean + (code as f32 - 128.0) * step).collect()
+    } else {
+        stored.to_vec()
+    }
+}
+
+/// Decodes a message that must hold tensors of exactly `sizes` elements in `layout`.
+pub fn decode(bytes: &[u8], sizes: &[usize], layout: Layout) -> Result<SparseTensors, DecodeError> {
+    if bytes.len() < HEADER || &bytes[..4] != MAGIC || bytes[4] != VERSION {
+        return Err(DecodeError::Magic);
+    }
+    let u32_at = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+    let (chunk, k, bits) = (u32_at(5), u32_at(9), bytes[13]);
+    if (chunk, k, bits) != (layout.chunk, layout.k, layout.bits) {
+        return Err(DecodeError::Layout {
+            chunk,
+            k,
+            bits,
+            want_chunk: layout.chunk,
+            want_k: layout.k,
+            want_bits: layout.bits,
+        });
+    }
+    let count = u32_at(14) as usize;
+    if count != sizes.len() {
+        return Err(DecodeError::Size { index: usize::MAX, got: count, expected: sizes.len() });
+    }
+    let expected = layout.encoded_len(sizes);
+    if bytes.len() != expected {
+        return Err(DecodeError::Length { got: bytes.len(), expected });
+    }
+    let mut at = HEADER;
+    let mut tensors = Vec::with_capacity(sizes.len());
+    for (index, n) in sizes.iter().copied().enumerate() {
+        let got = u32_at(at) as usize;
+        if got != n {
+            return Err(DecodeError::Size { index, got, expected: n });
+        }
+        at += 4;
+        let stored: Vec<f32> = bytes[at..at + 4 * layout.table_len()]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        at += stored.len() * 4;
+        let table = decoding_table(&stored, bits);
+        let packed = layout.tensor_bits(n).div_ceil(8);
+        let mut reader = BitReader::new(&bytes[at..at + packed]);
+        at += packed;
+        let kept = layout.kept_in(n);
+        let mut t = SparseTensor { indices: Vec::with_capacity(kept), values: Vec::with_capacity(kept) };
+        for (start, len) in layout.chunks(n) {
+            let keep = layout.kept(len);
+            let width = offset_bits(len);
+            let mut previous = None;
+            for _ in 0..keep {
+                let offset = reader.get(width) as usize;
+                if offset >= len || previous.is_some_and(|p| offset <= p) {
+                    return Err(DecodeError::Offset { index, offset, len });
+                }
+                previous = Some(offset);
+                t.indices.push((start + offset) as u32);
+            }
+            for _ in 0..keep {
+                t.values.push(table[reader.get(usize::from(bits)) as usize]);
+            }
+        }
+        tensors.push(t);
+    }
+    Ok(tensors)
+}
+
+/// Subtracts `sparse` × `scale` from `dense` (θ ← θ − scale·Δ̂, or e ← e − Δ̂).
+pub fn subtract(dense: &mut Tensors, sparse: &SparseTensors, scale: f32) {
+    for (d, s) in dense.iter_mut().zip(sparse) {
+        for (i, v) in s.indices.iter().zip(&s.values) {
+            d[*i as usize] -= scale * v;
+        }
+    }
+}
+
+/// The error-feedback buffer of SparseLoCo: `e ← decay·e + Δ`, send the chunked
+/// top-k of `e`, `e ← e − decode(sent)`. Workers decay it by 0.95 (the reference
+/// code's default); the shepherd, re-sparsifying the aggregate, by 1 (nothing is
+/// lost, only delayed).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ErrorFeedback {
+    /// The buffer, one tensor per parameter.
+    pub buffer: Tensors,
+    /// Multiplies the buffer before each new Δ is added.
+    pub decay: f32,
+    /// The layout of what is sent.
+    pub layout: Layout,
+}
+
+impl ErrorFeedback {
+    /// A zero buffer for tensors of `sizes` elements.
+    pub fn new(sizes: &[usize], decay: f32, layout: Layout) -> Self {
+        Self { buffer: sizes.iter().map(|n| vec![0.0; *n]).collect(), decay, layout }
+    }
+
+    /// Adds `delta` × `scale` to the decayed buffer and takes out what is sent: the
+    /// message and its decoded form.
+    pub fn compress(&mut self, delta: &Tensors, scale: f32) -> (Vec<u8>, SparseTensors) {
+        for (e, d) in self.buffer.iter_mut().zip(delta) {
+            for (e, d) in e.iter_mut().zip(d) {
+                *e = self.decay * *e + scale * d;
+            }
+        }
+        let (bytes, sent) = encode(&self.buffer, self.layout);
+        subtract(&mut self.buffer, &sent, 1.0);
+        (bytes, sent)
+    }
+}
+
+/// Writes bits LSB-first into a byte vector.
+struct BitWriter<'a> {
+    out: &'a mut Vec<u8>,
+    acc: u64,
+    filled: usize,
+}
+
+impl<'a> BitWriter<'a> {
+    fn new(out: &'a mut Vec<u8>) -> Self {
+        Self { out, acc: 0, filled: 0 }
+    }
+
+    /// Appends the low `width` (at most 32) bits of `value`.
+    fn put(&mut self, value: u64, width: usize) {
+        if width == 0 {
+            return;
+        }
+        self.acc |= (value & ((1u64 << width) - 1)) << self.filled;
+        self.filled += width;
+        while self.filled >= 8 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.filled -= 8;
+        }
+    }
+
+    fn finish(self) {
+        if self.filled > 0 {
+            self.out.push(self.acc as u8);
+        }
+    }
+}
+
+/// Reads bits LSB-first; past the end it reads zeros (the length was checked).
+struct BitReader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    acc: u64,
+    filled: usize,
+}
+
+impl<'a> BitReader<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Self { bytes, at: 0, acc: 0, filled: 0 }
+    }
+
+    fn get(&mut self, width: usize) -> u64 {
+        if width == 0 {
+            return 0;
+        }
+        while self.filled < width {
+            let byte = self.bytes.get(self.at).copied().unwrap_or(0);
+            self.at += 1;
+            self.acc |= u64::from(byte) << self.filled;
+            self.filled += 8;
+        }
+        let v = self.acc & ((1u64 << width) - 1);
+        self.acc >>= width;
+        self.filled -= width;
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const LAYOUT: Layout = Layout { chunk: 4096, k: 64, bits: 2 };
+
+    fn wave(n: usize, seed: f32) -> Vec<f32> {
+        (0..n).map(|i| ((i as f32 * 0.731 + seed).sin() * (i as f32 * 0.017).cos()) * 1e-3).collect()
+    }
+
+    #[test]
+    fn keeps_the_largest_entry_of_every_chunk_and_round_trips() {
+        let t: Tensors = vec![wave(10_000, 0.3), wave(130, 1.0), vec![], vec![5.0]];
+        let (bytes, sent) = encode(&t, LAYOUT);
+        assert_eq!(bytes.len(), LAYOUT.encoded_len(&[10_000, 130, 0, 1]));
+        assert_eq!(decode(&bytes, &[10_000, 130, 0, 1], LAYOUT).as_ref(), Ok(&sent));
+        // 64 + 64 + ceil(1808 × 64 / 4096) = 29 kept in the first tensor, ceil(130/64) = 3 in the second
+        assert_eq!(sent[0].indices.len(), 64 + 64 + 29);
+        assert_eq!(sent[1].indices.len(), 3);
+        assert_eq!(sent[3].indices, vec![0]);
+        for (start, len) in LAYOUT.chunks(10_000) {
+            let chunk = &t[0][start..start + len];
+            let max = chunk.iter().enumerate().max_by(|a, b| a.1.abs().total_cmp(&b.1.abs())).map(|(i, _)| i);
+            assert!(sent[0].indices.contains(&((start + max.unwrap_or(0)) as u32)), "chunk at {start}");
+        }
+    }
+
+    #[test]
+    fn the_default_layout_is_over_a_hundred_times_smaller_than_fp32() {
+        let sizes = [768 * 3072, 50_304 * 768, 768];
+        let fp32 = 4 * sizes.iter().sum::<usize>();
+        let ratio = fp32 as f64 / LAYOUT.encoded_len(&sizes) as f64;
+        assert!(ratio > 140.0, "{ratio}");
+        // the shepherd's update: k 256, 8 bits
+        let down = Layout { chunk: 4096, k: 256, bits: 8 };
+        assert!(fp32 as f64 / down.encoded_len(&sizes) as f64 > 25.0);
+        // nanogpt-small's 29 tensors, most of them small: still over 100× and 20×
+        let small = [4160, 2048, 64, 64, 12288, 192, 4096, 64, 64, 64, 16384, 256, 16384, 64];
+        let sizes: Vec<usize> = small.iter().chain(&small[2..]).chain(&[64, 64, 4160]).copied().collect();
+        let fp32 = 4 * sizes.iter().sum::<usize>();
+        assert!(fp32 as f64 / LAYOUT.encoded_len(&sizes) as f64 > 110.0);
+        assert!(fp32 as f64 / down.encoded_len(&sizes) as f64 > 20.0);
+    }
+
+    #[test]
+    fn two_bit_values_keep_the_sign_and_most_of_the_magnitude() {
+        let t: Tensors = vec![wave(40_960, 0.0)];
+        let (_, sent) = encode(&t, LAYOUT);
+        let (mut err, mut norm) = (0.0f64, 0.0f64);
+        for (i, v) in sent[0].indices.iter().zip(&sent[0].values) {
+            let x = t[0][*i as usize];
+            assert_eq!(x.signum(), v.signum(), "{x} decoded as {v}");
+            err += f64::from(x - v).powi(2);
+            norm += f64::from(x).powi(2);
+        }
+        assert!(err / norm < 0.1, "relative squared error {}", err / norm);
+    }
+
+    #[test]
+    fn error_feedback_sends_everything_eventually() {
+        // a constant Δ: with decay 1, what has been sent converges to rounds × Δ
+        let delta: Tensors = vec![wave(8192, 2.0)];
+        let mut ef = ErrorFeedback::new(&[8192], 1.0, LAYOUT);
+        let mut sent_sum = vec![vec![0.0f32; 8192]];
+        let rounds = 200;
+        for _ in 0..rounds {
+            let (_, sent) = ef.compress(&delta, 1.0);
+            subtract(&mut sent_sum, &sent, -1.0);
+        }
+        // e = rounds·Δ − sent, so sent/rounds → Δ
+        let err: f64 = sent_sum[0]
+            .iter()
+            .zip(&delta[0])
+            .map(|(s, d)| f64::from(s / rounds as f32 - d).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let norm: f64 = delta[0].iter().map(|d| f64::from(*d).powi(2)).sum::<f64>().sqrt();
+        assert!(err / norm < 0.25, "{}", err / norm);
+        let left: f64 = ef.buffer[0].iter().zip(&sent_sum[0]).map(|(e, s)| f64::from(*e + s)).sum();
+        let total: f64 = delta[0].iter().map(|d| f64::from(*d) * rounds as f64).sum();
+        assert!((left - total).abs() < 1e-3 * total.abs().max(1e-3), "e + sent = Σ Δ: {left} vs {total}");
+    }
+
+    #[test]
+    fn hostile_messages_are_refused_before_allocating() {
+        let t: Tensors = vec![wave(5000, 0.5)];
+        let (bytes, _) = encode(&t, LAYOUT);
+        assert!(matches!(decode(&bytes, &[5001], LAYOUT), Err(DecodeError::Length { .. } | DecodeError::Size { .. })));
+        assert!(matches!(decode(&bytes, &[5000], Layout { k: 32, ..LAYOUT }), Err(DecodeError::Layout { .. })));
+        assert!(matches!(decode(&bytes[..bytes.len() - 1], &[5000], LAYOUT), Err(DecodeError::Length { .. })));
+        assert_eq!(decode(b"PCPG\x01", &[5000], LAYOUT), Err(DecodeError::Magic));
+        let mut count = bytes.clone();
+        count[14..18].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(decode(&count, &[5000], LAYOUT), Err(DecodeError::Size { .. })));
+        // a repeated offset: the first two offsets of the first chunk made equal
+        let mut repeated = bytes.clone();
+        let body = HEADER + 4 + 16; // elements, then a 2-bit table of 4 floats
+        let first = u16::from_le_bytes([repeated[body], repeated[body + 1]]) & 0x0fff;
+        let second_low = (first & 0xf) << 4;
+        repeated[body + 1] = (repeated[body + 1] & 0x0f) | second_low as u8;
+        repeated[body + 2] = (first >> 4) as u8;
+        assert!(matches!(decode(&repeated, &[5000], LAYOUT), Err(DecodeError::Offset { .. })));
+    }
+
+    #[test]
+    fn settings_parse_and_print_canonically() {
+        let d = Settings::default();
+        assert_eq!(Settings::parse("sparse"), Ok(d));
+        assert_eq!(d.spec(), "sparse:chunk=4096,k=64,bits=2,decay=0.95,down=256");
+        assert_eq!(Settings::parse(&d.spec()), Ok(d));
+        let s = Settings::parse("sparse:k=32,bits=4").expect("parses");
+        assert_eq!((s.up.k, s.up.bits, s.up.chunk), (32, 4, 4096));
+        assert!(Settings::parse("sparse:k=0").is_err());
+        assert!(Settings::parse("sparse:bits=3").is_err());
+        assert!(Settings::parse("sparse:decay=2").is_err());
+        assert!(Settings::parse("sparse:what=1").is_err());
+        assert!(Settings::parse("sparsely").is_err());
+        assert!(Settings::parse("int8").is_err());
+    }
+
+    #[test]
+    fn layouts_are_checked() {
+        assert!(LAYOUT.check().is_ok());
+        assert!(Layout { k: 0, ..LAYOUT }.check().is_err());
+        assert!(Layout { k: 5000, ..LAYOUT }.check().is_err());
+        assert!(Layout { bits: 3, ..LAYOUT }.check().is_err());
+        assert!(Layout { chunk: MAX_CHUNK + 1, k: 1, bits: 2 }.check().is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips_in_every_layout(
+            values in proptest::collection::vec(-1e3f32..1e3, 0..300),
+            split in 0usize..300,
+            chunk in 1u32..70,
+            k_frac in 0.0f64..1.0,
+            bits in prop_oneof![Just(2u8), Just(4), Just(8)],
+        ) {
+            let split = split.min(values.len());
+            let t: Tensors = vec![values[..split].to_vec(), values[split..].to_vec()];
+            let sizes = [t[0].len(), t[1].len()];
+            let layout = Layout { chunk, k: ((f64::from(chunk) * k_frac) as u32).max(1), bits };
+            let (bytes, sent) = encode(&t, layout);
+            prop_assert_eq!(bytes.len(), layout.encoded_len(&sizes));
+            prop_assert_eq!(decode(&bytes, &sizes, layout), Ok(sent));
+        }
+
+        #[test]
+        fn random_bytes_never_panic(mut bytes in proptest::collection::vec(any::<u8>(), 0..200), n in 0usize..300) {
+            let layout = Layout { chunk: 16, k: 3, bits: 2 };
+            let _ = decode(&bytes, &[n, 7], layout);
+            // with a valid header and length, the body is random
+            let len = layout.encoded_len(&[n, 7]);
+            bytes.resize(len, 0xa5);
+            let (head, _) = encode(&vec![vec![0.0; n], vec![0.0; 7]], layout);
+            bytes[..HEADER + 4].copy_from_slice(&head[..HEADER + 4]);
+            let _ = decode(&bytes, &[n, 7], layout);
+        }
+    }
+}
