@@ -34,5 +34,7 @@ pub(crate) struct RoleIo {
 }
 
 pub(crate) use candidate::{Begin, STANDBY, run as candidate_run};
-pub(crate) use shepherd::{Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, parse_trim};
+pub(crate) use shepherd::{
+    SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, parse_encoding, parse_trim,
+};
 pub(crate) use worker::{Hostile, WorkerArgs, WorkerPlan, run as worker_run};

@@ -48,6 +48,9 @@ struct Metrics {
     round_seconds: FloatGauge,
     round_bytes_in: Gauge,
     round_bytes_out: Gauge,
+    round_update_bytes: Gauge,
+    contribution_bytes_up: Counter,
+    contribution_bytes_down: Counter,
     rejected: Family<Labels, Counter>,
     clipped: Counter,
     messages_rejected: Counter,
@@ -71,6 +74,9 @@ impl Metrics {
             round_seconds: FloatGauge::default(),
             round_bytes_in: Gauge::default(),
             round_bytes_out: Gauge::default(),
+            round_update_bytes: Gauge::default(),
+            contribution_bytes_up: Counter::default(),
+            contribution_bytes_down: Counter::default(),
             rejected: Family::default(),
             clipped: Counter::default(),
             messages_rejected: Counter::default(),
@@ -93,6 +99,21 @@ impl Metrics {
             metrics.round_bytes_in.clone(),
         );
         r.register("round_bytes_out", "Bytes served to workers in the last round", metrics.round_bytes_out.clone());
+        r.register(
+            "round_update_bytes",
+            "Bytes of the last round's sparse update (0: dense runs publish parameters only)",
+            metrics.round_update_bytes.clone(),
+        );
+        r.register(
+            "contribution_bytes_up",
+            "Bytes of contributions sent (a worker) or received (a shepherd)",
+            metrics.contribution_bytes_up.clone(),
+        );
+        r.register(
+            "contribution_bytes_down",
+            "Parameter bytes workers fetched for the rounds they contributed to (their reports)",
+            metrics.contribution_bytes_down.clone(),
+        );
         r.register("contributions_rejected", "Contributions refused, by reason", metrics.rejected.clone());
         r.register("contributions_clipped", "Contributions scaled down to the norm bound", metrics.clipped.clone());
         r.register("messages_rejected", "Requests refused before they were read", metrics.messages_rejected.clone());
@@ -113,6 +134,7 @@ impl Metrics {
                     (&self.contributors, u64_of("contributors")),
                     (&self.round_bytes_in, u64_of("bytes_in")),
                     (&self.round_bytes_out, u64_of("bytes_out")),
+                    (&self.round_update_bytes, u64_of("update_bytes")),
                 ];
                 for (gauge, value) in gauges {
                     if let Some(v) = value {
@@ -139,6 +161,14 @@ impl Metrics {
                 if let Some(v) = f64_of("tokens_per_s") {
                     self.tokens_per_second.set(v);
                 }
+            }
+            "contribution_received" => {
+                self.contribution_bytes_up.inc_by(u64_of("bytes").unwrap_or(0));
+                self.contribution_bytes_down.inc_by(u64_of("bytes_down").unwrap_or(0));
+            }
+            "contribution_sent" => {
+                self.contribution_bytes_up.inc_by(u64_of("bytes_up").unwrap_or(0));
+                self.contribution_bytes_down.inc_by(u64_of("bytes_down").unwrap_or(0));
             }
             "contribution_rejected" => {
                 let reason = fields.get("reason").and_then(Value::as_str).unwrap_or("");
@@ -281,8 +311,10 @@ mod tests {
         m.observe(
             "round_completed",
             &json!({"round": 1, "contributors": 3, "mean_loss": 2.5, "val_loss": 2.25, "seconds": 1.5,
-                    "bytes_in": 1000, "bytes_out": 2000}),
+                    "bytes_in": 1000, "bytes_out": 2000, "update_bytes": 300}),
         );
+        m.observe("contribution_received", &json!({"bytes": 40, "bytes_down": 300}));
+        m.observe("contribution_received", &json!({"bytes": 40, "bytes_down": 4000}));
         m.observe("contribution_rejected", &json!({"reason": "no improvement: held-out loss 2.0 with it"}));
         m.observe("contribution_rejected", &json!({"reason": "no improvement: held-out loss 3.0 with it"}));
         m.observe("contribution_rejected", &json!({"reason": "non-finite value in tensor 0"}));
@@ -296,6 +328,9 @@ mod tests {
             "pcp_round_contributors 3",
             "pcp_val_loss 2.25",
             "pcp_round_bytes_in 1000",
+            "pcp_round_update_bytes 300",
+            "pcp_contribution_bytes_up_total 80",
+            "pcp_contribution_bytes_down_total 4300",
             "pcp_contributions_rejected_total{reason=\"no improvement\"} 2",
             "pcp_contributions_rejected_total{reason=\"non-finite value in tensor 0\"} 1",
             "pcp_peers 1",

@@ -58,15 +58,17 @@ pub(crate) struct SimArgs {
     /// norm (repeatable).
     #[arg(long, value_name = "KIND:NODE")]
     hostile: Vec<String>,
-    /// Pseudo-gradient encoding: fp32, bf16 or int8.
+    /// Pseudo-gradient encoding: fp32, bf16, int8, or `sparse` (SparseLoCo: chunked
+    /// top-k with error feedback, sparse updates both ways;
+    /// `sparse:chunk=4096,k=64,bits=2,decay=0.95,down=256` spells out the defaults).
     #[arg(long, default_value = "fp32")]
     encoding: String,
     /// Inner learning rate.
     #[arg(long, default_value_t = 3e-3)]
     lr: f64,
-    /// Outer learning rate.
-    #[arg(long, default_value_t = 0.7)]
-    outer_lr: f32,
+    /// Outer learning rate [default: 0.7; sparse runs: 3.0].
+    #[arg(long)]
+    outer_lr: Option<f32>,
     /// Outer Nesterov momentum.
     #[arg(long, default_value_t = 0.9)]
     outer_momentum: f32,
@@ -151,9 +153,12 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
         )));
     }
     let _metrics = crate::metrics::serve(net.metrics).await.map_err(Failure::input)?;
-    let encoding = Encoding::parse(&args.encoding).ok_or_else(|| {
-        Failure::input(anyhow::anyhow!("unknown --encoding {:?}; expected fp32, bf16 or int8", args.encoding))
-    })?;
+    let encoding = crate::diloco::parse_encoding(&args.encoding, args.trim)?;
+    let outer_lr = match (args.outer_lr, encoding) {
+        (Some(lr), _) => f64::from(lr),
+        (None, Encoding::Sparse(_)) => crate::diloco::SPARSE_OUTER_LR,
+        (None, _) => Experiment::default().outer_lr,
+    };
     let kill_at = args.kill_at.as_deref().map(parse_kill).transpose()?;
     let hostile = parse_hostile(&args.hostile)?;
     let worker_args = WorkerArgs {
@@ -182,7 +187,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
         batch_size: args.batch,
         tau: args.tau,
         outer_loop_steps: args.rounds,
-        outer_lr: f64::from(args.outer_lr),
+        outer_lr,
         nesterov_momentum: f64::from(args.outer_momentum),
         ..Experiment::default()
     };

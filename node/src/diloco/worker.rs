@@ -337,7 +337,9 @@ async fn round_params(
         {
             let applied = async {
                 let bytes = read(&fetch(node, update.blob.blob, from, "round update").await?)?;
-                let sent = sparse::decode(&bytes, sizes, layout).context("the round's update")?;
+                // the update closed the previous round, and is seeded with it
+                let seed = announcement.round.saturating_sub(1);
+                let sent = sparse::decode_seeded(&bytes, sizes, layout, seed).context("the round's update")?;
                 let mut next = params.clone();
                 sparse::subtract(&mut next, &sent, 1.0);
                 anyhow::ensure!(wire::params_hash(&next) == want, "the updated parameters do not hash to {want}");
@@ -416,7 +418,8 @@ async fn train(
         "run_joined",
         json!({"run": run.to_hex(), "shepherd": joined.shepherd.to_string(), "backend": plan.backend,
                "target": plan.target, "artifact": BlobHash(joined.artifact.blob).to_hex(),
-               "screen": m.screen, "trim": m.trim, "rounds": m.rounds, "tau": m.inner_steps}),
+               "screen": m.screen, "trim": m.trim, "rounds": m.rounds, "tau": m.inner_steps,
+               "encoding": encoding.name(), "encoding_spec": encoding.spec()}),
     );
     if plan.verbose {
         println!(
@@ -570,7 +573,7 @@ async fn train(
                     let loss = (loss_sum / taken.max(1) as f64) as f32;
                     let (bytes, sent) = match feedback.as_mut() {
                         Some(ef) => {
-                            let (bytes, sent) = ef.compress(&delta, 1.0);
+                            let (bytes, sent) = ef.compress_seeded(&delta, 1.0, r);
                             (bytes, Some(sent))
                         }
                         None => (compress::encode(&delta, encoding), None),
@@ -882,5 +885,31 @@ impl Heartbeats {
         if let Err(e) = self.node.publish(self.run, envelope.encode()).await {
             tracing::debug!("gossiping a forgery: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_feedback_survives_a_restart_and_damage_is_ignored() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let run = RunId([9; 32]);
+        let path = feedback_path(dir.path(), run);
+        let settings = Settings::default();
+        // nothing saved yet: zeros
+        let mut ef = load_feedback(&path, &[100, 3], settings);
+        assert_eq!(ef.buffer, vec![vec![0.0; 100], vec![0.0; 3]]);
+        let delta: Tensors = vec![(0..100).map(|i| i as f32 * 0.01 - 0.3).collect(), vec![0.5, -0.25, 1.0]];
+        ef.compress_seeded(&delta, 1.0, 1);
+        save_feedback(&path, &ef).expect("saves");
+        let back = load_feedback(&path, &[100, 3], settings);
+        assert_eq!(back.buffer, ef.buffer, "what was not sent survives the restart");
+        assert!(back.buffer.iter().flatten().any(|v| *v != 0.0));
+        // another run's shapes, or a damaged file: a fresh buffer, not a crash
+        assert_eq!(load_feedback(&path, &[99, 3], settings).buffer, vec![vec![0.0; 99], vec![0.0; 3]]);
+        std::fs::write(&path, b"junk").expect("writes");
+        assert_eq!(load_feedback(&path, &[100, 3], settings).buffer, vec![vec![0.0; 100], vec![0.0; 3]]);
     }
 }

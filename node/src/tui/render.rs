@@ -151,6 +151,9 @@ fn render_header(frame: &mut Frame<'_>, area: Rect, state: &State) {
     if let Some(tau) = state.tau {
         spans.extend([sep(), Span::raw(format!("τ={tau}"))]);
     }
+    if let Some(encoding) = &state.encoding {
+        spans.extend([sep(), Span::raw(encoding.clone())]);
+    }
     if let Some(term) = state.term {
         spans.extend([sep(), Span::styled("term ", dim), Span::raw(term.to_string())]);
     }

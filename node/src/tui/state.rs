@@ -217,6 +217,8 @@ pub(crate) struct State {
     pub(crate) model: Option<String>,
     pub(crate) rounds_total: Option<u64>,
     pub(crate) tau: Option<u64>,
+    /// The run's pseudo-gradient encoding (`fp32`, `int8`, `sparse`, …).
+    pub(crate) encoding: Option<String>,
     /// The leader's term, once there was an election.
     pub(crate) term: Option<u64>,
     /// This node's peer id (in `sim`, the shepherd's) and first listen address.
@@ -277,6 +279,7 @@ impl State {
             model: None,
             rounds_total: None,
             tau: None,
+            encoding: None,
             term: None,
             me: None,
             listen: None,
@@ -421,6 +424,7 @@ impl State {
                 self.model = str_of(fields, "model").map(str::to_owned);
                 self.rounds_total = u64_of(fields, "rounds");
                 self.tau = u64_of(fields, "tau");
+                self.encoding = str_of(fields, "encoding").map(str::to_owned);
                 self.round = u64_of(fields, "resumed_round").unwrap_or(0);
                 self.started_ms = Some(self.now_ms);
                 self.phase = Phase::WaitingForWorkers;
@@ -604,6 +608,7 @@ impl State {
                 self.backend = Some(backend_name(backend, str_of(fields, "target").unwrap_or("")));
                 self.rounds_total = u64_of(fields, "rounds").or(self.rounds_total);
                 self.tau = u64_of(fields, "tau").or(self.tau);
+                self.encoding = str_of(fields, "encoding").map(str::to_owned).or(self.encoding.take());
                 self.started_ms.get_or_insert(self.now_ms);
                 self.phase = Phase::Joined;
             }

@@ -166,12 +166,18 @@ pub fn encoded_len(sizes: &[usize], encoding: Encoding) -> usize {
 /// exactly `sizes` elements: dense encodings to dense tensors, sparse to its
 /// kept entries.
 pub fn decode_delta(bytes: &[u8], sizes: &[usize], encoding: Encoding) -> Result<Delta, DecodeError> {
+    decode_delta_seeded(bytes, sizes, encoding, 0)
+}
+
+/// [`decode_delta`] for a contribution to round `round` (a sparse message must
+/// be seeded with it).
+pub fn decode_delta_seeded(bytes: &[u8], sizes: &[usize], encoding: Encoding, round: u64) -> Result<Delta, DecodeError> {
     match encoding {
         Encoding::Sparse(s) => {
             if bytes.starts_with(MAGIC) {
                 return Err(DecodeError::Mismatch { got: "dense", expected: "sparse" });
             }
-            Ok(Delta::Sparse(sparse::decode(bytes, sizes, s.up)?))
+            Ok(Delta::Sparse(sparse::decode_seeded(bytes, sizes, s.up, round)?))
         }
         dense => {
             let (tensors, got) = decode(bytes, sizes)?;

@@ -258,15 +258,15 @@ impl Outer {
         }
     }
 
-    /// Applies the round's mean; returns the sparse update, if any.
-    fn step(&mut self, params: &mut Tensors, mean: &Tensors) -> Option<Vec<u8>> {
+    /// Applies `round`'s mean; returns the sparse update (seeded with the round), if any.
+    fn step(&mut self, params: &mut Tensors, mean: &Tensors, round: u64) -> Option<Vec<u8>> {
         match self {
             Self::Nesterov(n) => {
                 n.step(params, mean);
                 None
             }
             Self::Sparse { lr, feedback } => {
-                let (bytes, sent) = feedback.compress(mean, *lr);
+                let (bytes, sent) = feedback.compress_seeded(mean, *lr, round);
                 sparse::subtract(params, &sent, 1.0);
                 Some(bytes)
             }
@@ -594,7 +594,7 @@ impl<P: Ord + Clone> Shepherd<P> {
             }
             std::mem::take(&mut open.mean).finish()
         };
-        let update = mean.and_then(|mean| self.outer.step(&mut self.params, &mean));
+        let update = mean.and_then(|mean| self.outer.step(&mut self.params, &mean, round));
         self.completed = round;
         let duration_ms = now_ms.saturating_sub(open.started_ms);
         self.durations.push_back(duration_ms);
