@@ -1,32 +1,65 @@
 //! What a node agrees to read, and from whom, before it reads it.
 //!
 //! A DiLoCo request arrives as a signed [`FrameHead`] (at most
-//! [`pcp_schema::MAX_FRAME_HEAD`] bytes) and then its payload. The codec verifies the
-//! head's signature and asks [`Admission`] for a [`Permit`] before reading a byte of
-//! the payload:
+//! [`pcp_schema::MAX_FRAME_HEAD`] bytes) and then its payload. The codec reads it on the
+//! connection's own task, where it knows the [`Remote`]: the peer the transport
+//! authenticated and its IP address (see [`crate::rpc`] for how). It verifies the head's
+//! signature and asks [`Admission`] for a [`Permit`] before reading a byte of the payload:
 //!
-//! - a contribution is read only from a signer admitted to a run this node serves
-//!   (the shepherd admits a worker when it joins), and only up to that run's
-//!   contribution size; each signer has at most [`CONTRIBUTIONS_PER_SIGNER`] in flight,
-//!   and all of them together at most [`contribution_budget`] bytes;
-//! - any other request carries at most [`SMALL_FRAME`] bytes; those from signers not
-//!   admitted to any run share a node-wide budget of [`STRANGER_BUDGET`] bytes in flight.
+//! - the head's signer must be the connection's peer. A head captured from one peer and
+//!   sent by another is refused unread, and takes nothing of its signer's allowance;
+//! - a contribution is read only for the **open round** of a run this node serves, from
+//!   a **participant** of that round (the shepherd names them when it opens the round:
+//!   [`Admission::open_round`]), and only up to the run's encoded contribution size
+//!   ([`Admission::serve`]; a sparse run's is about 100 times smaller than a dense one's).
+//!   Each participant gets [`CONTRIBUTIONS_PER_ROUND`] permits per round, one at a time:
+//!   its contribution and one retry, for a stream that broke before its answer. All
+//!   contributions in flight together hold at most [`contribution_budget`] bytes, and a
+//!   retry is refused rather than taken out of the room kept for the participants that
+//!   have not sent their first yet. A hello or a heartbeat gives no contribution permit;
+//! - any other request carries at most [`SMALL_FRAME`] bytes. Participants of an open
+//!   round read theirs without limit (the streams per connection bound them). Anyone
+//!   else pays its payload plus [`FRAME_COST`] from three allowances at once:
+//!   [`SIGNER_BUDGET`] per signer, and per pool [`ADDRESS_BUDGET`] per IP address (an
+//!   IPv6 /64 counts as one address) and the pool's node-wide budget. The pools are
+//!   [`KNOWN_BUDGET`] for the signers a run knows ([`Admission::know`]: the shepherd's
+//!   workers, who said hello or sent a heartbeat; at most [`MAX_KNOWN`] per run, the
+//!   longest silent forgotten first), and [`STRANGER_BUDGET`] for everyone else.
 //!
-//! A stranger with unlimited keys therefore costs a node at most
-//! `STRANGER_BUDGET` plus one head per open stream, whatever it claims.
+//! So a stranger with unlimited keys costs a node at most `STRANGER_BUDGET +
+//! KNOWN_BUDGET` of small frames plus one head per open stream, whatever it claims; one
+//! address with many keys holds at most `ADDRESS_BUDGET` of each pool, and cannot keep
+//! other addresses or known workers out; and contribution-sized memory goes only to the
+//! workers the shepherd chose for the open round: one contribution at a time each, at
+//! most [`CONTRIBUTIONS_PER_ROUND`] per round however fast the shepherd consumes them.
+//! A permit is held while its payload is read and verified; the payload then goes on to
+//! the node's owner through the bounded event queue.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use libp2p::{Multiaddr, PeerId};
 use pcp_protocol::{PublicKey, RunId};
-use pcp_schema::{FrameHead, MessageKind};
+use pcp_schema::{FrameHead, MAX_FRAME_HEAD, MessageKind};
 
 /// The largest payload of a request that is not a contribution (hello, heartbeat).
 pub const SMALL_FRAME: usize = 64 << 10;
-/// Bytes in flight, node-wide, of requests from signers admitted to no run.
+/// What each small request costs beyond its payload: its open stream and head.
+pub const FRAME_COST: usize = MAX_FRAME_HEAD;
+/// Bytes of small requests in flight, node-wide, from signers no run knows.
 pub const STRANGER_BUDGET: usize = 16 << 20;
-/// Contributions in flight per admitted signer (one, and its retry).
-pub const CONTRIBUTIONS_PER_SIGNER: usize = 2;
+/// Bytes of small requests in flight, node-wide, from known signers outside the open round.
+pub const KNOWN_BUDGET: usize = 16 << 20;
+/// Bytes of small requests in flight from one signer outside the open round: two of the largest.
+pub const SIGNER_BUDGET: usize = 2 * (SMALL_FRAME + FRAME_COST);
+/// Bytes of small requests in flight from one IP address (IPv6: one /64) in one pool
+/// (strangers, known signers) outside the open round.
+pub const ADDRESS_BUDGET: usize = 1 << 20;
+/// Contribution permits per participant per round: its contribution, and one retry.
+pub const CONTRIBUTIONS_PER_ROUND: usize = 2;
+/// Signers a run knows; beyond, the one heard from longest ago is forgotten.
+pub const MAX_KNOWN: usize = 4096;
 
 /// Bytes of contributions in flight, node-wide, for a run whose contributions are at
 /// most `max_contribution` bytes: room for 64 at once, but no more than 8 GiB unless
@@ -35,9 +68,35 @@ pub fn contribution_budget(max_contribution: usize) -> usize {
     max_contribution.saturating_mul(64).min(8 << 30).max(max_contribution.saturating_mul(4))
 }
 
+/// The other end of a connection, as the transport authenticated it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Remote {
+    /// Its peer id.
+    pub(crate) peer: PeerId,
+    /// The key its peer id embeds (every pcp peer's does).
+    pub(crate) key: Option<PublicKey>,
+    /// Its IP address, an IPv6 one cut to its /64.
+    pub(crate) address: Option<IpAddr>,
+}
+
+impl Remote {
+    /// The peer `peer` at `addr`.
+    pub(crate) fn new(peer: PeerId, addr: &Multiaddr) -> Self {
+        Self { peer, key: crate::rpc::key_of(&peer), address: crate::ip_limits::address_of(addr) }
+    }
+}
+
 /// Why a request's payload is not read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
+    /// The head is signed by someone else than the peer that sent it (relayed or replayed).
+    #[error("{kind} signed by {signer}, not by the sending peer")]
+    NotSender {
+        /// The message kind.
+        kind: &'static str,
+        /// The signer the head names.
+        signer: PublicKey,
+    },
     /// A contribution for a run this node does not serve.
     #[error("contribution from {signer} for run {run}, which this node does not serve")]
     NotServed {
@@ -46,13 +105,25 @@ pub enum Refusal {
         /// The run named.
         run: RunId,
     },
-    /// A contribution from a signer that has not joined the run.
-    #[error("contribution from {signer}, who is not a participant of run {run}")]
+    /// A contribution for a round that is not the run's open round.
+    #[error("contribution from {signer} for round {round} of run {run}, which is not its open round")]
+    NotOpen {
+        /// The signer.
+        signer: PublicKey,
+        /// The run.
+        run: RunId,
+        /// The round named.
+        round: u64,
+    },
+    /// A contribution from a signer that is not a participant of the open round.
+    #[error("contribution from {signer}, who is not a participant of round {round} of run {run}")]
     NotParticipant {
         /// The signer.
         signer: PublicKey,
         /// The run.
         run: RunId,
+        /// The round.
+        round: u64,
     },
     /// The announced payload is larger than this kind of request may be.
     #[error("{kind} of {len} bytes from {signer} exceeds its limit of {max} bytes")]
@@ -66,49 +137,110 @@ pub enum Refusal {
         /// The signer.
         signer: PublicKey,
     },
-    /// The signer already has as many contributions in flight as allowed.
-    #[error("{signer} already has {CONTRIBUTIONS_PER_SIGNER} contributions in flight")]
+    /// The participant has had all its permits for the round.
+    #[error("{signer} has had its {CONTRIBUTIONS_PER_ROUND} contribution permits for round {round}")]
+    Spent {
+        /// The signer.
+        signer: PublicKey,
+        /// The round.
+        round: u64,
+    },
+    /// The participant already has a contribution in flight.
+    #[error("{signer} already has a contribution in flight")]
     Busy {
         /// The signer.
         signer: PublicKey,
     },
-    /// The run's contributions in flight already fill its budget.
-    #[error("contribution from {signer}: {budget} bytes of contributions already in flight")]
+    /// The run's contributions in flight already fill its budget (or what a retry may use of it).
+    #[error("contribution from {signer}: {budget} bytes of contributions already in flight or kept")]
     Full {
         /// The signer.
         signer: PublicKey,
         /// The budget.
         budget: usize,
     },
-    /// The budget for requests from strangers is spent.
-    #[error("request from {signer}: {STRANGER_BUDGET} bytes from non-participants already in flight")]
+    /// An allowance for small requests is spent.
+    #[error("request from {signer}: {budget} bytes already in flight from {scope}")]
     Budget {
         /// The signer.
         signer: PublicKey,
+        /// Whose allowance: this signer, its address, strangers, known workers.
+        scope: &'static str,
+        /// The allowance.
+        budget: usize,
     },
+}
+
+/// The signers a run knows, the longest silent first out beyond [`MAX_KNOWN`].
+#[derive(Debug, Default)]
+struct Known {
+    heard: HashMap<PublicKey, u64>,
+    order: BTreeMap<u64, PublicKey>,
+    next: u64,
+}
+
+impl Known {
+    fn insert(&mut self, signer: PublicKey) {
+        if let Some(at) = self.heard.insert(signer, self.next) {
+            self.order.remove(&at);
+        }
+        self.order.insert(self.next, signer);
+        self.next += 1;
+        if self.heard.len() > MAX_KNOWN
+            && let Some((_, oldest)) = self.order.pop_first()
+        {
+            self.heard.remove(&oldest);
+        }
+    }
+
+    fn remove(&mut self, signer: &PublicKey) {
+        if let Some(at) = self.heard.remove(signer) {
+            self.order.remove(&at);
+        }
+    }
+
+    fn contains(&self, signer: &PublicKey) -> bool {
+        self.heard.contains_key(signer)
+    }
+}
+
+/// A run's open round: its participants and the permits each has had.
+#[derive(Debug)]
+struct Round {
+    number: u64,
+    taken: HashMap<PublicKey, usize>,
+    /// Participants that have had no permit yet.
+    unstarted: usize,
 }
 
 #[derive(Debug, Default)]
 struct Served {
     max_contribution: usize,
-    participants: HashSet<PublicKey>,
+    known: Known,
+    round: Option<Round>,
 }
 
-/// Signers whose refusals are counted one by one between two reports.
-const MAX_REFUSING_SIGNERS: usize = 256;
+/// Peers whose refusals are counted one by one between two reports.
+const MAX_REFUSING_PEERS: usize = 256;
 
 #[derive(Debug, Default)]
 struct Inner {
     runs: HashMap<RunId, Served>,
-    /// Refusals not yet reported, per signer (`None`: the head did not verify).
-    refusals: HashMap<Option<PublicKey>, (u64, String)>,
-    contributions: HashMap<PublicKey, usize>,
+    /// Refusals not yet reported, per sending peer (`None`: unknown).
+    refusals: HashMap<Option<PeerId>, (u64, String)>,
+    /// Signers with a contribution in flight.
+    contributing: HashSet<PublicKey>,
     contribution_bytes: usize,
     stranger_bytes: usize,
+    known_bytes: usize,
+    per_signer: HashMap<PublicKey, usize>,
+    /// Per address and pool (known or not).
+    per_address: HashMap<(Option<IpAddr>, bool), usize>,
 }
 
 /// The runs this node serves and who may send it what. Shared by the node's handle
-/// (the shepherd admits workers through [`crate::Node::admission`]) and the codec.
+/// (the shepherd names each round's participants through [`crate::Node::admission`])
+/// and the codec.
 #[derive(Debug, Default)]
 pub struct Admission {
     inner: Mutex<Inner>,
@@ -122,7 +254,7 @@ impl Admission {
     }
 
     /// This node serves `run` and accepts contributions of up to `max_contribution`
-    /// payload bytes from its participants.
+    /// payload bytes from the participants of its open round.
     pub fn serve(&self, run: RunId, max_contribution: usize) {
         self.lock().runs.entry(run).or_default().max_contribution = max_contribution;
     }
@@ -132,37 +264,67 @@ impl Admission {
         self.lock().runs.remove(&run);
     }
 
-    /// `signer` has joined `run` (a run this node serves) and may contribute to it.
-    pub fn admit(&self, run: RunId, signer: PublicKey) {
-        if let Some(served) = self.lock().runs.get_mut(&run) {
-            served.participants.insert(signer);
-        }
-    }
-
-    /// `signer` may no longer contribute to `run`.
-    pub fn revoke(&self, run: RunId, signer: PublicKey) {
-        if let Some(served) = self.lock().runs.get_mut(&run) {
-            served.participants.remove(&signer);
-        }
-    }
-
-    /// Whether `signer` is a participant of `run`.
-    pub fn is_admitted(&self, run: RunId, signer: PublicKey) -> bool {
-        self.lock().runs.get(&run).is_some_and(|s| s.participants.contains(&signer))
-    }
-
-    /// Notes a refused request: by whom, if its head verified, and why.
-    pub(crate) fn refused(&self, signer: Option<PublicKey>, reason: String) {
+    /// Round `round` of `run` (a run this node serves) is open to `participants`: each may
+    /// now have [`CONTRIBUTIONS_PER_ROUND`] contribution permits for it, and contributions
+    /// for any other round are refused. Opening the same round again adds participants
+    /// and keeps the permits already had.
+    pub fn open_round(&self, run: RunId, round: u64, participants: &[PublicKey]) {
         let mut inner = self.lock();
-        let signer = if inner.refusals.len() < MAX_REFUSING_SIGNERS { signer } else { None };
-        let entry = inner.refusals.entry(signer).or_default();
+        let Some(served) = inner.runs.get_mut(&run) else { return };
+        let open = match &mut served.round {
+            Some(open) if open.number == round => open,
+            slot => slot.insert(Round { number: round, taken: HashMap::new(), unstarted: 0 }),
+        };
+        for p in participants {
+            if !open.taken.contains_key(p) {
+                open.taken.insert(*p, 0);
+                open.unstarted += 1;
+            }
+        }
+    }
+
+    /// `signer` is a worker of `run` (it said hello or sent a heartbeat): its small
+    /// requests come from a pool strangers cannot fill. It gives no contribution permit.
+    pub fn know(&self, run: RunId, signer: PublicKey) {
+        if let Some(served) = self.lock().runs.get_mut(&run) {
+            served.known.insert(signer);
+        }
+    }
+
+    /// `signer` is no longer a worker of `run`, nor a participant of its open round.
+    pub fn forget(&self, run: RunId, signer: PublicKey) {
+        if let Some(served) = self.lock().runs.get_mut(&run) {
+            served.known.remove(&signer);
+            if let Some(open) = &mut served.round
+                && open.taken.remove(&signer) == Some(0)
+            {
+                open.unstarted -= 1;
+            }
+        }
+    }
+
+    /// Whether `run` knows `signer`.
+    pub fn is_known(&self, run: RunId, signer: PublicKey) -> bool {
+        self.lock().runs.get(&run).is_some_and(|s| s.known.contains(&signer))
+    }
+
+    /// Whether `signer` is a participant of `run`'s open round.
+    pub fn is_participant(&self, run: RunId, signer: PublicKey) -> bool {
+        self.lock().runs.get(&run).and_then(|s| s.round.as_ref()).is_some_and(|r| r.taken.contains_key(&signer))
+    }
+
+    /// Notes a refused request: from which peer, if known, and why.
+    pub(crate) fn refused(&self, peer: Option<PeerId>, reason: String) {
+        let mut inner = self.lock();
+        let peer = if inner.refusals.len() < MAX_REFUSING_PEERS { peer } else { None };
+        let entry = inner.refusals.entry(peer).or_default();
         entry.0 += 1;
         entry.1 = reason;
     }
 
-    /// The refusals noted since the last call: signer, count, the last reason.
-    pub(crate) fn take_refusals(&self) -> Vec<(Option<PublicKey>, u64, String)> {
-        self.lock().refusals.drain().map(|(signer, (count, reason))| (signer, count, reason)).collect()
+    /// The refusals noted since the last call: peer, count, the last reason.
+    pub(crate) fn take_refusals(&self) -> Vec<(Option<PeerId>, u64, String)> {
+        self.lock().refusals.drain().map(|(peer, (count, reason))| (peer, count, reason)).collect()
     }
 
     /// Bytes of strangers' requests in flight now.
@@ -170,58 +332,112 @@ impl Admission {
         self.lock().stranger_bytes
     }
 
-    /// Whether the payload `head` announces, from `signer` (whose signature on the head
-    /// has been verified), may be read; the permit holds its share of the budgets until
-    /// it is dropped.
-    pub(crate) fn permit(self: &Arc<Self>, head: &FrameHead, signer: PublicKey) -> Result<Permit, Refusal> {
-        let run = RunId(head.run);
-        let len = head.payload_len;
-        let too_large = |max: usize| Refusal::TooLarge { kind: head.kind.tag(), len, max, signer };
-        let mut inner = self.lock();
-        if head.kind == MessageKind::Contribution {
-            let served = inner.runs.get(&run).ok_or(Refusal::NotServed { signer, run })?;
-            if !served.participants.contains(&signer) {
-                return Err(Refusal::NotParticipant { signer, run });
-            }
-            if len > served.max_contribution as u64 {
-                return Err(too_large(served.max_contribution));
-            }
-            let budget = contribution_budget(served.max_contribution);
-            let len = len as usize;
-            if inner.contribution_bytes + len > budget {
-                return Err(Refusal::Full { signer, budget });
-            }
-            let in_flight = inner.contributions.entry(signer).or_default();
-            if *in_flight >= CONTRIBUTIONS_PER_SIGNER {
-                return Err(Refusal::Busy { signer });
-            }
-            *in_flight += 1;
-            inner.contribution_bytes += len;
-            return Ok(Permit { admission: self.clone(), share: Share::Contribution(signer, len) });
+    /// Bytes of known signers' small requests in flight now.
+    pub fn known_bytes(&self) -> usize {
+        self.lock().known_bytes
+    }
+
+    /// Whether the payload `head` announces, signed by `signer` (whose signature on the
+    /// head has been verified) and sent by `from`, may be read; the permit holds its
+    /// share of the allowances until it is dropped.
+    pub(crate) fn permit(
+        self: &Arc<Self>,
+        head: &FrameHead,
+        signer: PublicKey,
+        from: &Remote,
+    ) -> Result<Permit, Refusal> {
+        if from.key != Some(signer) {
+            return Err(Refusal::NotSender { kind: head.kind.tag(), signer });
         }
-        if len > SMALL_FRAME as u64 {
-            return Err(too_large(SMALL_FRAME));
+        let mut inner = self.lock();
+        let share = if head.kind == MessageKind::Contribution {
+            inner.contribution(head, signer)?
+        } else {
+            inner.small(head, signer, from.address)?
+        };
+        Ok(Permit { admission: self.clone(), share })
+    }
+}
+
+impl Inner {
+    fn contribution(&mut self, head: &FrameHead, signer: PublicKey) -> Result<Share, Refusal> {
+        let (run, round, len) = (RunId(head.run), head.round, head.payload_len);
+        let served = self.runs.get_mut(&run).ok_or(Refusal::NotServed { signer, run })?;
+        let max = served.max_contribution;
+        let open =
+            served.round.as_mut().filter(|r| r.number == round).ok_or(Refusal::NotOpen { signer, run, round })?;
+        let taken = *open.taken.get(&signer).ok_or(Refusal::NotParticipant { signer, run, round })?;
+        if len > max as u64 {
+            return Err(Refusal::TooLarge { kind: head.kind.tag(), len, max, signer });
+        }
+        if taken >= CONTRIBUTIONS_PER_ROUND {
+            return Err(Refusal::Spent { signer, round });
+        }
+        if self.contributing.contains(&signer) {
+            return Err(Refusal::Busy { signer });
         }
         let len = len as usize;
-        if inner.runs.values().any(|s| s.participants.contains(&signer)) {
-            return Ok(Permit { admission: self.clone(), share: Share::None });
+        let budget = contribution_budget(max);
+        // a retry does not take the room of a participant's first contribution
+        let kept = if taken == 0 { 0 } else { open.unstarted.saturating_mul(max) };
+        if self.contribution_bytes.saturating_add(len).saturating_add(kept) > budget {
+            return Err(Refusal::Full { signer, budget });
         }
-        if inner.stranger_bytes + len > STRANGER_BUDGET {
-            return Err(Refusal::Budget { signer });
+        if taken == 0 {
+            open.unstarted -= 1;
         }
-        inner.stranger_bytes += len;
-        Ok(Permit { admission: self.clone(), share: Share::Stranger(len) })
+        open.taken.insert(signer, taken + 1);
+        self.contributing.insert(signer);
+        self.contribution_bytes += len;
+        Ok(Share::Contribution { signer, len })
+    }
+
+    fn small(&mut self, head: &FrameHead, signer: PublicKey, address: Option<IpAddr>) -> Result<Share, Refusal> {
+        if head.payload_len > SMALL_FRAME as u64 {
+            return Err(Refusal::TooLarge { kind: head.kind.tag(), len: head.payload_len, max: SMALL_FRAME, signer });
+        }
+        if self.runs.values().any(|s| s.round.as_ref().is_some_and(|r| r.taken.contains_key(&signer))) {
+            return Ok(Share::None);
+        }
+        let cost = head.payload_len as usize + FRAME_COST;
+        let known = self.runs.values().any(|s| s.known.contains(&signer));
+        let budget = |scope, budget| Refusal::Budget { signer, scope, budget };
+        if self.per_signer.get(&signer).copied().unwrap_or(0) + cost > SIGNER_BUDGET {
+            return Err(budget("this signer", SIGNER_BUDGET));
+        }
+        if self.per_address.get(&(address, known)).copied().unwrap_or(0) + cost > ADDRESS_BUDGET {
+            return Err(budget("its address", ADDRESS_BUDGET));
+        }
+        let pool = if known { &mut self.known_bytes } else { &mut self.stranger_bytes };
+        let (scope, max) = if known { ("known workers", KNOWN_BUDGET) } else { ("strangers", STRANGER_BUDGET) };
+        if *pool + cost > max {
+            return Err(budget(scope, max));
+        }
+        *pool += cost;
+        *self.per_signer.entry(signer).or_default() += cost;
+        *self.per_address.entry((address, known)).or_default() += cost;
+        Ok(Share::Small { signer, address, known, cost })
     }
 }
 
 #[derive(Debug)]
 enum Share {
     None,
-    Stranger(usize),
-    Contribution(PublicKey, usize),
+    Small { signer: PublicKey, address: Option<IpAddr>, known: bool, cost: usize },
+    Contribution { signer: PublicKey, len: usize },
 }
 
-/// Leave to read one request's payload; returns its share of the budgets when dropped.
+fn release<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: K, n: usize) {
+    if let Some(held) = map.get_mut(&key) {
+        *held -= n;
+        if *held == 0 {
+            map.remove(&key);
+        }
+    }
+}
+
+/// Leave to read one request's payload; returns its share of the allowances when
+/// dropped (a contribution's permit for its round is spent for good).
 #[derive(Debug)]
 pub(crate) struct Permit {
     admission: Arc<Admission>,
@@ -233,15 +449,18 @@ impl Drop for Permit {
         let mut inner = self.admission.lock();
         match self.share {
             Share::None => {}
-            Share::Stranger(len) => inner.stranger_bytes -= len,
-            Share::Contribution(signer, len) => {
-                inner.contribution_bytes -= len;
-                if let Some(n) = inner.contributions.get_mut(&signer) {
-                    *n -= 1;
-                    if *n == 0 {
-                        inner.contributions.remove(&signer);
-                    }
+            Share::Small { signer, address, known, cost } => {
+                if known {
+                    inner.known_bytes -= cost;
+                } else {
+                    inner.stranger_bytes -= cost;
                 }
+                release(&mut inner.per_signer, signer, cost);
+                release(&mut inner.per_address, (address, known), cost);
+            }
+            Share::Contribution { signer, len } => {
+                inner.contribution_bytes -= len;
+                inner.contributing.remove(&signer);
             }
         }
     }
@@ -249,16 +468,18 @@ impl Drop for Permit {
 
 #[cfg(test)]
 mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
     use pcp_protocol::Identity;
 
     use super::*;
 
-    fn head(kind: MessageKind, signer: &Identity, run: RunId, payload_len: u64) -> FrameHead {
+    fn head(kind: MessageKind, signer: &Identity, run: RunId, round: u64, payload_len: u64) -> FrameHead {
         FrameHead {
             kind,
             signer: signer.public().0,
             run: run.0,
-            round: 1,
+            round,
             nonce: 1,
             unix_ms: 1,
             payload_len,
@@ -267,63 +488,180 @@ mod tests {
         }
     }
 
-    #[test]
-    fn contributions_only_from_participants_of_served_runs_and_up_to_their_size() {
-        let admission = Arc::new(Admission::default());
-        let (worker, stranger) = (Identity::from_secret([1; 32]), Identity::from_secret([2; 32]));
-        let run = RunId([9; 32]);
-        let ask = |who: &Identity, len| admission.permit(&head(MessageKind::Contribution, who, run, len), who.public());
+    fn identity(i: u64) -> Identity {
+        let mut secret = [7u8; 32];
+        secret[..8].copy_from_slice(&i.to_le_bytes());
+        Identity::from_secret(secret)
+    }
 
-        assert!(matches!(ask(&worker, 10), Err(Refusal::NotServed { .. })));
+    /// The connection of `who` from `ip`.
+    fn remote(who: &Identity, ip: IpAddr) -> Remote {
+        let peer = crate::rpc::peer_of(&who.public()).expect("a valid key");
+        Remote { peer, key: Some(who.public()), address: Some(crate::ip_limits::address_key(ip)) }
+    }
+
+    const HOME: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+
+    #[test]
+    fn contributions_only_from_participants_of_the_open_round_and_up_to_its_size() {
+        let admission = Arc::new(Admission::default());
+        let (worker, joined_late) = (identity(1), identity(2));
+        let run = RunId([9; 32]);
+        let ask = |who: &Identity, round, len| {
+            admission.permit(&head(MessageKind::Contribution, who, run, round, len), who.public(), &remote(who, HOME))
+        };
+
+        assert!(matches!(ask(&worker, 1, 10), Err(Refusal::NotServed { .. })));
         admission.serve(run, 1000);
-        admission.admit(run, worker.public());
-        assert!(matches!(ask(&stranger, 10), Err(Refusal::NotParticipant { .. })));
-        assert!(matches!(ask(&worker, 1001), Err(Refusal::TooLarge { max: 1000, .. })));
-        let first = ask(&worker, 1000).expect("a participant's contribution");
-        let second = ask(&worker, 1000).expect("and its retry");
-        assert!(matches!(ask(&worker, 1000), Err(Refusal::Busy { .. })));
+        // a hello or heartbeat makes a signer known, not a participant
+        admission.know(run, worker.public());
+        assert!(matches!(ask(&worker, 1, 10), Err(Refusal::NotOpen { round: 1, .. })));
+        admission.open_round(run, 1, &[worker.public()]);
+        admission.know(run, joined_late.public());
+        assert!(matches!(ask(&joined_late, 1, 10), Err(Refusal::NotParticipant { .. })));
+        assert!(matches!(ask(&worker, 2, 10), Err(Refusal::NotOpen { round: 2, .. })));
+        assert!(matches!(ask(&worker, 1, 1001), Err(Refusal::TooLarge { max: 1000, .. })));
+        let first = ask(&worker, 1, 1000).expect("a participant's contribution");
+        assert!(matches!(ask(&worker, 1, 1000), Err(Refusal::Busy { .. })), "one at a time");
         drop(first);
-        assert!(ask(&worker, 1000).is_ok());
-        drop(second);
-        assert_eq!(contribution_budget(1000), 64_000);
-        let many: Vec<Identity> = (0..64u8).map(|i| Identity::from_secret([100 + i; 32])).collect();
-        for w in &many {
-            admission.admit(run, w.public());
-        }
-        let held: Vec<Permit> = many.iter().map(|w| ask(w, 1000).expect("within the budget")).collect();
-        assert!(matches!(ask(&worker, 1), Err(Refusal::Full { budget: 64_000, .. })));
-        drop(held);
-        admission.revoke(run, worker.public());
-        assert!(matches!(ask(&worker, 10), Err(Refusal::NotParticipant { .. })));
+        let retry = ask(&worker, 1, 1000).expect("and its retry");
+        drop(retry);
+        assert!(matches!(ask(&worker, 1, 10), Err(Refusal::Spent { round: 1, .. })));
+
+        // the next round: the round before is closed, the permits are new
+        admission.open_round(run, 2, &[worker.public(), joined_late.public()]);
+        assert!(matches!(ask(&worker, 1, 10), Err(Refusal::NotOpen { round: 1, .. })));
+        assert!(ask(&joined_late, 2, 1000).is_ok());
+        assert!(admission.is_participant(run, joined_late.public()));
+        admission.forget(run, joined_late.public());
+        assert!(matches!(ask(&joined_late, 2, 10), Err(Refusal::NotParticipant { .. })));
+        assert!(!admission.is_known(run, joined_late.public()));
     }
 
     #[test]
-    fn strangers_share_one_budget_of_small_frames() {
+    fn a_head_sent_by_another_peer_takes_none_of_its_signers_permits() {
+        let admission = Arc::new(Admission::default());
+        let (worker, thief) = (identity(1), identity(2));
+        let run = RunId([9; 32]);
+        admission.serve(run, 1000);
+        admission.open_round(run, 1, &[worker.public()]);
+        let captured = head(MessageKind::Contribution, &worker, run, 1, 1000);
+        for _ in 0..10 {
+            let refused = admission.permit(&captured, worker.public(), &remote(&thief, HOME));
+            assert!(matches!(refused, Err(Refusal::NotSender { .. })), "{refused:?}");
+        }
+        let refused = admission.permit(&captured, worker.public(), &Remote { key: None, ..remote(&thief, HOME) });
+        assert!(matches!(refused, Err(Refusal::NotSender { .. })), "a peer id without a key");
+        for _ in 0..CONTRIBUTIONS_PER_ROUND {
+            assert!(admission.permit(&captured, worker.public(), &remote(&worker, HOME)).is_ok());
+        }
+        assert!(matches!(
+            admission.permit(&captured, worker.public(), &remote(&worker, HOME)),
+            Err(Refusal::Spent { .. })
+        ));
+    }
+
+    #[test]
+    fn the_budget_keeps_room_for_first_contributions_over_retries() {
+        let admission = Arc::new(Admission::default());
+        let run = RunId([9; 32]);
+        admission.serve(run, 1000);
+        assert_eq!(contribution_budget(1000), 64_000);
+        // more participants than the budget holds at once
+        let workers: Vec<Identity> = (0..66).map(identity).collect();
+        let keys: Vec<PublicKey> = workers.iter().map(Identity::public).collect();
+        admission.open_round(run, 1, &keys);
+        let ask = |who: &Identity| {
+            admission.permit(&head(MessageKind::Contribution, who, run, 1, 1000), who.public(), &remote(who, HOME))
+        };
+        // the first sends, its stream breaks, and it retries while 65 have not sent: no room
+        drop(ask(&workers[0]).expect("a first contribution"));
+        assert!(matches!(ask(&workers[0]), Err(Refusal::Full { budget: 64_000, .. })));
+        let held: Vec<Permit> = workers[1..65].iter().map(|w| ask(w).expect("the firsts fill the budget")).collect();
+        assert!(matches!(ask(&workers[65]), Err(Refusal::Full { .. })), "full");
+        drop(held);
+        // one has not sent yet: its room is kept, the rest is the retry's
+        let retry = ask(&workers[0]).expect("room for the retry");
+        assert!(ask(&workers[65]).is_ok());
+        drop(retry);
+        assert_eq!(admission.lock().contribution_bytes, 0);
+    }
+
+    #[test]
+    fn small_frames_are_shared_per_signer_per_address_and_per_pool() {
         let admission = Arc::new(Admission::default());
         let run = RunId([3; 32]);
-        let worker = Identity::from_secret([4; 32]);
         admission.serve(run, 1 << 20);
-        admission.admit(run, worker.public());
+        let (participant, known) = (identity(1), identity(2));
+        admission.open_round(run, 1, &[participant.public()]);
+        admission.know(run, known.public());
         let small = SMALL_FRAME as u64;
-        let ask = |who: &Identity, len| admission.permit(&head(MessageKind::Heartbeat, who, run, len), who.public());
+        let frame = (SMALL_FRAME + FRAME_COST) as u64;
+        let ask = |who: &Identity, ip: IpAddr, len| {
+            admission.permit(&head(MessageKind::Heartbeat, who, run, 1, len), who.public(), &remote(who, ip))
+        };
+        let stranger = identity(3);
+        assert!(matches!(ask(&stranger, HOME, small + 1), Err(Refusal::TooLarge { .. })));
 
-        let strangers: Vec<Identity> = (0..=STRANGER_BUDGET / SMALL_FRAME)
-            .map(|i| {
-                let mut secret = [1u8; 32];
-                secret[..8].copy_from_slice(&(i as u64).to_le_bytes());
-                Identity::from_secret(secret)
-            })
+        // one signer: two of the largest
+        let mine: Vec<Permit> = (0..2).map(|_| ask(&stranger, HOME, small).expect("within its allowance")).collect();
+        assert!(matches!(ask(&stranger, HOME, small), Err(Refusal::Budget { scope: "this signer", .. })));
+        drop(mine);
+
+        // one address with many keys: ADDRESS_BUDGET, whatever the keys
+        let per_address = ADDRESS_BUDGET / frame as usize;
+        let sybils: Vec<Identity> = (100..100 + per_address as u64 + 1).map(identity).collect();
+        let held: Vec<Permit> = sybils[..per_address]
+            .iter()
+            .map(|s| ask(s, HOME, small).expect("within the address's allowance"))
             .collect();
-        assert!(matches!(ask(&strangers[0], small + 1), Err(Refusal::TooLarge { .. })));
+        let last = sybils.last().expect("one more");
+        assert!(matches!(ask(last, HOME, small), Err(Refusal::Budget { scope: "its address", .. })));
+        // an IPv6 /64 is one address; the next /64 is another
+        let v6 = |last: u16, net: u16| IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, net, 0, 0, 0, last));
+        let v6_held: Vec<Permit> = sybils[..per_address]
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ask(s, v6(i as u16, 1), small).expect("another address"))
+            .collect();
+        assert!(matches!(ask(last, v6(999, 1), small), Err(Refusal::Budget { scope: "its address", .. })));
+        assert!(ask(last, v6(999, 2), small).is_ok());
+        // the known worker and the participant are not kept out by the strangers at their address
+        let heartbeat = ask(&known, HOME, small).expect("a known worker's own allowance");
+        assert_eq!(admission.known_bytes(), frame as usize);
+        drop(heartbeat);
+        let participant_frames: Vec<Permit> = (0..64).map(|_| ask(&participant, HOME, small).expect("free")).collect();
+        drop((held, v6_held, participant_frames));
+        assert_eq!((admission.stranger_bytes(), admission.known_bytes()), (0, 0));
+        assert!(admission.lock().per_address.is_empty() && admission.lock().per_signer.is_empty());
+
+        // strangers from many addresses share STRANGER_BUDGET; known workers have their own
+        let fill = STRANGER_BUDGET / frame as usize;
+        let many: Vec<Identity> = (1000..1000 + fill as u64).map(identity).collect();
+        let ip = |i: usize| IpAddr::V4(Ipv4Addr::new(10, 0, (i >> 8) as u8, i as u8));
         let held: Vec<Permit> =
-            strangers[..STRANGER_BUDGET / SMALL_FRAME].iter().map(|s| ask(s, small).expect("within budget")).collect();
-        assert_eq!(admission.stranger_bytes(), STRANGER_BUDGET);
-        let last = strangers.last().expect("one more");
-        assert!(matches!(ask(last, small), Err(Refusal::Budget { .. })));
-        // a participant's heartbeat does not wait on strangers
-        assert!(ask(&worker, small).is_ok());
-        drop(held);
-        assert_eq!(admission.stranger_bytes(), 0);
-        assert!(ask(last, small).is_ok());
+            many.iter().enumerate().map(|(i, s)| ask(s, ip(i), small).expect("within the pool")).collect();
+        assert!(matches!(ask(last, ip(fill + 1), small), Err(Refusal::Budget { scope: "strangers", .. })));
+        let heartbeat = ask(&known, HOME, small).expect("a known worker's own pool");
+        assert_eq!(admission.known_bytes(), frame as usize);
+        drop((held, heartbeat));
+        assert_eq!((admission.stranger_bytes(), admission.known_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn a_run_knows_at_most_max_known_signers_the_longest_silent_out_first() {
+        let admission = Admission::default();
+        let run = RunId([4; 32]);
+        admission.serve(run, 10);
+        let keys: Vec<PublicKey> = (0..MAX_KNOWN as u64 + 2).map(|i| identity(i).public()).collect();
+        for k in &keys[..MAX_KNOWN] {
+            admission.know(run, *k);
+        }
+        // the first speaks again: the second is now the longest silent
+        admission.know(run, keys[0]);
+        admission.know(run, keys[MAX_KNOWN]);
+        assert!(admission.is_known(run, keys[0]) && admission.is_known(run, keys[MAX_KNOWN]));
+        assert!(!admission.is_known(run, keys[1]));
+        assert!(!admission.is_known(RunId([5; 32]), keys[0]), "only for runs served");
     }
 }

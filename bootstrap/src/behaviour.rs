@@ -14,7 +14,7 @@ use crate::admission::Admission;
 use crate::codec::BlobCodec;
 use crate::config::Config;
 use crate::ip_limits::IpLimits;
-use crate::rpc::{RPC_PROTOCOL, RpcCodec};
+use crate::rpc::RpcBehaviour;
 
 /// Kademlia protocol name: one DHT for the whole pcp network.
 pub const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/pcp/kad/1.0.0");
@@ -50,7 +50,7 @@ pub(crate) struct Behaviour {
     pub(crate) gossipsub: gossipsub::Behaviour,
     pub(crate) autonat: autonat::Behaviour,
     pub(crate) blob: request_response::Behaviour<BlobCodec>,
-    pub(crate) rpc: request_response::Behaviour<RpcCodec>,
+    pub(crate) rpc: RpcBehaviour,
 }
 
 impl Behaviour {
@@ -110,9 +110,8 @@ impl Behaviour {
                 .with_max_concurrent_streams(MAX_BLOB_STREAMS),
         );
 
-        let rpc = request_response::Behaviour::with_codec(
-            RpcCodec::new(admission),
-            [(RPC_PROTOCOL, request_response::ProtocolSupport::Full)],
+        let rpc = RpcBehaviour::new(
+            admission,
             request_response::Config::default()
                 .with_request_timeout(Duration::from_secs(120))
                 .with_max_concurrent_streams(MAX_RPC_STREAMS),

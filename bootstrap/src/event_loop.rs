@@ -27,7 +27,7 @@ use crate::identity_file::keypair;
 use crate::mux;
 use crate::node::{DialError, FetchError, FetchReport, GossipError, StartError};
 use crate::outboard::Outboard;
-use crate::rpc::{InboundId, RequestError, verify_from};
+use crate::rpc::{Frame, InboundId, RequestError};
 use crate::seeds::{Backoff, check_port_free, dial_reason, transport_reason};
 use crate::store::{BlobStore, map_chunk};
 use crate::tls;
@@ -159,7 +159,7 @@ pub struct EventLoop {
     replay: ReplayGuard,
     lookups: HashMap<kad::QueryId, Lookup>,
     rpc_out: HashMap<OutboundRequestId, (PeerId, oneshot::Sender<Result<pcp_protocol::Verified, RequestError>>)>,
-    rpc_in: HashMap<InboundId, (ResponseChannel<SignedEnvelope>, Instant)>,
+    rpc_in: HashMap<InboundId, (ResponseChannel<Frame>, Instant)>,
     next_inbound: u64,
     reachability: Reachability,
     stats: Stats,
@@ -169,8 +169,8 @@ pub struct EventLoop {
     refused: HashMap<PeerId, (u64, String)>,
     /// When each peer's refusals were last logged.
     refusals_logged: HashMap<PeerId, Instant>,
-    /// Refused requests whose head did not verify (no known sender), and when they
-    /// were last logged.
+    /// Refused requests from no known sender (more refusing peers than the codec counts
+    /// one by one), and when they were last logged.
     unverified_refusals: (u64, String),
     unverified_logged: Option<Instant>,
     admission: Arc<Admission>,
@@ -357,9 +357,9 @@ impl EventLoop {
     /// with the count: at once for the first, then at most once per [`DROP_LOG_INTERVAL`].
     fn log_refusals(&mut self, now: Instant) {
         // what the codec refused (see `Admission::refused`)
-        for (signer, count, reason) in self.admission.take_refusals() {
+        for (peer, count, reason) in self.admission.take_refusals() {
             self.stats.messages_rejected += count;
-            match signer.and_then(|s| crate::rpc::peer_of(&s)) {
+            match peer {
                 Some(peer) => {
                     let entry = self.refused.entry(peer).or_default();
                     entry.0 += count;
@@ -375,7 +375,7 @@ impl EventLoop {
             && self.unverified_logged.is_none_or(|t| now.duration_since(t) >= DROP_LOG_INTERVAL)
         {
             let (count, reason) = std::mem::take(&mut self.unverified_refusals);
-            tracing::warn!("{count} requests without a valid signed head refused; the last: {reason}");
+            tracing::warn!("{count} requests from unknown peers refused; the last: {reason}");
             self.unverified_logged = Some(now);
         }
         self.refusals_logged.retain(|_, at| now.duration_since(*at) < DROP_LOG_INTERVAL);
@@ -705,14 +705,19 @@ impl EventLoop {
         }
     }
 
-    fn on_rpc(&mut self, event: request_response::Event<SignedEnvelope, SignedEnvelope>) {
+    fn on_rpc(&mut self, event: request_response::Event<Frame, Frame>) {
         match event {
             request_response::Event::Message { peer, message, .. } => match message {
                 request_response::Message::Request { request, channel, .. } => {
-                    let verdict = verify_from(peer, request).and_then(|v| {
-                        let run = v.binding().run;
-                        self.replay.check(&v, run, now_ms()).map(|()| v).map_err(|e| e.to_string())
-                    });
+                    // the codec verified it, and that `peer` signed it (see `crate::rpc`)
+                    let verdict = match request {
+                        Frame::In(v) => {
+                            let run = v.binding().run;
+                            self.replay.check(&v, run, now_ms()).map(|()| v).map_err(|e| e.to_string())
+                        }
+                        Frame::Refused(reason) => Err(reason),
+                        Frame::Out(_) => Err("an unverified request".to_owned()),
+                    };
                     match verdict {
                         Ok(verified) if self.rpc_in.len() < MAX_RPC_INBOUND => {
                             let id = InboundId(self.next_inbound);
@@ -732,7 +737,12 @@ impl EventLoop {
                 }
                 request_response::Message::Response { request_id, response } => {
                     if let Some((peer, reply)) = self.rpc_out.remove(&request_id) {
-                        let result = verify_from(peer, response).map_err(|reason| {
+                        let result = match response {
+                            Frame::In(verified) => Ok(verified),
+                            Frame::Refused(reason) => Err(reason),
+                            Frame::Out(_) => Err("an unverified answer".to_owned()),
+                        }
+                        .map_err(|reason| {
                             self.stats.messages_rejected += 1;
                             RequestError::Rejected { peer, reason }
                         });

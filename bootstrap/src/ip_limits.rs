@@ -47,6 +47,24 @@ fn ip(addr: &Multiaddr) -> Option<IpAddr> {
     })
 }
 
+/// The address a budget shared per address counts `ip` under: an IPv4 address as it is
+/// (an IPv4-mapped IPv6 one too), an IPv6 address as its /64, which one host commonly
+/// holds whole.
+pub(crate) fn address_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        },
+    }
+}
+
+/// The [`address_key`] of a connection's remote address, if it has an IP.
+pub(crate) fn address_of(addr: &Multiaddr) -> Option<IpAddr> {
+    ip(addr).map(address_key)
+}
+
 /// Why a connection was refused.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Denied {
@@ -244,5 +262,16 @@ mod tests {
             assert!(limits.established(id, &local).is_ok());
             limits.opened(id, &local);
         }
+    }
+
+    #[test]
+    fn an_ipv6_host_is_its_64() {
+        let of = |s: &str| address_of(&addr(s)).map(|ip| ip.to_string());
+        assert_eq!(of("/ip4/203.0.113.9/tcp/1"), Some("203.0.113.9".into()));
+        assert_eq!(of("/ip6/2001:db8:1:2:aaaa::1/tcp/1"), Some("2001:db8:1:2::".into()));
+        assert_eq!(of("/ip6/2001:db8:1:2:bbbb::9/udp/1/quic-v1"), of("/ip6/2001:db8:1:2::1/tcp/1"));
+        assert_ne!(of("/ip6/2001:db8:1:3::1/tcp/1"), of("/ip6/2001:db8:1:2::1/tcp/1"));
+        assert_eq!(of("/ip6/::ffff:203.0.113.9/tcp/1"), Some("203.0.113.9".into()));
+        assert_eq!(of("/dns4/example.com/tcp/1"), None);
     }
 }

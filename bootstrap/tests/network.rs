@@ -412,11 +412,11 @@ async fn signed_requests_are_verified_both_ways() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A contribution is read only from a participant of a run the node serves, and only up
-/// to the run's size; anything else is refused after its signed head, reported once
+/// A contribution is read only from a participant of the open round of a run the node
+/// serves, and only up to the run's size; anything else is refused after its signed head, reported once
 /// per peer with a count, and the sender's request fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn contributions_are_read_only_from_admitted_participants() -> anyhow::Result<()> {
+async fn contributions_are_read_only_from_participants_of_the_open_round() -> anyhow::Result<()> {
     init_tracing();
     let dir = tempfile::tempdir()?;
     let mut net = discovered_net(dir.path(), 2).await?;
@@ -449,10 +449,10 @@ async fn contributions_are_read_only_from_admitted_participants() -> anyhow::Res
     }
     ensure!(asking.await?.is_err(), "a refused contribution gets no answer");
 
-    // served and admitted: read up to the run's size, and not beyond
+    // served, and a participant of the open round: read up to the run's size, and not beyond
     let server = net.nodes[2].node.clone();
     server.admission().serve(run, 200_000);
-    server.admission().admit(run, client_key.public());
+    server.admission().open_round(run, 1, &[client_key.public()]);
     let asking = send(100_000);
     let Event::Request { message, .. } = next_request(&mut net.nodes[2]).await? else { bail!("expected a request") };
     ensure!(message.decode::<pcp_schema::Contribution>()?.delta.len() == 100_000);
@@ -464,6 +464,67 @@ async fn contributions_are_read_only_from_admitted_participants() -> anyhow::Res
     }
     ensure!(asking.await?.is_err());
     ensure!(server.stats().await?.messages_rejected == 2);
+    net.shutdown().await;
+    Ok(())
+}
+
+/// Replayed heads: a participant's contribution, captured and sent by another peer,
+/// is refused after its head and takes none of the participant's permits for the round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_head_takes_none_of_its_signers_permits() -> anyhow::Result<()> {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let mut net = discovered_net(dir.path(), 3).await?;
+    let worker_key = pcp_bootstrap::load_or_create(&net.nodes[1].data_dir)?;
+    let (worker, thief, server_peer) = (net.nodes[1].node.clone(), net.nodes[3].node.clone(), net.nodes[2].peer_id());
+    let run = RunId([6; 32]);
+    let server = net.nodes[2].node.clone();
+    server.admission().serve(run, 200_000);
+    server.admission().open_round(run, 1, &[worker_key.public()]);
+    let contribution = pcp_schema::Contribution {
+        run: run.0,
+        round: 1,
+        inner_steps: 1,
+        samples: 1,
+        pseudo_gradient: pcp_schema::ParameterRef { name: "delta".into(), shard: 0, blob: [0; 32], size: 100_000 },
+        loss: 1.0,
+        delta: vec![7; 100_000],
+        bytes_down: 0,
+    };
+    let sealed = |nonce| seal(&worker_key, Binding { run, round: 1, nonce, unix_ms: now_ms() }, &contribution);
+    let send = |from: &pcp_bootstrap::Node, envelope| {
+        let from = from.clone();
+        tokio::spawn(async move { from.request(server_peer, envelope).await })
+    };
+
+    // the participant's own contributions, captured: the thief sends them first, again
+    // and again, before the participant does
+    let (first, retry) = (sealed(1), sealed(2));
+    for captured in [&first, &retry, &first, &retry] {
+        ensure!(send(&thief, captured.clone()).await?.is_err(), "a replayed head gets no answer");
+    }
+    match next_request(&mut net.nodes[2]).await? {
+        Event::MessageRejected { peer, reason } => {
+            ensure!(peer == net.nodes[3].peer_id(), "the refusal is the sender's, not the signer's: {peer}");
+            ensure!(reason.contains("not by the sending peer"), "{reason}");
+        }
+        other => bail!("expected the replays to be refused, got {other:?}"),
+    }
+
+    // the participant still has both its permits for the round: its contribution and a retry
+    for (envelope, nonce) in [(first, 1), (retry, 2)] {
+        let asking = send(&worker, envelope);
+        let Event::Request { peer, id, message } = next_request(&mut net.nodes[2]).await? else {
+            bail!("expected the participant's contribution {nonce} to be read");
+        };
+        ensure!(peer == net.nodes[1].peer_id() && message.binding().nonce == nonce);
+        let ack = pcp_schema::Ack { run: run.0, round: 1, accepted: true, reason: String::new() };
+        let server_key = pcp_bootstrap::load_or_create(&net.nodes[2].data_dir)?;
+        server.respond(id, seal(&server_key, Binding { run, round: 1, nonce, unix_ms: now_ms() }, &ack)).await?;
+        ensure!(asking.await?.is_ok(), "the participant gets its answer");
+    }
+    // and no third
+    ensure!(send(&worker, sealed(3)).await?.is_err(), "a third contribution in one round is refused");
     net.shutdown().await;
     Ok(())
 }

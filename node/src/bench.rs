@@ -1,5 +1,6 @@
 //! `pcp-node bench …`: benchmarks.
 
+mod aggregate;
 mod blob;
 mod step;
 
@@ -17,6 +18,8 @@ pub(crate) enum BenchCommand {
     },
     /// Blob transfer throughput between two nodes vs raw TCP loopback.
     Blob(blob::BlobArgs),
+    /// Decode, validate and add of contributions at the shepherd: seconds per contribution and peak RSS.
+    Aggregate(aggregate::AggregateArgs),
 }
 
 /// `root` holds the flags given before `bench`.
@@ -28,6 +31,10 @@ pub(crate) async fn run(command: BenchCommand, root: &NetFlags) -> Result<(), Fa
         BenchCommand::Blob(args) => {
             root.resolve(NetFlags::default(), "bench blob", Uses::Nothing)?;
             Ok(blob::run(&args).await?)
+        }
+        BenchCommand::Aggregate(args) => {
+            root.resolve(NetFlags::default(), "bench aggregate", Uses::Nothing)?;
+            aggregate::run(&args)
         }
     }
 }

@@ -268,12 +268,33 @@ fn candidate_flags_are_checked_with_one_line_errors() -> anyhow::Result<()> {
         (&["--shepherd", "--candidate", "--data-dir", &d], "with --shepherd, --candidate names a candidate"),
         (&["--shepherd", "--candidate", "not-a-peer", "--data-dir", &d], "--candidate \"not-a-peer\" is neither"),
     ];
+    one_line_errors(&cases, Duration::from_secs(20))
+}
+
+/// Each of `cases` exits with code 2 and one line on stderr that contains its message.
+fn one_line_errors(cases: &[(&[&str], &str)], within: Duration) -> anyhow::Result<()> {
     for (args, message) in cases {
-        let out = run_within(args, Duration::from_secs(20))?;
+        let out = run_within(args, within)?;
         let stderr = String::from_utf8_lossy(&out.stderr);
         ensure!(out.status.code() == Some(2), "{args:?}: exit {:?}: {stderr}", out.status.code());
         ensure!(stderr.contains(message), "{args:?}: {stderr}");
         ensure!(stderr.trim().lines().count() == 1, "{args:?}: not one line: {stderr}");
     }
     Ok(())
+}
+
+#[test]
+fn encoding_flags_are_checked_with_one_line_errors() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path().to_string_lossy().into_owned();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["sim", "--encoding", "sparse", "--trim", "0.2", "--data-dir", &d],
+            "--trim cannot be used with --encoding sparse",
+        ),
+        (&["sim", "--encoding", "sparse:k=0", "--data-dir", &d], "--encoding: k 0 is outside"),
+        (&["sim", "--encoding", "sparse:what=1", "--data-dir", &d], "unknown sparse setting \"what\""),
+        (&["--shepherd", "--encoding", "fp16", "--data-dir", &d], "--encoding: unknown encoding \"fp16\""),
+    ];
+    one_line_errors(&cases, Duration::from_secs(60))
 }

@@ -9,6 +9,7 @@
 //! * [`shepherd`] and [`worker`]: the state machines, `(state, input, now) -> actions`.
 
 pub mod aggregate;
+mod bf16;
 pub mod compress;
 pub mod outer;
 pub mod shepherd;

@@ -2,7 +2,11 @@
 //! same world, links and [`fair_share`] flows as the star: DiLoCo through
 //! regional aggregators, Streaming DiLoCo, and synchronous data-parallel
 //! ring all-reduce. Churn is not applied to them (they use the initial
-//! workers); stragglers, jitter and hostile workers are.
+//! workers); stragglers, jitter and hostile workers are. In sparse runs the
+//! hierarchy's workers and aggregators fetch the shepherd's update after the
+//! first round (everyone took part in the previous one); Streaming DiLoCo and
+//! all-reduce move fp32 parameters and the encoded pseudo-gradient, and nothing
+//! here charges the shepherd's (or an aggregator's) decode time.
 
 use std::collections::VecDeque;
 
@@ -28,6 +32,9 @@ pub struct Setup {
     pub params_bytes: f64,
     /// Bytes of one encoded pseudo-gradient (or gradient, for all-reduce).
     pub contribution_bytes: f64,
+    /// Sparse runs: bytes of the shepherd's update, fetched instead of the parameters
+    /// by whoever holds the previous round's.
+    pub update_bytes: Option<f64>,
     /// Shepherd work between rounds, seconds.
     pub overhead_s: f64,
     /// Parameters are served at `swarm` × the hub's uplink.
@@ -103,9 +110,13 @@ pub fn hierarchical(mut world: World, setup: &Setup, progress: &mut dyn FnMut(u6
     for r in 1..=setup.rounds {
         let start = t + if r > 1 { setup.overhead_s } else { 0.0 };
         let step = steps(&world, &nodes, setup, &mut jitter);
+        // every aggregator and worker holds the previous round's parameters
+        let fetch = match setup.update_bytes {
+            Some(update) if r > 1 => update,
+            _ => setup.params_bytes,
+        };
         // shepherd -> aggregators
-        let level1: Vec<Flow> =
-            world.aggregators.iter().map(|a| Flow { start, bytes: setup.params_bytes, cap: a.down }).collect();
+        let level1: Vec<Flow> = world.aggregators.iter().map(|a| Flow { start, bytes: fetch, cap: a.down }).collect();
         let got = fair_share(world.shepherd.up, &level1);
         let mut stats = RoundStats { round: r, ..RoundStats::default() };
         let mut compute = 0.0;
@@ -122,7 +133,7 @@ pub fn hierarchical(mut world: World, setup: &Setup, progress: &mut dyn FnMut(u6
                 .map(|i| {
                     let n = &nodes[*i];
                     let lat = world.latency(n, k, &agg);
-                    Flow { start: world.next_poll(n, ready) + 3.0 * lat, bytes: setup.params_bytes, cap: n.link.down }
+                    Flow { start: world.next_poll(n, ready) + 3.0 * lat, bytes: fetch, cap: n.link.down }
                 })
                 .collect();
             let fetched = fair_share(agg.up * setup.swarm.max(1.0), &fetches);
@@ -156,7 +167,7 @@ pub fn hierarchical(mut world: World, setup: &Setup, progress: &mut dyn FnMut(u6
                     compute += setup.tau as f64 * step[*i];
                 }
             }
-            stats.worker_bytes_in += setup.params_bytes * members.len() as f64;
+            stats.worker_bytes_in += fetch * members.len() as f64;
             stats.worker_bytes_out += setup.contribution_bytes * members.len() as f64;
             forwards.push(Flow { start: close, bytes: setup.contribution_bytes, cap: agg.up });
         }
@@ -167,7 +178,7 @@ pub fn hierarchical(mut world: World, setup: &Setup, progress: &mut dyn FnMut(u6
         stats.wall_s = end - t;
         stats.utilization = compute / (p * stats.wall_s.max(1e-9));
         stats.shepherd_bytes_in = setup.contribution_bytes * forwards.len() as f64;
-        stats.shepherd_bytes_out = setup.params_bytes * regions as f64;
+        stats.shepherd_bytes_out = fetch * regions as f64;
         stats.worker_bytes_in /= p;
         stats.worker_bytes_out /= p;
         rounds.push(stats);

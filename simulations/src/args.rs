@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use pcp_protocol::diloco::compress::Encoding;
+use pcp_protocol::diloco::sparse::Settings;
 use serde::Serialize;
 
 use crate::compute::Device;
@@ -42,6 +43,9 @@ pub enum WireEncoding {
     Bf16,
     /// 1 byte a value and a scale per tensor.
     Int8,
+    /// SparseLoCo's chunked top-k with pcp's default sparse settings (`pcp-node --encoding
+    /// sparse`): workers holding the previous round's parameters fetch only the shepherd's update.
+    Sparse,
 }
 
 impl WireEncoding {
@@ -51,6 +55,7 @@ impl WireEncoding {
             Self::Fp32 => Encoding::F32,
             Self::Bf16 => Encoding::Bf16,
             Self::Int8 => Encoding::Int8,
+            Self::Sparse => Encoding::Sparse(Settings::default()),
         }
     }
 }
@@ -114,6 +119,10 @@ pub struct SimulateArgs {
     /// Seconds the shepherd spends between closing a round and announcing the next (validation, checkpoint).
     #[arg(long, default_value_t = 0.0)]
     pub overhead_seconds: f64,
+    /// Seconds the shepherd spends decoding, validating and adding one contribution, one at a
+    /// time [default: measured on this machine at start-up, for the model and encoding].
+    #[arg(long)]
+    pub decode_seconds: Option<f64>,
     /// Workers' heartbeat interval (they learn of a round from its answer), milliseconds.
     #[arg(long, default_value_t = 500)]
     pub poll_ms: u64,

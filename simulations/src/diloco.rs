@@ -23,6 +23,16 @@
 //!   uploads of consecutive rounds do not share the link.
 //! * After a round closes, the shepherd spends `overhead_s` (validation,
 //!   checkpoint) before the next announcement is visible.
+//! * The shepherd decodes, validates and adds contributions one at a time,
+//!   `decode_s` each ([`crate::decode`]): a contribution reaches its state
+//!   machine once those before it are done and its own `decode_s` has passed,
+//!   so a queue at the shepherd can make contributions late.
+//! * Sparse runs: a worker that holds the previous round's parameters (it
+//!   fetched them, whether or not it finished the round) fetches only the
+//!   shepherd's update (`update_bytes`); joiners and workers that missed a
+//!   round fetch the whole fp32 parameters. Whether a worker holds them is
+//!   decided when the round opens, so one still fetching the previous round's
+//!   parameters then is charged the whole blob.
 //! * Workers obey their state machine: `Abandon` means the round is neither
 //!   trained further nor sent (pcp-node's worker ignores `Abandon` today and
 //!   sends late contributions anyway).
@@ -58,6 +68,11 @@ pub struct StarSetup {
     pub params_bytes: f64,
     /// Bytes of one contribution.
     pub contribution_bytes: f64,
+    /// Sparse runs: bytes of the shepherd's update, what a worker holding the previous
+    /// round's parameters fetches instead of them.
+    pub update_bytes: Option<f64>,
+    /// Seconds the shepherd spends decoding, validating and adding one contribution.
+    pub decode_s: f64,
     /// Shepherd work between a close and the next announcement, seconds.
     pub overhead_s: f64,
     /// The parameters blob is served at `swarm` × the shepherd's uplink.
@@ -75,9 +90,10 @@ pub struct StarSetup {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
     Discover { w: u32, r: u64 },
-    ParamsReady { w: u32, r: u64, train_us: u64, arrive_us: u64 },
+    ParamsReady { w: u32, r: u64, train_us: u64, arrive_us: u64, bytes: u64 },
     Trained { w: u32, r: u64, arrive_us: u64 },
     Arrive { w: u32, r: u64 },
+    Decoded { w: u32, r: u64 },
     Deadline { r: u64 },
     Join,
     Leave { w: u32 },
@@ -92,6 +108,8 @@ struct WorkerState {
     training: Option<(u64, u64)>,
     /// Until when it is busy sending round `busy.0`'s contribution.
     busy: Option<(u64, u64)>,
+    /// The round whose parameters it holds.
+    held: Option<u64>,
 }
 
 fn us(s: f64) -> u64 {
@@ -126,6 +144,8 @@ struct Sim<'a> {
     /// What happened since the last close: bytes, drops, abandons.
     window: RoundStats,
     deadlines: BTreeMap<u64, u64>,
+    /// When the shepherd is done with the contributions it has received.
+    decoding_until: u64,
     last_close: u64,
     done: Vec<RoundStats>,
     finished: bool,
@@ -154,6 +174,7 @@ pub fn run_star(world: World, setup: &StarSetup, progress: &mut dyn FnMut(u64)) 
         compute: BTreeMap::new(),
         window: RoundStats::default(),
         deadlines: BTreeMap::new(),
+        decoding_until: 0,
         last_close: 0,
         done: Vec::new(),
         finished: false,
@@ -197,7 +218,7 @@ impl Sim<'_> {
         let leave_us = self.now.saturating_add(lifetime);
         let peer = w.to_le_bytes().to_vec();
         let machine = Worker::new(peer, self.setup.seed, self.setup.tau);
-        self.workers.push(WorkerState { spec, machine, alive: true, training: None, busy: None });
+        self.workers.push(WorkerState { spec, machine, alive: true, training: None, busy: None, held: None });
         if leave_us < u64::MAX / 4 {
             self.push(leave_us, Ev::Leave { w });
         }
@@ -256,15 +277,16 @@ impl Sim<'_> {
                     }
                 }
             }
-            Ev::ParamsReady { w, r, train_us, arrive_us } => {
+            Ev::ParamsReady { w, r, train_us, arrive_us, bytes } => {
                 let ws = &mut self.workers[w as usize];
                 if !ws.alive {
                     return;
                 }
+                ws.held = Some(r);
                 let actions = ws.machine.handle(worker::Input::ParamsReady(r), now / 1000);
                 let train = actions.iter().any(|a| matches!(a, worker::Action::Train { .. }));
                 let abandon = actions.iter().any(|a| matches!(a, worker::Action::Abandon(_)));
-                let pb = self.setup.params_bytes;
+                let pb = bytes as f64;
                 self.window.worker_bytes_in += pb;
                 self.window.shepherd_bytes_out += pb / self.setup.swarm.max(1.0);
                 if abandon {
@@ -297,20 +319,34 @@ impl Sim<'_> {
                 }
                 ws.busy = None;
                 ws.machine.handle(worker::Input::Sent(r), now / 1000);
-                let hostile = ws.spec.hostile;
                 let cb = self.setup.contribution_bytes;
                 self.window.worker_bytes_out += cb;
                 self.window.shepherd_bytes_in += cb;
-                let delta = if hostile {
-                    vec![vec![f32::NAN, 0.0, 0.0, 0.0]]
+                let decode = us(self.setup.decode_s);
+                if decode == 0 {
+                    self.contribute(w, r, now);
                 } else {
-                    vec![(0..4).map(|_| 0.01 * (1.0 + 0.1 * self.delta.r#gen::<f32>())).collect()]
-                };
-                let samples = self.setup.tau.max(1);
-                let input = Input::Contribution { peer: w, round: r, samples, loss: 2.0, delta: delta.into() };
-                self.shepherd_input(input, now, false);
+                    // one at a time, in the order they arrived
+                    self.decoding_until = self.decoding_until.max(now) + decode;
+                    let at = self.decoding_until;
+                    self.push(at, Ev::Decoded { w, r });
+                }
             }
+            Ev::Decoded { w, r } => self.contribute(w, r, now),
         }
+    }
+
+    /// Hands worker `w`'s decoded contribution for round `r` to the shepherd.
+    fn contribute(&mut self, w: u32, r: u64, now: u64) {
+        let hostile = self.workers[w as usize].spec.hostile;
+        let delta = if hostile {
+            vec![vec![f32::NAN, 0.0, 0.0, 0.0]]
+        } else {
+            vec![(0..4).map(|_| 0.01 * (1.0 + 0.1 * self.delta.r#gen::<f32>())).collect()]
+        };
+        let samples = self.setup.tau.max(1);
+        let input = Input::Contribution { peer: w, round: r, samples, loss: 2.0, delta: delta.into() };
+        self.shepherd_input(input, now, false);
     }
 
     fn shepherd_input(&mut self, input: Input<u32>, now: u64, at_deadline: bool) {
@@ -366,7 +402,7 @@ impl Sim<'_> {
         let overhead = if r > 1 { self.setup.overhead_s } else { 0.0 };
         let visible = secs(self.now) + overhead;
         let shepherd = self.world.shepherd;
-        let mut plan: Vec<(u32, f64, f64)> = Vec::with_capacity(participants.len());
+        let mut plan: Vec<(u32, f64, f64, f64)> = Vec::with_capacity(participants.len());
         let mut fetches = Vec::with_capacity(participants.len());
         for &w in participants {
             let ws = &self.workers[w as usize];
@@ -377,14 +413,18 @@ impl Sim<'_> {
             // a worker busy sending an older contribution sees the round after it
             let free = ws.busy.map_or(visible, |(_, until)| secs(until).max(visible));
             let discover = self.world.next_poll(&ws.spec, free) + 2.0 * lat;
-            fetches.push(Flow { start: discover + lat, bytes: self.setup.params_bytes, cap: ws.spec.link.down });
-            plan.push((w, discover, lat));
+            let bytes = match self.setup.update_bytes {
+                Some(update) if r > 1 && ws.held == Some(r - 1) => update,
+                _ => self.setup.params_bytes,
+            };
+            fetches.push(Flow { start: discover + lat, bytes, cap: ws.spec.link.down });
+            plan.push((w, discover, lat, bytes));
         }
         let fetched = fair_share(shepherd.up * self.setup.swarm.max(1.0), &fetches);
         let mut uploads = Vec::with_capacity(plan.len());
         let mut trains = Vec::with_capacity(plan.len());
         let jitter = self.setup.step_seconds * self.world.config.jitter;
-        for ((w, _, lat), done) in plan.iter().zip(&fetched) {
+        for ((w, _, lat, _), done) in plan.iter().zip(&fetched) {
             let ws = &self.workers[*w as usize];
             let noise = if jitter > 0.0 { self.jitter.gen_range(-1.0..=1.0) } else { 0.0 };
             let step = self.setup.step_seconds * ws.spec.slowdown + jitter * noise;
@@ -394,10 +434,11 @@ impl Sim<'_> {
             trains.push((ready, train));
         }
         let uploaded = fair_share(shepherd.down, &uploads);
-        for (((w, discover, lat), (ready, train)), up) in plan.iter().zip(trains).zip(uploaded) {
+        for (((w, discover, lat, bytes), (ready, train)), up) in plan.iter().zip(trains).zip(uploaded) {
             let arrive = up + lat;
             self.push(us(*discover), Ev::Discover { w: *w, r });
-            self.push(us(ready), Ev::ParamsReady { w: *w, r, train_us: us(train), arrive_us: us(arrive) });
+            let bytes = bytes.round() as u64;
+            self.push(us(ready), Ev::ParamsReady { w: *w, r, train_us: us(train), arrive_us: us(arrive), bytes });
         }
     }
 }

@@ -7,6 +7,7 @@
 //!
 //! * [`model`]: parameter counts, wire sizes and FLOPs of the model presets.
 //! * [`compute`]: step time from FLOPs and a device, or measured.
+//! * [`decode`]: the shepherd's decode, validate and add per contribution, measured.
 //! * [`network`]: link profiles and max-min fair flows through a shared link.
 //! * [`world`]: the seeded world (links, regions, stragglers, hostile workers).
 //! * [`diloco`]: DiLoCo in a star on the real state machines, with churn.
@@ -22,6 +23,7 @@
 pub mod analytic;
 mod args;
 pub mod compute;
+pub mod decode;
 pub mod diloco;
 mod error;
 pub mod model;
@@ -33,6 +35,7 @@ pub mod world;
 
 pub use args::{SimulateArgs, Strategy, Topology, WireEncoding};
 pub use compute::{ComputeModel, Device};
+pub use decode::DecodeCost;
 pub use error::Error;
 pub use model::{ModelPreset, ModelSpec};
 pub use network::Profile;

@@ -175,7 +175,8 @@ mod tests {
     fn wire_sizes_match_the_real_encoder() {
         let spec = Gpt2Shape { vocab: 7, layers: 1, width: 4, context: 3, batch: 1, tied_head: false }.spec("t");
         let tensors: Vec<Vec<f32>> = spec.tensor_sizes.iter().map(|n| vec![0.5; *n as usize]).collect();
-        for enc in [Encoding::F32, Encoding::Bf16, Encoding::Int8] {
+        let sparse = Encoding::Sparse(pcp_protocol::diloco::sparse::Settings::default());
+        for enc in [Encoding::F32, Encoding::Bf16, Encoding::Int8, sparse] {
             assert_eq!(spec.encoded_bytes(enc), compress::encode(&tensors, enc).len() as u64, "{enc:?}");
         }
     }

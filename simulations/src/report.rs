@@ -5,6 +5,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use crate::compute::ComputeModel;
+use crate::decode::DecodeCost;
 use crate::model::ModelSpec;
 use crate::network::Link;
 use crate::world::WorldConfig;
@@ -143,6 +144,11 @@ pub struct Settings {
     pub params_bytes: u64,
     /// Bytes of one encoded pseudo-gradient.
     pub contribution_bytes: u64,
+    /// Sparse runs: bytes of the shepherd's update, which a worker holding the previous
+    /// round's parameters fetches instead of the parameters blob.
+    pub update_bytes: Option<u64>,
+    /// What the shepherd spends on each contribution (decode, validate, add).
+    pub decode: DecodeCost,
     /// Step time.
     pub compute: ComputeModel,
     /// The world.
@@ -196,7 +202,7 @@ impl Report {
         let s = &self.settings;
         writeln!(
             out,
-            "{} nodes, {} ({} params, {} fp32), tau {}, {} pseudo-gradients ({}), step {}, {} workers{}",
+            "{} nodes, {} ({} params, {} fp32), tau {}, {} pseudo-gradients ({}{}), step {}, {} workers{}",
             s.nodes,
             s.model.name,
             s.params,
@@ -204,6 +210,7 @@ impl Report {
             s.tau,
             s.encoding,
             bytes(s.contribution_bytes as f64),
+            s.update_bytes.map_or(String::new(), |u| format!("; update {}", bytes(u as f64))),
             seconds(s.compute.step_seconds),
             s.world.profile.name(),
             if s.world.regions > 1 { format!(" over {} regions", s.world.regions) } else { String::new() }
@@ -214,6 +221,12 @@ impl Report {
             bytes(s.shepherd_link.up),
             bytes(s.shepherd_link.down),
             s.world.shepherd_profile.name()
+        )?;
+        writeln!(
+            out,
+            "shepherd decode + validate + add {} a contribution ({})",
+            seconds(s.decode.seconds),
+            s.decode.source
         )?;
         writeln!(
             out,

@@ -8,6 +8,7 @@ use pcp_protocol::diloco::shepherd;
 use crate::analytic::{self, Setup};
 use crate::args::{SimulateArgs, Strategy, Topology};
 use crate::compute::ComputeModel;
+use crate::decode::DecodeCost;
 use crate::diloco::{StarSetup, run_star};
 use crate::error::Error;
 use crate::model::{ModelPreset, ModelSpec};
@@ -32,6 +33,9 @@ fn check(args: &SimulateArgs) -> Result<(), Error> {
     }
     if args.flops_per_step.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
         return bad("--flops-per-step must be a positive number");
+    }
+    if args.decode_seconds.is_some_and(|s| !(s.is_finite() && s >= 0.0)) {
+        return bad("--decode-seconds must be a number, at least 0");
     }
     if args.params == Some(0) {
         return bad("--params must be at least 1");
@@ -85,13 +89,27 @@ fn resolve(args: &SimulateArgs) -> Result<ModelSpec, Error> {
     }
 }
 
-fn settings(args: &SimulateArgs, base: &ModelSpec, nodes: usize, rounds: u64) -> Settings {
+/// The model simulated: `base` with `--params` and `--flops-per-step` applied.
+fn effective_model(args: &SimulateArgs, base: &ModelSpec) -> ModelSpec {
     let model = match args.params {
         Some(p) if p != base.params() => base.with_params(p),
         _ => base.clone(),
     };
     let flops = args.flops_per_step.unwrap_or(model.flops_per_step);
-    let model = crate::model::ModelSpec { flops_per_step: flops, ..model };
+    ModelSpec { flops_per_step: flops, ..model }
+}
+
+/// The shepherd's cost per contribution: `--decode-seconds`, or measured once for the model.
+fn decode_cost(args: &SimulateArgs, base: &ModelSpec) -> DecodeCost {
+    match args.decode_seconds {
+        Some(s) => DecodeCost::given(s),
+        None => DecodeCost::measure(&effective_model(args, base).tensor_sizes, args.encoding.encoding()),
+    }
+}
+
+fn settings(args: &SimulateArgs, base: &ModelSpec, nodes: usize, rounds: u64, decode: &DecodeCost) -> Settings {
+    let model = effective_model(args, base);
+    let flops = model.flops_per_step;
     let compute = match args.step_seconds {
         Some(s) => ComputeModel::measured(s),
         None => ComputeModel::from_flops(flops, args.device.flops(), args.device.name()),
@@ -117,6 +135,7 @@ fn settings(args: &SimulateArgs, base: &ModelSpec, nodes: usize, rounds: u64) ->
         poll_s: args.poll_ms as f64 / 1e3,
     };
     let shepherd_link = World::new(world.clone(), args.seed).shepherd;
+    let sizes: Vec<usize> = model.tensor_sizes.iter().map(|n| *n as usize).collect();
     Settings {
         nodes,
         rounds,
@@ -125,6 +144,8 @@ fn settings(args: &SimulateArgs, base: &ModelSpec, nodes: usize, rounds: u64) ->
         params: model.params(),
         params_bytes: model.encoded_bytes(pcp_protocol::diloco::compress::Encoding::F32),
         contribution_bytes: model.encoded_bytes(encoding),
+        update_bytes: encoding.sparse().map(|s| s.down().encoded_len(&sizes) as u64),
+        decode: decode.clone(),
         model,
         compute,
         world,
@@ -169,6 +190,8 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
             step_seconds,
             params_bytes: settings.params_bytes as f64,
             contribution_bytes: settings.contribution_bytes as f64,
+            update_bytes: settings.update_bytes.map(|u| u as f64),
+            decode_s: settings.decode.seconds,
             overhead_s: args.overhead_seconds,
             swarm: args.swarm,
             churn_per_hour: args.churn_per_hour,
@@ -185,6 +208,7 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
         step_seconds,
         params_bytes: settings.params_bytes as f64,
         contribution_bytes: settings.contribution_bytes as f64,
+        update_bytes: settings.update_bytes.map(|u| u as f64),
         overhead_s: args.overhead_seconds,
         swarm: args.swarm,
         fragments: args.fragments,
@@ -216,7 +240,8 @@ pub fn run_with_model(args: &SimulateArgs, model: &ModelSpec, out: &mut impl Wri
         return Err(Error::Invalid(format!("model {} has no parameters or no FLOPs per step", model.name)));
     }
     let names = strategies(args);
-    let main = settings(args, model, args.nodes, args.rounds);
+    let decode = decode_cost(args, model);
+    let main = settings(args, model, args.nodes, args.rounds, &decode);
     let sweep_nodes: &[usize] = if args.sweep { &args.sweep_nodes } else { &[] };
     let total = names.len() as u64 * (args.rounds + sweep_nodes.len() as u64 * args.sweep_rounds);
     let bar = if std::io::stderr().is_terminal() {
@@ -240,7 +265,7 @@ pub fn run_with_model(args: &SimulateArgs, model: &ModelSpec, out: &mut impl Wri
     }
     let mut sweep = Vec::new();
     for &nodes in sweep_nodes {
-        let s = settings(args, model, nodes, args.sweep_rounds);
+        let s = settings(args, model, nodes, args.sweep_rounds, &decode);
         for name in &names {
             bar.set_message(format!("sweep: {name}, {nodes} nodes"));
             let mut tick = |r: u64| bar.set_position(done + r);

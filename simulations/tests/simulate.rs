@@ -27,13 +27,65 @@ fn strategy<'a>(report: &'a Report, name: &str) -> &'a pcp_simulations::report::
 
 #[test]
 fn same_seed_same_bytes_and_another_seed_differs() {
-    let base =
-        "--nodes 150 --rounds 4 --strategy all --model nanogpt-medium --tau 20 --churn-per-hour 20 --hostile 0.1";
+    // the shepherd's decode time is measured unless given
+    let base = "--nodes 150 --rounds 4 --strategy all --model nanogpt-medium --tau 20 --churn-per-hour 20 \
+                --hostile 0.1 --decode-seconds 0.002";
     let a = to_json(&simulate(&format!("{base} --seed 7"))).expect("json");
     let b = to_json(&simulate(&format!("{base} --seed 7"))).expect("json");
     let c = to_json(&simulate(&format!("{base} --seed 8"))).expect("json");
     assert_eq!(a, b);
     assert_ne!(a, c);
+}
+
+#[test]
+fn sparse_runs_send_the_encoders_bytes_and_keep_h100s_busier_than_fp32() {
+    use pcp_protocol::diloco::sparse::Settings;
+    let base = "--nodes 11 --rounds 3 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 4 \
+                --decode-seconds 0.05";
+    let sparse = simulate(&format!("{base} --encoding sparse"));
+    let fp32 = simulate(&format!("{base} --encoding fp32"));
+    let settings = Settings::default();
+    let sizes: Vec<usize> = sparse.settings.model.tensor_sizes.iter().map(|n| *n as usize).collect();
+    let up = settings.up.encoded_len(&sizes) as f64;
+    let down = settings.down().encoded_len(&sizes) as f64;
+    assert_eq!(sparse.settings.contribution_bytes as f64, up);
+    assert_eq!(sparse.settings.update_bytes, Some(down as u64));
+    let params = sparse.settings.params_bytes as f64;
+    let (s, f) = (strategy(&sparse, "diloco-star"), strategy(&fp32, "diloco-star"));
+    assert_eq!(s.rounds.len(), 3);
+    for (i, round) in s.rounds.iter().enumerate() {
+        // every worker answers in time: each sends exactly one sparse message
+        assert_eq!((round.participants, round.contributors), (10, 10), "{round:?}");
+        assert_eq!(round.worker_bytes_out, up, "round {}", round.round);
+        assert_eq!(round.shepherd_bytes_in, 10.0 * up, "round {}", round.round);
+        // the first round fetches the parameters, later ones only the update
+        let fetched = if i == 0 { params } else { down };
+        assert_eq!(round.worker_bytes_in, fetched, "round {}", round.round);
+    }
+    // 498 MB up a 5-50 Mbps link takes minutes; 3.4 MB takes seconds
+    assert!(
+        s.summary.utilization > 5.0 * f.summary.utilization,
+        "sparse {} vs fp32 {}",
+        s.summary.utilization,
+        f.summary.utilization
+    );
+    assert!(s.summary.mean_round_s < f.summary.mean_round_s / 5.0, "{:?} vs {:?}", s.summary, f.summary);
+}
+
+#[test]
+fn the_shepherds_decode_time_queues_contributions() {
+    // 100 contributions a round, 2 s each at the shepherd: rounds last over 200 s
+    let base = "--nodes 101 --rounds 2 --model nanogpt-small --tau 10 --profile datacenter --stragglers 0 --seed 2";
+    let quick = simulate(&format!("{base} --decode-seconds 0"));
+    let slow = simulate(&format!("{base} --decode-seconds 2"));
+    let (q, s) = (strategy(&quick, "diloco-star"), strategy(&slow, "diloco-star"));
+    assert!(q.summary.mean_round_s < 10.0, "{:?}", q.summary);
+    assert!(s.summary.mean_round_s > 190.0, "{:?}", s.summary);
+    assert_eq!(slow.settings.decode.seconds, 2.0);
+    // measured when not given
+    let measured = simulate("--nodes 3 --rounds 1 --model nanogpt-small --tau 10 --encoding sparse");
+    assert!(measured.settings.decode.seconds > 0.0, "{:?}", measured.settings.decode);
+    assert!(measured.settings.decode.source.starts_with("measured"), "{:?}", measured.settings.decode);
 }
 
 #[test]

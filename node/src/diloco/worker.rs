@@ -155,7 +155,7 @@ type Leader = (PeerId, PublicKey);
 #[derive(Debug, Clone)]
 enum Latest {
     Nothing,
-    Round(RoundAnnouncement),
+    Round(Box<RoundAnnouncement>),
     /// The shepherd refused us (another run now, say): discover again.
     Refused(String),
 }
@@ -833,7 +833,7 @@ impl Heartbeats {
                 if !self.lease(key, a.term, "round announcement") {
                     return Ok(None);
                 }
-                Ok(Some(Latest::Round(a)))
+                Ok(Some(Latest::Round(Box::new(a))))
             }
             MessageKind::Ack => {
                 let ack: Ack = v.decode().map_err(|e| e.to_string())?;
@@ -855,7 +855,7 @@ impl Heartbeats {
                 if a.run != self.run.0 || !self.lease(message.signer(), a.term, "round announcement") {
                     return None;
                 }
-                Some(Latest::Round(a))
+                Some(Latest::Round(Box::new(a)))
             }
             MessageKind::Heartbeat => {
                 let hb: Heartbeat = message.decode().ok()?;

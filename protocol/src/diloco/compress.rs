@@ -8,6 +8,7 @@
 
 use super::Tensors;
 use super::aggregate::Delta;
+use super::bf16::{from_bf16, to_bf16};
 use super::sparse::{self, Settings};
 
 /// How values are encoded.
@@ -70,7 +71,9 @@ impl Encoding {
         if name.starts_with("sparse") {
             return Settings::parse(name).map(Self::Sparse);
         }
-        Err(format!("unknown encoding {name:?}; expected fp32, bf16, int8 or sparse[:chunk=N,k=N,bits=2|4|8,decay=F,down=N]"))
+        Err(format!(
+            "unknown encoding {name:?}; expected fp32, bf16, int8 or sparse[:chunk=N,k=N,bits=1|2|4|8,decay=F,down=N,downbits=B,select=top|stride]"
+        ))
     }
 
     /// The sparse settings, for a sparse encoding.
@@ -171,7 +174,12 @@ pub fn decode_delta(bytes: &[u8], sizes: &[usize], encoding: Encoding) -> Result
 
 /// [`decode_delta`] for a contribution to round `round` (a sparse message must
 /// be seeded with it).
-pub fn decode_delta_seeded(bytes: &[u8], sizes: &[usize], encoding: Encoding, round: u64) -> Result<Delta, DecodeError> {
+pub fn decode_delta_seeded(
+    bytes: &[u8],
+    sizes: &[usize],
+    encoding: Encoding,
+    round: u64,
+) -> Result<Delta, DecodeError> {
     match encoding {
         Encoding::Sparse(s) => {
             if bytes.starts_with(MAGIC) {
@@ -233,19 +241,6 @@ pub fn decode(bytes: &[u8], sizes: &[usize]) -> Result<(Tensors, Encoding), Deco
         return Err(DecodeError::Length);
     }
     Ok((tensors, encoding))
-}
-
-fn to_bf16(v: f32) -> u16 {
-    let bits = v.to_bits();
-    if v.is_nan() {
-        return ((bits >> 16) as u16) | 0x40;
-    }
-    let round = 0x7fff + ((bits >> 16) & 1);
-    (bits.wrapping_add(round) >> 16) as u16
-}
-
-fn from_bf16(v: u16) -> f32 {
-    f32::from_bits(u32::from(v) << 16)
 }
 
 #[cfg(test)]

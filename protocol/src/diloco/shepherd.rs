@@ -798,8 +798,10 @@ mod tests {
             1,
         );
         assert!(matches!(nan[0], Action::Rejected { reason: Rejection::NonFinite { index: 0 }, .. }));
-        let shape =
-            s.handle(Input::Contribution { peer: 3, round: 1, samples: 10, loss: 1.0, delta: vec![vec![0.0]].into() }, 1);
+        let shape = s.handle(
+            Input::Contribution { peer: 3, round: 1, samples: 10, loss: 1.0, delta: vec![vec![0.0]].into() },
+            1,
+        );
         assert!(matches!(shape[0], Action::Rejected { reason: Rejection::Shape { .. }, .. }));
         let wrong_round = s.handle(contribution(1, 7, 0.1), 1);
         assert!(matches!(

@@ -32,6 +32,7 @@
 //! allocates anything, then that every offset is in its chunk and increasing.
 
 use super::Tensors;
+use super::bf16::{from_bf16, to_bf16};
 
 const MAGIC: &[u8; 4] = b"PCPS";
 const VERSION: u8 = 1;
@@ -78,7 +79,7 @@ impl Layout {
         if ![1, 2, 4, 8].contains(&self.bits) {
             return Err(format!("bits {} is not 1, 2, 4 or 8", self.bits));
         }
-        if self.strided && self.chunk % self.k != 0 {
+        if self.strided && !self.chunk.is_multiple_of(self.k) {
             return Err(format!("a strided layout needs k {} to divide the chunk {}", self.k, self.chunk));
         }
         Ok(())
@@ -479,20 +480,6 @@ fn quantize(values: &[f32], bits: u8) -> (Vec<f32>, Vec<f32>, Vec<u8>) {
     (stored, table, codes)
 }
 
-/// The top half of an f32, rounded to nearest even (NaN stays NaN).
-fn to_bf16(v: f32) -> u16 {
-    let bits = v.to_bits();
-    if v.is_nan() {
-        return ((bits >> 16) as u16) | 0x40;
-    }
-    let round = 0x7fff + ((bits >> 16) & 1);
-    (bits.wrapping_add(round) >> 16) as u16
-}
-
-fn from_bf16(v: u16) -> f32 {
-    f32::from_bits(u32::from(v) << 16)
-}
-
 /// Every bin's value, from what a message stores for a tensor: at 8 bits the bin
 /// centres `mean + (code − 128) × step` (computed in f32, as both ends do).
 fn decoding_table(stored: &[f32], bits: u8) -> Vec<f32> {
@@ -560,8 +547,7 @@ pub fn decode_seeded(bytes: &[u8], sizes: &[usize], layout: Layout, seed: u64) -
         let mut reader = BitReader::new(&bytes[at..at + packed]);
         at += packed;
         if layout.strided {
-            let indices: Vec<u32> =
-                (layout.first(seed, index)..n).step_by(layout.stride()).map(|i| i as u32).collect();
+            let indices: Vec<u32> = (layout.first(seed, index)..n).step_by(layout.stride()).map(|i| i as u32).collect();
             let values = indices.iter().map(|_| table[reader.get(usize::from(bits)) as usize]).collect();
             tensors.push(SparseTensor { indices, values });
             continue;
