@@ -9,7 +9,7 @@
 //! then decoded, validated and added (a first time to allocate the sum, then twice
 //! timed, keeping the faster). The sample starts at 2^16 parameters and grows 4× at
 //! a time while one pass takes under 20 ms, up to 2^24 parameters (a 64 MiB sum,
-//! twice this machine's L3 cache) or the whole model. The time is then scaled
+//! past a 32 MiB L3 cache) or the whole model. The time is then scaled
 //! linearly to the model: by kept entries for sparse (decode, validation and the
 //! scattered add all go entry by entry), by values for dense encodings. Blake3
 //! hashing of the contribution and the envelope's signature are not included.
@@ -128,7 +128,7 @@ mod tests {
     fn the_sample_is_the_model_cut_and_costs_scale_with_kept_entries() {
         assert_eq!(cut(&[10, 20, 30], 25), vec![10, 15]);
         assert_eq!(cut(&[10, 20], 100), vec![10, 20]);
-        let sparse = Encoding::Sparse(sparse::Settings::default());
+        let sparse = Encoding::Sparse(sparse::Settings::parse("sparse:chunk=4096,k=64").expect("parses"));
         // 64 of every 4096, at least one per chunk
         assert_eq!(work(&[8192, 10], sparse), 129.0);
         assert_eq!(work(&[8192, 10], Encoding::F32), 8202.0);
