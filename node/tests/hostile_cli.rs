@@ -17,6 +17,9 @@ use pcp_protocol::{Binding, Identity, RunId, head_of, seal};
 use pcp_schema::{Contribution, Heartbeat, MAX_CONTRIBUTION, Message, ParameterRef};
 use tokio::time::{Instant, timeout};
 
+#[path = "support/process.rs"]
+mod process;
+
 /// A `pcp-node --no-train` process listening on loopback (TCP and QUIC), and its addresses.
 struct Target {
     child: Child,
@@ -45,35 +48,8 @@ fn start_target(dir: &Path) -> anyhow::Result<Target> {
         .spawn()?;
     // the node prints its addresses once it listens
     let stdout = child.stdout.take().context("stdout")?;
-    let mut lines = BufReader::new(stdout).lines();
-    let (mut tcp, mut quic) = (None, None);
-    while tcp.is_none() || quic.is_none() {
-        let line = lines.next().context("the node exited before listening")??;
-        for word in line.split_whitespace().filter(|w| w.starts_with("/ip4/127.0.0.1/")) {
-            let addr: Multiaddr = word.parse()?;
-            if word.contains("/quic-v1") { quic = Some(addr) } else { tcp = Some(addr) }
-        }
-    }
-    // keep draining stdout so the node never blocks on it
-    std::thread::spawn(move || for _ in lines {});
-    let strip = |a: Multiaddr| -> anyhow::Result<(Multiaddr, PeerId)> {
-        let mut a = a;
-        match a.pop() {
-            Some(libp2p::multiaddr::Protocol::P2p(peer)) => Ok((a, peer)),
-            _ => bail!("listen address without /p2p/: {a}"),
-        }
-    };
-    let (tcp, peer) = strip(tcp.context("tcp")?)?;
-    let (quic, _) = strip(quic.context("quic")?)?;
+    let (peer, tcp, quic) = process::listen_addresses(BufReader::new(stdout).lines())?;
     Ok(Target { child, peer, tcp, quic })
-}
-
-/// `VmRSS` or `VmHWM` of a process, in bytes.
-fn memory(pid: u32, field: &str) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status.lines().find(|l| l.starts_with(field)).context("no such field")?;
-    let kib: u64 = line.split_whitespace().nth(1).context("no value")?.parse()?;
-    Ok(kib * 1024)
 }
 
 /// A codec that writes whatever bytes it is given and reads nothing back.
@@ -231,7 +207,7 @@ async fn a_stranger_cannot_exhaust_a_nodes_memory() -> anyhow::Result<()> {
     let (hash, _) = store.put_file(&blob)?;
     provider.provide(hash).await?;
 
-    let before = memory(pid, "VmRSS:")?;
+    let before = process::memory(pid, "VmRSS:")?;
     let started = Instant::now();
     let attacks: Vec<_> = (0..4u8).map(|i| tokio::spawn(attack(target.peer, target.quic.clone(), 40 + i, 8))).collect();
     let mut sent = 0;
@@ -239,8 +215,8 @@ async fn a_stranger_cannot_exhaust_a_nodes_memory() -> anyhow::Result<()> {
         sent += timeout(Duration::from_secs(120), a).await.context("an attacker hung")???;
     }
     let seconds = started.elapsed().as_secs_f64();
-    let peak = memory(pid, "VmHWM:")?;
-    let after = memory(pid, "VmRSS:")?;
+    let peak = process::memory(pid, "VmHWM:")?;
+    let after = process::memory(pid, "VmRSS:")?;
     eprintln!(
         "attack: {} MiB attempted in {seconds:.1} s; target RSS {} MiB before, peak {} MiB, {} MiB after",
         sent >> 20,

@@ -26,6 +26,9 @@ use serde_json::Value;
 use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
+#[path = "support/process.rs"]
+mod process;
+
 /// Sybil identities, and the contribution streams each opens.
 const SYBILS: usize = 16;
 const STREAMS: usize = 2;
@@ -60,41 +63,6 @@ fn spawn(args: &[String]) -> anyhow::Result<(Proc, std::io::Lines<BufReader<std:
         .spawn()?;
     let stdout = child.stdout.take().context("stdout")?;
     Ok((Proc(child), BufReader::new(stdout).lines()))
-}
-
-/// The shepherd's peer id and its loopback TCP and QUIC addresses (without `/p2p/`),
-/// from the lines it prints once it listens; stdout is drained after.
-fn addresses(
-    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
-) -> anyhow::Result<(PeerId, Multiaddr, Multiaddr)> {
-    let mut lines = lines;
-    let (mut tcp, mut quic) = (None, None);
-    while tcp.is_none() || quic.is_none() {
-        let line = lines.next().context("the shepherd exited before listening")??;
-        for word in line.split_whitespace().filter(|w| w.starts_with("/ip4/127.0.0.1/")) {
-            let addr: Multiaddr = word.parse()?;
-            if word.contains("/quic-v1") { quic = Some(addr) } else { tcp = Some(addr) }
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    let strip = |a: Multiaddr| -> anyhow::Result<(Multiaddr, PeerId)> {
-        let mut a = a;
-        match a.pop() {
-            Some(libp2p::multiaddr::Protocol::P2p(peer)) => Ok((a, peer)),
-            _ => bail!("listen address without /p2p/: {a}"),
-        }
-    };
-    let (tcp, peer) = strip(tcp.context("tcp")?)?;
-    let (quic, _) = strip(quic.context("quic")?)?;
-    Ok((peer, tcp, quic))
-}
-
-/// `VmRSS` of a process, in bytes.
-fn rss(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS")?;
-    let kib: u64 = line.split_whitespace().nth(1).context("no value")?.parse()?;
-    Ok(kib * 1024)
 }
 
 fn events(path: &Path) -> Vec<Value> {
@@ -332,7 +300,7 @@ async fn sybils_cannot_fill_a_shepherds_memory() -> anyhow::Result<()> {
     .collect();
     let (shepherd, lines) = spawn(&args)?;
     let pid = shepherd.0.id();
-    let (shepherd_peer, tcp, quic) = addresses(lines)?;
+    let (shepherd_peer, tcp, quic) = process::listen_addresses(lines)?;
     let bootstrap = tcp.with(libp2p::multiaddr::Protocol::P2p(shepherd_peer)).to_string();
     let worker_args = ["--bootstrap", &bootstrap, "--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", &path("worker")]
         .map(String::from)
@@ -354,14 +322,14 @@ async fn sybils_cannot_fill_a_shepherds_memory() -> anyhow::Result<()> {
     // the run's largest contribution: fp32 values and the room the shepherd allows beside them
     let len = sent["param_bytes"].as_u64().context("param_bytes")? as usize + 4096;
 
-    let before = rss(pid)?;
+    let before = process::memory(pid, "VmRSS:")?;
     let done = Arc::new(AtomicBool::new(false));
     let sampler = std::thread::spawn({
         let done = done.clone();
         move || {
             let mut peak = 0;
             while !done.load(Ordering::Relaxed) {
-                peak = peak.max(rss(pid).unwrap_or(0));
+                peak = peak.max(process::memory(pid, "VmRSS:").unwrap_or(0));
                 std::thread::sleep(Duration::from_millis(10));
             }
             peak
