@@ -292,9 +292,9 @@ fn encoding_flags_are_checked_with_one_line_errors() -> anyhow::Result<()> {
             &["sim", "--encoding", "sparse", "--trim", "0.2", "--data-dir", &d],
             "--trim cannot be used with --encoding sparse",
         ),
-        (&["sim", "--encoding", "sparse:k=0", "--data-dir", &d], "--encoding: k 0 is outside"),
+        (&["sim", "--encoding", "sparse:k=0", "--data-dir", &d], "--encoding \"sparse:k=0\": k 0 is outside"),
         (&["sim", "--encoding", "sparse:what=1", "--data-dir", &d], "unknown sparse setting \"what\""),
-        (&["--shepherd", "--encoding", "fp16", "--data-dir", &d], "--encoding: unknown encoding \"fp16\""),
+        (&["--shepherd", "--encoding", "fp16", "--data-dir", &d], "unknown --encoding \"fp16\""),
     ];
     one_line_errors(&cases, Duration::from_secs(60))
 }

@@ -405,7 +405,7 @@ pub(crate) const SPARSE_OUTER_LR: f64 = 3.0;
 /// Parses `--encoding`, refusing the trimmed mean for sparse runs: it needs every
 /// contribution at once, which sparse runs never keep.
 pub(crate) fn parse_encoding(spec: &str, trim: f64) -> Result<Encoding, Failure> {
-    let encoding = Encoding::parse_spec(spec).map_err(|e| Failure::input(anyhow::anyhow!("--encoding: {e}")))?;
+    let encoding = Encoding::parse_spec(spec).map_err(|e| Failure::input(anyhow::anyhow!("{e}")))?;
     if encoding.sparse().is_some() && trim > 0.0 {
         return Err(Failure::input(anyhow::anyhow!(
             "--trim cannot be used with --encoding sparse: the trimmed mean needs every contribution at once, \

@@ -69,10 +69,10 @@ impl Encoding {
             return Ok(dense);
         }
         if name.starts_with("sparse") {
-            return Settings::parse(name).map(Self::Sparse);
+            return Settings::parse(name).map(Self::Sparse).map_err(|e| format!("--encoding {name:?}: {e}"));
         }
         Err(format!(
-            "unknown encoding {name:?}; expected fp32, bf16, int8 or sparse[:chunk=N,k=N,bits=1|2|4|8,decay=F,down=N,downbits=B,select=top|stride]"
+            "unknown --encoding {name:?}; expected fp32, bf16, int8 or sparse[:chunk=N,k=N,bits=1|2|4|8,decay=F,down=N,downbits=B,select=top|stride]"
         ))
     }
 
