@@ -93,7 +93,25 @@ fn wait_for(path: &Path, what: &str, timeout: Duration, pred: impl Fn(&Value) ->
         if let Some(e) = events(path).into_iter().find(&pred) {
             return e;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what} in {}", path.display());
+        if Instant::now() >= deadline {
+            // what did happen, to debug a timeout from CI's log
+            let seen: Vec<String> = events(path)
+                .iter()
+                .rev()
+                .take(40)
+                .rev()
+                .map(|e| {
+                    let mut e = e.clone();
+                    if let Some(o) = e.as_object_mut() {
+                        o.retain(|k, _| {
+                            ["event", "round", "peer", "reason", "contributors", "accepted"].contains(&k.as_str())
+                        });
+                    }
+                    e.to_string()
+                })
+                .collect();
+            panic!("timed out waiting for {what} in {}; its last events:\n{}", path.display(), seen.join("\n"));
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
