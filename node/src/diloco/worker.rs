@@ -597,8 +597,18 @@ async fn train(
                     let envelope = signer.seal(run, r, &contribution);
                     let wire_bytes = envelope.encode().len() as u64;
                     let (to, to_key) = *leader.borrow();
-                    let answer = node.request(to, envelope).await;
-                    let (accepted, reason) = ack_of(answer, to_key);
+                    // a send to a leader that died (or refused it unread) must not hold up the
+                    // round that replaces it: a newer announcement abandons the send
+                    let mut watching = latest.clone();
+                    let answer = tokio::select! {
+                        () = cancel.cancelled() => return Ok(Outcome::Cancelled),
+                        () = newer_arrives(&mut watching, this) => None,
+                        answer = node.request(to, envelope) => Some(answer),
+                    };
+                    let (accepted, reason) = match answer {
+                        Some(answer) => ack_of(answer, to_key),
+                        None => (false, "abandoned: a newer announcement arrived before the answer".to_owned()),
+                    };
                     if let (Some(ef), Some(sent)) = (feedback.as_mut(), sent) {
                         // what was not taken is sent again later, not lost
                         if !accepted {
