@@ -25,9 +25,17 @@
 //! and refuse leases (and so announcements) of lower terms, of keys that are not
 //! candidates, and of candidates claiming a term that is not theirs.
 //!
-//! Pure, like the rest of this crate: time comes in as `now_ms`.
-
-use std::collections::BTreeSet;
+//! A lapse is counted only by a node that was listening through the whole lease
+//! period: each lapse needs a full lease from the previous one (a node whose loop
+//! stalled for a minute counts one lapse, not sixty), and a tick that comes more
+//! than half a lease after the previous one restarts the wait instead (the node
+//! could not have heard the leases sent meanwhile). A candidate whose turn comes
+//! but that may not lead (it does not hold the latest replicated state, see
+//! [`crate::failover`]) defers: its term lapses like a dead candidate's.
+//!
+//! Pure, like the rest of this crate: time comes in as `now_ms`, which must be a
+//! **monotonic** clock (milliseconds since the process started): a step of the wall
+//! clock must not make a lease lapse.
 
 use crate::{PublicKey, RunId};
 
@@ -136,6 +144,18 @@ pub enum Action {
         /// The term it saw.
         newer: u64,
     },
+    /// This candidate's turn came for `term`, but it may not lead (it is behind
+    /// another live candidate, or holds no state yet): the term lapses.
+    Deferred {
+        /// The term passed over.
+        term: u64,
+    },
+    /// This node led `term` and stopped without seeing a higher term (it lost its
+    /// workers, see [`crate::failover::Quorum`]): the next candidate takes over.
+    SteppedAside {
+        /// The term it led.
+        term: u64,
+    },
     /// A lease was refused.
     Rejected {
         /// Its signer.
@@ -157,10 +177,12 @@ pub struct Election {
     leading: bool,
     /// When a valid lease of `term` was last heard (or this node took it).
     heard_ms: u64,
-    /// Lease periods passed since `heard_ms` whose expiry was reported.
+    /// Lease periods that lapsed since the lease of `term` was last heard.
     lapsed: u64,
-    /// Terms already reported as lapsed, so each is reported once.
-    reported: BTreeSet<u64>,
+    /// The highest term reported as lapsed, so each is reported once.
+    reported: u64,
+    /// The previous tick: a tick long after it restarts the wait.
+    ticked_ms: u64,
 }
 
 impl Election {
@@ -177,7 +199,8 @@ impl Election {
             leading,
             heard_ms: now_ms,
             lapsed: 0,
-            reported: BTreeSet::new(),
+            reported: 0,
+            ticked_ms: now_ms,
         }
     }
 
@@ -188,6 +211,11 @@ impl Election {
         let term = term.max(1);
         let leading = succession.leader(term) == me;
         Self { term, leading, ..Self::new(me, succession, lease_ms, now_ms) }
+    }
+
+    /// This node's key.
+    pub fn me(&self) -> PublicKey {
+        self.me
     }
 
     /// The term this node follows.
@@ -255,28 +283,67 @@ impl Election {
     /// Time passes: a lapsed lease is reported, and a candidate whose turn has come
     /// takes its term (then it must send a lease at once).
     pub fn tick(&mut self, now_ms: u64) -> Vec<Action> {
+        self.tick_gated(now_ms, true)
+    }
+
+    /// [`Self::tick`] for a candidate that may lead only when `may_lead`: when its
+    /// turn comes and it may not, it defers and its term lapses like a dead
+    /// candidate's.
+    pub fn tick_gated(&mut self, now_ms: u64, may_lead: bool) -> Vec<Action> {
         let mut actions = Vec::new();
+        let stalled = now_ms.saturating_sub(self.ticked_ms) > self.lease_ms / 2;
+        self.ticked_ms = now_ms;
         if self.leading {
             self.heard_ms = now_ms;
             return actions;
         }
-        while now_ms.saturating_sub(self.heard_ms) >= (self.lapsed + 1) * self.lease_ms {
-            let lapsed_term = self.term + self.lapsed;
-            if self.reported.insert(lapsed_term) {
-                actions.push(Action::LeaseExpired { term: lapsed_term, leader: self.succession.leader(lapsed_term) });
-            }
-            self.lapsed += 1;
-            let next = self.term + self.lapsed;
-            if self.succession.contains(&self.me) && self.succession.leader(next) == self.me {
+        if stalled {
+            // this node was not listening: leases may have come and gone unheard
+            self.heard_ms = self.heard_ms.max(now_ms.saturating_sub(self.lease_ms / 2));
+        }
+        if now_ms.saturating_sub(self.heard_ms) < self.lease_ms {
+            return actions;
+        }
+        let lapsed_term = self.term + self.lapsed;
+        if lapsed_term > self.reported {
+            self.reported = lapsed_term;
+            actions.push(Action::LeaseExpired { term: lapsed_term, leader: self.succession.leader(lapsed_term) });
+        }
+        // the next lapse needs a full lease of listening from this one
+        self.lapsed += 1;
+        self.heard_ms = now_ms;
+        let next = self.term + self.lapsed;
+        if self.succession.contains(&self.me) && self.succession.leader(next) == self.me {
+            if may_lead {
                 self.term = next;
                 self.leading = true;
-                self.heard_ms = now_ms;
                 self.lapsed = 0;
                 actions.push(Action::Elected { term: next, leader: self.me });
-                break;
+            } else {
+                actions.push(Action::Deferred { term: next });
             }
         }
         actions
+    }
+
+    /// A leader stops leading without a higher term (it lost its workers): it
+    /// follows its own term as lapsed, so the next candidate is awaited at once
+    /// and takes over one lease after this node's last lease.
+    pub fn step_aside(&mut self, now_ms: u64) -> Vec<Action> {
+        if !self.leading {
+            return Vec::new();
+        }
+        self.leading = false;
+        self.lapsed = 1;
+        self.reported = self.reported.max(self.term);
+        self.heard_ms = now_ms;
+        self.ticked_ms = now_ms;
+        vec![Action::SteppedAside { term: self.term }]
+    }
+
+    /// The leases this node awaits lapse after `lease_ms` without one.
+    pub fn lease_ms(&self) -> u64 {
+        self.lease_ms
     }
 }
 
@@ -293,6 +360,17 @@ mod tests {
 
     fn succession() -> Succession {
         Succession::new(RUN, key(1), &[key(2), key(3), key(1), key(2)])
+    }
+
+    /// Ticks `e` every 100 ms up to `to`, as a node's loop does.
+    fn until(e: &mut Election, to: u64) -> Vec<Action> {
+        let mut out = Vec::new();
+        let mut t = e.ticked_ms;
+        while t < to {
+            t = (t + 100).min(to);
+            out.extend(e.tick(t));
+        }
+        out
     }
 
     fn elected(actions: &[Action]) -> Option<(u64, PublicKey)> {
@@ -331,9 +409,9 @@ mod tests {
         let s = succession();
         let mut worker = Election::new(key(50), s.clone(), LEASE, 0);
         assert_eq!(worker.awaited(), key(1));
-        worker.tick(LEASE);
+        until(&mut worker, LEASE);
         assert_eq!((worker.term(), worker.awaited()), (1, s.leader(2)), "one lapse: term 2's candidate");
-        worker.tick(2 * LEASE);
+        until(&mut worker, 2 * LEASE);
         assert_eq!(worker.awaited(), s.leader(3), "two lapses: term 3's");
         assert_eq!(elected(&worker.on_lease(s.leader(2), 2, 2 * LEASE + 1)), Some((2, s.leader(2))));
         assert_eq!(worker.awaited(), s.leader(2), "a valid lease resets the wait");
@@ -354,20 +432,20 @@ mod tests {
         for t in [400, 800, 1200] {
             for e in [&mut next, &mut after, &mut worker] {
                 assert!(e.on_lease(key(1), 1, t).is_empty());
-                assert!(e.tick(t + 100).is_empty());
+                assert!(until(e, t + 100).is_empty());
             }
-            assert!(leader.tick(t).is_empty());
+            assert!(until(&mut leader, t).is_empty());
         }
         // the leader dies after 1200: at 2200 its lease has lapsed everywhere
-        assert!(next.tick(2199).is_empty());
-        let a = next.tick(2200);
+        assert!(until(&mut next, 2199).is_empty());
+        let a = until(&mut next, 2200);
         assert!(a.contains(&Action::LeaseExpired { term: 1, leader: key(1) }));
         assert_eq!(elected(&a), Some((2, second)));
         assert!(next.is_leader());
         // the others report the lapse but wait for term 2's lease
-        let a = after.tick(2200);
+        let a = until(&mut after, 2200);
         assert_eq!(a, vec![Action::LeaseExpired { term: 1, leader: key(1) }]);
-        assert!(elected(&worker.tick(2200)).is_none());
+        assert!(elected(&until(&mut worker, 2200)).is_none());
         for e in [&mut after, &mut worker] {
             assert_eq!(elected(&e.on_lease(second, 2, 2210)), Some((2, second)));
             assert_eq!(e.leader(), second);
@@ -375,7 +453,7 @@ mod tests {
         // and do not take term 3 while term 2's leases come
         for t in [2600, 3000, 3400] {
             after.on_lease(second, 2, t);
-            assert!(elected(&after.tick(t + 500)).is_none());
+            assert!(elected(&until(&mut after, t + 500)).is_none());
         }
     }
 
@@ -385,18 +463,71 @@ mod tests {
         let third = s.leader(3);
         let mut after = Election::new(third, s.clone(), LEASE, 0);
         let mut worker = Election::new(key(50), s.clone(), LEASE, 0);
-        assert!(elected(&after.tick(1000)).is_none(), "term 2 is the dead successor's");
-        let a = after.tick(2000);
+        assert!(elected(&until(&mut after, 1000)).is_none(), "term 2 is the dead successor's");
+        let a = until(&mut after, 2000);
         assert!(a.contains(&Action::LeaseExpired { term: 2, leader: s.leader(2) }));
         assert_eq!(elected(&a), Some((3, third)));
         // a worker that heard nothing meanwhile jumps straight to term 3
         assert_eq!(elected(&worker.on_lease(third, 3, 2001)), Some((3, third)));
-        // a late tick reports each lapse once
+        // a tick long after the last one restarts the wait: the node was not listening
         let mut w = Election::new(key(50), s, LEASE, 0);
-        let lapses = w.tick(5000).iter().filter(|a| matches!(a, Action::LeaseExpired { .. })).count();
-        assert_eq!(lapses, 5);
-        assert!(w.tick(5500).is_empty());
+        assert!(w.tick(5000).is_empty(), "a stalled node counts no lapse at once");
+        let lapses = until(&mut w, 6000).iter().filter(|a| matches!(a, Action::LeaseExpired { .. })).count();
+        assert_eq!(lapses, 1, "one lapse per lease of listening");
         assert_eq!(w.term(), 1, "a worker never moves the term on its own");
+    }
+
+    /// H1: a standby next in line whose loop was blocked (a 120 s state fetch)
+    /// while the leader kept sending leases must not take a term on waking: the
+    /// leases queued meanwhile are still to be read.
+    #[test]
+    fn a_stalled_standby_does_not_take_a_term_from_a_live_leader() {
+        let s = succession();
+        let second = s.leader(2);
+        let mut standby = Election::new(second, s.clone(), LEASE, 0);
+        assert!(until(&mut standby, 400).is_empty());
+        // blocked from 400 to 120_400; its first tick comes before the queued leases
+        let a = standby.tick(120_400);
+        assert!(elected(&a).is_none() && !standby.is_leader(), "{a:?}");
+        assert!(standby.on_lease(key(1), 1, 120_410).is_empty(), "the queued lease is the live leader's");
+        assert!(elected(&until(&mut standby, 121_300)).is_none());
+        // and if the leader really is gone, one lease of listening later it leads
+        assert_eq!(elected(&until(&mut standby, 121_410)), Some((2, second)));
+    }
+
+    #[test]
+    fn a_candidate_that_may_not_lead_defers_and_its_term_lapses() {
+        let s = succession();
+        let (second, third) = (s.leader(2), s.leader(3));
+        let mut behind = Election::new(second, s.clone(), LEASE, 0);
+        let mut ahead = Election::new(third, s.clone(), LEASE, 0);
+        let mut t = 0;
+        let mut deferred = false;
+        while t < 2000 {
+            t += 100;
+            for a in behind.tick_gated(t, false) {
+                deferred |= a == Action::Deferred { term: 2 };
+                assert!(!matches!(a, Action::Elected { .. }), "{a:?}");
+            }
+            assert!(elected(&ahead.tick(t)).is_none() || t == 2000);
+        }
+        assert!(deferred && !behind.is_leader());
+        assert!(ahead.is_leader() && ahead.term() == 3, "the term after the deferred one comes up");
+    }
+
+    #[test]
+    fn a_leader_that_steps_aside_is_succeeded_one_lease_later() {
+        let s = succession();
+        let second = s.leader(2);
+        let mut leader = Election::new(key(1), s.clone(), LEASE, 0);
+        let mut next = Election::new(second, s.clone(), LEASE, 0);
+        next.on_lease(key(1), 1, 500);
+        assert_eq!(leader.step_aside(500), vec![Action::SteppedAside { term: 1 }]);
+        assert!(!leader.is_leader());
+        assert_eq!(leader.awaited(), second, "it awaits the next candidate at once");
+        assert!(until(&mut leader, 1400).iter().all(|a| !matches!(a, Action::LeaseExpired { term: 1, .. })));
+        assert_eq!(elected(&until(&mut next, 1500)), Some((2, second)));
+        assert_eq!(elected(&leader.on_lease(second, 2, 1510)), Some((2, second)));
     }
 
     #[test]

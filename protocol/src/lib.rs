@@ -1,5 +1,5 @@
 //! pcp's protocol core: identities, signed envelopes, replay guards, content
-//! ids, the DiLoCo state machines and the shepherd election.
+//! ids, the DiLoCo state machines, the shepherd election and failover.
 //!
 //! Pure: no sockets, no clocks, no randomness. Keys are made from bytes the caller
 //! supplies, and every time-dependent check takes `now` as an argument, so
@@ -7,6 +7,7 @@
 
 pub mod diloco;
 pub mod election;
+pub mod failover;
 mod envelope;
 mod identity;
 mod ids;
