@@ -25,7 +25,11 @@ fn identity() -> Identity {
 fn envelope() -> SignedEnvelope {
     let identity = identity();
     let binding = Binding { run: RunId([1; 32]), round: 2, nonce: 3, unix_ms: 4 };
-    seal(&identity, binding, &Heartbeat { run: [1; 32], round: 2, unix_ms: 4, free_memory_bytes: 5, term: 0 })
+    seal(
+        &identity,
+        binding,
+        &Heartbeat { run: [1; 32], round: 2, unix_ms: 4, free_memory_bytes: 5, term: 0, follows: 0, held: None },
+    )
 }
 
 /// A heartbeat request as the RPC codec writes it.

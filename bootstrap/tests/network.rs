@@ -235,7 +235,8 @@ async fn forged_gossip_is_rejected_and_counted() -> anyhow::Result<()> {
 
     let alice = identity(1);
     let mallory = identity(2);
-    let hb = Heartbeat { run: run.0, round: 1, unix_ms: now_ms(), free_memory_bytes: 1, term: 0 };
+    let hb =
+        Heartbeat { run: run.0, round: 1, unix_ms: now_ms(), free_memory_bytes: 1, term: 0, follows: 0, held: None };
     let bind = |nonce| Binding { run, round: 1, nonce, unix_ms: now_ms() };
     // signed by mallory but claiming alice as signer
     let mut impostor = seal(&mallory, bind(1), &hb);
@@ -361,7 +362,8 @@ async fn signed_requests_are_verified_both_ways() -> anyhow::Result<()> {
     let (client, server_peer) = (net.nodes[1].node.clone(), net.nodes[2].peer_id());
     let mallory = identity(9);
     let run = RunId([7; 32]);
-    let hb = Heartbeat { run: run.0, round: 1, unix_ms: now_ms(), free_memory_bytes: 0, term: 0 };
+    let hb =
+        Heartbeat { run: run.0, round: 1, unix_ms: now_ms(), free_memory_bytes: 0, term: 0, follows: 0, held: None };
     let bind = |nonce| Binding { run, round: 1, nonce, unix_ms: now_ms() };
 
     // a request signed by the sender reaches the server, and its signed answer comes back
@@ -432,6 +434,8 @@ async fn contributions_are_read_only_from_participants_of_the_open_round() -> an
         loss: 1.0,
         delta: vec![7; len],
         bytes_down: 0,
+        term: 0,
+        params_hash: [0; 32],
     };
     let mut nonce = 0;
     let mut send = |len: usize| {
@@ -490,6 +494,8 @@ async fn a_replayed_head_takes_none_of_its_signers_permits() -> anyhow::Result<(
         loss: 1.0,
         delta: vec![7; 100_000],
         bytes_down: 0,
+        term: 0,
+        params_hash: [0; 32],
     };
     let sealed = |nonce| seal(&worker_key, Binding { run, round: 1, nonce, unix_ms: now_ms() }, &contribution);
     let send = |from: &pcp_bootstrap::Node, envelope| {

@@ -113,8 +113,11 @@ fn frames(attacker: &Identity) -> Vec<Vec<u8>> {
         loss: 0.0,
         delta: Vec::new(),
         bytes_down: 0,
+        term: 0,
+        params_hash: [0; 32],
     };
-    let heartbeat = Heartbeat { run: run.0, round: 1, unix_ms: 1, free_memory_bytes: 0, term: 0 };
+    let heartbeat =
+        Heartbeat { run: run.0, round: 1, unix_ms: 1, free_memory_bytes: 0, term: 0, follows: 0, held: None };
     let mut contribution_head = head_of(&seal(attacker, binding(1), &contribution));
     contribution_head.payload_len = MAX_CONTRIBUTION as u64;
     let mut heartbeat_head = head_of(&seal(attacker, binding(2), &heartbeat));

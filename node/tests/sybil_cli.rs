@@ -243,6 +243,8 @@ async fn sybil(
         loss: 0.0,
         delta: Vec::new(),
         bytes_down: 0,
+        term: 0,
+        params_hash: [0; 32],
     };
     for nonce in 0..STREAMS as u64 {
         let envelope = seal(&identity, Binding { run, round, nonce: 2 + nonce, unix_ms: now() }, &contribution);

@@ -7,8 +7,8 @@
 
 pub mod diloco;
 pub mod election;
-pub mod failover;
 mod envelope;
+pub mod failover;
 mod identity;
 mod ids;
 mod replay;

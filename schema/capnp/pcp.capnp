@@ -111,6 +111,8 @@ struct Contribution {
   loss @5 :Float32;         # mean inner loss
   delta @6 :Data;           # the encoded pseudo-gradient, inline
   bytesDown @7 :UInt64;     # parameter bytes the worker fetched for this round (its report)
+  term @8 :UInt64;          # the term whose announcement the worker trained from (fencing)
+  paramsHash @9 :Data;      # blake3 of the parameters blob it trained from (fencing)
 }
 
 # The shepherd's answer to a contribution, or its refusal of any request.
@@ -126,7 +128,12 @@ struct Heartbeat {
   round @1 :UInt64;
   unixMs @2 :UInt64;
   freeMemoryBytes @3 :UInt64;
-  term @4 :UInt64;          # the leader's term when a leader sends it; 0 from workers
+  term @4 :UInt64;          # the leader's term when a leader sends it (its lease); 0 otherwise
+  follows @5 :UInt64;       # the highest term the sender follows (workers and standbys)
+  heldTerm @6 :UInt64;      # a candidate's replicated state: the term that produced it,
+  heldRound @7 :UInt64;     # the rounds it completed,
+  heldParams @8 :Data;      # and its parameters hash
+  hasHeld @9 :Bool;         # whether the candidate holds a state
 }
 
 # --- blob transfer (request-response) --------------------------------------

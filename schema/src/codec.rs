@@ -124,6 +124,11 @@ pub(crate) fn fixed<const N: usize>(
     bytes.try_into().map_err(|_| DecodeError::FieldLength { what, field, expected: N, got: bytes.len() })
 }
 
+/// A 32-byte hash that older senders leave empty: zeros when empty.
+pub(crate) fn optional_hash(what: &'static str, field: &'static str, bytes: &[u8]) -> Result<[u8; 32], DecodeError> {
+    if bytes.is_empty() { Ok([0; 32]) } else { fixed(what, field, bytes) }
+}
+
 /// Reads a text field as an owned string.
 pub(crate) fn text(
     what: &'static str,

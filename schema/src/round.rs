@@ -1,6 +1,8 @@
 //! Round announcements, pseudo-gradient contributions and heartbeats.
 
-use crate::codec::{self, DecodeError, MAX_CONTRIBUTION, MAX_CONTROL_MESSAGE, Message, fixed, list_len, malformed};
+use crate::codec::{
+    self, DecodeError, MAX_CONTRIBUTION, MAX_CONTROL_MESSAGE, Message, fixed, list_len, malformed, optional_hash,
+};
 use crate::run::ParameterRef;
 use crate::wire::pcp_capnp::{ack, contribution, heartbeat, round_announcement};
 
@@ -57,6 +59,10 @@ pub struct Contribution {
     pub delta: Vec<u8>,
     /// Parameter bytes the worker fetched for this round, as it reports them.
     pub bytes_down: u64,
+    /// The term of the announcement the worker trained from (0: not said).
+    pub term: u64,
+    /// blake3 of the parameters blob it trained from (zeros: not said).
+    pub params_hash: [u8; 32],
 }
 
 /// The shepherd's answer to a contribution, or its refusal of a request.
@@ -83,8 +89,23 @@ pub struct Heartbeat {
     pub unix_ms: u64,
     /// Free device memory.
     pub free_memory_bytes: u64,
-    /// The leader's term when a leader sends it (its lease); 0 from workers.
+    /// The leader's term when a leader sends it (its lease); 0 otherwise.
     pub term: u64,
+    /// The highest term the sender follows (workers and standbys; 0: not said).
+    pub follows: u64,
+    /// A candidate's replicated state, if it holds one.
+    pub held: Option<Held>,
+}
+
+/// A candidate's replicated state, as its heartbeats report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// The term whose leader produced the state.
+    pub term: u64,
+    /// Rounds completed.
+    pub round: u64,
+    /// The parameters hash after `round`.
+    pub params: [u8; 32],
 }
 
 impl Message for RoundAnnouncement {
@@ -164,6 +185,8 @@ impl Message for Contribution {
         root.set_loss(self.loss);
         root.set_delta(&self.delta);
         root.set_bytes_down(self.bytes_down);
+        root.set_term(self.term);
+        root.set_params_hash(&self.params_hash[..]);
         codec::words(&message)
     }
 
@@ -180,6 +203,8 @@ impl Message for Contribution {
                 loss: r.get_loss(),
                 delta: r.get_delta().map_err(|e| malformed(W, e))?.to_vec(),
                 bytes_down: r.get_bytes_down(),
+                term: r.get_term(),
+                params_hash: optional_hash(W, "paramsHash", r.get_params_hash().map_err(|e| malformed(W, e))?)?,
             })
         })
     }
@@ -197,6 +222,13 @@ impl Message for Heartbeat {
         root.set_unix_ms(self.unix_ms);
         root.set_free_memory_bytes(self.free_memory_bytes);
         root.set_term(self.term);
+        root.set_follows(self.follows);
+        if let Some(h) = &self.held {
+            root.set_held_term(h.term);
+            root.set_held_round(h.round);
+            root.set_held_params(&h.params[..]);
+            root.set_has_held(true);
+        }
         codec::words(&message)
     }
 
@@ -210,6 +242,15 @@ impl Message for Heartbeat {
                 unix_ms: r.get_unix_ms(),
                 free_memory_bytes: r.get_free_memory_bytes(),
                 term: r.get_term(),
+                follows: r.get_follows(),
+                held: match r.get_has_held() {
+                    true => Some(Held {
+                        term: r.get_held_term(),
+                        round: r.get_held_round(),
+                        params: fixed(W, "heldParams", r.get_held_params().map_err(|e| malformed(W, e))?)?,
+                    }),
+                    false => None,
+                },
             })
         })
     }

@@ -45,13 +45,23 @@ fn seeds() -> Vec<Vec<u8>> {
         round: 4,
         nonce: 5,
         unix_ms: 6,
-        payload: Heartbeat { run: [3; 32], round: 4, unix_ms: 6, free_memory_bytes: 7, term: 0 }.encode(),
+        payload: Heartbeat {
+            run: [3; 32],
+            round: 4,
+            unix_ms: 6,
+            free_memory_bytes: 7,
+            term: 0,
+            follows: 0,
+            held: None,
+        }
+        .encode(),
         signature: [8; 64],
     };
     vec![
         hello.encode(),
         Ack { run: [1; 32], round: 3, accepted: false, reason: "late".into() }.encode(),
-        Heartbeat { run: [1; 32], round: 3, unix_ms: 9, free_memory_bytes: 10, term: 0 }.encode(),
+        Heartbeat { run: [1; 32], round: 3, unix_ms: 9, free_memory_bytes: 10, term: 0, follows: 0, held: None }
+            .encode(),
         BlobRequest { blob: [4; 32], want: BlobWant::Chunk(3) }.encode(),
         BlobResponse::Chunk(vec![7; 300]).encode(),
         envelope.encode(),

@@ -2,8 +2,8 @@
 
 use pcp_schema::{
     Ack, ArtifactRef, Backend, BlobRequest, BlobResponse, BlobWant, CHUNK_SIZE, Capabilities, Contribution, DataSpec,
-    DecodeError, Heartbeat, MAX_CONTROL_MESSAGE, Message, MessageKind, NodeHello, ParameterRef, RoundAnnouncement,
-    RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
+    DecodeError, Heartbeat, Held, MAX_CONTROL_MESSAGE, Message, MessageKind, NodeHello, ParameterRef,
+    RoundAnnouncement, RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
 };
 use pcp_schema::{FrameHead, MAX_CONTRIBUTION, MAX_FRAME_HEAD};
 use proptest::collection::vec;
@@ -156,9 +156,11 @@ proptest! {
     fn contribution(
         run in any::<[u8; 32]>(), round in any::<u64>(), inner_steps in any::<u32>(), samples in any::<u64>(),
         pseudo_gradient in parameter(), loss in any::<f32>(), delta in vec(any::<u8>(), 0..2048),
-        bytes_down in any::<u64>(),
+        bytes_down in any::<u64>(), term in any::<u64>(), params_hash in any::<[u8; 32]>(),
     ) {
-        roundtrip(&Contribution { run, round, inner_steps, samples, pseudo_gradient, loss, delta, bytes_down })?;
+        roundtrip(&Contribution {
+            run, round, inner_steps, samples, pseudo_gradient, loss, delta, bytes_down, term, params_hash,
+        })?;
     }
 
     #[test]
@@ -169,9 +171,11 @@ proptest! {
     #[test]
     fn heartbeat(
         run in any::<[u8; 32]>(), round in any::<u64>(), unix_ms in any::<u64>(), free in any::<u64>(),
-        term in any::<u64>(),
+        term in any::<u64>(), follows in any::<u64>(),
+        held in proptest::option::of((any::<u64>(), any::<u64>(), any::<[u8; 32]>())),
     ) {
-        roundtrip(&Heartbeat { run, round, unix_ms, free_memory_bytes: free, term })?;
+        let held = held.map(|(term, round, params)| Held { term, round, params });
+        roundtrip(&Heartbeat { run, round, unix_ms, free_memory_bytes: free, term, follows, held })?;
     }
 
     #[test]
@@ -279,7 +283,7 @@ fn list_claiming_more_elements_than_the_input_holds_is_refused() {
 
 #[test]
 fn wrong_length_key_is_refused() {
-    let m = Heartbeat { run: [1; 32], round: 0, unix_ms: 0, free_memory_bytes: 0, term: 0 };
+    let m = Heartbeat { run: [1; 32], round: 0, unix_ms: 0, free_memory_bytes: 0, term: 0, follows: 0, held: None };
     let mut message = capnp::message::Builder::new_default();
     let mut root = message.init_root::<pcp_schema::wire::pcp_capnp::heartbeat::Builder<'_>>();
     root.set_run(&m.run[..31]);

@@ -11,14 +11,16 @@
 //! again from the same parameters), so no completed round is lost or applied
 //! twice. A standby does not train: its compute is free to take over at once.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use pcp_bootstrap::{Event, InboundId, Node, PeerId};
 use pcp_protocol::election::{self, Election, Succession};
+use pcp_protocol::failover::{self, Replica};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
-use pcp_schema::{Ack, Heartbeat, MessageKind, RoundAnnouncement, RunManifest};
+use pcp_schema::{Ack, Heartbeat, Held, MessageKind, RoundAnnouncement, RunManifest};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -70,7 +72,7 @@ pub(crate) async fn run(
                 Host::start(plan, node.clone(), identity.clone(), &data_dir, events.clone(), hooks.clone()).await?;
             match host.main_loop(&mut requests, &cancel).await? {
                 Outcome::Done => return Ok(()),
-                Outcome::SteppedDown { manifest, term } => follow = Some(Follow::Known(manifest, term)),
+                Outcome::SteppedDown { manifest, term, aside } => follow = Some(Follow::Known(manifest, term, aside)),
             }
         }
         let Some(how) = follow.take() else { return Ok(()) };
@@ -95,8 +97,10 @@ pub(crate) async fn run(
 enum Follow {
     /// Ask the run's providers (any run's when `None`) for its manifest.
     Discover(Option<RunId>),
-    /// A leader that stepped down knows it, and the term it saw.
-    Known(Box<RunManifest>, u64),
+    /// A leader that stepped down knows it, and the term it saw; one that stepped
+    /// aside (it lost its workers) holds its own state and awaits the next
+    /// candidate at once.
+    Known(Box<RunManifest>, u64, Option<Box<LeaderState>>),
 }
 
 /// Why a standby stopped.
@@ -118,7 +122,11 @@ struct Inheritance {
     prepared: Prepared,
 }
 
-/// A standby candidate of one run.
+/// A state fetch in flight: the blob, and the announcement that named it.
+type Fetched = ([u8; 32], Box<RoundAnnouncement>, anyhow::Result<LeaderState>);
+
+/// A standby candidate of one run: the host of [`failover::Standby`], which
+/// decides. Fetches run beside its loop, so it always hears the leases.
 #[derive(Debug)]
 struct Standby {
     node: Node,
@@ -126,17 +134,20 @@ struct Standby {
     run: RunId,
     manifest: RunManifest,
     sizes: Vec<usize>,
-    election: Election,
+    machine: failover::Standby,
     /// Fetching and compiling what a successor needs, while standing by.
     inheritance: JoinSet<anyhow::Result<Inheritance>>,
-    /// The latest replicated state (the run's start until a round completes).
-    state: LeaderState,
+    /// The latest replicated state, once there is one.
+    state: Option<LeaderState>,
+    /// The state blob held (or being fetched), so each is fetched once.
+    blob: [u8; 32],
+    fetching: JoinSet<Fetched>,
     hooks: ShepherdHooks,
 }
 
 impl Standby {
     /// Learns the run's manifest (unless known), checks this node is a candidate,
-    /// and fetches what it would need to lead. `None` when cancelled.
+    /// and starts fetching what it would need to lead. `None` when cancelled.
     async fn start(
         how: Follow,
         node: &Node,
@@ -147,8 +158,8 @@ impl Standby {
         cancel: &CancellationToken,
     ) -> anyhow::Result<Option<Self>> {
         let me = signer.identity().public();
-        let (manifest, term, source) = match how {
-            Follow::Known(manifest, term) => {
+        let (manifest, term, source, aside) = match how {
+            Follow::Known(manifest, term, aside) => {
                 let leader = Succession::new(
                     RunId(manifest.run),
                     PublicKey(manifest.shepherd),
@@ -156,13 +167,13 @@ impl Standby {
                 )
                 .leader(term);
                 let peer = pcp_bootstrap::peer_of(&leader).context("the leader's key is not a peer id")?;
-                (*manifest, term, peer)
+                (*manifest, term, peer, aside)
             }
             Follow::Discover(run) => {
                 let Some((manifest, peer)) = discover(run, node, signer, requests, cancel).await? else {
                     return Ok(None);
                 };
-                (manifest, 1, peer)
+                (manifest, 1, peer, None)
             }
         };
         let run = RunId(manifest.run);
@@ -182,32 +193,59 @@ impl Standby {
                 peers.join(", ")
             );
         }
-        let election = Election::resume(me, succession, manifest.lease_ms.max(500), term, wire::unix_ms());
+        let now = wire::mono_ms();
+        let mut election = Election::resume(me, succession, manifest.lease_ms.max(500), term, now);
+        if aside.is_some() {
+            election.step_aside(now);
+        }
         let sizes = wire::sizes(&manifest);
         let mut inheritance = JoinSet::new();
         {
             let (node, manifest, data_dir) = (node.clone(), manifest.clone(), data_dir.to_path_buf());
             inheritance.spawn(async move { inherit(&node, &manifest, source, &data_dir).await });
         }
-        let initial = manifest.parameters.first().context("the manifest names no parameters")?;
-        let params = wire::read_params(&read(fetch(node, initial.blob, source, "initial parameters").await?)?, &sizes)?;
-        let velocity = sizes.iter().map(|n| vec![0.0; *n]).collect();
-        let state = LeaderState {
-            term,
-            snapshot: pcp_protocol::diloco::shepherd::Snapshot {
-                completed: 0,
-                params,
-                velocity,
-                durations: Vec::new(),
-                norms: Vec::new(),
-            },
-            contributors: Vec::new(),
-            excluded: Vec::new(),
-        };
+        let mut fetching = JoinSet::new();
+        let state = aside.map(|s| *s);
+        let held = state.as_ref().map(replica_of);
+        if state.is_none() {
+            // the run's start, fetched beside the loop: until it arrives this
+            // candidate holds nothing and never leads
+            let initial = manifest.parameters.first().context("the manifest names no parameters")?.blob;
+            let (node, sizes) = (node.clone(), sizes.clone());
+            let start = RoundAnnouncement {
+                run: run.0,
+                round: 1,
+                parameters: manifest.parameters.clone(),
+                deadline_unix_ms: 0,
+                participants: Vec::new(),
+                finished: false,
+                term,
+                state: None,
+                update: None,
+            };
+            fetching.spawn(async move {
+                let fetched = async {
+                    let params =
+                        wire::read_params(&read(fetch(&node, initial, source, "initial parameters").await?)?, &sizes)?;
+                    let velocity = sizes.iter().map(|n| vec![0.0; *n]).collect();
+                    let snapshot = pcp_protocol::diloco::shepherd::Snapshot {
+                        completed: 0,
+                        params,
+                        velocity,
+                        durations: Vec::new(),
+                        norms: Vec::new(),
+                    };
+                    Ok(LeaderState { term: 0, snapshot, contributors: Vec::new(), excluded: Vec::new() })
+                }
+                .await;
+                (initial, Box::new(start), fetched)
+            });
+        }
         tracing::info!("standing by as a candidate of run {run} (term {term})");
         events.emit(
             "standby",
-            json!({"run": run.to_hex(), "term": term, "peer": pcp_bootstrap::peer_of(&me).map(|p| p.to_string())}),
+            json!({"run": run.to_hex(), "term": term, "peer": pcp_bootstrap::peer_of(&me).map(|p| p.to_string()),
+                   "aside": held.is_some()}),
         );
         Ok(Some(Self {
             node: node.clone(),
@@ -215,9 +253,11 @@ impl Standby {
             run,
             manifest,
             sizes,
-            election,
+            machine: failover::Standby::new(election, held),
             inheritance,
             state,
+            blob: [0; 32],
+            fetching,
             hooks: ShepherdHooks::default(),
         }))
     }
@@ -233,6 +273,7 @@ impl Standby {
         let mut beat = tokio::time::interval(HEARTBEAT);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut asking: JoinSet<(PublicKey, PeerId, Option<Verified>)> = JoinSet::new();
+        let mut asked: BTreeSet<PublicKey> = BTreeSet::new();
         loop {
             tokio::select! {
                 () = cancel.cancelled() => return Ok(Standing::Over),
@@ -240,44 +281,77 @@ impl Standby {
                     Some(Event::Request { id, message, .. }) => self.on_request(signer, id, *message).await?,
                     // the leader gossips each announcement as it opens a round: replicate at once
                     Some(Event::Gossip { run, from, message }) if run == self.run => {
-                        if self.on_answer(from, &message).await? {
+                        if self.on_answer(from, &message) {
                             return Ok(Standing::Over);
                         }
                     }
                     Some(_) => {}
                     None => return Ok(Standing::Over),
                 },
-                _ = beat.tick(), if asking.is_empty() => {
-                    let leader = self.election.awaited();
-                    if let Some(peer) = pcp_bootstrap::peer_of(&leader) {
-                        let hb = Heartbeat { run: self.run.0, round: 0, unix_ms: wire::unix_ms(), free_memory_bytes: 0, term: 0 };
-                        let envelope = signer.seal(self.run, 0, &hb);
+                _ = beat.tick() => {
+                    // the leader awaited (its answer is a lease) and the other candidates
+                    // (what each holds decides who may lead)
+                    let me = self.machine.election().me();
+                    let held = self.machine.held().map(|r| Held { term: r.term, round: r.round, params: r.params });
+                    for key in self.machine.election().succession().order().to_vec() {
+                        if key == me || asked.contains(&key) {
+                            continue;
+                        }
+                        let Some(peer) = pcp_bootstrap::peer_of(&key) else { continue };
+                        let hb = Heartbeat {
+                            run: self.run.0,
+                            round: self.machine.held().map_or(0, |r| r.round),
+                            unix_ms: wire::unix_ms(),
+                            free_memory_bytes: 0,
+                            term: 0,
+                            follows: self.machine.election().term(),
+                            held,
+                        };
+                        let envelope = signer.seal(self.run, hb.round, &hb);
                         let node = self.node.clone();
+                        asked.insert(key);
                         asking.spawn(async move {
                             let answer = tokio::time::timeout(HEARTBEAT * 4, node.request(peer, envelope)).await;
-                            (leader, peer, answer.ok().and_then(Result::ok))
+                            (key, peer, answer.ok().and_then(Result::ok))
                         });
                     }
                 }
                 Some(done) = asking.join_next() => {
-                    if let Ok((leader, peer, Some(answer))) = done
-                        && answer.signer() == leader
-                        && self.on_answer(peer, &answer).await?
-                    {
-                        return Ok(Standing::Over);
+                    if let Ok((key, peer, answer)) = done {
+                        asked.remove(&key);
+                        if let Some(answer) = answer
+                            && answer.signer() == key
+                            && self.on_answer(peer, &answer)
+                        {
+                            return Ok(Standing::Over);
+                        }
+                    } else {
+                        asked.clear();
+                    }
+                }
+                Some(done) = self.fetching.join_next() => {
+                    if let Ok((blob, a, fetched)) = done {
+                        self.on_fetched(blob, &a, fetched);
                     }
                 }
                 _ = tick.tick() => {
-                    for action in self.election.tick(wire::unix_ms()) {
+                    for action in self.machine.handle(failover::Input::Tick, wire::mono_ms()) {
                         match action {
-                            election::Action::LeaseExpired { term, leader } => {
+                            failover::Action::Election(election::Action::LeaseExpired { term, leader }) => {
                                 let peer = peer_name(&leader);
                                 tracing::warn!("run {}: the lease of term {term} lapsed", self.run);
                                 self.events.emit("lease_expired", json!({"term": term, "peer": peer}));
                             }
-                            election::Action::Elected { term, .. } if self.election.is_leader() => {
-                                return Ok(Standing::Elected(term));
+                            failover::Action::Deferred { term, to } => {
+                                let (peer, round) = to.map_or((String::new(), 0), |(k, r)| (peer_name(&k), r.round));
+                                let mine = self.machine.held().map(|r| r.round);
+                                tracing::warn!("run {}: deferring term {term} (holding round {mine:?})", self.run);
+                                self.events.emit(
+                                    "deferred",
+                                    json!({"term": term, "to": peer, "their_round": round, "round": mine}),
+                                );
                             }
+                            failover::Action::Lead { term, .. } => return Ok(Standing::Elected(term)),
                             _ => {}
                         }
                     }
@@ -286,62 +360,75 @@ impl Standby {
         }
     }
 
-    /// The leader's answer to a heartbeat, or its gossiped announcement (`peer`
-    /// forwarded it); `true` when the run is over.
-    async fn on_answer(&mut self, peer: PeerId, answer: &Verified) -> anyhow::Result<bool> {
+    /// A lease of `term` from `from`; refused ones are recorded. Whether it is valid.
+    fn lease(&mut self, from: PublicKey, term: u64) -> bool {
+        let mut valid = true;
+        let input = failover::Input::Lease { from, term };
+        for action in self.machine.handle(input, wire::mono_ms()) {
+            if let failover::Action::Election(election::Action::Rejected { from, reason }) = action {
+                valid = false;
+                wire::lease_rejected(&self.events, "lease", &from, term, &reason);
+            }
+        }
+        valid
+    }
+
+    /// The leader's answer to a heartbeat, or its gossiped announcement or lease
+    /// (`peer` forwarded it); `true` when the run is over.
+    fn on_answer(&mut self, peer: PeerId, answer: &Verified) -> bool {
+        if answer.kind() == MessageKind::Heartbeat {
+            if let Ok(hb) = answer.decode::<Heartbeat>()
+                && hb.run == self.run.0
+                && hb.term > 0
+            {
+                self.lease(answer.signer(), hb.term);
+            }
+            return false;
+        }
         if answer.kind() != MessageKind::RoundAnnouncement {
-            return Ok(false); // another standby's ack: the awaited leader is not up yet
+            return false; // another standby's ack: the awaited leader is not up yet
         }
         let a: RoundAnnouncement = match answer.decode() {
             Ok(a) => a,
             Err(e) => {
                 tracing::debug!("undecodable announcement from {peer}: {e}");
-                return Ok(false);
+                return false;
             }
         };
-        if a.run != self.run.0 {
-            return Ok(false);
+        if a.run != self.run.0 || !self.lease(answer.signer(), a.term) {
+            return false;
         }
-        let mut valid = true;
-        for action in self.election.on_lease(answer.signer(), a.term, wire::unix_ms()) {
-            if let election::Action::Rejected { from, reason } = action {
-                valid = false;
-                wire::lease_rejected(&self.events, "lease", &from, a.term, &reason);
-            }
-        }
-        if !valid {
-            return Ok(false);
-        }
-        if let Some(state) = a.state.as_ref().filter(|s| s.blob != [0; 32]) {
+        if let Some(state) = a.state.as_ref().filter(|s| s.blob != [0; 32] && s.blob != self.blob) {
             // fetched from the signer first: the forwarder of gossip may not hold it
             let from = pcp_bootstrap::peer_of(&answer.signer()).unwrap_or(peer);
-            self.replicate(from, &a, state.blob).await;
+            self.blob = state.blob;
+            let (node, sizes, blob) = (self.node.clone(), self.sizes.clone(), state.blob);
+            let a = Box::new(a.clone());
+            self.fetching.spawn(async move {
+                let fetched = async {
+                    let path = fetch(&node, blob, from, "replicated state").await?;
+                    wire::read_state(&read(path)?, &sizes)
+                }
+                .await;
+                (blob, a, fetched)
+            });
         }
-        Ok(a.finished)
+        a.finished
     }
 
-    /// Fetches the state blob an announcement names, unless it is the one held,
-    /// and keeps it when its parameters are the announced ones.
-    async fn replicate(&mut self, peer: PeerId, a: &RoundAnnouncement, blob: [u8; 32]) {
-        if a.round.saturating_sub(1) <= self.state.snapshot.completed && !a.finished && a.term <= self.state.term {
-            return; // held already
-        }
-        let fetched = async {
-            let path = fetch(&self.node, blob, peer, "replicated state").await?;
-            wire::read_state(&read(path)?, &self.sizes)
-        };
-        let state = match fetched.await {
+    /// A state fetched: kept when its parameters are the ones announced and it is
+    /// newer than the one held.
+    fn on_fetched(&mut self, blob: [u8; 32], a: &RoundAnnouncement, fetched: anyhow::Result<LeaderState>) {
+        let state = match fetched {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!("run {}: cannot replicate the state of round {}: {e:#}", self.run, a.round);
+                if self.blob == blob {
+                    self.blob = [0; 32]; // the next announcement naming it tries again
+                }
                 return;
             }
         };
-        if state.snapshot.completed < self.state.snapshot.completed
-            || (state.snapshot.completed == self.state.snapshot.completed && state.term <= self.state.term)
-        {
-            return;
-        }
         let params_hash = wire::params_hash(&state.snapshot.params);
         // an open round's announcement names the parameters the state must hold
         if let Some(p) = a.parameters.first()
@@ -351,6 +438,11 @@ impl Standby {
             tracing::warn!("run {}: the state blob of round {} does not match its announcement", self.run, a.round);
             return;
         }
+        let replica = replica_of(&state);
+        self.machine.handle(failover::Input::Replicated(replica), wire::mono_ms());
+        if self.machine.held() != Some(replica) {
+            return; // older than the state held (a deposed branch's, say)
+        }
         self.events.emit(
             "state_replicated",
             json!({"round": state.snapshot.completed, "term": state.term, "params_hash": params_hash.to_hex()}),
@@ -358,32 +450,35 @@ impl Standby {
         if let Some(tx) = &self.hooks.replicated {
             let _ = tx.try_send(Some(state.snapshot.completed));
         }
-        self.state = state;
+        self.state = Some(state);
     }
 
     /// Answers requests while standing by: heartbeats with an ack naming the leader
-    /// awaited, a leader's lease by following it.
+    /// awaited; a leader's lease is followed, another candidate's report of what it
+    /// holds is noted.
     async fn on_request(&mut self, signer: &mut Signer, id: InboundId, message: Verified) -> anyhow::Result<()> {
         let key = message.signer();
         if message.kind() == MessageKind::Heartbeat
             && let Ok(hb) = message.decode::<Heartbeat>()
-            && hb.term > 0
             && hb.run == self.run.0
         {
-            for action in self.election.on_lease(key, hb.term, wire::unix_ms()) {
-                if let election::Action::Rejected { from, reason } = action {
-                    wire::lease_rejected(&self.events, "lease", &from, hb.term, &reason);
-                }
+            if hb.term > 0 {
+                self.lease(key, hb.term);
+            } else {
+                let held = hb.held.map(|h| Replica { term: h.term, round: h.round, params: h.params });
+                self.machine.handle(failover::Input::Peer { from: key, held }, wire::mono_ms());
             }
         }
-        let leader = pcp_bootstrap::peer_of(&self.election.awaited()).map_or_else(String::new, |p| p.to_string());
+        let election = self.machine.election();
+        let leader = pcp_bootstrap::peer_of(&election.awaited()).map_or_else(String::new, |p| p.to_string());
+        let round = self.machine.held().map_or(0, |r| r.round);
         let ack = Ack {
             run: self.run.0,
-            round: self.state.snapshot.completed,
+            round,
             accepted: false,
-            reason: format!("{STANDBY} of run {}; term {} is led by {leader}", self.run, self.election.term()),
+            reason: format!("{STANDBY} of run {}; term {} is led by {leader}", self.run, election.term()),
         };
-        let envelope = signer.seal(self.run, self.state.snapshot.completed, &ack);
+        let envelope = signer.seal(self.run, round, &ack);
         self.node.respond(id, envelope).await?;
         Ok(())
     }
@@ -392,11 +487,16 @@ impl Standby {
     async fn successor(mut self, term: u64, data_dir: &std::path::Path) -> anyhow::Result<ShepherdPlan> {
         let inheritance = self.inheritance.join_next().await.context("the inheritance task is gone")??;
         let Inheritance { experiment, model, corpus_path, corpus, prepared } = inheritance?;
-        tracing::info!("run {}: elected for term {term} after round {}", self.run, self.state.snapshot.completed);
-        let state = self.state;
+        let state = self.state.context("elected without a replicated state")?;
+        tracing::info!("run {}: elected for term {term} after round {}", self.run, state.snapshot.completed);
         ShepherdPlan::successor(self.manifest, experiment, model, corpus_path, corpus, state, term, data_dir, prepared)
             .map_err(|e| e.into_error())
     }
+}
+
+/// Where a replicated state stands in the run's history.
+fn replica_of(state: &LeaderState) -> Replica {
+    Replica { term: state.term, round: state.snapshot.completed, params: wire::params_hash(&state.snapshot.params).0 }
 }
 
 /// How a standby's acks begin, so workers tell them from a leader's refusals.

@@ -13,6 +13,7 @@ use pcp_protocol::diloco::aggregate::{Delta, Rejection};
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::shepherd::{self, Action, Input, LeaveReason, RoundSummary, Shepherd, Snapshot};
 use pcp_protocol::election::{self, Election, Succession};
+use pcp_protocol::failover::{CHECK_QUORUM_LEASES, Commit, Fence, LeaderLease, Quorum, Replica};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
 use pcp_schema::{
     Ack, ArtifactRef, Contribution, DataSpec, Heartbeat, MessageKind, NodeHello, ParameterRef, RoundAnnouncement,
@@ -222,8 +223,11 @@ pub(crate) enum Outcome {
     SteppedDown {
         /// The run's manifest.
         manifest: Box<RunManifest>,
-        /// The higher term.
+        /// The higher term, or its own when it stepped aside.
         term: u64,
+        /// Its own state when it stepped aside (it lost its workers): the standby it
+        /// becomes holds it, and awaits the next candidate at once.
+        aside: Option<Box<LeaderState>>,
     },
 }
 
@@ -463,8 +467,22 @@ pub(super) struct Host {
     /// The backend (and target) each worker announced in its hello, bounded by
     /// the peers the state machine knows plus a margin.
     backends: BTreeMap<PublicKey, String>,
-    /// The signed announcement of the open (or final) round.
+    /// The signed announcement of the open (or final) round, as workers see it.
     published: Option<SignedEnvelope>,
+    /// A round opened but not yet released to workers: it waits until every live
+    /// candidate holds the state it names (the commit rule) and this leader's lease
+    /// is current. Candidates see it at once, to replicate that state.
+    opened: Option<Opened>,
+    /// Check-quorum over the last round's contributors.
+    quorum: Quorum,
+    /// This leader's own view of its lease.
+    lease_guard: LeaderLease,
+    /// What each other candidate holds: the commit rule.
+    commit: Commit,
+    /// Sends leases while the loop is busy (validation, checkpoints).
+    keeper: LeaseKeeper,
+    /// The highest term a worker reported following, once recorded.
+    reported_term: u64,
     sizes: Vec<usize>,
     engine: Engine,
     /// The loss screen's state for the open round.
@@ -486,12 +504,16 @@ pub(super) struct Host {
     election: Election,
     /// The state blob after the last completed round, for successors.
     state: Option<ParameterRef>,
-    /// Leases sent to the other candidates, so that a leader of a lower term
-    /// learns of this one (and this one of a higher).
-    probes: JoinSet<(PublicKey, Option<Verified>)>,
+    /// Where that state stands in the run's history.
+    state_replica: Option<Replica>,
+    /// Leases sent to the other candidates (and when, on the monotonic clock), so
+    /// that a leader of a lower term learns of this one (and this one of a higher).
+    probes: JoinSet<(PublicKey, u64, Option<Verified>)>,
     probe_signer: Signer,
-    /// Set when this shepherd saw a higher term.
+    /// Set when this shepherd saw a higher term (or stepped aside: its own).
     stepped_down: Option<u64>,
+    /// Whether it stepped aside for lost workers, rather than for a higher term.
+    aside: bool,
     /// DHT announcements of the run in progress.
     background: JoinSet<()>,
 }
@@ -499,6 +521,96 @@ pub(super) struct Host {
 impl std::fmt::Debug for Host {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Host").field("run", &self.run).finish()
+    }
+}
+
+/// A round's announcement held back from workers (see [`Host::release`]).
+#[derive(Debug)]
+struct Opened {
+    round: u64,
+    /// The (term, round) of the state it names: what candidates must hold first.
+    state: Option<(u64, u64)>,
+    envelope: SignedEnvelope,
+    /// The `round_started` event, emitted on release.
+    event: serde_json::Value,
+    at: Instant,
+}
+
+/// The longest stretch the keeper covers for a busy loop: a loop stuck longer is
+/// as good as dead, and its lease lapses.
+const KEEPER_LIMIT_MS: u64 = 600_000;
+
+/// Sends the leader's lease to the other candidates while its loop is busy with
+/// validation and checkpoints, so that a slow validation does not look like a
+/// dead leader (its answers are read by the loop's own probes once it is back).
+#[derive(Debug)]
+struct LeaseKeeper {
+    /// (term, round, since) while the loop is busy.
+    busy: Arc<std::sync::Mutex<Option<(u64, u64, u64)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LeaseKeeper {
+    fn spawn(node: Node, mut signer: Signer, run: RunId, election: &Election, lease_ms: u64) -> Self {
+        let busy: Arc<std::sync::Mutex<Option<(u64, u64, u64)>>> = Arc::default();
+        let me = signer.identity().public();
+        let others: Vec<PeerId> =
+            election.succession().order().iter().filter(|k| **k != me).filter_map(pcp_bootstrap::peer_of).collect();
+        let watched = busy.clone();
+        let task = tokio::spawn(async move {
+            let period = Duration::from_millis((lease_ms / 3).max(100));
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut sends = JoinSet::new();
+            loop {
+                tick.tick().await;
+                while sends.try_join_next().is_some() {}
+                let Some((term, round, since)) = *watched.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+                else {
+                    continue;
+                };
+                if wire::mono_ms().saturating_sub(since) > KEEPER_LIMIT_MS || sends.len() >= 4 * others.len() {
+                    continue;
+                }
+                for peer in &others {
+                    let hb = Heartbeat {
+                        run: run.0,
+                        round,
+                        unix_ms: wire::unix_ms(),
+                        free_memory_bytes: 0,
+                        term,
+                        follows: term,
+                        held: None,
+                    };
+                    let envelope = signer.seal(run, round, &hb);
+                    let (node, peer) = (node.clone(), *peer);
+                    sends.spawn(async move {
+                        let _ = tokio::time::timeout(period * 3, node.request(peer, envelope)).await;
+                    });
+                }
+            }
+        });
+        Self { busy, task }
+    }
+
+    fn set(&self, value: Option<(u64, u64, u64)>) {
+        *self.busy.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = value;
+    }
+
+    /// The loop is busy from now, leading `term` after `round`.
+    fn busy(&self, term: u64, round: u64) {
+        self.set(Some((term, round, wire::mono_ms())));
+    }
+
+    /// The loop is back.
+    fn idle(&self) {
+        self.set(None);
+    }
+}
+
+impl Drop for LeaseKeeper {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -654,7 +766,7 @@ impl Host {
             "run {run}: its id does not match its creator, model, salt and candidates"
         );
         let succession = Succession::new(run, creator, &candidates);
-        let election = Election::resume(me, succession, manifest.lease_ms.max(500), term, wire::unix_ms());
+        let election = Election::resume(me, succession, manifest.lease_ms.max(500), term, wire::mono_ms());
         // a resumed or elected shepherd waits a moment for the last round's workers to come back
         let start_workers = contributors.max(1);
         let config = shepherd::Config {
@@ -725,6 +837,8 @@ impl Host {
         node.subscribe(run).await?;
         let resumed_at = machine.completed();
         let probe_signer = Signer::new(identity.clone());
+        let lease_ms = manifest.lease_ms.max(500);
+        let keeper = LeaseKeeper::spawn(node.clone(), Signer::new(identity.clone()), run, &election, lease_ms);
         let mut host = Self {
             node,
             store,
@@ -740,6 +854,12 @@ impl Host {
             compiles: JoinSet::new(),
             backends: BTreeMap::new(),
             published: None,
+            opened: None,
+            quorum: Quorum::new(CHECK_QUORUM_LEASES * lease_ms, wire::mono_ms()),
+            lease_guard: LeaderLease::new(lease_ms),
+            commit: Commit::new(lease_ms),
+            keeper,
+            reported_term: 0,
             sizes,
             engine,
             started: Instant::now(),
@@ -756,9 +876,11 @@ impl Host {
             plan,
             election,
             state: None,
+            state_replica: None,
             probes: JoinSet::new(),
             probe_signer,
             stepped_down: None,
+            aside: false,
             background,
         };
         // the dashboard, when it is up, owns stdout and shows the rounds itself
@@ -777,8 +899,10 @@ impl Host {
             host.events.emit("resumed", json!({"round": resumed_at, "params_hash": params_hash.to_hex()}));
         }
         host.print_header(resumed_at)?;
-        if let Start::Succeed { term, .. } = &host.plan.start {
+        if let Start::Succeed { term, state, .. } = &host.plan.start {
             let term = *term;
+            // the quorum it must keep: the workers of the round it inherits
+            host.quorum.round_completed(&state.contributors, wire::mono_ms());
             host.events.emit(
                 "shepherd_elected",
                 json!({"term": term, "peer": peer_name(&me), "round": resumed_at, "params_hash": params_hash.to_hex()}),
@@ -804,16 +928,26 @@ impl Host {
     /// Publishes the state after the last completed round as a blob, named by the
     /// next announcement, so candidates can take over from it.
     fn publish_state(&mut self, contributors: &[PublicKey], excluded: &[PublicKey]) -> anyhow::Result<()> {
-        let state = LeaderState {
+        let state = self.leader_state(contributors, excluded);
+        let blob = wire::state_blob(&state);
+        let hash = self.store.put_bytes(&blob)?;
+        self.state = Some(ParameterRef { name: "state".into(), shard: 0, blob: hash.0, size: blob.len() as u64 });
+        self.state_replica = Some(Replica {
+            term: state.term,
+            round: state.snapshot.completed,
+            params: wire::params_hash(&state.snapshot.params).0,
+        });
+        Ok(())
+    }
+
+    /// This leader's state after its last completed round.
+    fn leader_state(&self, contributors: &[PublicKey], excluded: &[PublicKey]) -> LeaderState {
+        LeaderState {
             term: self.election.term(),
             snapshot: self.machine.snapshot(),
             contributors: contributors.to_vec(),
             excluded: excluded.to_vec(),
-        };
-        let blob = wire::state_blob(&state);
-        let hash = self.store.put_bytes(&blob)?;
-        self.state = Some(ParameterRef { name: "state".into(), shard: 0, blob: hash.0, size: blob.len() as u64 });
-        Ok(())
+        }
     }
 
     fn print_header(&mut self, resumed_at: u64) -> anyhow::Result<()> {
@@ -864,14 +998,19 @@ impl Host {
                 break;
             }
             if let Some(term) = self.stepped_down {
-                return Ok(Outcome::SteppedDown { manifest: Box::new(self.manifest.clone()), term });
+                let aside = self.aside.then(|| Box::new(self.leader_state(&[], &[])));
+                return Ok(Outcome::SteppedDown { manifest: Box::new(self.manifest.clone()), term, aside });
             }
             tokio::select! {
                 () = cancel.cancelled() => break,
                 _ = probe.tick() => self.probe(),
                 Some(_) = self.background.join_next() => {}
                 Some(done) = self.probes.join_next() => {
-                    if let Ok((from, Some(answer))) = done {
+                    if let Ok((from, sent, Some(answer))) = done {
+                        if answer.signer() == from {
+                            // it heard this lease: its own runs from no earlier than `sent`
+                            self.lease_guard.answered(sent, wire::mono_ms());
+                        }
                         self.on_probe_answer(from, &answer)?;
                     }
                 }
@@ -886,6 +1025,8 @@ impl Host {
                 },
                 _ = tick.tick() => {
                     self.step(Input::Tick).await?;
+                    self.release().await;
+                    self.check_quorum()?;
                 }
                 _ = gossip.tick() => self.gossip_heartbeat().await,
             }
@@ -910,9 +1051,10 @@ impl Host {
             let (round, hb) = self.lease();
             let envelope = self.probe_signer.seal(self.run, round, &hb);
             let node = self.node.clone();
+            let sent = wire::mono_ms();
             self.probes.spawn(async move {
                 let answer = tokio::time::timeout(lease, node.request(peer, envelope)).await;
-                (key, answer.ok().and_then(Result::ok))
+                (key, sent, answer.ok().and_then(Result::ok))
             });
         }
     }
@@ -933,7 +1075,7 @@ impl Host {
 
     /// A lease of `term` from candidate `from`, seen in a probe's answer or a request.
     fn on_lease(&mut self, from: PublicKey, term: u64) -> anyhow::Result<()> {
-        let now = wire::unix_ms();
+        let now = wire::mono_ms();
         for action in self.election.on_lease(from, term, now) {
             match action {
                 election::Action::SteppedDown { term, newer } => {
@@ -949,6 +1091,7 @@ impl Host {
                         peer_name(&from)
                     ))?;
                     self.stepped_down = Some(newer);
+                    self.aside = false;
                 }
                 election::Action::Rejected { from, reason } => {
                     wire::lease_rejected(&self.events, "lease", &from, term, &reason);
@@ -961,6 +1104,65 @@ impl Host {
 
     fn now_ms(&self) -> u64 {
         wire::unix_ms()
+    }
+
+    /// Check-quorum: a leader that heard from no majority of its last round's
+    /// contributors for [`CHECK_QUORUM_LEASES`] leases steps aside, so that a
+    /// candidate the workers can reach takes over. Only with another candidate to
+    /// take over.
+    fn check_quorum(&mut self) -> anyhow::Result<()> {
+        let now = wire::mono_ms();
+        if self.stepped_down.is_some()
+            || self.election.succession().order().len() < 2
+            || self.machine.is_finished()
+            || !self.quorum.lost(now)
+        {
+            return Ok(());
+        }
+        let (heard, of) = self.quorum.heard_of(now);
+        let term = self.election.term();
+        let me = self.signer.identity().public();
+        let reason = format!(
+            "lost quorum: heard from {heard} of the {of} workers of round {} within {CHECK_QUORUM_LEASES} leases",
+            self.machine.completed()
+        );
+        tracing::warn!("run {}: {reason}; stepping aside", self.run);
+        self.election.step_aside(now);
+        self.events.emit(
+            "stepped_down",
+            json!({"term": term, "peer": peer_name(&me), "newer": term, "leader": "", "reason": reason}),
+        );
+        self.table_line(&format!("term {term}: {} stepped aside: {reason}", peer_name(&me)))?;
+        self.stepped_down = Some(term);
+        self.aside = true;
+        Ok(())
+    }
+
+    /// Releases the opened round's announcement to workers once every live
+    /// candidate holds the state it names and this leader's lease is current.
+    async fn release(&mut self) {
+        let Some(opened) = &self.opened else { return };
+        let now = wire::mono_ms();
+        let waiting = match opened.state {
+            Some((term, round)) if round > 0 => self.commit.waiting_for(term, round, now),
+            _ => Vec::new(),
+        };
+        if !waiting.is_empty() || !self.lease_guard.may_act(now) {
+            return;
+        }
+        let Some(opened) = self.opened.take() else { return };
+        let waited_ms = opened.at.elapsed().as_millis() as u64;
+        self.published = Some(opened.envelope.clone());
+        use pcp_schema::Message as _;
+        if let Err(e) = self.node.publish(self.run, opened.envelope.encode()).await {
+            tracing::debug!("gossiping round {}: {e}", opened.round);
+        }
+        let mut event = opened.event;
+        event["waited_ms"] = json!(waited_ms);
+        self.events.emit("round_started", event);
+        if let Some(tx) = &self.hooks.opened {
+            let _ = tx.try_send(opened.round);
+        }
     }
 
     async fn respond(&mut self, id: InboundId, envelope: SignedEnvelope) -> anyhow::Result<()> {
@@ -994,15 +1196,34 @@ impl Host {
                 Ok(hb) if self.election.succession().contains(&key) => {
                     if hb.term > 0 {
                         self.on_lease(key, hb.term)?;
+                    } else {
+                        // a standby: what it holds decides when workers learn a round
+                        let held = hb.held.map(|h| Replica { term: h.term, round: h.round, params: h.params });
+                        self.commit.heard(key, held, wire::mono_ms());
+                        self.release().await;
                     }
                     if self.stepped_down.is_some() {
                         let reason = format!("{} of run {}: stepped down", super::STANDBY, self.run);
                         return self.refuse(id, binding.round, reason).await;
                     }
-                    let envelope = self.current_announcement();
+                    let envelope = match &self.opened {
+                        Some(o) => o.envelope.clone(),
+                        None => self.current_announcement(),
+                    };
                     self.respond(id, envelope).await
                 }
-                Ok(_) => {
+                Ok(hb) => {
+                    self.quorum.heard(&key, wire::mono_ms());
+                    if hb.follows > self.election.term() && hb.follows > self.reported_term {
+                        // a worker follows a newer term: ask the candidates now (a worker's word alone
+                        // proves nothing; the new leader's signed answer does)
+                        self.reported_term = hb.follows;
+                        self.events.emit(
+                            "higher_term_reported",
+                            json!({"term": self.election.term(), "reported": hb.follows, "peer": peer_name(&key)}),
+                        );
+                        self.probe();
+                    }
                     // a resumed (or elected) shepherd's workers come back with heartbeats, not hellos
                     self.node.admission().know(self.run, key);
                     if !self.machine.workers().any(|w| *w == key) {
@@ -1016,6 +1237,7 @@ impl Host {
             },
             MessageKind::Contribution => {
                 let round = binding.round;
+                self.quorum.heard(&key, wire::mono_ms());
                 let mut received = None;
                 let input = match message.decode::<Contribution>() {
                     Ok(c) => {
@@ -1099,6 +1321,15 @@ impl Host {
         }
         if c.pseudo_gradient.blob != *blake3::hash(&c.delta).as_bytes() {
             return malformed("the pseudo-gradient does not hash to its content id".into());
+        }
+        // fencing: trained from this term's announcement of the open round, from its parameters
+        if let (Some(open), Some(base)) = (self.machine.open_round(), self.round_base)
+            && open == round
+        {
+            let fence = Fence { term: self.election.term(), round, params: base.0 };
+            if let Err(e) = fence.check(c.term, c.round, &c.params_hash) {
+                return Input::Malformed { peer: key, round, reason: Rejection::Fenced(e.to_string()) };
+            }
         }
         match compress::decode_delta_seeded(&c.delta, &self.sizes, self.plan.encoding, round) {
             Ok(delta) => Input::Contribution { peer: key, round, samples: c.samples, loss: c.loss, delta },
@@ -1224,7 +1455,18 @@ impl Host {
     fn lease(&self) -> (u64, Heartbeat) {
         let round = self.machine.open_round().unwrap_or(self.machine.completed());
         let term = self.election.term();
-        (round, Heartbeat { run: self.run.0, round, unix_ms: wire::unix_ms(), free_memory_bytes: 0, term })
+        (
+            round,
+            Heartbeat {
+                run: self.run.0,
+                round,
+                unix_ms: wire::unix_ms(),
+                free_memory_bytes: 0,
+                term,
+                follows: 0,
+                held: None,
+            },
+        )
     }
 
     async fn gossip_heartbeat(&mut self) {
@@ -1296,22 +1538,14 @@ impl Host {
             update: self.update.clone(),
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
-        self.published = Some(envelope.clone());
         self.served_at_open = self.node.stats().await.map(|s| served(&s)).unwrap_or(0);
-        use pcp_schema::Message as _;
-        if let Err(e) = self.node.publish(self.run, envelope.encode()).await {
-            tracing::debug!("gossiping round {round}: {e}");
-        }
-        self.events.emit(
-            "round_started",
-            json!({
-                "round": round, "deadline_unix_ms": deadline_ms, "params_hash": hash.to_hex(),
-                "participants": participants.iter().map(peer_name).collect::<Vec<_>>(),
-            }),
-        );
-        if let Some(tx) = &self.hooks.opened {
-            let _ = tx.try_send(round);
-        }
+        let event = json!({
+            "round": round, "deadline_unix_ms": deadline_ms, "params_hash": hash.to_hex(),
+            "participants": participants.iter().map(peer_name).collect::<Vec<_>>(), "term": self.election.term(),
+        });
+        let state = self.state_replica.map(|r| (r.term, r.round));
+        self.opened = Some(Opened { round, state, envelope, event, at: Instant::now() });
+        self.release().await;
         Ok(())
     }
 
@@ -1336,13 +1570,23 @@ impl Host {
                 json!({"peer": peer_name(p), "bytes_up": up, "bytes_down": down})
             })
             .collect();
-        self.last_val = self.validate(params).await?;
+        self.quorum.round_completed(&summary.contributors, wire::mono_ms());
+        // validation and the checkpoint hold this loop: the keeper sends the leases meanwhile
+        self.keeper.busy(self.election.term(), summary.round);
+        let finished = async {
+            let val = self.validate(params).await?;
+            let path = self.checkpoint(summary.contributors.len())?;
+            self.publish_state(&summary.contributors, &summary.excluded)?;
+            anyhow::Ok((val, path))
+        }
+        .await;
+        self.keeper.idle();
+        let (val, path) = finished?;
+        self.last_val = val;
         if self.first_val.is_nan() {
             self.first_val = self.last_val;
         }
         let bytes_out = self.node.stats().await.map(|s| served(&s)).unwrap_or(0).saturating_sub(self.served_at_open);
-        let path = self.checkpoint(summary.contributors.len())?;
-        self.publish_state(&summary.contributors, &summary.excluded)?;
         for (peer, norm) in &summary.scaled {
             let bound = summary.norm_bound;
             self.events.emit(
@@ -1430,6 +1674,7 @@ impl Host {
             update: None,
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
+        self.opened = None;
         self.published = Some(envelope);
         self.events.emit(
             "run_finished",

@@ -26,6 +26,14 @@ pub(crate) fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Milliseconds on a monotonic clock (since this process first asked): what leases
+/// are measured on, so a step of the wall clock never makes one lapse.
+pub(crate) fn mono_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    // start at one lease's worth so that `now - lease` never saturates oddly
+    START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64 + 1_000_000
+}
+
 /// Signs messages with a nonce that never repeats for this key: a random start,
 /// then a counter.
 #[derive(Debug)]
@@ -226,7 +234,15 @@ mod tests {
     fn nonces_never_repeat() {
         let mut signer = Signer::new(Identity::from_secret([3; 32]));
         let run = RunId([1; 32]);
-        let hb = pcp_schema::Heartbeat { run: run.0, round: 0, unix_ms: 0, free_memory_bytes: 0, term: 0 };
+        let hb = pcp_schema::Heartbeat {
+            run: run.0,
+            round: 0,
+            unix_ms: 0,
+            free_memory_bytes: 0,
+            term: 0,
+            follows: 0,
+            held: None,
+        };
         let a = signer.seal(run, 0, &hb);
         let b = signer.seal(run, 0, &hb);
         assert_ne!(a.nonce, b.nonce);

@@ -12,6 +12,7 @@ use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::sparse::{self, ErrorFeedback, Layout, Settings};
 use pcp_protocol::diloco::worker::{self, Worker};
 use pcp_protocol::election::{self, Election, Succession};
+use pcp_protocol::failover::Chain;
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
 use pcp_runtime::Device;
 use pcp_schema::{
@@ -361,6 +362,43 @@ fn feedback_path(data_dir: &Path, run: RunId) -> PathBuf {
     data_dir.join("worker").join(format!("feedback-{}.bin", run.to_hex()))
 }
 
+fn chain_path(data_dir: &Path, run: RunId) -> PathBuf {
+    data_dir.join("worker").join(format!("chain-{}.json", run.to_hex()))
+}
+
+/// The highest term this worker followed and the round it last trained, saved for
+/// `run` (fencing across restarts); nothing when absent or damaged.
+fn load_chain(path: &Path) -> Chain {
+    let read = || -> anyhow::Result<Chain> {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path)?)?;
+        let params = hex::decode(v["params"].as_str().context("params")?)?;
+        Ok(Chain {
+            term: v["term"].as_u64().context("term")?,
+            round: v["round"].as_u64().context("round")?,
+            params: params.try_into().map_err(|_| anyhow::anyhow!("params is not 32 bytes"))?,
+        })
+    };
+    match read() {
+        Ok(chain) => chain,
+        Err(e) => {
+            if path.exists() {
+                tracing::warn!("ignoring {}: {e:#}", path.display());
+            }
+            Chain::default()
+        }
+    }
+}
+
+fn save_chain(path: &Path, chain: &Chain) -> anyhow::Result<()> {
+    let dir = path.parent().context("chain path has no parent")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = path.with_extension("tmp");
+    let v = json!({"term": chain.term, "round": chain.round, "params": hex::encode(chain.params)});
+    std::fs::write(&tmp, v.to_string()).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
+    Ok(())
+}
+
 /// The error-feedback buffer saved for `run`, if any fits these sizes, else zeros.
 fn load_feedback(path: &Path, sizes: &[usize], settings: Settings) -> ErrorFeedback {
     let mut feedback = ErrorFeedback::new(sizes, settings.decay(), settings.up);
@@ -404,6 +442,10 @@ async fn train(
     let settings = encoding.sparse();
     let feedback_file = feedback_path(data_dir, run);
     let mut feedback = settings.map(|s| load_feedback(&feedback_file, &sizes, s));
+    // what this worker trained last, and the highest term it followed: it never
+    // moves back, across restarts too
+    let chain_file = chain_path(data_dir, run);
+    let mut chain = load_chain(&chain_file);
     // the parameters the last round started from, by blob hash
     let mut held: Option<(BlobHash, Tensors)> = None;
     let mut bytes_down = 0u64;
@@ -440,7 +482,7 @@ async fn train(
         node: node.clone(),
         signer: Signer::new(signer.identity().clone()),
         run,
-        election: Election::new(me, joined.succession.clone(), m.lease_ms.max(500), wire::unix_ms()),
+        election: Election::resume(me, joined.succession.clone(), m.lease_ms.max(500), chain.term, wire::mono_ms()),
         heard: false,
         leader: leader_tx,
         latest: latest_tx,
@@ -481,6 +523,22 @@ async fn train(
             continue;
         }
         let participant = announcement.participants.contains(&me.0);
+        let base = announcement.parameters.first().map(|p| p.blob);
+        if let Some(base) = base.filter(|_| participant) {
+            if let Err(behind) = chain.admits(announcement.term, r, &base) {
+                tracing::warn!("run {run}: not training round {r} of term {}: {behind}", announcement.term);
+                events.emit(
+                    "round_refused",
+                    json!({"round": r, "term": announcement.term, "reason": behind.to_string()}),
+                );
+                done = Some(this);
+                continue;
+            }
+            chain.follow(announcement.term, r, base);
+            if let Err(e) = save_chain(&chain_file, &chain) {
+                tracing::warn!("saving the followed chain: {e:#}");
+            }
+        }
         let mut actions = machine.handle(
             worker::Input::RoundOpened { round: r, deadline_ms: announcement.deadline_unix_ms, participant },
             wire::unix_ms(),
@@ -593,6 +651,8 @@ async fn train(
                         loss,
                         delta: bytes,
                         bytes_down,
+                        term: announcement.term,
+                        params_hash: base.unwrap_or_default(),
                     };
                     let envelope = signer.seal(run, r, &contribution);
                     let wire_bytes = envelope.encode().len() as u64;
@@ -776,7 +836,7 @@ impl Heartbeats {
 
     /// Reports a lapsed lease; the next heartbeat goes to the candidate awaited.
     fn expire(&mut self) {
-        for action in self.election.tick(wire::unix_ms()) {
+        for action in self.election.tick(wire::mono_ms()) {
             if let election::Action::LeaseExpired { term, leader } = action {
                 tracing::warn!("run {}: the lease of term {term} lapsed; asking the next candidate", self.run);
                 self.events.emit("lease_expired", json!({"term": term, "peer": peer_name(&leader)}));
@@ -789,7 +849,15 @@ impl Heartbeats {
         let key = if self.heard { self.election.awaited() } else { self.leader.borrow().1 };
         let Some(peer) = pcp_bootstrap::peer_of(&key) else { return };
         let round = *self.round.borrow();
-        let hb = Heartbeat { run: self.run.0, round, unix_ms: wire::unix_ms(), free_memory_bytes: 0, term: 0 };
+        let hb = Heartbeat {
+            run: self.run.0,
+            round,
+            unix_ms: wire::unix_ms(),
+            free_memory_bytes: 0,
+            term: 0,
+            follows: self.election.term(),
+            held: None,
+        };
         let envelope = self.signer.seal(self.run, round, &hb);
         let node = self.node.clone();
         asking.spawn(async move {
@@ -805,7 +873,7 @@ impl Heartbeats {
     /// Checks a lease of `term` signed by `from`; rejected ones are recorded.
     fn lease(&mut self, from: PublicKey, term: u64, what: &str) -> bool {
         let mut valid = true;
-        for action in self.election.on_lease(from, term, wire::unix_ms()) {
+        for action in self.election.on_lease(from, term, wire::mono_ms()) {
             match action {
                 election::Action::Rejected { from, reason } => {
                     valid = false;

@@ -112,6 +112,10 @@ impl RunningMean {
 /// Why a contribution was refused.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum Rejection {
+    /// Trained under another term, or from other parameters than the open
+    /// round's (see [`crate::failover::Fence`]).
+    #[error("fenced: {0}")]
+    Fenced(String),
     /// For a round that is not open.
     #[error("wrong round: contribution for round {got}, round {current} is open")]
     WrongRound {
