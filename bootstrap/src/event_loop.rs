@@ -33,6 +33,9 @@ use crate::store::{BlobStore, map_chunk};
 use crate::tls;
 
 /// Replay window for gossip envelopes.
+/// Where a request's answer goes.
+type Reply = oneshot::Sender<Result<pcp_protocol::Verified, RequestError>>;
+
 const REPLAY_WINDOW_MS: u64 = 5 * 60 * 1000;
 /// How often the store is rescanned for blobs to provide.
 const RESCAN: Duration = Duration::from_secs(5);
@@ -158,7 +161,8 @@ pub struct EventLoop {
     subscriptions: HashSet<RunId>,
     replay: ReplayGuard,
     lookups: HashMap<kad::QueryId, Lookup>,
-    rpc_out: HashMap<OutboundRequestId, (PeerId, oneshot::Sender<Result<pcp_protocol::Verified, RequestError>>)>,
+    /// Requests in flight: to whom, for which run (its answer must be bound to it).
+    rpc_out: HashMap<OutboundRequestId, (PeerId, RunId, Reply)>,
     rpc_in: HashMap<InboundId, (ResponseChannel<Frame>, Instant)>,
     next_inbound: u64,
     reachability: Reachability,
@@ -545,8 +549,9 @@ impl EventLoop {
                     let _ = reply.send(Err(RequestError::Busy { peer, max: MAX_RPC_OUTBOUND }));
                     return;
                 }
+                let run = RunId(envelope.run);
                 let id = self.swarm.behaviour_mut().rpc.send_request(&peer, envelope);
-                self.rpc_out.insert(id, (peer, reply));
+                self.rpc_out.insert(id, (peer, run, reply));
             }
             Command::Respond { id, envelope, reply } => {
                 if let Some((channel, _)) = self.rpc_in.remove(&id)
@@ -713,7 +718,8 @@ impl EventLoop {
                     let verdict = match request {
                         Frame::In(v) => {
                             let run = v.binding().run;
-                            self.replay.check(&v, run, now_ms()).map(|()| v).map_err(|e| e.to_string())
+                            let known = self.admission.is_known(run, v.signer());
+                            self.replay.check_known(&v, run, now_ms(), known).map(|()| v).map_err(|e| e.to_string())
                         }
                         Frame::Refused(reason) => Err(reason),
                         Frame::Out(_) => Err("an unverified request".to_owned()),
@@ -736,9 +742,13 @@ impl EventLoop {
                     }
                 }
                 request_response::Message::Response { request_id, response } => {
-                    if let Some((peer, reply)) = self.rpc_out.remove(&request_id) {
+                    if let Some((peer, run, reply)) = self.rpc_out.remove(&request_id) {
                         let result = match response {
-                            Frame::In(verified) => Ok(verified),
+                            Frame::In(verified) => self
+                                .replay
+                                .fresh(&verified, run, now_ms())
+                                .map(|()| verified)
+                                .map_err(|e| e.to_string()),
                             Frame::Refused(reason) => Err(reason),
                             Frame::Out(_) => Err("an unverified answer".to_owned()),
                         }
@@ -754,7 +764,7 @@ impl EventLoop {
                 }
             },
             request_response::Event::OutboundFailure { request_id, error, peer, .. } => {
-                if let Some((_, reply)) = self.rpc_out.remove(&request_id) {
+                if let Some((_, _, reply)) = self.rpc_out.remove(&request_id) {
                     let _ = reply.send(Err(RequestError::Failed { peer, reason: error.to_string() }));
                 }
             }

@@ -119,6 +119,50 @@ fn replays_stale_future_and_foreign_runs_are_refused() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// L2: Sybils that fill the guard do not lock out a signer that comes after them,
+/// and a signer the caller vouches for is never forgotten to make room.
+#[test]
+fn a_full_guard_forgets_the_least_recent_unknown_signer_not_a_known_one() -> anyhow::Result<()> {
+    let mut rng = StdRng::seed_from_u64(4);
+    let run = RunId([1; 32]);
+    let mut guard = ReplayGuard::new(30_000, 4, 8);
+    let now = 100_000;
+    let worker = identity(&mut rng);
+    let admitted = open(&seal(&worker, binding(run, 1, now), &heartbeat(run)).encode())?;
+    guard.check_known(&admitted, run, now, true)?;
+    for i in 0..20u64 {
+        let sybil = identity(&mut rng);
+        let m = open(&seal(&sybil, binding(run, 1, now), &heartbeat(run)).encode())?;
+        guard.check(&m, run, now + i)?; // never Flooded: the oldest Sybil is forgotten
+    }
+    let newcomer = identity(&mut rng);
+    let m = open(&seal(&newcomer, binding(run, 1, now), &heartbeat(run)).encode())?;
+    guard.check(&m, run, now + 50)?;
+    assert!(
+        matches!(guard.check(&admitted, run, now + 60), Err(ReplayError::Replayed { .. })),
+        "the admitted worker's nonces are still remembered"
+    );
+    Ok(())
+}
+
+/// L3: answers are checked for their run and age (nonces repeat: a leader answers
+/// many heartbeats with the one announcement it signed).
+#[test]
+fn answers_are_checked_for_run_and_age() -> anyhow::Result<()> {
+    let mut rng = StdRng::seed_from_u64(5);
+    let me = identity(&mut rng);
+    let run = RunId([1; 32]);
+    let guard = ReplayGuard::new(30_000, 4, 16);
+    let now = 100_000;
+    let answer = open(&seal(&me, binding(run, 1, now), &heartbeat(run)).encode())?;
+    guard.fresh(&answer, run, now)?;
+    guard.fresh(&answer, run, now + 1)?;
+    guard.fresh(&answer, RunId([0; 32]), now)?;
+    assert!(matches!(guard.fresh(&answer, RunId([2; 32]), now), Err(ReplayError::WrongRun { .. })));
+    assert!(matches!(guard.fresh(&answer, run, now + 30_001), Err(ReplayError::Stale { .. })));
+    Ok(())
+}
+
 proptest! {
     #[test]
     fn random_bytes_never_open(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
