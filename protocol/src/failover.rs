@@ -342,6 +342,13 @@ impl Fence {
     }
 }
 
+/// The longest a round waits for the live candidates to hold its state, in
+/// leases: a candidate that cannot keep up (a slow link, a failing disk) must not
+/// stall the run. Past it the round is released, and a successor may lead from
+/// behind what workers applied; workers then refuse its rounds ([`Chain`]) until
+/// it loses its quorum and steps aside.
+pub const COMMIT_WAIT_LEASES: u64 = 4;
+
 /// The leader's commit rule: which candidates must hold a completed round before
 /// workers learn of it.
 #[derive(Clone, Debug)]
@@ -362,6 +369,11 @@ impl Commit {
         self.candidates.insert(from, (held, now_ms));
     }
 
+    /// Whether a round opened at `opened_ms` has waited [`COMMIT_WAIT_LEASES`].
+    pub fn overdue(&self, opened_ms: u64, now_ms: u64) -> bool {
+        now_ms.saturating_sub(opened_ms) >= COMMIT_WAIT_LEASES * self.lease_ms
+    }
+
     /// The live candidates that do not hold `(term, round)` yet: empty when workers
     /// may learn of it.
     pub fn waiting_for(&self, term: u64, round: u64, now_ms: u64) -> Vec<PublicKey> {
@@ -371,6 +383,21 @@ impl Commit {
             .filter(|(_, (held, _))| held.is_none_or(|h| h.rank() < (term, round)))
             .map(|(k, _)| *k)
             .collect()
+    }
+
+    /// The newest state a live candidate holds that is newer than `state`, and its
+    /// holder: a leader leading from `state` is behind it and catches up (fetches
+    /// it and reopens the round after it) before it completes a round. It could
+    /// not hear that candidate when it took its term (the candidate was cut off or
+    /// down); once it has completed a round of its own term, no state of an older
+    /// term is newer.
+    pub fn ahead_of(&self, state: &Replica, now_ms: u64) -> Option<(PublicKey, Replica)> {
+        self.candidates
+            .iter()
+            .filter(|(_, (_, at))| now_ms.saturating_sub(*at) < 2 * self.lease_ms)
+            .filter_map(|(k, (held, _))| held.map(|h| (*k, h)))
+            .filter(|(_, h)| h.newer_than(state))
+            .max_by_key(|(_, h)| h.rank())
     }
 }
 
@@ -569,6 +596,8 @@ mod tests {
         assert!(c.waiting_for(1, 3, 400).is_empty());
         assert_eq!(c.waiting_for(1, 4, 400).len(), 2);
         assert_eq!(c.waiting_for(1, 4, 300 + 2 * LEASE), Vec::<PublicKey>::new(), "silent for two leases: gone");
+        assert!(!c.overdue(1000, 1000 + COMMIT_WAIT_LEASES * LEASE - 1));
+        assert!(c.overdue(1000, 1000 + COMMIT_WAIT_LEASES * LEASE), "a candidate that cannot keep up stalls nobody");
     }
 
     #[test]

@@ -27,7 +27,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::RoleIo;
-use super::shepherd::{Host, Outcome, Prepared, ShepherdHooks, ShepherdPlan};
+use super::shepherd::{Host, LeaseKeeper, Outcome, Prepared, ShepherdHooks, ShepherdPlan};
 use super::wire::{self, LeaderState, Signer, peer_name};
 use crate::config::Experiment;
 use crate::engine::Engine;
@@ -66,10 +66,12 @@ pub(crate) async fn run(
         Begin::Lead(plan) => (Some(*plan), None),
         Begin::Standby(run) => (None, Some(Follow::Discover(run))),
     };
+    let mut keeper_until_led: Option<LeaseKeeper> = None;
     loop {
         if let Some(plan) = plan.take() {
             let mut host =
                 Host::start(plan, node.clone(), identity.clone(), &data_dir, events.clone(), hooks.clone()).await?;
+            drop(keeper_until_led.take()); // the host's own leases from here
             match host.main_loop(&mut requests, &cancel).await? {
                 Outcome::Done => return Ok(()),
                 Outcome::SteppedDown { manifest, term, aside } => follow = Some(Follow::Known(manifest, term, aside)),
@@ -86,7 +88,22 @@ pub(crate) async fn run(
             let _ = tx.try_send(None);
         }
         match standby.run(&mut signer, &mut requests, &cancel).await? {
-            Standing::Elected(term) => plan = Some(standby.successor(term, &data_dir).await?),
+            Standing::Elected(term) => {
+                // leases go out at once, while the successor loads what it leads with:
+                // the next candidate must not take the term after this one meanwhile
+                let round = standby.machine.held().map_or(0, |r| r.round);
+                let lease_ms = standby.manifest.lease_ms.max(500);
+                let keeper = LeaseKeeper::spawn(
+                    node.clone(),
+                    Signer::new(identity.clone()),
+                    standby.run,
+                    standby.machine.election(),
+                    lease_ms,
+                );
+                keeper.busy(term, round);
+                plan = Some(standby.successor(term, &data_dir).await?);
+                keeper_until_led = Some(keeper);
+            }
             Standing::Over => return Ok(()),
         }
     }
@@ -330,8 +347,11 @@ impl Standby {
                     }
                 }
                 Some(done) = self.fetching.join_next() => {
-                    if let Ok((blob, a, fetched)) = done {
-                        self.on_fetched(blob, &a, fetched);
+                    if let Ok((blob, a, fetched)) = done
+                        && self.on_fetched(blob, &a, fetched)
+                    {
+                        // tell the leader at once: it waits for this to release the round
+                        beat.reset_immediately();
                     }
                 }
                 _ = tick.tick() => {
@@ -418,7 +438,8 @@ impl Standby {
 
     /// A state fetched: kept when its parameters are the ones announced and it is
     /// newer than the one held.
-    fn on_fetched(&mut self, blob: [u8; 32], a: &RoundAnnouncement, fetched: anyhow::Result<LeaderState>) {
+    /// Whether it was kept.
+    fn on_fetched(&mut self, blob: [u8; 32], a: &RoundAnnouncement, fetched: anyhow::Result<LeaderState>) -> bool {
         let state = match fetched {
             Ok(s) => s,
             Err(e) => {
@@ -426,7 +447,7 @@ impl Standby {
                 if self.blob == blob {
                     self.blob = [0; 32]; // the next announcement naming it tries again
                 }
-                return;
+                return false;
             }
         };
         let params_hash = wire::params_hash(&state.snapshot.params);
@@ -436,12 +457,12 @@ impl Standby {
             && (p.blob != params_hash.0 || state.snapshot.completed + 1 != a.round)
         {
             tracing::warn!("run {}: the state blob of round {} does not match its announcement", self.run, a.round);
-            return;
+            return false;
         }
         let replica = replica_of(&state);
         self.machine.handle(failover::Input::Replicated(replica), wire::mono_ms());
         if self.machine.held() != Some(replica) {
-            return; // older than the state held (a deposed branch's, say)
+            return false; // older than the state held (a deposed branch's, say)
         }
         self.events.emit(
             "state_replicated",
@@ -451,6 +472,7 @@ impl Standby {
             let _ = tx.try_send(Some(state.snapshot.completed));
         }
         self.state = Some(state);
+        true
     }
 
     /// Answers requests while standing by: heartbeats with an ack naming the leader
@@ -458,6 +480,10 @@ impl Standby {
     /// holds is noted.
     async fn on_request(&mut self, signer: &mut Signer, id: InboundId, message: Verified) -> anyhow::Result<()> {
         let key = message.signer();
+        if message.kind() == MessageKind::RoundAnnouncement {
+            // the leader pushes a round it holds back from workers until this candidate holds its state
+            self.on_answer(pcp_bootstrap::peer_of(&key).unwrap_or(PeerId::random()), &message);
+        }
         if message.kind() == MessageKind::Heartbeat
             && let Ok(hb) = message.decode::<Heartbeat>()
             && hb.run == self.run.0

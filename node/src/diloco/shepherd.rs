@@ -534,6 +534,8 @@ struct Opened {
     /// The `round_started` event, emitted on release.
     event: serde_json::Value,
     at: Instant,
+    /// When it opened, on the monotonic clock.
+    opened_ms: u64,
 }
 
 /// The longest stretch the keeper covers for a busy loop: a loop stuck longer is
@@ -544,14 +546,14 @@ const KEEPER_LIMIT_MS: u64 = 600_000;
 /// validation and checkpoints, so that a slow validation does not look like a
 /// dead leader (its answers are read by the loop's own probes once it is back).
 #[derive(Debug)]
-struct LeaseKeeper {
+pub(super) struct LeaseKeeper {
     /// (term, round, since) while the loop is busy.
     busy: Arc<std::sync::Mutex<Option<(u64, u64, u64)>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl LeaseKeeper {
-    fn spawn(node: Node, mut signer: Signer, run: RunId, election: &Election, lease_ms: u64) -> Self {
+    pub(super) fn spawn(node: Node, mut signer: Signer, run: RunId, election: &Election, lease_ms: u64) -> Self {
         let busy: Arc<std::sync::Mutex<Option<(u64, u64, u64)>>> = Arc::default();
         let me = signer.identity().public();
         let others: Vec<PeerId> =
@@ -598,7 +600,7 @@ impl LeaseKeeper {
     }
 
     /// The loop is busy from now, leading `term` after `round`.
-    fn busy(&self, term: u64, round: u64) {
+    pub(super) fn busy(&self, term: u64, round: u64) {
         self.set(Some((term, round, wire::mono_ms())));
     }
 
@@ -1059,6 +1061,24 @@ impl Host {
         }
     }
 
+    /// Sends an announcement held back from workers to the other candidates (a lease
+    /// too: their answers count as answered leases).
+    fn push_to_candidates(&mut self, envelope: &SignedEnvelope) {
+        let me = self.signer.identity().public();
+        let lease = Duration::from_millis(self.manifest.lease_ms.max(500));
+        for key in self.election.succession().order().to_vec() {
+            if key == me || self.probes.len() >= 4 * self.election.succession().order().len() {
+                continue;
+            }
+            let Some(peer) = pcp_bootstrap::peer_of(&key) else { continue };
+            let (node, envelope, sent) = (self.node.clone(), envelope.clone(), wire::mono_ms());
+            self.probes.spawn(async move {
+                let answer = tokio::time::timeout(lease, node.request(peer, envelope)).await;
+                (key, sent, answer.ok().and_then(Result::ok))
+            });
+        }
+    }
+
     /// A candidate's answer to this leader's lease: a leader of a higher term makes
     /// this one step down.
     fn on_probe_answer(&mut self, from: PublicKey, answer: &Verified) -> anyhow::Result<()> {
@@ -1147,8 +1167,23 @@ impl Host {
             Some((term, round)) if round > 0 => self.commit.waiting_for(term, round, now),
             _ => Vec::new(),
         };
-        if !waiting.is_empty() || !self.lease_guard.may_act(now) {
+        if !self.lease_guard.may_act(now) {
             return;
+        }
+        if !waiting.is_empty() {
+            if !self.commit.overdue(opened.opened_ms, now) {
+                return;
+            }
+            tracing::warn!(
+                "run {}: round {} released without {} candidate(s) holding its state",
+                self.run,
+                opened.round,
+                waiting.len()
+            );
+            self.events.emit(
+                "commit_timed_out",
+                json!({"round": opened.round, "waiting": waiting.iter().map(peer_name).collect::<Vec<_>>()}),
+            );
         }
         let Some(opened) = self.opened.take() else { return };
         let waited_ms = opened.at.elapsed().as_millis() as u64;
@@ -1544,8 +1579,13 @@ impl Host {
             "participants": participants.iter().map(peer_name).collect::<Vec<_>>(), "term": self.election.term(),
         });
         let state = self.state_replica.map(|r| (r.term, r.round));
-        self.opened = Some(Opened { round, state, envelope, event, at: Instant::now() });
+        let (at, opened_ms) = (Instant::now(), wire::mono_ms());
+        self.opened = Some(Opened { round, state, envelope: envelope.clone(), event, at, opened_ms });
         self.release().await;
+        if self.opened.is_some() {
+            // the candidates learn the round (and the state it names) now, not at their next heartbeat
+            self.push_to_candidates(&envelope);
+        }
         Ok(())
     }
 
