@@ -970,6 +970,25 @@ impl Heartbeats {
 mod tests {
     use super::*;
 
+    /// M1: a worker keeps the highest term and the chain it followed across a
+    /// restart, so a stale leader's announcements stay refused and it never trains a
+    /// round it already trained from other parameters.
+    #[test]
+    fn the_followed_chain_survives_a_restart_and_damage_is_ignored() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = chain_path(dir.path(), RunId([3; 32]));
+        assert_eq!(load_chain(&path), Chain::default(), "nothing saved: a joiner");
+        let mut chain = Chain::default();
+        chain.follow(4, 17, [9; 32]);
+        save_chain(&path, &chain).expect("saves");
+        let back = load_chain(&path);
+        assert_eq!(back, chain);
+        assert!(back.admits(4, 16, &[1; 32]).is_err(), "an older round stays refused after the restart");
+        assert!(back.admits(5, 17, &[8; 32]).is_err(), "the same round from other parameters too");
+        std::fs::write(&path, b"{\"term\": 1}").expect("writes");
+        assert_eq!(load_chain(&path), Chain::default(), "a damaged file is ignored, not fatal");
+    }
+
     #[test]
     fn the_error_feedback_survives_a_restart_and_damage_is_ignored() {
         let dir = tempfile::tempdir().expect("tempdir");
