@@ -206,12 +206,14 @@ pub struct Quorum {
     expected: BTreeMap<PublicKey, u64>,
     /// When the current set was installed: no verdict for a window after.
     since_ms: u64,
+    /// The previous [`Quorum::check`]: a check long after it restarts the window.
+    checked_ms: u64,
 }
 
 impl Quorum {
     /// A quorum check over `window_ms` (at least [`CHECK_QUORUM_LEASES`] leases).
     pub fn new(window_ms: u64, now_ms: u64) -> Self {
-        Self { window_ms: window_ms.max(1), expected: BTreeMap::new(), since_ms: now_ms }
+        Self { window_ms: window_ms.max(1), expected: BTreeMap::new(), since_ms: now_ms, checked_ms: now_ms }
     }
 
     /// A round completed with `contributors`: they are the quorum from now on.
@@ -239,6 +241,21 @@ impl Quorum {
     pub fn heard_of(&self, now_ms: u64) -> (usize, usize) {
         let heard = self.expected.values().filter(|at| now_ms.saturating_sub(**at) < self.window_ms).count();
         (heard, self.expected.len())
+    }
+
+    /// [`Self::lost`], as the leader's loop asks it on every tick: a tick that comes
+    /// more than a third of the window after the previous one (the loop was busy,
+    /// and the heartbeats queued meanwhile are still to be read) restarts the window
+    /// instead of judging.
+    pub fn check(&mut self, now_ms: u64) -> bool {
+        if now_ms.saturating_sub(self.checked_ms) > self.window_ms / 3 {
+            self.since_ms = now_ms;
+            for at in self.expected.values_mut() {
+                *at = (*at).max(now_ms.saturating_sub(self.window_ms / 2));
+            }
+        }
+        self.checked_ms = now_ms;
+        self.lost(now_ms)
     }
 
     /// Whether the leader lost its quorum: it heard from no majority of its last
@@ -570,6 +587,19 @@ mod tests {
         }
         assert!(q.lost(30_000), "one of three heard");
         assert_eq!(q.heard_of(30_000), (1, 3));
+        // a loop that was busy does not judge on waking: the heartbeats it queued come next
+        let mut q = Quorum::new(window, 0);
+        q.round_completed(&workers, 1000);
+        for t in (1000..=10_000).step_by(500) {
+            q.heard(&key(10), t);
+            q.heard(&key(11), t);
+            assert!(!q.check(t));
+        }
+        assert!(!q.check(60_000), "the first check after a stall restarts the window");
+        for w in &workers {
+            q.heard(w, 60_010);
+        }
+        assert!(!q.check(60_100));
     }
 
     #[test]

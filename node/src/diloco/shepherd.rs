@@ -857,7 +857,8 @@ impl Host {
             backends: BTreeMap::new(),
             published: None,
             opened: None,
-            quorum: Quorum::new(CHECK_QUORUM_LEASES * lease_ms, wire::mono_ms()),
+            // three leases, and never less than the time a silent worker is dropped after
+            quorum: Quorum::new((CHECK_QUORUM_LEASES * lease_ms).max(plan.heartbeat_timeout_ms), wire::mono_ms()),
             lease_guard: LeaderLease::new(lease_ms),
             commit: Commit::new(lease_ms),
             keeper,
@@ -1135,7 +1136,7 @@ impl Host {
         if self.stepped_down.is_some()
             || self.election.succession().order().len() < 2
             || self.machine.is_finished()
-            || !self.quorum.lost(now)
+            || !self.quorum.check(now)
         {
             return Ok(());
         }
