@@ -100,7 +100,7 @@ pub(crate) async fn run(
                     standby.machine.election(),
                     lease_ms,
                 );
-                keeper.busy(term, round);
+                keeper.alive(term, round);
                 plan = Some(standby.successor(term, &data_dir).await?);
                 keeper_until_led = Some(keeper);
             }

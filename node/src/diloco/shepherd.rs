@@ -542,12 +542,14 @@ struct Opened {
 /// as good as dead, and its lease lapses.
 const KEEPER_LIMIT_MS: u64 = 600_000;
 
-/// Sends the leader's lease to the other candidates while its loop is busy with
-/// validation and checkpoints, so that a slow validation does not look like a
-/// dead leader (its answers are read by the loop's own probes once it is back).
+/// Sends the leader's lease to the other candidates whenever its loop has not
+/// come round for a third of a lease (validating, writing a checkpoint, screening a
+/// contribution, or an elected candidate loading what it leads with), so that a
+/// busy leader does not look like a dead one. Its answers are read by the loop's
+/// own probes once it is back.
 #[derive(Debug)]
 pub(super) struct LeaseKeeper {
-    /// (term, round, since) while the loop is busy.
+    /// (term, round, when the loop last came round).
     busy: Arc<std::sync::Mutex<Option<(u64, u64, u64)>>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -571,8 +573,9 @@ impl LeaseKeeper {
                 else {
                     continue;
                 };
-                if wire::mono_ms().saturating_sub(since) > KEEPER_LIMIT_MS || sends.len() >= 4 * others.len() {
-                    continue;
+                let stuck = wire::mono_ms().saturating_sub(since);
+                if stuck < period.as_millis() as u64 || stuck > KEEPER_LIMIT_MS || sends.len() >= 4 * others.len() {
+                    continue; // the loop sends its own leases, or it is as good as dead
                 }
                 for peer in &others {
                     let hb = Heartbeat {
@@ -599,14 +602,9 @@ impl LeaseKeeper {
         *self.busy.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = value;
     }
 
-    /// The loop is busy from now, leading `term` after `round`.
-    pub(super) fn busy(&self, term: u64, round: u64) {
+    /// The loop came round, leading `term` after `round`: it may be busy from now.
+    pub(super) fn alive(&self, term: u64, round: u64) {
         self.set(Some((term, round, wire::mono_ms())));
-    }
-
-    /// The loop is back.
-    fn idle(&self) {
-        self.set(None);
     }
 }
 
@@ -999,6 +997,11 @@ impl Host {
         loop {
             if finished_at.is_some_and(|t| t.elapsed() >= FAREWELL) {
                 break;
+            }
+            if self.stepped_down.is_none() {
+                self.keeper.alive(self.election.term(), self.machine.completed());
+            } else {
+                self.keeper.set(None);
             }
             if let Some(term) = self.stepped_down {
                 let aside = self.aside.then(|| Box::new(self.leader_state(&[], &[])));
@@ -1613,16 +1616,9 @@ impl Host {
             .collect();
         self.quorum.round_completed(&summary.contributors, wire::mono_ms());
         // validation and the checkpoint hold this loop: the keeper sends the leases meanwhile
-        self.keeper.busy(self.election.term(), summary.round);
-        let finished = async {
-            let val = self.validate(params).await?;
-            let path = self.checkpoint(summary.contributors.len())?;
-            self.publish_state(&summary.contributors, &summary.excluded)?;
-            anyhow::Ok((val, path))
-        }
-        .await;
-        self.keeper.idle();
-        let (val, path) = finished?;
+        let val = self.validate(params).await?;
+        let path = self.checkpoint(summary.contributors.len())?;
+        self.publish_state(&summary.contributors, &summary.excluded)?;
         self.last_val = val;
         if self.first_val.is_nan() {
             self.first_val = self.last_val;
