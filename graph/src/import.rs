@@ -56,9 +56,6 @@ pub enum ImportError {
     },
 }
 
-/// The options IREE must print generic form with; set once per process.
-pub(crate) const PRINT_FLAGS: [&str; 2] = ["--mlir-print-op-generic", "--mlir-print-debuginfo"];
-
 /// Reads and imports the module at `path`.
 pub fn import_file(path: &Path) -> Result<Module, ImportError> {
     let name = path.display().to_string();

@@ -10,7 +10,8 @@ use std::sync::OnceLock;
 
 use eerie::compiler::{Compiler, CompilerError, MemBufferOutput};
 
-use crate::import::PRINT_FLAGS;
+/// The options IREE must print generic form with; set once per process.
+pub(crate) const PRINT_FLAGS: [&str; 2] = ["--mlir-print-op-generic", "--mlir-print-debuginfo"];
 
 static COMPILER: OnceLock<Result<Compiler, String>> = OnceLock::new();
 
