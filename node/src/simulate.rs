@@ -1,7 +1,9 @@
 //! `pcp-node simulate`: pcp with thousands of volunteers, simulated in one
 //! process (the `pcp-simulations` crate). A `.mlir` model is measured from its
 //! IR: its parameter tensors, the tokens of one batch, and the FLOPs of the
-//! fused training step pcp would compile for it.
+//! fused training step pcp would compile for it. `--faults` runs the fault
+//! simulator of shepherd failover instead: one seeded schedule, its report on
+//! stdout, and exit code 1 with the broken invariant named.
 
 use anyhow::Context as _;
 use pcp_simulations::{ModelSpec, SimulateArgs};
@@ -13,6 +15,9 @@ use crate::model::Model;
 pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    if args.faults {
+        return pcp_simulations::run_faults(args, &mut out).map(|_| ()).map_err(Failure::from);
+    }
     let result = if args.model.ends_with(".mlir") {
         let spec = spec_of(&args.model).map_err(Failure::input)?;
         pcp_simulations::run_with_model(args, &spec, &mut out)

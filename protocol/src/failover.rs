@@ -21,6 +21,11 @@
 //!   the next) only once every live candidate holds its state, so a successor
 //!   never leads from behind what workers applied. A candidate is live while it
 //!   answered within two leases; the wait for it ends with its liveness.
+//! * **Fast-forward** ([`Commit::ahead_of`], [`extends`]): the up-to-date rule,
+//!   kept after the election. When a live candidate holds a state of the leader's
+//!   own history that is further along (the leader could not hear that candidate
+//!   when it took its term), the leader completes nothing until it has fetched that
+//!   state, then leads from it and reopens the round after it.
 //! * **Workers never move back** ([`Chain`]): a worker follows an announcement only
 //!   if it extends what it applied: a later round, from the parameters it holds
 //!   when the round is the next one.
@@ -275,12 +280,14 @@ pub struct LeaderLease {
     answered_sent_ms: Option<u64>,
     /// When a candidate last answered.
     answered_at_ms: u64,
+    /// The previous [`LeaderLease::check`].
+    checked_ms: Option<u64>,
 }
 
 impl LeaderLease {
     /// A leader's lease of `lease_ms`.
     pub fn new(lease_ms: u64) -> Self {
-        Self { lease_ms: lease_ms.max(1), answered_sent_ms: None, answered_at_ms: 0 }
+        Self { lease_ms: lease_ms.max(1), answered_sent_ms: None, answered_at_ms: 0, checked_ms: None }
     }
 
     /// A candidate answered the lease sent at `sent_ms`.
@@ -299,6 +306,22 @@ impl LeaderLease {
             Some(_) if now_ms.saturating_sub(self.answered_at_ms) >= 2 * self.lease_ms => true,
             Some(sent) => now_ms < sent + self.lease_ms - self.lease_ms / LEASE_MARGIN_DIVISOR,
         }
+    }
+
+    /// [`Self::may_act`], as the leader asks it before it acts (at least on every
+    /// tick of its loop). A question more than half a lease after the previous one
+    /// means the leader was not listening (its loop or its whole machine was
+    /// suspended, and the answers queued meanwhile are still to be read): the
+    /// silence does not count as the candidates' death, which now takes a lease of
+    /// listening. A leader suspended for two leases would otherwise wake to take
+    /// every candidate for gone and tell workers of a round at once, while a
+    /// successor leads.
+    pub fn check(&mut self, now_ms: u64) -> bool {
+        if self.checked_ms.is_some_and(|at| now_ms.saturating_sub(at) > self.lease_ms / 2) {
+            self.answered_at_ms = self.answered_at_ms.max(now_ms.saturating_sub(self.lease_ms));
+        }
+        self.checked_ms = Some(now_ms);
+        self.may_act(now_ms)
     }
 }
 
@@ -402,20 +425,31 @@ impl Commit {
             .collect()
     }
 
-    /// The newest state a live candidate holds that is newer than `state`, and its
-    /// holder: a leader leading from `state` is behind it and catches up (fetches
-    /// it and reopens the round after it) before it completes a round. It could
-    /// not hear that candidate when it took its term (the candidate was cut off or
-    /// down); once it has completed a round of its own term, no state of an older
-    /// term is newer.
-    pub fn ahead_of(&self, state: &Replica, now_ms: u64) -> Option<(PublicKey, Replica)> {
-        self.candidates
+    /// The states live candidates hold that are further than `state` (a later
+    /// round), furthest first, each with its holder. A leader behind one of them
+    /// completes nothing until it has fetched it and checked its lineage: one that
+    /// [`extends`] its state it fast-forwards to (it leads from it and reopens the
+    /// round after it); one of another history it keeps out. A leader is behind
+    /// when it could not hear those candidates as it took its term: they were cut
+    /// off or down, or it was (a standby cut off from every node takes its term
+    /// alone, and meets the others again as their leader).
+    pub fn ahead_of(&self, state: &Replica, now_ms: u64) -> Vec<(PublicKey, Replica)> {
+        let mut ahead: Vec<(PublicKey, Replica)> = self
+            .candidates
             .iter()
             .filter(|(_, (_, at))| now_ms.saturating_sub(*at) < 2 * self.lease_ms)
             .filter_map(|(k, (held, _))| held.map(|h| (*k, h)))
-            .filter(|(_, h)| h.newer_than(state))
-            .max_by_key(|(_, h)| h.rank())
+            .filter(|(_, h)| h.round > state.round)
+            .collect();
+        ahead.sort_by_key(|(k, h)| (std::cmp::Reverse((h.round, h.term)), *k));
+        ahead
     }
+}
+
+/// Whether a state whose lineage is `lineage` (the parameters hash after each
+/// round, from round 0 to its own: a state blob lists it) extends `base`.
+pub fn extends(lineage: &[[u8; 32]], base: &Replica) -> bool {
+    usize::try_from(base.round).ok().and_then(|r| lineage.get(r)) == Some(&base.params)
 }
 
 /// What a worker applied: the last round whose result it trained from.
@@ -613,6 +647,20 @@ mod tests {
         l.answered(10_600, 10_650);
         assert!(l.may_act(11_000));
         assert!(l.may_act(10_650 + 2 * LEASE), "a candidate silent for two leases is gone");
+        // a leader suspended for those two leases has not heard them go silent
+        let mut l = LeaderLease::new(LEASE);
+        l.answered(10_000, 10_050);
+        for t in (10_050..=10_500).step_by(100) {
+            assert!(l.check(t));
+        }
+        assert!(!l.check(10_500 + 3 * LEASE), "woken: it was not listening");
+        assert!(!l.check(10_500 + 3 * LEASE + LEASE / 2), "it listens for a lease first");
+        let mut t = 10_500 + 3 * LEASE + LEASE / 2;
+        while t < 10_500 + 4 * LEASE {
+            t += 100;
+            l.check(t);
+        }
+        assert!(l.check(10_500 + 4 * LEASE), "a lease of silence while listening: gone");
     }
 
     #[test]
@@ -628,6 +676,26 @@ mod tests {
         assert_eq!(c.waiting_for(1, 4, 300 + 2 * LEASE), Vec::<PublicKey>::new(), "silent for two leases: gone");
         assert!(!c.overdue(1000, 1000 + COMMIT_WAIT_LEASES * LEASE - 1));
         assert!(c.overdue(1000, 1000 + COMMIT_WAIT_LEASES * LEASE), "a candidate that cannot keep up stalls nobody");
+    }
+
+    /// A leader hears that live candidates hold states further along than the one
+    /// it leads from: it fast-forwards only to one of its own history.
+    #[test]
+    fn a_leader_behind_a_live_candidate_fast_forwards_along_its_own_history() {
+        let mut c = Commit::new(LEASE);
+        let base = replica(1, 3);
+        c.heard(key(2), Some(replica(1, 5)), 100);
+        c.heard(key(3), Some(replica(2, 2)), 100);
+        assert_eq!(c.ahead_of(&base, 200), vec![(key(2), replica(1, 5))], "later rounds only");
+        c.heard(key(3), Some(replica(2, 4)), 150);
+        assert_eq!(c.ahead_of(&base, 200), vec![(key(2), replica(1, 5)), (key(3), replica(2, 4))], "furthest first");
+        assert!(c.ahead_of(&replica(4, 5), 200).is_empty());
+        assert!(c.ahead_of(&base, 150 + 2 * LEASE).is_empty(), "silent for two leases: gone");
+        let lineage: Vec<[u8; 32]> = (0..=5).map(|r| [r as u8; 32]).collect();
+        assert!(extends(&lineage, &base));
+        assert!(extends(&lineage, &replica(1, 5)));
+        assert!(!extends(&lineage, &Replica { term: 1, round: 3, params: [9; 32] }), "another history");
+        assert!(!extends(&lineage, &replica(1, 6)), "beyond it");
     }
 
     #[test]

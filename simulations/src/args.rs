@@ -7,6 +7,7 @@ use pcp_protocol::diloco::sparse::Settings;
 use serde::Serialize;
 
 use crate::compute::Device;
+use crate::faults::Rule;
 use crate::network::Profile;
 
 /// Which strategies to simulate.
@@ -97,9 +98,17 @@ pub struct SimulateArgs {
     /// Pseudo-gradient encoding.
     #[arg(long, value_enum, default_value_t = WireEncoding::Fp32)]
     pub encoding: WireEncoding,
-    /// Seed of everything random.
+    /// Seed of everything random (with --faults: the fault schedule).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Run the deterministic fault simulator instead: 3 candidates and 4 workers on the real
+    /// election, failover, shepherd and worker rules, one seeded schedule of crashes, partitions,
+    /// lossy links and clock jumps; prints what happened and fails naming a broken invariant.
+    #[arg(long)]
+    pub faults: bool,
+    /// With --faults: the simulated nodes leave out this failover rule (the invariants should catch it).
+    #[arg(long, value_enum, requires = "faults")]
+    pub faults_without: Option<Rule>,
     /// Directory for report.json and PNG plots.
     #[arg(long)]
     pub out: Option<PathBuf>,

@@ -23,6 +23,9 @@ pub enum Error {
     /// The report could not be encoded.
     #[error("encoding the report: {0}")]
     Json(#[from] serde_json::Error),
+    /// The fault simulator saw an invariant broken.
+    #[error("{0}")]
+    Broken(crate::faults::Violation),
     /// A plot could not be drawn.
     #[error("plotting {path}: {reason}")]
     Plot {

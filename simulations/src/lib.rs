@@ -14,6 +14,9 @@
 //! * [`analytic`]: hierarchical DiLoCo, Streaming DiLoCo, ring all-reduce.
 //! * [`report`]: per-round statistics, summaries and the printed table.
 //! * [`plot`]: PNG plots.
+//! * [`faults`]: a deterministic fault simulator of shepherd failover: the real
+//!   election, failover, shepherd and worker rules under crashes, partitions, lossy
+//!   links and clock jumps, with invariants checked after every step.
 //!
 //! The entry point is [`run`] with [`SimulateArgs`] (a clap `Args`, so
 //! `pcp-node simulate` flattens it), or [`run_with_model`] for a model the
@@ -26,6 +29,7 @@ pub mod compute;
 pub mod decode;
 pub mod diloco;
 mod error;
+pub mod faults;
 pub mod model;
 pub mod network;
 pub mod plot;
@@ -40,4 +44,4 @@ pub use error::Error;
 pub use model::{ModelPreset, ModelSpec};
 pub use network::Profile;
 pub use report::Report;
-pub use run::{run, run_with_model, to_json};
+pub use run::{run, run_faults, run_with_model, to_json};

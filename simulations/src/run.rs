@@ -298,3 +298,15 @@ pub fn run_with_model(args: &SimulateArgs, model: &ModelSpec, out: &mut impl Wri
 pub fn to_json(report: &Report) -> Result<String, Error> {
     Ok(serde_json::to_string_pretty(report)? + "\n")
 }
+
+/// `pcp-node simulate --faults`: runs `args.seed`'s fault schedule
+/// ([`crate::faults`]), prints what happened to `out`, and fails with the broken
+/// invariant.
+pub fn run_faults(args: &SimulateArgs, out: &mut impl Write) -> Result<crate::faults::Outcome, Error> {
+    let outcome = crate::faults::simulate(args.seed, args.faults_without);
+    outcome.write(out).map_err(Error::Table)?;
+    match &outcome.violation {
+        Some(v) => Err(Error::Broken(v.clone())),
+        None => Ok(outcome),
+    }
+}

@@ -1171,7 +1171,7 @@ impl Host {
             Some((term, round)) if round > 0 => self.commit.waiting_for(term, round, now),
             _ => Vec::new(),
         };
-        if !self.lease_guard.may_act(now) {
+        if !self.lease_guard.check(now) {
             return;
         }
         if !waiting.is_empty() {

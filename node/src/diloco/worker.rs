@@ -497,7 +497,7 @@ async fn train(
     let mut adam_step = 0u64;
     // the last announcement handled: a shepherd that restarted reopens a round with a
     // new deadline, and that is a new round to train
-    let mut done: Option<(u64, u64)> = None;
+    let mut done: Option<(u64, u64, u64)> = None;
     loop {
         tokio::select! {
             () = cancel.cancelled() => return Ok(Outcome::Cancelled),
@@ -518,7 +518,8 @@ async fn train(
             return Ok(Outcome::Finished);
         }
         let r = announcement.round;
-        let this = (r, announcement.deadline_unix_ms);
+        // a successor's reopening of a round is a new round to train, whatever its deadline
+        let this = (r, announcement.term, announcement.deadline_unix_ms);
         if r == 0 || done.is_some_and(|d| d >= this) {
             continue;
         }
@@ -718,7 +719,7 @@ fn noise_like(delta: &mut Tensors, round: u64) {
 
 /// Waits until an announcement newer than `current` arrives (forever if the
 /// heartbeat task stops).
-async fn newer_arrives(latest: &mut watch::Receiver<Latest>, current: (u64, u64)) {
+async fn newer_arrives(latest: &mut watch::Receiver<Latest>, current: (u64, u64, u64)) {
     while !newer_round(latest, current) {
         if latest.changed().await.is_err() {
             std::future::pending::<()>().await;
@@ -726,10 +727,11 @@ async fn newer_arrives(latest: &mut watch::Receiver<Latest>, current: (u64, u64)
     }
 }
 
-/// Whether an announcement newer than `(round, deadline)` (or the run's end) arrived.
-fn newer_round(latest: &watch::Receiver<Latest>, current: (u64, u64)) -> bool {
+/// Whether an announcement newer than `(round, term, deadline)` (or the run's end)
+/// arrived.
+fn newer_round(latest: &watch::Receiver<Latest>, current: (u64, u64, u64)) -> bool {
     match &*latest.borrow() {
-        Latest::Round(a) => (a.round, a.deadline_unix_ms) > current || a.finished,
+        Latest::Round(a) => (a.round, a.term, a.deadline_unix_ms) > current || a.finished,
         Latest::Refused(_) => true,
         Latest::Nothing => false,
     }

@@ -1,0 +1,198 @@
+//! A worker, composed as pcp-node composes it: it follows the highest valid term
+//! ([`Election`] as a follower), trains a round only if [`Chain::admits`] it, runs
+//! the protocol's [`Worker`] machine, and keeps its term and chain on disk.
+
+use pcp_protocol::diloco::worker::{self, Worker};
+use pcp_protocol::election::{self, Election};
+use pcp_protocol::failover::{Chain, Replica};
+use rand::Rng;
+
+use super::msg::{Announce, Ctx, Event, Follow, Msg, Timer};
+
+/// What a worker keeps on disk.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Disk {
+    term: u64,
+    chain: Chain,
+}
+
+/// The round a worker is on.
+#[derive(Clone, Copy, Debug)]
+struct Work {
+    id: u64,
+    term: u64,
+    leader: usize,
+    round: u64,
+    base: Replica,
+    opened: (u64, u64),
+    /// What it trained (once it has).
+    delta: [f32; 4],
+}
+
+#[derive(Debug)]
+pub(super) struct WorkerNode {
+    election: Election,
+    chain: Chain,
+    machine: Worker,
+    work: Option<Work>,
+    next_id: u64,
+}
+
+/// Inner steps per round (the machine's τ; their time is the simulated compute).
+const TAU: u64 = 20;
+
+/// A worker's pseudo-gradient: small, and different every time it trains (GPUs
+/// do not add in the same order twice), so that a round completed twice gives two
+/// states and the invariants can tell their histories apart.
+fn delta(rng: &mut impl Rng) -> [f32; 4] {
+    std::array::from_fn(|_| rng.gen_range(-0.05..0.05))
+}
+
+impl WorkerNode {
+    /// A worker starting (or restarting) with `disk`, if it kept one.
+    pub(super) fn start(disk: Option<Disk>, ctx: &Ctx<'_>) -> Self {
+        let s = &ctx.setup;
+        let key = s.keys[ctx.me];
+        let (election, chain) = match disk {
+            Some(d) => (Election::resume(key, s.succession.clone(), s.lease_ms, d.term, ctx.now), d.chain),
+            None => (Election::new(key, s.succession.clone(), s.lease_ms, ctx.now), Chain::default()),
+        };
+        Self { election, chain, machine: Worker::new(key.0.to_vec(), 1, TAU), work: None, next_id: 0 }
+    }
+
+    pub(super) fn disk(&self) -> Disk {
+        Disk { term: self.election.term(), chain: self.chain }
+    }
+
+    fn follows(&self, ctx: &Ctx<'_>) -> Follow {
+        Follow { term: self.election.term(), leader: ctx.setup.index(&self.election.leader()) }
+    }
+
+    fn index(ctx: &Ctx<'_>) -> usize {
+        ctx.me - ctx.setup.candidates
+    }
+
+    pub(super) fn on_timer(&mut self, timer: Timer, ctx: &mut Ctx<'_>) {
+        match timer {
+            Timer::Tick => {
+                ctx.timers.push((250, Timer::Tick));
+                self.election.tick(ctx.now);
+                self.machine.handle(worker::Input::Tick, ctx.now);
+            }
+            Timer::Beat => {
+                ctx.timers.push((ctx.setup.lease_ms / 2, Timer::Beat));
+                let to = ctx.setup.index(&self.election.awaited());
+                ctx.send(to, Msg::WorkerBeat { follows: self.follows(ctx) });
+            }
+            Timer::Trained(id) => {
+                let Some(w) = self.work.filter(|w| w.id == id) else { return };
+                for a in self.machine.handle(worker::Input::Trained(w.round), ctx.now) {
+                    if let worker::Action::Send(round) = a {
+                        let w = Work { delta: delta(ctx.rng), ..w };
+                        self.work = Some(w);
+                        self.send(w, ctx);
+                        self.machine.handle(worker::Input::Sent(round), ctx.now);
+                    }
+                }
+            }
+            Timer::Refetch(id) => {
+                let Some(w) = self.work.filter(|w| w.id == id) else { return };
+                if self.machine.phase() == worker::Phase::Fetching(w.round) {
+                    ctx.send(w.leader, Msg::Fetch { want: w.base });
+                    ctx.timers.push((ctx.setup.lease_ms, Timer::Refetch(id)));
+                }
+            }
+            Timer::Resend(id) => {
+                if let Some(w) = self.work.filter(|w| w.id == id) {
+                    self.send(w, ctx);
+                }
+            }
+            Timer::Lease => {}
+        }
+    }
+
+    /// Sends `w`'s contribution to its leader, and again a lease later: a send lost
+    /// on the way (a partition) would otherwise leave the round waiting for it.
+    fn send(&self, w: Work, ctx: &mut Ctx<'_>) {
+        let msg = Msg::Contribution { term: w.term, round: w.round, params: w.base.params, delta: w.delta };
+        ctx.send(w.leader, msg);
+        ctx.timers.push((ctx.setup.lease_ms, Timer::Resend(w.id)));
+    }
+
+    pub(super) fn on_msg(&mut self, from: usize, msg: Msg, ctx: &mut Ctx<'_>) {
+        match msg {
+            Msg::Lease { term, announce, .. } => {
+                let actions = self.election.on_lease(ctx.setup.keys[from], term, ctx.now);
+                if actions.iter().any(|a| matches!(a, election::Action::Rejected { .. })) {
+                    ctx.send(from, Msg::Relay { follows: self.follows(ctx) });
+                    return;
+                }
+                if let Some(a) = announce.filter(|a| a.term == term) {
+                    self.announced(from, a, ctx);
+                }
+            }
+            Msg::Relay { follows: f } if f.term > self.election.term() && ctx.setup.is_candidate(f.leader) => {
+                self.election.on_lease(ctx.setup.keys[f.leader], f.term, ctx.now);
+            }
+            Msg::Blob { state } => self.fetched(state, ctx),
+            _ => {}
+        }
+    }
+
+    /// A valid announcement from `leader`.
+    fn announced(&mut self, leader: usize, a: Announce, ctx: &mut Ctx<'_>) {
+        let participant = a.participants & (1 << Self::index(ctx)) != 0;
+        if let Some(w) = self.work
+            && (w.term > a.term
+                || w.term == a.term && (w.round > a.round || w.round == a.round && w.opened == a.opened))
+        {
+            return;
+        }
+        if ctx.rules().chain && self.chain.admits(a.term, a.round, &a.base.params).is_err() {
+            return;
+        }
+        // a newer round, or the round reopened by a newer term: what it was doing is moot
+        self.work = None;
+        self.machine = Worker::new(ctx.setup.keys[ctx.me].0.to_vec(), 1, TAU);
+        if !participant {
+            return;
+        }
+        self.next_id += 1;
+        let w = Work {
+            id: self.next_id,
+            term: a.term,
+            leader,
+            round: a.round,
+            base: a.base,
+            opened: a.opened,
+            delta: [0.0; 4],
+        };
+        self.work = Some(w);
+        let opened = worker::Input::RoundOpened { round: a.round, deadline_ms: u64::MAX, participant: true };
+        for act in self.machine.handle(opened, ctx.now) {
+            if let worker::Action::FetchParams(_) = act {
+                ctx.send(leader, Msg::Fetch { want: a.base });
+                ctx.timers.push((ctx.setup.lease_ms, Timer::Refetch(w.id)));
+            }
+        }
+    }
+
+    /// The parameters of the work's round arrived.
+    fn fetched(&mut self, state: Replica, ctx: &mut Ctx<'_>) {
+        let Some(w) = self.work.filter(|w| w.base == state) else { return };
+        if self.machine.phase() != worker::Phase::Fetching(w.round) {
+            return;
+        }
+        if ctx.rules().chain && self.chain.admits(w.term, w.round, &w.base.params).is_err() {
+            return;
+        }
+        for act in self.machine.handle(worker::Input::ParamsReady(w.round), ctx.now) {
+            if let worker::Action::Train { .. } = act {
+                self.chain.follow(w.term, w.round, w.base.params);
+                ctx.events.push(Event::Applied(w.base));
+                let compute = ctx.rng.gen_range(1200..=2000);
+                ctx.timers.push((compute, Timer::Trained(w.id)));
+            }
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The fault simulator (`pcp-node simulate --faults`) over CI's seeds: every
+//! seeded schedule keeps invariants (a) to (d), and each failover rule the
+//! simulated nodes are made to leave out is caught within those seeds.
+
+use clap::Parser;
+use pcp_simulations::faults::{Invariant, Outcome, Rule, simulate};
+use pcp_simulations::{Error, SimulateArgs};
+
+/// The seeds CI runs.
+const SEEDS: u64 = 4_000;
+
+/// Runs seeds `0..SEEDS` without `without`, on every core; the broken ones, by seed.
+fn sweep(without: Option<Rule>) -> Vec<Outcome> {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
+    let mut broken: Vec<Outcome> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    (0..SEEDS)
+                        .filter(|seed| seed % threads == t)
+                        .map(|seed| simulate(seed, without))
+                        .filter(|o| o.violation.is_some())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().expect("a simulation thread panicked")).collect()
+    });
+    broken.sort_by_key(|o| o.seed);
+    broken
+}
+
+/// The first seed (in order) whose schedule breaks an invariant without `rule`.
+fn first_caught(rule: Rule) -> Option<Outcome> {
+    (0..SEEDS).map(|seed| simulate(seed, Some(rule))).find(|o| o.violation.is_some())
+}
+
+#[test]
+fn every_seed_keeps_the_invariants() {
+    let broken = sweep(None);
+    if broken.is_empty() {
+        return;
+    }
+    let mut report = String::new();
+    for o in &broken {
+        let v = o.violation.as_ref().map(ToString::to_string).unwrap_or_default();
+        report.push_str(&format!("seed {}: {v}\n  reproduce: pcp-node simulate --faults --seed {}\n", o.seed, o.seed));
+    }
+    panic!("{} of {SEEDS} seeds broke an invariant:\n{report}", broken.len());
+}
+
+/// Each rule left out of the simulated nodes breaks an invariant within CI's
+/// seeds (README: "Shepherd failover", the table of rules removed).
+#[test]
+fn each_rule_left_out_is_caught() {
+    let expect = [
+        (Rule::UpToDate, Invariant::ReplicatedKept),
+        (Rule::Commit, Invariant::OneHistory),
+        (Rule::FastForward, Invariant::ReplicatedKept),
+    ];
+    for (rule, invariant) in expect {
+        let caught =
+            first_caught(rule).unwrap_or_else(|| panic!("without {rule}: no seed of {SEEDS} broke an invariant"));
+        let v = caught.violation.expect("a violation");
+        assert_eq!(
+            v.invariant, invariant,
+            "without {rule}: seed {} broke {} first: {v}\n  reproduce: pcp-node simulate --faults --seed {} --faults-without {rule}",
+            caught.seed, v.invariant, caught.seed
+        );
+    }
+}
+
+#[test]
+fn a_seed_replays_exactly_and_seeds_differ() {
+    let a = simulate(7, None);
+    assert_eq!(a, simulate(7, None), "same seed, same run");
+    assert_ne!(a.log, simulate(8, None).log);
+    assert!(a.violation.is_none() && a.progress_ms.is_some(), "{a:?}");
+    assert!(a.log.iter().any(|l| l.contains("nemesis:")), "the nemesis acted: {:#?}", a.log);
+}
+
+#[derive(Debug, Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: SimulateArgs,
+}
+
+fn args(line: &str) -> SimulateArgs {
+    Cli::parse_from(format!("simulate {line}").split_whitespace()).args
+}
+
+/// What `pcp-node simulate --faults` prints, and the one-line error naming the
+/// broken invariant that makes it exit non-zero.
+#[test]
+fn the_command_prints_the_run_and_names_a_broken_invariant() {
+    let mut out = Vec::new();
+    let outcome = pcp_simulations::run_faults(&args("--faults --seed 3"), &mut out).expect("seed 3 keeps the invariants");
+    let text = String::from_utf8(out).expect("utf-8");
+    assert!(text.starts_with("fault simulation, seed 3:"), "{text}");
+    assert!(text.contains(" leads term 1 from round 0"), "{text}");
+    assert!(text.lines().last().is_some_and(|l| l.starts_with("ok: faults healed at")), "{text}");
+    assert_eq!(outcome.seed, 3);
+
+    let commit = first_caught(Rule::Commit).expect("the commit rule is caught");
+    let mut out = Vec::new();
+    let line = format!("--faults --seed {} --faults-without commit", commit.seed);
+    let err = pcp_simulations::run_faults(&args(&line), &mut out).expect_err("an invariant breaks without the commit rule");
+    assert!(matches!(err, Error::Broken(_)));
+    let message = err.to_string();
+    assert!(message.starts_with("invariant (b) broken at t="), "{message}");
+    assert!(!message.contains('\n'), "one line: {message}");
+    let text = String::from_utf8(out).expect("utf-8");
+    assert!(text.contains("without the commit rule") && text.ends_with(&format!("{message}\n")), "{text}");
+}
