@@ -1252,7 +1252,11 @@ impl Host {
                     self.respond(id, envelope).await
                 }
                 Ok(hb) => {
-                    self.quorum.heard(&key, wire::mono_ms());
+                    // a worker already past this leader's rounds (it refuses them: workers never
+                    // move back) is not part of its quorum: a leader behind them steps aside
+                    if hb.round <= self.machine.completed() + 1 {
+                        self.quorum.heard(&key, wire::mono_ms());
+                    }
                     if hb.follows > self.election.term() && hb.follows > self.reported_term {
                         // a worker follows a newer term: ask the candidates now (a worker's word alone
                         // proves nothing; the new leader's signed answer does)
