@@ -506,6 +506,10 @@ pub(super) struct Host {
     state: Option<ParameterRef>,
     /// Where that state stands in the run's history.
     state_replica: Option<Replica>,
+    /// The term whose leader completed the last round: a successor's state keeps its
+    /// predecessor's term until it completes a round of its own, so that an older
+    /// state it leads from never outranks a newer one a standby holds.
+    state_term: u64,
     /// Leases sent to the other candidates (and when, on the monotonic clock), so
     /// that a leader of a lower term learns of this one (and this one of a higher).
     probes: JoinSet<(PublicKey, u64, Option<Verified>)>,
@@ -838,6 +842,10 @@ impl Host {
         let resumed_at = machine.completed();
         let probe_signer = Signer::new(identity.clone());
         let lease_ms = manifest.lease_ms.max(500);
+        let state_term = match &plan.start {
+            Start::Succeed { state, .. } => state.term,
+            _ => election.term(),
+        };
         let keeper = LeaseKeeper::spawn(node.clone(), Signer::new(identity.clone()), run, &election, lease_ms);
         let mut host = Self {
             node,
@@ -878,6 +886,7 @@ impl Host {
             election,
             state: None,
             state_replica: None,
+            state_term,
             probes: JoinSet::new(),
             probe_signer,
             stepped_down: None,
@@ -944,7 +953,7 @@ impl Host {
     /// This leader's state after its last completed round.
     fn leader_state(&self, contributors: &[PublicKey], excluded: &[PublicKey]) -> LeaderState {
         LeaderState {
-            term: self.election.term(),
+            term: self.state_term,
             snapshot: self.machine.snapshot(),
             contributors: contributors.to_vec(),
             excluded: excluded.to_vec(),
@@ -1620,6 +1629,7 @@ impl Host {
             .collect();
         self.quorum.round_completed(&summary.contributors, wire::mono_ms());
         // validation and the checkpoint hold this loop: the keeper sends the leases meanwhile
+        self.state_term = self.election.term();
         let val = self.validate(params).await?;
         let path = self.checkpoint(summary.contributors.len())?;
         self.publish_state(&summary.contributors, &summary.excluded)?;
