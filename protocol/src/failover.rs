@@ -21,11 +21,11 @@
 //!   the next) only once every live candidate holds its state, so a successor
 //!   never leads from behind what workers applied. A candidate is live while it
 //!   answered within two leases; the wait for it ends with its liveness.
-//! * **Fast-forward** ([`Commit::ahead_of`], [`extends`]): the up-to-date rule,
-//!   kept after the election. When a live candidate holds a state of the leader's
-//!   own history that is further along (the leader could not hear that candidate
-//!   when it took its term), the leader completes nothing until it has fetched that
-//!   state, then leads from it and reopens the round after it.
+//! * **Step aside when behind** ([`Commit::newer_than`]): the up-to-date rule,
+//!   kept after the election. When a live candidate holds a newer state than the
+//!   leader's (the leader could not hear that candidate when it took its term), the
+//!   leader completes nothing and steps aside; the succession moves on, and the
+//!   candidates behind defer, until the holder of the newest state leads.
 //! * **Workers never move back** ([`Chain`]): a worker follows an announcement only
 //!   if it extends what it applied: a later round, from the parameters it holds
 //!   when the round is the next one.
@@ -425,31 +425,19 @@ impl Commit {
             .collect()
     }
 
-    /// The states live candidates hold that are further than `state` (a later
-    /// round), furthest first, each with its holder. A leader behind one of them
-    /// completes nothing until it has fetched it and checked its lineage: one that
-    /// [`extends`] its state it fast-forwards to (it leads from it and reopens the
-    /// round after it); one of another history it keeps out. A leader is behind
-    /// when it could not hear those candidates as it took its term: they were cut
-    /// off or down, or it was (a standby cut off from every node takes its term
-    /// alone, and meets the others again as their leader).
-    pub fn ahead_of(&self, state: &Replica, now_ms: u64) -> Vec<(PublicKey, Replica)> {
-        let mut ahead: Vec<(PublicKey, Replica)> = self
-            .candidates
+    /// The newest state a live candidate holds that is newer than `state` (by
+    /// [`Replica::rank`]), and its holder: the up-to-date rule, kept after the
+    /// election. A leader that could not hear that candidate when it took its term
+    /// (it was cut off or down, or the leader was) steps aside for it instead of
+    /// completing rounds from behind.
+    pub fn newer_than(&self, state: &Replica, now_ms: u64) -> Option<(PublicKey, Replica)> {
+        self.candidates
             .iter()
             .filter(|(_, (_, at))| now_ms.saturating_sub(*at) < 2 * self.lease_ms)
             .filter_map(|(k, (held, _))| held.map(|h| (*k, h)))
-            .filter(|(_, h)| h.round > state.round)
-            .collect();
-        ahead.sort_by_key(|(k, h)| (std::cmp::Reverse((h.round, h.term)), *k));
-        ahead
+            .filter(|(_, h)| h.newer_than(state))
+            .max_by_key(|(k, h)| (h.rank(), *k))
     }
-}
-
-/// Whether a state whose lineage is `lineage` (the parameters hash after each
-/// round, from round 0 to its own: a state blob lists it) extends `base`.
-pub fn extends(lineage: &[[u8; 32]], base: &Replica) -> bool {
-    usize::try_from(base.round).ok().and_then(|r| lineage.get(r)) == Some(&base.params)
 }
 
 /// What a worker applied: the last round whose result it trained from.
@@ -678,24 +666,20 @@ mod tests {
         assert!(c.overdue(1000, 1000 + COMMIT_WAIT_LEASES * LEASE), "a candidate that cannot keep up stalls nobody");
     }
 
-    /// A leader hears that live candidates hold states further along than the one
-    /// it leads from: it fast-forwards only to one of its own history.
+    /// A leader hears that a live candidate holds a newer state than the one it
+    /// leads from: it steps aside for the newest.
     #[test]
-    fn a_leader_behind_a_live_candidate_fast_forwards_along_its_own_history() {
+    fn a_leader_behind_a_live_candidate_finds_the_newest_state() {
         let mut c = Commit::new(LEASE);
         let base = replica(1, 3);
-        c.heard(key(2), Some(replica(1, 5)), 100);
-        c.heard(key(3), Some(replica(2, 2)), 100);
-        assert_eq!(c.ahead_of(&base, 200), vec![(key(2), replica(1, 5))], "later rounds only");
-        c.heard(key(3), Some(replica(2, 4)), 150);
-        assert_eq!(c.ahead_of(&base, 200), vec![(key(2), replica(1, 5)), (key(3), replica(2, 4))], "furthest first");
-        assert!(c.ahead_of(&replica(4, 5), 200).is_empty());
-        assert!(c.ahead_of(&base, 150 + 2 * LEASE).is_empty(), "silent for two leases: gone");
-        let lineage: Vec<[u8; 32]> = (0..=5).map(|r| [r as u8; 32]).collect();
-        assert!(extends(&lineage, &base));
-        assert!(extends(&lineage, &replica(1, 5)));
-        assert!(!extends(&lineage, &Replica { term: 1, round: 3, params: [9; 32] }), "another history");
-        assert!(!extends(&lineage, &replica(1, 6)), "beyond it");
+        c.heard(key(2), Some(replica(1, 2)), 100);
+        assert_eq!(c.newer_than(&base, 200), None, "an older state holds nobody back");
+        c.heard(key(3), Some(replica(1, 5)), 100);
+        assert_eq!(c.newer_than(&base, 200), Some((key(3), replica(1, 5))));
+        c.heard(key(2), Some(replica(2, 4)), 150);
+        assert_eq!(c.newer_than(&base, 200), Some((key(2), replica(2, 4))), "the newest by (term, round)");
+        assert_eq!(c.newer_than(&replica(3, 1), 200), None, "a newer term outranks longer branches");
+        assert_eq!(c.newer_than(&base, 150 + 2 * LEASE), None, "silent for two leases: gone");
     }
 
     #[test]

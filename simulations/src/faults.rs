@@ -5,7 +5,7 @@
 //! Three coordinator candidates and four workers run pcp's real rules, composed
 //! as pcp-node composes them: the [`election`](pcp_protocol::election), the
 //! [`failover`](pcp_protocol::failover) rules (up-to-date succession,
-//! check-quorum, the leader lease, fencing, commit, fast-forward, workers never
+//! check-quorum, the leader lease, fencing, commit, step-aside-behind, workers never
 //! moving back) and the [`Shepherd`](pcp_protocol::diloco::shepherd::Shepherd)
 //! and [`Worker`](pcp_protocol::diloco::worker::Worker) round machines. The
 //! network, the clocks, the compute and the faults are simulated: no wall clock,
@@ -29,7 +29,8 @@
 //! How the nodes compose the rules (what pcp-node does, or must do):
 //! * the leader runs the [`Shepherd`](pcp_protocol::diloco::shepherd::Shepherd)
 //!   only while [`LeaderLease::check`](pcp_protocol::failover::LeaderLease::check)
-//!   lets it act and it is not behind a live candidate (fast-forward); meanwhile
+//!   lets it act and no live candidate holds a newer state (it steps aside for one
+//!   that does: step-aside-behind); meanwhile
 //!   inputs wait. It checks each contribution against its
 //!   [`Fence`](pcp_protocol::failover::Fence), tells candidates of a round at once
 //!   and workers once [`Commit`](pcp_protocol::failover::Commit) says every live
@@ -70,7 +71,7 @@
 //!   and tell its workers, and when the sides meet one side's rounds are lost:
 //!   the split brain of the README's failure model. A standby may be isolated: it
 //!   takes a term alone, without workers, and when it is reachable again it
-//!   fast-forwards to what the others did meanwhile.
+//!   steps aside for the candidate that holds what the others did meanwhile.
 //! * crashes, pauses or isolates a candidate unless another candidate has been up,
 //!   awake and reachable for three leases (and so holds what the run committed).
 //!   Otherwise the last candidate standing commits rounds alone and, gone before
@@ -129,7 +130,7 @@ const SETTLE_MS: u64 = 3_000;
 #[serde(rename_all = "kebab-case")]
 pub enum Rule {
     /// Candidates ignore what other candidates hold: a candidate behind may lead,
-    /// and a leader behind does not fast-forward.
+    /// and a leader behind does not step aside.
     UpToDate,
     /// Leaders never step aside for want of workers.
     CheckQuorum,
@@ -141,8 +142,9 @@ pub enum Rule {
     Commit,
     /// Workers follow any valid announcement, even one that moves them back.
     Chain,
-    /// A leader behind a live candidate on its own history leads on from its own state.
-    FastForward,
+    /// A leader behind a live candidate's newer state leads on instead of stepping
+    /// aside for it.
+    StepAsideBehind,
 }
 
 impl fmt::Display for Rule {
@@ -154,7 +156,7 @@ impl fmt::Display for Rule {
             Self::Fence => "fence",
             Self::Commit => "commit",
             Self::Chain => "chain",
-            Self::FastForward => "fast-forward",
+            Self::StepAsideBehind => "step-aside-behind",
         })
     }
 }
@@ -168,7 +170,7 @@ pub(crate) struct Rules {
     fence: bool,
     commit: bool,
     chain: bool,
-    fast_forward: bool,
+    step_aside_behind: bool,
 }
 
 impl Rules {
@@ -181,7 +183,7 @@ impl Rules {
             fence: on(Rule::Fence),
             commit: on(Rule::Commit),
             chain: on(Rule::Chain),
-            fast_forward: on(Rule::FastForward) && on(Rule::UpToDate),
+            step_aside_behind: on(Rule::StepAsideBehind) && on(Rule::UpToDate),
         }
     }
 }

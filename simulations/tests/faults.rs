@@ -56,7 +56,7 @@ fn each_rule_left_out_is_caught() {
     let expect = [
         (Rule::UpToDate, Invariant::ReplicatedKept),
         (Rule::Commit, Invariant::OneHistory),
-        (Rule::FastForward, Invariant::ReplicatedKept),
+        (Rule::StepAsideBehind, Invariant::ReplicatedKept),
     ];
     for (rule, invariant) in expect {
         let caught =

@@ -1039,9 +1039,12 @@ impl Host {
                     Err(e) => tracing::warn!("compile task failed: {e}"),
                 },
                 _ = tick.tick() => {
-                    self.step(Input::Tick).await?;
-                    self.release().await;
-                    self.check_quorum()?;
+                    self.check_behind()?;
+                    if self.stepped_down.is_none() {
+                        self.step(Input::Tick).await?;
+                        self.release().await;
+                        self.check_quorum()?;
+                    }
                 }
                 _ = gossip.tick() => self.gossip_heartbeat().await,
             }
@@ -1153,12 +1156,39 @@ impl Host {
             return Ok(());
         }
         let (heard, of) = self.quorum.heard_of(now);
-        let term = self.election.term();
-        let me = self.signer.identity().public();
         let reason = format!(
             "lost quorum: heard from {heard} of the {of} workers of round {} within {CHECK_QUORUM_LEASES} leases",
             self.machine.completed()
         );
+        self.step_aside(reason)
+    }
+
+    /// The up-to-date rule, kept after the election: a leader that learns a live
+    /// candidate holds a newer state than its own (it could not hear that candidate
+    /// when it took its term) steps aside for it instead of completing rounds from
+    /// behind; the candidates behind defer until the holder leads.
+    fn check_behind(&mut self) -> anyhow::Result<()> {
+        let now = wire::mono_ms();
+        if self.stepped_down.is_some() || self.machine.is_finished() {
+            return Ok(());
+        }
+        let Some(mine) = self.state_replica else { return Ok(()) };
+        let Some((holder, newer)) = self.commit.newer_than(&mine, now) else { return Ok(()) };
+        let reason = format!(
+            "behind: {} holds round {} of term {}, this leader round {} of term {}",
+            peer_name(&holder),
+            newer.round,
+            newer.term,
+            mine.round,
+            mine.term
+        );
+        self.step_aside(reason)
+    }
+
+    fn step_aside(&mut self, reason: String) -> anyhow::Result<()> {
+        let now = wire::mono_ms();
+        let term = self.election.term();
+        let me = self.signer.identity().public();
         tracing::warn!("run {}: {reason}; stepping aside", self.run);
         self.election.step_aside(now);
         self.events.emit(
@@ -1180,8 +1210,9 @@ impl Host {
             Some((term, round)) if round > 0 => self.commit.waiting_for(term, round, now),
             _ => Vec::new(),
         };
-        if !self.lease_guard.check(now) {
-            return;
+        if !self.lease_guard.check(now) || self.state_replica.is_some_and(|m| self.commit.newer_than(&m, now).is_some())
+        {
+            return; // no lease, or behind a candidate: it steps aside at the next tick
         }
         if !waiting.is_empty() {
             if !self.commit.overdue(opened.opened_ms, now) {

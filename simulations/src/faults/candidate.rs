@@ -9,7 +9,7 @@ use pcp_protocol::diloco::aggregate::Delta;
 use pcp_protocol::diloco::shepherd::{self, Shepherd};
 use pcp_protocol::election::{self, Election};
 use pcp_protocol::failover::{
-    self, CHECK_QUORUM_LEASES, Commit, Fence, LeaderLease, Quorum, Replica, Standby, extends,
+    self, CHECK_QUORUM_LEASES, Commit, Fence, LeaderLease, Quorum, Replica, Standby,
 };
 
 use super::invariants::{StateId, describe, id};
@@ -70,10 +70,6 @@ struct Leader {
     queue: Vec<(shepherd::Input<u32>, Option<[u8; 32]>)>,
     /// What each contribution to the open round the shepherd took was trained from.
     trained: BTreeMap<u32, [u8; 32]>,
-    /// A newer state a live candidate holds, being fetched, and when it was asked for.
-    catching_up: Option<(Replica, u64)>,
-    /// Newer states of another history: it keeps its own.
-    refused: BTreeSet<StateId>,
 }
 
 /// What a leader does after a message.
@@ -82,8 +78,6 @@ enum Next {
     Stay,
     /// It saw a higher term: it steps down and the message is the standby's.
     StepDown,
-    /// It fetched the newer state a live candidate holds: it leads from it.
-    FastForward(Replica),
 }
 
 fn follows(e: &Election, ctx: &Ctx<'_>) -> Follow {
@@ -173,8 +167,6 @@ impl Candidate {
             opened_at: ctx.now,
             queue: Vec::new(),
             trained: BTreeMap::new(),
-            catching_up: None,
-            refused: BTreeSet::new(),
         };
         // a leader asserts its lease as soon as it starts
         leader.send_leases(ctx);
@@ -208,6 +200,19 @@ impl Candidate {
                             ));
                         }
                     }
+                    self.stand_by();
+                    return;
+                }
+                // as the node: a leader behind a live candidate's newer state steps aside
+                // for it (the up-to-date rule, kept after the election)
+                if let Some((holder, newer)) = l.behind(ctx) {
+                    l.election.step_aside(ctx.now);
+                    ctx.log(format!(
+                        "{} steps aside: {} holds {}",
+                        ctx.name(),
+                        ctx.setup.name(holder),
+                        describe(&newer)
+                    ));
                     self.stand_by();
                     return;
                 }
@@ -269,17 +274,6 @@ impl Candidate {
         if let Role::Leader(l) = &mut self.role {
             match l.on_msg(from, msg, ctx, &mut self.blobs) {
                 Next::Stay => return,
-                Next::FastForward(newer) => {
-                    let Role::Leader(l) = std::mem::replace(&mut self.role, Role::Switching) else { return };
-                    ctx.log(format!(
-                        "{} fast-forwards to {}, which {} holds",
-                        ctx.name(),
-                        describe(&newer),
-                        ctx.setup.name(from)
-                    ));
-                    self.lead(l.election, newer, ctx);
-                    return;
-                }
                 // it saw a higher term: it steps down and takes the message as a standby
                 Next::StepDown => self.stand_by(),
             }
@@ -316,7 +310,7 @@ impl Candidate {
                 relay(s, f, ctx);
             }
             Msg::Relay { follows: f } | Msg::Answer { follows: f, .. } => relay(s, f, ctx),
-            Msg::WorkerBeat { follows: f } => {
+            Msg::WorkerBeat { follows: f, .. } => {
                 relay(s, f, ctx);
                 ctx.send(from, Msg::Relay { follows: follows(s.standby.election(), ctx) });
             }
@@ -351,30 +345,18 @@ fn relay(s: &mut Side, f: Follow, ctx: &mut Ctx<'_>) {
 impl Leader {
     fn may_act(&mut self, ctx: &Ctx<'_>) -> bool {
         let lease = self.lease.check(ctx.now) || !ctx.rules().leader_lease;
-        // a leader behind a live candidate completes nothing until it has fast-forwarded
+        // a leader behind a live candidate's newer state completes nothing (it steps aside)
         lease && self.behind(ctx).is_none()
     }
 
-    /// The furthest state a live candidate holds beyond this leader's that is not
-    /// known to be of another history, and its holder.
+    /// The newest state a live candidate holds that is newer than this leader's,
+    /// and its holder (see [`failover::Commit::newer_than`]).
     fn behind(&self, ctx: &Ctx<'_>) -> Option<(usize, Replica)> {
-        if !ctx.rules().fast_forward {
+        if !ctx.rules().step_aside_behind {
             return None;
         }
-        let ahead = self.commit.ahead_of(&self.state, ctx.now);
-        let (key, newer) = ahead.into_iter().find(|(_, r)| !self.refused.contains(&id(r)))?;
+        let (key, newer) = self.commit.newer_than(&self.state, ctx.now)?;
         Some((ctx.setup.index(&key), newer))
-    }
-
-    /// Fetches the furthest state a live candidate holds beyond this leader's (its
-    /// lineage is checked when it arrives).
-    fn fast_forward(&mut self, ctx: &mut Ctx<'_>) {
-        let Some((holder, newer)) = self.behind(ctx) else { return };
-        let asked = self.catching_up.is_some_and(|(r, at)| r == newer && ctx.now < at + ctx.setup.lease_ms);
-        if !asked {
-            self.catching_up = Some((newer, ctx.now));
-            ctx.send(holder, Msg::Fetch { want: newer });
-        }
     }
 
     fn send_leases(&mut self, ctx: &mut Ctx<'_>) {
@@ -531,7 +513,6 @@ impl Leader {
                 if epoch == ctx.epoch && f.term == term {
                     self.lease.answered(sent, ctx.now);
                     self.commit.heard(ctx.setup.keys[from], held, ctx.now);
-                    self.fast_forward(ctx);
                     self.publish(ctx);
                 }
             }
@@ -540,7 +521,6 @@ impl Leader {
                     return Next::StepDown;
                 }
                 self.commit.heard(ctx.setup.keys[from], held, ctx.now);
-                self.fast_forward(ctx);
                 if let Some(seen) = seen.filter(|s| s.epoch == ctx.epoch && s.term == term) {
                     self.lease.answered(seen.sent, ctx.now);
                 }
@@ -553,12 +533,15 @@ impl Leader {
                     return Next::StepDown;
                 }
             }
-            Msg::WorkerBeat { follows: f } => {
+            Msg::WorkerBeat { follows: f, round: trained } => {
                 if self.higher(f, ctx) {
                     return Next::StepDown;
                 }
                 let w = (from - ctx.setup.candidates) as u32;
-                self.quorum.heard(&ctx.setup.keys[from], ctx.now);
+                // as the node: a worker past this leader's rounds is not in its quorum
+                if trained <= self.shepherd.completed() + 1 {
+                    self.quorum.heard(&ctx.setup.keys[from], ctx.now);
+                }
                 let input = if self.shepherd.workers().any(|p| *p == w) {
                     shepherd::Input::Heartbeat(w)
                 } else {
@@ -578,27 +561,7 @@ impl Leader {
                 self.feed(input, Some(params), ctx, blobs);
                 self.publish(ctx);
             }
-            Msg::Blob { state } => {
-                if !self.catching_up.is_some_and(|(r, _)| r == state) || state.round <= self.state.round {
-                    return Next::Stay;
-                }
-                self.catching_up = None;
-                // the blob lists its lineage: the parameters hash after every round
-                if extends(&ctx.reg.lineage(id(&state)), &self.state) {
-                    blobs.insert(id(&state));
-                    return Next::FastForward(state);
-                }
-                self.refused.insert(id(&state));
-                ctx.log(format!(
-                    "{} keeps its history: {}'s {} is of another",
-                    ctx.name(),
-                    ctx.setup.name(from),
-                    describe(&state)
-                ));
-                self.fast_forward(ctx);
-                self.publish(ctx);
-            }
-            Msg::Fetch { .. } => {}
+            Msg::Blob { .. } | Msg::Fetch { .. } => {}
         }
         Next::Stay
     }

@@ -52,22 +52,6 @@ impl Registry {
         (id.0 == round).then_some(id.1)
     }
 
-    /// The parameters hash after each round up to `id`'s, from round 0 (what a
-    /// state blob lists).
-    pub(super) fn lineage(&self, mut id: StateId) -> Vec<[u8; 32]> {
-        let mut back = vec![id.1];
-        while let Some(parent) = self.states.get(&id).and_then(|s| s.parent) {
-            back.push(parent.1);
-            id = parent;
-        }
-        if id.0 != 0 {
-            // a broken chain: nothing extends it
-            return Vec::new();
-        }
-        back.reverse();
-        back
-    }
-
     /// Whether `later` descends from (or is) `earlier`.
     pub(super) fn descends(&self, later: StateId, earlier: StateId) -> bool {
         self.ancestor_at(later, earlier.0) == Some(earlier.1)

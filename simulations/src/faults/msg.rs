@@ -52,7 +52,12 @@ pub(super) enum Msg {
     /// A standby's heartbeat to every other candidate.
     Heartbeat { held: Option<Replica>, follows: Follow, seen: Option<LeaseSeen> },
     /// A worker's heartbeat to the candidate it awaits.
-    WorkerBeat { follows: Follow },
+    WorkerBeat {
+        follows: Follow,
+        /// The round the worker last trained (its chain): a leader behind it does not
+        /// count it in its quorum.
+        round: u64,
+    },
     /// A node refusing a stale lease, or a standby answering a worker: the lease
     /// it follows.
     Relay { follows: Follow },

@@ -82,7 +82,7 @@ impl WorkerNode {
             Timer::Beat => {
                 ctx.timers.push((ctx.setup.lease_ms / 2, Timer::Beat));
                 let to = ctx.setup.index(&self.election.awaited());
-                ctx.send(to, Msg::WorkerBeat { follows: self.follows(ctx) });
+                ctx.send(to, Msg::WorkerBeat { follows: self.follows(ctx), round: self.chain.round });
             }
             Timer::Trained(id) => {
                 let Some(w) = self.work.filter(|w| w.id == id) else { return };
