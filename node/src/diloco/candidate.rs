@@ -393,6 +393,14 @@ impl Standby {
         valid
     }
 
+    /// What a leader's lease says it holds: a standby behind it defers to it.
+    fn leader_holds(&mut self, leader: PublicKey, held: Option<Held>) {
+        if let Some(h) = held {
+            let held = Some(Replica { term: h.term, round: h.round, params: h.params });
+            self.machine.handle(failover::Input::Peer { from: leader, held }, wire::mono_ms());
+        }
+    }
+
     /// The leader's answer to a heartbeat, or its gossiped announcement or lease
     /// (`peer` forwarded it); `true` when the run is over.
     fn on_answer(&mut self, peer: PeerId, answer: &Verified) -> bool {
@@ -402,6 +410,7 @@ impl Standby {
                 && hb.term > 0
             {
                 self.lease(answer.signer(), hb.term);
+                self.leader_holds(answer.signer(), hb.held);
             }
             return false;
         }
@@ -490,6 +499,7 @@ impl Standby {
         {
             if hb.term > 0 {
                 self.lease(key, hb.term);
+                self.leader_holds(key, hb.held);
             } else {
                 let held = hb.held.map(|h| Replica { term: h.term, round: h.round, params: h.params });
                 self.machine.handle(failover::Input::Peer { from: key, held }, wire::mono_ms());

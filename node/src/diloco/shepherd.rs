@@ -16,7 +16,7 @@ use pcp_protocol::election::{self, Election, Succession};
 use pcp_protocol::failover::{CHECK_QUORUM_LEASES, Commit, Fence, LeaderLease, Quorum, Replica};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
 use pcp_schema::{
-    Ack, ArtifactRef, Contribution, DataSpec, Heartbeat, MessageKind, NodeHello, ParameterRef, RoundAnnouncement,
+    Ack, ArtifactRef, Contribution, DataSpec, Heartbeat, Held, MessageKind, NodeHello, ParameterRef, RoundAnnouncement,
     RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
 };
 use serde_json::json;
@@ -1106,6 +1106,7 @@ impl Host {
             return Ok(());
         }
         // a higher term makes this leader step down; a lower one is refused and recorded
+        tracing::debug!(peer = %peer_name(&from), "lease of term {} in an answer for round {}", a.term, a.round);
         self.on_lease(from, a.term)
     }
 
@@ -1274,6 +1275,7 @@ impl Host {
                 // a candidate: a standby following this leader, or another leader's lease
                 Ok(hb) if self.election.succession().contains(&key) => {
                     if hb.term > 0 {
+                        tracing::debug!(peer = %peer_name(&key), "lease of term {} in a heartbeat: {hb:?}", hb.term);
                         self.on_lease(key, hb.term)?;
                     } else {
                         // a standby: what it holds decides when workers learn a round
@@ -1546,8 +1548,9 @@ impl Host {
                 unix_ms: wire::unix_ms(),
                 free_memory_bytes: 0,
                 term,
-                follows: 0,
-                held: None,
+                follows: term,
+                // what this leader holds: a standby behind it defers rather than lead from behind
+                held: self.state_replica.map(|r| Held { term: r.term, round: r.round, params: r.params }),
             },
         )
     }

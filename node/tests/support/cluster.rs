@@ -1,0 +1,159 @@
+//! `pcp-node` processes of a multi-process test and the JSONL events they write.
+//! Each process is killed (SIGKILL) when dropped; its stdout and stderr go to
+//! files beside its events, and when a test fails the tail of each log is printed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The `pcp-node` under test: `PCP_NODE` when set (another build of it), else
+/// this workspace's.
+pub(crate) fn pcp_node() -> PathBuf {
+    std::env::var_os("PCP_NODE").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pcp-node")), PathBuf::from)
+}
+
+/// The demo corpus.
+pub(crate) fn corpus() -> String {
+    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tiny_shakespeare.txt");
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.data/tiny_shakespeare.txt");
+    let path = if shared.exists() { shared } else { local };
+    path.display().to_string()
+}
+
+/// A child process, killed when dropped.
+#[derive(Debug)]
+pub(crate) struct Proc {
+    child: Child,
+    name: String,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `command` with `args`; stdout goes to `<log>.out`, stderr to `log`.
+    pub(crate) fn spawn(name: &str, mut command: Command, args: &[String], log: &Path) -> Self {
+        let file = |path: &Path| std::fs::File::create(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let child = command
+            .args(args)
+            .env("PCP_ARTIFACT_CACHE", std::env::temp_dir().join("pcp-test-artifact-cache").join("artifacts"))
+            .stdin(Stdio::null())
+            .stdout(file(&log.with_extension("out")))
+            .stderr(file(log))
+            .spawn()
+            .unwrap_or_else(|e| panic!("{name}: {:?} does not start: {e}", command.get_program()));
+        Self { child, name: name.to_owned(), log: log.to_owned() }
+    }
+
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+            eprintln!("--- the last lines {} wrote to stderr ({}):\n{tail}", self.name, self.log.display());
+        }
+    }
+}
+
+/// Every event in a JSONL file so far (none when it does not exist yet).
+pub(crate) fn events(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+/// The events named `name`, in order.
+pub(crate) fn find(path: &Path, name: &str) -> Vec<Value> {
+    events(path).into_iter().filter(|e| e["event"] == name).collect()
+}
+
+/// An event's time (unix seconds).
+pub(crate) fn t(e: &Value) -> f64 {
+    e["t"].as_f64().unwrap_or_else(|| panic!("an event without a time: {e}"))
+}
+
+/// The time now, as events write it.
+pub(crate) fn now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs_f64()
+}
+
+/// The last events of a file, shortened, to debug a failure from CI's log.
+pub(crate) fn last_events(path: &Path, n: usize) -> String {
+    let all = events(path);
+    all[all.len().saturating_sub(n)..]
+        .iter()
+        .map(|e| {
+            let mut e = e.clone();
+            if let Some(o) = e.as_object_mut() {
+                o.retain(|k, _| {
+                    [
+                        "t",
+                        "event",
+                        "round",
+                        "term",
+                        "newer",
+                        "peer",
+                        "reason",
+                        "params_hash",
+                        "accepted",
+                        "contributors",
+                    ]
+                    .contains(&k.as_str())
+                });
+                if let Some(h) = o.get_mut("params_hash")
+                    && let Some(s) = h.as_str()
+                {
+                    *h = Value::from(&s[..s.len().min(12)]);
+                }
+            }
+            e.to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Waits until an event of `path` satisfies `pred` and returns it.
+pub(crate) fn wait_for(path: &Path, what: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+    wait_unless(path, what, timeout, pred, || None)
+}
+
+/// [`wait_for`], failing as soon as `wrong` says what went wrong.
+pub(crate) fn wait_unless(
+    path: &Path,
+    what: &str,
+    timeout: Duration,
+    pred: impl Fn(&Value) -> bool,
+    wrong: impl Fn() -> Option<String>,
+) -> Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(e) = events(path).into_iter().find(&pred) {
+            return e;
+        }
+        if let Some(wrong) = wrong() {
+            panic!("while waiting for {what}: {wrong}");
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "timed out after {timeout:?} waiting for {what} in {}; its last events:\n{}",
+                path.display(),
+                last_events(path, 40)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `--shepherd` on the demo corpus with a 3 s heartbeat timeout, and `extra`.
+pub(crate) fn shepherd_args(extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> =
+        ["--shepherd", "--heartbeat-timeout-ms", "3000"].iter().chain(extra).map(|s| s.to_string()).collect();
+    args.extend(["--data".into(), corpus()]);
+    args
+}
