@@ -287,10 +287,10 @@ fn probe_id() -> u8 {
 /// must go on as before: `b` never leads, nobody sees the live shepherd's lease
 /// lapse, and the rounds form one chain. Nodes 1 (shepherd), 2 (worker) and 3
 /// (`b`) when `net` is a lab.
-fn a_late_standby_does_not_stall(net: &Net, before_b: impl FnOnce()) {
+fn a_late_standby_does_not_stall(net: &Net, lease_ms: &str, before_b: impl FnOnce()) {
     std::fs::create_dir_all(net.data("b")).expect("candidate dir");
     let b_dir = net.data("b");
-    let args = shepherd_args(&["--min-workers", "1", "--rounds", "40", "--tau", "10", "--lease-ms", "500"]);
+    let args = shepherd_args(&["--min-workers", "1", "--rounds", "40", "--tau", "10", "--lease-ms", lease_ms]);
     let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
     args.extend(["--candidate", &b_dir]);
     let _a = net.start(1, "a", &args);
@@ -369,17 +369,21 @@ fn one_base_a_round(workers: &[PathBuf]) {
 fn a_standby_started_late_does_not_stall_a_healthy_run() {
     let _serial = serial();
     let dir = workdir();
-    a_late_standby_does_not_stall(&Net { dir: dir.path(), lab: None }, || {});
+    a_late_standby_does_not_stall(&Net { dir: dir.path(), lab: None }, "500", || {});
 }
 
-/// As above, with the standby on a 2 Mbit/s downlink: fetching each round's state
-/// (0.9 MB) takes longer than the lease.
+/// As above, with the standby on a 2 Mbit/s downlink, where fetching each round's
+/// state (0.9 MB) takes 3.6 s. The leader's leases travel on the same connection,
+/// behind those transfers, so the lease is sized for the link (8 s, twice a
+/// state's transfer; README: a lease shorter than that cannot tell a slow link
+/// from a dead leader, as 0.5 s here showed: the standby took terms while the
+/// leader lived).
 #[test]
 fn a_standby_started_late_on_a_slow_link_does_not_stall_a_healthy_run() {
     let _serial = serial();
     let dir = workdir();
     let Some(lab) = Lab::for_test(3) else { return };
-    a_late_standby_does_not_stall(&Net { dir: dir.path(), lab: Some(&lab) }, || lab.slow_down(3, "2mbit"));
+    a_late_standby_does_not_stall(&Net { dir: dir.path(), lab: Some(&lab) }, "8000", || lab.slow_down(3, "2mbit"));
 }
 
 #[test]

@@ -130,6 +130,9 @@ impl WorkerPlan {
 
 /// How often a worker heartbeats (and so polls for rounds).
 const HEARTBEAT: Duration = Duration::from_millis(500);
+/// A contribution lost on the way is sent again, this many times in all, while its
+/// round is open.
+const MAX_SENDS: u32 = 8;
 /// How often a worker without a run asks the DHT again.
 const DISCOVERY_RETRY: Duration = Duration::from_secs(2);
 /// Blob fetches give up after this long.
@@ -655,19 +658,39 @@ async fn train(
                         term: announcement.term,
                         params_hash: base.unwrap_or_default(),
                     };
-                    let envelope = signer.seal(run, r, &contribution);
+                    let mut envelope = signer.seal(run, r, &contribution);
                     let wire_bytes = envelope.encode().len() as u64;
-                    let (to, to_key) = *leader.borrow();
                     // a send to a leader that died (or refused it unread) must not hold up the
-                    // round that replaces it: a newer announcement abandons the send
+                    // round that replaces it: a newer announcement abandons the send. One lost
+                    // on the way (a cut link, a leader busy past the timeout) is sent again
+                    // while the round is open, so that the round does not wait on it for good.
                     let mut watching = latest.clone();
-                    let answer = tokio::select! {
-                        () = cancel.cancelled() => return Ok(Outcome::Cancelled),
-                        () = newer_arrives(&mut watching, this) => None,
-                        answer = node.request(to, envelope) => Some(answer),
+                    let mut tries = 0u32;
+                    let answer = loop {
+                        let (to, to_key) = *leader.borrow();
+                        let answer = tokio::select! {
+                            () = cancel.cancelled() => return Ok(Outcome::Cancelled),
+                            () = newer_arrives(&mut watching, this) => None,
+                            answer = node.request(to, envelope) => Some((answer, to_key)),
+                        };
+                        tries += 1;
+                        match answer {
+                            Some((Err(e @ (RequestError::Failed { .. } | RequestError::Busy { .. })), _))
+                                if tries < MAX_SENDS && !newer_round(&latest, this) =>
+                            {
+                                tracing::warn!("round {r}: sending the contribution failed ({e}); sending it again");
+                                tokio::select! {
+                                    () = cancel.cancelled() => return Ok(Outcome::Cancelled),
+                                    () = newer_arrives(&mut watching, this) => break None,
+                                    () = tokio::time::sleep(HEARTBEAT * 2) => {}
+                                }
+                                envelope = signer.seal(run, r, &contribution);
+                            }
+                            other => break other,
+                        }
                     };
                     let (accepted, reason) = match answer {
-                        Some(answer) => ack_of(answer, to_key),
+                        Some((answer, to_key)) => ack_of(answer, to_key),
                         None => (false, "abandoned: a newer announcement arrived before the answer".to_owned()),
                     };
                     if let (Some(ef), Some(sent)) = (feedback.as_mut(), sent) {
