@@ -540,6 +540,9 @@ struct Opened {
     at: Instant,
     /// When it opened, on the monotonic clock.
     opened_ms: u64,
+    /// The announcement itself: sealed again on release with a deadline moved by
+    /// the time it waited.
+    held_back: RoundAnnouncement,
 }
 
 /// The longest stretch the keeper covers for a busy loop: a loop stuck longer is
@@ -1232,12 +1235,21 @@ impl Host {
         }
         let Some(opened) = self.opened.take() else { return };
         let waited_ms = opened.at.elapsed().as_millis() as u64;
-        self.published = Some(opened.envelope.clone());
+        let mut envelope = opened.envelope;
+        let mut event = opened.event;
+        if waited_ms > 0 {
+            // the workers get the time the round waited: its deadline moves with it
+            if let Some(deadline_ms) = self.machine.postpone(waited_ms) {
+                let announcement = RoundAnnouncement { deadline_unix_ms: deadline_ms, ..opened.held_back };
+                envelope = self.signer.seal(self.run, opened.round, &announcement);
+                event["deadline_unix_ms"] = json!(deadline_ms);
+            }
+        }
+        self.published = Some(envelope.clone());
         use pcp_schema::Message as _;
-        if let Err(e) = self.node.publish(self.run, opened.envelope.encode()).await {
+        if let Err(e) = self.node.publish(self.run, envelope.encode()).await {
             tracing::debug!("gossiping round {}: {e}", opened.round);
         }
-        let mut event = opened.event;
         event["waited_ms"] = json!(waited_ms);
         self.events.emit("round_started", event);
         if let Some(tx) = &self.hooks.opened {
@@ -1625,13 +1637,14 @@ impl Host {
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.served_at_open = self.node.stats().await.map(|s| served(&s)).unwrap_or(0);
+        let held_back = announcement;
         let event = json!({
             "round": round, "deadline_unix_ms": deadline_ms, "params_hash": hash.to_hex(),
             "participants": participants.iter().map(peer_name).collect::<Vec<_>>(), "term": self.election.term(),
         });
         let state = self.state_replica.map(|r| (r.term, r.round));
         let (at, opened_ms) = (Instant::now(), wire::mono_ms());
-        self.opened = Some(Opened { round, state, envelope: envelope.clone(), event, at, opened_ms });
+        self.opened = Some(Opened { round, state, envelope: envelope.clone(), event, at, opened_ms, held_back });
         self.release().await;
         if self.opened.is_some() {
             // the candidates learn the round (and the state it names) now, not at their next heartbeat

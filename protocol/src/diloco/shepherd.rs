@@ -365,6 +365,15 @@ impl<P: Ord + Clone> Shepherd<P> {
         &self.params
     }
 
+    /// Moves the open round's deadline `by_ms` later, and returns it: a host that
+    /// held the round's announcement back (until the candidates hold the state it
+    /// names) gives its workers the time it waited.
+    pub fn postpone(&mut self, by_ms: u64) -> Option<u64> {
+        let open = self.open.as_mut()?;
+        open.deadline_ms = open.deadline_ms.saturating_add(by_ms);
+        Some(open.deadline_ms)
+    }
+
     /// The open round, if any.
     pub fn open_round(&self) -> Option<u64> {
         self.open.as_ref().map(|_| self.completed + 1)
