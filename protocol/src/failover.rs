@@ -122,13 +122,25 @@ pub struct Standby {
     held: Option<Replica>,
     /// What other candidates said they hold, and when (bounded by the succession).
     peers: BTreeMap<PublicKey, (Option<Replica>, u64)>,
+    /// It takes no term before this: it stepped aside (see [`Standby::set_aside`]).
+    not_before_ms: u64,
 }
 
 impl Standby {
     /// A standby following `election` (made with [`Election::resume`] at the term it
     /// knows), holding `held` if anything.
     pub fn new(election: Election, held: Option<Replica>) -> Self {
-        Self { election, held, peers: BTreeMap::new() }
+        Self { election, held, peers: BTreeMap::new(), not_before_ms: 0 }
+    }
+
+    /// A leader that stepped aside at `now_ms` (it lost its workers, or was behind)
+    /// takes no term for [`CHECK_QUORUM_LEASES`] leases: the next candidate takes
+    /// over one lease after its last lease, and this one, whose wait for that
+    /// candidate's first lease ends at the same moment, must not race it for the
+    /// term after.
+    pub fn set_aside(mut self, now_ms: u64) -> Self {
+        self.not_before_ms = now_ms + CHECK_QUORUM_LEASES * self.election.lease_ms();
+        self
     }
 
     /// The election it follows.
@@ -155,7 +167,7 @@ impl Standby {
 
     /// Whether it may take a term now.
     pub fn may_lead(&self, now_ms: u64) -> bool {
-        self.held.is_some() && self.ahead(now_ms).is_none()
+        self.held.is_some() && now_ms >= self.not_before_ms && self.ahead(now_ms).is_none()
     }
 
     /// One input at `now_ms`.

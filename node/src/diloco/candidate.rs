@@ -222,6 +222,7 @@ impl Standby {
             inheritance.spawn(async move { inherit(&node, &manifest, source, &data_dir).await });
         }
         let mut fetching = JoinSet::new();
+        let aside_at = aside.as_ref().map(|_| now);
         let state = aside.map(|s| *s);
         let held = state.as_ref().map(replica_of);
         if state.is_none() {
@@ -270,7 +271,11 @@ impl Standby {
             run,
             manifest,
             sizes,
-            machine: failover::Standby::new(election, held),
+            machine: if aside_at.is_some() {
+                failover::Standby::new(election, held).set_aside(now)
+            } else {
+                failover::Standby::new(election, held)
+            },
             inheritance,
             state,
             blob: [0; 32],

@@ -8,9 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use pcp_protocol::diloco::aggregate::Delta;
 use pcp_protocol::diloco::shepherd::{self, Shepherd};
 use pcp_protocol::election::{self, Election};
-use pcp_protocol::failover::{
-    self, CHECK_QUORUM_LEASES, Commit, Fence, LeaderLease, Quorum, Replica, Standby,
-};
+use pcp_protocol::failover::{self, CHECK_QUORUM_LEASES, Commit, Fence, LeaderLease, Quorum, Replica, Standby};
 
 use super::invariants::{StateId, describe, id};
 use super::msg::{Announce, Ctx, Event, Follow, LeaseSeen, Msg, Timer};
@@ -176,11 +174,21 @@ impl Candidate {
 
     /// The leader becomes a standby holding its latest state.
     fn stand_by(&mut self) {
+        self.stand_by_at(None);
+    }
+
+    /// As [`Self::stand_by`], for a leader that stepped aside at `aside` (it takes
+    /// no term for a while, as pcp-node's does).
+    fn stand_by_at(&mut self, aside: Option<u64>) {
         // a standby replicates only what the leader it follows announces
         self.fetching = None;
         if let Role::Leader(l) = std::mem::replace(&mut self.role, Role::Switching) {
             let l = *l;
-            self.role = Role::Standby(Box::new(Side { standby: Standby::new(l.election, Some(l.state)), seen: None }));
+            let mut standby = Standby::new(l.election, Some(l.state));
+            if let Some(now) = aside {
+                standby = standby.set_aside(now);
+            }
+            self.role = Role::Standby(Box::new(Side { standby, seen: None }));
         }
     }
 
@@ -200,7 +208,7 @@ impl Candidate {
                             ));
                         }
                     }
-                    self.stand_by();
+                    self.stand_by_at(Some(ctx.now));
                     return;
                 }
                 // as the node: a leader behind a live candidate's newer state steps aside
@@ -213,7 +221,7 @@ impl Candidate {
                         ctx.setup.name(holder),
                         describe(&newer)
                     ));
-                    self.stand_by();
+                    self.stand_by_at(Some(ctx.now));
                     return;
                 }
                 l.feed(shepherd::Input::Tick, None, ctx, &mut self.blobs);
