@@ -17,10 +17,11 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 # 1. System packages: LLVM/MLIR 22 for melior, Cap'n Proto, build tools, and the
 #    Vulkan loader with Mesa's lavapipe (a Vulkan device on the CPU), on which the
 #    tests run pcp's Vulkan backend where no GPU is; tmux, in which a test drives
-#    the --tui dashboard.
+#    the --tui dashboard; nftables, whose `nft` makes the home routers of the NAT
+#    lab (node/tests/nat_cli.rs, bench/nat_lab.sh).
 APT_PACKAGES=(llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev clang-22 libpolly-22-dev
   libzstd-dev libz3-dev libxml2-dev zlib1g-dev capnproto libcapnp-dev python3-venv pkg-config
-  libvulkan1 mesa-vulkan-drivers tmux)
+  libvulkan1 mesa-vulkan-drivers tmux nftables)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

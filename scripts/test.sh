@@ -3,7 +3,7 @@
 # Run scripts/setup.sh once first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PCP_REQUIRE_NETNS=1 # node/tests/failover_cli.rs: fail, not skip, where network namespaces cannot be built
+export PCP_REQUIRE_NETNS=1 # node/tests/failover_cli.rs and nat_cli.rs: fail, not skip, where network namespaces (or nftables NAT) cannot be built
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build -p pcp-node

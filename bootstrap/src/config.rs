@@ -36,6 +36,83 @@ pub struct Config {
     /// Offer TLS 1.3 (`/tls/1.0.0`) before noise on TCP connections. With `false` TCP
     /// offers noise only (the fallback every libp2p peer speaks).
     pub tcp_tls: bool,
+    /// NAT traversal: relays, hole punching, UPnP.
+    pub nat: NatConfig,
+}
+
+/// How a node gets through NATs and helps others through theirs.
+#[derive(Debug, Clone)]
+pub struct NatConfig {
+    /// Relays to hold a reservation on whatever AutoNAT says, each ending in
+    /// `/p2p/<relay peer id>` (`--relay`).
+    pub relays: Vec<Multiaddr>,
+    /// Reserve a slot on relays found among the connected peers once AutoNAT says this
+    /// node cannot be dialled (at most [`NatConfig::auto_relays`] of them).
+    pub auto_relay: bool,
+    /// How many relays to reserve on automatically.
+    pub auto_relays: usize,
+    /// Relay for others (circuit relay v2) while this node is publicly reachable.
+    pub relay_service: bool,
+    /// What this node spends on relaying for others.
+    pub relay_limits: RelayLimits,
+    /// Turn relayed connections into direct ones by hole punching (DCUtR).
+    pub hole_punching: bool,
+    /// How long blob requests to a peer reachable only through a relay wait for a hole
+    /// punch to finish before they go through the relay.
+    pub punch_wait: Duration,
+    /// Ask the local router for a port mapping (UPnP IGD).
+    pub upnp: bool,
+}
+
+impl Default for NatConfig {
+    fn default() -> Self {
+        Self {
+            relays: Vec::new(),
+            auto_relay: true,
+            auto_relays: 2,
+            relay_service: true,
+            relay_limits: RelayLimits::default(),
+            hole_punching: true,
+            punch_wait: Duration::from_secs(5),
+            upnp: false,
+        }
+    }
+}
+
+/// The bounds of the relay service (circuit relay v2 server). A circuit is one relayed
+/// connection: it is closed when it has carried `max_circuit_bytes` (both directions
+/// together) or lasted `max_circuit_duration`, and its peers then dial again (a new
+/// circuit, within the rate limits) or go on over a hole-punched direct connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayLimits {
+    /// Reservations held at once (peers reachable through this node).
+    pub max_reservations: usize,
+    /// Reservations per peer.
+    pub max_reservations_per_peer: usize,
+    /// How long a reservation lasts before its holder must renew it.
+    pub reservation_duration: Duration,
+    /// Circuits open at once.
+    pub max_circuits: usize,
+    /// Circuits per peer, as source or destination.
+    pub max_circuits_per_peer: usize,
+    /// A circuit's lifetime.
+    pub max_circuit_duration: Duration,
+    /// Bytes a circuit carries, both directions together.
+    pub max_circuit_bytes: u64,
+}
+
+impl Default for RelayLimits {
+    fn default() -> Self {
+        Self {
+            max_reservations: 128,
+            max_reservations_per_peer: 4,
+            reservation_duration: Duration::from_secs(3600),
+            max_circuits: 32,
+            max_circuits_per_peer: 8,
+            max_circuit_duration: Duration::from_secs(30 * 60),
+            max_circuit_bytes: 256 << 20,
+        }
+    }
 }
 
 impl Config {
@@ -58,6 +135,7 @@ impl Config {
             idle_timeout: Duration::from_secs(30),
             agent: format!("pcp-node/{}", env!("CARGO_PKG_VERSION")),
             tcp_tls: true,
+            nat: NatConfig::default(),
         }
     }
 

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
+use libp2p::core::transport::ListenerId;
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
 use libp2p::swarm::{ConnectionId, SwarmEvent, dial_opts::DialOpts};
-use libp2p::{Multiaddr, PeerId, Swarm, autonat, gossipsub, identify, kad, noise, tcp};
+use libp2p::{Multiaddr, PeerId, Swarm, gossipsub, identify, kad, noise, tcp};
 use memmap2::Mmap;
 use pcp_protocol::{BlobHash, Identity, ReplayGuard, RunId};
 use pcp_schema::{BlobRequest, BlobResponse, BlobWant, SignedEnvelope};
@@ -25,6 +26,7 @@ use crate::events::{Event, Reachability, Stats};
 use crate::fetch::{Blocking, Fetch, Work};
 use crate::identity_file::keypair;
 use crate::mux;
+use crate::nat::Nat;
 use crate::node::{DialError, FetchError, FetchReport, GossipError, StartError};
 use crate::outboard::Outboard;
 use crate::rpc::{Frame, InboundId, RequestError};
@@ -32,10 +34,12 @@ use crate::seeds::{Backoff, check_port_free, dial_reason, transport_reason};
 use crate::store::{BlobStore, map_chunk};
 use crate::tls;
 
-/// Replay window for gossip envelopes.
+mod traversal;
+
 /// Where a request's answer goes.
 type Reply = oneshot::Sender<Result<pcp_protocol::Verified, RequestError>>;
 
+/// Replay window for gossip envelopes.
 const REPLAY_WINDOW_MS: u64 = 5 * 60 * 1000;
 /// How often the store is rescanned for blobs to provide.
 const RESCAN: Duration = Duration::from_secs(5);
@@ -76,6 +80,7 @@ pub(crate) enum Command {
     ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
     ExternalAddrs(oneshot::Sender<Vec<Multiaddr>>),
     Reachability(oneshot::Sender<Reachability>),
+    NetStatus(oneshot::Sender<crate::events::NetStatus>),
     Dial {
         addr: Multiaddr,
         reply: oneshot::Sender<Result<(), DialError>>,
@@ -163,7 +168,16 @@ pub struct EventLoop {
     lookups: HashMap<kad::QueryId, Lookup>,
     /// Requests in flight: to whom, for which run (its answer must be bound to it).
     rpc_out: HashMap<OutboundRequestId, (PeerId, RunId, Reply)>,
-    rpc_in: HashMap<InboundId, (ResponseChannel<Frame>, Instant)>,
+    /// Requests waiting for the owner's answer: the channel, when it came, from whom.
+    rpc_in: HashMap<InboundId, (ResponseChannel<Frame>, Instant, PeerId)>,
+    /// Blob chunks being read to answer each peer.
+    serving: HashMap<PeerId, usize>,
+    /// NAT traversal: relayed connections, hole punches, relays, reachability.
+    nat: Nat,
+    /// Listeners on relays (reservations), by their relay address.
+    relay_listeners: HashMap<ListenerId, Multiaddr>,
+    /// Whether the relay service takes reservations and circuits now.
+    relay_open: Arc<std::sync::atomic::AtomicBool>,
     next_inbound: u64,
     reachability: Reachability,
     stats: Stats,
@@ -225,6 +239,8 @@ impl EventLoop {
         let key = keypair(identity);
         let behaviour_config = config.clone();
         let tcp_tls = config.tcp_tls;
+        let relay_open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let gate = relay_open.clone();
         let mut swarm = libp2p::SwarmBuilder::with_existing_identity(key)
             .with_tokio()
             .with_tcp(
@@ -234,7 +250,15 @@ impl EventLoop {
             )
             .map_err(|e| StartError::Swarm(format!("tcp transport: {e}")))?
             .with_quic()
-            .with_behaviour(|key| Behaviour::new(key, &behaviour_config, admission.clone()))
+            // relayed connections are secured and multiplexed as TCP ones are
+            .with_relay_client(
+                (move |key: &libp2p::identity::Keypair| tls::Config::new(key, tcp_tls), noise::Config::new),
+                mux::Config::default,
+            )
+            .map_err(|e| StartError::Swarm(format!("relay client transport: {e}")))?
+            .with_behaviour(|key, relay_client| {
+                Behaviour::new(key, &behaviour_config, admission.clone(), relay_client, gate)
+            })
             .map_err(|e| StartError::Swarm(format!("behaviour: {e}")))?
             .with_swarm_config(|c| c.with_idle_connection_timeout(config.idle_timeout))
             .with_connection_timeout(HANDSHAKE_TIMEOUT)
@@ -274,6 +298,10 @@ impl EventLoop {
             lookups: HashMap::new(),
             rpc_out: HashMap::new(),
             rpc_in: HashMap::new(),
+            serving: HashMap::new(),
+            nat: Nat::new(config.nat.clone(), config.bootstrap.is_empty()),
+            relay_listeners: HashMap::new(),
+            relay_open,
             next_inbound: 0,
             reachability: Reachability::Unknown,
             stats: Stats::default(),
@@ -296,6 +324,8 @@ impl EventLoop {
     /// Runs until `cancel` fires or every handle is dropped.
     pub async fn run(mut self, cancel: CancellationToken) {
         self.dial_seeds(false);
+        self.listen_on_relays();
+        self.update_reachability();
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -438,7 +468,8 @@ impl EventLoop {
         self.replay.prune(now_ms());
         self.log_refusals(now);
         // requests the owner never answered: dropping the channel resets the stream
-        self.rpc_in.retain(|_, (_, since)| now.duration_since(*since) < RPC_ANSWER_TIMEOUT);
+        self.rpc_in.retain(|_, (_, since, _)| now.duration_since(*since) < RPC_ANSWER_TIMEOUT);
+        self.nat_housekeeping(now);
         let hashes: Vec<BlobHash> = self.fetches.keys().copied().collect();
         for hash in hashes {
             self.drive(hash);
@@ -484,6 +515,9 @@ impl EventLoop {
             }
             Command::Reachability(reply) => {
                 let _ = reply.send(self.reachability.clone());
+            }
+            Command::NetStatus(reply) => {
+                let _ = reply.send(self.net_status());
             }
             Command::Dial { addr, reply } => {
                 let result = self.swarm.dial(addr.clone()).map_err(|e| DialError::Dial { addr, reason: e.to_string() });
@@ -554,7 +588,7 @@ impl EventLoop {
                 self.rpc_out.insert(id, (peer, run, reply));
             }
             Command::Respond { id, envelope, reply } => {
-                if let Some((channel, _)) = self.rpc_in.remove(&id)
+                if let Some((channel, _, _)) = self.rpc_in.remove(&id)
                     && self.swarm.behaviour_mut().rpc.send_response(channel, envelope).is_err()
                 {
                     tracing::debug!(%id, "answer dropped: the requester is gone");
@@ -567,9 +601,11 @@ impl EventLoop {
     fn on_swarm(&mut self, event: SwarmEvent<BehaviourEvent>) {
         match event {
             SwarmEvent::NewListenAddr { address, .. } => {
+                self.nat.listening(&address);
                 self.emit(Event::Listening { addr: address });
             }
             SwarmEvent::ConnectionEstablished { peer_id, connection_id, endpoint, num_established, .. } => {
+                self.nat_connected(peer_id, connection_id, &endpoint);
                 if let Some(index) = self.seed_dials.remove(&connection_id) {
                     self.seed_retry[index].reset();
                 }
@@ -594,8 +630,23 @@ impl EventLoop {
                 }
             }
             SwarmEvent::ExternalAddrConfirmed { address } => {
-                tracing::info!(%address, "external address confirmed");
+                if self.nat.confirmed(&address) {
+                    tracing::info!(%address, "external address confirmed");
+                    self.update_reachability();
+                } else {
+                    tracing::debug!(%address, "not a relay address of ours: dropped");
+                    self.swarm.remove_external_address(&address);
+                }
             }
+            SwarmEvent::ExternalAddrExpired { address } => {
+                tracing::info!(%address, "external address expired");
+                self.nat.expired(&address);
+                self.update_reachability();
+            }
+            SwarmEvent::ConnectionClosed { connection_id, .. } => {
+                self.nat.disconnected(connection_id);
+            }
+            SwarmEvent::ListenerClosed { listener_id, reason, .. } => self.listener_closed(listener_id, reason),
             SwarmEvent::Behaviour(event) => self.on_behaviour(event),
             _ => {}
         }
@@ -603,9 +654,10 @@ impl EventLoop {
 
     fn on_behaviour(&mut self, event: BehaviourEvent) {
         match event {
-            BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })
+            BehaviourEvent::Identify(identify::Event::Received { peer_id, connection_id, info })
                 if info.protocols.contains(&KAD_PROTOCOL) =>
             {
+                self.nat_identified(peer_id, connection_id, &info);
                 // a DHT server: route to it at the addresses it listens on, QUIC first
                 let mut addrs = info.listen_addrs;
                 addrs.sort_by_key(|a| !is_quic(a));
@@ -623,15 +675,14 @@ impl EventLoop {
             BehaviourEvent::Gossipsub(gossipsub::Event::Message { propagation_source, message_id, message }) => {
                 self.on_gossip(propagation_source, message_id, message)
             }
-            BehaviourEvent::Autonat(autonat::Event::StatusChanged { new, .. }) => {
-                let status = match new {
-                    autonat::NatStatus::Public(addr) => Reachability::Public(addr),
-                    autonat::NatStatus::Private => Reachability::Private,
-                    autonat::NatStatus::Unknown => Reachability::Unknown,
-                };
-                self.reachability = status.clone();
-                self.emit(Event::Reachability(status));
+            BehaviourEvent::Identify(identify::Event::Received { peer_id, connection_id, info }) => {
+                self.nat_identified(peer_id, connection_id, &info);
             }
+            BehaviourEvent::AutonatClient(event) => self.on_autonat_v2(event),
+            BehaviourEvent::RelayClient(event) => self.on_relay_client(event),
+            BehaviourEvent::Relay(event) => self.on_relay_service(event),
+            BehaviourEvent::Dcutr(event) => self.on_hole_punch(event),
+            BehaviourEvent::Upnp(event) => self.on_upnp(event),
             BehaviourEvent::Blob(event) => self.on_blob(event),
             BehaviourEvent::Rpc(event) => self.on_rpc(event),
             _ => {}
@@ -728,7 +779,7 @@ impl EventLoop {
                         Ok(verified) if self.rpc_in.len() < MAX_RPC_INBOUND => {
                             let id = InboundId(self.next_inbound);
                             self.next_inbound += 1;
-                            self.rpc_in.insert(id, (channel, Instant::now()));
+                            self.rpc_in.insert(id, (channel, Instant::now(), peer));
                             if !self.emit(Event::Request { peer, id, message: Box::new(verified) }) {
                                 self.rpc_in.remove(&id);
                             }
@@ -814,6 +865,7 @@ impl EventLoop {
                 bytes,
                 providers: 0,
                 chunks_fetched: 0,
+                chunks_relayed: 0,
                 seconds: 0.0,
             }));
             return;
@@ -866,10 +918,11 @@ impl EventLoop {
             self.query_providers(hash);
         }
         let window = self.config.chunk_window;
+        let held = self.nat.held_peers(now);
         let Some(fetch) = self.fetches.get_mut(&hash) else {
             return;
         };
-        let requests = fetch.next_requests(window, now, GATHER);
+        let requests = fetch.next_requests(window, now, GATHER, &held);
         for (peer, want) in requests {
             let id = self.swarm.behaviour_mut().blob.send_request(&peer, BlobRequest { blob: hash.0, want });
             self.pending.insert(id, Pending { hash, peer, want });
@@ -903,6 +956,8 @@ impl EventLoop {
                     bytes: report.bytes,
                     providers: report.providers,
                     seconds: report.seconds,
+                    chunks: report.chunks_fetched,
+                    chunks_relayed: report.chunks_relayed,
                 });
             }
             Err(e) => tracing::warn!("{e}"),
@@ -930,15 +985,31 @@ impl EventLoop {
 
     fn on_blob(&mut self, event: request_response::Event<BlobRequest, BlobReply>) {
         match event {
-            request_response::Event::Message { peer, message, .. } => match message {
+            request_response::Event::Message { peer, message, connection_id } => match message {
                 request_response::Message::Request { request, channel, .. } => self.serve(peer, request, channel),
-                request_response::Message::Response { request_id, response } => self.on_response(request_id, response),
+                request_response::Message::Response { request_id, response } => {
+                    if self.nat.is_relayed_conn(connection_id)
+                        && let (Some(p), BlobReply::Chunk(_)) = (self.pending.get(&request_id), &response)
+                        && let (Some(fetch), BlobWant::Chunk(index)) = (self.fetches.get_mut(&p.hash), p.want)
+                    {
+                        fetch.arrived_via_relay(index);
+                        self.stats.chunks_relayed += 1;
+                    }
+                    self.on_response(request_id, response)
+                }
             },
-            request_response::Event::OutboundFailure { request_id, error, .. } => {
+            request_response::Event::OutboundFailure { request_id, error, peer, .. } => {
                 if let Some(p) = self.pending.remove(&request_id) {
                     tracing::debug!(peer = %p.peer, hash = %p.hash, "blob request failed: {error}");
+                    // a relayed connection closed for a direct one: ask again, no strike
+                    let replaced = matches!(error, request_response::OutboundFailure::ConnectionClosed)
+                        && self.swarm.is_connected(&peer);
                     if let Some(fetch) = self.fetches.get_mut(&p.hash) {
-                        fetch.request_failed(p.peer, p.want);
+                        if replaced {
+                            fetch.request_lost(p.peer, p.want);
+                        } else {
+                            fetch.request_failed(p.peer, p.want);
+                        }
                     }
                     self.drive(p.hash);
                 }
@@ -995,6 +1066,7 @@ impl EventLoop {
             (None, _) => BlobResponse::NotFound,
             (Some(ob), BlobWant::Outboard) => BlobResponse::Outboard { size: ob.size, chunk_cvs: ob.cvs },
             (Some(ob), BlobWant::Chunk(index)) => {
+                *self.serving.entry(peer).or_default() += 1;
                 // paged in (or read) on a blocking thread; [`EventLoop::served`] answers
                 let map = self.blob_map(&hash, ob.size);
                 let store = self.store.clone();
@@ -1029,6 +1101,12 @@ impl EventLoop {
         channel: ResponseChannel<BlobReply>,
         result: crate::fetch::ReadResult,
     ) {
+        if let Some(n) = self.serving.get_mut(&peer) {
+            *n -= 1;
+            if *n == 0 {
+                self.serving.remove(&peer);
+            }
+        }
         let response = match result {
             Ok(Some(reply)) => {
                 let bytes = match &reply {

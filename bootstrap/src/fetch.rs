@@ -36,6 +36,10 @@ pub(crate) struct Fetch {
     inflight: HashMap<PeerId, HashSet<u32>>,
     contributors: HashSet<PeerId>,
     fetched: u32,
+    /// Chunks that arrived over relayed connections and wait for verification.
+    via_relay: HashSet<u32>,
+    /// Verified chunks that came over relayed connections.
+    relayed: u32,
     query_running: bool,
     last_query: Option<Instant>,
     /// The blob's size while it is moved into the store.
@@ -61,6 +65,8 @@ impl Fetch {
             inflight: HashMap::new(),
             contributors: HashSet::new(),
             fetched: 0,
+            via_relay: HashSet::new(),
+            relayed: 0,
             query_running: false,
             last_query: None,
             finishing: None,
@@ -123,7 +129,15 @@ impl Fetch {
     /// usable provider, at most `window` in flight each.
     /// Chunk requests wait up to `gather` after the start while the provider query runs,
     /// so that the work is spread over every provider rather than the first found.
-    pub(crate) fn next_requests(&mut self, window: usize, now: Instant, gather: Duration) -> Vec<(PeerId, BlobWant)> {
+    /// Providers in `held` get no chunk requests for now (they are reachable only through
+    /// a relay while a hole punch is tried).
+    pub(crate) fn next_requests(
+        &mut self,
+        window: usize,
+        now: Instant,
+        gather: Duration,
+        held: &[PeerId],
+    ) -> Vec<(PeerId, BlobWant)> {
         let usable: Vec<PeerId> = self.providers.iter().copied().filter(|p| self.usable(p)).collect();
         let mut out = Vec::new();
         if self.partial.is_none() {
@@ -141,7 +155,7 @@ impl Fetch {
         }
         loop {
             let mut progress = false;
-            for p in &usable {
+            for p in usable.iter().filter(|p| !held.contains(p)) {
                 let inflight = self.inflight.entry(*p).or_default();
                 if inflight.len() >= window {
                     continue;
@@ -209,6 +223,17 @@ impl Fetch {
         self.release(peer, want);
     }
 
+    /// A request to `peer` was lost with a connection that this node closed on purpose
+    /// (a direct connection replaced a relayed one): asked again, not held against it.
+    pub(crate) fn request_lost(&mut self, peer: PeerId, want: BlobWant) {
+        self.release(peer, want);
+    }
+
+    /// Chunk `index` came over a relayed connection.
+    pub(crate) fn arrived_via_relay(&mut self, index: u32) {
+        self.via_relay.insert(index);
+    }
+
     /// Chunk `index` arrived from `peer`: the writer to verify and store it with, off the
     /// event loop, or `None` when it is not needed (already written). Until
     /// [`Fetch::chunk_checked`] the chunk keeps its place in the peer's window, so that
@@ -231,6 +256,7 @@ impl Fetch {
         if let Some(s) = self.inflight.get_mut(&peer) {
             s.remove(&index);
         }
+        let relayed = self.via_relay.remove(&index);
         if !ok {
             self.requeue(index);
             return;
@@ -241,6 +267,7 @@ impl Fetch {
             partial.mark_done(index);
             self.contributors.insert(peer);
             self.fetched += 1;
+            self.relayed += u32::from(relayed);
         }
     }
 
@@ -302,6 +329,7 @@ impl Fetch {
                 bytes,
                 providers: self.contributors.len(),
                 chunks_fetched: self.fetched,
+                chunks_relayed: self.relayed,
                 seconds,
             }),
             (_, Err(e)) => Err(FetchError::Store { hash: self.hash, reason: e.to_string() }),

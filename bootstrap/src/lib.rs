@@ -7,6 +7,13 @@
 //! the reachability self-test, and request-response blob transfer with a capnp codec.
 //! Queues, inbound streams and connections per peer are bounded.
 //!
+//! Behind NATs (see [`NatConfig`]): AutoNAT v2 decides whether peers can dial this
+//! node; a private node reserves a slot on relays (circuit relay v2: found among its
+//! peers, or given), and every public node relays for others within [`RelayLimits`];
+//! DCUtR hole punching turns relayed connections into direct ones where the NATs allow
+//! it, and blob requests wait briefly for the punch rather than going through a relay;
+//! UPnP port mapping is optional.
+//!
 //! Blobs are fetched in [`pcp_schema::CHUNK_SIZE`] chunks from every provider found in
 //! the DHT in parallel. Each chunk is verified against its blake3 chaining value; the
 //! chaining values are verified once against the content id (see [`outboard`]). A peer
@@ -28,6 +35,7 @@ mod fuzz;
 mod identity_file;
 mod ip_limits;
 mod mux;
+mod nat;
 mod node;
 pub mod outboard;
 mod rpc;
@@ -39,9 +47,9 @@ mod tls;
 pub use admission::Admission;
 pub use behaviour::{BLOB_PROTOCOL, IDENTIFY_PROTOCOL, KAD_PROTOCOL};
 pub use codec::CapnpCodec;
-pub use config::Config;
+pub use config::{Config, NatConfig, RelayLimits};
 pub use event_loop::EventLoop;
-pub use events::{Event, Reachability, Stats};
+pub use events::{Event, NatMapping, NetStatus, Reachability, RelayService, Stats};
 pub use identity_file::{IdentityError, keypair, load_or_create};
 pub use libp2p::{Multiaddr, PeerId, multiaddr};
 pub use node::{DialError, FetchError, FetchReport, GossipError, Node, StartError, Stopped};

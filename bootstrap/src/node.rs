@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::admission::Admission;
 use crate::config::Config;
 use crate::event_loop::{Command, EventLoop};
-use crate::events::{Event, Reachability, Stats};
+use crate::events::{Event, NetStatus, Reachability, Stats};
 use crate::rpc::{InboundId, RequestError};
 use crate::store::StoreError;
 
@@ -134,6 +134,8 @@ pub struct FetchReport {
     pub providers: usize,
     /// Chunks fetched over the network; fewer than the blob has when a download resumed.
     pub chunks_fetched: u32,
+    /// Of those, chunks that came through a relay.
+    pub chunks_relayed: u32,
     /// Wall time.
     pub seconds: f64,
 }
@@ -195,6 +197,12 @@ impl Node {
     /// The current reachability verdict.
     pub async fn reachability(&self) -> Result<Reachability, Stopped> {
         self.ask(Command::Reachability).await
+    }
+
+    /// Where this node stands behind NATs: reachability, external and relayed addresses,
+    /// the NAT's port mapping, direct and relayed peers.
+    pub async fn net_status(&self) -> Result<NetStatus, Stopped> {
+        self.ask(Command::NetStatus).await
     }
 
     /// Dials an address.

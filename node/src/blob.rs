@@ -98,11 +98,17 @@ pub(crate) async fn run(args: &BlobArgs, root: &NetFlags) -> anyhow::Result<()> 
                     bytes: report.bytes,
                     providers: 0,
                     seconds: 0.0,
+                    chunks: 0,
+                    chunks_relayed: 0,
                 })?;
             }
             std::fs::copy(&report.path, output).with_context(|| format!("writing {}", output.display()))?;
+            let relayed = match report.chunks_relayed {
+                0 => String::new(),
+                n => format!(" ({n} of {} chunks through a relay)", report.chunks_fetched),
+            };
             println!(
-                "fetched {hash:#}: {} bytes from {} providers in {:.2} s -> {}",
+                "fetched {hash:#}: {} bytes from {} providers in {:.2} s{relayed} -> {}",
                 report.bytes,
                 report.providers,
                 report.seconds,

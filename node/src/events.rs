@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use pcp_bootstrap::{Event, PeerId};
+use pcp_bootstrap::{Event, PeerId, Reachability, RelayService};
 use serde_json::{Map, Value, json};
 
 /// A cloneable JSONL sink; a no-op when no file was given.
@@ -95,14 +95,56 @@ impl EventLog {
                 json!({"addr": addr.to_string(), "reason": reason, "retry_in_s": retry_in.as_secs_f64()}),
             ),
             Event::PeerDiscovered { peer } => ("peer_discovered", json!({"peer": peer.to_string()})),
-            Event::BlobFetched { hash, bytes, providers, seconds } => (
+            Event::BlobFetched { hash, bytes, providers, seconds, chunks, chunks_relayed } => (
                 "blob_fetched",
-                json!({"hash": hash.to_hex(), "bytes": bytes, "providers": providers, "seconds": seconds}),
+                json!({"hash": hash.to_hex(), "bytes": bytes, "providers": providers, "seconds": seconds,
+                       "chunks": chunks, "chunks_relayed": chunks_relayed}),
             ),
             Event::MessageRejected { peer, reason } => {
                 ("message_rejected", json!({"peer": peer.to_string(), "reason": reason}))
             }
-            Event::Reachability(_) | Event::Gossip { .. } | Event::Request { .. } => return None,
+            Event::Reachability(r) => {
+                let addr = match r {
+                    Reachability::Public(a) => Some(a.to_string()),
+                    _ => None,
+                };
+                ("reachability_changed", json!({"reachability": r.name(), "addr": addr}))
+            }
+            Event::RelayReserved { relay, addr, renewal, limit_bytes, limit_seconds } => (
+                "relay_reserved",
+                json!({"relay": relay.to_string(), "addr": addr.to_string(), "renewal": renewal,
+                       "limit_bytes": limit_bytes, "limit_s": limit_seconds}),
+            ),
+            Event::RelayLost { relay, reason } => ("relay_lost", json!({"relay": relay.to_string(), "reason": reason})),
+            Event::RelayedConnection { peer, relay, addr, inbound } => (
+                "relayed_connection",
+                json!({"peer": peer.to_string(), "relay": relay.map(|r| r.to_string()), "addr": addr.to_string(),
+                       "inbound": inbound}),
+            ),
+            Event::HolePunched { peer, result } => (
+                "hole_punched",
+                match result {
+                    Ok(addr) => json!({"peer": peer.to_string(), "result": "ok", "addr": addr.to_string()}),
+                    Err(reason) => json!({"peer": peer.to_string(), "result": "failed", "reason": reason}),
+                },
+            ),
+            Event::Relayed(RelayService::Status { enabled }) => ("relay_service", json!({"enabled": enabled})),
+            Event::Relayed(RelayService::Reservation { peer, refused }) => (
+                "relay_reservation",
+                json!({"peer": peer.to_string(), "accepted": refused.is_none(), "reason": refused}),
+            ),
+            Event::Relayed(RelayService::Circuit { src, dst, state, reason }) => (
+                "relay_circuit",
+                json!({"src": src.to_string(), "dst": dst.to_string(), "state": state, "reason": reason}),
+            ),
+            Event::PortMapping { result } => (
+                "port_mapping",
+                match result {
+                    Ok(addr) => json!({"result": "ok", "addr": addr.to_string()}),
+                    Err(reason) => json!({"result": "failed", "reason": reason}),
+                },
+            ),
+            Event::Gossip { .. } | Event::Request { .. } => return None,
         })
     }
 

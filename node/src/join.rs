@@ -66,7 +66,127 @@ pub(crate) struct NetFlags {
     #[arg(long = "listen", value_name = "MULTIADDR")]
     pub(crate) listen: Vec<Multiaddr>,
     #[command(flatten)]
+    pub(crate) nat: Box<NatFlags>,
+    #[command(flatten)]
     pub(crate) local: LocalArgs,
+}
+
+/// NAT traversal: relays, hole punching and UPnP (see README, "Behind a home router").
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct NatFlags {
+    /// Relay to reserve a slot on, so that peers reach this node through it even when
+    /// AutoNAT has not decided (repeatable), e.g. /ip4/1.2.3.4/udp/4001/quic-v1/p2p/12D3...;
+    /// a node that AutoNAT finds unreachable reserves on relays among its peers anyway
+    #[arg(long = "relay", value_name = "MULTIADDR")]
+    pub(crate) relay: Vec<Multiaddr>,
+    /// Ask the router for a port mapping (UPnP IGD); off by default
+    #[arg(long)]
+    pub(crate) upnp: bool,
+    /// Do not relay for peers behind NATs (a publicly reachable node does by default)
+    #[arg(long)]
+    pub(crate) no_relay_service: bool,
+    /// Bytes one circuit relayed for others may carry, both ways together, e.g. 64MiB
+    /// [default: 256MiB]
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub(crate) relay_circuit_bytes: Option<u64>,
+    /// Seconds one circuit relayed for others may last [default: 1800]
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=u64::from(u32::MAX)))]
+    pub(crate) relay_circuit_secs: Option<u64>,
+    /// Circuits relayed for others at once [default: 32]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub(crate) relay_max_circuits: Option<u64>,
+}
+
+impl NatFlags {
+    /// Whether any was given (for the commands that do not join the network).
+    fn given(&self) -> bool {
+        !self.relay.is_empty()
+            || self.upnp
+            || self.no_relay_service
+            || self.relay_circuit_bytes.is_some()
+            || self.relay_circuit_secs.is_some()
+            || self.relay_max_circuits.is_some()
+    }
+
+    /// `self` with the flags `own` gives (which win).
+    fn merge(&self, own: NatFlags) -> NatFlags {
+        let mut relay = self.relay.clone();
+        relay.extend(own.relay);
+        NatFlags {
+            relay,
+            upnp: self.upnp || own.upnp,
+            no_relay_service: self.no_relay_service || own.no_relay_service,
+            relay_circuit_bytes: own.relay_circuit_bytes.or(self.relay_circuit_bytes),
+            relay_circuit_secs: own.relay_circuit_secs.or(self.relay_circuit_secs),
+            relay_max_circuits: own.relay_max_circuits.or(self.relay_max_circuits),
+        }
+    }
+
+    /// The flags again, for a child process (`--scale`).
+    pub(crate) fn args(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for addr in &self.relay {
+            out.extend(["--relay".to_owned(), addr.to_string()]);
+        }
+        if self.upnp {
+            out.push("--upnp".into());
+        }
+        if self.no_relay_service {
+            out.push("--no-relay-service".into());
+        }
+        let values = [
+            ("--relay-circuit-bytes", self.relay_circuit_bytes),
+            ("--relay-circuit-secs", self.relay_circuit_secs),
+            ("--relay-max-circuits", self.relay_max_circuits),
+        ];
+        for (flag, value) in values {
+            if let Some(v) = value {
+                out.extend([flag.to_owned(), v.to_string()]);
+            }
+        }
+        out
+    }
+
+    /// The swarm's NAT configuration.
+    pub(crate) fn config(&self) -> pcp_bootstrap::NatConfig {
+        let mut nat = pcp_bootstrap::NatConfig { relays: self.relay.clone(), upnp: self.upnp, ..Default::default() };
+        nat.relay_service = !self.no_relay_service;
+        let limits = &mut nat.relay_limits;
+        if let Some(bytes) = self.relay_circuit_bytes {
+            limits.max_circuit_bytes = bytes;
+        }
+        if let Some(secs) = self.relay_circuit_secs {
+            limits.max_circuit_duration = Duration::from_secs(secs);
+        }
+        if let Some(n) = self.relay_max_circuits {
+            limits.max_circuits = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        nat
+    }
+}
+
+/// A byte count: a number with an optional unit (`B`, `KiB`, `MiB`, `GiB`, `KB`, `MB`,
+/// `GB`); at least 1 KiB.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is not a byte count (e.g. 268435456 or 256MiB)"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" | "k" => 1 << 10,
+        "mib" | "m" => 1 << 20,
+        "gib" | "g" => 1 << 30,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        other => return Err(format!("unknown unit {other:?} in {text:?} (use KiB, MiB or GiB)")),
+    };
+    let bytes = n.checked_mul(scale).ok_or_else(|| format!("{text:?} is too large"))?;
+    if bytes < 1 << 10 {
+        return Err(format!("{text:?}: a circuit must carry at least 1KiB"));
+    }
+    Ok(bytes)
 }
 
 impl From<DataDirArg> for NetFlags {
@@ -108,6 +228,7 @@ impl NetFlags {
         let unused = [
             (!peers && !self.bootstrap.is_empty(), "--bootstrap"),
             (!peers && !self.listen.is_empty(), "--listen"),
+            (!peers && self.nat.given(), "--relay, --upnp, --no-relay-service and --relay-circuit-*"),
             (!data_dir && self.local.data_dir.data_dir.is_some(), "--data-dir"),
             (!events && self.local.events.events.is_some(), "--events"),
             (!events && self.local.events.metrics_addr.is_some(), "--metrics-addr"),
@@ -124,6 +245,7 @@ impl NetFlags {
         Ok(NetArgs {
             bootstrap,
             listen,
+            nat: self.nat.merge(*own.nat),
             data_dir: own
                 .local
                 .data_dir
@@ -143,6 +265,8 @@ pub(crate) struct NetArgs {
     pub(crate) bootstrap: Vec<Multiaddr>,
     /// Listen addresses; empty for the default.
     pub(crate) listen: Vec<Multiaddr>,
+    /// Relays, hole punching, UPnP.
+    pub(crate) nat: NatFlags,
     /// Data directory: identity key and blob store.
     pub(crate) data_dir: PathBuf,
     /// Where events go as JSON lines.
@@ -162,6 +286,7 @@ impl NetArgs {
             config.listen = self.listen.clone();
         }
         config.bootstrap = self.bootstrap.clone();
+        config.nat = self.nat.config();
         config
     }
 }
@@ -208,10 +333,35 @@ fn print_reachability(r: &Reachability, peer: &pcp_bootstrap::PeerId) {
             println!("reachability: dialable at {addr} (confirmed by a peer's dial-back)");
         }
         Reachability::Private => println!(
-            "reachability: NOT dialable: peers could not dial back; others cannot reach this node (outbound only)"
+            "reachability: NOT dialable: peers could not dial back (behind a NAT or firewall); \
+             reserving a slot on a relay so that others can reach this node"
         ),
         Reachability::Unknown => println!("reachability: unknown"),
     }
+}
+
+/// The line a person reads for a NAT traversal event, if it is one worth a line.
+pub(crate) fn nat_line(event: &Event, me: &pcp_bootstrap::PeerId) -> Option<String> {
+    Some(match event {
+        Event::RelayReserved { addr, renewal: false, limit_bytes, limit_seconds, .. } => {
+            let limits = match (limit_bytes, limit_seconds) {
+                (Some(b), Some(s)) => format!(" (each connection through it: up to {} MiB and {s} s)", b >> 20),
+                _ => String::new(),
+            };
+            format!("relay: reachable at {addr}/p2p/{me}{limits}")
+        }
+        Event::RelayLost { relay, reason } => format!("relay: lost the reservation on {relay}: {reason}"),
+        Event::HolePunched { peer, result: Ok(addr) } => format!("hole punched: direct connection to {peer} at {addr}"),
+        Event::HolePunched { peer, result: Err(reason) } => {
+            format!("hole punch to {peer} failed ({reason}); its traffic goes through the relay")
+        }
+        Event::PortMapping { result: Ok(addr) } => format!("upnp: the router forwards {addr}/p2p/{me} to this node"),
+        Event::PortMapping { result: Err(reason) } => format!("upnp: {reason}"),
+        Event::Relayed(pcp_bootstrap::RelayService::Status { enabled: true }) => {
+            "relay: publicly reachable: relaying for peers behind NATs (--no-relay-service turns it off)".to_owned()
+        }
+        _ => return None,
+    })
 }
 
 /// What a node does besides routing and serving blobs.
@@ -358,6 +508,12 @@ async fn pump(
                 if let (Event::Listening { addr }, Some(tx)) = (&event, &listening) {
                     let _ = tx.try_send(addr.clone());
                 }
+                if let Some(line) = nat_line(&event, &peer) {
+                    if say {
+                        println!("{line}");
+                    }
+                    tracing::info!("{line}");
+                }
                 match &event {
                     Event::Listening { addr } if say => println!("listening on {addr}/p2p/{peer}"),
                     Event::Reachability(r) if say && !matches!(r, Reachability::Unknown) => {
@@ -369,12 +525,22 @@ async fn pump(
             }
             () = &mut reach_timer, if !reach_done && !args.bootstrap.is_empty() => {
                 reach_done = true;
-                let external = running.node.external_addrs().await?;
+                // relayed addresses were printed as their reservations came
+                let external: Vec<Multiaddr> = running
+                    .node
+                    .external_addrs()
+                    .await?
+                    .into_iter()
+                    .filter(|a| !a.iter().any(|p| matches!(p, Protocol::P2pCircuit)))
+                    .collect();
                 if external.is_empty() {
                     println!("reachability: not confirmed within {}s (no peer has dialed us back yet)", REACHABILITY_WAIT.as_secs());
                 } else {
-                    for a in external {
-                        println!("reachability: confirmed external address {a}/p2p/{peer}");
+                    for mut a in external {
+                        if !matches!(a.iter().last(), Some(Protocol::P2p(_))) {
+                            a.push(Protocol::P2p(peer));
+                        }
+                        println!("reachability: confirmed external address {a}");
                     }
                 }
             }

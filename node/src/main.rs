@@ -18,6 +18,7 @@ mod model;
 mod progress;
 mod sim;
 mod simulate;
+mod status;
 mod supervisor;
 mod train;
 mod tui;
@@ -32,7 +33,8 @@ const EXAMPLES: &str = "\
 Examples:
   pcp-node --bootstrap <multiaddr> --backend rocm --target gfx942    join a run with a GPU
   pcp-node --shepherd --model nanogpt-small --data corpus.txt        shepherd a run
-  pcp-node sim --nodes 4                                             run a shepherd and 3 workers here";
+  pcp-node sim --nodes 4                                             run a shepherd and 3 workers here
+  pcp-node status --bootstrap <multiaddr>                            can peers reach this machine? (NAT, relay)";
 
 /// A pcp peer. Without a subcommand it joins the network.
 #[derive(Debug, Parser)]
@@ -85,6 +87,9 @@ enum Command {
     },
     /// List the backends in this build and the devices each can see.
     Devices,
+    /// Join for a few seconds and report whether peers can dial this node, its NAT's
+    /// port mapping (can hole punching work?) and its address through a relay.
+    Status(status::StatusArgs),
     /// Simulate a network of thousands of volunteers (seeded discrete events; no sockets).
     Simulate(pcp_simulations::SimulateArgs),
 }
@@ -162,6 +167,7 @@ fn wants_dashboard(cli: &Cli) -> Result<bool, join::Usage> {
         Some(Command::Generate { .. }) => "generate",
         Some(Command::Bench(_)) => "bench",
         Some(Command::Devices) => "devices",
+        Some(Command::Status(_)) => "status",
         Some(Command::Simulate(_)) => "simulate",
     };
     if !cli.tui.given() {
@@ -216,6 +222,7 @@ fn run(cli: Cli, dashboard: bool) -> Result<(), Failure> {
                 join::run_node(&net, role, true, None, cancel).await
             }
             Some(Command::Blob(args)) => Ok(blob::run(&args, &root).await?),
+            Some(Command::Status(args)) => Ok(status::run(&args, &root).await?),
             Some(Command::Train { args, local }) => {
                 train::run(args, &root.resolve(local.into(), "train", join::Uses::Local)?).await
             }

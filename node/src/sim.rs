@@ -234,6 +234,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
     let shepherd_net = NetArgs {
         bootstrap: Vec::new(),
         listen: loopback(),
+        nat: Default::default(),
         data_dir: shepherd_dir,
         events: net.events.clone(),
         metrics: None,
@@ -268,6 +269,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
         let worker_net = NetArgs {
             bootstrap: vec![bootstrap.clone()],
             listen: loopback(),
+            nat: Default::default(),
             data_dir: dir,
             events: None,
             metrics: None,
@@ -281,6 +283,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
         let candidate_net = NetArgs {
             bootstrap: vec![bootstrap.clone()],
             listen: loopback(),
+            nat: Default::default(),
             data_dir: candidate_dir(n),
             events: net.events.clone(),
             metrics: None,

@@ -62,6 +62,7 @@ impl Spec {
         for addr in &self.net.listen {
             c.arg("--listen").arg(addr.to_string());
         }
+        c.args(self.net.nat.args());
         c.arg("--data-dir").arg(self.net.data_dir.join(format!("worker-{index}")));
         if let Some(events) = &self.net.events {
             c.arg("--events").arg(events);

@@ -94,7 +94,8 @@ fn args(line: &str) -> SimulateArgs {
 #[test]
 fn the_command_prints_the_run_and_names_a_broken_invariant() {
     let mut out = Vec::new();
-    let outcome = pcp_simulations::run_faults(&args("--faults --seed 3"), &mut out).expect("seed 3 keeps the invariants");
+    let outcome =
+        pcp_simulations::run_faults(&args("--faults --seed 3"), &mut out).expect("seed 3 keeps the invariants");
     let text = String::from_utf8(out).expect("utf-8");
     assert!(text.starts_with("fault simulation, seed 3:"), "{text}");
     assert!(text.contains(" leads term 1 from round 0"), "{text}");
@@ -104,7 +105,8 @@ fn the_command_prints_the_run_and_names_a_broken_invariant() {
     let commit = first_caught(Rule::Commit).expect("the commit rule is caught");
     let mut out = Vec::new();
     let line = format!("--faults --seed {} --faults-without commit", commit.seed);
-    let err = pcp_simulations::run_faults(&args(&line), &mut out).expect_err("an invariant breaks without the commit rule");
+    let err =
+        pcp_simulations::run_faults(&args(&line), &mut out).expect_err("an invariant breaks without the commit rule");
     assert!(matches!(err, Error::Broken(_)));
     let message = err.to_string();
     assert!(message.starts_with("invariant (b) broken at t="), "{message}");

@@ -174,6 +174,18 @@ fn render_header(frame: &mut Frame<'_>, area: Rect, state: &State) {
             spans.extend([Span::styled(" on ", dim), Span::raw(listen.clone())]);
         }
     }
+    let nat = &state.nat;
+    if nat.known() {
+        let reach = nat.reachability.clone().unwrap_or_else(|| "unknown".into());
+        spans.extend([sep(), Span::styled("reachability ", dim), Span::raw(reach)]);
+        if let Some(relay) = &nat.relay {
+            spans.extend([Span::styled(" via relay ", dim), Span::raw(short_peer(relay))]);
+        }
+        if nat.relayed + nat.punched + nat.punch_failed > 0 {
+            let text = format!("{} relayed, {} punched, {} punches failed", nat.relayed, nat.punched, nat.punch_failed);
+            spans.extend([sep(), Span::raw(text)]);
+        }
+    }
     frame.render_widget(Line::from(spans), phase_line);
 
     let (ratio, label) = match (state.round_progress(), &state.phase) {
@@ -506,6 +518,27 @@ mod tests {
             assert!(text.contains(shown), "{shown} in\n{text}");
         }
         insta::assert_snapshot!(text);
+    }
+
+    #[test]
+    fn a_node_behind_a_nat_shows_its_relay_and_hole_punches() {
+        let mut state = shepherd(Mode::Shepherd);
+        let relay = "12D3KooWRelayRelayRelayRelayRelayRelayRelayRe1ay";
+        let at = T0 + 30_000;
+        state.apply("reachability_changed", &serde_json::json!({"reachability": "private"}), at);
+        state.apply(
+            "relay_reserved",
+            &serde_json::json!({"relay": relay, "addr": "/ip4/198.18.0.1/udp/4001/quic-v1"}),
+            at,
+        );
+        state.apply("relayed_connection", &serde_json::json!({"peer": relay}), at);
+        state.apply("hole_punched", &serde_json::json!({"peer": relay, "result": "ok"}), at);
+        let text = draw(&state, &logs(), 160, 48);
+        for shown in ["reachability private via relay", "1 relayed, 1 punched, 0 punches failed"] {
+            assert!(text.contains(shown), "{shown} in\n{text}");
+        }
+        state.apply("relay_lost", &serde_json::json!({"relay": relay, "reason": "gone"}), at);
+        assert_eq!(state.nat.relay, None);
     }
 
     #[test]

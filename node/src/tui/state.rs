@@ -206,6 +206,45 @@ pub(crate) struct Mine {
     pub(crate) recent: VecDeque<MyRound>,
 }
 
+/// Where the node stands behind NATs, from its `reachability_changed`, `relay_*` and
+/// `hole_punched` events.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct NatView {
+    /// `public`, `private` or `unknown`; `None` before the first verdict.
+    pub(crate) reachability: Option<String>,
+    /// The relay holding this node's reservation.
+    pub(crate) relay: Option<String>,
+    /// Hole punches that worked and that failed.
+    pub(crate) punched: u64,
+    pub(crate) punch_failed: u64,
+    /// Connections that went through a relay.
+    pub(crate) relayed: u64,
+}
+
+impl NatView {
+    /// Whether there is anything to show.
+    pub(crate) fn known(&self) -> bool {
+        self.reachability.is_some() || self.relay.is_some() || self.relayed > 0
+    }
+
+    fn apply(&mut self, name: &str, fields: &Value) -> bool {
+        match name {
+            "reachability_changed" => self.reachability = str_of(fields, "reachability").map(str::to_owned),
+            "relay_reserved" => self.relay = str_of(fields, "relay").map(str::to_owned),
+            "relay_lost" => {
+                if self.relay.as_deref() == str_of(fields, "relay") {
+                    self.relay = None;
+                }
+            }
+            "hole_punched" if str_of(fields, "result") == Some("ok") => self.punched += 1,
+            "hole_punched" => self.punch_failed += 1,
+            "relayed_connection" => self.relayed += 1,
+            _ => return false,
+        }
+        true
+    }
+}
+
 /// Everything the dashboard shows.
 #[derive(Debug, Clone)]
 pub(crate) struct State {
@@ -247,6 +286,8 @@ pub(crate) struct State {
     pub(crate) addrs: BTreeMap<String, String>,
     /// Requests refused before they were read (bad signatures, replays, …).
     pub(crate) messages_rejected: u64,
+    /// Whether peers can dial this node, and through what.
+    pub(crate) nat: NatView,
     /// The user asked to quit; the node is stopping.
     pub(crate) quitting: bool,
     seq: u64,
@@ -298,6 +339,7 @@ impl State {
             peers: BTreeSet::new(),
             addrs: BTreeMap::new(),
             messages_rejected: 0,
+            nat: NatView::default(),
             quitting: false,
             seq: 0,
         }
@@ -331,6 +373,9 @@ impl State {
     /// Updates the state with the event `name` that arrived at `now_ms`.
     pub(crate) fn apply(&mut self, name: &str, fields: &Value, now_ms: u64) {
         self.tick(now_ms);
+        if self.nat.apply(name, fields) {
+            return;
+        }
         match name {
             "listening" => self.on_listening(fields),
             "peer_connected" => {

@@ -1,0 +1,906 @@
+//! NAT traversal bookkeeping, free of the swarm: which connections go through a relay,
+//! peers waiting for a hole punch, relays to reserve on, the reachability verdict, and
+//! how the NAT in front of this node maps its port.
+//!
+//! The event loop feeds it what the swarm reports (connections, AutoNAT verdicts,
+//! confirmed addresses, identify) and asks it what to do: which relays to listen on,
+//! which relayed connections a direct one has replaced, whose blob requests wait.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use libp2p::multiaddr::Protocol;
+use libp2p::swarm::ConnectionId;
+use libp2p::{Multiaddr, PeerId};
+use tokio::time::Instant;
+
+use crate::config::NatConfig;
+use crate::events::{NatMapping, Reachability};
+use crate::seeds::Backoff;
+
+/// How long a relayed connection that a direct one replaced stays open while requests
+/// on it finish.
+pub(crate) const UPGRADE_GRACE: Duration = Duration::from_secs(10);
+/// Peers whose observed addresses (and QUIC addresses, and relay offers) are kept.
+const MAX_OBSERVERS: usize = 32;
+/// A relay given with `--relay` that refused or dropped a reservation is tried again
+/// after this long (doubling, at most a minute).
+const RELAY_RETRY: Duration = Duration::from_secs(5);
+/// Failures in a row after which a relay found among the peers is given up.
+const FOUND_RELAY_TRIES: u32 = 3;
+/// Peers dialled over QUIC to learn how the NAT maps ports, when TCP connections
+/// (whose observations cannot be compared with QUIC ones) left it unknown.
+const QUIC_PROBES: usize = 2;
+/// How long after an AutoNAT v2 dial-back failed the node is called private, unless
+/// another address is confirmed meanwhile: the client tests all its candidates at once,
+/// so their answers come together.
+pub(crate) const SETTLE: Duration = Duration::from_secs(2);
+
+/// Whether an address goes through a relay.
+pub(crate) fn is_relayed(addr: &Multiaddr) -> bool {
+    addr.iter().any(|p| matches!(p, Protocol::P2pCircuit))
+}
+
+/// The relay named in a relayed address: the `/p2p/` before `/p2p-circuit`.
+pub(crate) fn relay_of(addr: &Multiaddr) -> Option<PeerId> {
+    let mut last = None;
+    for p in addr.iter() {
+        match p {
+            Protocol::P2p(peer) => last = Some(peer),
+            Protocol::P2pCircuit => return last,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Whether an IP address is reachable from the internet at large: not loopback,
+/// private (RFC 1918, IPv6 unique local), link-local, shared (CGNAT) or unspecified.
+pub(crate) fn is_global(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            !(v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || (a == 100 && (64..128).contains(&b)))
+        }
+        IpAddr::V6(v6) => {
+            let first = v6.segments()[0];
+            !(v6.is_loopback() || v6.is_unspecified() || (first & 0xfe00) == 0xfc00 || (first & 0xffc0) == 0xfe80)
+        }
+    }
+}
+
+/// The IP address and port of an address (TCP or QUIC).
+fn ip_port(addr: &Multiaddr) -> Option<(IpAddr, u16, bool)> {
+    let mut ip = None;
+    let mut port = None;
+    let mut quic = false;
+    for p in addr.iter() {
+        match p {
+            Protocol::Ip4(a) => ip = Some(IpAddr::V4(a)),
+            Protocol::Ip6(a) => ip = Some(IpAddr::V6(a)),
+            Protocol::Tcp(p) => port = Some(p),
+            Protocol::Udp(p) => port = Some(p),
+            Protocol::QuicV1 => quic = true,
+            _ => {}
+        }
+    }
+    Some((ip?, port?, quic))
+}
+
+/// One connection as the NAT bookkeeping sees it.
+#[derive(Debug, Clone)]
+struct Conn {
+    peer: PeerId,
+    relayed: bool,
+    /// The peer's address, for a direct connection.
+    remote: Option<Multiaddr>,
+    /// Whether this node dialled it.
+    dialled: bool,
+}
+
+/// A connected peer that offers the relay service.
+#[derive(Debug, Clone)]
+struct Candidate {
+    peer: PeerId,
+    /// Where this node dialled it.
+    addr: Multiaddr,
+    /// When it may be tried again after a failed reservation.
+    backoff: Backoff,
+    /// Failed reservations in a row.
+    failures: u32,
+}
+
+/// A relay this node reserves (or means to reserve) a slot on.
+#[derive(Debug, Clone)]
+pub(crate) struct Relay {
+    /// The relay.
+    pub(crate) peer: PeerId,
+    /// The address to listen on: the relay's address, `/p2p/<relay>/p2p-circuit`.
+    pub(crate) addr: Multiaddr,
+    /// Given with `--relay` (kept whatever AutoNAT says) rather than found.
+    pub(crate) explicit: bool,
+    /// Whether the relay accepted the reservation.
+    pub(crate) reserved: bool,
+    /// When to try again after a failure.
+    backoff: Backoff,
+    /// Whether a listener on it is open.
+    pub(crate) listening: bool,
+}
+
+/// The NAT traversal state of one node.
+#[derive(Debug)]
+pub(crate) struct Nat {
+    config: NatConfig,
+    conns: HashMap<ConnectionId, Conn>,
+    /// Peers reachable only through a relay while a hole punch is tried: since when.
+    punching: HashMap<PeerId, Instant>,
+    /// Peers with a direct connection that replaced relayed ones: since when. Their
+    /// relayed connections are closed once idle, or after [`UPGRADE_GRACE`].
+    upgraded: HashMap<PeerId, Instant>,
+    /// When an AutoNAT v2 server first failed to dial one of our candidates back.
+    v2_failed: Option<Instant>,
+    /// A seed: the network's entry point, public by configuration. It relays from the
+    /// start (AutoNAT cannot test a node that dials nobody).
+    seed: bool,
+    /// Confirmed external addresses, not relayed.
+    external: Vec<Multiaddr>,
+    /// Confirmed addresses through relays.
+    relayed: Vec<Multiaddr>,
+    reachability: Reachability,
+    /// Relays, explicit ones first.
+    relays: Vec<Relay>,
+    /// Connected peers that offer the relay service, with the address we dialled them
+    /// at, in the order they were found.
+    hop: Vec<Candidate>,
+    /// What peers at other IP addresses observed as this node's address, by the
+    /// observer's IP address and transport (QUIC or not).
+    observed: BTreeMap<(IpAddr, bool), Multiaddr>,
+    /// This node's own (interface) IP addresses, from its listen addresses.
+    own_ips: Vec<IpAddr>,
+    /// Its listen addresses (not relayed).
+    listen: Vec<Multiaddr>,
+    /// A QUIC address of each directly connected peer, from identify.
+    quic_addrs: HashMap<PeerId, Multiaddr>,
+    /// Peers dialled over QUIC to learn the mapping.
+    quic_probed: std::collections::HashSet<PeerId>,
+    /// The mapping last reported.
+    reported_mapping: NatMapping,
+    /// Peers whose relayed connection a direct one replaced, reported as punched.
+    punched: std::collections::HashSet<PeerId>,
+    /// Whether the relay service is on.
+    relaying: bool,
+}
+
+impl Nat {
+    pub(crate) fn new(config: NatConfig, seed: bool) -> Self {
+        let relays = config
+            .relays
+            .iter()
+            .filter_map(|addr| {
+                let peer = match addr.iter().last() {
+                    Some(Protocol::P2p(peer)) => peer,
+                    _ => return None,
+                };
+                let addr = if is_relayed(addr) { addr.clone() } else { addr.clone().with(Protocol::P2pCircuit) };
+                Some(Relay {
+                    peer,
+                    addr,
+                    explicit: true,
+                    reserved: false,
+                    backoff: Backoff::default(),
+                    listening: false,
+                })
+            })
+            .collect();
+        Self {
+            config,
+            conns: HashMap::new(),
+            punching: HashMap::new(),
+            upgraded: HashMap::new(),
+            v2_failed: None,
+            seed,
+            external: Vec::new(),
+            relayed: Vec::new(),
+            reachability: Reachability::Unknown,
+            relays,
+            hop: Vec::new(),
+            observed: BTreeMap::new(),
+            own_ips: Vec::new(),
+            listen: Vec::new(),
+            quic_addrs: HashMap::new(),
+            quic_probed: std::collections::HashSet::new(),
+            reported_mapping: NatMapping::Unknown,
+            punched: std::collections::HashSet::new(),
+            relaying: false,
+        }
+    }
+
+    // ---- connections and hole punching -------------------------------------------
+
+    /// A connection is up: `relayed` or direct to `remote`, dialled by this node or not.
+    /// Returns whether it is a direct connection to a peer that was reachable only
+    /// through a relay (the hole punch worked, whichever side's dial won).
+    pub(crate) fn connected(
+        &mut self,
+        id: ConnectionId,
+        peer: PeerId,
+        relayed: bool,
+        (remote, dialled): (&Multiaddr, bool),
+        now: Instant,
+    ) -> bool {
+        // a punch in progress: the peer was reachable only through a relay
+        let replaces = !relayed && self.punching.contains_key(&peer) && !self.has_direct(&peer);
+        let remote = (!relayed).then(|| remote.clone());
+        self.conns.insert(id, Conn { peer, relayed, remote, dialled });
+        if relayed {
+            if self.config.hole_punching && !self.has_direct(&peer) {
+                self.punching.entry(peer).or_insert(now);
+            }
+        } else {
+            self.punching.remove(&peer);
+            if self.has_relayed(&peer) {
+                self.upgraded.entry(peer).or_insert(now);
+            }
+        }
+        replaces
+    }
+
+    /// The direct connection to `peer`'s address, if any.
+    pub(crate) fn direct_addr(&self, peer: &PeerId) -> Option<&Multiaddr> {
+        self.conns.values().find(|c| c.peer == *peer && !c.relayed).and_then(|c| c.remote.as_ref())
+    }
+
+    /// Records that a hole punch to `peer` worked; `false` when it was already reported
+    /// (both sides' dials, and DCUtR's own report, come for one punch).
+    pub(crate) fn mark_punched(&mut self, peer: PeerId) -> bool {
+        self.punched.insert(peer)
+    }
+
+    /// The address this node dialled `peer` at over a direct connection, if any.
+    pub(crate) fn dialled_addr(&self, peer: &PeerId) -> Option<Multiaddr> {
+        self.conns.values().find(|c| c.peer == *peer && c.dialled && !c.relayed).and_then(|c| c.remote.clone())
+    }
+
+    /// A connection closed.
+    pub(crate) fn disconnected(&mut self, id: ConnectionId) {
+        let Some(conn) = self.conns.remove(&id) else { return };
+        if !self.conns.values().any(|c| c.peer == conn.peer) {
+            self.punched.remove(&conn.peer);
+        }
+        if !self.has_relayed(&conn.peer) {
+            self.upgraded.remove(&conn.peer);
+            self.punching.remove(&conn.peer);
+        }
+        if !self.has_direct(&conn.peer) {
+            self.upgraded.remove(&conn.peer);
+        }
+    }
+
+    /// The peer's address on direct connection `id`.
+    pub(crate) fn remote_of(&self, id: ConnectionId) -> Option<&Multiaddr> {
+        self.conns.get(&id).and_then(|c| c.remote.as_ref())
+    }
+
+    /// Whether connection `id` goes through a relay.
+    pub(crate) fn is_relayed_conn(&self, id: ConnectionId) -> bool {
+        self.conns.get(&id).is_some_and(|c| c.relayed)
+    }
+
+    fn has_direct(&self, peer: &PeerId) -> bool {
+        self.conns.values().any(|c| c.peer == *peer && !c.relayed)
+    }
+
+    fn has_relayed(&self, peer: &PeerId) -> bool {
+        self.conns.values().any(|c| c.peer == *peer && c.relayed)
+    }
+
+    /// A hole punch to `peer` failed: its traffic goes through the relay.
+    pub(crate) fn punch_failed(&mut self, peer: &PeerId) {
+        self.punching.remove(peer);
+    }
+
+    /// Whether bulk requests (blob chunks) to `peer` should wait: it is reachable only
+    /// through a relay while a hole punch is tried (unless this node is behind a
+    /// symmetric NAT, where punches fail), or a direct connection just replaced its
+    /// relayed ones.
+    pub(crate) fn held(&self, peer: &PeerId, now: Instant) -> bool {
+        let punching = self.mapping() != NatMapping::Symmetric
+            && self
+                .punching
+                .get(peer)
+                .is_some_and(|since| now.duration_since(*since) < self.config.punch_wait && !self.has_direct(peer));
+        punching || (self.upgraded.contains_key(peer) && self.has_relayed(peer))
+    }
+
+    /// Peers held by [`Nat::held`].
+    pub(crate) fn held_peers(&self, now: Instant) -> Vec<PeerId> {
+        let mut peers: Vec<PeerId> =
+            self.punching.keys().chain(self.upgraded.keys()).copied().filter(|p| self.held(p, now)).collect();
+        peers.sort_unstable();
+        peers.dedup();
+        peers
+    }
+
+    /// Forgets hole punches that outlived the wait (their peers' requests go through
+    /// the relay); returns the peers whose wait just ended.
+    pub(crate) fn expire_punches(&mut self, now: Instant) -> Vec<PeerId> {
+        let wait = self.config.punch_wait;
+        let over: Vec<PeerId> =
+            self.punching.iter().filter(|(_, since)| now.duration_since(**since) >= wait).map(|(p, _)| *p).collect();
+        for p in &over {
+            self.punching.remove(p);
+        }
+        over
+    }
+
+    /// The relayed connections to close now: those of upgraded peers that are `idle`
+    /// (no request in flight either way), or past [`UPGRADE_GRACE`].
+    pub(crate) fn relayed_to_close(
+        &mut self,
+        now: Instant,
+        idle: impl Fn(&PeerId) -> bool,
+    ) -> Vec<(PeerId, ConnectionId)> {
+        let due: Vec<PeerId> = self
+            .upgraded
+            .iter()
+            .filter(|(peer, since)| idle(peer) || now.duration_since(**since) >= UPGRADE_GRACE)
+            .map(|(p, _)| *p)
+            .collect();
+        let mut out = Vec::new();
+        for peer in due {
+            self.upgraded.remove(&peer);
+            out.extend(self.conns.iter().filter(|(_, c)| c.peer == peer && c.relayed).map(|(id, _)| (peer, *id)));
+        }
+        out
+    }
+
+    /// Peers connected directly, and peers connected only through a relay.
+    pub(crate) fn peer_counts(&self) -> (usize, usize) {
+        let mut direct = std::collections::HashSet::new();
+        let mut relayed = std::collections::HashSet::new();
+        for c in self.conns.values() {
+            if c.relayed {
+                relayed.insert(c.peer);
+            } else {
+                direct.insert(c.peer);
+            }
+        }
+        let only_relayed = relayed.difference(&direct).count();
+        (direct.len(), only_relayed)
+    }
+
+    // ---- reachability ------------------------------------------------------------
+
+    /// An AutoNAT v2 server could not dial one of our candidate addresses back.
+    pub(crate) fn autonat_v2_failed(&mut self, now: Instant) {
+        self.v2_failed.get_or_insert(now);
+    }
+
+    /// An external address was confirmed (by AutoNAT, UPnP, or a relay reservation).
+    /// Returns `false` for a relayed address that is not one of our reservations: libp2p's
+    /// identify makes candidates of relay listen addresses with an observed IP and port
+    /// swapped in, and an AutoNAT v2 dial-back through the relay "confirms" them.
+    pub(crate) fn confirmed(&mut self, addr: &Multiaddr) -> bool {
+        let relayed = is_relayed(addr);
+        if relayed {
+            let mut base = addr.clone();
+            if matches!(base.iter().last(), Some(Protocol::P2p(_))) {
+                base.pop();
+            }
+            if !self.relays.iter().any(|r| r.addr == base) {
+                return false;
+            }
+        }
+        let list = if relayed { &mut self.relayed } else { &mut self.external };
+        if !list.contains(addr) {
+            list.push(addr.clone());
+        }
+        true
+    }
+
+    /// An external address expired.
+    pub(crate) fn expired(&mut self, addr: &Multiaddr) {
+        self.external.retain(|a| a != addr);
+        self.relayed.retain(|a| a != addr);
+    }
+
+    /// The verdict from what is known at `now`; `Some` when it changed.
+    pub(crate) fn update_reachability(&mut self, now: Instant) -> Option<Reachability> {
+        let verdict = if let Some(addr) = self.external.first() {
+            Reachability::Public(addr.clone())
+        } else if self.v2_failed.is_some_and(|at| now.duration_since(at) >= SETTLE) {
+            Reachability::Private
+        } else {
+            Reachability::Unknown
+        };
+        if verdict == self.reachability {
+            return None;
+        }
+        self.reachability = verdict.clone();
+        Some(verdict)
+    }
+
+    /// Whether this node should relay for others: it is public (or a seed) and allowed to.
+    pub(crate) fn should_relay(&self) -> bool {
+        self.config.relay_service && (self.seed || matches!(self.reachability, Reachability::Public(_)))
+    }
+
+    /// The relay service's new state when it should change.
+    pub(crate) fn relay_switch(&mut self) -> Option<bool> {
+        let on = self.should_relay();
+        (on != self.relaying).then(|| {
+            self.relaying = on;
+            on
+        })
+    }
+
+    pub(crate) fn external(&self) -> &[Multiaddr] {
+        &self.external
+    }
+
+    pub(crate) fn relayed_addrs(&self) -> &[Multiaddr] {
+        &self.relayed
+    }
+
+    // ---- relays ------------------------------------------------------------------
+
+    /// A connected peer offers the relay service; `dialled` is the address this node
+    /// dialled it at (`None` when it dialled us: we do not know where to reach it), and
+    /// `listen` the addresses it says it listens on. Every pcp node offers the service
+    /// (and refuses while it is not reachable), so only a peer dialled at one of its own
+    /// listen addresses, which no NAT stands in front of, is a candidate.
+    pub(crate) fn offers_relay(&mut self, peer: PeerId, dialled: Option<Multiaddr>, listen: &[Multiaddr]) {
+        // a given relay that refused before (it was not relaying yet) is asked again now
+        for relay in self.relays.iter_mut().filter(|r| r.peer == peer && r.explicit && !r.listening) {
+            relay.backoff.reset();
+        }
+        let Some(addr) = dialled.filter(|a| !is_relayed(a)) else { return };
+        let at = ip_port(&addr);
+        if at.is_none() || !listen.iter().any(|l| !is_relayed(l) && ip_port(l) == at) {
+            return;
+        }
+        if !self.hop.iter().any(|c| c.peer == peer) && self.hop.len() < MAX_OBSERVERS {
+            self.hop.push(Candidate { peer, addr, backoff: Backoff::default(), failures: 0 });
+        }
+    }
+
+    /// A peer no longer offers the relay service (or is gone).
+    pub(crate) fn forget_relay_candidate(&mut self, peer: &PeerId) {
+        self.hop.retain(|c| c.peer != *peer);
+    }
+
+    /// The relays to start listening on now: explicit ones, and while this node is
+    /// private, found ones up to [`NatConfig::auto_relays`].
+    pub(crate) fn relays_to_listen(&mut self, now: Instant) -> Vec<Multiaddr> {
+        let private = matches!(self.reachability, Reachability::Private);
+        if self.config.auto_relay && private {
+            let found = self.relays.iter().filter(|r| !r.explicit).count();
+            let want = self.config.auto_relays.saturating_sub(found);
+            let candidates: Vec<(PeerId, Multiaddr)> = self
+                .hop
+                .iter()
+                .filter(|c| c.backoff.ready(now) && !self.relays.iter().any(|r| r.peer == c.peer))
+                .take(want)
+                .map(|c| (c.peer, c.addr.clone()))
+                .collect();
+            for (peer, addr) in candidates {
+                let mut addr = addr;
+                if !matches!(addr.iter().last(), Some(Protocol::P2p(_))) {
+                    addr.push(Protocol::P2p(peer));
+                }
+                self.relays.push(Relay {
+                    peer,
+                    addr: addr.with(Protocol::P2pCircuit),
+                    explicit: false,
+                    reserved: false,
+                    backoff: Backoff::default(),
+                    listening: false,
+                });
+            }
+        }
+        let mut out = Vec::new();
+        for relay in &mut self.relays {
+            if !relay.listening && relay.backoff.ready(now) && (relay.explicit || private) {
+                relay.listening = true;
+                out.push(relay.addr.clone());
+            }
+        }
+        out
+    }
+
+    /// The relay a listen address reserves on, if it is one of ours.
+    fn relay_mut(&mut self, addr: &Multiaddr) -> Option<&mut Relay> {
+        let peer = relay_of(addr)?;
+        self.relays.iter_mut().find(|r| r.peer == peer)
+    }
+
+    /// The reservation on `relay` was accepted.
+    pub(crate) fn reserved(&mut self, relay: &PeerId) -> Option<Multiaddr> {
+        let r = self.relays.iter_mut().find(|r| r.peer == *relay)?;
+        r.reserved = true;
+        r.backoff.reset();
+        if let Some(c) = self.hop.iter_mut().find(|c| c.peer == *relay) {
+            c.failures = 0;
+            c.backoff.reset();
+        }
+        Some(r.addr.clone())
+    }
+
+    /// The listener on relay address `addr` closed (`reason` when it failed). Returns
+    /// the relay and when it will be tried again: a given relay after a backoff; a found
+    /// one makes room for another candidate and is tried again after a backoff, or
+    /// given up (`None`) after [`FOUND_RELAY_TRIES`] failures in a row.
+    pub(crate) fn relay_closed(&mut self, addr: &Multiaddr, now: Instant) -> Option<(PeerId, Option<Duration>)> {
+        let relay = self.relay_mut(addr)?;
+        relay.listening = false;
+        relay.reserved = false;
+        let peer = relay.peer;
+        if relay.explicit {
+            let wait = relay.backoff.failed(now, RELAY_RETRY);
+            return Some((peer, Some(wait)));
+        }
+        self.relays.retain(|r| r.peer != peer);
+        let candidate = self.hop.iter_mut().find(|c| c.peer == peer)?;
+        candidate.failures += 1;
+        if candidate.failures >= FOUND_RELAY_TRIES {
+            self.hop.retain(|c| c.peer != peer);
+            return Some((peer, None));
+        }
+        Some((peer, Some(candidate.backoff.failed(now, RELAY_RETRY))))
+    }
+
+    /// The relays and whether each holds our reservation.
+    #[cfg(test)]
+    pub(crate) fn relays(&self) -> &[Relay] {
+        &self.relays
+    }
+
+    // ---- NAT mapping -------------------------------------------------------------
+
+    /// This node listens on `addr` (its own IP addresses are not NATed ones).
+    pub(crate) fn listening(&mut self, addr: &Multiaddr) {
+        if is_relayed(addr) {
+            return;
+        }
+        if let Some((ip, _, _)) = ip_port(addr)
+            && !self.own_ips.contains(&ip)
+        {
+            self.own_ips.push(ip);
+        }
+        self.listen.push(addr.clone());
+    }
+
+    /// The peer on inbound connection `id` says it reached this node at `observed`:
+    /// when that is one of this node's listen addresses with a global IP, the peer
+    /// dialled it, which proves it dialable (as an AutoNAT dial-back would). Returns
+    /// the address to confirm. A node that only ever receives connections (a seed) is
+    /// confirmed this way: AutoNAT v2 asks peers it has dialled.
+    pub(crate) fn inbound_proof(&self, id: ConnectionId, observed: &Multiaddr) -> Option<Multiaddr> {
+        let conn = self.conns.get(&id)?;
+        if conn.relayed || conn.dialled {
+            return None;
+        }
+        let seen = ip_port(observed)?;
+        if !is_global(seen.0) {
+            return None;
+        }
+        self.listen.iter().find(|a| ip_port(a) == Some(seen)).cloned()
+    }
+
+    /// Remembers a directly connected peer's QUIC address (from identify).
+    pub(crate) fn peer_quic_addr(&mut self, peer: PeerId, listen: &[Multiaddr]) {
+        if self.quic_addrs.len() >= MAX_OBSERVERS && !self.quic_addrs.contains_key(&peer) {
+            return;
+        }
+        let quic = listen
+            .iter()
+            .find(|a| !is_relayed(a) && ip_port(a).is_some_and(|(ip, port, quic)| quic && port != 0 && is_global(ip)));
+        if let Some(addr) = quic {
+            self.quic_addrs.insert(peer, addr.clone());
+        }
+    }
+
+    /// Peers to dial over QUIC now so that two of them report where they see this
+    /// node's QUIC socket, while the mapping is unknown (each is dialled once).
+    pub(crate) fn quic_probes(&mut self) -> Vec<(PeerId, Multiaddr)> {
+        if self.mapping() != NatMapping::Unknown || self.quic_probed.len() >= QUIC_PROBES {
+            return Vec::new();
+        }
+        let seen: Vec<IpAddr> = self.observed.keys().filter(|(_, quic)| *quic).map(|(ip, _)| *ip).collect();
+        let want = 2usize.saturating_sub(seen.len());
+        let mut out: Vec<(PeerId, Multiaddr)> = self
+            .quic_addrs
+            .iter()
+            .filter(|(p, a)| {
+                !self.quic_probed.contains(*p)
+                    && self.conns.values().any(|c| c.peer == **p && !c.relayed)
+                    && ip_port(a).is_some_and(|(ip, _, _)| !seen.contains(&ip))
+            })
+            .map(|(p, a)| (*p, a.clone()))
+            .collect();
+        out.sort_by_key(|(p, _)| *p);
+        out.truncate(want.min(QUIC_PROBES - self.quic_probed.len()));
+        self.quic_probed.extend(out.iter().map(|(p, _)| *p));
+        out
+    }
+
+    /// The peer on connection `id` observed this node at `observed`.
+    pub(crate) fn observed(&mut self, id: ConnectionId, observed: &Multiaddr) {
+        let Some(remote) = self.conns.get(&id).and_then(|c| c.remote.clone()) else { return };
+        self.observed_from(&remote, observed);
+    }
+
+    /// A peer at `remote` (a direct connection) observed this node at `observed`.
+    fn observed_from(&mut self, remote: &Multiaddr, observed: &Multiaddr) {
+        if is_relayed(remote) || is_relayed(observed) {
+            return;
+        }
+        let (Some((from, _, _)), Some((_, _, quic))) = (ip_port(remote), ip_port(observed)) else { return };
+        if from.is_loopback() {
+            return;
+        }
+        let key = (from, quic);
+        if self.observed.len() >= MAX_OBSERVERS && !self.observed.contains_key(&key) {
+            return;
+        }
+        self.observed.insert(key, observed.clone());
+    }
+
+    /// The mapping, when it differs from the one last reported.
+    pub(crate) fn mapping_changed(&mut self) -> Option<NatMapping> {
+        let now = self.mapping();
+        (now != self.reported_mapping).then(|| {
+            self.reported_mapping = now;
+            now
+        })
+    }
+
+    /// How the NAT maps ports, from what peers at two or more IP addresses observed.
+    /// Observations of QUIC are compared with QUIC ones, TCP with TCP.
+    pub(crate) fn mapping(&self) -> NatMapping {
+        let seen: Vec<(IpAddr, u16, bool)> = self.observed.values().filter_map(ip_port).collect();
+        if seen.is_empty() {
+            return NatMapping::Unknown;
+        }
+        let observers: std::collections::HashSet<IpAddr> = self.observed.keys().map(|(ip, _)| *ip).collect();
+        if seen.iter().all(|(ip, _, _)| self.own_ips.contains(ip)) && observers.len() >= 2 {
+            return NatMapping::None;
+        }
+        for quic in [true, false] {
+            let ports: Vec<(IpAddr, u16)> =
+                seen.iter().filter(|(_, _, q)| *q == quic).map(|(ip, port, _)| (*ip, *port)).collect();
+            if ports.len() < 2 {
+                continue;
+            }
+            if ports.iter().any(|p| *p != ports[0]) {
+                return NatMapping::Symmetric;
+            }
+            return NatMapping::EndpointIndependent;
+        }
+        NatMapping::Unknown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(s: &str) -> Multiaddr {
+        s.parse().expect("valid multiaddr")
+    }
+
+    fn peer() -> PeerId {
+        PeerId::random()
+    }
+
+    #[test]
+    fn relayed_addresses_name_their_relay() {
+        let relay = peer();
+        let dst = peer();
+        let a = addr(&format!("/ip4/198.18.0.1/udp/4001/quic-v1/p2p/{relay}/p2p-circuit/p2p/{dst}"));
+        assert!(is_relayed(&a));
+        assert_eq!(relay_of(&a), Some(relay));
+        assert!(!is_relayed(&addr("/ip4/198.18.0.1/tcp/4001")));
+        assert_eq!(relay_of(&addr(&format!("/ip4/1.2.3.4/tcp/1/p2p/{relay}"))), None);
+    }
+
+    #[test]
+    fn reachability_is_public_once_an_address_is_confirmed_and_private_on_failed_dial_backs() {
+        let mut nat = Nat::new(NatConfig::default(), false);
+        let t0 = Instant::now();
+        let settled = t0 + SETTLE;
+        assert_eq!(nat.update_reachability(t0), None, "unknown at first");
+        nat.autonat_v2_failed(t0);
+        assert_eq!(nat.update_reachability(t0), None, "the other candidates' answers may still come");
+        assert_eq!(nat.update_reachability(settled), Some(Reachability::Private));
+        assert!(!nat.should_relay());
+        assert!(Nat::new(NatConfig::default(), true).should_relay(), "a seed relays from the start");
+        // a relayed address does not make the node public; one not of our relays is refused
+        let relay = peer();
+        let ours = addr(&format!("/ip4/198.18.0.1/udp/1/quic-v1/p2p/{relay}"));
+        let mut nat = Nat::new(NatConfig { relays: vec![ours.clone()], ..NatConfig::default() }, false);
+        nat.autonat_v2_failed(t0);
+        nat.update_reachability(settled);
+        let swapped = addr(&format!("/ip4/198.18.0.103/tcp/40743/p2p/{relay}/p2p-circuit/p2p/{}", peer()));
+        assert!(!nat.confirmed(&swapped), "an observed address swapped into a relay address");
+        assert!(nat.confirmed(&ours.with(Protocol::P2pCircuit)));
+        assert_eq!(nat.update_reachability(settled), None);
+        assert_eq!(nat.relayed_addrs().len(), 1);
+        let public = addr("/ip4/198.18.0.7/udp/4001/quic-v1");
+        nat.confirmed(&public);
+        assert_eq!(nat.update_reachability(settled), Some(Reachability::Public(public.clone())));
+        assert!(nat.should_relay());
+        nat.expired(&public);
+        assert_eq!(nat.update_reachability(settled), Some(Reachability::Private));
+        assert!(!nat.should_relay());
+    }
+
+    #[test]
+    fn a_private_node_reserves_on_found_relays_and_retries_given_ones() {
+        let explicit = peer();
+        let config = NatConfig {
+            relays: vec![addr(&format!("/ip4/198.18.0.9/tcp/4001/p2p/{explicit}"))],
+            auto_relays: 1,
+            ..NatConfig::default()
+        };
+        let mut nat = Nat::new(config, false);
+        let now = Instant::now();
+        // an explicit relay is listened on at once, whatever AutoNAT says
+        let first = nat.relays_to_listen(now);
+        assert_eq!(first, vec![addr(&format!("/ip4/198.18.0.9/tcp/4001/p2p/{explicit}/p2p-circuit"))]);
+        let (r1, r2) = (peer(), peer());
+        let (a1, a2) = (addr("/ip4/198.18.0.1/udp/4001/quic-v1"), addr("/ip4/198.18.0.2/udp/4001/quic-v1"));
+        nat.offers_relay(r1, Some(a1.clone()), std::slice::from_ref(&a1));
+        nat.offers_relay(r2, Some(a2.clone()), std::slice::from_ref(&a2));
+        nat.offers_relay(peer(), None, &[]); // it dialled us: no address to reach it at
+        let natted = addr("/ip4/198.18.0.103/udp/5555/quic-v1"); // hole punched: a NAT's port
+        nat.offers_relay(peer(), Some(natted), &[addr("/ip4/192.168.3.11/udp/5555/quic-v1")]);
+        assert!(nat.relays_to_listen(now).is_empty(), "not private yet");
+        nat.autonat_v2_failed(now);
+        nat.update_reachability(now + SETTLE);
+        let found = nat.relays_to_listen(now);
+        assert_eq!(found, vec![addr(&format!("/ip4/198.18.0.1/udp/4001/quic-v1/p2p/{r1}/p2p-circuit"))]);
+        assert!(nat.relays_to_listen(now).is_empty(), "one at a time");
+        // the found relay refuses: the next one is tried, and it again after a while,
+        // until it failed three times in a row
+        assert_eq!(nat.relay_closed(&found[0], now), Some((r1, Some(RELAY_RETRY))));
+        let next = nat.relays_to_listen(now);
+        assert_eq!(next, vec![addr(&format!("/ip4/198.18.0.2/udp/4001/quic-v1/p2p/{r2}/p2p-circuit"))]);
+        assert!(nat.reserved(&r2).is_some());
+        // r2 drops it (its failures start again from one); r1 is asked again, and given
+        // up after its third refusal in a row
+        assert!(nat.relay_closed(&next[0], now).is_some_and(|(p, retry)| p == r2 && retry.is_some()));
+        let later = |k: u64| now + Duration::from_secs(120 * k);
+        assert_eq!(nat.relays_to_listen(later(1)), found, "r1 again");
+        assert!(nat.relay_closed(&found[0], later(1)).is_some_and(|(_, retry)| retry.is_some()));
+        assert_eq!(nat.relays_to_listen(later(2)), found, "r1 once more");
+        assert_eq!(nat.relay_closed(&found[0], later(2)), Some((r1, None)), "given up");
+        assert_eq!(nat.relays_to_listen(later(3)), next, "r2 is left");
+        // the explicit one failing is retried after a backoff
+        let (_, retry) = nat.relay_closed(&first[0], now).expect("ours");
+        assert!(retry.is_some());
+        assert!(nat.relays_to_listen(now).is_empty());
+        assert_eq!(nat.relays_to_listen(now + Duration::from_secs(60)).len(), 1);
+        // public: the reservations stay (libp2p's relay client cannot drop one in flight)
+        nat.confirmed(&addr("/ip4/198.18.0.7/udp/4001/quic-v1"));
+        nat.update_reachability(now + SETTLE);
+        assert_eq!(nat.relays().len(), 2);
+    }
+
+    #[test]
+    fn blob_requests_wait_for_the_hole_punch_and_relayed_connections_close_once_direct() {
+        let mut nat = Nat::new(NatConfig::default(), false);
+        let now = Instant::now();
+        let (relay, b) = (peer(), peer());
+        let relayed = ConnectionId::new_unchecked(1);
+        let direct = ConnectionId::new_unchecked(2);
+        let via = addr(&format!("/ip4/198.18.0.1/udp/1/quic-v1/p2p/{relay}/p2p-circuit/p2p/{b}"));
+        nat.connected(relayed, b, true, (&via, true), now);
+        assert!(nat.held(&b, now), "a punch is tried first");
+        assert_eq!(nat.peer_counts(), (0, 1));
+        assert!(!nat.held(&b, now + Duration::from_secs(11)), "not for ever");
+        // the punch works: requests wait until the relayed connection is gone
+        assert!(nat.connected(direct, b, false, (&addr("/ip4/198.18.0.22/udp/4001/quic-v1"), false), now));
+        assert!(nat.mark_punched(b) && !nat.mark_punched(b), "reported once");
+        assert_eq!(nat.dialled_addr(&b), None, "b dialled us");
+        assert!(nat.held(&b, now));
+        assert!(nat.relayed_to_close(now, |_| false).is_empty(), "busy: kept for a while");
+        assert_eq!(nat.relayed_to_close(now, |_| true), vec![(b, relayed)]);
+        nat.disconnected(relayed);
+        assert!(!nat.held(&b, now));
+        assert_eq!(nat.peer_counts(), (1, 0));
+        assert!(!nat.is_relayed_conn(relayed) && !nat.is_relayed_conn(direct));
+    }
+
+    #[test]
+    fn a_failed_punch_sends_requests_through_the_relay() {
+        let mut nat = Nat::new(NatConfig::default(), false);
+        let now = Instant::now();
+        let (relay, c) = (peer(), peer());
+        let via = addr(&format!("/ip4/198.18.0.1/tcp/1/p2p/{relay}/p2p-circuit/p2p/{c}"));
+        nat.connected(ConnectionId::new_unchecked(7), c, true, (&via, true), now);
+        assert_eq!(nat.held_peers(now), vec![c]);
+        nat.punch_failed(&c);
+        assert!(!nat.held(&c, now));
+        // behind a symmetric NAT a punch cannot work: nothing waits for one
+        let mut sym = Nat::new(NatConfig::default(), false);
+        sym.observed_from(&addr("/ip4/198.18.0.1/udp/9/quic-v1"), &addr("/ip4/198.18.0.103/udp/1111/quic-v1"));
+        sym.observed_from(&addr("/ip4/198.18.0.2/udp/9/quic-v1"), &addr("/ip4/198.18.0.103/udp/2222/quic-v1"));
+        sym.connected(ConnectionId::new_unchecked(9), c, true, (&via, true), now);
+        assert!(!sym.held(&c, now));
+        // without hole punching nothing waits
+        let mut off = Nat::new(NatConfig { hole_punching: false, ..NatConfig::default() }, false);
+        off.connected(ConnectionId::new_unchecked(8), c, true, (&via, true), now);
+        assert!(!off.held(&c, now));
+    }
+
+    #[test]
+    fn the_mapping_is_told_from_what_peers_at_two_addresses_observed() {
+        let mut nat = Nat::new(NatConfig::default(), false);
+        nat.listening(&addr("/ip4/192.168.1.2/udp/4001/quic-v1"));
+        assert_eq!(nat.mapping(), NatMapping::Unknown);
+        let seed = addr("/ip4/198.18.0.1/udp/9/quic-v1");
+        nat.connected(ConnectionId::new_unchecked(1), peer(), false, (&seed, true), Instant::now());
+        nat.observed(ConnectionId::new_unchecked(1), &addr("/ip4/198.18.0.11/udp/4001/quic-v1"));
+        assert_eq!(nat.mapping(), NatMapping::Unknown, "one observer is not enough");
+        nat.observed(ConnectionId::new_unchecked(2), &addr("/ip4/198.18.0.11/udp/9999/quic-v1"));
+        assert_eq!(nat.mapping(), NatMapping::Unknown, "an unknown connection is ignored");
+        nat.observed_from(&addr("/ip4/198.18.0.2/udp/9/quic-v1"), &addr("/ip4/198.18.0.11/udp/4001/quic-v1"));
+        assert_eq!(nat.mapping(), NatMapping::EndpointIndependent);
+        nat.observed_from(&addr("/ip4/198.18.0.3/udp/9/quic-v1"), &addr("/ip4/198.18.0.11/udp/51234/quic-v1"));
+        assert_eq!(nat.mapping(), NatMapping::Symmetric);
+
+        let mut open = Nat::new(NatConfig::default(), false);
+        open.listening(&addr("/ip4/198.18.0.5/udp/4001/quic-v1"));
+        open.observed_from(&addr("/ip4/198.18.0.1/udp/9/quic-v1"), &addr("/ip4/198.18.0.5/udp/4001/quic-v1"));
+        open.observed_from(&addr("/ip4/198.18.0.2/udp/9/quic-v1"), &addr("/ip4/198.18.0.5/udp/4001/quic-v1"));
+        assert_eq!(open.mapping(), NatMapping::None);
+    }
+
+    #[test]
+    fn an_inbound_connection_at_a_global_listen_address_proves_it_dialable() {
+        let mut nat = Nat::new(NatConfig::default(), true);
+        let listen = addr("/ip4/198.18.0.1/udp/4001/quic-v1");
+        let lan = addr("/ip4/192.168.1.5/udp/4001/quic-v1");
+        nat.listening(&listen);
+        nat.listening(&lan);
+        let now = Instant::now();
+        let (inbound, outbound) = (ConnectionId::new_unchecked(1), ConnectionId::new_unchecked(2));
+        nat.connected(inbound, peer(), false, (&addr("/ip4/198.18.0.101/udp/5/quic-v1"), false), now);
+        assert_eq!(nat.inbound_proof(inbound, &listen), Some(listen.clone()));
+        assert_eq!(nat.inbound_proof(inbound, &addr("/ip4/198.18.0.1/udp/4002/quic-v1")), None, "another port");
+        assert_eq!(nat.inbound_proof(inbound, &lan), None, "a neighbour on the LAN proves nothing");
+        nat.connected(outbound, peer(), false, (&addr("/ip4/198.18.0.2/udp/5/quic-v1"), true), now);
+        assert_eq!(nat.inbound_proof(outbound, &listen), None, "this node dialled it");
+        for (ip, global) in
+            [("198.18.0.1", true), ("8.8.8.8", true), ("10.1.2.3", false), ("100.64.0.1", false), ("127.0.0.1", false)]
+        {
+            assert_eq!(is_global(ip.parse().expect("ip")), global, "{ip}");
+        }
+        assert!(!is_global("fd00::1".parse().expect("ip")) && is_global("2001:db8::1".parse().expect("ip")));
+    }
+
+    #[test]
+    fn a_second_quic_observer_is_dialled_while_the_mapping_is_unknown() {
+        let mut nat = Nat::new(NatConfig::default(), false);
+        let now = Instant::now();
+        let (seed, p2) = (peer(), peer());
+        let seed_at = addr("/ip4/198.18.0.1/udp/4001/quic-v1");
+        nat.connected(ConnectionId::new_unchecked(1), seed, false, (&seed_at, true), now);
+        nat.observed(ConnectionId::new_unchecked(1), &addr("/ip4/198.18.0.103/udp/7777/quic-v1"));
+        // p2 was reached over TCP: its QUIC address comes from identify
+        nat.connected(ConnectionId::new_unchecked(2), p2, false, (&addr("/ip4/198.18.0.2/tcp/4001"), true), now);
+        nat.observed(ConnectionId::new_unchecked(2), &addr("/ip4/198.18.0.103/tcp/8888"));
+        nat.peer_quic_addr(seed, std::slice::from_ref(&seed_at));
+        nat.peer_quic_addr(p2, &[addr("/ip4/127.0.0.1/udp/4001/quic-v1"), addr("/ip4/198.18.0.2/udp/4001/quic-v1")]);
+        assert_eq!(nat.mapping(), NatMapping::Unknown);
+        assert_eq!(nat.quic_probes(), vec![(p2, addr("/ip4/198.18.0.2/udp/4001/quic-v1"))]);
+        assert!(nat.quic_probes().is_empty(), "once");
+    }
+}
