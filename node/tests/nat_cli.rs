@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+#[path = "support/namespaces.rs"]
+mod namespaces;
 #[path = "support/nat.rs"]
 mod nat;
 

@@ -33,6 +33,8 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::namespaces::{Namespaces, ip, remove_stale, run, udp_in};
+
 /// Labs made by this process so far: each gets its own names.
 static LABS: AtomicU32 = AtomicU32::new(0);
 
@@ -68,8 +70,7 @@ pub(crate) struct NatLab {
     prefix: String,
     publics: usize,
     routers: Vec<(Mapping, usize)>,
-    /// Namespaces created so far (deleted on drop, also after a failed build).
-    made: Vec<String>,
+    spaces: Namespaces,
 }
 
 impl NatLab {
@@ -87,19 +88,23 @@ impl NatLab {
                 Ok(_) => {}
             }
         }
-        remove_stale();
+        remove_stale("pcn");
         let pid = std::process::id();
         let lab = LABS.fetch_add(1, Ordering::Relaxed);
-        let mut this =
-            Self { prefix: format!("pcn{:02}{pid}", lab % 100), publics, routers: routers.to_vec(), made: Vec::new() };
+        let mut this = Self {
+            prefix: format!("pcn{:02}{pid}", lab % 100),
+            publics,
+            routers: routers.to_vec(),
+            spaces: Namespaces::default(),
+        };
         let inet = this.inet();
-        this.add_namespace(&inet)?;
+        this.spaces.add(&inet).map_err(Unavailable)?;
         ip(&["-n", &inet, "link", "add", "br0", "type", "bridge", "forward_delay", "0"])
             .map_err(|e| Unavailable(format!("no Linux bridge (CONFIG_BRIDGE or the bridge module): {e}")))?;
         ip(&["-n", &inet, "link", "set", "br0", "up"]).map_err(Unavailable)?;
         for i in 1..=publics {
             let host = this.public(i);
-            this.add_namespace(&host.ns)?;
+            this.spaces.add(&host.ns).map_err(Unavailable)?;
             this.plug(&inet, "br0", &format!("p{i}"), &host.ns, "eth0")?;
             ip(&["-n", &host.ns, "addr", "add", &format!("{}/24", host.addr), "dev", "eth0"]).map_err(Unavailable)?;
         }
@@ -163,18 +168,7 @@ impl NatLab {
 
     /// A UDP socket bound in `host`'s namespace, on an ephemeral port.
     pub(crate) fn udp(&self, host: &Host) -> std::net::UdpSocket {
-        use std::os::fd::AsRawFd;
-        let (path, addr) = (std::path::Path::new("/run/netns").join(&host.ns), host.addr);
-        std::thread::spawn(move || {
-            let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            // SAFETY: a valid namespace fd; setns changes only this thread's network
-            // namespace, and the thread ends after binding.
-            let entered = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(entered, 0, "entering {}: {}", path.display(), std::io::Error::last_os_error());
-            std::net::UdpSocket::bind((addr, 0)).unwrap_or_else(|e| panic!("binding {addr} in its namespace: {e}"))
-        })
-        .join()
-        .expect("the namespace thread")
+        udp_in(&host.ns, host.addr)
     }
 
     /// Bytes `host` received and sent on `eth0` so far.
@@ -206,7 +200,7 @@ impl NatLab {
     fn add_router(&mut self, r: usize) -> Result<(), Unavailable> {
         let (mapping, hosts) = self.routers[r - 1];
         let router = self.router(r);
-        self.add_namespace(&router)?;
+        self.spaces.add(&router).map_err(Unavailable)?;
         let inet = self.inet();
         self.plug(&inet, "br0", &format!("r{r}"), &router, "wan0")?;
         ip(&["-n", &router, "addr", "add", &format!("{}/24", self.router_wan(r)), "dev", "wan0"])
@@ -216,7 +210,7 @@ impl NatLab {
         ip(&["-n", &router, "addr", "add", &format!("192.168.{r}.1/24"), "dev", "lan0"]).map_err(Unavailable)?;
         for h in 1..=hosts {
             let host = self.private(r, h);
-            self.add_namespace(&host.ns)?;
+            self.spaces.add(&host.ns).map_err(Unavailable)?;
             self.plug(&router, "lan0", &format!("h{h}"), &host.ns, "eth0")?;
             ip(&["-n", &host.ns, "addr", "add", &format!("{}/24", host.addr), "dev", "eth0"]).map_err(Unavailable)?;
             ip(&["-n", &host.ns, "route", "add", "default", "via", &format!("192.168.{r}.1")]).map_err(Unavailable)?;
@@ -242,65 +236,5 @@ impl NatLab {
             ))
         })?;
         Ok(())
-    }
-
-    fn add_namespace(&mut self, name: &str) -> Result<(), Unavailable> {
-        // left by a test process that died with this pid: nothing else uses the name
-        let _ = ip(&["netns", "del", name]);
-        ip(&["netns", "add", name]).map_err(|e| {
-            // SAFETY: geteuid has no preconditions and cannot fail.
-            let euid = unsafe { libc::geteuid() };
-            let why = if euid == 0 { String::new() } else { format!("not root (euid {euid}); ") };
-            Unavailable(format!("{why}cannot create network namespaces (needs CAP_SYS_ADMIN): {e}"))
-        })?;
-        self.made.push(name.to_owned());
-        Ok(())
-    }
-}
-
-impl Drop for NatLab {
-    fn drop(&mut self) {
-        // hosts first, the internet last: deleting a namespace removes its veth ends
-        for name in self.made.iter().rev() {
-            if let Err(e) = ip(&["netns", "del", name]) {
-                eprintln!("deleting network namespace {name}: {e}");
-            }
-        }
-    }
-}
-
-/// Runs `ip ARGS`; the error is the command and what it printed, on one line.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let mut all = vec!["ip"];
-    all.extend_from_slice(args);
-    run(&all)
-}
-
-/// Runs a command; the error is the command and what it printed, on one line.
-fn run(args: &[&str]) -> Result<(), String> {
-    let short = || args.join(" ").split_whitespace().collect::<Vec<_>>().join(" ");
-    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("`{}`: {e}", short()))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    let said = String::from_utf8_lossy(&out.stderr);
-    Err(format!("`{}` failed ({}): {}", short(), out.status, said.split_whitespace().collect::<Vec<_>>().join(" ")))
-}
-
-/// Deletes the namespaces of labs whose test process died without dropping them
-/// (`pcnNN<pid>-…` where no process `pid` runs).
-fn remove_stale() {
-    let Ok(dir) = std::fs::read_dir("/run/netns") else { return };
-    for entry in dir.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix("pcn") else { continue };
-        let Some((head, _)) = rest.split_once('-') else { continue };
-        if head.len() < 3 || !head.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let pid = &head[2..];
-        if !std::path::Path::new("/proc").join(pid).exists() {
-            let _ = ip(&["netns", "del", &name]);
-        }
     }
 }

@@ -20,9 +20,10 @@
 use std::ffi::OsStr;
 use std::fmt;
 use std::net::Ipv4Addr;
-use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::namespaces::{Namespaces, ip, remove_stale, udp_in};
 
 /// Labs made by this process so far: each gets its own names and subnet.
 static LABS: AtomicU32 = AtomicU32::new(0);
@@ -48,8 +49,7 @@ pub(crate) struct Lab {
     prefix: String,
     net: [u8; 3],
     n: usize,
-    /// Namespaces created so far (deleted on drop, also after a failed build).
-    made: Vec<String>,
+    spaces: Namespaces,
 }
 
 impl Lab {
@@ -63,21 +63,21 @@ impl Lab {
             Err(e) => return Err(Unavailable(format!("cannot run `ip -V`: {e}"))),
             Ok(_) => {}
         }
-        remove_stale();
+        remove_stale("pcp");
         let pid = std::process::id();
         let lab = LABS.fetch_add(1, Ordering::Relaxed);
         // 10.100.0.0–10.249.255.0: clear of the usual 10.0.x and 10.1.x, and of
         // bench/link.sh's 10.77.0.0/24
         let net = [10, 100 + (pid % 150) as u8, (lab % 256) as u8];
-        let mut this = Self { prefix: format!("pcp{:02}{pid}", lab % 100), net, n, made: Vec::new() };
+        let mut this = Self { prefix: format!("pcp{:02}{pid}", lab % 100), net, n, spaces: Namespaces::default() };
         let sw = this.switch();
-        this.add_namespace(&sw)?;
+        this.spaces.add(&sw).map_err(Unavailable)?;
         ip(&["-n", &sw, "link", "add", "br0", "type", "bridge", "forward_delay", "0"])
             .map_err(|e| Unavailable(format!("no Linux bridge (CONFIG_BRIDGE or the bridge module): {e}")))?;
         ip(&["-n", &sw, "link", "set", "br0", "up"]).map_err(Unavailable)?;
         for i in 1..=n {
             let ns = this.ns(i);
-            this.add_namespace(&ns)?;
+            this.spaces.add(&ns).map_err(Unavailable)?;
             let port = format!("p{i}");
             ip(&["link", "add", "eth0", "netns", &ns, "type", "veth", "peer", "name", &port, "netns", &sw])
                 .map_err(|e| Unavailable(format!("no veth pairs (CONFIG_VETH or the veth module): {e}")))?;
@@ -163,18 +163,7 @@ impl Lab {
     /// thread that enters it): sockets keep their namespace, so the test's own
     /// threads can probe the lab's links with it.
     pub(crate) fn udp(&self, i: usize) -> std::net::UdpSocket {
-        use std::os::fd::AsRawFd;
-        let (path, addr) = (Path::new("/run/netns").join(self.ns(i)), self.addr(i));
-        std::thread::spawn(move || {
-            let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            // SAFETY: a valid namespace fd; setns changes only this thread's network
-            // namespace, and the thread ends after binding.
-            let entered = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(entered, 0, "entering {}: {}", path.display(), std::io::Error::last_os_error());
-            std::net::UdpSocket::bind((addr, 0)).unwrap_or_else(|e| panic!("binding {addr} in its namespace: {e}"))
-        })
-        .join()
-        .expect("the namespace thread")
+        udp_in(&self.ns(i), self.addr(i))
     }
 
     /// Limits what node `i` receives to `rate` (tc's units: `4mbit`), as a slow
@@ -190,63 +179,6 @@ impl Lab {
             Ok(out) if out.status.success() => {}
             Ok(out) => panic!("limiting node {i} to {rate}: tc: {}", String::from_utf8_lossy(&out.stderr).trim()),
             Err(e) => panic!("limiting node {i} to {rate}: cannot run tc: {e}"),
-        }
-    }
-
-    fn add_namespace(&mut self, name: &str) -> Result<(), Unavailable> {
-        // left by a test process that died with this pid: nothing else uses the name
-        let _ = ip(&["netns", "del", name]);
-        ip(&["netns", "add", name]).map_err(|e| {
-            // SAFETY: geteuid has no preconditions and cannot fail.
-            let euid = unsafe { libc::geteuid() };
-            let why = if euid == 0 { String::new() } else { format!("not root (euid {euid}); ") };
-            Unavailable(format!("{why}cannot create network namespaces (needs CAP_SYS_ADMIN): {e}"))
-        })?;
-        self.made.push(name.to_owned());
-        Ok(())
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        // the switch last: deleting it removes the bridge and the veth ends in it
-        for name in self.made.iter().rev() {
-            if let Err(e) = ip(&["netns", "del", name]) {
-                eprintln!("deleting network namespace {name}: {e}");
-            }
-        }
-    }
-}
-
-/// Runs `ip ARGS`; the error is the command and what it printed, on one line.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("`ip {}`: {e}", args.join(" ")))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    let said = String::from_utf8_lossy(&out.stderr);
-    Err(format!(
-        "`ip {}` failed ({}): {}",
-        args.join(" "),
-        out.status,
-        said.split_whitespace().collect::<Vec<_>>().join(" ")
-    ))
-}
-
-/// Deletes the namespaces of labs whose test process died without dropping them
-/// (`pcpNN<pid>-…` where no process `pid` runs).
-fn remove_stale() {
-    let Ok(dir) = std::fs::read_dir("/run/netns") else { return };
-    for entry in dir.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix("pcp") else { continue };
-        let Some((head, _)) = rest.split_once('-') else { continue };
-        if head.len() < 3 || !head.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let pid = &head[2..];
-        if !Path::new("/proc").join(pid).exists() {
-            let _ = ip(&["netns", "del", &name]);
         }
     }
 }
