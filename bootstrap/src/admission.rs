@@ -82,7 +82,7 @@ pub(crate) struct Remote {
 impl Remote {
     /// The peer `peer` at `addr`.
     pub(crate) fn new(peer: PeerId, addr: &Multiaddr) -> Self {
-        Self { peer, key: crate::rpc::key_of(&peer), address: crate::ip_limits::address_of(addr) }
+        Self { peer, key: crate::ids::key_of(&peer), address: crate::ip_limits::address_of(addr) }
     }
 }
 
@@ -496,7 +496,7 @@ mod tests {
 
     /// The connection of `who` from `ip`.
     fn remote(who: &Identity, ip: IpAddr) -> Remote {
-        let peer = crate::rpc::peer_of(&who.public()).expect("a valid key");
+        let peer = crate::ids::peer_of(&who.public()).expect("a valid key");
         Remote { peer, key: Some(who.public()), address: Some(crate::ip_limits::address_key(ip)) }
     }
 

@@ -25,6 +25,10 @@ pub struct Config {
     pub max_blob_size: u64,
     /// Chunk requests in flight per provider.
     pub chunk_window: usize,
+    /// A blob is in transfer while an answer to a peer's request for it is not yet
+    /// sent, and for this long after (the fetcher's next request follows), or after
+    /// this node fetched it: a [`crate::Node::release`] of it waits until then.
+    pub transfer_linger: Duration,
     /// Capacity of the command queue.
     pub command_queue: usize,
     /// Capacity of the event queue; events beyond it are dropped and counted.
@@ -130,6 +134,7 @@ impl Config {
             ban_duration: Duration::from_secs(600),
             max_blob_size: MAX_BLOB_SIZE,
             chunk_window: 8,
+            transfer_linger: Duration::from_secs(5),
             command_queue: 64,
             event_queue: 4096,
             idle_timeout: Duration::from_secs(30),

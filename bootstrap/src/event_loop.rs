@@ -1,5 +1,8 @@
-//! The swarm's event loop: one task owns the swarm, the blob store and every fetch in
-//! progress, and serves the [`crate::Node`] handle's commands.
+//! The swarm's event loop: one task owns the swarm and serves the [`crate::Node`]
+//! handle's [`Command`]s. It turns swarm events into calls on the state it owns and
+//! performs what that state asks for: blob transfer is [`Transfers`] (downloads,
+//! answers to peers, releases), NAT traversal is [`Nat`] (see `traversal`), and the
+//! DHT, gossip and signed requests are handled here.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -8,31 +11,32 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::StreamExt;
 use libp2p::core::transport::ListenerId;
 use libp2p::multiaddr::Protocol;
-use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
+use libp2p::request_response::{self, InboundRequestId, OutboundRequestId, ResponseChannel};
 use libp2p::swarm::{ConnectionId, SwarmEvent, dial_opts::DialOpts};
 use libp2p::{Multiaddr, PeerId, Swarm, gossipsub, identify, kad, noise, tcp};
-use memmap2::Mmap;
 use pcp_protocol::{BlobHash, Identity, ReplayGuard, RunId};
-use pcp_schema::{BlobRequest, BlobResponse, BlobWant, SignedEnvelope};
+use pcp_schema::BlobRequest;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::Admission;
 use crate::behaviour::{Behaviour, BehaviourEvent, KAD_PROTOCOL};
-use crate::codec::{BlobReply, ChunkFrame};
+use crate::blocking::Blocking;
+use crate::codec::BlobReply;
+use crate::command::Command;
 use crate::config::Config;
+use crate::error::{DialError, GossipError, RequestError, StartError};
 use crate::events::{Event, Reachability, Stats};
-use crate::fetch::{Blocking, Fetch, Work};
 use crate::identity_file::keypair;
+use crate::ids::InboundId;
 use crate::mux;
 use crate::nat::Nat;
-use crate::node::{DialError, FetchError, FetchReport, GossipError, StartError};
-use crate::outboard::Outboard;
-use crate::rpc::{Frame, InboundId, RequestError};
+use crate::rpc::Frame;
 use crate::seeds::{Backoff, check_port_free, dial_reason, transport_reason};
-use crate::store::{BlobStore, map_chunk};
+use crate::store::BlobStore;
 use crate::tls;
+use crate::transfers::{Action, Done, Serve, Served, Transfers};
 
 mod traversal;
 
@@ -43,18 +47,6 @@ type Reply = oneshot::Sender<Result<pcp_protocol::Verified, RequestError>>;
 const REPLAY_WINDOW_MS: u64 = 5 * 60 * 1000;
 /// How often the store is rescanned for blobs to provide.
 const RESCAN: Duration = Duration::from_secs(5);
-/// How often a fetch with no usable provider asks the DHT again.
-const REQUERY: Duration = Duration::from_secs(2);
-/// How long a fetch waits for the provider query before requesting chunks.
-const GATHER: Duration = Duration::from_millis(500);
-/// Failed requests after which a provider is dropped from a fetch.
-const MAX_PROVIDER_FAILURES: u32 = 3;
-/// Downloads in progress at once.
-const MAX_FETCHES: usize = 32;
-/// Outboards cached for serving.
-const OUTBOARD_CACHE: usize = 64;
-/// Complete blobs kept memory-mapped for serving.
-const MAP_CACHE: usize = 16;
 /// Most blocking threads hashing, reading and writing chunks at once.
 const BLOB_WORKERS: usize = 4;
 /// Blob jobs waiting for a thread; beyond this they run on the event loop itself.
@@ -74,54 +66,12 @@ const RPC_ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 /// Provider lookups in flight.
 const MAX_LOOKUPS: usize = 64;
 
-/// A command from a [`crate::Node`] handle.
-#[derive(Debug)]
-pub(crate) enum Command {
-    ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
-    ExternalAddrs(oneshot::Sender<Vec<Multiaddr>>),
-    Reachability(oneshot::Sender<Reachability>),
-    NetStatus(oneshot::Sender<crate::events::NetStatus>),
-    Dial {
-        addr: Multiaddr,
-        reply: oneshot::Sender<Result<(), DialError>>,
-    },
-    RoutingPeers(oneshot::Sender<Vec<PeerId>>),
-    ConnectedPeers(oneshot::Sender<Vec<PeerId>>),
-    Provide {
-        hash: BlobHash,
-        reply: oneshot::Sender<()>,
-    },
-    Fetch {
-        hash: BlobHash,
-        hint: Vec<PeerId>,
-        timeout: Duration,
-        reply: oneshot::Sender<Result<FetchReport, FetchError>>,
-    },
-    Subscribe {
-        run: RunId,
-        reply: oneshot::Sender<Result<(), GossipError>>,
-    },
-    Publish {
-        run: RunId,
-        data: Vec<u8>,
-        reply: oneshot::Sender<Result<(), GossipError>>,
-    },
-    Stats(oneshot::Sender<Stats>),
-    Providers {
-        key: BlobHash,
-        max: usize,
-        reply: oneshot::Sender<Vec<PeerId>>,
-    },
-    Request {
-        peer: PeerId,
-        envelope: SignedEnvelope,
-        reply: oneshot::Sender<Result<pcp_protocol::Verified, RequestError>>,
-    },
-    Respond {
-        id: InboundId,
-        envelope: SignedEnvelope,
-        reply: oneshot::Sender<()>,
-    },
+/// Blob work done on a blocking thread.
+enum Work {
+    /// A download's (see [`Transfers`]).
+    Transfer(Done),
+    /// A chunk read for a peer, and where its answer goes.
+    Read(Served, ResponseChannel<BlobReply>),
 }
 
 /// A provider lookup for [`Command::Providers`].
@@ -132,14 +82,6 @@ struct Lookup {
     reply: oneshot::Sender<Vec<PeerId>>,
 }
 
-/// An in-flight blob request.
-#[derive(Debug, Clone, Copy)]
-struct Pending {
-    hash: BlobHash,
-    peer: PeerId,
-    want: BlobWant,
-}
-
 /// Owns the swarm. Run it with [`EventLoop::run`].
 #[allow(missing_debug_implementations)]
 pub struct EventLoop {
@@ -147,21 +89,18 @@ pub struct EventLoop {
     config: Config,
     commands: mpsc::Receiver<Command>,
     events: mpsc::Sender<Event>,
-    store: BlobStore,
     seeds: Vec<(Option<PeerId>, Multiaddr)>,
     /// When to retry each seed (same order as `seeds`).
     seed_retry: Vec<Backoff>,
     /// Seed dials in flight: the index of the seed.
     seed_dials: HashMap<ConnectionId, usize>,
-    fetches: HashMap<BlobHash, Fetch>,
-    pending: HashMap<OutboundRequestId, Pending>,
+    /// Downloads, answers to peers' blob requests, and releases (see [`Transfers`]).
+    transfers: Transfers<OutboundRequestId, InboundRequestId>,
+    /// Provider queries for downloads.
     provider_queries: HashMap<kad::QueryId, BlobHash>,
     provide_replies: HashMap<kad::QueryId, oneshot::Sender<()>>,
     provided: HashSet<BlobHash>,
     banned: HashMap<PeerId, Instant>,
-    outboards: HashMap<BlobHash, Outboard>,
-    /// Memory maps of complete blobs being served (at most [`MAP_CACHE`]).
-    maps: HashMap<BlobHash, Arc<Mmap>>,
     work: Blocking<Work>,
     subscriptions: HashSet<RunId>,
     replay: ReplayGuard,
@@ -170,8 +109,6 @@ pub struct EventLoop {
     rpc_out: HashMap<OutboundRequestId, (PeerId, RunId, Reply)>,
     /// Requests waiting for the owner's answer: the channel, when it came, from whom.
     rpc_in: HashMap<InboundId, (ResponseChannel<Frame>, Instant, PeerId)>,
-    /// Blob chunks being read to answer each peer.
-    serving: HashMap<PeerId, usize>,
     /// NAT traversal: relayed connections, hole punches, relays, reachability.
     nat: Nat,
     /// Listeners on relays (reservations), by their relay address.
@@ -280,25 +217,20 @@ impl EventLoop {
             swarm,
             commands,
             events,
-            store,
+            transfers: Transfers::new(store, config.transfer_linger, config.chunk_window),
             seed_retry: vec![Backoff::default(); seeds.len()],
             seed_dials: HashMap::new(),
             seeds,
-            fetches: HashMap::new(),
-            pending: HashMap::new(),
             provider_queries: HashMap::new(),
             provide_replies: HashMap::new(),
             provided: HashSet::new(),
             banned: HashMap::new(),
-            outboards: HashMap::new(),
-            maps: HashMap::new(),
             work: Blocking::new(blob_workers(), BLOB_QUEUE),
             subscriptions: HashSet::new(),
             replay: ReplayGuard::new(REPLAY_WINDOW_MS, 1024, 4096),
             lookups: HashMap::new(),
             rpc_out: HashMap::new(),
             rpc_in: HashMap::new(),
-            serving: HashMap::new(),
             nat: Nat::new(config.nat.clone(), config.bootstrap.is_empty()),
             relay_listeners: HashMap::new(),
             relay_open,
@@ -332,7 +264,10 @@ impl EventLoop {
             tokio::select! {
                 () = cancel.cancelled() => break,
                 event = self.swarm.select_next_some() => self.on_swarm(event),
-                Some(work) = self.work.next(), if !self.work.is_idle() => self.on_work(work),
+                Some(work) = self.work.next(), if !self.work.is_idle() => {
+                    self.worked(work);
+                    self.poll_transfers();
+                }
                 command = self.commands.recv() => match command {
                     Some(c) => self.on_command(c),
                     None => break,
@@ -340,9 +275,8 @@ impl EventLoop {
                 _ = tick.tick() => self.housekeeping(),
             }
         }
-        for (_, fetch) in self.fetches.drain() {
-            fetch.fail(FetchError::Stopped(crate::node::Stopped));
-        }
+        // no transfer outlives the loop: what waited for one goes now
+        self.transfers.stop(Instant::now());
     }
 
     fn emit(&mut self, event: Event) -> bool {
@@ -470,17 +404,15 @@ impl EventLoop {
         // requests the owner never answered: dropping the channel resets the stream
         self.rpc_in.retain(|_, (_, since, _)| now.duration_since(*since) < RPC_ANSWER_TIMEOUT);
         self.nat_housekeeping(now);
-        let hashes: Vec<BlobHash> = self.fetches.keys().copied().collect();
-        for hash in hashes {
-            self.drive(hash);
-        }
+        self.transfers.housekeeping(now);
+        self.poll_transfers();
     }
 
     fn provide_store(&mut self) {
-        match self.store.list() {
+        match self.transfers.store().list() {
             Ok(hashes) => {
                 for hash in hashes {
-                    if !self.provided.contains(&hash) {
+                    if !self.provided.contains(&hash) && !self.transfers.is_deferred(&hash) {
                         self.provide(hash, None);
                     }
                 }
@@ -535,14 +467,10 @@ impl EventLoop {
             }
             Command::Provide { hash, reply } => self.provide(hash, Some(reply)),
             Command::Fetch { hash, hint, timeout, reply } => {
-                self.start_fetch(hash, timeout, reply);
                 let local = self.peer_id();
-                if let Some(fetch) = self.fetches.get_mut(&hash) {
-                    for peer in hint.into_iter().filter(|p| *p != local && !self.banned.contains_key(p)) {
-                        fetch.add_provider(peer);
-                    }
-                    self.drive(hash);
-                }
+                let hint = hint.into_iter().filter(|p| *p != local && !self.banned.contains_key(p));
+                self.transfers.fetch(hash, hint, timeout, reply, Instant::now());
+                self.poll_transfers();
             }
             Command::Subscribe { run, reply } => {
                 let result = self
@@ -568,7 +496,9 @@ impl EventLoop {
                 let _ = reply.send(result);
             }
             Command::Stats(reply) => {
-                let _ = reply.send(self.stats);
+                let mut stats = self.stats;
+                self.transfers.count(&mut stats);
+                let _ = reply.send(stats);
             }
             Command::Providers { key, max, reply } => {
                 if self.lookups.len() >= MAX_LOOKUPS {
@@ -586,6 +516,11 @@ impl EventLoop {
                 let run = RunId(envelope.run);
                 let id = self.swarm.behaviour_mut().rpc.send_request(&peer, envelope);
                 self.rpc_out.insert(id, (peer, run, reply));
+            }
+            Command::Release { hashes, reply } => {
+                let released = self.transfers.release(hashes, Instant::now());
+                self.poll_transfers();
+                let _ = reply.send(released);
             }
             Command::Respond { id, envelope, reply } => {
                 if let Some((channel, _, _)) = self.rpc_in.remove(&id)
@@ -742,20 +677,13 @@ impl EventLoop {
                     self.provider_queries.remove(&id);
                 }
                 let local = self.peer_id();
-                if let Some(fetch) = self.fetches.get_mut(&hash) {
-                    if let Ok(kad::GetProvidersOk::FoundProviders { providers, .. }) = result {
-                        for p in providers {
-                            if p != local && !self.banned.contains_key(&p) {
-                                fetch.add_provider(p);
-                            }
-                        }
-                    }
-                    if step.last {
-                        fetch.query_done(Instant::now());
-                        tracing::debug!(%hash, "provider query done");
-                    }
-                }
-                self.drive(hash);
+                let found = match result {
+                    Ok(kad::GetProvidersOk::FoundProviders { providers, .. }) => providers,
+                    _ => Default::default(),
+                };
+                let found = found.into_iter().filter(|p| *p != local && !self.banned.contains_key(p));
+                self.transfers.providers_found(hash, found, step.last, Instant::now());
+                self.poll_transfers();
             }
             _ => {}
         }
@@ -849,121 +777,66 @@ impl EventLoop {
         self.swarm.behaviour_mut().gossipsub.report_message_validation_result(&id, &source, acceptance);
     }
 
-    // ---- blob transfer -----------------------------------------------------------
+    // ---- blob transfer (the state is in `Transfers`) ------------------------------
 
-    fn start_fetch(
-        &mut self,
-        hash: BlobHash,
-        timeout: Duration,
-        reply: oneshot::Sender<Result<FetchReport, FetchError>>,
-    ) {
-        if self.store.contains(&hash) {
-            let bytes = std::fs::metadata(self.store.path(&hash)).map_or(0, |m| m.len());
-            let _ = reply.send(Ok(FetchReport {
-                hash,
-                path: self.store.path(&hash),
-                bytes,
-                providers: 0,
-                chunks_fetched: 0,
-                chunks_relayed: 0,
-                seconds: 0.0,
-            }));
+    /// Performs what [`Transfers`] asks for until it asks nothing more.
+    fn poll_transfers(&mut self) {
+        if !self.transfers.has_work() {
             return;
         }
         let now = Instant::now();
-        if let Some(fetch) = self.fetches.get_mut(&hash) {
-            fetch.add_waiter(reply, now + timeout);
-            return;
-        }
-        if self.fetches.len() >= MAX_FETCHES {
-            let _ = reply.send(Err(FetchError::Busy { hash, max: MAX_FETCHES }));
-            return;
-        }
-        tracing::debug!(%hash, "fetch started");
-        self.fetches.insert(hash, Fetch::new(hash, now, now + timeout, reply, MAX_PROVIDER_FAILURES));
-        self.query_providers(hash);
-        self.drive(hash);
-    }
-
-    fn query_providers(&mut self, hash: BlobHash) {
-        let id = self.swarm.behaviour_mut().kad.get_providers(kad_key(&hash));
-        self.provider_queries.insert(id, hash);
-        if let Some(fetch) = self.fetches.get_mut(&hash) {
-            fetch.query_started(Instant::now());
-        }
-    }
-
-    /// Advances a fetch: asks for providers, the outboard, or chunks, and finishes,
-    /// fails or times it out.
-    fn drive(&mut self, hash: BlobHash) {
-        let now = Instant::now();
-        let Some(fetch) = self.fetches.get_mut(&hash) else {
-            return;
-        };
-        if fetch.is_finishing() {
-            return;
-        }
-        if fetch.is_complete() {
-            self.finish(hash);
-            return;
-        }
-        if fetch.timed_out(now) {
-            if let Some(fetch) = self.fetches.remove(&hash) {
-                let err = fetch.timeout_error(now);
-                fetch.fail(err);
-            }
-            return;
-        }
-        if fetch.needs_query(now, REQUERY) {
-            self.query_providers(hash);
-        }
-        let window = self.config.chunk_window;
         let held = self.nat.held_peers(now);
-        let Some(fetch) = self.fetches.get_mut(&hash) else {
-            return;
-        };
-        let requests = fetch.next_requests(window, now, GATHER, &held);
-        for (peer, want) in requests {
-            let id = self.swarm.behaviour_mut().blob.send_request(&peer, BlobRequest { blob: hash.0, want });
-            self.pending.insert(id, Pending { hash, peer, want });
+        while let Some(action) = self.transfers.poll(now, &held) {
+            self.perform(action);
         }
     }
 
-    /// Moves a complete download into the store on a blocking thread (it syncs the data);
-    /// [`EventLoop::finished`] answers the waiters.
-    fn finish(&mut self, hash: BlobHash) {
-        let Some(partial) = self.fetches.get_mut(&hash).and_then(Fetch::begin_finish) else {
-            return;
-        };
-        tracing::debug!(%hash, "all chunks written, finishing");
-        let job = move || Work::Stored { hash, result: partial.finish() };
-        if let Err(job) = self.work.submit(job) {
-            self.on_work(job());
-        }
-    }
-
-    fn finished(&mut self, hash: BlobHash, stored: Result<std::path::PathBuf, crate::store::StoreError>) {
-        let Some(fetch) = self.fetches.remove(&hash) else {
-            return;
-        };
-        let (result, waiters) = fetch.finished(stored, Instant::now());
-        match &result {
-            Ok(report) => {
-                tracing::debug!(%hash, "fetch complete");
-                self.provide(hash, None);
-                self.emit(Event::BlobFetched {
-                    hash,
-                    bytes: report.bytes,
-                    providers: report.providers,
-                    seconds: report.seconds,
-                    chunks: report.chunks_fetched,
-                    chunks_relayed: report.chunks_relayed,
-                });
+    fn perform(&mut self, action: Action) {
+        match action {
+            Action::Request(request) => {
+                let message = BlobRequest { blob: request.hash.0, want: request.want };
+                let id = self.swarm.behaviour_mut().blob.send_request(&request.peer, message);
+                self.transfers.sent(id, request);
             }
-            Err(e) => tracing::warn!("{e}"),
+            Action::FindProviders(hash) => {
+                let id = self.swarm.behaviour_mut().kad.get_providers(kad_key(&hash));
+                self.provider_queries.insert(id, hash);
+            }
+            Action::Provide(hash) => self.provide(hash, None),
+            Action::Unprovide(hash) => {
+                if self.provided.remove(&hash) {
+                    self.swarm.behaviour_mut().kad.stop_providing(&kad_key(&hash));
+                }
+            }
+            Action::Ban { peer, reason } => self.ban(peer, reason),
+            Action::Emit(event) => {
+                self.emit(event);
+            }
+            Action::Reply { waiters, result } => {
+                for w in waiters {
+                    let _ = w.send(result.clone());
+                }
+            }
+            Action::Run(job) => self.run_blocking(move || Work::Transfer(job.run())),
         }
-        for w in waiters {
-            let _ = w.send(result.clone());
+    }
+
+    /// Runs `job` on a blocking thread, or here when too many wait already.
+    fn run_blocking(&mut self, job: impl FnOnce() -> Work + Send + 'static) {
+        if let Err(job) = self.work.submit(job) {
+            self.worked(job());
+        }
+    }
+
+    /// Blob work finished on a blocking thread.
+    fn worked(&mut self, work: Work) {
+        match work {
+            Work::Transfer(done) => self.transfers.done(done, Instant::now()),
+            Work::Read(read, channel) => {
+                let peer = read.peer;
+                let reply = self.transfers.served(read);
+                self.respond(peer, channel, reply);
+            }
         }
     }
 
@@ -977,292 +850,43 @@ impl EventLoop {
         self.banned.insert(peer, Instant::now() + self.config.ban_duration);
         self.swarm.behaviour_mut().blocked.block_peer(peer);
         self.swarm.behaviour_mut().kad.remove_peer(&peer);
-        for fetch in self.fetches.values_mut() {
-            fetch.remove_provider(&peer);
-        }
         self.emit(Event::MessageRejected { peer, reason });
     }
 
     fn on_blob(&mut self, event: request_response::Event<BlobRequest, BlobReply>) {
         match event {
             request_response::Event::Message { peer, message, connection_id } => match message {
-                request_response::Message::Request { request, channel, .. } => self.serve(peer, request, channel),
-                request_response::Message::Response { request_id, response } => {
-                    if self.nat.is_relayed_conn(connection_id)
-                        && let (Some(p), BlobReply::Chunk(_)) = (self.pending.get(&request_id), &response)
-                        && let (Some(fetch), BlobWant::Chunk(index)) = (self.fetches.get_mut(&p.hash), p.want)
-                    {
-                        fetch.arrived_via_relay(index);
-                        self.stats.chunks_relayed += 1;
+                request_response::Message::Request { request, channel, request_id } => {
+                    match self.transfers.serve(peer, request_id, request, Instant::now()) {
+                        Serve::Now(reply) => self.respond(peer, channel, reply),
+                        Serve::Read(read) => self.run_blocking(move || Work::Read(read.run(), channel)),
                     }
-                    self.on_response(request_id, response)
+                }
+                request_response::Message::Response { request_id, response } => {
+                    let relayed = self.nat.is_relayed_conn(connection_id);
+                    self.transfers.answered(request_id, response, relayed);
                 }
             },
+            request_response::Event::ResponseSent { request_id, .. } => {
+                self.transfers.responded(request_id, Instant::now());
+            }
+            request_response::Event::InboundFailure { request_id, peer, error, .. } => {
+                tracing::debug!(%peer, "blob request not answered: {error}");
+                self.transfers.responded(request_id, Instant::now());
+            }
             request_response::Event::OutboundFailure { request_id, error, peer, .. } => {
-                if let Some(p) = self.pending.remove(&request_id) {
-                    tracing::debug!(peer = %p.peer, hash = %p.hash, "blob request failed: {error}");
-                    // a relayed connection closed for a direct one: ask again, no strike
-                    let replaced = matches!(error, request_response::OutboundFailure::ConnectionClosed)
-                        && self.swarm.is_connected(&peer);
-                    if let Some(fetch) = self.fetches.get_mut(&p.hash) {
-                        if replaced {
-                            fetch.request_lost(p.peer, p.want);
-                        } else {
-                            fetch.request_failed(p.peer, p.want);
-                        }
-                    }
-                    self.drive(p.hash);
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn cached_outboard(&mut self, hash: &BlobHash) -> Option<Outboard> {
-        if let Some(ob) = self.outboards.get(hash) {
-            return Some(ob.clone());
-        }
-        match self.store.outboard(hash) {
-            Ok(Some(ob)) => {
-                if self.outboards.len() >= OUTBOARD_CACHE {
-                    self.outboards.clear();
-                }
-                self.outboards.insert(*hash, ob.clone());
-                Some(ob)
-            }
-            Ok(None) => None,
-            Err(e) => {
-                tracing::warn!(%hash, "reading outboard: {e}");
-                None
+                // a relayed connection closed for a direct one: ask again, no strike
+                let replaced = matches!(error, request_response::OutboundFailure::ConnectionClosed)
+                    && self.swarm.is_connected(&peer);
+                self.transfers.failed(request_id, replaced, &error);
             }
         }
-    }
-
-    /// The memory map of a complete blob, made on its first request and kept for the next
-    /// ones; `None` (the caller reads chunks instead) if it cannot be mapped.
-    fn blob_map(&mut self, hash: &BlobHash, size: u64) -> Option<Arc<Mmap>> {
-        if let Some(map) = self.maps.get(hash) {
-            return Some(Arc::clone(map));
-        }
-        match self.store.map(hash, size) {
-            Ok(Some(map)) => {
-                if self.maps.len() >= MAP_CACHE {
-                    self.maps.clear();
-                }
-                self.maps.insert(*hash, Arc::clone(&map));
-                Some(map)
-            }
-            Ok(None) => None,
-            Err(e) => {
-                tracing::debug!(%hash, "mapping blob: {e}");
-                None
-            }
-        }
-    }
-
-    fn serve(&mut self, peer: PeerId, request: BlobRequest, channel: ResponseChannel<BlobReply>) {
-        let hash = BlobHash(request.blob);
-        let response = match (self.cached_outboard(&hash), request.want) {
-            (None, _) => BlobResponse::NotFound,
-            (Some(ob), BlobWant::Outboard) => BlobResponse::Outboard { size: ob.size, chunk_cvs: ob.cvs },
-            (Some(ob), BlobWant::Chunk(index)) => {
-                *self.serving.entry(peer).or_default() += 1;
-                // paged in (or read) on a blocking thread; [`EventLoop::served`] answers
-                let map = self.blob_map(&hash, ob.size);
-                let store = self.store.clone();
-                let size = ob.size;
-                let job = move || {
-                    let mapped = map.map(|map| map_chunk(map, size, index));
-                    let result = match mapped {
-                        Some(Ok(chunk)) => Ok(chunk.map(BlobReply::Mapped)),
-                        fallback => {
-                            if let Some(Err(e)) = fallback {
-                                tracing::debug!(%hash, "paging in chunk {index}: {e}; reading it instead");
-                            }
-                            store.read_chunk_frame(&hash, size, index).map(|f| f.map(BlobReply::Chunk))
-                        }
-                    };
-                    Work::Read { peer, hash, index, channel, result }
-                };
-                if let Err(job) = self.work.submit(job) {
-                    self.on_work(job());
-                }
-                return;
-            }
-        };
-        self.respond(peer, channel, response.into());
-    }
-
-    fn served(
-        &mut self,
-        peer: PeerId,
-        hash: BlobHash,
-        index: u32,
-        channel: ResponseChannel<BlobReply>,
-        result: crate::fetch::ReadResult,
-    ) {
-        if let Some(n) = self.serving.get_mut(&peer) {
-            *n -= 1;
-            if *n == 0 {
-                self.serving.remove(&peer);
-            }
-        }
-        let response = match result {
-            Ok(Some(reply)) => {
-                let bytes = match &reply {
-                    BlobReply::Chunk(frame) => frame.data().len(),
-                    BlobReply::Mapped(chunk) => chunk.data().len(),
-                    BlobReply::Other(_) => 0,
-                };
-                self.stats.chunks_served += 1;
-                self.stats.bytes_served += bytes as u64;
-                reply
-            }
-            Ok(None) => BlobResponse::Refused(format!("chunk {index} out of range")).into(),
-            Err(e) => {
-                tracing::warn!(%hash, "reading chunk {index}: {e}");
-                BlobResponse::NotFound.into()
-            }
-        };
-        self.respond(peer, channel, response);
+        self.poll_transfers();
     }
 
     fn respond(&mut self, peer: PeerId, channel: ResponseChannel<BlobReply>, response: BlobReply) {
         if self.swarm.behaviour_mut().blob.send_response(channel, response).is_err() {
             tracing::debug!(%peer, "blob response dropped: connection closed");
         }
-    }
-
-    fn on_response(&mut self, id: OutboundRequestId, response: BlobReply) {
-        let Some(Pending { hash, peer, want }) = self.pending.remove(&id) else {
-            return;
-        };
-        if !self.fetches.contains_key(&hash) {
-            return;
-        }
-        let verdict = match (want, response) {
-            (_, BlobReply::Other(BlobResponse::NotFound | BlobResponse::Refused(_))) => {
-                if let Some(f) = self.fetches.get_mut(&hash) {
-                    f.provider_lacks(peer, want);
-                }
-                Ok(())
-            }
-            (BlobWant::Outboard, BlobReply::Other(BlobResponse::Outboard { size, chunk_cvs })) => {
-                self.on_outboard(hash, peer, Outboard { size, cvs: chunk_cvs })
-            }
-            (BlobWant::Chunk(index), BlobReply::Chunk(frame)) => {
-                self.on_chunk(hash, peer, index, frame);
-                Ok(())
-            }
-            (want, other) => {
-                if let Some(f) = self.fetches.get_mut(&hash) {
-                    f.request_failed(peer, want);
-                }
-                Err(format!("answered {want:?} for blob {hash} with {}", kind(&other)))
-            }
-        };
-        if let Err(reason) = verdict {
-            self.ban(peer, reason);
-        }
-        self.drive(hash);
-    }
-
-    fn on_outboard(&mut self, hash: BlobHash, peer: PeerId, outboard: Outboard) -> Result<(), String> {
-        if outboard.root() != Some(hash) {
-            self.stats.chunks_rejected += 1;
-            if let Some(f) = self.fetches.get_mut(&hash) {
-                f.outboard_failed(peer);
-            }
-            return Err(format!("outboard for blob {hash} does not hash to it"));
-        }
-        if self.fetches.get(&hash).is_some_and(Fetch::has_partial) {
-            return Ok(());
-        }
-        let max = self.store.max_size();
-        if outboard.size > max {
-            if let Some(f) = self.fetches.remove(&hash) {
-                f.fail(FetchError::TooLarge { hash, size: outboard.size, max });
-            }
-            return Ok(());
-        }
-        tracing::debug!(%hash, %peer, "outboard verified");
-        if let Some(f) = self.fetches.get_mut(&hash) {
-            f.opening();
-        }
-        // opening a resumed download re-verifies its chunks on disk: off the event loop
-        let store = self.store.clone();
-        let job = move || Work::Opened { hash, result: store.partial(hash, outboard) };
-        if let Err(job) = self.work.submit(job) {
-            self.on_work(job());
-        }
-        Ok(())
-    }
-
-    fn opened(&mut self, hash: BlobHash, result: Result<crate::store::Partial, crate::store::StoreError>) {
-        match result {
-            Ok(partial) => {
-                if let Some(f) = self.fetches.get_mut(&hash) {
-                    f.set_partial(partial);
-                }
-            }
-            Err(e) => {
-                if let Some(f) = self.fetches.remove(&hash) {
-                    f.fail(FetchError::Store { hash, reason: e.to_string() });
-                }
-            }
-        }
-        self.drive(hash);
-    }
-
-    /// Verifies and writes a chunk on a blocking thread; [`EventLoop::checked`] records
-    /// the outcome.
-    fn on_chunk(&mut self, hash: BlobHash, peer: PeerId, index: u32, frame: ChunkFrame) {
-        let Some(writer) = self.fetches.get_mut(&hash).and_then(|f| f.chunk_arrived(peer, index)) else {
-            return;
-        };
-        let job = move || Work::Checked { hash, peer, index, result: writer.verify_and_write(index, frame.data()) };
-        if let Err(job) = self.work.submit(job) {
-            self.on_work(job());
-        }
-    }
-
-    fn checked(&mut self, hash: BlobHash, peer: PeerId, index: u32, result: Result<bool, crate::store::StoreError>) {
-        let Some(fetch) = self.fetches.get_mut(&hash) else {
-            return;
-        };
-        match result {
-            Ok(ok) => {
-                fetch.chunk_checked(peer, index, ok);
-                if !ok {
-                    self.stats.chunks_rejected += 1;
-                    self.ban(peer, format!("chunk {index} of blob {hash} failed verification"));
-                }
-            }
-            Err(e) => {
-                if let Some(f) = self.fetches.remove(&hash) {
-                    f.fail(FetchError::Store { hash, reason: e.to_string() });
-                }
-            }
-        }
-        self.drive(hash);
-    }
-
-    /// Blob work finished on a blocking thread.
-    fn on_work(&mut self, work: Work) {
-        match work {
-            Work::Checked { hash, peer, index, result } => self.checked(hash, peer, index, result),
-            Work::Read { peer, hash, index, channel, result } => self.served(peer, hash, index, channel, result),
-            Work::Stored { hash, result } => self.finished(hash, result),
-            Work::Opened { hash, result } => self.opened(hash, result),
-        }
-    }
-}
-
-fn kind(r: &BlobReply) -> &'static str {
-    match r {
-        BlobReply::Other(BlobResponse::Outboard { .. }) => "an outboard",
-        BlobReply::Chunk(_) | BlobReply::Mapped(_) | BlobReply::Other(BlobResponse::Chunk(_)) => "a chunk",
-        BlobReply::Other(BlobResponse::NotFound) => "not-found",
-        BlobReply::Other(BlobResponse::Refused(_)) => "refused",
     }
 }

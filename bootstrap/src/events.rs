@@ -3,7 +3,7 @@
 use libp2p::{Multiaddr, PeerId};
 use pcp_protocol::{BlobHash, RunId, Verified};
 
-use crate::rpc::InboundId;
+use crate::ids::InboundId;
 
 /// Whether others can dial this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -240,4 +240,8 @@ pub struct Stats {
     pub bytes_served: u64,
     /// Blob chunks fetched over relayed connections.
     pub chunks_relayed: u64,
+    /// Blobs deleted from the store after their owner released them.
+    pub blobs_removed: u64,
+    /// Bytes those freed.
+    pub bytes_removed: u64,
 }

@@ -65,7 +65,7 @@ fn overwrite(mut bytes: Vec<u8>, edits: &[(prop::sample::Index, u8)]) -> Vec<u8>
 
 /// The RPC codec of a connection from the envelope's signer.
 fn codec() -> RpcCodec {
-    let peer = crate::rpc::peer_of(&identity().public()).expect("a valid key");
+    let peer = crate::ids::peer_of(&identity().public()).expect("a valid key");
     let addr = "/ip4/192.0.2.1/udp/1/quic-v1".parse().expect("a multiaddr");
     RpcCodec::on_connection(Arc::default(), Remote::new(peer, &addr))
 }

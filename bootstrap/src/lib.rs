@@ -18,6 +18,8 @@
 //! the DHT in parallel. Each chunk is verified against its blake3 chaining value; the
 //! chaining values are verified once against the content id (see [`outboard`]). A peer
 //! that sends a bad chunk is banned. Downloads resume from `<data-dir>/blobs/partial/`.
+//! [`Node::release`] deletes blobs the owner no longer needs, deferring those that a
+//! transfer (to a peer or from one) still reads.
 //!
 //! DiLoCo control messages (join, heartbeat, contribution) travel as signed envelopes
 //! over a request-response protocol (see [`RPC_PROTOCOL`]); the event loop verifies
@@ -25,14 +27,18 @@
 
 pub mod admission;
 mod behaviour;
+mod blocking;
 mod codec;
+mod command;
 mod config;
+mod error;
 mod event_loop;
 mod events;
 mod fetch;
 #[cfg(test)]
 mod fuzz;
 mod identity_file;
+mod ids;
 mod ip_limits;
 mod mux;
 mod nat;
@@ -43,15 +49,19 @@ mod seeds;
 mod store;
 pub mod testnet;
 mod tls;
+mod transfers;
 
 pub use admission::Admission;
 pub use behaviour::{BLOB_PROTOCOL, IDENTIFY_PROTOCOL, KAD_PROTOCOL};
 pub use codec::CapnpCodec;
+pub use command::{FetchReport, Released};
 pub use config::{Config, NatConfig, RelayLimits};
+pub use error::{DialError, FetchError, GossipError, RequestError, StartError, Stopped};
 pub use event_loop::EventLoop;
 pub use events::{Event, NatMapping, NetStatus, Reachability, RelayService, Stats};
 pub use identity_file::{IdentityError, keypair, load_or_create};
+pub use ids::{InboundId, key_of, peer_of};
 pub use libp2p::{Multiaddr, PeerId, multiaddr};
-pub use node::{DialError, FetchError, FetchReport, GossipError, Node, StartError, Stopped};
-pub use rpc::{InboundId, RPC_PROTOCOL, RequestError, key_of, peer_of};
+pub use node::Node;
+pub use rpc::RPC_PROTOCOL;
 pub use store::{BlobStore, Partial, StoreError};

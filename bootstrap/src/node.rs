@@ -1,6 +1,6 @@
-//! The handle to a running node: a Clone wrapper around the command queue.
+//! The handle to a running node: a Clone wrapper around the command queue. It knows
+//! the event loop only through [`Command`]s and the [`EventLoop`] it builds.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,136 +9,12 @@ use pcp_protocol::{BlobHash, Identity, PublicKey, RunId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::admission::Admission;
+use crate::command::{Command, FetchReport, Released};
 use crate::config::Config;
-use crate::event_loop::{Command, EventLoop};
+use crate::error::{DialError, FetchError, GossipError, RequestError, StartError, Stopped};
+use crate::event_loop::EventLoop;
 use crate::events::{Event, NetStatus, Reachability, Stats};
-use crate::rpc::{InboundId, RequestError};
-use crate::store::StoreError;
-
-/// Why a node could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The blob store could not be opened.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// A transport or behaviour could not be built.
-    #[error("building the libp2p swarm: {0}")]
-    Swarm(String),
-    /// Listening on an address failed.
-    #[error("listening on {addr}: {reason}")]
-    Listen {
-        /// The address.
-        addr: Multiaddr,
-        /// Why.
-        reason: String,
-    },
-}
-
-/// The event loop has stopped.
-#[derive(Debug, Clone, Copy, thiserror::Error)]
-#[error("the node's event loop has stopped")]
-pub struct Stopped;
-
-/// Why a dial failed.
-#[derive(Debug, thiserror::Error)]
-pub enum DialError {
-    /// The event loop has stopped.
-    #[error(transparent)]
-    Stopped(#[from] Stopped),
-    /// libp2p refused or failed the dial.
-    #[error("dialing {addr}: {reason}")]
-    Dial {
-        /// The address.
-        addr: Multiaddr,
-        /// Why.
-        reason: String,
-    },
-}
-
-/// Why a blob fetch failed.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum FetchError {
-    /// The event loop has stopped.
-    #[error(transparent)]
-    Stopped(#[from] Stopped),
-    /// No provider delivered the blob in time.
-    #[error(
-        "fetching blob {hash}: timed out after {seconds:.0} s with {done}/{total} chunks ({providers} providers known)"
-    )]
-    TimedOut {
-        /// The blob.
-        hash: BlobHash,
-        /// Seconds waited.
-        seconds: f64,
-        /// Chunks verified (kept on disk for a resume).
-        done: u32,
-        /// Chunks in the blob (0 while the outboard is unknown).
-        total: u32,
-        /// Providers known.
-        providers: usize,
-    },
-    /// Too many downloads are in progress.
-    #[error("fetching blob {hash}: {max} downloads already in progress")]
-    Busy {
-        /// The blob.
-        hash: BlobHash,
-        /// The limit.
-        max: usize,
-    },
-    /// The blob is larger than this node accepts.
-    #[error("blob {hash} has {size} bytes, over the limit of {max}")]
-    TooLarge {
-        /// The blob.
-        hash: BlobHash,
-        /// Its size.
-        size: u64,
-        /// The limit.
-        max: u64,
-    },
-    /// The store failed.
-    #[error("storing blob {hash}: {reason}")]
-    Store {
-        /// The blob.
-        hash: BlobHash,
-        /// The store error.
-        reason: String,
-    },
-}
-
-/// Why a gossip operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum GossipError {
-    /// The event loop has stopped.
-    #[error(transparent)]
-    Stopped(#[from] Stopped),
-    /// gossipsub refused.
-    #[error("gossip on run {run}: {reason}")]
-    Refused {
-        /// The run.
-        run: RunId,
-        /// Why.
-        reason: String,
-    },
-}
-
-/// A completed fetch.
-#[derive(Debug, Clone)]
-pub struct FetchReport {
-    /// The blob.
-    pub hash: BlobHash,
-    /// Where it is stored.
-    pub path: PathBuf,
-    /// Its size.
-    pub bytes: u64,
-    /// Providers that delivered verified chunks (0 if it was already local).
-    pub providers: usize,
-    /// Chunks fetched over the network; fewer than the blob has when a download resumed.
-    pub chunks_fetched: u32,
-    /// Of those, chunks that came through a relay.
-    pub chunks_relayed: u32,
-    /// Wall time.
-    pub seconds: f64,
-}
+use crate::ids::InboundId;
 
 /// A handle to a running node. Cheap to clone; every method talks to the event loop
 /// over a bounded queue.
@@ -223,6 +99,15 @@ impl Node {
     /// Announces a blob in the store as provided by this node.
     pub async fn provide(&self, hash: BlobHash) -> Result<(), Stopped> {
         self.ask(|reply| Command::Provide { hash, reply }).await
+    }
+
+    /// Deletes blobs from the store and stops announcing them. A blob that a peer is
+    /// fetching from this node (a chunk or outboard request in flight, or one within
+    /// the last few seconds), or that this node is fetching, is deleted when that
+    /// transfer ends, and at the latest a few minutes later; one added to the store
+    /// or fetched again meanwhile is kept.
+    pub async fn release(&self, hashes: Vec<BlobHash>) -> Result<Released, Stopped> {
+        self.ask(|reply| Command::Release { hashes, reply }).await
     }
 
     /// Fetches a blob from its providers, verifying every chunk, into the store.

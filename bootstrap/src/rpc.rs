@@ -38,7 +38,6 @@ use pcp_schema::{FrameHead, MAX_CONTROL_MESSAGE, MAX_FRAME_HEAD, Message, Messag
 
 use crate::admission::{Admission, Permit, Remote};
 use crate::codec::read_growing;
-use crate::node::Stopped;
 
 /// The DiLoCo request-response protocol (2.0.0: the signed head before the payload).
 pub const RPC_PROTOCOL: StreamProtocol = StreamProtocol::new("/pcp/diloco/2.0.0");
@@ -327,64 +326,6 @@ impl NetworkBehaviour for RpcBehaviour {
     }
 }
 
-/// An inbound request waiting for its answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct InboundId(pub(crate) u64);
-
-impl std::fmt::Display for InboundId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "#{}", self.0)
-    }
-}
-
-/// Why a request got no verified answer.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum RequestError {
-    /// The event loop has stopped.
-    #[error(transparent)]
-    Stopped(#[from] Stopped),
-    /// Too many requests are in flight.
-    #[error("request to {peer}: {max} requests already in flight")]
-    Busy {
-        /// The peer.
-        peer: PeerId,
-        /// The limit.
-        max: usize,
-    },
-    /// The request did not get through (dial failure, timeout, stream reset, refusal).
-    #[error("request to {peer}: {reason}")]
-    Failed {
-        /// The peer.
-        peer: PeerId,
-        /// Why.
-        reason: String,
-    },
-    /// The answer did not verify, or was signed by someone other than the peer.
-    #[error("answer from {peer} rejected: {reason}")]
-    Rejected {
-        /// The peer.
-        peer: PeerId,
-        /// Why.
-        reason: String,
-    },
-}
-
-/// The PeerId of an ed25519 key, or `None` when the bytes are not a valid key.
-pub fn peer_of(key: &PublicKey) -> Option<PeerId> {
-    let key = libp2p::identity::ed25519::PublicKey::try_from_bytes(&key.0).ok()?;
-    Some(libp2p::identity::PublicKey::from(key).to_peer_id())
-}
-
-/// The ed25519 key a peer id embeds (every pcp peer id does), or `None`.
-pub fn key_of(peer: &PeerId) -> Option<PublicKey> {
-    let multihash = peer.as_ref();
-    if multihash.code() != 0 {
-        return None; // not an identity multihash: the key is not inside
-    }
-    let key = libp2p::identity::PublicKey::try_decode_protobuf(multihash.digest()).ok()?;
-    Some(PublicKey(key.try_into_ed25519().ok()?.to_bytes()))
-}
-
 #[cfg(test)]
 mod tests {
     use libp2p::request_response::Codec as _;
@@ -392,6 +333,7 @@ mod tests {
     use pcp_schema::Heartbeat;
 
     use super::*;
+    use crate::ids::{key_of, peer_of};
 
     fn heartbeat(identity: &Identity) -> SignedEnvelope {
         let binding = Binding { run: RunId([1; 32]), round: 2, nonce: 3, unix_ms: 4 };

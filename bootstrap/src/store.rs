@@ -104,6 +104,52 @@ impl BlobStore {
         self.outboard_path(hash).is_file() && self.path(hash).is_file()
     }
 
+    /// The size of a complete blob, `None` if it is not here.
+    pub fn size(&self, hash: &BlobHash) -> Option<u64> {
+        if !self.contains(hash) {
+            return None;
+        }
+        fs::metadata(self.path(hash)).ok().map(|m| m.len())
+    }
+
+    /// Which file holds a complete blob now (device and inode), `None` if it is not
+    /// here. Adding the blob again (a put or a finished fetch renames a new file into
+    /// place) changes it: a deletion decided before then must not remove the new copy.
+    pub(crate) fn file_id(&self, hash: &BlobHash) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt as _;
+        fs::metadata(self.path(hash)).ok().map(|m| (m.dev(), m.ino()))
+    }
+
+    /// Deletes a blob: its data, its outboard and any download of it in progress
+    /// on disk. Returns the bytes freed (0 when nothing was there). The data goes
+    /// first, so a crash in between leaves only an outboard, which is not a blob.
+    ///
+    /// Whoever calls this must know that nobody reads the blob any more: the event
+    /// loop defers the removal of blobs being served or fetched (see
+    /// [`crate::Node::release`]).
+    pub fn remove(&self, hash: &BlobHash) -> Result<u64, StoreError> {
+        let mut freed = 0;
+        for path in [
+            self.path(hash),
+            self.outboard_path(hash),
+            self.partial_path(hash, ""),
+            self.partial_path(hash, ".outboard"),
+            self.partial_path(hash, ".done"),
+        ] {
+            let len = match fs::metadata(&path) {
+                Ok(m) => m.len(),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_err("stat", &path)(e)),
+            };
+            match fs::remove_file(&path) {
+                Ok(()) => freed += len,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err("remove", &path)(e)),
+            }
+        }
+        Ok(freed)
+    }
+
     /// Every complete blob.
     pub fn list(&self) -> Result<Vec<BlobHash>, StoreError> {
         let mut out = Vec::new();
@@ -561,6 +607,38 @@ mod tests {
         assert!(map_chunk(map, size, 3)?.is_none());
         assert!(store.map(&hash, size + 1)?.is_none(), "a size that differs from the file's");
         assert!(store.map(&BlobHash::of(b"absent"), size)?.is_none());
+        Ok(())
+    }
+
+    /// Removing a blob deletes its data, its outboard and a download of it in
+    /// progress, and counts the bytes; removing it again, or an absent blob, frees
+    /// nothing. A blob added again is a new file.
+    #[test]
+    fn remove_deletes_blob_outboard_and_partial() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let store = BlobStore::open(dir.path())?;
+        let data: Vec<u8> = (0..(CHUNK_SIZE + 7)).map(|i| (i % 241) as u8).collect();
+        let hash = store.put_bytes(&data)?;
+        let kept = store.put_bytes(b"another blob")?;
+        assert_eq!(store.size(&hash), Some(data.len() as u64));
+        let before = store.file_id(&hash).ok_or_else(|| anyhow::anyhow!("no file"))?;
+        store.put_bytes(&data)?;
+        assert!(store.file_id(&hash).is_some_and(|id| id != before), "a blob added again is a new file");
+        // a download of the same blob left on disk by an earlier run
+        let ob = store.outboard(&hash)?.ok_or_else(|| anyhow::anyhow!("no outboard"))?;
+        let mut partial = store.partial(hash, ob)?;
+        partial.write_chunk(0, &data[..CHUNK_SIZE])?;
+        drop(partial);
+        let freed = store.remove(&hash)?;
+        // data, outboard (8 + 2 × 32 bytes), and the partial data, outboard and marks
+        assert_eq!(freed, data.len() as u64 + 72 + data.len() as u64 + 72 + 2);
+        assert!(!store.contains(&hash));
+        assert_eq!(store.size(&hash), None);
+        assert_eq!(store.list()?, vec![kept]);
+        let leftovers: Vec<_> = fs::read_dir(dir.path().join("blobs/partial"))?.collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        assert_eq!(store.remove(&hash)?, 0);
+        assert_eq!(store.remove(&BlobHash::of(b"absent"))?, 0);
         Ok(())
     }
 

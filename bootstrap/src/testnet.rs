@@ -11,9 +11,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::error::StartError;
 use crate::events::Event;
 use crate::identity_file::load_or_create;
-use crate::node::{Node, StartError};
+use crate::node::Node;
 
 /// Why a test network operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +35,7 @@ pub enum TestNetError {
     },
     /// The node's event loop stopped.
     #[error(transparent)]
-    Stopped(#[from] crate::node::Stopped),
+    Stopped(#[from] crate::error::Stopped),
 }
 
 /// One running node of a [`TestNet`].

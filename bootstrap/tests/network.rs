@@ -436,6 +436,8 @@ async fn contributions_are_read_only_from_participants_of_the_open_round() -> an
         bytes_down: 0,
         term: 0,
         params_hash: [0; 32],
+        train_ms: 0,
+        wall_ms: 0,
     };
     let mut nonce = 0;
     let mut send = |len: usize| {
@@ -496,6 +498,8 @@ async fn a_replayed_head_takes_none_of_its_signers_permits() -> anyhow::Result<(
         bytes_down: 0,
         term: 0,
         params_hash: [0; 32],
+        train_ms: 0,
+        wall_ms: 0,
     };
     let sealed = |nonce| seal(&worker_key, Binding { run, round: 1, nonce, unix_ms: now_ms() }, &contribution);
     let send = |from: &pcp_bootstrap::Node, envelope| {

@@ -14,8 +14,11 @@
 //!   and each round's parameters as blobs, gossips announcements and heartbeats on the
 //!   run's topic, aggregates contributions, applies the outer Nesterov step, and
 //!   checkpoints every round.
+//! * Every role keeps the blobs of its last `--keep-rounds` rounds and what it pins,
+//!   and releases the rest as rounds complete (see [`retention`]).
 
 mod candidate;
+mod retention;
 mod shepherd;
 mod wire;
 mod worker;
@@ -34,6 +37,7 @@ pub(crate) struct RoleIo {
 }
 
 pub(crate) use candidate::{Begin, STANDBY, run as candidate_run};
+pub(crate) use retention::{Retention, RetentionArgs};
 pub(crate) use shepherd::{
     SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, parse_encoding, parse_trim,
 };

@@ -14,7 +14,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::Failure;
-use crate::diloco::{Begin, RoleIo, ShepherdArgs, ShepherdHooks, ShepherdPlan, WorkerArgs, WorkerPlan};
+use crate::diloco::{
+    Begin, Retention, RetentionArgs, RoleIo, ShepherdArgs, ShepherdHooks, ShepherdPlan, WorkerArgs, WorkerPlan,
+};
 use crate::events::{EventLog, Events};
 
 /// How long the reachability self-test waits for a dial-back.
@@ -374,20 +376,27 @@ pub(crate) enum Role {
     /// Find runs and train in them.
     Worker(WorkerPlan),
     /// Stand by as a coordinator candidate of a run (the first the DHT knows when
-    /// `None`), ready to lead it.
-    Candidate(Option<pcp_protocol::RunId>, ShepherdHooks),
+    /// `None`), ready to lead it, keeping the blobs of its recent rounds.
+    Candidate(Option<pcp_protocol::RunId>, ShepherdHooks, Retention),
 }
 
 impl Role {
     /// The role the flags ask for.
-    pub(crate) fn from_args(net: &NetArgs, shepherd: &ShepherdArgs, worker: &WorkerArgs) -> Result<Self, Failure> {
+    pub(crate) fn from_args(
+        net: &NetArgs,
+        shepherd: &ShepherdArgs,
+        worker: &WorkerArgs,
+        retention: RetentionArgs,
+    ) -> Result<Self, Failure> {
         if shepherd.shepherd {
             if shepherd.candidate.iter().any(String::is_empty) {
                 return Err(Failure::input(anyhow::anyhow!(
                     "with --shepherd, --candidate names a candidate: a peer id, a hex public key or an identity.key"
                 )));
             }
-            return Ok(Self::Shepherd(Box::new(ShepherdPlan::new(shepherd, &net.data_dir)?), ShepherdHooks::default()));
+            let mut plan = ShepherdPlan::new(shepherd, &net.data_dir)?;
+            plan.retention = Retention::new(retention.keep());
+            return Ok(Self::Shepherd(Box::new(plan), ShepherdHooks::default()));
         }
         if !shepherd.candidate.is_empty() {
             if shepherd.candidate.iter().any(|c| !c.is_empty()) {
@@ -399,12 +408,14 @@ impl Role {
                 Failure::input(anyhow::anyhow!("a standby candidate needs the run: --candidate --run RUN_ID"))
             })?;
             let run = run.parse().map_err(|e| Failure::input(anyhow::anyhow!("--run {run:?}: {e}")))?;
-            return Ok(Self::Candidate(Some(run), ShepherdHooks::default()));
+            return Ok(Self::Candidate(Some(run), ShepherdHooks::default(), Retention::new(retention.keep())));
         }
         if worker.no_train {
             return Ok(Self::Relay);
         }
-        Ok(Self::Worker(WorkerPlan::new(worker)?))
+        let mut plan = WorkerPlan::new(worker)?;
+        plan.keep_rounds = retention.keep();
+        Ok(Self::Worker(plan))
     }
 }
 
@@ -445,8 +456,8 @@ pub(crate) async fn run_node(
             Role::Shepherd(plan, hooks) => {
                 crate::diloco::candidate_run(Begin::Lead(plan), io, requests_rx, hooks, role_cancel).await
             }
-            Role::Candidate(run, hooks) => {
-                crate::diloco::candidate_run(Begin::Standby(run), io, requests_rx, hooks, role_cancel).await
+            Role::Candidate(run, hooks, retention) => {
+                crate::diloco::candidate_run(Begin::Standby(run, retention), io, requests_rx, hooks, role_cancel).await
             }
             Role::Worker(plan) => crate::diloco::worker_run(plan, io, requests_rx, role_cancel).await,
         }

@@ -47,6 +47,8 @@ struct Cli {
     #[command(flatten)]
     worker: diloco::WorkerArgs,
     #[command(flatten)]
+    retention: diloco::RetentionArgs,
+    #[command(flatten)]
     tui: tui::TuiArgs,
     #[command(subcommand)]
     command: Option<Command>,
@@ -184,6 +186,7 @@ fn wants_dashboard(cli: &Cli) -> Result<bool, join::Usage> {
 /// Runs the command line's command, on the dashboard with `dashboard`.
 fn run(cli: Cli, dashboard: bool) -> Result<(), Failure> {
     let root = cli.net;
+    let retention = cli.retention;
     let offline = |command: &str| root.resolve(join::NetFlags::default(), command, join::Uses::Nothing);
     let command = match cli.command {
         Some(Command::Graph(command)) => {
@@ -207,11 +210,11 @@ fn run(cli: Cli, dashboard: bool) -> Result<(), Failure> {
             None if cli.worker.scale.is_some() => {
                 let net = join::NetFlags::default().resolve(root, "", join::Uses::Network)?;
                 let n = cli.worker.scale.unwrap_or(1);
-                supervisor::run(n, net, cli.worker).await
+                supervisor::run(n, net, cli.worker, retention).await
             }
             None => {
                 let net = join::NetFlags::default().resolve(root, "", join::Uses::Network)?;
-                let role = join::Role::from_args(&net, &cli.shepherd, &cli.worker)?;
+                let role = join::Role::from_args(&net, &cli.shepherd, &cli.worker, retention)?;
                 let cancel = tokio_util::sync::CancellationToken::new();
                 // `q` on the dashboard stops the node as Ctrl-C does; dropped, it restores the terminal
                 // a relay (--no-train) has no run to show: it prints its plain lines
@@ -230,7 +233,8 @@ fn run(cli: Cli, dashboard: bool) -> Result<(), Failure> {
                 generate::run(args, &root.resolve(data_dir.into(), "generate", join::Uses::DataDir)?).await
             }
             Some(Command::Bench(command)) => bench::run(command, &root).await,
-            Some(Command::Sim { args, local, .. }) => {
+            Some(Command::Sim { mut args, local, .. }) => {
+                args.retention = args.retention.or(retention);
                 let net = root.resolve(local.into(), "sim", join::Uses::Local)?;
                 let quit = tokio_util::sync::CancellationToken::new();
                 let _dashboard =

@@ -42,6 +42,7 @@ struct Metrics {
     rounds: Counter,
     contributors: Gauge,
     mean_loss: FloatGauge,
+    utilization: FloatGauge,
     val_loss: FloatGauge,
     train_loss: FloatGauge,
     tokens_per_second: FloatGauge,
@@ -68,6 +69,7 @@ impl Metrics {
             rounds: Counter::default(),
             contributors: Gauge::default(),
             mean_loss: FloatGauge::default(),
+            utilization: FloatGauge::default(),
             val_loss: FloatGauge::default(),
             train_loss: FloatGauge::default(),
             tokens_per_second: FloatGauge::default(),
@@ -88,6 +90,11 @@ impl Metrics {
         let r = &mut registry;
         r.register("rounds_completed", "DiLoCo rounds the shepherd completed", metrics.rounds.clone());
         r.register("round_contributors", "Contributions averaged in the last round", metrics.contributors.clone());
+        r.register(
+            "utilization",
+            "Seconds in inner steps over wall seconds in the last round (a worker's own; a shepherd's contributors' together)",
+            metrics.utilization.clone(),
+        );
         r.register("round_mean_loss", "Mean inner loss of the last round's contributions", metrics.mean_loss.clone());
         r.register("val_loss", "Validation loss after the last round (or eval)", metrics.val_loss.clone());
         r.register("train_loss", "Loss of the last training step (pcp-node train)", metrics.train_loss.clone());
@@ -141,8 +148,12 @@ impl Metrics {
                         gauge.set(i64::try_from(v).unwrap_or(i64::MAX));
                     }
                 }
-                let floats =
-                    [(&self.mean_loss, "mean_loss"), (&self.val_loss, "val_loss"), (&self.round_seconds, "seconds")];
+                let floats = [
+                    (&self.mean_loss, "mean_loss"),
+                    (&self.val_loss, "val_loss"),
+                    (&self.round_seconds, "seconds"),
+                    (&self.utilization, "utilization"),
+                ];
                 for (gauge, key) in floats {
                     if let Some(v) = f64_of(key) {
                         gauge.set(v);
@@ -167,6 +178,9 @@ impl Metrics {
                 self.contribution_bytes_down.inc_by(u64_of("bytes_down").unwrap_or(0));
             }
             "contribution_sent" => {
+                if let Some(v) = f64_of("utilization") {
+                    self.utilization.set(v);
+                }
                 self.contribution_bytes_up.inc_by(u64_of("bytes_up").unwrap_or(0));
                 self.contribution_bytes_down.inc_by(u64_of("bytes_down").unwrap_or(0));
             }
@@ -311,7 +325,7 @@ mod tests {
         m.observe(
             "round_completed",
             &json!({"round": 1, "contributors": 3, "mean_loss": 2.5, "val_loss": 2.25, "seconds": 1.5,
-                    "bytes_in": 1000, "bytes_out": 2000, "update_bytes": 300}),
+                    "bytes_in": 1000, "bytes_out": 2000, "update_bytes": 300, "utilization": 0.75}),
         );
         m.observe("contribution_received", &json!({"bytes": 40, "bytes_down": 300}));
         m.observe("contribution_received", &json!({"bytes": 40, "bytes_down": 4000}));
@@ -329,6 +343,7 @@ mod tests {
             "pcp_val_loss 2.25",
             "pcp_round_bytes_in 1000",
             "pcp_round_update_bytes 300",
+            "pcp_utilization 0.75",
             "pcp_contribution_bytes_up_total 80",
             "pcp_contribution_bytes_down_total 4300",
             "pcp_contributions_rejected_total{reason=\"no improvement\"} 2",

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Failure;
 use crate::config::Experiment;
-use crate::diloco::{Hostile, ShepherdHooks, ShepherdPlan, WorkerArgs, WorkerPlan};
+use crate::diloco::{Hostile, Retention, RetentionArgs, ShepherdHooks, ShepherdPlan, WorkerArgs, WorkerPlan};
 use crate::events::Events;
 use crate::join::{NetArgs, Role, run_node};
 use crate::model::Model;
@@ -50,6 +50,10 @@ pub(crate) struct SimArgs {
     /// Kill worker NODE (1-based) when round ROUND opens: `ROUND:NODE`.
     #[arg(long, value_name = "ROUND:NODE")]
     kill_at: Option<String>,
+    /// Start killed worker NODE again, with its identity and data directory, when
+    /// round ROUND opens: `ROUND:NODE`.
+    #[arg(long, value_name = "ROUND:NODE")]
+    restart_at: Option<String>,
     /// Start one more worker when round ROUND opens.
     #[arg(long, value_name = "ROUND")]
     join_at: Option<u64>,
@@ -63,6 +67,14 @@ pub(crate) struct SimArgs {
     /// `sparse:chunk=4096,k=64,bits=2,decay=0.95,down=256` spells out the defaults).
     #[arg(long, default_value = "fp32")]
     encoding: String,
+    /// Workers train the next round while a round syncs, and rebase onto the
+    /// shepherd's update when it arrives.
+    #[arg(long)]
+    overlap: bool,
+    /// Streaming DiLoCo: P fragments by layer, one synced per round every τ/P inner
+    /// steps (P × --rounds syncs).
+    #[arg(long, default_value_t = 1, value_name = "P")]
+    fragments: u32,
     /// Inner learning rate.
     #[arg(long, default_value_t = 3e-3)]
     lr: f64,
@@ -103,6 +115,8 @@ pub(crate) struct SimArgs {
     /// The leader's lease: candidates take over after this long without a heartbeat.
     #[arg(long, default_value_t = 5_000)]
     lease_ms: u64,
+    #[command(flatten)]
+    pub(crate) retention: RetentionArgs,
 }
 
 /// `--worker-backend` specs: worker → (backend, target).
@@ -120,7 +134,7 @@ fn parse_worker_backends(specs: &[String]) -> Result<BTreeMap<u32, WorkerArgs>, 
 }
 
 fn parse_kill(spec: &str) -> Result<(u64, u32), Failure> {
-    let bad = || Failure::input(anyhow::anyhow!("--kill-at takes ROUND:NODE, got {spec:?}"));
+    let bad = || Failure::input(anyhow::anyhow!("--kill-at and --restart-at take ROUND:NODE, got {spec:?}"));
     let (r, n) = spec.split_once(':').ok_or_else(bad)?;
     Ok((r.parse().map_err(|_| bad())?, n.parse().map_err(|_| bad())?))
 }
@@ -153,24 +167,107 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
         )));
     }
     let _metrics = crate::metrics::serve(net.metrics).await.map_err(Failure::input)?;
-    let encoding = crate::diloco::parse_encoding(&args.encoding, args.trim)?;
-    let outer_lr = match (args.outer_lr, encoding) {
-        (Some(lr), _) => f64::from(lr),
-        (None, Encoding::Sparse(_)) => crate::diloco::SPARSE_OUTER_LR,
-        (None, _) => Experiment::default().outer_lr,
+    let churn = Churn {
+        kill_at: args.kill_at.as_deref().map(parse_kill).transpose()?,
+        restart_at: args.restart_at.as_deref().map(parse_kill).transpose()?,
+        join_at: args.join_at,
+        next: args.nodes as u32,
     };
-    let kill_at = args.kill_at.as_deref().map(parse_kill).transpose()?;
-    let hostile = parse_hostile(&args.hostile)?;
     let worker_args = WorkerArgs {
         backend: args.device.backend.clone(),
         target: args.device.target.clone(),
         ..WorkerArgs::default()
     };
     let worker_plan = WorkerPlan::new(&worker_args)?;
-    let mut worker_plans = BTreeMap::new();
-    for (node, args) in parse_worker_backends(&args.worker_backend)? {
-        worker_plans.insert(node, WorkerPlan::new(&args)?);
+    let worker_plans = parse_worker_backends(&args.worker_backend)?
+        .into_iter()
+        .map(|(n, a)| Ok((n, WorkerPlan::new(&a)?)))
+        .collect::<Result<_, Failure>>()?;
+    let hostile = parse_hostile(&args.hostile)?;
+    // Every node gets its own directory; blobs from earlier sims are dropped, the
+    // compiled artifacts kept.
+    let root = net.data_dir.join("sim");
+    clear(&root);
+    let plan = shepherd_plan(&args, net, &root)?;
+    let _wandb = crate::wandb::Bridge::start(Some(plan.experiment()), "sim");
+    let (opened_tx, opened) = mpsc::channel(16);
+    let (replicated_tx, replicated) = mpsc::channel(64);
+    let hooks = ShepherdHooks { opened: Some(opened_tx), replicated: None };
+    let candidate_hooks = ShepherdHooks { replicated: Some(replicated_tx), ..hooks.clone() };
+    let shepherd_net = NetArgs {
+        bootstrap: Vec::new(),
+        listen: loopback(),
+        nat: Default::default(),
+        data_dir: root.join("shepherd"),
+        events: net.events.clone(),
+        metrics: None,
+    };
+    let cancel = CancellationToken::new();
+    let mut nodes: JoinSet<(u32, Result<(), Failure>)> = JoinSet::new();
+    let (addr_tx, mut addrs) = mpsc::channel(8);
+    let shepherd_cancel = cancel.child_token();
+    {
+        let cancel = shepherd_cancel.clone();
+        let role = Role::Shepherd(Box::new(plan), hooks);
+        nodes.spawn(async move { (0, run_node(&shepherd_net, role, false, Some(addr_tx), cancel).await) });
     }
+    let shepherd_addr = tokio::time::timeout(Duration::from_secs(30), addrs.recv())
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(|| anyhow::anyhow!("the shepherd's node did not start listening"))?;
+    let shepherd_peer = pcp_bootstrap::load_or_create(&root.join("shepherd"))?;
+    let bootstrap = shepherd_addr.with(Protocol::P2p(pcp_bootstrap::keypair(&shepherd_peer).public().to_peer_id()));
+    let mut cluster = Cluster {
+        worker_plan,
+        worker_plans,
+        hostile,
+        keep_rounds: args.retention.keep(),
+        events: Events::open(net.events.as_deref()).map_err(Failure::input)?,
+        events_path: net.events.clone(),
+        root,
+        bootstrap,
+        cancel,
+        nodes,
+        workers: BTreeMap::new(),
+    };
+    let replicated = cluster.stand_by(&args, candidate_hooks, replicated).await?;
+    let kill = ShepherdKill {
+        at: args.kill_shepherd_at,
+        when: None,
+        killed: false,
+        holding: BTreeMap::new(),
+        candidates: args.candidates,
+        token: shepherd_cancel,
+    };
+    let result = cluster.direct(args.candidates as u32, churn, kill, (opened, replicated), quit).await;
+    cluster.cancel.cancel();
+    while cluster.nodes.join_next().await.is_some() {}
+    result
+}
+
+/// Drops the blobs, checkpoints and worker and candidate directories of an earlier
+/// sim under `root`; the compiled artifacts stay.
+fn clear(root: &std::path::Path) {
+    let shepherd_dir = root.join("shepherd");
+    let _ = std::fs::remove_dir_all(shepherd_dir.join("blobs"));
+    let _ = std::fs::remove_dir_all(shepherd_dir.join("shepherd"));
+    for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("worker-") || name.starts_with("candidate-") {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// The shepherd's plan from sim's flags: the experiment, model, corpus and run settings.
+fn shepherd_plan(args: &SimArgs, net: &NetArgs, root: &std::path::Path) -> Result<ShepherdPlan, Failure> {
+    let encoding = crate::diloco::parse_encoding(&args.encoding, args.trim)?;
+    let outer_lr = match (args.outer_lr, encoding) {
+        (Some(lr), _) => f64::from(lr),
+        (None, Encoding::Sparse(_)) => crate::diloco::SPARSE_OUTER_LR,
+        (None, _) => Experiment::default().outer_lr,
+    };
     let data_path = args.data.clone().or_else(default_corpus).ok_or_else(|| {
         Failure::input(anyhow::anyhow!("no --data given and no demo corpus found; run scripts/setup.sh"))
     })?;
@@ -191,25 +288,10 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
         nesterov_momentum: f64::from(args.outer_momentum),
         ..Experiment::default()
     };
-
-    // Every node gets its own directory; blobs from earlier sims are dropped, the
-    // compiled artifacts kept.
-    let root = net.data_dir.join("sim");
-    let shepherd_dir = root.join("shepherd");
-    let _ = std::fs::remove_dir_all(shepherd_dir.join("blobs"));
-    let _ = std::fs::remove_dir_all(shepherd_dir.join("shepherd"));
-    for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("worker-") || name.starts_with("candidate-") {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-    let candidate_dir = |n: u32| root.join(format!("candidate-{n}"));
-    let mut candidate_keys = Vec::new();
+    let mut candidates = Vec::new();
     for n in 1..=args.candidates as u32 {
-        candidate_keys.push(pcp_bootstrap::load_or_create(&candidate_dir(n))?.public());
+        candidates.push(pcp_bootstrap::load_or_create(&candidate_dir(root, n))?.public());
     }
-    let _wandb = crate::wandb::Bridge::start(Some(&experiment), "sim");
     let mut plan = ShepherdPlan::for_sim(
         experiment,
         model,
@@ -218,147 +300,205 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
         args.nodes - 1 - args.candidates,
         encoding,
         args.heartbeat_timeout_ms,
-        shepherd_dir.join("shepherd"),
+        root.join("shepherd").join("shepherd"),
     );
     plan.table = true;
     plan.screen = crate::diloco::Screen::parse(&args.screen)?;
     plan.trim = args.trim;
-    plan.candidates = candidate_keys;
+    plan.overlap = args.overlap;
+    let mut plan = plan.with_fragments(args.fragments)?;
+    plan.candidates = candidates;
+    plan.retention = Retention::new(args.retention.keep());
     plan.lease_ms = args.lease_ms.max(500);
     // share the compile cache of `train` and `generate` in the same data directory
     plan.artifacts_dir = Some(net.data_dir.join("artifacts"));
-    let (opened_tx, mut opened) = mpsc::channel(16);
-    let (replicated_tx, mut replicated) = mpsc::channel(64);
-    let hooks = ShepherdHooks { opened: Some(opened_tx), replicated: None };
-    let candidate_hooks = ShepherdHooks { replicated: Some(replicated_tx), ..hooks.clone() };
-    let shepherd_net = NetArgs {
-        bootstrap: Vec::new(),
-        listen: loopback(),
-        nat: Default::default(),
-        data_dir: shepherd_dir,
-        events: net.events.clone(),
-        metrics: None,
-    };
-    let cancel = CancellationToken::new();
-    let mut nodes: JoinSet<(u32, Result<(), Failure>)> = JoinSet::new();
-    let (addr_tx, mut addrs) = mpsc::channel(8);
-    let shepherd_cancel = cancel.child_token();
-    {
-        let cancel = shepherd_cancel.clone();
-        let role = Role::Shepherd(Box::new(plan), hooks);
-        nodes.spawn(async move { (0, run_node(&shepherd_net, role, false, Some(addr_tx), cancel).await) });
-    }
-    let shepherd_addr = tokio::time::timeout(Duration::from_secs(30), addrs.recv())
-        .await
-        .ok()
-        .flatten()
-        .ok_or_else(|| anyhow::anyhow!("the shepherd's node did not start listening"))?;
-    let shepherd_peer = pcp_bootstrap::load_or_create(&root.join("shepherd"))?;
-    let bootstrap = shepherd_addr.with(Protocol::P2p(pcp_bootstrap::keypair(&shepherd_peer).public().to_peer_id()));
-    let events = Events::open(net.events.as_deref()).map_err(Failure::input)?;
+    Ok(plan)
+}
 
-    let mut workers: BTreeMap<u32, CancellationToken> = BTreeMap::new();
-    let spawn = |n: u32, round: u64, nodes: &mut JoinSet<(u32, Result<(), Failure>)>| -> Result<_, Failure> {
-        let dir = root.join(format!("worker-{n}"));
+fn candidate_dir(root: &std::path::Path, n: u32) -> PathBuf {
+    root.join(format!("candidate-{n}"))
+}
+
+/// The sim's nodes besides the shepherd, and what it needs to start more.
+struct Cluster {
+    worker_plan: WorkerPlan,
+    /// `--worker-backend`'s plans, by worker.
+    worker_plans: BTreeMap<u32, WorkerPlan>,
+    hostile: BTreeMap<u32, Hostile>,
+    keep_rounds: usize,
+    events: Events,
+    /// `--events`: the candidates write there too.
+    events_path: Option<PathBuf>,
+    root: PathBuf,
+    /// The shepherd's address.
+    bootstrap: Multiaddr,
+    cancel: CancellationToken,
+    nodes: JoinSet<(u32, Result<(), Failure>)>,
+    /// Running workers, by number.
+    workers: BTreeMap<u32, CancellationToken>,
+}
+
+impl Cluster {
+    fn net(&self, data_dir: PathBuf, events: Option<PathBuf>) -> NetArgs {
+        NetArgs {
+            bootstrap: vec![self.bootstrap.clone()],
+            listen: loopback(),
+            nat: Default::default(),
+            data_dir,
+            events,
+            metrics: None,
+        }
+    }
+
+    /// Starts worker `n` (again, after a kill: same identity and directory).
+    fn spawn_worker(&mut self, n: u32, round: u64) -> Result<(), Failure> {
+        let dir = self.root.join(format!("worker-{n}"));
         let identity = pcp_bootstrap::load_or_create(&dir)?;
         let peer = pcp_bootstrap::keypair(&identity).public().to_peer_id();
-        events.emit("worker_started", json!({"worker": n, "peer": peer.to_string(), "round": round}));
-        let mut plan = worker_plans.get(&n).unwrap_or(&worker_plan).clone();
+        self.events.emit("worker_started", json!({"worker": n, "peer": peer.to_string(), "round": round}));
+        let mut plan = self.worker_plans.get(&n).unwrap_or(&self.worker_plan).clone();
         plan.verbose = false;
-        plan.hostile = hostile.get(&n).copied();
-        let worker_net = NetArgs {
-            bootstrap: vec![bootstrap.clone()],
-            listen: loopback(),
-            nat: Default::default(),
-            data_dir: dir,
-            events: None,
-            metrics: None,
-        };
-        let token = cancel.child_token();
+        plan.hostile = self.hostile.get(&n).copied();
+        plan.keep_rounds = self.keep_rounds;
+        // each worker's own record (utilization, merges, sends) beside its store
+        let worker_net = self.net(dir.clone(), Some(dir.join("events.jsonl")));
+        let token = self.cancel.child_token();
         let node_cancel = token.clone();
-        nodes.spawn(async move { (n, run_node(&worker_net, Role::Worker(plan), false, None, node_cancel).await) });
-        Ok(token)
-    };
-    for n in 1..=args.candidates as u32 {
-        let candidate_net = NetArgs {
-            bootstrap: vec![bootstrap.clone()],
-            listen: loopback(),
-            nat: Default::default(),
-            data_dir: candidate_dir(n),
-            events: net.events.clone(),
-            metrics: None,
-        };
-        let role = Role::Candidate(None, candidate_hooks.clone());
-        let token = cancel.child_token();
-        nodes.spawn(async move { (n, run_node(&candidate_net, role, false, None, token).await) });
+        self.nodes.spawn(async move { (n, run_node(&worker_net, Role::Worker(plan), false, None, node_cancel).await) });
+        self.workers.insert(n, token);
+        Ok(())
     }
-    // the candidates stand by before round 1 can open, so that they hold every round
-    let mut standing = 0;
-    while standing < args.candidates {
-        match tokio::time::timeout(Duration::from_secs(120), replicated.recv()).await {
-            Ok(Some(None)) => standing += 1,
-            Ok(Some(Some(_))) => {}
-            _ => return Err(anyhow::anyhow!("the candidates did not stand by within 120 s").into()),
+
+    /// Starts the candidates and, once they stand by (so that they hold every
+    /// round), the workers.
+    async fn stand_by(
+        &mut self,
+        args: &SimArgs,
+        hooks: ShepherdHooks,
+        mut replicated: mpsc::Receiver<Option<u64>>,
+    ) -> Result<mpsc::Receiver<Option<u64>>, Failure> {
+        for n in 1..=args.candidates as u32 {
+            let candidate_net = self.net(candidate_dir(&self.root, n), self.events_path.clone());
+            let role = Role::Candidate(None, hooks.clone(), Retention::new(self.keep_rounds));
+            let token = self.cancel.child_token();
+            self.nodes.spawn(async move { (n, run_node(&candidate_net, role, false, None, token).await) });
+        }
+        let mut standing = 0;
+        while standing < args.candidates {
+            match tokio::time::timeout(Duration::from_secs(120), replicated.recv()).await {
+                Ok(Some(None)) => standing += 1,
+                Ok(Some(Some(_))) => {}
+                _ => return Err(anyhow::anyhow!("the candidates did not stand by within 120 s").into()),
+            }
+        }
+        for n in args.candidates as u32 + 1..args.nodes as u32 {
+            self.spawn_worker(n, 0)?;
+        }
+        Ok(replicated)
+    }
+
+    /// Runs the sim until the leader's node ends: kills, restarts and joins as
+    /// rounds open, the shepherd's kill once the candidates hold the state.
+    async fn direct(
+        &mut self,
+        leaders: u32,
+        mut churn: Churn,
+        mut kill: ShepherdKill,
+        (mut opened, mut replicated): (mpsc::Receiver<u64>, mpsc::Receiver<Option<u64>>),
+        quit: CancellationToken,
+    ) -> Result<(), Failure> {
+        let mut sigterm = crate::join::terminate_signal()?;
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => return Err(anyhow::anyhow!("interrupted").into()),
+                () = quit.cancelled() => return Err(anyhow::anyhow!("interrupted").into()),
+                _ = sigterm.recv() => return Err(anyhow::anyhow!("terminated").into()),
+                Some(Some(round)) = replicated.recv() => kill.replicated(round, &self.events),
+                Some(round) = opened.recv() => {
+                    kill.opened(round, &self.events);
+                    self.churn(&mut churn, round)?;
+                }
+                done = self.nodes.join_next() => match done {
+                    // the killed shepherd's node stops; the run goes on under a candidate
+                    Some(Ok((0, _))) if kill.killed => {}
+                    Some(Ok((n, result))) if n <= leaders => return result,
+                    Some(Ok((n, Err(e)))) => tracing::warn!("worker {n} failed: {:#}", e.error()),
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(anyhow::anyhow!("a node task failed: {e}").into()),
+                    None => return Ok(()),
+                },
+            }
         }
     }
-    for n in args.candidates as u32 + 1..args.nodes as u32 {
-        workers.insert(n, spawn(n, 0, &mut nodes)?);
-    }
-    let leaders = args.candidates as u32;
-    let mut shepherd_killed = false;
-    // `--kill-shepherd-at R`: once round R is open and every candidate holds the state
-    // after round R-1, the shepherd dies during round R
-    let mut kill_when: Option<u64> = None;
-    let mut holding: BTreeMap<u64, usize> = BTreeMap::new();
-    let mut next = args.nodes as u32;
-    let mut sigterm = crate::join::terminate_signal()?;
-    let result = loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => break Err(anyhow::anyhow!("interrupted").into()),
-            () = quit.cancelled() => break Err(anyhow::anyhow!("interrupted").into()),
-            _ = sigterm.recv() => break Err(anyhow::anyhow!("terminated").into()),
-            Some(Some(round)) = replicated.recv() => {
-                *holding.entry(round).or_default() += 1;
-                if kill_when.is_some_and(|r| holding.get(&(r - 1)).copied().unwrap_or(0) >= args.candidates) {
-                    kill_when = None;
-                    shepherd_killed = true;
-                    shepherd_cancel.cancel();
-                    events.emit("shepherd_killed", json!({"round": round + 1, "node": 0}));
-                }
-            }
-            Some(round) = opened.recv() => {
-                if args.kill_shepherd_at == Some(round) && !shepherd_killed {
-                    if round == 1 || holding.get(&(round - 1)).copied().unwrap_or(0) >= args.candidates {
-                        shepherd_killed = true;
-                        shepherd_cancel.cancel();
-                        events.emit("shepherd_killed", json!({"round": round, "node": 0}));
-                    } else {
-                        kill_when = Some(round);
-                    }
-                }
-                if let Some((_, victim)) = kill_at.filter(|(r, _)| *r == round)
-                    && let Some(token) = workers.remove(&victim)
-                {
-                    token.cancel();
-                    events.emit("worker_killed", json!({"round": round, "worker": victim}));
-                }
-                if args.join_at == Some(round) {
-                    workers.insert(next, spawn(next, round, &mut nodes)?);
-                    next += 1;
-                }
-            }
-            done = nodes.join_next() => match done {
-                // the killed shepherd's node stops; the run goes on under a candidate
-                Some(Ok((0, _))) if shepherd_killed => {}
-                Some(Ok((n, result))) if n <= leaders => break result,
-                Some(Ok((n, Err(e)))) => tracing::warn!("worker {n} failed: {:#}", e.error()),
-                Some(Ok(_)) => {}
-                Some(Err(e)) => break Err(anyhow::anyhow!("a node task failed: {e}").into()),
-                None => break Ok(()),
-            },
+
+    /// `--kill-at`, `--restart-at` and `--join-at` when `round` opens.
+    fn churn(&mut self, churn: &mut Churn, round: u64) -> Result<(), Failure> {
+        if let Some((_, victim)) = churn.kill_at.filter(|(r, _)| *r == round)
+            && let Some(token) = self.workers.remove(&victim)
+        {
+            token.cancel();
+            self.events.emit("worker_killed", json!({"round": round, "worker": victim}));
         }
-    };
-    cancel.cancel();
-    while nodes.join_next().await.is_some() {}
-    result
+        if let Some((_, n)) = churn.restart_at.filter(|(r, n)| *r == round && !self.workers.contains_key(n)) {
+            self.spawn_worker(n, round)?;
+            self.events.emit("worker_restarted", json!({"round": round, "worker": n}));
+        }
+        if churn.join_at == Some(round) {
+            self.spawn_worker(churn.next, round)?;
+            churn.next += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Workers killed, restarted and added as rounds open.
+#[derive(Debug, Clone, Copy)]
+struct Churn {
+    kill_at: Option<(u64, u32)>,
+    restart_at: Option<(u64, u32)>,
+    join_at: Option<u64>,
+    /// The number the next joiner gets.
+    next: u32,
+}
+
+/// `--kill-shepherd-at R`: once round R is open and every candidate holds the
+/// state after round R−1, the shepherd dies during round R.
+#[derive(Debug)]
+struct ShepherdKill {
+    at: Option<u64>,
+    /// A round that opened before the candidates held the state before it.
+    when: Option<u64>,
+    killed: bool,
+    /// Candidates holding each round's state.
+    holding: BTreeMap<u64, usize>,
+    candidates: usize,
+    token: CancellationToken,
+}
+
+impl ShepherdKill {
+    fn kill(&mut self, round: u64, events: &Events) {
+        self.killed = true;
+        self.token.cancel();
+        events.emit("shepherd_killed", json!({"round": round, "node": 0}));
+    }
+
+    /// A candidate holds the state after `round`.
+    fn replicated(&mut self, round: u64, events: &Events) {
+        *self.holding.entry(round).or_default() += 1;
+        if self.when.is_some_and(|r| self.holding.get(&(r - 1)).copied().unwrap_or(0) >= self.candidates) {
+            self.when = None;
+            self.kill(round + 1, events);
+        }
+    }
+
+    /// Round `round` opened.
+    fn opened(&mut self, round: u64, events: &Events) {
+        if self.at == Some(round) && !self.killed {
+            if round == 1 || self.holding.get(&(round - 1)).copied().unwrap_or(0) >= self.candidates {
+                self.kill(round, events);
+            } else {
+                self.when = Some(round);
+            }
+        }
+    }
 }

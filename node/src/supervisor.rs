@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::Failure;
-use crate::diloco::WorkerArgs;
+use crate::diloco::{RetentionArgs, WorkerArgs};
 use crate::events::Events;
 use crate::join::{NetArgs, Usage};
 
@@ -51,6 +51,7 @@ struct Spec {
     program: PathBuf,
     net: NetArgs,
     worker: WorkerArgs,
+    retention: RetentionArgs,
 }
 
 impl Spec {
@@ -74,6 +75,9 @@ impl Spec {
         if let Some(run) = &self.worker.run {
             c.arg("--run").arg(run);
         }
+        if let Some(k) = self.retention.keep_rounds {
+            c.arg("--keep-rounds").arg(k.to_string());
+        }
         c.arg("--device-id").arg(index.to_string());
         c.kill_on_drop(true);
         c
@@ -81,7 +85,7 @@ impl Spec {
 }
 
 /// Runs `n` workers until SIGINT or SIGTERM.
-pub(crate) async fn run(n: usize, net: NetArgs, worker: WorkerArgs) -> Result<(), Failure> {
+pub(crate) async fn run(n: usize, net: NetArgs, worker: WorkerArgs, retention: RetentionArgs) -> Result<(), Failure> {
     if n == 0 {
         return Err(Usage("--scale must be at least 1".into()).into());
     }
@@ -90,7 +94,7 @@ pub(crate) async fn run(n: usize, net: NetArgs, worker: WorkerArgs) -> Result<()
     }
     let program = std::env::current_exe().map_err(|e| anyhow::anyhow!("finding the pcp-node binary: {e}"))?;
     let events = Events::open(net.events.as_deref()).map_err(Failure::input)?;
-    let spec = Spec { program, net, worker };
+    let spec = Spec { program, net, worker, retention };
     let mut slots: Vec<Slot> = (0..n)
         .map(|_| Slot { pid: None, started: Instant::now(), backoff: None, restart_at: None, restarts: 0 })
         .collect();

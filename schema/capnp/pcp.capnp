@@ -83,6 +83,8 @@ struct RunManifest {
   leaseMs @19 :UInt64;      # a leader's lease: candidates take over after this long without one
   salt @20 :Data;           # 32 bytes; the run id is blake3 over creator, model, salt and candidates
   experiment @21 :Data;     # blake3 of the experiment (JSON) blob a successor needs; empty: none
+  overlap @22 :Bool;        # workers train the next round while a round syncs (rebase merge)
+  fragments @23 :UInt32;    # Streaming DiLoCo: round r syncs fragment (r-1) mod P of P (0 or 1: the whole model)
 }
 
 # --- rounds ----------------------------------------------------------------
@@ -113,6 +115,8 @@ struct Contribution {
   bytesDown @7 :UInt64;     # parameter bytes the worker fetched for this round (its report)
   term @8 :UInt64;          # the term whose announcement the worker trained from (fencing)
   paramsHash @9 :Data;      # blake3 of the parameters blob it trained from (fencing)
+  trainMs @10 :UInt64;      # the worker's milliseconds in inner steps since its last contribution
+  wallMs @11 :UInt64;       # and the wall milliseconds they took place in (its utilization's parts)
 }
 
 # The shepherd's answer to a contribution, or its refusal of any request.

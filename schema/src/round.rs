@@ -63,6 +63,11 @@ pub struct Contribution {
     pub term: u64,
     /// blake3 of the parameters blob it trained from (zeros: not said).
     pub params_hash: [u8; 32],
+    /// Milliseconds in inner steps since the worker's previous contribution (0: not said).
+    pub train_ms: u64,
+    /// Wall milliseconds since its previous contribution (0: not said); `train_ms /
+    /// wall_ms` is its utilization.
+    pub wall_ms: u64,
 }
 
 /// The shepherd's answer to a contribution, or its refusal of a request.
@@ -187,6 +192,8 @@ impl Message for Contribution {
         root.set_bytes_down(self.bytes_down);
         root.set_term(self.term);
         root.set_params_hash(&self.params_hash[..]);
+        root.set_train_ms(self.train_ms);
+        root.set_wall_ms(self.wall_ms);
         codec::words(&message)
     }
 
@@ -205,6 +212,8 @@ impl Message for Contribution {
                 bytes_down: r.get_bytes_down(),
                 term: r.get_term(),
                 params_hash: optional_hash(W, "paramsHash", r.get_params_hash().map_err(|e| malformed(W, e))?)?,
+                train_ms: r.get_train_ms(),
+                wall_ms: r.get_wall_ms(),
             })
         })
     }

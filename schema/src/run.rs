@@ -121,6 +121,13 @@ pub struct RunManifest {
     pub salt: [u8; 32],
     /// blake3 of the experiment (JSON) blob a successor leads with; zero: none.
     pub experiment: [u8; 32],
+    /// Workers overlap: they train the next round while a round's contribution,
+    /// aggregation and update are on the way, and rebase onto the update.
+    pub overlap: bool,
+    /// Streaming DiLoCo's fragments: the parameters split into this many groups of
+    /// tensors, round r syncing group (r − 1) mod P after `inner_steps` (τ/P) steps;
+    /// 0 or 1: the whole model every round.
+    pub fragments: u32,
 }
 
 impl TensorSpec {
@@ -274,6 +281,8 @@ impl Message for RunManifest {
         root.set_lease_ms(self.lease_ms);
         root.set_salt(&self.salt[..]);
         root.set_experiment(&self.experiment[..]);
+        root.set_overlap(self.overlap);
+        root.set_fragments(self.fragments);
         codec::words(&message)
     }
 
@@ -319,6 +328,8 @@ impl Message for RunManifest {
                 lease_ms: r.get_lease_ms(),
                 salt: fixed(W, "salt", r.get_salt().map_err(|e| malformed(W, e))?)?,
                 experiment: fixed(W, "experiment", r.get_experiment().map_err(|e| malformed(W, e))?)?,
+                overlap: r.get_overlap(),
+                fragments: r.get_fragments(),
             })
         })
     }

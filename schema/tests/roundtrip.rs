@@ -75,7 +75,7 @@ fn manifest(
     (artifacts, parameters, model_hash): (Vec<ArtifactRef>, Vec<ParameterRef>, [u8; 32]),
     (rounds, seed, schedule, outer_lr, outer_momentum): (u64, u64, Schedule, f32, f32),
     (data, tensors, state_per_param, encoding): (DataSpec, Vec<TensorSpec>, u32, String),
-    (screen, trim): (String, f32),
+    (screen, trim, overlap, fragments): (String, f32, bool, u32),
     (candidates, lease_ms, salt, experiment): (Vec<[u8; 32]>, u64, [u8; 32], [u8; 32]),
 ) -> RunManifest {
     RunManifest {
@@ -101,6 +101,8 @@ fn manifest(
         lease_ms,
         salt,
         experiment,
+        overlap,
+        fragments,
     }
 }
 
@@ -133,7 +135,7 @@ proptest! {
         refs in (vec(artifact(), 0..4), vec(parameter(), 0..4), any::<[u8; 32]>()),
         hyper in (any::<u64>(), any::<u64>(), schedule(), any::<f32>(), any::<f32>()),
         shape in (data_spec(), vec(tensor(), 0..4), any::<u32>(), text()),
-        robust in (text(), any::<f32>()),
+        robust in (text(), any::<f32>(), any::<bool>(), any::<u32>()),
         election in (vec(any::<[u8; 32]>(), 0..4), any::<u64>(), any::<[u8; 32]>(), any::<[u8; 32]>()),
     ) {
         roundtrip(&manifest(head, refs, hyper, shape, robust, election))?;
@@ -157,9 +159,11 @@ proptest! {
         run in any::<[u8; 32]>(), round in any::<u64>(), inner_steps in any::<u32>(), samples in any::<u64>(),
         pseudo_gradient in parameter(), loss in any::<f32>(), delta in vec(any::<u8>(), 0..2048),
         bytes_down in any::<u64>(), term in any::<u64>(), params_hash in any::<[u8; 32]>(),
+        (train_ms, wall_ms) in (any::<u64>(), any::<u64>()),
     ) {
         roundtrip(&Contribution {
-            run, round, inner_steps, samples, pseudo_gradient, loss, delta, bytes_down, term, params_hash,
+            run, round, inner_steps, samples, pseudo_gradient, loss, delta, bytes_down, term, params_hash, train_ms,
+            wall_ms,
         })?;
     }
 
@@ -268,7 +272,7 @@ fn list_claiming_more_elements_than_the_input_holds_is_refused() {
         (vec![], vec![], [3; 32]),
         (1, 2, Schedule::default(), 0.7, 0.9),
         (DataSpec::default(), vec![], 2, "fp32".into()),
-        ("score".into(), 0.25),
+        ("score".into(), 0.25, true, 4),
         (vec![[4; 32]], 5_000, [5; 32], [6; 32]),
     );
     let mut bytes = m.encode();

@@ -132,6 +132,18 @@ pub struct SimulateArgs {
     /// time [default: measured on this machine at start-up, for the model and encoding].
     #[arg(long)]
     pub decode_seconds: Option<f64>,
+    /// Cores the shepherd decodes, validates and adds contributions on, whole contributions
+    /// each (a typical GPU host has 16 or more).
+    #[arg(long, default_value_t = 16)]
+    pub shepherd_cores: usize,
+    /// Workers overlap rounds: they train round r+1 from their own parameters while round r's
+    /// contribution, the shepherd's aggregation and the update are on their way, and rebase
+    /// onto the update when it arrives; a contribution may go before the update (staleness
+    /// depth 2). With it the shepherd time-boxes rounds (a compute budget of τ × the median
+    /// step time, a deadline that costs no worker compute) and carries contributions one round
+    /// late into the next round (DiLoCo star; the strategy is named diloco-star+overlap).
+    #[arg(long)]
+    pub overlap: bool,
     /// Workers' heartbeat interval (they learn of a round from its answer), milliseconds.
     #[arg(long, default_value_t = 500)]
     pub poll_ms: u64,

@@ -1,7 +1,8 @@
 //! What the shepherd spends on each contribution: decoding it
-//! ([`compress::decode_delta`]: for sparse runs `sparse::decode`), validating
-//! it (`Delta::validate`) and adding it to the round's running sum
-//! ([`RunningMean::add`]), one contribution at a time, measured on this machine.
+//! ([`compress::decode_delta`]: for sparse runs `sparse::Packed::check`, which
+//! checks and measures the message without unpacking it), validating it
+//! (`Delta::validate`) and adding it to the round's running sum
+//! ([`RunningMean::add`]), measured on one core of this machine.
 //!
 //! The measurement is calibrated rather than made at the model's full size (which
 //! would need three copies of gpt2-124m's 498 MB at start-up): a synthetic message

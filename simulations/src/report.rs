@@ -41,6 +41,35 @@ pub struct RoundStats {
     pub worker_bytes_in: f64,
     /// Mean bytes out of a participant.
     pub worker_bytes_out: f64,
+    /// Overlap: contributions for the round before, arrived after it closed and
+    /// averaged into this one.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub carried: u64,
+    /// Overlap: the round's compute budget, seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_s: Option<f64>,
+    /// Overlap: times a worker's steps were done and compute waited for the
+    /// network (its round not announced yet, or an update two rounds late).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub update_late: u64,
+    /// Overlap: the seconds of compute those waits cost, all workers together.
+    #[serde(skip_serializing_if = "is_zero_f64")]
+    pub waited_s: f64,
+    /// Overlap: rounds of steps a worker ended early, at the median worker's end.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cut_short: u64,
+    /// Overlap: contributions sent before the update they follow arrived, the next
+    /// steps starting two outer updates behind (staleness depth 2).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub sent_ahead: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_zero_f64(n: &f64) -> bool {
+    *n == 0.0
 }
 
 /// Totals and means over a strategy's rounds.
@@ -54,6 +83,11 @@ pub struct Summary {
     pub mean_round_s: f64,
     /// Mean compute utilization.
     pub utilization: f64,
+    /// Overlap: the compute of every round over the participants × wall time of
+    /// every round (a round's own ratio can pass 1 when its steps ran before it
+    /// opened; this one cannot).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overall_utilization: Option<f64>,
     /// Mean bytes into the shepherd per round.
     pub shepherd_bytes_in: f64,
     /// Mean bytes out of the shepherd per round.
@@ -72,6 +106,9 @@ pub struct Summary {
     pub dropped_rejected: u64,
     /// Abandoned worker rounds.
     pub abandoned: u64,
+    /// Overlap: contributions carried over a round.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub carried: u64,
 }
 
 impl Summary {
@@ -84,6 +121,7 @@ impl Summary {
             total_s: rounds.last().map_or(0.0, |r| r.end_s),
             mean_round_s: mean(|r| r.wall_s),
             utilization: mean(|r| r.utilization),
+            overall_utilization: None,
             shepherd_bytes_in: mean(|r| r.shepherd_bytes_in),
             shepherd_bytes_out: mean(|r| r.shepherd_bytes_out),
             worker_bytes_in: mean(|r| r.worker_bytes_in),
@@ -93,6 +131,7 @@ impl Summary {
             dropped_late: rounds.iter().map(|r| r.dropped_late).sum(),
             dropped_rejected: rounds.iter().map(|r| r.dropped_rejected).sum(),
             abandoned: rounds.iter().map(|r| r.abandoned).sum(),
+            carried: rounds.iter().map(|r| r.carried).sum(),
         }
     }
 }
@@ -260,6 +299,22 @@ impl Report {
             )?;
         }
         writeln!(out, "(bytes and round times are means per round; util = compute time / wall time per worker)")?;
+        for r in &self.strategies {
+            let m = &r.summary;
+            if let Some(overall) = m.overall_utilization {
+                let last = r.rounds.last();
+                let budget =
+                    last.and_then(|l| l.budget_s).map_or(String::new(), |b| format!(", last budget {}", seconds(b)));
+                writeln!(
+                    out,
+                    "{}: {:.1}% over all rounds (compute / participants x wall time), {} contributions carried over a round{}",
+                    r.strategy,
+                    100.0 * overall,
+                    m.carried,
+                    budget
+                )?;
+            }
+        }
         if !self.sweep.is_empty() {
             writeln!(out, "\nsweep: mean round time / utilization / shepherd bytes in per round")?;
             let mut nodes: Vec<usize> = self.sweep.iter().map(|p| p.nodes).collect();

@@ -58,8 +58,8 @@ fn check(args: &SimulateArgs) -> Result<(), Error> {
     if !swarm_ok || !args.straggler_slowdown.is_finite() {
         return bad("--swarm must be at least 1 and --straggler-slowdown finite");
     }
-    if args.regions == 0 || args.fragments == 0 || args.sweep_rounds == 0 {
-        return bad("--regions, --fragments and --sweep-rounds must be at least 1");
+    if args.regions == 0 || args.fragments == 0 || args.sweep_rounds == 0 || args.shepherd_cores == 0 {
+        return bad("--regions, --fragments, --sweep-rounds and --shepherd-cores must be at least 1");
     }
     if args.sweep_nodes.iter().any(|n| !(2..=1_000_000).contains(n)) {
         return bad("--sweep-nodes are between 2 and 1,000,000");
@@ -192,6 +192,8 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
             contribution_bytes: settings.contribution_bytes as f64,
             update_bytes: settings.update_bytes.map(|u| u as f64),
             decode_s: settings.decode.seconds,
+            shepherd_cores: args.shepherd_cores,
+            overlap: args.overlap,
             overhead_s: args.overhead_seconds,
             swarm: args.swarm,
             churn_per_hour: args.churn_per_hour,

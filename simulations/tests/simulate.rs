@@ -74,8 +74,9 @@ fn sparse_runs_send_the_encoders_bytes_and_keep_h100s_busier_than_fp32() {
 
 #[test]
 fn the_shepherds_decode_time_queues_contributions() {
-    // 100 contributions a round, 2 s each at the shepherd: rounds last over 200 s
-    let base = "--nodes 101 --rounds 2 --model nanogpt-small --tau 10 --profile datacenter --stragglers 0 --seed 2";
+    // 100 contributions a round, 2 s each at a one-core shepherd: rounds last over 200 s
+    let base = "--nodes 101 --rounds 2 --model nanogpt-small --tau 10 --profile datacenter --stragglers 0 --seed 2 \
+                --shepherd-cores 1";
     let quick = simulate(&format!("{base} --decode-seconds 0"));
     let slow = simulate(&format!("{base} --decode-seconds 2"));
     let (q, s) = (strategy(&quick, "diloco-star"), strategy(&slow, "diloco-star"));
@@ -187,4 +188,102 @@ fn bad_settings_are_named() {
             other => panic!("{extra}: {other:?}"),
         }
     }
+}
+
+/// The planet of issue 29 at 200 nodes (gpt2-124m on residential links, H100s,
+/// τ = 500, sparse, 5% stragglers 1.5–4× slower): lockstep rounds wait for the
+/// slowest straggler and link; overlapped, time-boxed rounds with late
+/// contributions carried over keep the workers busy.
+#[test]
+fn overlapped_time_boxed_rounds_keep_a_residential_planet_busy() {
+    let base = "--nodes 200 --rounds 30 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 0 \
+                --encoding sparse --decode-seconds 0.04";
+    let plain = simulate(base);
+    let overlap = simulate(&format!("{base} --overlap"));
+    let (p, o) = (strategy(&plain, "diloco-star"), strategy(&overlap, "diloco-star+overlap"));
+    assert_eq!(o.rounds.len(), 30);
+    assert!(p.summary.utilization < 0.35, "lockstep {:?}", p.summary);
+    assert!(o.summary.utilization >= 0.9, "overlap {:?}", o.summary);
+    // after the first round (every worker fetches the fp32 parameters), a round lasts
+    // its compute budget: the median worker's τ steps, 500 × 16.5 ms
+    let later = &o.rounds[1..];
+    let mean_wall = later.iter().map(|r| r.wall_s).sum::<f64>() / later.len() as f64;
+    assert!((7.5..9.0).contains(&mean_wall), "{mean_wall}");
+    for r in later {
+        let budget = r.budget_s.expect("a time-boxed round");
+        assert!((7.8..8.7).contains(&budget), "{r:?}");
+        assert_eq!(r.dropped_late + r.dropped_rejected, 0, "{r:?}");
+        // every participant is averaged: in its round, or carried into the next
+        assert!(r.contributors + r.carried >= r.participants * 9 / 10, "{r:?}");
+    }
+    // the compute counted is at most the time every participant was there
+    let overall = o.summary.overall_utilization.expect("overlap reports it");
+    assert!(overall <= 1.0 + 1e-9, "{overall}");
+    let rest: (f64, f64) = later.iter().fold((0.0, 0.0), |(c, t), r| {
+        (c + r.utilization * r.participants as f64 * r.wall_s, t + r.participants as f64 * r.wall_s)
+    });
+    assert!(rest.0 / rest.1 >= 0.95 && rest.0 / rest.1 <= 1.05, "from round 2 on: {}", rest.0 / rest.1);
+    // same seed, same bytes
+    let again = simulate(&format!("{base} --overlap"));
+    assert_eq!(to_json(&overlap).expect("json"), to_json(&again).expect("json"));
+    // lockstep reports keep their shape
+    assert!(!to_json(&plain).expect("json").contains("overall_utilization"));
+}
+
+/// (c) at scale: a shepherd whose decode queue makes contributions late does not
+/// discard them while they are at most a round late.
+#[test]
+fn late_contributions_are_carried_over_not_dropped() {
+    // 200 contributions at 100 ms on 2 cores: 10 s of decoding a round, past the budget
+    let base = "--nodes 200 --rounds 12 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 1 \
+                --encoding sparse --decode-seconds 0.1 --shepherd-cores 2 --overlap";
+    let r = simulate(base);
+    let o = strategy(&r, "diloco-star+overlap");
+    assert_eq!(o.rounds.len(), 12);
+    assert!(o.summary.carried > 0, "{:?}", o.summary);
+    let averaged: u64 = o.rounds[1..].iter().map(|r| r.contributors + r.carried).sum();
+    let late: u64 = o.rounds.iter().map(|r| r.dropped_late).sum();
+    assert!(late * 10 < averaged, "{late} late of {averaged}");
+}
+
+#[test]
+fn overlapped_rounds_survive_churn_and_hostile_workers() {
+    // workers stay 30 minutes on average; 5% send NaN
+    let r = simulate(
+        "--nodes 120 --rounds 25 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 4 \
+         --encoding sparse --decode-seconds 0.02 --overlap --churn-per-hour 2 --hostile 0.05",
+    );
+    let o = strategy(&r, "diloco-star+overlap");
+    assert_eq!(o.summary.rounds, 25);
+    assert!(o.summary.dropped_rejected > 0, "NaN is refused: {:?}", o.summary);
+    let participants: Vec<u64> = o.rounds.iter().map(|r| r.participants).collect();
+    assert!(participants.windows(2).any(|w| w[0] != w[1]), "workers came and went: {participants:?}");
+    // the hostile workers' rounds and the joiners' first fetch count for nothing
+    assert!(o.summary.utilization > 0.8, "{:?}", o.summary);
+    assert!(o.summary.overall_utilization.is_some_and(|u| u > 0.4 && u <= 1.0), "{:?}", o.summary);
+}
+
+/// A first round whose fetch outlasts its deadline: the shepherd extends it and
+/// tells the workers, which keep the round instead of abandoning it at the old
+/// deadline (before, no round ever closed).
+#[test]
+fn workers_hear_of_an_extended_deadline() {
+    let r = simulate(
+        "--nodes 20 --rounds 3 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 2 \
+         --initial-deadline-s 30 --decode-seconds 0.01",
+    );
+    let star = strategy(&r, "diloco-star");
+    assert_eq!(star.summary.rounds, 3, "{:?}", star.summary);
+    assert!(star.rounds[0].wall_s > 30.0 && star.rounds[0].contributors > 0, "{:?}", star.rounds[0]);
+}
+
+#[test]
+fn more_shepherd_cores_shorten_the_decode_queue() {
+    let base = "--nodes 200 --rounds 3 --model gpt2-124m --profile datacenter --device h100 --tau 500 --seed 2 \
+                --encoding sparse --decode-seconds 0.05 --stragglers 0";
+    let one = simulate(&format!("{base} --shepherd-cores 1"));
+    let sixteen = simulate(&format!("{base} --shepherd-cores 16"));
+    let (a, b) = (strategy(&one, "diloco-star"), strategy(&sixteen, "diloco-star"));
+    // 199 contributions at 50 ms: about 10 s a round on one core, under a second on 16
+    assert!(a.summary.mean_round_s > b.summary.mean_round_s + 5.0, "{:?} vs {:?}", a.summary, b.summary);
 }

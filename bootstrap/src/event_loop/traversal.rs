@@ -288,12 +288,11 @@ impl EventLoop {
     /// Closes the relayed connections that direct ones replaced, once nothing is in
     /// flight on them (or the grace is over).
     fn close_upgraded(&mut self, now: Instant) {
-        let (pending, rpc_out, rpc_in, serving) = (&self.pending, &self.rpc_out, &self.rpc_in, &self.serving);
+        let (transfers, rpc_out, rpc_in) = (&self.transfers, &self.rpc_out, &self.rpc_in);
         let idle = |peer: &PeerId| {
-            !pending.values().any(|p| p.peer == *peer)
+            !transfers.is_busy_with(peer)
                 && !rpc_out.values().any(|(p, _, _)| p == peer)
                 && !rpc_in.values().any(|(_, _, p)| p == peer)
-                && !serving.contains_key(peer)
         };
         for (peer, id) in self.nat.relayed_to_close(now, idle) {
             tracing::debug!(%peer, "closing the relayed connection: a direct one replaced it");
@@ -303,10 +302,8 @@ impl EventLoop {
 
     /// Advances every fetch (after a change of which peers are held).
     pub(super) fn drive_all(&mut self) {
-        let hashes: Vec<_> = self.fetches.keys().copied().collect();
-        for hash in hashes {
-            self.drive(hash);
-        }
+        self.transfers.drive_all();
+        self.poll_transfers();
     }
 
     /// Where this node stands behind NATs.

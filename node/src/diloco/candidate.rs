@@ -27,6 +27,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::RoleIo;
+use super::retention::Retention;
 use super::shepherd::{Host, LeaseKeeper, Outcome, Prepared, ShepherdHooks, ShepherdPlan};
 use super::wire::{self, LeaderState, Signer, peer_name};
 use crate::config::Experiment;
@@ -48,8 +49,8 @@ pub(crate) enum Begin {
     /// As the leader: `pcp-node --shepherd` (a new run, or `--resume`).
     Lead(Box<ShepherdPlan>),
     /// As a standby of `run` (`pcp-node --candidate --run RUN_ID`), or of the first
-    /// run the DHT knows (`sim`).
-    Standby(Option<RunId>),
+    /// run the DHT knows (`sim`), keeping the blobs of its recent rounds.
+    Standby(Option<RunId>, Retention),
 }
 
 /// Runs a candidate until the run is over or `cancel` fires.
@@ -62,9 +63,10 @@ pub(crate) async fn run(
 ) -> anyhow::Result<()> {
     let RoleIo { node, identity, data_dir, events } = io;
     let mut signer = Signer::new(identity.clone());
-    let (mut plan, mut follow) = match begin {
-        Begin::Lead(plan) => (Some(*plan), None),
-        Begin::Standby(run) => (None, Some(Follow::Discover(run))),
+    // a leader's plan carries its blobs' retention; a standby holds it, and hands it on
+    let (mut plan, mut follow, mut retention) = match begin {
+        Begin::Lead(plan) => (Some(*plan), None, Retention::default()),
+        Begin::Standby(run, retention) => (None, Some(Follow::Discover(run)), retention),
     };
     let mut keeper_until_led: Option<LeaseKeeper> = None;
     loop {
@@ -72,7 +74,9 @@ pub(crate) async fn run(
             let mut host =
                 Host::start(plan, node.clone(), identity.clone(), &data_dir, events.clone(), hooks.clone()).await?;
             drop(keeper_until_led.take()); // the host's own leases from here
-            match host.main_loop(&mut requests, &cancel).await? {
+            let outcome = host.main_loop(&mut requests, &cancel).await?;
+            retention = host.take_retention();
+            match outcome {
                 Outcome::Done => return Ok(()),
                 Outcome::SteppedDown { manifest, term, aside } => follow = Some(Follow::Known(manifest, term, aside)),
             }
@@ -84,6 +88,7 @@ pub(crate) async fn run(
                 None => return Ok(()),
             };
         standby.hooks = hooks.clone();
+        standby.keep(std::mem::take(&mut retention));
         if let Some(tx) = &standby.hooks.replicated {
             let _ = tx.try_send(None);
         }
@@ -160,6 +165,8 @@ struct Standby {
     blob: [u8; 32],
     fetching: JoinSet<Fetched>,
     hooks: ShepherdHooks,
+    /// The state blobs of recent rounds (the run's initial parameters pinned).
+    retention: Retention,
 }
 
 impl Standby {
@@ -281,6 +288,7 @@ impl Standby {
             blob: [0; 32],
             fetching,
             hooks: ShepherdHooks::default(),
+            retention: Retention::default(),
         }))
     }
 
@@ -352,11 +360,14 @@ impl Standby {
                     }
                 }
                 Some(done) = self.fetching.join_next() => {
-                    if let Ok((blob, a, fetched)) = done
-                        && self.on_fetched(blob, &a, fetched)
-                    {
-                        // tell the leader at once: it waits for this to release the round
-                        beat.reset_immediately();
+                    if let Ok((blob, a, fetched)) = done {
+                        // the round whose state it is: kept or not, it goes with that round
+                        let round = fetched.as_ref().map_or(a.round.saturating_sub(1), |s| s.snapshot.completed);
+                        if self.on_fetched(blob, &a, fetched) {
+                            // tell the leader at once: it waits for this to release the round
+                            beat.reset_immediately();
+                        }
+                        self.retention.advance(&self.node, &self.events, round, [BlobHash(blob)]).await;
                     }
                 }
                 _ = tick.tick() => {
@@ -383,6 +394,15 @@ impl Standby {
                 }
             }
         }
+    }
+
+    /// Keeps the blobs `retention` tracks, and never releases the run's initial
+    /// parameters (a successor's manifest names them).
+    fn keep(&mut self, mut retention: Retention) {
+        for p in &self.manifest.parameters {
+            retention.pin(BlobHash(p.blob));
+        }
+        self.retention = retention;
     }
 
     /// A lease of `term` from `from`; refused ones are recorded. Whether it is valid.
@@ -530,8 +550,20 @@ impl Standby {
         let Inheritance { experiment, model, corpus_path, corpus, prepared } = inheritance?;
         let state = self.state.context("elected without a replicated state")?;
         tracing::info!("run {}: elected for term {term} after round {}", self.run, state.snapshot.completed);
-        ShepherdPlan::successor(self.manifest, experiment, model, corpus_path, corpus, state, term, data_dir, prepared)
-            .map_err(|e| e.into_error())
+        let mut plan = ShepherdPlan::successor(
+            self.manifest,
+            experiment,
+            model,
+            corpus_path,
+            corpus,
+            state,
+            term,
+            data_dir,
+            prepared,
+        )
+        .map_err(|e| e.into_error())?;
+        plan.retention = self.retention;
+        Ok(plan)
     }
 }
 

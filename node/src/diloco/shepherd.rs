@@ -11,6 +11,7 @@ use pcp_bootstrap::{BlobStore, Event, InboundId, Node, PeerId, Stats};
 use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::aggregate::{Delta, Rejection};
 use pcp_protocol::diloco::compress::{self, Encoding};
+use pcp_protocol::diloco::fragments;
 use pcp_protocol::diloco::shepherd::{self, Action, Input, LeaveReason, RoundSummary, Shepherd, Snapshot};
 use pcp_protocol::election::{self, Election, Succession};
 use pcp_protocol::failover::{CHECK_QUORUM_LEASES, Commit, Fence, LeaderLease, Quorum, Replica};
@@ -24,6 +25,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::retention::Retention;
 use super::wire::{self, LeaderState, Signer, peer_name};
 use crate::Failure;
 use crate::checkpoint::{Checkpoint, Tensor};
@@ -75,6 +77,17 @@ pub(crate) struct ShepherdArgs {
     /// `sparse:chunk=4096,k=64,bits=2,decay=0.95,down=256` spells out the defaults).
     #[arg(long, default_value = "fp32", requires = "shepherd")]
     pub(crate) encoding: String,
+    /// Workers train the next round while a round's contribution, aggregation and
+    /// update are on the way, and rebase onto the update when it arrives: compute
+    /// never waits for the network unless the update is a whole round late.
+    #[arg(long, requires = "shepherd")]
+    pub(crate) overlap: bool,
+    /// Streaming DiLoCo: split the parameters into P fragments by layer and sync one
+    /// per round, in turn, every τ/P inner steps, each with its own outer step (τ
+    /// must be a multiple of P; --rounds counts rounds of τ steps, so P × --rounds
+    /// syncs).
+    #[arg(long, default_value_t = 1, value_name = "P", requires = "shepherd")]
+    pub(crate) fragments: u32,
     /// Drop a worker that has not sent a heartbeat for this long.
     #[arg(long, default_value_t = 10_000, requires = "shepherd")]
     pub(crate) heartbeat_timeout_ms: u64,
@@ -184,6 +197,13 @@ pub(crate) struct ShepherdPlan {
     pub(crate) screen: Screen,
     /// The trimmed mean's fraction (0: the token-weighted mean).
     pub(crate) trim: f64,
+    /// Workers overlap rounds (the manifest's `overlap`).
+    pub(crate) overlap: bool,
+    /// Streaming DiLoCo's fragments (1: the whole model each round); `rounds` and
+    /// `tau` are then per sync: P × the rounds asked, τ/P steps.
+    fragments: u32,
+    /// The blobs of recent rounds, and those pinned (`--keep-rounds`).
+    pub(crate) retention: Retention,
     /// A training step compiled and loaded ahead (by a standby candidate).
     prepared: Option<Prepared>,
 }
@@ -301,7 +321,7 @@ impl ShepherdPlan {
         experiment.model = Some(source.clone());
         let model =
             Model::load_with_batch(&source, corpus.vocab.size(), experiment.batch_size).map_err(Failure::input)?;
-        Ok(Self {
+        Self {
             rounds: experiment.outer_loop_steps,
             tau: experiment.tau,
             experiment,
@@ -319,8 +339,12 @@ impl ShepherdPlan {
             table: true,
             screen: Screen::parse(&args.screen)?,
             trim: args.trim,
+            overlap: args.overlap,
+            fragments: 1,
+            retention: Retention::default(),
             prepared: None,
-        })
+        }
+        .with_fragments(args.fragments)
     }
 
     /// A plan for `sim`: everything from arguments, nothing from files.
@@ -353,12 +377,32 @@ impl ShepherdPlan {
             table: true,
             screen: Screen::Score,
             trim: 0.0,
+            overlap: false,
+            fragments: 1,
+            retention: Retention::default(),
             prepared: None,
         }
     }
 }
 
 impl ShepherdPlan {
+    /// The plan with `p` Streaming DiLoCo fragments: P × the rounds, of τ/P steps.
+    pub(crate) fn with_fragments(mut self, p: u32) -> Result<Self, Failure> {
+        let p = p.max(1);
+        let per_round = pcp_protocol::diloco::fragments::steps_per_round(self.tau, p as usize)
+            .map_err(|e| Failure::input(anyhow::anyhow!("--fragments {p}: {e}")))?;
+        let tensors = self.model.params.len();
+        if p as usize > tensors {
+            return Err(Failure::input(anyhow::anyhow!(
+                "--fragments {p}: the model has only {tensors} parameter tensors"
+            )));
+        }
+        self.rounds *= u64::from(p);
+        self.tau = per_round;
+        self.fragments = p;
+        Ok(self)
+    }
+
     /// A plan for a candidate elected for `term`: the run's manifest, experiment,
     /// model and corpus as fetched from the network, and the replicated state.
     #[allow(clippy::too_many_arguments, reason = "everything a successor inherits")]
@@ -390,10 +434,13 @@ impl ShepherdPlan {
             lease_ms: manifest.lease_ms,
             screen,
             trim: f64::from(manifest.trim),
+            overlap: manifest.overlap,
+            fragments: manifest.fragments.max(1),
             start: Start::Succeed { manifest: Box::new(manifest), state: Box::new(state), term },
             state_dir: data_dir.join("shepherd"),
             artifacts_dir: None,
             table: true,
+            retention: Retention::default(),
             prepared: Some(prepared),
         })
     }
@@ -449,6 +496,34 @@ struct Compiling {
 
 type CompileResult = (String, String, Result<(BlobHash, u64, Vec<u8>), String>);
 
+/// What a contributor of the open round sent and reported.
+#[derive(Clone, Copy, Debug, Default)]
+struct Traffic {
+    /// Bytes of its contribution.
+    up: u64,
+    /// Parameter bytes it says it fetched.
+    down: u64,
+    /// Milliseconds in inner steps and wall milliseconds since its previous
+    /// contribution, as it reports them (0, 0: not said).
+    busy: (u64, u64),
+}
+
+impl Traffic {
+    /// The worker's utilization: time in inner steps over wall time, if it said.
+    fn utilization(&self) -> Option<f64> {
+        let (train, wall) = self.busy;
+        (wall > 0).then(|| (train as f64 / wall as f64).min(1.0))
+    }
+
+    /// The network's utilization: the contributors' inner-step time over their wall
+    /// time, all together; `None` when none said.
+    fn network<'a>(traffic: impl Iterator<Item = &'a Traffic>) -> Option<f64> {
+        let (train, wall) =
+            traffic.filter(|t| t.busy.1 > 0).fold((0u64, 0u64), |(t, w), x| (t + x.busy.0.min(x.busy.1), w + x.busy.1));
+        (wall > 0).then(|| train as f64 / wall as f64)
+    }
+}
+
 /// The shepherd's host: the state machine plus its swarm, compiler and device.
 pub(super) struct Host {
     node: Node,
@@ -484,13 +559,17 @@ pub(super) struct Host {
     /// The highest term a worker reported following, once recorded.
     reported_term: u64,
     sizes: Vec<usize>,
+    /// The tensors of each parameter shard a round is published in.
+    shards: Vec<std::ops::Range<usize>>,
+    /// The tensors of each Streaming DiLoCo fragment (one: all).
+    fragments: Vec<std::ops::Range<usize>>,
     engine: Engine,
     /// The loss screen's state for the open round.
     screen: ScreenState,
     started: Instant,
     bytes_in: u64,
     /// Bytes each contributor of the open round sent, and says it fetched.
-    traffic: BTreeMap<PublicKey, (u64, u64)>,
+    traffic: BTreeMap<PublicKey, Traffic>,
     /// The parameters blob of the open round: what its update applies to.
     round_base: Option<BlobHash>,
     /// A sparse run's last update and the parameters it applies to.
@@ -631,6 +710,254 @@ fn served(stats: &Stats) -> u64 {
     stats.bytes_served
 }
 
+/// Where a shepherd's run comes from: a new run, its checkpoint, or a leader's
+/// replicated state it inherits.
+struct Origin {
+    run: RunId,
+    params: Tensors,
+    snapshot: Option<Snapshot>,
+    /// Workers to wait for before the first round opens.
+    contributors: usize,
+    salt: [u8; 32],
+    creator: PublicKey,
+    candidates: Vec<PublicKey>,
+    term: u64,
+    /// A successor's manifest.
+    inherited: Option<RunManifest>,
+}
+
+impl Origin {
+    fn of(plan: &ShepherdPlan, me: PublicKey, model_hash: &[u8; 32]) -> anyhow::Result<Self> {
+        Ok(match &plan.start {
+            Start::Resume(c) => {
+                let run: RunId =
+                    c.meta["run"].as_str().and_then(|s| s.parse().ok()).context("shepherd checkpoint has no run id")?;
+                let get = |prefix: &str| -> anyhow::Result<Tensors> {
+                    plan.model
+                        .params
+                        .iter()
+                        .map(|p| Ok(c.tensor(&format!("{prefix}{}", p.name))?.data.clone()))
+                        .collect()
+                };
+                let key = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse::<BlobHash>().ok());
+                let params = get("")?;
+                let snapshot = Snapshot {
+                    completed: c.step,
+                    params: params.clone(),
+                    velocity: get("velocity.")?,
+                    durations: serde_json::from_value(c.meta["durations"].clone()).unwrap_or_default(),
+                    norms: serde_json::from_value(c.meta["norms"].clone()).unwrap_or_default(),
+                };
+                Self {
+                    run,
+                    params,
+                    snapshot: Some(snapshot),
+                    contributors: c.meta["contributors"].as_u64().unwrap_or(1) as usize,
+                    salt: key(&c.meta["salt"]).context("shepherd checkpoint has no run salt")?.0,
+                    creator: key(&c.meta["creator"]).map_or(me, |k| PublicKey(k.0)),
+                    candidates: c.meta["candidates"]
+                        .as_array()
+                        .map(|list| list.iter().filter_map(key).map(|k| PublicKey(k.0)).collect())
+                        .unwrap_or_default(),
+                    term: c.meta["term"].as_u64().unwrap_or(1),
+                    inherited: None,
+                }
+            }
+            Start::Succeed { manifest, state, term } => {
+                let snapshot = state.snapshot.clone();
+                Self {
+                    run: RunId(manifest.run),
+                    params: snapshot.params.clone(),
+                    snapshot: Some(snapshot),
+                    contributors: state.contributors.len(),
+                    salt: manifest.salt,
+                    creator: PublicKey(manifest.shepherd),
+                    candidates: manifest.candidates.iter().map(|k| PublicKey(*k)).collect(),
+                    term: *term,
+                    inherited: Some((**manifest).clone()),
+                }
+            }
+            Start::New => {
+                let salt = rand::random::<[u8; 32]>();
+                let candidates = plan.candidates.clone();
+                Self {
+                    run: pcp_protocol::election::run_id(&me, model_hash, &salt, &candidates),
+                    params: plan.model.init(plan.experiment.seed),
+                    snapshot: None,
+                    contributors: plan.min_workers,
+                    salt,
+                    creator: me,
+                    candidates,
+                    term: 1,
+                    inherited: None,
+                }
+            }
+        })
+    }
+}
+
+/// A new run's manifest from the plan: everything but the identities and blobs
+/// of this run (run id, creator, parameters, candidates, salt, experiment), which
+/// the caller sets.
+fn new_manifest(
+    plan: &ShepherdPlan,
+    step: &pcp_graph::TrainModule,
+    (corpus, corpus_size): (BlobHash, u64),
+    model_hash: [u8; 32],
+) -> anyhow::Result<RunManifest> {
+    let e = &plan.experiment;
+    let (batch, block) = plan.model.batch_block()?;
+    let int64 = plan.model.data.first().is_some_and(|t| t.element.name() == "i64");
+    let total_steps = plan.rounds * plan.tau;
+    let tensors = plan
+        .model
+        .params
+        .iter()
+        .map(|p| TensorSpec { name: p.name.clone(), shape: p.ty.shape.iter().map(|d| *d as u64).collect() })
+        .collect();
+    Ok(RunManifest {
+        run: [0; 32],
+        name: format!("{} on {}", plan.model.source, file_name(&plan.corpus_path)),
+        shepherd: [0; 32],
+        inner_steps: u32::try_from(plan.tau).context("--tau is too large")?,
+        artifacts: Vec::new(),
+        parameters: Vec::new(),
+        model_hash,
+        rounds: plan.rounds,
+        seed: e.seed,
+        schedule: Schedule {
+            learning_rate: e.learning_rate,
+            min_lr: e.min_lr.min(e.learning_rate),
+            warmup_steps: e.warmup_steps.min(total_steps / 10),
+            total_steps,
+        },
+        outer_lr: e.outer_lr as f32,
+        outer_momentum: e.nesterov_momentum as f32,
+        data: DataSpec {
+            blob: corpus.0,
+            size: corpus_size,
+            tokenizer: e.tokenizer.clone(),
+            val_fraction: e.val_fraction,
+            batch: batch as u32,
+            block: block as u32,
+            int64,
+        },
+        tensors,
+        state_per_param: step.state_per_param as u32,
+        encoding: plan.encoding.spec(),
+        screen: plan.screen.name().to_owned(),
+        trim: plan.trim as f32,
+        candidates: Vec::new(),
+        lease_ms: plan.lease_ms,
+        salt: [0; 32],
+        experiment: [0; 32],
+        overlap: plan.overlap,
+        fragments: plan.fragments,
+    })
+}
+
+/// Stores what a run needs whatever its round (the corpus, the initial
+/// parameters, the loss module and the experiment a successor leads with), pins
+/// them, and returns the run's manifest: a successor's inherited one, or a new
+/// run's. `(run, creator, candidates, salt)` must hash to the run id.
+fn run_manifest(
+    store: &BlobStore,
+    plan: &mut ShepherdPlan,
+    step: &pcp_graph::TrainModule,
+    params: &Tensors,
+    (run, creator, candidates, salt): (RunId, PublicKey, &[PublicKey], [u8; 32]),
+    inherited: Option<RunManifest>,
+) -> anyhow::Result<RunManifest> {
+    let model_hash = *blake3::hash(plan.model.module.to_mlir().as_bytes()).as_bytes();
+    let (corpus_hash, corpus_size) = store.put_file(&plan.corpus_path)?;
+    let params_blob = wire::params_blob(params);
+    let params_hash = store.put_bytes(&params_blob)?;
+    let params_ref =
+        ParameterRef { name: "params".into(), shard: 0, blob: params_hash.0, size: params_blob.len() as u64 };
+    // what a successor needs besides the corpus: the loss module and the experiment
+    let module_hash = store.put_bytes(plan.model.module.to_mlir().as_bytes())?;
+    let mut shared = plan.experiment.clone();
+    shared.data_path = None;
+    let experiment_hash = store.put_bytes(&serde_json::to_vec(&shared)?)?;
+    let manifest = match inherited {
+        Some(mut m) => {
+            m.artifacts = Vec::new();
+            m
+        }
+        None => RunManifest {
+            run: run.0,
+            shepherd: creator.0,
+            parameters: vec![params_ref],
+            candidates: candidates.iter().map(|k| k.0).collect(),
+            salt,
+            experiment: experiment_hash.0,
+            ..new_manifest(plan, step, (corpus_hash, corpus_size), model_hash)?
+        },
+    };
+    anyhow::ensure!(
+        pcp_protocol::election::run_id(&creator, &manifest.model_hash, &manifest.salt, candidates) == run,
+        "run {run}: its id does not match its creator, model, salt and candidates"
+    );
+    // what the run needs whatever its round: never released
+    for hash in [corpus_hash, module_hash, experiment_hash] {
+        plan.retention.pin(hash);
+    }
+    for p in &manifest.parameters {
+        plan.retention.pin(BlobHash(p.blob));
+    }
+    Ok(manifest)
+}
+
+/// The state machine's settings. A resumed or elected shepherd waits a moment for
+/// the last round's `contributors` to come back.
+fn machine_config(plan: &ShepherdPlan, params: &Tensors, contributors: usize) -> anyhow::Result<shepherd::Config> {
+    let e = &plan.experiment;
+    Ok(shepherd::Config {
+        rounds: plan.rounds,
+        start_workers: contributors.max(1),
+        initial_deadline_ms: 600_000,
+        min_deadline_ms: 10_000,
+        heartbeat_timeout_ms: plan.heartbeat_timeout_ms,
+        outer_lr: e.outer_lr as f32,
+        outer_momentum: e.nesterov_momentum as f32,
+        trim: plan.trim,
+        sparse: plan.encoding.sparse(),
+        fragments: fragments::split(&params.iter().map(Vec::len).collect::<Vec<_>>(), plan.fragments as usize)?,
+        ..shepherd::Config::default()
+    })
+}
+
+/// The shepherd's own engine (for validation and screening): a standby's
+/// prepared one, else the step compiled for this host's CPU.
+async fn host_engine(
+    prepared: Option<Engine>,
+    module: &Arc<pcp_graph::Module>,
+    artifacts_dir: &Path,
+    manifest: &RunManifest,
+    params: Tensors,
+    state_per_param: usize,
+) -> anyhow::Result<Engine> {
+    if let Some(mut engine) = prepared {
+        engine.set_params(params).await.context("loading the inherited parameters")?;
+        return Ok(engine);
+    }
+    let cpu = {
+        let (module, dir) = (module.clone(), artifacts_dir.to_path_buf());
+        tokio::task::spawn_blocking(move || pcp_graph::compile(&module, &pcp_graph::Target::host(), Some(&dir)))
+            .await??
+    };
+    Engine::new(
+        pcp_runtime::Device::Cpu,
+        cpu.vmfb,
+        wire::shapes(manifest),
+        params,
+        None,
+        state_per_param,
+        manifest.data.int64,
+    )
+    .await
+}
+
 impl Host {
     pub(super) async fn start(
         mut plan: ShepherdPlan,
@@ -649,150 +976,22 @@ impl Host {
                 (step, None)
             }
         };
-        let e = &plan.experiment;
         let model_hash = *blake3::hash(plan.model.module.to_mlir().as_bytes()).as_bytes();
-        let (corpus_hash, corpus_size) = store.put_file(&plan.corpus_path)?;
-        let (batch, block) = plan.model.batch_block()?;
-        let int64 = plan.model.data.first().is_some_and(|t| t.element.name() == "i64");
-        let tensors: Vec<TensorSpec> = plan
-            .model
-            .params
-            .iter()
-            .map(|p| TensorSpec { name: p.name.clone(), shape: p.ty.shape.iter().map(|d| *d as u64).collect() })
-            .collect();
-        let total_steps = plan.rounds * plan.tau;
         let me = identity.public();
-        // the run: new, from the checkpoint, or inherited with the replicated state
-        let mut salt = rand::random::<[u8; 32]>();
-        let mut creator = me;
-        let mut candidates = plan.candidates.clone();
-        let mut term = 1;
-        let mut inherited: Option<RunManifest> = None;
-        let (run, params, snapshot, contributors) = match &plan.start {
-            Start::Resume(c) => {
-                let run: RunId =
-                    c.meta["run"].as_str().and_then(|s| s.parse().ok()).context("shepherd checkpoint has no run id")?;
-                let get = |prefix: &str| -> anyhow::Result<Tensors> {
-                    plan.model
-                        .params
-                        .iter()
-                        .map(|p| Ok(c.tensor(&format!("{prefix}{}", p.name))?.data.clone()))
-                        .collect()
-                };
-                let key = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse::<BlobHash>().ok());
-                salt = key(&c.meta["salt"]).context("shepherd checkpoint has no run salt")?.0;
-                creator = key(&c.meta["creator"]).map_or(me, |k| PublicKey(k.0));
-                candidates = c.meta["candidates"]
-                    .as_array()
-                    .map(|list| list.iter().filter_map(key).map(|k| PublicKey(k.0)).collect())
-                    .unwrap_or_default();
-                term = c.meta["term"].as_u64().unwrap_or(1);
-                let params = get("")?;
-                let snapshot = Snapshot {
-                    completed: c.step,
-                    params: params.clone(),
-                    velocity: get("velocity.")?,
-                    durations: serde_json::from_value(c.meta["durations"].clone()).unwrap_or_default(),
-                    norms: serde_json::from_value(c.meta["norms"].clone()).unwrap_or_default(),
-                };
-                let contributors = c.meta["contributors"].as_u64().unwrap_or(1) as usize;
-                (run, params, Some(snapshot), contributors)
-            }
-            Start::Succeed { manifest, state, term: won } => {
-                salt = manifest.salt;
-                creator = PublicKey(manifest.shepherd);
-                candidates = manifest.candidates.iter().map(|k| PublicKey(*k)).collect();
-                term = *won;
-                inherited = Some((**manifest).clone());
-                let snapshot = state.snapshot.clone();
-                (RunId(manifest.run), snapshot.params.clone(), Some(snapshot), state.contributors.len())
-            }
-            Start::New => {
-                let run = pcp_protocol::election::run_id(&me, &model_hash, &salt, &candidates);
-                (run, plan.model.init(e.seed), None, plan.min_workers)
-            }
-        };
-        let params_blob = wire::params_blob(&params);
-        let params_ref = ParameterRef {
-            name: "params".into(),
-            shard: 0,
-            blob: *blake3::hash(&params_blob).as_bytes(),
-            size: params_blob.len() as u64,
-        };
-        store.put_bytes(&params_blob)?;
-        // what a successor needs besides the corpus: the loss module and the experiment
-        store.put_bytes(plan.model.module.to_mlir().as_bytes())?;
-        let mut shared = plan.experiment.clone();
-        shared.data_path = None;
-        let experiment_hash = store.put_bytes(&serde_json::to_vec(&shared)?)?;
-        let manifest = match inherited {
-            Some(mut m) => {
-                m.artifacts = Vec::new();
-                m
-            }
-            None => RunManifest {
-                run: run.0,
-                name: format!("{} on {}", plan.model.source, file_name(&plan.corpus_path)),
-                shepherd: creator.0,
-                inner_steps: u32::try_from(plan.tau).context("--tau is too large")?,
-                artifacts: Vec::new(),
-                parameters: vec![params_ref],
-                model_hash,
-                rounds: plan.rounds,
-                seed: e.seed,
-                schedule: Schedule {
-                    learning_rate: e.learning_rate,
-                    min_lr: e.min_lr.min(e.learning_rate),
-                    warmup_steps: e.warmup_steps.min(total_steps / 10),
-                    total_steps,
-                },
-                outer_lr: e.outer_lr as f32,
-                outer_momentum: e.nesterov_momentum as f32,
-                data: DataSpec {
-                    blob: corpus_hash.0,
-                    size: corpus_size,
-                    tokenizer: e.tokenizer.clone(),
-                    val_fraction: e.val_fraction,
-                    batch: batch as u32,
-                    block: block as u32,
-                    int64,
-                },
-                tensors,
-                state_per_param: step.state_per_param as u32,
-                encoding: plan.encoding.spec(),
-                screen: plan.screen.name().to_owned(),
-                trim: plan.trim as f32,
-                candidates: candidates.iter().map(|k| k.0).collect(),
-                lease_ms: plan.lease_ms,
-                salt,
-                experiment: experiment_hash.0,
-            },
-        };
-        anyhow::ensure!(
-            pcp_protocol::election::run_id(&creator, &manifest.model_hash, &manifest.salt, &candidates) == run,
-            "run {run}: its id does not match its creator, model, salt and candidates"
-        );
+        let Origin { run, params, snapshot, contributors, salt, creator, candidates, term, inherited } =
+            Origin::of(&plan, me, &model_hash)?;
+        let identity_of_run = (run, creator, &candidates[..], salt);
+        let manifest = run_manifest(&store, &mut plan, &step, &params, identity_of_run, inherited)?;
         let succession = Succession::new(run, creator, &candidates);
         let election = Election::resume(me, succession, manifest.lease_ms.max(500), term, wire::mono_ms());
-        // a resumed or elected shepherd waits a moment for the last round's workers to come back
-        let start_workers = contributors.max(1);
-        let config = shepherd::Config {
-            rounds: plan.rounds,
-            start_workers,
-            initial_deadline_ms: 600_000,
-            min_deadline_ms: 10_000,
-            heartbeat_timeout_ms: plan.heartbeat_timeout_ms,
-            outer_lr: e.outer_lr as f32,
-            outer_momentum: e.nesterov_momentum as f32,
-            trim: plan.trim,
-            sparse: plan.encoding.sparse(),
-            ..shepherd::Config::default()
-        };
+        let config = machine_config(&plan, &params, contributors)?;
         let machine = match snapshot {
             Some(s) => Shepherd::resume(config, s),
             None => Shepherd::new(config, params.clone()),
         };
         let sizes = wire::sizes(&manifest);
+        let shards = wire::shard_ranges(&manifest)?;
+        let fragments = fragments::split(&sizes, manifest.fragments.max(1) as usize)?;
         // contributions are read only from workers that joined, and only up to this size
         node.admission().serve(run, compress::encoded_len(&sizes, plan.encoding) + CONTRIBUTION_OVERHEAD);
 
@@ -803,32 +1002,8 @@ impl Host {
             .or_else(|| plan.artifacts_dir.clone())
             .unwrap_or_else(|| data_dir.join("artifacts"));
         let module = Arc::new(step.module);
-        let engine = match prepared_engine {
-            Some(mut engine) => {
-                engine.set_params(params).await.context("loading the inherited parameters")?;
-                engine
-            }
-            None => {
-                let cpu = {
-                    let module = module.clone();
-                    let dir = artifacts_dir.clone();
-                    tokio::task::spawn_blocking(move || {
-                        pcp_graph::compile(&module, &pcp_graph::Target::host(), Some(&dir))
-                    })
-                    .await??
-                };
-                Engine::new(
-                    pcp_runtime::Device::Cpu,
-                    cpu.vmfb,
-                    wire::shapes(&manifest),
-                    params,
-                    None,
-                    step.state_per_param,
-                    int64,
-                )
-                .await?
-            }
-        };
+        let engine =
+            host_engine(prepared_engine, &module, &artifacts_dir, &manifest, params, step.state_per_param).await?;
 
         // providing is a DHT query that can take seconds (a dead leader is still in
         // routing tables): it runs beside the main loop, so an elected candidate leads at once
@@ -873,6 +1048,8 @@ impl Host {
             keeper,
             reported_term: 0,
             sizes,
+            shards,
+            fragments,
             engine,
             started: Instant::now(),
             bytes_in: 0,
@@ -896,38 +1073,49 @@ impl Host {
             aside: false,
             background,
         };
+        host.started(resumed_at).await?;
+        Ok(host)
+    }
+
+    /// Says the run started (and, resumed or elected, from where), publishes the
+    /// state and releases blobs of rounds before it.
+    async fn started(&mut self, resumed_at: u64) -> anyhow::Result<()> {
+        let run = self.run;
         // the dashboard, when it is up, owns stdout and shows the rounds itself
-        host.plan.table &= !crate::tui::owns_stdout();
-        host.publish_state(&[], &[])?;
-        let params_hash = wire::params_hash(host.machine.params());
-        host.events.emit(
+        self.plan.table &= !crate::tui::owns_stdout();
+        self.publish_state(&[], &[])?;
+        let state = self.state.as_ref().map(|s| BlobHash(s.blob));
+        self.plan.retention.advance(&self.node, &self.events, resumed_at, state).await;
+        let params_hash = wire::params_hash(self.machine.params());
+        self.events.emit(
             "run_started",
             json!({
-                "run": run.to_hex(), "model": host.plan.model.source, "rounds": host.plan.rounds, "tau": host.plan.tau,
+                "run": run.to_hex(), "model": self.plan.model.source, "rounds": self.plan.rounds, "tau": self.plan.tau,
                 "resumed_round": resumed_at, "params_hash": params_hash.to_hex(),
-                "encoding": host.plan.encoding.name(), "encoding_spec": host.plan.encoding.spec(),
+                "encoding": self.plan.encoding.name(), "encoding_spec": self.plan.encoding.spec(),
+                "overlap": self.plan.overlap,
             }),
         );
-        if matches!(host.plan.start, Start::Resume(_)) {
-            host.events.emit("resumed", json!({"round": resumed_at, "params_hash": params_hash.to_hex()}));
+        if matches!(self.plan.start, Start::Resume(_)) {
+            self.events.emit("resumed", json!({"round": resumed_at, "params_hash": params_hash.to_hex()}));
         }
-        host.print_header(resumed_at)?;
-        if let Start::Succeed { term, state, .. } = &host.plan.start {
+        self.print_header(resumed_at)?;
+        if let Start::Succeed { term, state, .. } = &self.plan.start {
             let term = *term;
             // the quorum it must keep: the workers of the round it inherits
-            host.quorum.round_completed(&state.contributors, wire::mono_ms());
-            host.events.emit(
+            self.quorum.round_completed(&state.contributors, wire::mono_ms());
+            self.events.emit(
                 "shepherd_elected",
-                json!({"term": term, "peer": peer_name(&me), "round": resumed_at, "params_hash": params_hash.to_hex()}),
+                json!({"term": term, "peer": peer_name(&self.election.me()), "round": resumed_at, "params_hash": params_hash.to_hex()}),
             );
-            let lapsed = host.election.succession().leader(term.saturating_sub(1));
-            host.table_line(&format!("term {}: the lease of {} expired", term - 1, peer_name(&lapsed)))?;
-            host.table_line(&format!(
+            let lapsed = self.election.succession().leader(term.saturating_sub(1));
+            self.table_line(&format!("term {}: the lease of {} expired", term - 1, peer_name(&lapsed)))?;
+            self.table_line(&format!(
                 "term {term}: {} elected; resumes after round {resumed_at} from parameters {params_hash}",
-                peer_name(&me)
+                peer_name(&self.election.me())
             ))?;
         }
-        Ok(host)
+        Ok(())
     }
 
     /// A line in the round table (elections and step-downs).
@@ -1336,9 +1524,11 @@ impl Host {
                 let round = binding.round;
                 self.quorum.heard(&key, wire::mono_ms());
                 let mut received = None;
+                let mut busy = (0, 0);
                 let input = match message.decode::<Contribution>() {
                     Ok(c) => {
                         received = Some((c.samples, c.loss, c.delta.len(), c.bytes_down));
+                        busy = (c.train_ms, c.wall_ms);
                         let input = self.contribution_input(key, round, c);
                         self.screened(input).await?
                     }
@@ -1352,7 +1542,7 @@ impl Host {
                     && (self.traffic.len() < MAX_BACKEND_RECORDS || self.traffic.contains_key(&key))
                 {
                     // before the step: the contribution that closes the round is in its event
-                    self.traffic.insert(key, (bytes as u64, bytes_down));
+                    self.traffic.insert(key, Traffic { up: bytes as u64, down: bytes_down, busy });
                 }
                 let rejected = self.step(input).await?;
                 let reason = rejected.into_iter().find(|(p, _)| *p == key).map(|(_, r)| r);
@@ -1389,7 +1579,7 @@ impl Host {
             return Ok(input);
         }
         let params = self.machine.params().to_vec();
-        if delta.validate(&self.sizes).is_err() {
+        if delta.validate(&self.round_sizes(round)).is_err() {
             return Ok(input); // the machine names the shape or NaN
         }
         let shape = (self.manifest.data.batch as usize, self.manifest.data.block as usize);
@@ -1410,6 +1600,12 @@ impl Host {
         Ok(Input::Malformed { peer, round, reason: Rejection::NoImprovement { before, after, reversed } })
     }
 
+    /// The tensor sizes of round `round`'s pseudo-gradients: its fragment's, the
+    /// other tensors empty (every tensor without fragments).
+    fn round_sizes(&self, round: u64) -> Vec<usize> {
+        fragments::masked(&self.sizes, &self.fragments[fragments::of_round(round, self.fragments.len())])
+    }
+
     fn contribution_input(&mut self, key: PublicKey, round: u64, c: Contribution) -> Input<PublicKey> {
         self.bytes_in += c.delta.len() as u64;
         let malformed = |reason: String| Input::Malformed { peer: key, round, reason: Rejection::Encoding(reason) };
@@ -1428,7 +1624,7 @@ impl Host {
                 return Input::Malformed { peer: key, round, reason: Rejection::Fenced(e.to_string()) };
             }
         }
-        match compress::decode_delta_seeded(&c.delta, &self.sizes, self.plan.encoding, round) {
+        match compress::decode_delta_seeded(&c.delta, &self.round_sizes(round), self.plan.encoding, round) {
             Ok(delta) => Input::Contribution { peer: key, round, samples: c.samples, loss: c.loss, delta },
             Err(e) => malformed(e.to_string()),
         }
@@ -1496,6 +1692,7 @@ impl Host {
             Ok((hash, size, _)) => {
                 let artifact = ArtifactRef { backend: name.clone(), target: target.clone(), blob: hash.0, size };
                 self.artifacts.insert((name.clone(), target.clone()), artifact.clone());
+                self.plan.retention.pin(hash);
                 self.manifest.artifacts = self.artifacts.values().cloned().collect();
                 self.events.emit(
                     "artifact_published",
@@ -1620,14 +1817,17 @@ impl Host {
     async fn open_round(&mut self, round: u64, deadline_ms: u64, participants: Vec<PublicKey>) -> anyhow::Result<()> {
         // contribution-sized reads are for this round's participants only (see pcp_bootstrap::admission)
         self.node.admission().open_round(self.run, round, &participants);
-        let blob = wire::params_blob(self.machine.params());
-        let hash = self.store.put_bytes(&blob)?;
+        let parameters = self.publish_params()?;
+        let hash = BlobHash(parameters[0].blob);
         self.round_base = Some(hash);
+        // the blobs of rounds older than this node keeps go
+        let kept: Vec<BlobHash> = parameters.iter().map(|p| BlobHash(p.blob)).collect();
+        self.plan.retention.advance(&self.node, &self.events, round, kept).await;
         self.traffic.clear();
         let announcement = RoundAnnouncement {
             run: self.run.0,
             round,
-            parameters: vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size: blob.len() as u64 }],
+            parameters,
             deadline_unix_ms: deadline_ms,
             participants: participants.iter().map(|p| p.0).collect(),
             finished: false,
@@ -1653,6 +1853,21 @@ impl Host {
         Ok(())
     }
 
+    /// Stores the current parameters: the whole blob, and with more than one shard
+    /// each shard's (see [`wire::shard_refs`]). Returns the announcement's
+    /// `parameters`: the whole blob first, then the shards.
+    fn publish_params(&mut self) -> anyhow::Result<Vec<ParameterRef>> {
+        let params = self.machine.params();
+        let blob = wire::params_blob(params);
+        let hash = self.store.put_bytes(&blob)?;
+        let mut refs = vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size: blob.len() as u64 }];
+        for (r, bytes) in wire::shard_refs(params, &self.shards) {
+            self.store.put_bytes(&bytes)?;
+            refs.push(r);
+        }
+        Ok(refs)
+    }
+
     async fn round_completed(&mut self, summary: RoundSummary<PublicKey>) -> anyhow::Result<()> {
         let params = self.machine.params().clone();
         let params_hash = wire::params_hash(&params);
@@ -1670,10 +1885,11 @@ impl Host {
             .contributors
             .iter()
             .map(|p| {
-                let (up, down) = self.traffic.get(p).copied().unwrap_or_default();
-                json!({"peer": peer_name(p), "bytes_up": up, "bytes_down": down})
+                let t = self.traffic.get(p).copied().unwrap_or_default();
+                json!({"peer": peer_name(p), "bytes_up": t.up, "bytes_down": t.down, "utilization": t.utilization()})
             })
             .collect();
+        let utilization = Traffic::network(summary.contributors.iter().filter_map(|p| self.traffic.get(p)));
         self.quorum.round_completed(&summary.contributors, wire::mono_ms());
         // validation and the checkpoint hold this loop: the keeper sends the leases meanwhile
         self.state_term = self.election.term();
@@ -1704,6 +1920,7 @@ impl Host {
                 "excluded": summary.excluded.iter().map(peer_name).collect::<Vec<_>>(),
                 "clipped": summary.clipped, "norm_bound": summary.norm_bound,
                 "encoding": self.plan.encoding.name(), "update_bytes": update_bytes, "workers": workers,
+                "utilization": utilization,
             }),
         );
         self.events.emit("checkpoint", json!({"round": summary.round, "path": path.display().to_string()}));
@@ -1722,6 +1939,10 @@ impl Host {
         }
         self.bytes_in = 0;
         self.published = None;
+        // the round's update and state join its parameters; older rounds' blobs go
+        let made = [self.update.as_ref().map(|u| u.blob.blob), self.state.as_ref().map(|s| s.blob)];
+        let made = made.into_iter().flatten().map(BlobHash);
+        self.plan.retention.advance(&self.node, &self.events, summary.round, made).await;
         Ok(())
     }
 
@@ -1754,6 +1975,11 @@ impl Host {
             tensors,
         };
         checkpoint.save(&self.plan.state_dir)
+    }
+
+    /// The blobs this host kept and pinned, for the standby it becomes.
+    pub(super) fn take_retention(&mut self) -> Retention {
+        std::mem::take(&mut self.plan.retention)
     }
 
     fn finish(&mut self) -> anyhow::Result<()> {

@@ -1,12 +1,14 @@
 //! What shepherds and workers share: DHT keys, signing with fresh nonces, and the
 //! parameter blob format.
 
+use std::ops::Range;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::compress::{self, Encoding};
+use pcp_protocol::diloco::fragments;
 use pcp_protocol::{Binding, BlobHash, Identity, PublicKey, RunId, Signable};
-use pcp_schema::{RunManifest, SignedEnvelope};
+use pcp_schema::{ParameterRef, RunManifest, SignedEnvelope};
 
 /// The wire protocol version in `NodeHello`.
 pub(crate) const PROTOCOL_VERSION: u32 = 1;
@@ -91,6 +93,32 @@ pub(crate) fn shapes(manifest: &RunManifest) -> Vec<Vec<usize>> {
 /// Parameters as a blob: the exact fp32 pseudo-gradient format.
 pub(crate) fn params_blob(params: &Tensors) -> Vec<u8> {
     compress::encode(params, Encoding::F32)
+}
+
+/// A round's shard blobs, each shard's tensors as an fp32 parameters blob, with the
+/// reference the announcement lists (`shard` 1, 2, …; the name says its tensors);
+/// none when one shard holds every tensor (the whole blob is then the shard).
+pub(crate) fn shard_refs(params: &Tensors, shards: &[Range<usize>]) -> Vec<(ParameterRef, Vec<u8>)> {
+    if shards.len() <= 1 {
+        return Vec::new();
+    }
+    (1..)
+        .zip(shards)
+        .map(|(i, r)| {
+            let bytes = params_blob(&params[r.clone()].to_vec());
+            let blob = *blake3::hash(&bytes).as_bytes();
+            let name = format!("shard:{}-{}", r.start, r.end);
+            (ParameterRef { name, shard: i, blob, size: bytes.len() as u64 }, bytes)
+        })
+        .collect()
+}
+
+/// The shard ranges of a run: its fragments' tensors, cut at the shard size
+/// ([`pcp_protocol::diloco::fragments`]).
+pub(crate) fn shard_ranges(manifest: &RunManifest) -> anyhow::Result<Vec<Range<usize>>> {
+    let sizes = sizes(manifest);
+    let fragments = fragments::split(&sizes, manifest.fragments.max(1) as usize)?;
+    Ok(fragments::shards(&sizes, &fragments))
 }
 
 /// Reads a parameters blob, checking every tensor's size.

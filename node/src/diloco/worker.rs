@@ -1,7 +1,9 @@
 //! The worker role: the default for a node that is not a shepherd.
 
+mod overlap;
+
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use std::sync::Arc;
@@ -9,7 +11,8 @@ use std::sync::Arc;
 use pcp_bootstrap::{Event, Node, PeerId, RequestError};
 use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::compress::{self, Encoding};
-use pcp_protocol::diloco::sparse::{self, ErrorFeedback, Layout, Settings};
+use pcp_protocol::diloco::fragments;
+use pcp_protocol::diloco::sparse::{self, ErrorFeedback, Layout, Settings, SparseTensors};
 use pcp_protocol::diloco::worker::{self, Worker};
 use pcp_protocol::election::{self, Election, Succession};
 use pcp_protocol::failover::Chain;
@@ -100,6 +103,8 @@ pub(crate) struct WorkerPlan {
     pub(crate) hostile: Option<Hostile>,
     /// Print progress on stdout.
     pub(crate) verbose: bool,
+    /// Rounds whose blobs this worker keeps (`--keep-rounds`).
+    pub(crate) keep_rounds: usize,
 }
 
 impl WorkerPlan {
@@ -124,6 +129,7 @@ impl WorkerPlan {
             run,
             hostile,
             verbose: true,
+            keep_rounds: super::retention::DEFAULT_KEEP_ROUNDS,
         })
     }
 }
@@ -311,53 +317,133 @@ struct TrainIo<'a> {
 /// A round's starting parameters and how they were had.
 struct RoundParams {
     params: Tensors,
-    /// Bytes fetched for them: the update's or the parameters' blob, or 0.
+    /// Bytes fetched for them: the update's, the changed shards' or the whole
+    /// parameters' blob, or 0.
     bytes: u64,
-    /// `held` (unchanged), `update` (the sparse update applied) or `full`.
+    /// `held` (unchanged), `update` (the sparse update applied), `shards` (the
+    /// changed shards fetched) or `full`.
     via: &'static str,
+    /// Shards fetched, of how many (0 of 0: the run has a single shard).
+    shards: (usize, usize),
+}
+
+/// The parameters a worker started its last round from: their blob hash and the
+/// announced hashes of their shards.
+#[derive(Debug)]
+struct Held {
+    hash: BlobHash,
+    params: Tensors,
+    shards: Vec<[u8; 32]>,
+}
+
+/// What a worker needs to fetch a round's parameters, off its training loop.
+#[derive(Clone, Debug)]
+struct ParamsSource {
+    node: Node,
+    /// The leader, asked first (the DHT is asked for more providers meanwhile).
+    from: PeerId,
+    sizes: Vec<usize>,
+    /// The run's shards: the tensors of each.
+    shards: Vec<std::ops::Range<usize>>,
+    /// A sparse run's update layout.
+    down: Option<Layout>,
+    /// The run's fragments: an update changes the one its round synced.
+    fragments: Vec<std::ops::Range<usize>>,
 }
 
 /// The parameters a round starts from. A worker that holds the previous round's
-/// parameters reuses them when they did not change, and in a sparse run fetches
-/// only the update and applies it, checking the result against the announced
-/// hash; anyone else (a joiner, a worker that missed rounds, a failed check)
-/// fetches the whole parameters blob.
+/// parameters reuses them when they did not change; in a sparse run it fetches
+/// only the update and applies it; in a run published in shards it fetches only
+/// the shards whose hash changed, in parallel, each from the leader and any peer
+/// that has it. The result is checked against the announced hash. Anyone else (a
+/// joiner, a worker that missed rounds, a failed check) fetches every shard, or the
+/// whole parameters blob when the run has one shard.
 async fn round_params(
-    node: &Node,
-    from: PeerId,
+    src: &ParamsSource,
     announcement: &RoundAnnouncement,
-    held: Option<&(BlobHash, Tensors)>,
-    sizes: &[usize],
-    down: Option<Layout>,
+    held: Option<&Held>,
 ) -> anyhow::Result<RoundParams> {
     let params_ref = announcement.parameters.first().context("the announcement names no parameters")?;
     let want = BlobHash(params_ref.blob);
-    if let Some((hash, params)) = held {
-        if *hash == want {
-            return Ok(RoundParams { params: params.clone(), bytes: 0, via: "held" });
+    let r = announcement.round;
+    if let Some(h) = held {
+        if h.hash == want {
+            return Ok(RoundParams { params: h.params.clone(), bytes: 0, via: "held", shards: (0, 0) });
         }
-        if let (Some(update), Some(layout)) = (&announcement.update, down)
-            && BlobHash(update.base) == *hash
+        if let (Some(update), Some(layout)) = (&announcement.update, src.down)
+            && BlobHash(update.base) == h.hash
         {
             let applied = async {
-                let bytes = read(&fetch(node, update.blob.blob, from, "round update").await?)?;
-                // the update closed the previous round, and is seeded with it
-                let seed = announcement.round.saturating_sub(1);
-                let sent = sparse::decode_seeded(&bytes, sizes, layout, seed).context("the round's update")?;
-                let mut next = params.clone();
+                let bytes = read(&fetch(&src.node, update.blob.blob, src.from, "round update").await?)?;
+                // the update closed the previous round, and is seeded with it; it
+                // changes the fragment that round synced
+                let seed = r.saturating_sub(1);
+                let fragment = &src.fragments[fragments::of_round(seed, src.fragments.len())];
+                let sizes = fragments::masked(&src.sizes, fragment);
+                let sent = sparse::decode_seeded(&bytes, &sizes, layout, seed).context("the round's update")?;
+                let mut next = h.params.clone();
                 sparse::subtract(&mut next, &sent, 1.0);
                 anyhow::ensure!(wire::params_hash(&next) == want, "the updated parameters do not hash to {want}");
                 Ok(next)
             };
             match applied.await {
-                Ok(params) => return Ok(RoundParams { params, bytes: update.blob.size, via: "update" }),
-                Err(e) => tracing::warn!("round {}: {e:#}; fetching the whole parameters", announcement.round),
+                Ok(params) => {
+                    return Ok(RoundParams { params, bytes: update.blob.size, via: "update", shards: (0, 0) });
+                }
+                Err(e) => tracing::warn!("round {r}: {e:#}; fetching the parameters"),
             }
         }
     }
-    let path = fetch(node, params_ref.blob, from, "round parameters").await?;
-    let params = wire::read_params(&read(&path)?, sizes)?;
-    Ok(RoundParams { params, bytes: params_ref.size, via: "full" })
+    if announcement.parameters.len() > 1 {
+        match shards(src, announcement, held).await {
+            Ok(fetched) => return Ok(fetched),
+            Err(e) => tracing::warn!("round {r}: {e:#}; fetching the whole parameters"),
+        }
+    }
+    let path = fetch(&src.node, params_ref.blob, src.from, "round parameters").await?;
+    let params = wire::read_params(&read(&path)?, &src.sizes)?;
+    Ok(RoundParams { params, bytes: params_ref.size, via: "full", shards: (0, 0) })
+}
+
+/// The round's parameters from its shards: those `held` has under the same hash are
+/// reused, the rest fetched in parallel.
+async fn shards(src: &ParamsSource, a: &RoundAnnouncement, held: Option<&Held>) -> anyhow::Result<RoundParams> {
+    let refs = &a.parameters[1..];
+    anyhow::ensure!(
+        refs.len() == src.shards.len(),
+        "{} shards announced, the run has {}",
+        refs.len(),
+        src.shards.len()
+    );
+    let mut parts: Vec<Option<Tensors>> = vec![None; refs.len()];
+    let mut fetching = JoinSet::new();
+    for (i, (r, range)) in refs.iter().zip(&src.shards).enumerate() {
+        match held.filter(|h| h.shards.get(i) == Some(&r.blob)) {
+            Some(h) => parts[i] = Some(h.params[range.clone()].to_vec()),
+            None => {
+                let (node, from, hash) = (src.node.clone(), src.from, r.blob);
+                let sizes = src.sizes[range.clone()].to_vec();
+                fetching.spawn(async move {
+                    let path = fetch(&node, hash, from, &format!("parameter shard {}", i + 1)).await?;
+                    anyhow::Ok((i, wire::read_params(&read(&path)?, &sizes)?))
+                });
+            }
+        }
+    }
+    let fetched = fetching.len();
+    let mut bytes = 0;
+    while let Some(done) = fetching.join_next().await {
+        let (i, tensors) = done.context("a shard fetch failed")??;
+        bytes += refs[i].size;
+        parts[i] = Some(tensors);
+    }
+    let params: Tensors = parts.into_iter().flat_map(|p| p.unwrap_or_default()).collect();
+    let want = BlobHash(a.parameters[0].blob);
+    anyhow::ensure!(
+        params.len() == src.sizes.len() && wire::params_hash(&params) == want,
+        "the shards do not make up parameters {want}"
+    );
+    Ok(RoundParams { params, bytes, via: "shards", shards: (fetched, refs.len()) })
 }
 
 /// Where a sparse run's error feedback survives a restart.
@@ -433,27 +519,22 @@ async fn train(
     joined: &Joined,
     gossip: Arc<tokio::sync::Mutex<mpsc::Receiver<Event>>>,
 ) -> anyhow::Result<Outcome> {
-    let TrainIo { node, events, data_dir, cancel } = io;
+    let TrainIo { node, events, data_dir, .. } = io;
     let m = &joined.manifest;
     let run = RunId(m.run);
     let vmfb = read(&fetch(node, joined.artifact.blob, joined.shepherd, "training artifact").await?)?;
     let corpus_path = fetch(node, m.data.blob, joined.shepherd, "corpus").await?;
     let corpus = Corpus::load(&corpus_path, &m.data.tokenizer, None, m.data.val_fraction)?;
-    let (batch, block) = (m.data.batch as usize, m.data.block as usize);
     let sizes = wire::sizes(m);
     let encoding = Encoding::parse(&m.encoding).with_context(|| format!("the run uses encoding {:?}", m.encoding))?;
-    let settings = encoding.sparse();
     let feedback_file = feedback_path(data_dir, run);
-    let mut feedback = settings.map(|s| load_feedback(&feedback_file, &sizes, s));
+    let feedback = encoding.sparse().map(|s| load_feedback(&feedback_file, &sizes, s));
     // what this worker trained last, and the highest term it followed: it never
     // moves back, across restarts too
     let chain_file = chain_path(data_dir, run);
-    let mut chain = load_chain(&chain_file);
-    // the parameters the last round started from, by blob hash
-    let mut held: Option<(BlobHash, Tensors)> = None;
-    let mut bytes_down = 0u64;
+    let chain = load_chain(&chain_file);
     let zeros: Tensors = sizes.iter().map(|n| vec![0.0; *n]).collect();
-    let mut engine =
+    let engine =
         Engine::new(plan.device, vmfb, wire::shapes(m), zeros, None, m.state_per_param as usize, m.data.int64).await?;
     if let Err(e) = node.subscribe(run).await {
         tracing::warn!("subscribing to run {run}: {e}");
@@ -464,21 +545,22 @@ async fn train(
         json!({"run": run.to_hex(), "shepherd": joined.shepherd.to_string(), "backend": plan.backend,
                "target": plan.target, "artifact": BlobHash(joined.artifact.blob).to_hex(),
                "screen": m.screen, "trim": m.trim, "rounds": m.rounds, "tau": m.inner_steps,
-               "encoding": encoding.name(), "encoding_spec": encoding.spec()}),
+               "encoding": encoding.name(), "encoding_spec": encoding.spec(), "overlap": m.overlap}),
     );
     if plan.verbose {
         println!(
-            "joined run {run} ({}): shepherd {}, {} rounds of τ={}, artifact for {} ({:.1} MB)",
+            "joined run {run} ({}): shepherd {}, {} rounds of τ={}{}, artifact for {} ({:.1} MB)",
             m.name,
             joined.shepherd,
             m.rounds,
             m.inner_steps,
+            if m.overlap { ", overlapped" } else { "" },
             if plan.target.is_empty() { plan.backend.clone() } else { format!("{}:{}", plan.backend, plan.target) },
             joined.artifact.size as f64 / 1e6
         );
     }
 
-    let (latest_tx, mut latest) = watch::channel(Latest::Nothing);
+    let (latest_tx, latest) = watch::channel(Latest::Nothing);
     let (round_tx, round_rx) = watch::channel(0u64);
     let (leader_tx, leader) = watch::channel((joined.shepherd, joined.shepherd_key));
     let heartbeat = Heartbeats {
@@ -495,234 +577,506 @@ async fn train(
         forge: plan.hostile == Some(Hostile::Forge),
     };
     let _heartbeat = AbortOnDrop(tokio::spawn(heartbeat.run()));
+    let mut trainer = Trainer {
+        plan,
+        io,
+        m,
+        run,
+        me,
+        corpus,
+        sizes,
+        encoding,
+        feedback,
+        feedback_file,
+        chain,
+        chain_file,
+        held: None,
+        shards: wire::shard_ranges(m)?,
+        fragments: fragments::split(&wire::sizes(m), m.fragments.max(1) as usize)?,
+        trained: None,
+        retention: super::Retention::new(plan.keep_rounds),
+        engine,
+        adam_step: 0,
+        latest,
+        leader,
+        round_tx,
+        clock: Clock::default(),
+    };
+    if m.overlap { overlap::run(&mut trainer, signer).await } else { trainer.lockstep(signer).await }
+}
 
-    let mut machine = Worker::new(me.0.to_vec(), m.seed, u64::from(m.inner_steps));
-    let mut adam_step = 0u64;
-    // the last announcement handled: a shepherd that restarted reopens a round with a
-    // new deadline, and that is a new round to train
-    let mut done: Option<(u64, u64, u64)> = None;
-    loop {
+/// An announcement's identity: round, term and deadline. A successor's reopening
+/// of a round, or a restarted shepherd's, is a new round to train.
+type Key = (u64, u64, u64);
+
+fn key(a: &RoundAnnouncement) -> Key {
+    (a.round, a.term, a.deadline_unix_ms)
+}
+
+/// A worker's time in inner steps since its last contribution, and since when.
+#[derive(Debug, Default)]
+struct Clock {
+    since: Option<Instant>,
+    train_s: f64,
+}
+
+impl Clock {
+    /// Work began (the first fetch of a round): the wall clock starts if it had not.
+    fn start(&mut self) {
+        self.since.get_or_insert_with(Instant::now);
+    }
+
+    /// Milliseconds in inner steps and of wall time since the last lap; restarts.
+    fn lap(&mut self) -> (u64, u64) {
+        let wall = self.since.replace(Instant::now()).map_or(0.0, |s| s.elapsed().as_secs_f64());
+        let train = std::mem::take(&mut self.train_s).min(wall);
+        ((train * 1e3) as u64, (wall * 1e3) as u64)
+    }
+}
+
+/// A round's inner steps so far.
+#[derive(Debug, Default)]
+struct Progress {
+    taken: u64,
+    loss_sum: f64,
+}
+
+/// A contribution ready to send, and what its sender must remember.
+#[derive(Debug)]
+struct Outgoing {
+    contribution: Contribution,
+    /// The sparse entries it takes from the error feedback (given back if refused).
+    sent: Option<SparseTensors>,
+    trained_s: f64,
+}
+
+/// How a sent contribution fared.
+#[derive(Debug)]
+struct Delivery {
+    accepted: bool,
+    reason: String,
+    wire_bytes: u64,
+}
+
+/// Where contributions go: the node, the followed leader, and the announcements
+/// that make a send moot.
+#[derive(Clone, Debug)]
+struct Courier {
+    node: Node,
+    run: RunId,
+    leader: watch::Receiver<Leader>,
+    latest: watch::Receiver<Latest>,
+    cancel: CancellationToken,
+}
+
+impl Courier {
+    /// Sends `contribution` to the followed leader. A send to a leader that died (or
+    /// refused it unread) must not hold up the round that replaces it: an
+    /// announcement of a newer term abandons it. (The same leader's next round does
+    /// not: the contribution that closes a round is answered after the next round is
+    /// announced.) One lost on the way (a cut link, a leader busy past
+    /// the timeout) is sent again while the round is open, so that the round does
+    /// not wait on it for good. `None`: cancelled.
+    async fn deliver(&self, signer: &mut Signer, contribution: &Contribution, this: Key) -> Option<Delivery> {
+        let r = contribution.round;
+        let mut envelope = signer.seal(self.run, r, contribution);
+        let wire_bytes = envelope.encode().len() as u64;
+        let mut watching = self.latest.clone();
+        let mut tries = 0u32;
+        let answer = loop {
+            let (to, to_key) = *self.leader.borrow();
+            let answer = tokio::select! {
+                () = self.cancel.cancelled() => return None,
+                () = superseded(&mut watching, this) => None,
+                answer = self.node.request(to, envelope) => Some((answer, to_key)),
+            };
+            tries += 1;
+            match answer {
+                Some((Err(e @ (RequestError::Failed { .. } | RequestError::Busy { .. })), _))
+                    if tries < MAX_SENDS && !newer_round(&self.latest, this) =>
+                {
+                    tracing::warn!("round {r}: sending the contribution failed ({e}); sending it again");
+                    tokio::select! {
+                        () = self.cancel.cancelled() => return None,
+                        () = newer_arrives(&mut watching, this) => break None,
+                        () = tokio::time::sleep(HEARTBEAT * 2) => {}
+                    }
+                    envelope = signer.seal(self.run, r, contribution);
+                }
+                other => break other,
+            }
+        };
+        let (accepted, reason) = match answer {
+            Some((answer, to_key)) => ack_of(answer, to_key),
+            None => (false, "abandoned: a newer leader's announcement arrived before the answer".to_owned()),
+        };
+        Some(Delivery { accepted, reason, wire_bytes })
+    }
+}
+
+/// Why a round's parameters did not arrive.
+enum Fetched {
+    Got(RoundParams),
+    Failed(String),
+    Cancelled,
+}
+
+/// A worker in a run: its engine, its error feedback and the chain it follows.
+struct Trainer<'a> {
+    plan: &'a WorkerPlan,
+    io: TrainIo<'a>,
+    m: &'a RunManifest,
+    run: RunId,
+    me: PublicKey,
+    corpus: Corpus,
+    sizes: Vec<usize>,
+    encoding: Encoding,
+    feedback: Option<ErrorFeedback>,
+    feedback_file: PathBuf,
+    chain: Chain,
+    chain_file: PathBuf,
+    /// The parameters the last round started from, by blob hash.
+    held: Option<Arc<Held>>,
+    /// The run's shards: the tensors of each.
+    shards: Vec<std::ops::Range<usize>>,
+    /// The run's Streaming DiLoCo fragments: the tensors of each (one: all).
+    fragments: Vec<std::ops::Range<usize>>,
+    /// The last round this worker sent a contribution for: its parameters outside
+    /// the fragment the next round brings are its own to keep.
+    trained: Option<u64>,
+    /// The blobs of its recent rounds, kept; older ones are released.
+    retention: super::Retention,
+    engine: Engine,
+    adam_step: u64,
+    latest: watch::Receiver<Latest>,
+    leader: watch::Receiver<Leader>,
+    /// The round this worker trains, for its heartbeats.
+    round_tx: watch::Sender<u64>,
+    clock: Clock,
+}
+
+/// What the next announcement asks of the worker.
+enum Next {
+    /// Train this round.
+    Train(Box<RoundAnnouncement>),
+    /// Nothing for this worker (not a participant, already trained, refused).
+    Skip,
+    /// Stop training on this run.
+    Stop(Outcome),
+}
+
+impl Trainer<'_> {
+    fn tau(&self) -> u64 {
+        u64::from(self.m.inner_steps)
+    }
+
+    /// The tensors round `r` syncs (every tensor without fragments).
+    fn fragment(&self, r: u64) -> std::ops::Range<usize> {
+        self.fragments[fragments::of_round(r, self.fragments.len())].clone()
+    }
+
+    /// Loads round `a`'s parameters into the engine. After sending the previous
+    /// round, only the fragment that round synced is taken from them (all of them
+    /// without fragments): the other fragments' local progress is this worker's
+    /// until their own round. Anyone else starts from all of them.
+    async fn load(&mut self, a: &RoundAnnouncement, params: &Tensors) -> anyhow::Result<()> {
+        if self.fragments.len() > 1 && self.trained == Some(a.round - 1) {
+            let mut local = self.engine.params().await?;
+            for i in self.fragment(a.round - 1) {
+                local[i].clone_from(&params[i]);
+            }
+            self.engine.set_params(local).await
+        } else {
+            self.engine.set_params(params.clone()).await
+        }
+    }
+
+    fn courier(&self) -> Courier {
+        Courier {
+            node: self.io.node.clone(),
+            run: self.run,
+            leader: self.leader.clone(),
+            latest: self.latest.clone(),
+            cancel: self.io.cancel.clone(),
+        }
+    }
+
+    /// A sampler for this worker's data in round `r`.
+    fn sampler(&self, r: u64) -> anyhow::Result<Sampler> {
+        let seed = pcp_protocol::diloco::data_seed(self.m.seed, &self.me.0, r);
+        Ok(Sampler::new(self.corpus.train.clone(), self.m.data.batch as usize, self.m.data.block as usize, seed)?)
+    }
+
+    /// Waits for an announcement newer than `done` and says what it asks.
+    async fn next(&mut self, done: &mut Option<Key>) -> Next {
         tokio::select! {
-            () = cancel.cancelled() => return Ok(Outcome::Cancelled),
-            changed = latest.changed() => if changed.is_err() {
-                return Ok(Outcome::Rejoin("the heartbeat task stopped".into()));
+            () = self.io.cancel.cancelled() => return Next::Stop(Outcome::Cancelled),
+            changed = self.latest.changed() => if changed.is_err() {
+                return Next::Stop(Outcome::Rejoin("the heartbeat task stopped".into()));
             },
         }
-        let announcement = match latest.borrow_and_update().clone() {
-            Latest::Nothing => continue,
-            Latest::Refused(reason) => return Ok(Outcome::Rejoin(reason)),
+        let announcement = match self.latest.borrow_and_update().clone() {
+            Latest::Nothing => return Next::Skip,
+            Latest::Refused(reason) => return Next::Stop(Outcome::Rejoin(reason)),
             Latest::Round(a) => a,
         };
-        if announcement.finished {
-            events.emit("run_finished", json!({"run": run.to_hex(), "rounds": announcement.round}));
-            if plan.verbose {
-                println!("run {run} finished after {} rounds", announcement.round);
+        self.consider(announcement, done)
+    }
+
+    /// What `a` asks of the worker, if it is newer than `done`: the run's end, a
+    /// round to train, or nothing. A round this worker takes part in is checked
+    /// against the chain it follows.
+    fn consider(&mut self, a: Box<RoundAnnouncement>, done: &mut Option<Key>) -> Next {
+        if a.finished {
+            self.io.events.emit("run_finished", json!({"run": self.run.to_hex(), "rounds": a.round}));
+            if self.plan.verbose {
+                println!("run {} finished after {} rounds", self.run, a.round);
             }
-            return Ok(Outcome::Finished);
+            return Next::Stop(Outcome::Finished);
         }
-        let r = announcement.round;
-        // a successor's reopening of a round is a new round to train, whatever its deadline
-        let this = (r, announcement.term, announcement.deadline_unix_ms);
-        if r == 0 || done.is_some_and(|d| d >= this) {
-            continue;
+        let this = key(&a);
+        if a.round == 0 || done.is_some_and(|d| d >= this) {
+            return Next::Skip;
         }
-        let participant = announcement.participants.contains(&me.0);
-        let base = announcement.parameters.first().map(|p| p.blob);
-        if let Some(base) = base.filter(|_| participant) {
-            if let Err(behind) = chain.admits(announcement.term, r, &base) {
-                tracing::warn!("run {run}: not training round {r} of term {}: {behind}", announcement.term);
-                events.emit(
-                    "round_refused",
-                    json!({"round": r, "term": announcement.term, "reason": behind.to_string()}),
-                );
-                done = Some(this);
-                continue;
+        *done = Some(this);
+        let participant = a.participants.contains(&self.me.0);
+        if let Some(base) = a.parameters.first().map(|p| p.blob).filter(|_| participant) {
+            if let Err(behind) = self.chain.admits(a.term, a.round, &base) {
+                tracing::warn!("run {}: not training round {} of term {}: {behind}", self.run, a.round, a.term);
+                self.io
+                    .events
+                    .emit("round_refused", json!({"round": a.round, "term": a.term, "reason": behind.to_string()}));
+                return Next::Skip;
             }
-            chain.follow(announcement.term, r, base);
-            if let Err(e) = save_chain(&chain_file, &chain) {
+            self.chain.follow(a.term, a.round, base);
+            if let Err(e) = save_chain(&self.chain_file, &self.chain) {
                 tracing::warn!("saving the followed chain: {e:#}");
             }
         }
-        let mut actions = machine.handle(
-            worker::Input::RoundOpened { round: r, deadline_ms: announcement.deadline_unix_ms, participant },
-            wire::unix_ms(),
-        );
-        done = Some(this);
-        events.emit(
+        self.io.events.emit(
             "round_announced",
-            json!({"round": r, "deadline_unix_ms": announcement.deadline_unix_ms, "participant": participant}),
+            json!({"round": a.round, "deadline_unix_ms": a.deadline_unix_ms, "participant": participant}),
         );
         if !participant {
-            continue;
+            return Next::Skip;
         }
-        let _ = round_tx.send(r);
-        if announcement.parameters.is_empty() {
-            continue;
+        let _ = self.round_tx.send(a.round);
+        if a.parameters.is_empty() { Next::Skip } else { Next::Train(a) }
+    }
+
+    /// Fetches the parameters `a` announces (see [`round_params`]), off this task.
+    fn fetch_task(&self, a: &RoundAnnouncement) -> impl Future<Output = anyhow::Result<RoundParams>> + Send + 'static {
+        let src = ParamsSource {
+            node: self.io.node.clone(),
+            from: self.leader.borrow().0,
+            sizes: self.sizes.clone(),
+            shards: self.shards.clone(),
+            down: self.encoding.sparse().map(|s| s.down()),
+            fragments: self.fragments.clone(),
+        };
+        let (a, held) = (a.clone(), self.held.clone());
+        async move { round_params(&src, &a, held.as_deref()).await }
+    }
+
+    /// Fetches round `a`'s parameters; a newer announcement (a leader that died
+    /// mid-fetch was replaced) or cancellation ends the wait.
+    async fn fetch_round(&mut self, a: &RoundAnnouncement) -> Fetched {
+        self.clock.start();
+        let mut watching = self.latest.clone();
+        tokio::select! {
+            () = self.io.cancel.cancelled() => Fetched::Cancelled,
+            () = newer_arrives(&mut watching, key(a)) => Fetched::Failed("a newer announcement".into()),
+            fetched = self.fetch_task(a) => match fetched {
+                Ok(p) => Fetched::Got(p),
+                Err(e) => Fetched::Failed(format!("{e:#}")),
+            },
         }
-        while let Some(action) = actions.pop() {
-            match action {
-                worker::Action::FetchParams(r) => {
-                    let from = leader.borrow().0;
-                    // a leader that dies mid-fetch is replaced: a newer announcement (or the
-                    // end of the run) abandons the fetch, and a failed fetch only this round
-                    let mut watching = latest.clone();
-                    let fetched = tokio::select! {
-                        () = cancel.cancelled() => return Ok(Outcome::Cancelled),
-                        () = newer_arrives(&mut watching, this) => None,
-                        fetched = round_params(node, from, &announcement, held.as_ref(), &sizes,
-                                               settings.map(|s| s.down())) => Some(fetched),
-                    };
-                    let fetched = match fetched {
-                        Some(Ok(fetched)) => fetched,
-                        Some(Err(e)) => {
-                            tracing::warn!("round {r}: {e:#}");
-                            events.emit("round_abandoned", json!({"round": r, "steps": 0, "reason": format!("{e:#}")}));
-                            actions.extend(machine.handle(worker::Input::Failed(r), wire::unix_ms()));
-                            break;
+    }
+
+    /// Remembers `params` as round `a`'s start (what a sparse update applies to).
+    async fn hold(&mut self, a: &RoundAnnouncement, params: &RoundParams) {
+        tracing::debug!("round {}: parameters {} ({} bytes)", a.round, params.via, params.bytes);
+        self.io.events.emit(
+            "params_fetched",
+            json!({"round": a.round, "via": params.via, "bytes": params.bytes,
+                   "shards": params.shards.0, "of": params.shards.1}),
+        );
+        self.held = a.parameters.first().map(|p| {
+            let shards = a.parameters[1..].iter().map(|s| s.blob).collect();
+            Arc::new(Held { hash: BlobHash(p.blob), params: params.params.clone(), shards })
+        });
+        // the blobs of rounds older than this worker keeps go
+        let used = a.parameters.iter().map(|p| p.blob).chain(a.update.as_ref().map(|u| u.blob.blob));
+        self.retention.advance(self.io.node, self.io.events, a.round, used.map(BlobHash)).await;
+    }
+
+    /// Inner step `i` of round `r`: its loss.
+    async fn step(&mut self, r: u64, i: u64, sampler: &mut Sampler) -> anyhow::Result<f32> {
+        self.adam_step += 1;
+        let global = (r - 1) * self.tau() + i + 1;
+        let s = &self.m.schedule;
+        let lr = learning_rate(global, s.total_steps, s.learning_rate, s.min_lr, s.warmup_steps);
+        let started = Instant::now();
+        let loss = self.engine.step(self.adam_step, lr as f32, &sampler.next_batch()).await?;
+        self.clock.train_s += started.elapsed().as_secs_f64();
+        Ok(loss)
+    }
+
+    /// Round `a`'s contribution: θ_start − θ_end, encoded (through the error
+    /// feedback in a sparse run).
+    fn outgoing(&mut self, a: &RoundAnnouncement, start: &Tensors, end: &Tensors, progress: &Progress) -> Outgoing {
+        let r = a.round;
+        // θ_start − θ_end over the round's fragment; the other tensors are empty
+        let fragment = self.fragment(r);
+        let mut delta: Tensors = (0..start.len())
+            .map(|i| match fragment.contains(&i) {
+                true => start[i].iter().zip(&end[i]).map(|(s, e)| s - e).collect(),
+                false => Vec::new(),
+            })
+            .collect();
+        self.trained = Some(r);
+        match self.plan.hostile {
+            Some(Hostile::Nan) => delta[fragment.start][0] = f32::NAN,
+            Some(Hostile::Scale(k)) => delta.iter_mut().flatten().for_each(|v| *v *= k),
+            Some(Hostile::Flip) => delta.iter_mut().flatten().for_each(|v| *v = -*v),
+            Some(Hostile::Noise) => noise_like(&mut delta, r),
+            Some(Hostile::Forge) | None => {}
+        }
+        let (bytes, sent) = match self.feedback.as_mut() {
+            Some(ef) => {
+                let (bytes, sent) = ef.compress_seeded(&delta, 1.0, r);
+                (bytes, Some(sent))
+            }
+            None => (compress::encode(&delta, self.encoding), None),
+        };
+        drop(delta);
+        let trained_s = self.clock.train_s;
+        let (train_ms, wall_ms) = self.clock.lap();
+        let tokens = u64::from(self.m.data.batch) * u64::from(self.m.data.block);
+        let contribution = Contribution {
+            run: self.run.0,
+            round: r,
+            inner_steps: progress.taken as u32,
+            samples: progress.taken * tokens,
+            pseudo_gradient: ParameterRef {
+                name: "delta".into(),
+                shard: 0,
+                blob: *blake3::hash(&bytes).as_bytes(),
+                size: bytes.len() as u64,
+            },
+            loss: (progress.loss_sum / progress.taken.max(1) as f64) as f32,
+            delta: bytes,
+            bytes_down: 0,
+            term: a.term,
+            params_hash: a.parameters.first().map(|p| p.blob).unwrap_or_default(),
+            train_ms,
+            wall_ms,
+        };
+        Outgoing { contribution, sent, trained_s }
+    }
+
+    /// After a send: a refused contribution's sparse entries go back into the error
+    /// feedback (sent again later, not lost), and the event says how it fared.
+    fn finish(&mut self, out: Outgoing, delivery: &Delivery) {
+        let c = &out.contribution;
+        if let (Some(ef), Some(sent)) = (self.feedback.as_mut(), &out.sent) {
+            if !delivery.accepted {
+                sparse::subtract(&mut ef.buffer, sent, -1.0);
+            }
+            if let Err(e) = save_feedback(&self.feedback_file, ef) {
+                tracing::warn!("saving the error feedback: {e:#}");
+            }
+        }
+        let param_bytes = 4 * self.sizes.iter().sum::<usize>() as u64;
+        let wire_bytes = delivery.wire_bytes;
+        let utilization = (c.wall_ms > 0).then(|| c.train_ms as f64 / c.wall_ms as f64);
+        self.io.events.emit(
+            "contribution_sent",
+            json!({"round": c.round, "loss": c.loss, "bytes": wire_bytes, "param_bytes": param_bytes,
+                   "ratio": wire_bytes as f64 / param_bytes as f64, "accepted": delivery.accepted,
+                   "reason": delivery.reason, "tokens": c.samples, "seconds": out.trained_s,
+                   "bytes_up": wire_bytes, "bytes_down": c.bytes_down, "utilization": utilization,
+                   "train_s": c.train_ms as f64 / 1e3, "wall_s": c.wall_ms as f64 / 1e3}),
+        );
+        if self.plan.verbose {
+            let verdict =
+                if delivery.accepted { "accepted".to_owned() } else { format!("rejected: {}", delivery.reason) };
+            println!(
+                "round {}: {} steps, mean loss {:.4}, sent {:.2} MB, {verdict}",
+                c.round,
+                c.inner_steps,
+                c.loss,
+                wire_bytes as f64 / 1e6
+            );
+        }
+    }
+
+    /// Rounds one after another: fetch, train, send, wait for the next.
+    async fn lockstep(&mut self, signer: &mut Signer) -> anyhow::Result<Outcome> {
+        let mut machine = Worker::new(self.me.0.to_vec(), self.m.seed, self.tau());
+        // the last announcement handled
+        let mut done: Option<Key> = None;
+        loop {
+            let a = match self.next(&mut done).await {
+                Next::Train(a) => a,
+                Next::Skip => continue,
+                Next::Stop(outcome) => return Ok(outcome),
+            };
+            let opened =
+                worker::Input::RoundOpened { round: a.round, deadline_ms: a.deadline_unix_ms, participant: true };
+            let mut actions = machine.handle(opened, wire::unix_ms());
+            let mut start = None;
+            while let Some(action) = actions.pop() {
+                let input = match action {
+                    worker::Action::FetchParams(r) => match self.fetch_round(&a).await {
+                        Fetched::Cancelled => return Ok(Outcome::Cancelled),
+                        Fetched::Failed(reason) => {
+                            tracing::warn!("round {r}: {reason}");
+                            self.io.events.emit("round_abandoned", json!({"round": r, "steps": 0, "reason": reason}));
+                            worker::Input::Failed(r)
                         }
-                        None => {
-                            events.emit(
-                                "round_abandoned",
-                                json!({"round": r, "steps": 0, "reason": "a newer announcement"}),
-                            );
-                            actions.extend(machine.handle(worker::Input::Failed(r), wire::unix_ms()));
-                            break;
+                        Fetched::Got(fetched) => {
+                            self.hold(&a, &fetched).await;
+                            self.load(&a, &fetched.params).await?;
+                            start = Some((fetched.params, fetched.bytes));
+                            worker::Input::ParamsReady(r)
                         }
-                    };
-                    bytes_down = fetched.bytes;
-                    tracing::debug!("round {r}: parameters {} ({} bytes)", fetched.via, fetched.bytes);
-                    let hash = announcement.parameters.first().map(|p| BlobHash(p.blob));
-                    engine.set_params(fetched.params.clone()).await?;
-                    held = hash.map(|h| (h, fetched.params));
-                    actions.extend(machine.handle(worker::Input::ParamsReady(r), wire::unix_ms()));
-                }
-                worker::Action::Train { round: r, steps, seed } => {
-                    let start = engine.params().await?;
-                    let mut sampler = Sampler::new(corpus.train.clone(), batch, block, seed)?;
-                    let mut loss_sum = 0.0f64;
-                    let mut taken = 0u64;
-                    let training = std::time::Instant::now();
-                    for i in 0..steps {
-                        if cancel.is_cancelled() {
-                            return Ok(Outcome::Cancelled);
-                        }
-                        if newer_round(&latest, this) {
-                            break;
-                        }
-                        adam_step += 1;
-                        let global = (r - 1) * steps + i + 1;
-                        let s = &m.schedule;
-                        let lr = learning_rate(global, s.total_steps, s.learning_rate, s.min_lr, s.warmup_steps);
-                        loss_sum += f64::from(engine.step(adam_step, lr as f32, &sampler.next_batch()).await?);
-                        taken += 1;
-                    }
-                    if taken < steps {
-                        events.emit("round_abandoned", json!({"round": r, "steps": taken}));
-                        actions.extend(machine.handle(worker::Input::Failed(r), wire::unix_ms()));
-                        break;
-                    }
-                    let end = engine.params().await?;
-                    let trained_s = training.elapsed().as_secs_f64();
-                    let mut delta: Tensors =
-                        start.iter().zip(&end).map(|(s, e)| s.iter().zip(e).map(|(s, e)| s - e).collect()).collect();
-                    match plan.hostile {
-                        Some(Hostile::Nan) => delta[0][0] = f32::NAN,
-                        Some(Hostile::Scale(k)) => delta.iter_mut().flatten().for_each(|v| *v *= k),
-                        Some(Hostile::Flip) => delta.iter_mut().flatten().for_each(|v| *v = -*v),
-                        Some(Hostile::Noise) => noise_like(&mut delta, r),
-                        Some(Hostile::Forge) | None => {}
-                    }
-                    let loss = (loss_sum / taken.max(1) as f64) as f32;
-                    let (bytes, sent) = match feedback.as_mut() {
-                        Some(ef) => {
-                            let (bytes, sent) = ef.compress_seeded(&delta, 1.0, r);
-                            (bytes, Some(sent))
-                        }
-                        None => (compress::encode(&delta, encoding), None),
-                    };
-                    drop(delta);
-                    let contribution = Contribution {
-                        run: run.0,
-                        round: r,
-                        inner_steps: taken as u32,
-                        samples: taken * (batch * block) as u64,
-                        pseudo_gradient: ParameterRef {
-                            name: "delta".into(),
-                            shard: 0,
-                            blob: *blake3::hash(&bytes).as_bytes(),
-                            size: bytes.len() as u64,
-                        },
-                        loss,
-                        delta: bytes,
-                        bytes_down,
-                        term: announcement.term,
-                        params_hash: base.unwrap_or_default(),
-                    };
-                    let mut envelope = signer.seal(run, r, &contribution);
-                    let wire_bytes = envelope.encode().len() as u64;
-                    // a send to a leader that died (or refused it unread) must not hold up the
-                    // round that replaces it: a newer announcement abandons the send. One lost
-                    // on the way (a cut link, a leader busy past the timeout) is sent again
-                    // while the round is open, so that the round does not wait on it for good.
-                    let mut watching = latest.clone();
-                    let mut tries = 0u32;
-                    let answer = loop {
-                        let (to, to_key) = *leader.borrow();
-                        let answer = tokio::select! {
-                            () = cancel.cancelled() => return Ok(Outcome::Cancelled),
-                            () = newer_arrives(&mut watching, this) => None,
-                            answer = node.request(to, envelope) => Some((answer, to_key)),
-                        };
-                        tries += 1;
-                        match answer {
-                            Some((Err(e @ (RequestError::Failed { .. } | RequestError::Busy { .. })), _))
-                                if tries < MAX_SENDS && !newer_round(&latest, this) =>
-                            {
-                                tracing::warn!("round {r}: sending the contribution failed ({e}); sending it again");
-                                tokio::select! {
-                                    () = cancel.cancelled() => return Ok(Outcome::Cancelled),
-                                    () = newer_arrives(&mut watching, this) => break None,
-                                    () = tokio::time::sleep(HEARTBEAT * 2) => {}
-                                }
-                                envelope = signer.seal(run, r, &contribution);
+                    },
+                    worker::Action::Train { round: r, steps, .. } => {
+                        let (params, bytes_down) = start.take().context("training before the parameters")?;
+                        let mut sampler = self.sampler(r)?;
+                        let mut progress = Progress::default();
+                        let training = Instant::now();
+                        while progress.taken < steps {
+                            if self.io.cancel.is_cancelled() {
+                                return Ok(Outcome::Cancelled);
                             }
-                            other => break other,
+                            if newer_round(&self.latest, key(&a)) {
+                                break;
+                            }
+                            progress.loss_sum += f64::from(self.step(r, progress.taken, &mut sampler).await?);
+                            progress.taken += 1;
                         }
-                    };
-                    let (accepted, reason) = match answer {
-                        Some((answer, to_key)) => ack_of(answer, to_key),
-                        None => (false, "abandoned: a newer announcement arrived before the answer".to_owned()),
-                    };
-                    if let (Some(ef), Some(sent)) = (feedback.as_mut(), sent) {
-                        // what was not taken is sent again later, not lost
-                        if !accepted {
-                            sparse::subtract(&mut ef.buffer, &sent, -1.0);
+                        if progress.taken < steps {
+                            self.io.events.emit("round_abandoned", json!({"round": r, "steps": progress.taken}));
+                            actions.extend(machine.handle(worker::Input::Failed(r), wire::unix_ms()));
+                            break;
                         }
-                        if let Err(e) = save_feedback(&feedback_file, ef) {
-                            tracing::warn!("saving the error feedback: {e:#}");
-                        }
+                        let end = self.engine.params().await?;
+                        let mut out = self.outgoing(&a, &params, &end, &progress);
+                        out.trained_s = training.elapsed().as_secs_f64();
+                        out.contribution.bytes_down = bytes_down;
+                        let Some(delivery) = self.courier().deliver(signer, &out.contribution, key(&a)).await else {
+                            return Ok(Outcome::Cancelled);
+                        };
+                        self.finish(out, &delivery);
+                        worker::Input::Trained(r)
                     }
-                    let param_bytes = 4 * sizes.iter().sum::<usize>() as u64;
-                    events.emit(
-                        "contribution_sent",
-                        json!({"round": r, "loss": loss, "bytes": wire_bytes, "param_bytes": param_bytes,
-                               "ratio": wire_bytes as f64 / param_bytes as f64, "accepted": accepted, "reason": reason,
-                               "tokens": taken * (batch * block) as u64, "seconds": trained_s,
-                               "bytes_up": wire_bytes, "bytes_down": bytes_down}),
-                    );
-                    if plan.verbose {
-                        let verdict = if accepted { "accepted".to_owned() } else { format!("rejected: {reason}") };
-                        println!(
-                            "round {r}: {taken} steps, mean loss {loss:.4}, sent {:.2} MB, {verdict}",
-                            wire_bytes as f64 / 1e6
-                        );
-                    }
-                    actions.extend(machine.handle(worker::Input::Trained(r), wire::unix_ms()));
-                }
-                worker::Action::Send(r) => {
-                    actions.extend(machine.handle(worker::Input::Sent(r), wire::unix_ms()));
-                }
-                worker::Action::Abandon(_) => {}
+                    worker::Action::Send(r) => worker::Input::Sent(r),
+                    // abandoning needs nothing; the overlap's actions come only with overlap
+                    _ => continue,
+                };
+                actions.extend(machine.handle(input, wire::unix_ms()));
             }
         }
     }
@@ -738,6 +1092,21 @@ fn noise_like(delta: &mut Tensors, round: u64) {
     let drawn = delta.iter().flatten().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt().max(f64::MIN_POSITIVE);
     let k = (norm / drawn) as f32;
     delta.iter_mut().flatten().for_each(|v| *v *= k);
+}
+
+/// Waits until an announcement of a newer term than `current`'s, or a refusal,
+/// arrives (forever if the heartbeat task stops).
+async fn superseded(latest: &mut watch::Receiver<Latest>, current: Key) {
+    let newer_term = |l: &Latest| match l {
+        Latest::Round(a) => a.term > current.1,
+        Latest::Refused(_) => true,
+        Latest::Nothing => false,
+    };
+    while !newer_term(&latest.borrow()) {
+        if latest.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// Waits until an announcement newer than `current` arrives (forever if the

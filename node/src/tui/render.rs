@@ -398,6 +398,10 @@ fn render_traffic(frame: &mut Frame<'_>, area: Rect, state: &State) {
         row(last, t.last_out),
         row("total", t.total_out),
         Line::from(vec![Span::styled("refused messages ", dim), Span::raw(state.messages_rejected.to_string())]),
+        Line::from(vec![
+            Span::styled("compute busy ", dim),
+            Span::raw(state.traffic.utilization.map_or_else(|| "—".to_owned(), |u| format!("{:.1}%", u * 100.0))),
+        ]),
     ];
     frame.render_widget(Paragraph::new(lines).block(block(" bandwidth ")), area);
 }

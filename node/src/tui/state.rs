@@ -173,6 +173,9 @@ pub(crate) struct Traffic {
     pub(crate) last_out: u64,
     pub(crate) total_in: u64,
     pub(crate) total_out: u64,
+    /// The last round's utilization: seconds in inner steps over wall seconds (a
+    /// worker's own; the shepherd's: its contributors' together).
+    pub(crate) utilization: Option<f64>,
 }
 
 /// One of a worker's own rounds.
@@ -517,29 +520,7 @@ impl State {
                     };
                 }
             }
-            "round_started" => {
-                let round = u64_of(fields, "round").unwrap_or(self.round + 1);
-                self.round = round;
-                self.opened_ms = self.now_ms;
-                if self.opened.len() >= 8 {
-                    self.opened.pop_front();
-                }
-                self.opened.push_back((round, self.now_ms));
-                self.deadline_ms = u64_of(fields, "deadline_unix_ms");
-                self.phase = Phase::Training(round);
-                let participants: Vec<String> = fields
-                    .get("participants")
-                    .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
-                    .unwrap_or_default();
-                for peer in participants {
-                    if let Some(row) = self.row(&peer)
-                        && !row.status.gone()
-                    {
-                        row.status = Status::Training;
-                    }
-                }
-            }
+            "round_started" => self.on_round_started(fields),
             "deadline_extended" if u64_of(fields, "round") == Some(self.round) => {
                 self.deadline_ms = u64_of(fields, "deadline_unix_ms").or(self.deadline_ms);
             }
@@ -587,6 +568,30 @@ impl State {
         }
     }
 
+    fn on_round_started(&mut self, fields: &Value) {
+        let round = u64_of(fields, "round").unwrap_or(self.round + 1);
+        self.round = round;
+        self.opened_ms = self.now_ms;
+        if self.opened.len() >= 8 {
+            self.opened.pop_front();
+        }
+        self.opened.push_back((round, self.now_ms));
+        self.deadline_ms = u64_of(fields, "deadline_unix_ms");
+        self.phase = Phase::Training(round);
+        let participants: Vec<String> = fields
+            .get("participants")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+            .unwrap_or_default();
+        for peer in participants {
+            if let Some(row) = self.row(&peer)
+                && !row.status.gone()
+            {
+                row.status = Status::Training;
+            }
+        }
+    }
+
     fn on_round_completed(&mut self, fields: &Value) {
         let round = u64_of(fields, "round").unwrap_or(self.round);
         let point = RoundPoint {
@@ -600,6 +605,7 @@ impl State {
         };
         self.traffic.last_in = point.bytes_in;
         self.traffic.last_out = point.bytes_out;
+        self.traffic.utilization = f64_of(fields, "utilization").or(self.traffic.utilization);
         self.traffic.total_in += point.bytes_in;
         self.traffic.total_out += point.bytes_out;
         self.push_round(point);
@@ -685,6 +691,7 @@ impl State {
                     Outcome::Rejected(str_of(fields, "reason").unwrap_or("").to_owned())
                 };
                 self.mine.tokens += tokens;
+                self.traffic.utilization = f64_of(fields, "utilization").or(self.traffic.utilization);
                 self.traffic.last_out = bytes;
                 self.traffic.total_out += bytes;
                 self.push_mine(MyRound { round, tokens, tokens_per_s, loss, bytes, outcome });

@@ -7,7 +7,7 @@
 //! every contribution at once.
 
 use super::Tensors;
-use super::sparse::SparseTensors;
+use super::sparse::{Packed, SparseTensors};
 
 /// A decoded contribution: dense tensors, or a sparse message's kept entries.
 #[derive(Clone, Debug, PartialEq)]
@@ -16,6 +16,11 @@ pub enum Delta {
     Dense(Tensors),
     /// The kept entries of every tensor ([`super::sparse`]).
     Sparse(SparseTensors),
+    /// A sparse message checked but not unpacked ([`Packed`]): what
+    /// [`super::compress::decode_delta`] gives for sparse runs. Its validation
+    /// costs nothing more (the norm was measured by the check) and it is added
+    /// straight from its bytes.
+    Packed(Packed),
 }
 
 impl From<Tensors> for Delta {
@@ -47,11 +52,29 @@ impl Delta {
                 }
                 Ok(sum.sqrt())
             }
+            Self::Packed(p) => {
+                if p.sizes().len() != sizes.len() {
+                    return Err(Rejection::Count { got: p.sizes().len(), expected: sizes.len() });
+                }
+                if let Some((index, (got, expected))) = p.sizes().zip(sizes).enumerate().find(|(_, (g, e))| g != *e) {
+                    return Err(Rejection::Shape { index, got, expected: *expected });
+                }
+                match p.non_finite() {
+                    Some(index) => Err(Rejection::NonFinite { index }),
+                    None => Ok(p.norm()),
+                }
+            }
         }
     }
 
     /// Adds `weight` × the delta to `sum` (shapes validated).
     pub fn add_to(&self, sum: &mut Tensors, weight: f32) {
+        self.add_on(sum, weight, 1);
+    }
+
+    /// [`Delta::add_to`], a packed delta's large tensors split over `threads`
+    /// threads (the sum is the same, bit for bit, whatever the threads).
+    pub fn add_on(&self, sum: &mut Tensors, weight: f32, threads: usize) {
         match self {
             Self::Dense(t) => {
                 for (s, d) in sum.iter_mut().zip(t) {
@@ -59,6 +82,7 @@ impl Delta {
                 }
             }
             Self::Sparse(t) => super::sparse::subtract(sum, t, -weight),
+            Self::Packed(p) => p.add_to(sum, weight, threads),
         }
     }
 
@@ -66,7 +90,7 @@ impl Delta {
     pub fn to_dense(&self, sizes: &[usize]) -> Tensors {
         match self {
             Self::Dense(t) => t.clone(),
-            Self::Sparse(_) => {
+            Self::Sparse(_) | Self::Packed(_) => {
                 let mut dense: Tensors = sizes.iter().map(|n| vec![0.0; *n]).collect();
                 self.add_to(&mut dense, 1.0);
                 dense
@@ -82,15 +106,21 @@ impl Delta {
 pub struct RunningMean {
     sum: Option<Tensors>,
     samples: u64,
+    threads: usize,
 }
 
 impl RunningMean {
+    /// A mean that adds packed sparse contributions on `threads` threads.
+    pub fn with_threads(threads: usize) -> Self {
+        Self { threads, ..Self::default() }
+    }
+
     /// Adds a validated contribution of `norm`, trained on `samples`, bounded to
     /// `bound`; returns whether it was scaled down.
     pub fn add(&mut self, delta: &Delta, samples: u64, norm: f64, bound: f64, sizes: &[usize]) -> bool {
         let scale = if norm > bound { bound / norm } else { 1.0 };
         let sum = self.sum.get_or_insert_with(|| sizes.iter().map(|n| vec![0.0; *n]).collect());
-        delta.add_to(sum, (scale * samples as f64) as f32);
+        delta.add_on(sum, (scale * samples as f64) as f32, self.threads.max(1));
         self.samples += samples;
         scale < 1.0
     }

@@ -166,8 +166,8 @@ pub fn encoded_len(sizes: &[usize], encoding: Encoding) -> usize {
 }
 
 /// Decodes a contribution that must be in the run's `encoding`, for tensors of
-/// exactly `sizes` elements: dense encodings to dense tensors, sparse to its
-/// kept entries.
+/// exactly `sizes` elements: dense encodings to dense tensors, sparse to a
+/// checked, measured message added straight from its bytes ([`Delta::Packed`]).
 pub fn decode_delta(bytes: &[u8], sizes: &[usize], encoding: Encoding) -> Result<Delta, DecodeError> {
     decode_delta_seeded(bytes, sizes, encoding, 0)
 }
@@ -185,7 +185,7 @@ pub fn decode_delta_seeded(
             if bytes.starts_with(MAGIC) {
                 return Err(DecodeError::Mismatch { got: "dense", expected: "sparse" });
             }
-            Ok(Delta::Sparse(sparse::decode_seeded(bytes, sizes, s.up, round)?))
+            Ok(Delta::Packed(sparse::Packed::check(bytes, sizes, s.up, round)?))
         }
         dense => {
             let (tensors, got) = decode(bytes, sizes)?;

@@ -14,15 +14,75 @@
 //! The norm bound cannot wait for the round's median without keeping every
 //! contribution, so each contribution is held to the bound in force when it
 //! arrives: the norm factor × the lower median of the norms accepted in the
-//! previous round and so far in this one ([`running_bound`]). The first round
+//! previous round and so far in this one ([`running_bound`](super::aggregate::running_bound)). The first round
 //! of a run, with no previous norms, holds its first contribution until a
 //! second arrives. With `trim`, every contribution is held until the round
 //! closes (the trimmed mean needs them all); sparse runs refuse `trim`.
+//!
+//! # Overlapping workers ([`Config::overlap`])
+//!
+//! Workers that overlap rounds ([`super::worker::Worker::with_overlap`]) train
+//! round r+1 while round r syncs, so what must not hold a round is a slow
+//! worker or a slow link. Three rules, on only with `overlap` (lockstep rounds
+//! are unchanged):
+//!
+//! * **Time-boxed rounds.** Each round has a compute budget, τ × the median time
+//!   per inner step of the contributions averaged in the last round that reported
+//!   any (× `budget_factor`), learned from [`Input::Timing`] (the worker's own
+//!   claim: a median, so a few liars move it little) and given to workers with the
+//!   round ([`Shepherd::budget_ms`]). A worker runs τ steps or the budget,
+//!   whichever ends first, and its contribution is weighted by the samples it
+//!   trained on, so a straggler adds fewer tokens instead of holding the round:
+//!   its compute still counts in full. This is the time-boxed step of
+//!   asynchronous local-SGD systems, applied to a DiLoCo round. With the budget
+//!   goes [`Shepherd::steps_end_ms`], when the median worker's steps of the round
+//!   end (the median send of the last round's contributions plus the budget): a
+//!   worker that trains the round ahead stops there even before its budget, so
+//!   one that started late catches up instead of drifting later round after
+//!   round (a budget counted from each worker's own start lets such lags add up).
+//! * **A deadline after the budget.** Overlapping workers start round r+1's
+//!   steps when they send round r's contribution, so what a late round costs is
+//!   a worker waiting for the next round's announcement once its next steps are
+//!   done. A time-boxed round therefore waits for late links as long as that
+//!   costs no one compute and no longer: once half its participants answered,
+//!   its deadline becomes the median time their contributions were sent (the
+//!   arrival less the send-to-arrival time of [`Input::Timing`]) plus the budget,
+//!   less the time an announcement takes to reach the workers
+//!   ([`Overlap::notice_ms`]); before that it is two budgets after the opening
+//!   (within the deadline bounds). [`Shepherd::deadline_ms`] gives the deadline
+//!   in force. A round still closes as soon as every participant answered, and
+//!   without quorum at the deadline it is extended as before. (A deadline fixed
+//!   at the opening cannot do this: a round's steps begin before it opens, by as
+//!   much as the last round's slowest upload; and one set from the last round's
+//!   contributions in time is biased early by the late ones it lacks, a bias
+//!   that feeds on itself: an earlier deadline, fewer in time, an earlier
+//!   estimate.)
+//! * **One-round-late contributions are carried over.** A contribution for round
+//!   r that arrives after r closed, while r+1 is open, is validated, bounded and
+//!   added to round r+1's mean like the others (a one-round-stale
+//!   pseudo-gradient: with the workers' rebase it is still the progress of τ
+//!   steps, taken one outer step earlier), and named in the summary's `carried`.
+//!   Only from a participant of round r that had not answered it, at most one per
+//!   worker and round; anything older is refused as late. (Not with fragments:
+//!   round r+1 syncs another fragment.) The slowest links thus never discard
+//!   compute unless they are more than a round late.
+//!
+//! A late pseudo-gradient is the staleness of asynchronous DiLoCo: bounded to
+//! one round here, and weighted like any other by its samples and norm bound.
+//! What these rules learn (step times, the last round's sends and participants)
+//! is not in a [`Snapshot`]: a resumed shepherd's first round has no budget and
+//! carries nothing over.
+//!
+//! A host drives them so: with every [`Action::OpenRound`], announce
+//! [`Shepherd::budget_ms`] and [`Shepherd::steps_end_ms`] too (0 for none); give
+//! each contribution's [`Input::Timing`] right before its [`Input::Contribution`];
+//! and after each input, tick the state machine at [`Shepherd::deadline_ms`] if
+//! it moved.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::Tensors;
-use super::aggregate::{Accepted, Delta, Rejection, RunningMean, norm_bound, running_bound, trimmed_mean};
+use super::aggregate::{Accepted, Delta, Rejection, RunningMean, norm_bound, trimmed_mean};
 use super::outer::Nesterov;
 use super::sparse::{self, ErrorFeedback, Settings};
 
@@ -66,6 +126,36 @@ pub struct Config {
     /// θ ← θ − Û where Û is the chunked top-k of the shepherd's error feedback
     /// plus `outer_lr` × the mean (no momentum), published as the round's update.
     pub sparse: Option<Settings>,
+    /// Threads a sparse contribution is added to the round's sum on (its large
+    /// tensors split into ranges); the sum does not depend on it.
+    pub add_threads: usize,
+    /// Streaming DiLoCo's fragments: the tensors of each; round r syncs fragment
+    /// (r − 1) mod P, its contributions carry that fragment's tensors (the others
+    /// empty) and its outer step moves only them. Empty: the whole model each round.
+    pub fragments: Vec<std::ops::Range<usize>>,
+    /// Workers overlap rounds: time-boxed rounds, a deadline after the budget and
+    /// contributions carried over one round (the module docs). `None`: lockstep.
+    pub overlap: Option<Overlap>,
+}
+
+/// The settings of an overlapping run ([`Config::overlap`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Overlap {
+    /// τ, the most inner steps a worker runs a round.
+    pub tau: u64,
+    /// The round's compute budget is this × τ × the median time per inner step.
+    pub budget_factor: f64,
+    /// How long a round's announcement takes to reach the workers (their
+    /// heartbeat interval and a trip), milliseconds: a time-boxed round closes
+    /// this long before the workers would wait for the next one.
+    pub notice_ms: u64,
+}
+
+impl Overlap {
+    /// Budgets of τ × the median step time, and a second's notice.
+    pub fn new(tau: u64) -> Self {
+        Self { tau, budget_factor: 1.0, notice_ms: 1_000 }
+    }
 }
 
 impl Default for Config {
@@ -86,6 +176,9 @@ impl Default for Config {
             norm_factor: 1.0,
             trim: 0.0,
             sparse: None,
+            add_threads: 1,
+            fragments: Vec::new(),
+            overlap: None,
         }
     }
 }
@@ -123,6 +216,23 @@ pub enum Input<P> {
     },
     /// Time passed.
     Tick,
+    /// How a contribution was made (overlap: it sets the budget and the grace;
+    /// give it just before the [`Input::Contribution`] it describes, which uses
+    /// it only if accepted): the inner steps the worker ran and their time (its
+    /// claim, from its message), and how long the contribution took from its send
+    /// to this state machine (the host's measure, e.g. the transfer and its queue).
+    Timing {
+        /// The worker.
+        peer: P,
+        /// The contribution's round.
+        round: u64,
+        /// Inner steps run.
+        steps: u64,
+        /// Milliseconds they took.
+        train_ms: u64,
+        /// Milliseconds from the send to this input.
+        transfer_ms: u64,
+    },
 }
 
 /// A closed round.
@@ -146,6 +256,14 @@ pub struct RoundSummary<P> {
     pub duration_ms: u64,
     /// A sparse run's update (θ_before − θ_after, [`sparse`] format), to publish.
     pub update: Option<Vec<u8>>,
+    /// Overlap: workers whose contribution for the previous round arrived after it
+    /// closed and was averaged into this one.
+    pub carried: Vec<P>,
+    /// Overlap: the round's compute budget, if it had one.
+    pub budget_ms: Option<u64>,
+    /// It closed because its deadline passed (with a quorum), not because every
+    /// live participant had answered.
+    pub at_deadline: bool,
 }
 
 /// Why a worker left.
@@ -215,13 +333,28 @@ struct OpenRound<P> {
     participants: BTreeSet<P>,
     answered: BTreeSet<P>,
     accepted: BTreeMap<P, Entry>,
+    /// Overlap: contributions for the previous round carried into this one.
+    carried: BTreeMap<P, Entry>,
+    /// Overlap: the compute budget.
+    budget_ms: Option<u64>,
+    /// Overlap: the milliseconds per inner step of the contributions accepted, and
+    /// when those in time were sent, from their [`Input::Timing`].
+    step_ms: Vec<f64>,
+    sent_ms: Vec<u64>,
+    /// Overlap: the deadline was set from the sends of half the participants.
+    settled: bool,
+    /// Overlap: when the median worker's steps of this round should end.
+    steps_end_ms: Option<u64>,
     /// The raw norms accepted so far.
     norms: Vec<f64>,
+    /// The finite norms of the previous round and of this one so far, sorted: the
+    /// running bound's median without sorting them again for every contribution.
+    pool: Vec<f64>,
     /// The bounded, weighted sum of what was added.
     mean: RunningMean,
     /// Contributions not added yet: the first of a run (no bound yet), or all of
     /// them with the trimmed mean.
-    held: Vec<(P, Delta)>,
+    held: Vec<(P, Entry, Delta)>,
     /// Contributions scaled down to the bound, with their norms.
     scaled: Vec<(P, f64)>,
     /// The last bound applied.
@@ -306,10 +439,39 @@ pub struct Shepherd<P> {
     earliest_seen: u64,
     durations: VecDeque<u64>,
     norms: VecDeque<f64>,
+    /// With fragments: each fragment's last round's norms (its bound's start).
+    fragment_norms: BTreeMap<usize, Vec<f64>>,
     /// Rounds completed when this shepherd started (non-zero after a resume).
     resumed_at: u64,
     /// The time of the first input.
     first_input_ms: Option<u64>,
+    /// Overlap: the round closed last, whose late contributions are carried over.
+    previous: Option<Closed<P>>,
+    /// Overlap: each worker's last [`Input::Timing`], until its contribution.
+    timings: BTreeMap<P, Timing>,
+    /// Overlap: per-step times of the last round that reported any.
+    step_ms: Vec<f64>,
+    /// Overlap: a time-boxed round and the median send of its contributions, from
+    /// its settled deadline ([`Self::settle`]).
+    sent_ms: Option<(u64, u64)>,
+}
+
+/// Overlap: the last closed round, for the contributions carried over from it.
+#[derive(Clone, Debug, PartialEq)]
+struct Closed<P> {
+    round: u64,
+    participants: BTreeSet<P>,
+    /// Who answered it (in time, carried or refused): no second contribution.
+    answered: BTreeSet<P>,
+}
+
+/// An [`Input::Timing`] waiting for its contribution.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Timing {
+    round: u64,
+    steps: u64,
+    train_ms: u64,
+    transfer_ms: u64,
 }
 
 impl<P: Ord + Clone> Shepherd<P> {
@@ -332,8 +494,13 @@ impl<P: Ord + Clone> Shepherd<P> {
             earliest_seen: u64::MAX,
             durations: VecDeque::new(),
             norms: VecDeque::new(),
+            fragment_norms: BTreeMap::new(),
             resumed_at: 0,
             first_input_ms: None,
+            previous: None,
+            timings: BTreeMap::new(),
+            step_ms: Vec::new(),
+            sent_ms: None,
         }
     }
 
@@ -345,6 +512,10 @@ impl<P: Ord + Clone> Shepherd<P> {
         s.resumed_at = snapshot.completed;
         s.durations = snapshot.durations.into();
         s.norms = snapshot.norms.into();
+        if s.config.fragments.len() > 1 && s.completed > 0 {
+            let last = super::fragments::of_round(s.completed, s.config.fragments.len());
+            s.fragment_norms.insert(last, s.norms.iter().copied().collect());
+        }
         s.finished = s.completed >= s.config.rounds;
         s
     }
@@ -360,6 +531,27 @@ impl<P: Ord + Clone> Shepherd<P> {
         }
     }
 
+    /// The tensor sizes of round `round`'s contributions: its fragment's, the other
+    /// tensors empty (every tensor without fragments).
+    pub fn round_sizes(&self, round: u64) -> std::borrow::Cow<'_, [usize]> {
+        match self.config.fragments.len() {
+            0 | 1 => std::borrow::Cow::Borrowed(&self.sizes),
+            p => {
+                let range = &self.config.fragments[super::fragments::of_round(round, p)];
+                std::borrow::Cow::Owned(super::fragments::masked(&self.sizes, range))
+            }
+        }
+    }
+
+    /// The norms round `round`'s bound starts from: the last round's, or with
+    /// fragments the last round's of the same fragment (their sizes differ).
+    fn previous_norms(&self, round: u64) -> Vec<f64> {
+        match self.config.fragments.len() {
+            0 | 1 => self.norms.iter().copied().collect(),
+            p => self.fragment_norms.get(&super::fragments::of_round(round, p)).cloned().unwrap_or_default(),
+        }
+    }
+
     /// Current parameters.
     pub fn params(&self) -> &Tensors {
         &self.params
@@ -372,6 +564,29 @@ impl<P: Ord + Clone> Shepherd<P> {
         let open = self.open.as_mut()?;
         open.deadline_ms = open.deadline_ms.saturating_add(by_ms);
         Some(open.deadline_ms)
+    }
+
+    /// Overlap: the open round's compute budget (announce it with the round: a
+    /// worker stops its inner steps at τ or the budget, whichever comes first).
+    /// `None`: no budget yet (before any timing) or a lockstep run.
+    pub fn budget_ms(&self) -> Option<u64> {
+        self.open.as_ref().and_then(|o| o.budget_ms)
+    }
+
+    /// Overlap: when the median worker's inner steps of the open round should end
+    /// (the median send of the last round's contributions plus the budget), to
+    /// announce with the round: a worker trained ahead stops its steps there even
+    /// before the budget, so that one that fell behind catches up instead of
+    /// drifting later round after round. `None` before the first settled round.
+    pub fn steps_end_ms(&self) -> Option<u64> {
+        self.open.as_ref().and_then(|o| o.steps_end_ms)
+    }
+
+    /// The open round's deadline, Unix milliseconds: an overlapping run's moves
+    /// earlier once half the participants answered (module docs), and the host
+    /// should then tick the state machine at the new one.
+    pub fn deadline_ms(&self) -> Option<u64> {
+        self.open.as_ref().map(|o| o.deadline_ms)
     }
 
     /// The open round, if any.
@@ -415,18 +630,29 @@ impl<P: Ord + Clone> Shepherd<P> {
                 if let Some(seen) = self.workers.get_mut(&peer) {
                     *seen = now_ms;
                 }
-                let result = self.admit(&peer, round).and_then(|()| {
+                let timing = self.timings.remove(&peer).filter(|t| t.round == round);
+                let result = self.admit(&peer, round).and_then(|carried| {
                     if samples == 0 {
                         return Err(Rejection::NoSamples);
                     }
-                    delta.validate(&self.sizes)
+                    // a carried contribution has its round's shape: the same without fragments
+                    let sizes = self.round_sizes(self.completed + 1);
+                    delta.validate(&sizes).map(|norm| (norm, carried))
                 });
                 match result {
-                    Ok(norm) => self.accept(peer, Entry { samples, loss, norm }, delta),
+                    Ok((norm, carried)) => {
+                        let sent_ms = timing.map(|t| now_ms.saturating_sub(t.transfer_ms));
+                        self.accept(peer, Entry { samples, loss, norm }, delta, carried, timing, sent_ms);
+                    }
                     Err(reason) => self.reject(peer, round, reason, &mut actions),
                 }
             }
             Input::Malformed { peer, round, reason } => self.reject(peer, round, reason, &mut actions),
+            Input::Timing { peer, round, steps, train_ms, transfer_ms } => {
+                if self.config.overlap.is_some() && self.workers.contains_key(&peer) {
+                    self.timings.insert(peer, Timing { round, steps, train_ms, transfer_ms });
+                }
+            }
             Input::Tick => {}
         }
         self.expire(now_ms, &mut actions);
@@ -434,26 +660,59 @@ impl<P: Ord + Clone> Shepherd<P> {
         actions
     }
 
-    /// Adds a validated contribution to the open round's sum, or holds it while
-    /// the round has no bound yet (or for the trimmed mean).
-    fn accept(&mut self, peer: P, entry: Entry, delta: Delta) {
-        let previous: Vec<f64> = self.norms.iter().copied().collect();
+    /// Adds a validated contribution (`carried`: the previous round's, late) to the
+    /// open round's sum, or holds it while the round has no bound yet (or for the
+    /// trimmed mean).
+    fn accept(
+        &mut self,
+        peer: P,
+        entry: Entry,
+        delta: Delta,
+        carried: bool,
+        timing: Option<Timing>,
+        sent_ms: Option<u64>,
+    ) {
+        let round = self.completed + 1;
+        let no_previous = self.previous_norms(round).is_empty();
+        let sizes = self.round_sizes(round).into_owned();
         let (factor, trim) = (self.config.norm_factor, self.config.trim > 0.0);
         let Some(open) = self.open.as_mut() else { return };
-        open.answered.insert(peer.clone());
+        if let Some(t) = timing.filter(|t| t.steps > 0) {
+            open.step_ms.push(t.train_ms as f64 / t.steps as f64);
+        }
+        if let Some(sent) = sent_ms.filter(|_| !carried) {
+            open.sent_ms.push(sent);
+        }
         open.norms.push(entry.norm);
-        open.accepted.insert(peer.clone(), entry);
-        open.held.push((peer, delta));
-        if !trim && let Some(bound) = running_bound(&previous, &open.norms, factor) {
-            Self::flush(open, bound, &self.sizes);
+        if entry.norm.is_finite() {
+            let at = open.pool.partition_point(|n| n.total_cmp(&entry.norm).is_lt());
+            open.pool.insert(at, entry.norm);
+        }
+        if carried {
+            if let Some(previous) = self.previous.as_mut() {
+                previous.answered.insert(peer.clone());
+            }
+            open.carried.insert(peer.clone(), entry.clone());
+        } else {
+            open.answered.insert(peer.clone());
+            open.accepted.insert(peer.clone(), entry.clone());
+        }
+        open.held.push((peer, entry, delta));
+        // `running_bound` over the previous round's norms and this one's, kept sorted
+        let waiting = no_previous && open.norms.len() < 2;
+        let median = open.pool.get(open.pool.len().saturating_sub(1) / 2).copied();
+        if !trim
+            && !waiting
+            && let Some(median) = median
+        {
+            Self::flush(open, factor * median, &sizes);
         }
     }
 
     /// Adds every held contribution to the sum, bounded by `bound`.
     fn flush(open: &mut OpenRound<P>, bound: f64, sizes: &[usize]) {
         open.bound = bound;
-        for (peer, delta) in std::mem::take(&mut open.held) {
-            let Some(e) = open.accepted.get(&peer) else { continue };
+        for (peer, e, delta) in std::mem::take(&mut open.held) {
             if open.mean.add(&delta, e.samples, e.norm, bound, sizes) {
                 open.scaled.push((peer, e.norm));
             }
@@ -466,11 +725,29 @@ impl<P: Ord + Clone> Shepherd<P> {
         if let Some(open) = self.open.as_mut().filter(|o| round == current && o.participants.contains(&peer)) {
             open.answered.insert(peer.clone());
         }
+        // nor is a late one carried over after a refusal
+        if let Some(previous) = self.previous.as_mut().filter(|p| p.round == round && p.participants.contains(&peer)) {
+            previous.answered.insert(peer.clone());
+        }
+        self.timings.remove(&peer);
         actions.push(Action::Rejected { peer, round, reason });
     }
 
-    fn admit(&self, peer: &P, round: u64) -> Result<(), Rejection> {
+    /// Whether `peer` may contribute for `round` now: `Ok(false)` to the open
+    /// round, `Ok(true)` carried over from the previous one (overlap).
+    fn admit(&self, peer: &P, round: u64) -> Result<bool, Rejection> {
         let current = self.completed + 1;
+        let carry = self.config.overlap.is_some() && self.config.fragments.len() <= 1 && self.open.is_some();
+        if let Some(previous) = self.previous.as_ref().filter(|p| carry && round + 1 == current && p.round == round) {
+            if !previous.participants.contains(peer) {
+                return Err(Rejection::NotParticipant { round });
+            }
+            let again = self.open.as_ref().is_some_and(|o| o.carried.contains_key(peer));
+            if again || previous.answered.contains(peer) {
+                return Err(Rejection::Duplicate { round });
+            }
+            return Ok(true);
+        }
         if round <= self.completed {
             return Err(Rejection::Late { round });
         }
@@ -483,7 +760,7 @@ impl<P: Ord + Clone> Shepherd<P> {
         if open.answered.contains(peer) {
             return Err(Rejection::Duplicate { round });
         }
-        Ok(())
+        Ok(false)
     }
 
     fn remove(&mut self, peer: P, reason: LeaveReason, actions: &mut Vec<Action<P>>) {
@@ -525,17 +802,60 @@ impl<P: Ord + Clone> Shepherd<P> {
         ((self.config.deadline_factor * median) as u64).clamp(self.config.min_deadline_ms, self.config.max_deadline_ms)
     }
 
+    /// Overlap: the next round's compute budget, τ × factor × the median step time
+    /// learned (`None` before any timing, or under a millisecond).
+    fn budget(&self) -> Option<u64> {
+        let overlap = self.config.overlap?;
+        let median = median_f64(&self.step_ms)?;
+        let budget = (overlap.tau as f64 * overlap.budget_factor * median).min(self.config.max_deadline_ms as f64);
+        Some(budget as u64).filter(|b| *b > 0)
+    }
+
+    /// Overlap: a time-boxed round's deadline until half its participants answered:
+    /// two budgets after it opened (within the bounds), then
+    /// [`Self::settle`]'s.
+    fn boxed_deadline(&self, now_ms: u64, budget_ms: u64) -> u64 {
+        let wait = budget_ms.saturating_mul(2).clamp(self.config.min_deadline_ms, self.config.max_deadline_ms);
+        now_ms.saturating_add(wait)
+    }
+
+    /// Overlap: once half the participants of a time-boxed round answered, its
+    /// deadline becomes the median send of their contributions plus the budget,
+    /// less the notice: when the median worker, which started the next round's
+    /// steps at its send, will be done with them, less the time the next round's
+    /// announcement takes to reach it. Waiting for the slow links until then costs
+    /// no worker any compute; what comes later is carried over. (Never later than
+    /// the deadline it had, never before now.)
+    fn settle(&mut self, now_ms: u64) {
+        let notice = self.config.overlap.map_or(0, |o| o.notice_ms);
+        let round = self.completed + 1;
+        let Some(open) = self.open.as_mut() else { return };
+        let Some(budget) = open.budget_ms.filter(|_| !open.settled) else { return };
+        if open.answered.len() * 2 < open.participants.len() {
+            return;
+        }
+        open.settled = true;
+        open.sent_ms.sort_unstable();
+        if let Some(sent) = open.sent_ms.get(open.sent_ms.len() / 2) {
+            let deadline = sent.saturating_add(budget).saturating_sub(notice).max(now_ms);
+            open.deadline_ms = open.deadline_ms.min(deadline);
+            self.sent_ms = Some((round, *sent));
+        }
+    }
+
     fn progress(&mut self, now_ms: u64, actions: &mut Vec<Action<P>>) {
         if self.finished {
             return;
         }
+        self.settle(now_ms);
         if let Some(open) = &self.open {
             let waiting = open.participants.iter().any(|p| self.workers.contains_key(p) && !open.answered.contains(p));
-            let quorum = open.accepted.len() >= self.config.min_quorum.max(1);
+            let quorum = open.accepted.len() + open.carried.len() >= self.config.min_quorum.max(1);
             // everyone answered: close, even with every contribution rejected (the
             // round then leaves the parameters as they were and the run goes on)
-            if !waiting && !open.answered.is_empty() || now_ms >= open.deadline_ms && quorum {
-                self.close(now_ms, actions);
+            let everyone = !waiting && !open.answered.is_empty();
+            if everyone || now_ms >= open.deadline_ms && quorum {
+                self.close(now_ms, !everyone, actions);
             } else if now_ms >= open.deadline_ms {
                 let extended = now_ms + self.deadline();
                 let round = self.completed + 1;
@@ -553,8 +873,15 @@ impl<P: Ord + Clone> Shepherd<P> {
         };
         let enough = if waiting_for_start { self.config.start_workers.max(1) } else { 1 };
         if self.open.is_none() && !self.finished && self.workers.len() >= enough {
-            let deadline_ms = now_ms + self.deadline();
+            let budget_ms = self.budget();
+            // the median worker started this round's steps when it sent the last round's
+            let last = self.completed;
+            let steps_end_ms = self.sent_ms.filter(|(r, _)| *r == last).zip(budget_ms).map(|((_, s), b)| s + b);
+            let deadline_ms = budget_ms.map_or_else(|| now_ms + self.deadline(), |b| self.boxed_deadline(now_ms, b));
             let participants: BTreeSet<P> = self.workers.keys().cloned().collect();
+            let mut pool: Vec<f64> =
+                self.previous_norms(self.completed + 1).into_iter().filter(|n| n.is_finite()).collect();
+            pool.sort_by(f64::total_cmp);
             actions.push(Action::OpenRound {
                 round: self.completed + 1,
                 deadline_ms,
@@ -566,8 +893,15 @@ impl<P: Ord + Clone> Shepherd<P> {
                 participants,
                 answered: BTreeSet::new(),
                 accepted: BTreeMap::new(),
+                carried: BTreeMap::new(),
+                budget_ms,
+                step_ms: Vec::new(),
+                sent_ms: Vec::new(),
+                settled: false,
+                steps_end_ms,
                 norms: Vec::new(),
-                mean: RunningMean::default(),
+                pool,
+                mean: RunningMean::with_threads(self.config.add_threads),
                 held: Vec::new(),
                 scaled: Vec::new(),
                 bound: f64::INFINITY,
@@ -575,31 +909,31 @@ impl<P: Ord + Clone> Shepherd<P> {
         }
     }
 
-    fn close(&mut self, now_ms: u64, actions: &mut Vec<Action<P>>) {
+    fn close(&mut self, now_ms: u64, at_deadline: bool, actions: &mut Vec<Action<P>>) {
         let Some(mut open) = self.open.take() else { return };
         let round = self.completed + 1;
         let peers: Vec<P> = open.accepted.keys().cloned().collect();
-        let samples: u64 = open.accepted.values().map(|e| e.samples).sum();
-        let mean_loss =
-            open.accepted.values().map(|e| f64::from(e.loss) * e.samples as f64).sum::<f64>() / samples.max(1) as f64;
-        let previous: Vec<f64> = self.norms.iter().copied().collect();
+        let averaged = || open.accepted.values().chain(open.carried.values());
+        let samples: u64 = averaged().map(|e| e.samples).sum();
+        let mean_loss = averaged().map(|e| f64::from(e.loss) * e.samples as f64).sum::<f64>() / samples.max(1) as f64;
+        let previous = self.previous_norms(round);
+        let sizes = self.round_sizes(round).into_owned();
         let bound = norm_bound(&previous, &open.norms, self.config.norm_factor);
         let mean = if self.config.trim > 0.0 && open.held.len() >= 3 {
             // the trimmed mean: every contribution was held
             let mut held = Vec::with_capacity(open.held.len());
-            for (p, d) in std::mem::take(&mut open.held) {
-                let Some(e) = open.accepted.get(&p) else { continue };
+            for (p, e, d) in std::mem::take(&mut open.held) {
                 if e.norm > bound {
                     open.scaled.push((p, e.norm));
                 }
-                held.push(Accepted { samples: e.samples, delta: d.to_dense(&self.sizes), norm: e.norm });
+                held.push(Accepted { samples: e.samples, delta: d.to_dense(&sizes), norm: e.norm });
             }
             open.bound = bound;
             Some(trimmed_mean(&held, bound, self.config.trim).0)
         } else {
             if !open.held.is_empty() {
                 // held until the close: bounded by all of this round's norms (one alone: its own)
-                Self::flush(&mut open, bound, &self.sizes);
+                Self::flush(&mut open, bound, &sizes);
             }
             std::mem::take(&mut open.mean).finish()
         };
@@ -612,8 +946,22 @@ impl<P: Ord + Clone> Shepherd<P> {
         }
         if !open.norms.is_empty() {
             self.norms = open.norms.iter().copied().take(MAX_NORMS).collect();
+            if self.config.fragments.len() > 1 {
+                let fragment = super::fragments::of_round(round, self.config.fragments.len());
+                self.fragment_norms.insert(fragment, self.norms.iter().copied().collect());
+            }
         }
-        let excluded = open.participants.iter().filter(|p| !peers.contains(p)).cloned().collect();
+        let excluded = open.participants.iter().filter(|p| !open.accepted.contains_key(p)).cloned().collect();
+        if self.config.overlap.is_some() {
+            if !open.step_ms.is_empty() {
+                self.step_ms = std::mem::take(&mut open.step_ms);
+                self.step_ms.truncate(MAX_NORMS);
+            }
+            let answered = std::mem::take(&mut open.answered);
+            self.previous = Some(Closed { round, participants: std::mem::take(&mut open.participants), answered });
+            // timings of contributions that never came
+            self.timings.retain(|_, t| t.round >= round);
+        }
         actions.push(Action::RoundCompleted(RoundSummary {
             round,
             contributors: peers,
@@ -624,6 +972,9 @@ impl<P: Ord + Clone> Shepherd<P> {
             norm_bound: open.bound,
             duration_ms,
             update,
+            carried: open.carried.into_keys().collect(),
+            budget_ms: open.budget_ms,
+            at_deadline,
         }));
         if self.completed >= self.config.rounds {
             self.finished = true;
@@ -634,6 +985,13 @@ impl<P: Ord + Clone> Shepherd<P> {
 
 /// Norms a round keeps for the next round's bound.
 const MAX_NORMS: usize = 4096;
+
+/// The median of `values` (the upper one of an even count), if any.
+fn median_f64(values: &[f64]) -> Option<f64> {
+    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied()
+}
 
 #[cfg(test)]
 mod tests {
@@ -659,6 +1017,39 @@ mod tests {
         assert!(opened(&s.handle(Input::Heartbeat(1), 500)).is_none());
         assert!(opened(&s.handle(Input::Heartbeat(1), 1099)).is_none());
         assert_eq!(opened(&s.handle(Input::Heartbeat(1), 1100)), Some((2, vec![1])));
+    }
+
+    #[test]
+    fn fragment_rounds_move_only_their_fragment_and_refuse_other_shapes() {
+        for sparse in [None, Some(Settings::parse("sparse:chunk=2,k=1,bits=8,down=2").expect("parses"))] {
+            let cfg = Config { start_workers: 2, fragments: vec![0..1, 1..2], sparse, ..config() };
+            let mut s = Shepherd::new(cfg, vec![vec![1.0, 1.0], vec![5.0, 5.0]]);
+            s.handle(Input::Joined(1), 0);
+            s.handle(Input::Joined(2), 0);
+            assert_eq!(&*s.round_sizes(1), &[2, 0]);
+            assert_eq!(&*s.round_sizes(2), &[0, 2]);
+            // round 1 syncs fragment 0: a whole-model contribution is the wrong shape
+            let whole = Delta::Dense(vec![vec![0.5, 0.5], vec![0.5, 0.5]]);
+            let a = s.handle(Input::Contribution { peer: 1, round: 1, samples: 10, loss: 2.0, delta: whole }, 1);
+            assert!(a.iter().any(|a| matches!(a, Action::Rejected { .. })), "{a:?}");
+            let part = |v: f32, first: bool| {
+                let t = vec![v, v];
+                Delta::Dense(if first { vec![t, vec![]] } else { vec![vec![], t] })
+            };
+            for peer in [1, 2] {
+                s.handle(Input::Contribution { peer, round: 1, samples: 10, loss: 2.0, delta: part(0.5, true) }, 2);
+            }
+            assert_eq!(s.completed(), 1);
+            assert_eq!(s.params()[1], vec![5.0, 5.0], "fragment 1 did not move in round 1");
+            assert!(s.params()[0][0] < 1.0, "fragment 0 moved: {:?}", s.params());
+            let first = s.params()[0].clone();
+            for peer in [1, 2] {
+                s.handle(Input::Contribution { peer, round: 2, samples: 10, loss: 2.0, delta: part(0.5, false) }, 3);
+            }
+            assert_eq!(s.completed(), 2);
+            assert_eq!(s.params()[0], first, "fragment 0 did not move in round 2");
+            assert!(s.params()[1][0] < 5.0, "fragment 1 moved: {:?}", s.params());
+        }
     }
 
     fn config() -> Config {
@@ -842,6 +1233,168 @@ mod tests {
         let a = s.handle(contribution(1, 1, 0.0), 200);
         // Round 1 took 200 ms: round 2's deadline is 2 × 200 after it opens.
         assert!(a.iter().any(|x| matches!(x, Action::OpenRound { round: 2, deadline_ms: 600, .. })), "{a:?}");
+    }
+
+    fn overlapping(workers: usize) -> Config {
+        Config {
+            start_workers: workers,
+            heartbeat_timeout_ms: 1_000_000,
+            min_deadline_ms: 100,
+            norm_factor: f64::INFINITY,
+            rounds: 10,
+            overlap: Some(Overlap { notice_ms: 100, ..Overlap::new(50) }),
+            ..config()
+        }
+    }
+
+    fn timing(peer: u32, round: u64, steps: u64, train_ms: u64, transfer_ms: u64) -> Input<u32> {
+        Input::Timing { peer, round, steps, train_ms, transfer_ms }
+    }
+
+    /// (a): the budget is τ × the median step time of the last round's
+    /// contributions; (c): the deadline waits for late links as long as the next
+    /// round still reaches the workers before their next steps are done.
+    #[test]
+    fn overlapping_rounds_are_time_boxed_by_the_median_step_time() {
+        let mut s = Shepherd::new(overlapping(3), vec![vec![0.0, 0.0]]);
+        for p in 1..=3 {
+            s.handle(Input::Joined(p), 0);
+        }
+        assert_eq!(s.budget_ms(), None, "no timing yet: τ steps");
+        // 10, 20 and 80 ms a step (the last a straggler that ran 25 of its 50 steps),
+        // sent at 4970, 4950 and 4100
+        for (p, steps, train, transfer) in [(1, 50, 500, 30), (2, 50, 1000, 50), (3, 25, 2000, 900)] {
+            s.handle(timing(p, 1, steps, train, transfer), 5000);
+            s.handle(contribution(p, 1, 0.1), 5000);
+        }
+        assert_eq!(s.completed(), 1);
+        // the median 20 ms a step × τ = 50: a 1000 ms budget
+        assert_eq!(s.budget_ms(), Some(1000));
+        let summary_budget = |a: &[Action<u32>]| completed(a).and_then(|c| c.budget_ms);
+        // round 2 opened at 5000: its deadline is two budgets later until half the
+        // participants answered
+        assert_eq!(s.deadline_ms(), Some(7000));
+        s.handle(timing(1, 2, 50, 1000, 10), 5960);
+        s.handle(contribution(1, 2, 0.1), 5960);
+        assert_eq!(s.deadline_ms(), Some(7000));
+        // the second of three sent at 5950 too: the median worker started round 3's steps
+        // then and is done with them at 6950; the round closes 100 ms (the notice) before
+        s.handle(timing(2, 2, 50, 1000, 10), 5960);
+        s.handle(contribution(2, 2, 0.1), 5960);
+        assert_eq!(s.deadline_ms(), Some(6850));
+        assert!(completed(&s.handle(Input::Tick, 6849)).is_none());
+        let a = s.handle(Input::Tick, 6850);
+        assert_eq!(summary_budget(&a), Some(1000));
+        assert_eq!(completed(&a).map(|c| c.excluded), Some(vec![3]));
+        // a deadline that would already have passed is now: the round closes at once
+        s.handle(timing(1, 3, 50, 1000, 5000), 7000);
+        s.handle(contribution(1, 3, 0.1), 7000);
+        s.handle(timing(2, 3, 50, 1000, 5000), 7000);
+        assert!(completed(&s.handle(contribution(2, 3, 0.1), 7000)).is_some());
+
+        // what does not count: a timing without steps, one for another round, one whose
+        // contribution is refused; a budget under a millisecond is none
+        let mut s = Shepherd::new(overlapping(2), vec![vec![0.0, 0.0]]);
+        s.handle(Input::Joined(1), 0);
+        s.handle(Input::Joined(2), 0);
+        s.handle(timing(1, 1, 0, 5_000, 10), 1);
+        s.handle(contribution(1, 1, 0.1), 1);
+        s.handle(timing(2, 7, 50, 5_000, 10), 1);
+        s.handle(contribution(2, 1, 0.1), 1);
+        assert_eq!((s.completed(), s.budget_ms()), (1, None));
+        s.handle(timing(1, 2, 50, 0, 0), 2);
+        s.handle(contribution(1, 2, 0.1), 2);
+        s.handle(timing(2, 2, 50, 9_000, 0), 2);
+        s.handle(Input::Malformed { peer: 2, round: 2, reason: Rejection::NoSamples }, 2);
+        assert_eq!(s.completed(), 2);
+        assert_eq!(s.budget_ms(), None, "a budget of 0 ms (0 ms a step) is no budget");
+        // a lockstep shepherd ignores timings
+        let mut s = Shepherd::new(Config { overlap: None, ..overlapping(1) }, vec![vec![0.0, 0.0]]);
+        s.handle(Input::Joined(1), 0);
+        s.handle(timing(1, 1, 50, 500, 0), 1);
+        s.handle(contribution(1, 1, 0.1), 1);
+        assert_eq!((s.completed(), s.budget_ms()), (1, None));
+    }
+
+    /// (c): a contribution one round late is added to the next round; anything
+    /// else late, twice, or from a stranger is refused.
+    #[test]
+    fn a_contribution_one_round_late_is_carried_into_the_next_round() {
+        let cfg = Config { initial_deadline_ms: 100, ..overlapping(3) };
+        let mut s = Shepherd::new(cfg, vec![vec![0.0, 0.0]]);
+        for p in 1..=3 {
+            s.handle(Input::Joined(p), 0);
+        }
+        s.handle(contribution(1, 1, 0.1), 10);
+        s.handle(contribution(2, 1, 0.1), 10);
+        let a = s.handle(Input::Tick, 100);
+        assert_eq!(completed(&a).map(|c| (c.contributors, c.excluded)), Some((vec![1, 2], vec![3])));
+        assert!((s.params()[0][0] + 0.1).abs() < 1e-6, "{:?}", s.params());
+        // a fourth worker joins for round 3
+        s.handle(Input::Joined(4), 101);
+        // round 2 is open: 3's round-1 contribution is late, and carried
+        assert!(s.handle(contribution(3, 1, 0.4), 110).is_empty(), "accepted");
+        // a second one from 3 for round 1, one from 1 (averaged in round 1 already),
+        // and one from 4 (not in round 1) are refused
+        let refused = |a: Vec<Action<u32>>| match a.first() {
+            Some(Action::Rejected { reason, .. }) => reason.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(refused(s.handle(contribution(3, 1, 0.4), 111)), Rejection::Duplicate { round: 1 });
+        assert_eq!(refused(s.handle(contribution(1, 1, 0.4), 111)), Rejection::Duplicate { round: 1 });
+        assert_eq!(refused(s.handle(contribution(4, 1, 0.4), 111)), Rejection::NotParticipant { round: 1 });
+        // 3 still sends its round-2 contribution: both are averaged, one round late and on time
+        let a: Vec<Action<u32>> = (1..=3).flat_map(|p| s.handle(contribution(p, 2, 0.1), 120)).collect();
+        let summary = completed(&a).expect("everyone answered round 2");
+        assert_eq!((summary.round, summary.contributors, summary.carried), (2, vec![1, 2, 3], vec![3]));
+        // the mean of 0.4 (carried) and three 0.1s, equally weighted: 0.175
+        assert!((s.params()[0][0] + 0.1 + 0.175).abs() < 1e-6, "{:?}", s.params());
+        // round 3 is open: round 1 is two rounds old
+        assert_eq!(refused(s.handle(contribution(3, 1, 0.4), 130)), Rejection::Late { round: 1 });
+        assert_eq!(refused(s.handle(contribution(2, 1, 0.4), 130)), Rejection::Late { round: 1 });
+        // a carried NaN is refused, and not tried again
+        s.handle(contribution(1, 3, 0.1), 140);
+        s.handle(contribution(2, 3, 0.1), 140);
+        s.handle(contribution(4, 3, 0.1), 140);
+        completed(&s.handle(Input::Tick, 10_000)).expect("round 3 at its deadline, without 3");
+        let nan = Input::Contribution {
+            peer: 3,
+            round: 3,
+            samples: 10,
+            loss: 1.0,
+            delta: Delta::Dense(vec![vec![f32::NAN, 0.0]]),
+        };
+        assert_eq!(refused(s.handle(nan, 10_001)), Rejection::NonFinite { index: 0 });
+        assert_eq!(refused(s.handle(contribution(3, 3, 0.1), 10_002)), Rejection::Duplicate { round: 3 });
+    }
+
+    #[test]
+    fn carried_contributions_make_a_quorum_and_lockstep_or_fragment_runs_refuse_them() {
+        let cfg = Config { initial_deadline_ms: 100, min_deadline_ms: 100, max_deadline_ms: 100, ..overlapping(2) };
+        let mut s = Shepherd::new(cfg.clone(), vec![vec![0.0, 0.0]]);
+        s.handle(Input::Joined(1), 0);
+        s.handle(Input::Joined(2), 0);
+        s.handle(contribution(1, 1, 0.1), 10);
+        completed(&s.handle(Input::Tick, 100)).expect("round 1 at its deadline");
+        // round 2: only 2's late round-1 contribution arrives; it is a quorum at the deadline
+        s.handle(contribution(2, 1, 0.1), 150);
+        let summary = completed(&s.handle(Input::Tick, 200)).expect("closes with the carried one");
+        assert_eq!((summary.contributors, summary.carried), (vec![], vec![2]));
+        for cfg in [Config { overlap: None, ..cfg.clone() }, Config { fragments: vec![0..1, 1..2], ..cfg.clone() }] {
+            let params = if cfg.fragments.is_empty() { vec![vec![0.0, 0.0]] } else { vec![vec![0.0, 0.0]; 2] };
+            let mut s = Shepherd::new(cfg.clone(), params);
+            s.handle(Input::Joined(1), 0);
+            s.handle(Input::Joined(2), 0);
+            let part = |peer| {
+                let t = vec![0.1, 0.1];
+                let delta = if cfg.fragments.is_empty() { vec![t] } else { vec![t, vec![]] };
+                Input::Contribution { peer, round: 1, samples: 10, loss: 2.0, delta: Delta::Dense(delta) }
+            };
+            s.handle(part(1), 10);
+            completed(&s.handle(Input::Tick, 100)).expect("round 1");
+            let a = s.handle(part(2), 150);
+            assert!(a.contains(&Action::Rejected { peer: 2, round: 1, reason: Rejection::Late { round: 1 } }), "{a:?}");
+        }
     }
 
     #[test]

@@ -117,13 +117,26 @@ impl Layout {
         (0..n.div_ceil(c)).map(move |i| (i * c, c.min(n - i * c)))
     }
 
+    /// Full chunks of a tensor of `n` elements, and the last one's length (0: none).
+    fn split(&self, n: usize) -> (usize, usize) {
+        let c = self.chunk as usize;
+        (n / c, n % c)
+    }
+
     /// Entries kept in a tensor of `n` elements.
     pub fn kept_in(&self, n: usize) -> usize {
-        self.chunks(n).map(|(_, len)| self.kept(len)).sum()
+        let (full, last) = self.split(n);
+        full * self.kept(self.chunk as usize) + self.kept(last)
+    }
+
+    /// Packed bits of one chunk of `len` elements.
+    fn chunk_bits(&self, len: usize) -> usize {
+        self.kept(len) * (offset_bits(len) + usize::from(self.bits))
     }
 
     fn tensor_bits(&self, n: usize) -> usize {
-        self.chunks(n).map(|(_, len)| self.kept(len) * (offset_bits(len) + usize::from(self.bits))).sum()
+        let (full, last) = self.split(n);
+        full * self.chunk_bits(self.chunk as usize) + self.chunk_bits(last)
     }
 
     /// The packed bits of tensor `index` of `n` elements in a message seeded `seed`.
@@ -500,63 +513,276 @@ pub fn decode(bytes: &[u8], sizes: &[usize], layout: Layout) -> Result<SparseTen
 /// Decodes a message that must be seeded `seed` (its round) and hold tensors of
 /// exactly `sizes` elements in `layout`.
 pub fn decode_seeded(bytes: &[u8], sizes: &[usize], layout: Layout, seed: u64) -> Result<SparseTensors, DecodeError> {
-    if bytes.len() < HEADER || &bytes[..4] != MAGIC || bytes[4] != VERSION {
-        return Err(DecodeError::Magic);
-    }
-    let u32_at = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
-    let (chunk, k, bits, strided) = (u32_at(5), u32_at(9), bytes[13], bytes[14]);
-    let mut got_seed = [0u8; 8];
-    got_seed.copy_from_slice(&bytes[15..23]);
-    let got_seed = u64::from_le_bytes(got_seed);
-    if got_seed != seed {
-        return Err(DecodeError::Seed { got: got_seed, expected: seed });
-    }
-    if (chunk, k, bits, strided) != (layout.chunk, layout.k, layout.bits, u8::from(layout.strided)) {
-        return Err(DecodeError::Layout {
-            chunk,
-            k,
-            bits,
-            want_chunk: layout.chunk,
-            want_k: layout.k,
-            want_bits: layout.bits,
-        });
-    }
-    let count = u32_at(23) as usize;
-    if count != sizes.len() {
-        return Err(DecodeError::Size { index: usize::MAX, got: count, expected: sizes.len() });
-    }
-    let expected = layout.seeded_len(sizes, seed);
-    if bytes.len() != expected {
-        return Err(DecodeError::Length { got: bytes.len(), expected });
-    }
-    let mut at = HEADER;
-    let mut tensors = Vec::with_capacity(sizes.len());
-    for (index, n) in sizes.iter().copied().enumerate() {
-        let got = u32_at(at) as usize;
-        if got != n {
-            return Err(DecodeError::Size { index, got, expected: n });
+    Ok(Packed::check(bytes, sizes, layout, seed)?.unpack())
+}
+
+/// A sparse message checked and measured without being unpacked: what the
+/// shepherd keeps of a contribution. [`Packed::check`] reads it once (every
+/// check of [`decode_seeded`], plus its L2 norm and whether a kept value is not
+/// finite, from a histogram of each tensor's codes), and [`Packed::add_to`]
+/// reads it again straight into a dense sum, on several threads if asked: no
+/// index or value array is ever built (8 bytes a kept entry against the
+/// message's 1 to 3).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Packed {
+    bytes: Vec<u8>,
+    layout: Layout,
+    seed: u64,
+    tensors: Vec<PackedTensor>,
+    norm: f64,
+    /// The first tensor with a kept value that is not finite.
+    non_finite: Option<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct PackedTensor {
+    /// Elements.
+    n: usize,
+    /// Where its packed bits start, in bytes.
+    at: usize,
+    /// Every code's value.
+    table: Vec<f32>,
+}
+
+/// Tensors at least this large are added on several threads.
+const PARALLEL_ELEMENTS: usize = 1 << 20;
+
+impl Packed {
+    /// Checks a message that must be seeded `seed` and hold tensors of exactly
+    /// `sizes` elements in `layout`, as [`decode_seeded`] does, and keeps it.
+    pub fn check(bytes: &[u8], sizes: &[usize], layout: Layout, seed: u64) -> Result<Self, DecodeError> {
+        if bytes.len() < HEADER || &bytes[..4] != MAGIC || bytes[4] != VERSION {
+            return Err(DecodeError::Magic);
         }
-        at += 4;
-        let stored: Vec<f32> = bytes[at..at + 2 * layout.table_len()]
-            .chunks_exact(2)
-            .map(|c| from_bf16(u16::from_le_bytes([c[0], c[1]])))
-            .collect();
-        at += stored.len() * 2;
-        let table = decoding_table(&stored, bits);
-        let packed = layout.bits_of(n, seed, index).div_ceil(8);
-        let mut reader = BitReader::new(&bytes[at..at + packed]);
-        at += packed;
-        if layout.strided {
-            let indices: Vec<u32> = (layout.first(seed, index)..n).step_by(layout.stride()).map(|i| i as u32).collect();
-            let values = indices.iter().map(|_| table[reader.get(usize::from(bits)) as usize]).collect();
-            tensors.push(SparseTensor { indices, values });
-            continue;
+        let u32_at = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+        let (chunk, k, bits, strided) = (u32_at(5), u32_at(9), bytes[13], bytes[14]);
+        let mut got_seed = [0u8; 8];
+        got_seed.copy_from_slice(&bytes[15..23]);
+        let got_seed = u64::from_le_bytes(got_seed);
+        if got_seed != seed {
+            return Err(DecodeError::Seed { got: got_seed, expected: seed });
         }
-        let kept = layout.kept_in(n);
-        let mut t = SparseTensor { indices: Vec::with_capacity(kept), values: Vec::with_capacity(kept) };
-        for (start, len) in layout.chunks(n) {
-            let keep = layout.kept(len);
-            let width = offset_bits(len);
+        if (chunk, k, bits, strided) != (layout.chunk, layout.k, layout.bits, u8::from(layout.strided)) {
+            return Err(DecodeError::Layout {
+                chunk,
+                k,
+                bits,
+                want_chunk: layout.chunk,
+                want_k: layout.k,
+                want_bits: layout.bits,
+            });
+        }
+        let count = u32_at(23) as usize;
+        if count != sizes.len() {
+            return Err(DecodeError::Size { index: usize::MAX, got: count, expected: sizes.len() });
+        }
+        let expected = layout.seeded_len(sizes, seed);
+        if bytes.len() != expected {
+            return Err(DecodeError::Length { got: bytes.len(), expected });
+        }
+        let mut at = HEADER;
+        let mut tensors = Vec::with_capacity(sizes.len());
+        let (mut norm, mut non_finite) = (0.0f64, None);
+        let mut counts = vec![0u64; 1 << bits];
+        for (index, n) in sizes.iter().copied().enumerate() {
+            let got = u32_at(at) as usize;
+            if got != n {
+                return Err(DecodeError::Size { index, got, expected: n });
+            }
+            at += 4;
+            let stored: Vec<f32> = bytes[at..at + 2 * layout.table_len()]
+                .chunks_exact(2)
+                .map(|c| from_bf16(u16::from_le_bytes([c[0], c[1]])))
+                .collect();
+            at += stored.len() * 2;
+            let t = PackedTensor { n, at, table: decoding_table(&stored, bits) };
+            at += layout.bits_of(n, seed, index).div_ceil(8);
+            counts.iter_mut().for_each(|c| *c = 0);
+            let chunks = layout.split(n).0 + usize::from(layout.split(n).1 > 0);
+            visit(bytes, layout, seed, index, &t, 0..chunks, |_, code| counts[code] += 1)?;
+            for (c, v) in counts.iter().zip(&t.table) {
+                if *c > 0 {
+                    if !v.is_finite() {
+                        non_finite = non_finite.or(Some(index));
+                    }
+                    norm += *c as f64 * f64::from(*v) * f64::from(*v);
+                }
+            }
+            tensors.push(t);
+        }
+        Ok(Self { bytes: bytes.to_vec(), layout, seed, tensors, norm: norm.sqrt(), non_finite })
+    }
+
+    /// The elements of every tensor.
+    pub fn sizes(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
+        self.tensors.iter().map(|t| t.n)
+    }
+
+    /// The L2 norm of the kept values.
+    pub fn norm(&self) -> f64 {
+        self.norm
+    }
+
+    /// The first tensor with a kept value that is NaN or infinite.
+    pub fn non_finite(&self) -> Option<usize> {
+        self.non_finite
+    }
+
+    /// The kept entries, as [`decode_seeded`] returns them.
+    pub fn unpack(&self) -> SparseTensors {
+        self.tensors
+            .iter()
+            .enumerate()
+            .map(|(index, t)| {
+                let kept = if self.layout.strided {
+                    self.layout.strided_in(t.n, self.seed, index)
+                } else {
+                    self.layout.kept_in(t.n)
+                };
+                let mut out = SparseTensor { indices: Vec::with_capacity(kept), values: Vec::with_capacity(kept) };
+                // checked when it was made: visiting cannot fail
+                let _ = visit(&self.bytes, self.layout, self.seed, index, t, 0..self.chunks(index), |i, code| {
+                    out.indices.push(i as u32);
+                    out.values.push(t.table[code]);
+                });
+                out
+            })
+            .collect()
+    }
+
+    /// Chunks (strided: kept entries) of tensor `index`, the unit of a range.
+    fn chunks(&self, index: usize) -> usize {
+        let n = self.tensors[index].n;
+        if self.layout.strided {
+            self.layout.strided_in(n, self.seed, index)
+        } else {
+            let (full, last) = self.layout.split(n);
+            full + usize::from(last > 0)
+        }
+    }
+
+    /// Adds `weight` × the kept values to `sum` (tensors of the checked sizes),
+    /// splitting large tensors into `threads` ranges added at once. Each element
+    /// gets the same additions in the same order whatever the threads.
+    pub fn add_to(&self, sum: &mut Tensors, weight: f32, threads: usize) {
+        for (index, (t, dense)) in self.tensors.iter().zip(sum.iter_mut()).enumerate() {
+            if dense.len() != t.n {
+                continue;
+            }
+            let chunks = self.chunks(index);
+            let parts = if t.n >= PARALLEL_ELEMENTS { threads.clamp(1, chunks.max(1)) } else { 1 };
+            let add = |range: std::ops::Range<usize>, dense: &mut [f32], offset: usize| {
+                let _ = visit(&self.bytes, self.layout, self.seed, index, t, range, |i, code| {
+                    dense[i - offset] += weight * t.table[code];
+                });
+            };
+            if parts == 1 {
+                add(0..chunks, dense, 0);
+                continue;
+            }
+            // chunk-aligned (strided: entry-aligned) element ranges, one per thread
+            let per = chunks.div_ceil(parts);
+            let element = |c: usize| -> usize {
+                if self.layout.strided {
+                    (self.layout.first(self.seed, index) + c * self.layout.stride()).min(t.n)
+                } else {
+                    (c * self.layout.chunk as usize).min(t.n)
+                }
+            };
+            std::thread::scope(|scope| {
+                let mut rest: &mut [f32] = dense;
+                let mut offset = 0;
+                for p in 0..parts {
+                    let (c0, c1) = ((p * per).min(chunks), ((p + 1) * per).min(chunks));
+                    let end = if p + 1 == parts { t.n } else { element(c1) };
+                    let (mine, tail) = std::mem::take(&mut rest).split_at_mut(end - offset);
+                    rest = tail;
+                    let start = offset;
+                    offset = end;
+                    scope.spawn(move || add(c0..c1, mine, start));
+                }
+            });
+        }
+    }
+}
+
+/// Calls `f(flat index, code)` for the kept entries of chunks (strided: of kept
+/// entries) `range` of tensor `index`, checking that offsets are in their chunk
+/// and increasing.
+fn visit(
+    bytes: &[u8],
+    layout: Layout,
+    seed: u64,
+    index: usize,
+    t: &PackedTensor,
+    range: std::ops::Range<usize>,
+    mut f: impl FnMut(usize, usize),
+) -> Result<(), DecodeError> {
+    let bits = usize::from(layout.bits);
+    let packed = layout.bits_of(t.n, seed, index).div_ceil(8);
+    let body = &bytes[t.at..t.at + packed];
+    if layout.strided {
+        let (first, stride) = (layout.first(seed, index), layout.stride());
+        let mut reader = BitReader::at_bit(body, range.start * bits);
+        for e in range {
+            f(first + e * stride, reader.get(bits) as usize);
+        }
+        return Ok(());
+    }
+    let c = layout.chunk as usize;
+    let (full, last) = layout.split(t.n);
+    let (keep, width) = (layout.kept(c), offset_bits(c));
+    let mut reader = BitReader::at_bit(body, range.start.min(full) * layout.chunk_bits(c));
+    let mut offsets = [0usize; 64];
+    let narrow = layout.chunk_bits(c);
+    if narrow <= 56 && keep > 0 {
+        // a full chunk fits the accumulator: one refill check a chunk, then shifts
+        let (wmask, bmask) = ((1u64 << width) - 1, (1u64 << bits) - 1);
+        for chunk in range.start.min(full)..range.end.min(full) {
+            let mut word = reader.take(narrow);
+            let start = chunk * c;
+            let mut previous = None;
+            for slot in offsets.iter_mut().take(keep) {
+                let offset = (word & wmask) as usize;
+                word >>= width;
+                if offset >= c || previous.is_some_and(|p| offset <= p) {
+                    return Err(DecodeError::Offset { index, offset, len: c });
+                }
+                previous = Some(offset);
+                *slot = offset;
+            }
+            for offset in &offsets[..keep] {
+                f(start + offset, (word & bmask) as usize);
+                word >>= bits;
+            }
+        }
+        if range.end <= full {
+            return Ok(());
+        }
+    }
+    let range = if narrow <= 56 && keep > 0 { range.start.max(full)..range.end } else { range };
+    for chunk in range {
+        let (len, keep, width) =
+            if chunk < full { (c, keep, width) } else { (last, layout.kept(last), offset_bits(last)) };
+        let start = chunk * c;
+        if keep <= offsets.len() {
+            // offsets first, then codes: read the offsets into a small buffer
+            let mut previous = None;
+            for slot in offsets.iter_mut().take(keep) {
+                let offset = reader.get(width) as usize;
+                if offset >= len || previous.is_some_and(|p| offset <= p) {
+                    return Err(DecodeError::Offset { index, offset, len });
+                }
+                previous = Some(offset);
+                *slot = offset;
+            }
+            for offset in &offsets[..keep] {
+                f(start + offset, reader.get(bits) as usize);
+            }
+        } else {
+            // a wide chunk: read its offsets, then come back for the codes
+            let mut codes = reader.clone();
+            codes.skip(keep * width);
             let mut previous = None;
             for _ in 0..keep {
                 let offset = reader.get(width) as usize;
@@ -564,15 +790,12 @@ pub fn decode_seeded(bytes: &[u8], sizes: &[usize], layout: Layout, seed: u64) -
                     return Err(DecodeError::Offset { index, offset, len });
                 }
                 previous = Some(offset);
-                t.indices.push((start + offset) as u32);
+                f(start + offset, codes.get(bits) as usize);
             }
-            for _ in 0..keep {
-                t.values.push(table[reader.get(usize::from(bits)) as usize]);
-            }
+            reader = codes;
         }
-        tensors.push(t);
     }
-    Ok(tensors)
+    Ok(())
 }
 
 /// Subtracts `sparse` × `scale` from `dense` (θ ← θ − scale·Δ̂, or e ← e − Δ̂).
@@ -611,13 +834,24 @@ impl ErrorFeedback {
     }
 
     /// [`ErrorFeedback::compress`] in a message seeded `seed` (the round).
+    ///
+    /// A tensor `delta` leaves empty (a Streaming DiLoCo fragment's round carries
+    /// only its fragment's tensors) is left alone: its buffer neither decays nor
+    /// drains, and the message carries it empty.
     pub fn compress_seeded(&mut self, delta: &Tensors, scale: f32, seed: u64) -> (Vec<u8>, SparseTensors) {
         for (e, d) in self.buffer.iter_mut().zip(delta) {
             for (e, d) in e.iter_mut().zip(d) {
                 *e = self.decay * *e + scale * d;
             }
         }
-        let (bytes, sent) = encode_seeded(&self.buffer, self.layout, seed);
+        let masked = delta.iter().zip(&self.buffer).any(|(d, e)| d.is_empty() && !e.is_empty());
+        let (bytes, sent) = if masked {
+            let view: Tensors =
+                self.buffer.iter().zip(delta).map(|(e, d)| if d.is_empty() { Vec::new() } else { e.clone() }).collect();
+            encode_seeded(&view, self.layout, seed)
+        } else {
+            encode_seeded(&self.buffer, self.layout, seed)
+        };
         subtract(&mut self.buffer, &sent, 1.0);
         (bytes, sent)
     }
@@ -657,6 +891,9 @@ impl<'a> BitWriter<'a> {
 }
 
 /// Reads bits LSB-first; past the end it reads zeros (the length was checked).
+/// It refills a 64-bit accumulator up to 8 bytes at a time, so a read is a few
+/// shifts and masks rather than a loop over bytes.
+#[derive(Clone)]
 struct BitReader<'a> {
     bytes: &'a [u8],
     at: usize,
@@ -665,19 +902,66 @@ struct BitReader<'a> {
 }
 
 impl<'a> BitReader<'a> {
-    fn new(bytes: &'a [u8]) -> Self {
-        Self { bytes, at: 0, acc: 0, filled: 0 }
+    /// A reader starting `bit` bits into `bytes`.
+    fn at_bit(bytes: &'a [u8], bit: usize) -> Self {
+        let mut r = Self { bytes, at: bit / 8, acc: 0, filled: 0 };
+        r.get(bit % 8);
+        r
     }
 
+    /// Skips `n` bits.
+    fn skip(&mut self, mut n: usize) {
+        while n >= 32 {
+            self.get(32);
+            n -= 32;
+        }
+        self.get(n);
+    }
+
+    /// Tops the accumulator up to at least 57 bits (zeros past the end).
+    #[inline]
+    fn refill(&mut self) {
+        let word = match self.bytes.get(self.at..self.at + 8) {
+            Some(w) => {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(w);
+                u64::from_le_bytes(b)
+            }
+            None => {
+                let mut b = [0u8; 8];
+                let tail = self.bytes.get(self.at..).unwrap_or(&[]);
+                b[..tail.len()].copy_from_slice(tail);
+                u64::from_le_bytes(b)
+            }
+        };
+        // whole bytes that fit above the bits held
+        let take = (64 - self.filled) / 8;
+        let fresh = if take == 8 { word } else { word & ((1u64 << (take * 8)) - 1) };
+        self.acc |= fresh << self.filled;
+        self.at += take;
+        self.filled += take * 8;
+    }
+
+    /// The next `width` bits (at most 56), as the low bits of a word.
+    #[inline]
+    fn take(&mut self, width: usize) -> u64 {
+        if self.filled < width {
+            self.refill();
+        }
+        let v = self.acc & ((1u64 << width) - 1);
+        self.acc = self.acc.checked_shr(width as u32).unwrap_or(0);
+        self.filled -= width;
+        v
+    }
+
+    /// The next `width` bits (at most 32).
+    #[inline]
     fn get(&mut self, width: usize) -> u64 {
         if width == 0 {
             return 0;
         }
-        while self.filled < width {
-            let byte = self.bytes.get(self.at).copied().unwrap_or(0);
-            self.at += 1;
-            self.acc |= u64::from(byte) << self.filled;
-            self.filled += 8;
+        if self.filled < width {
+            self.refill();
         }
         let v = self.acc & ((1u64 << width) - 1);
         self.acc >>= width;
@@ -858,6 +1142,41 @@ mod tests {
         assert!(Layout { bits: 3, ..LAYOUT }.check().is_err());
         assert!(Layout { chunk: MAX_CHUNK + 1, k: 1, bits: 2, strided: false }.check().is_err());
         assert!(Layout { chunk: 10, k: 3, bits: 2, strided: true }.check().is_err());
+    }
+
+    #[test]
+    fn a_packed_message_adds_and_measures_like_its_unpacked_entries() {
+        // a tensor past the parallel threshold, a small one, an empty one; top-k and strided
+        let n = PARALLEL_ELEMENTS + 4099;
+        let t: Tensors = vec![wave(n, 0.7), wave(300, 0.1), vec![]];
+        let sizes = [n, 300, 0];
+        for (layout, seed) in [
+            (Layout { chunk: 64, k: 2, bits: 2, strided: false }, 0),
+            (LAYOUT, 0),
+            (Layout { chunk: 16, k: 1, bits: 4, strided: true }, 5),
+        ] {
+            let (bytes, sent) = encode_seeded(&t, layout, seed);
+            let packed = Packed::check(&bytes, &sizes, layout, seed).expect("checks");
+            assert_eq!(packed.unpack(), sent, "{layout:?}");
+            let norm: f64 = sent.iter().flat_map(|s| &s.values).map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+            assert!((packed.norm() - norm).abs() <= 1e-9 * norm, "{layout:?}: {} vs {norm}", packed.norm());
+            assert_eq!(packed.non_finite(), None);
+            let mut expected: Tensors = vec![wave(n, 2.0), wave(300, 3.0), vec![]];
+            let base = expected.clone();
+            subtract(&mut expected, &sent, -0.25);
+            for threads in [1, 2, 3, 8] {
+                let mut sum = base.clone();
+                packed.add_to(&mut sum, 0.25, threads);
+                assert!(sum == expected, "{layout:?}, {threads} threads: not the same bits");
+            }
+        }
+        // a NaN in a table is found without unpacking
+        let (mut bytes, _) = encode(&vec![wave(500, 0.2)], LAYOUT);
+        let table = HEADER + 4;
+        bytes[table..table + 2].copy_from_slice(&to_bf16(f32::NAN).to_le_bytes());
+        let packed = Packed::check(&bytes, &[500], LAYOUT, 0).expect("checks");
+        let used = packed.unpack()[0].values.iter().any(|v| v.is_nan());
+        assert_eq!(packed.non_finite(), used.then_some(0));
     }
 
     proptest! {

@@ -1,0 +1,83 @@
+//! A store that does not fill the disk: after 30 rounds of `pcp-node sim`, every
+//! node's blob store is no larger than after 5 rounds, give or take one round's blobs.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn corpus() -> String {
+    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tiny_shakespeare.txt");
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.data/tiny_shakespeare.txt");
+    let path = if shared.exists() { shared } else { local };
+    path.display().to_string()
+}
+
+/// Runs a 3-node sim of `rounds` short rounds in `dir`; returns the shepherd's events.
+fn sim(dir: &Path, rounds: u64) -> Vec<Value> {
+    let ev = dir.join("events.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_pcp-node"))
+        .env("PCP_ARTIFACT_CACHE", std::env::temp_dir().join("pcp-test-artifact-cache").join("artifacts"))
+        .args(["sim", "--nodes", "3", "--rounds", &rounds.to_string(), "--tau", "2", "--seed", "7"])
+        .args(["--data", &corpus()])
+        .args(["--events", ev.to_str().expect("utf8"), "--data-dir", dir.to_str().expect("utf8")])
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let events: Vec<Value> =
+        std::fs::read_to_string(&ev).expect("events").lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    let completed = events.iter().filter(|e| e["event"] == "round_completed").count() as u64;
+    assert_eq!(completed, rounds, "the sim ran every round");
+    events
+}
+
+/// Bytes of every file under `dir`.
+fn bytes_under(dir: &Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let entry = entry.expect("dir entry");
+        let meta = entry.metadata().expect("metadata");
+        total += if meta.is_dir() { bytes_under(&entry.path()) } else { meta.len() };
+    }
+    total
+}
+
+#[test]
+fn thirty_rounds_leave_every_store_as_large_as_five() {
+    let (five, thirty) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    sim(five.path(), 5);
+    let events = sim(thirty.path(), 30);
+
+    let released: Vec<&Value> = events.iter().filter(|e| e["event"] == "blobs_released").collect();
+    let blobs: u64 = released.iter().map(|e| e["count"].as_u64().expect("count")).sum();
+    // every round past the kept two gives up its parameters and state (round 1's
+    // parameters are the run's initial ones, which stay)
+    assert!(blobs >= 2 * (30 - 2) - 1, "{blobs} blobs released: {released:?}");
+    // one round's blobs: the most a round released
+    let round_bytes = released.iter().map(|e| e["bytes"].as_u64().expect("bytes")).max().expect("a release");
+    assert!(released.iter().all(|e| e["failed"] == 0), "{released:?}");
+
+    for node in ["shepherd", "worker-1", "worker-2"] {
+        let store = |dir: &Path| bytes_under(&dir.join("sim").join(node).join("blobs"));
+        let (after5, after30) = (store(five.path()), store(thirty.path()));
+        eprintln!("{node}: {after5} bytes of blobs after 5 rounds, {after30} after 30");
+        assert!(
+            after30 <= after5 + round_bytes,
+            "{node}'s store grew from {after5} bytes after 5 rounds to {after30} after 30 (one round: {round_bytes})"
+        );
+    }
+}
+
+#[test]
+fn keep_rounds_must_be_at_least_one() {
+    for bad in ["0", "-1", "two", "99999999999999999999"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_pcp-node"))
+            .args(["sim", &format!("--keep-rounds={bad}"), "--data-dir", "/nonexistent/never-created"])
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--keep-rounds {bad}: {stderr}");
+        assert!(stderr.starts_with("error: ") && stderr.contains("--keep-rounds"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Structure checks CI runs (scripts/test.sh):
+
+1. No import circles. In every workspace crate, each source file is a module
+   (`a/b.rs` is `a::b`). A module imports another when it names it, or an item
+   in it, through `crate::…`, `super::…` or `self::…` (in `use` lines, braces
+   expanded, or inline). Paths resolve to the deepest module file they name. A
+   module naming its own ancestor or descendant is structure (a parent re-exports
+   its children, a child uses its parent's items), not a circle; any other
+   strongly connected set of modules is one, and is printed with its edges.
+2. No long functions. In `node/` and `bootstrap/`, a `fn` whose body is longer
+   than MAX_FN_LINES lines fails, unless it is listed in TABLES (functions that
+   are tables, e.g. one arm per event).
+
+Exit status 1 with one line per finding; 0 and a summary otherwise.
+"""
+
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CRATES = ["schema", "protocol", "graph", "runtime", "bootstrap", "node", "simulations"]
+LONG_CHECKED = ["node", "bootstrap"]
+MAX_FN_LINES = 120
+# (file, function): bodies that are tables, one arm or row per case
+TABLES = {
+    ("node/src/events.rs", "fields"),
+}
+
+PATH = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
+
+
+def strip(text):
+    """Source without comments, strings and `#[cfg(test)] mod tests { … }`."""
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    m = re.search(r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*mod tests\s*\{", text)
+    if m:
+        text = text[: m.start()]
+    return text
+
+
+def expand(tree):
+    """`a::{b, c::{d, e}}` → ["a::b", "a::c::d", "a::c::e"]."""
+    tree = tree.strip()
+    i = tree.find("{")
+    if i < 0:
+        return [tree]
+    head, body = tree[:i], tree[i + 1 : tree.rfind("}")]
+    parts, depth, cur = [], 0, ""
+    for ch in body:
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+            continue
+        depth += ch == "{"
+        depth -= ch == "}"
+        cur += ch
+    parts.append(cur)
+    out = []
+    for p in parts:
+        p = p.strip()
+        if p:
+            out += [head + x for x in expand(p)]
+    return out
+
+
+def modules(crate):
+    src = os.path.join(ROOT, crate, "src")
+    mods = {}
+    for root, _, files in os.walk(src):
+        for f in files:
+            if f.endswith(".rs"):
+                rel = os.path.relpath(os.path.join(root, f), src)[:-3]
+                parts = tuple(p for p in rel.split(os.sep) if p != "mod")
+                if parts in (("lib",), ("main",)):
+                    parts = ()
+                mods[parts] = os.path.join(root, f)
+    return mods
+
+
+def refs(text, here, mods):
+    """Modules `here` names."""
+    names = []
+    for stmt in re.findall(r"\buse\s+([^;]+);", text):
+        names += expand(re.sub(r"\s+", "", stmt))
+    names += [m.group(1) + m.group(2) for m in PATH.finditer(re.sub(r"\buse\s+[^;]+;", "", text))]
+    out = set()
+    for name in names:
+        segs = [s for s in name.split("::") if s and s != "*"]
+        segs = [s.split(" as ")[0] for s in segs]
+        if not segs or segs[0] not in ("crate", "super", "self"):
+            continue
+        base = list(here)
+        i = 0
+        if segs[0] == "crate":
+            base, i = [], 1
+        else:
+            while i < len(segs) and segs[i] in ("super", "self"):
+                if segs[i] == "super":
+                    base = base[:-1]
+                i += 1
+        path = base + segs[i:]
+        for n in range(len(path), -1, -1):
+            if tuple(path[:n]) in mods:
+                out.add(tuple(path[:n]))
+                break
+    return out
+
+
+def related(a, b):
+    return a[: len(b)] == b or b[: len(a)] == a
+
+
+def sccs(graph):
+    index, low, stack, on, out, n = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = n[0]
+        n[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            out.append(comp)
+
+    sys.setrecursionlimit(10000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def circles():
+    findings, edges_total = [], 0
+    for crate in CRATES:
+        mods = modules(crate)
+        graph = {}
+        for here, path in mods.items():
+            text = strip(open(path, encoding="utf-8").read())
+            graph[here] = {m for m in refs(text, here, mods) if m != here and not related(m, here)}
+            edges_total += len(graph[here])
+        for comp in sccs(graph):
+            if len(comp) > 1:
+                names = sorted("::".join(c) or "(root)" for c in comp)
+                inner = sorted(
+                    f"{'::'.join(a)} -> {'::'.join(b)}" for a in comp for b in graph[a] if b in comp
+                )
+                findings.append(f"{crate}: import circle among {', '.join(names)} ({'; '.join(inner)})")
+    return findings, edges_total
+
+
+FN = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:async\s+)?(?:const\s+)?(?:unsafe\s+)?fn\s+([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def long_functions():
+    findings, count = [], 0
+    for crate in LONG_CHECKED:
+        for root, _, files in os.walk(os.path.join(ROOT, crate)):
+            if "target" in root.split(os.sep):
+                continue
+            for f in files:
+                if not f.endswith(".rs"):
+                    continue
+                path = os.path.join(root, f)
+                rel = os.path.relpath(path, ROOT)
+                lines = open(path, encoding="utf-8").read().split("\n")
+                i = 0
+                while i < len(lines):
+                    m = FN.match(lines[i])
+                    if not m:
+                        i += 1
+                        continue
+                    # the body: from the first `{` after the signature to its match
+                    depth, start, j = 0, None, i
+                    while j < len(lines):
+                        code = re.sub(r'"(?:\\.|[^"\\])*"|//.*', "", lines[j])
+                        if start is None and ";" in code and "{" not in code:
+                            break  # a declaration without a body
+                        for ch in code:
+                            if ch == "{":
+                                if start is None:
+                                    start = j
+                                depth += 1
+                            elif ch == "}":
+                                depth -= 1
+                        if start is not None and depth == 0:
+                            break
+                        j += 1
+                    count += 1
+                    if start is not None:
+                        body = j - start - 1
+                        if body > MAX_FN_LINES and (rel, m.group(1)) not in TABLES:
+                            findings.append(f"{rel}:{i + 1}: fn {m.group(1)} is {body} lines (at most {MAX_FN_LINES})")
+                    i += 1
+    return findings, count
+
+
+def main():
+    circle, edges = circles()
+    long, fns = long_functions()
+    for line in circle + long:
+        print(line)
+    if circle or long:
+        return 1
+    print(f"structure: no import circles ({edges} module imports in {len(CRATES)} crates), "
+          f"no function over {MAX_FN_LINES} lines ({fns} in {', '.join(LONG_CHECKED)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
