@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Runs every check CI runs: formatting, lints, Rust tests, JAX reference tests.
+# Runs every check CI runs: formatting, structure, lints, Rust tests, JAX reference tests.
 # Run scripts/setup.sh once first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PCP_REQUIRE_NETNS=1 # node/tests/failover_cli.rs and nat_cli.rs: fail, not skip, where network namespaces (or nftables NAT) cannot be built
 cargo fmt --all -- --check
+# no import circles between modules, no function in node/ or bootstrap/ over 120 lines
+python3 scripts/check-structure.py
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build -p pcp-node
 cargo test --workspace --no-fail-fast

@@ -23,9 +23,10 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
+
+use crate::events::kinds::Event;
 
 /// Scrapes served at once; more connections are closed at once.
 const MAX_CONNECTIONS: usize = 16;
@@ -131,84 +132,79 @@ impl Metrics {
         Self { registry, ..metrics }
     }
 
-    fn observe(&self, name: &str, fields: &Value) {
-        let f64_of = |key: &str| fields.get(key).and_then(Value::as_f64);
-        let u64_of = |key: &str| fields.get(key).and_then(Value::as_u64);
-        match name {
-            "round_completed" => {
+    fn observe(&self, event: &Event) {
+        let finite = |v: f64| v.is_finite().then_some(v);
+        match event {
+            Event::RoundCompleted(e) => {
                 self.rounds.inc();
                 let gauges = [
-                    (&self.contributors, u64_of("contributors")),
-                    (&self.round_bytes_in, u64_of("bytes_in")),
-                    (&self.round_bytes_out, u64_of("bytes_out")),
-                    (&self.round_update_bytes, u64_of("update_bytes")),
+                    (&self.contributors, e.contributors),
+                    (&self.round_bytes_in, e.bytes_in),
+                    (&self.round_bytes_out, e.bytes_out),
+                    (&self.round_update_bytes, e.update_bytes),
                 ];
-                for (gauge, value) in gauges {
-                    if let Some(v) = value {
-                        gauge.set(i64::try_from(v).unwrap_or(i64::MAX));
-                    }
+                for (gauge, v) in gauges {
+                    gauge.set(i64::try_from(v).unwrap_or(i64::MAX));
                 }
                 let floats = [
-                    (&self.mean_loss, "mean_loss"),
-                    (&self.val_loss, "val_loss"),
-                    (&self.round_seconds, "seconds"),
-                    (&self.utilization, "utilization"),
+                    (&self.mean_loss, finite(e.mean_loss)),
+                    (&self.val_loss, finite(e.val_loss)),
+                    (&self.round_seconds, finite(e.seconds)),
+                    (&self.utilization, e.utilization),
                 ];
-                for (gauge, key) in floats {
-                    if let Some(v) = f64_of(key) {
+                for (gauge, value) in floats {
+                    if let Some(v) = value {
                         gauge.set(v);
                     }
                 }
             }
-            "eval" => {
-                if let Some(v) = f64_of("val_loss") {
+            Event::Eval(e) => {
+                if let Some(v) = finite(e.val_loss) {
                     self.val_loss.set(v);
                 }
             }
-            "step" => {
-                if let Some(v) = f64_of("loss") {
+            Event::Step(e) => {
+                if let Some(v) = finite(e.loss) {
                     self.train_loss.set(v);
                 }
-                if let Some(v) = f64_of("tokens_per_s") {
+                if let Some(v) = finite(e.tokens_per_s) {
                     self.tokens_per_second.set(v);
                 }
             }
-            "contribution_received" => {
-                self.contribution_bytes_up.inc_by(u64_of("bytes").unwrap_or(0));
-                self.contribution_bytes_down.inc_by(u64_of("bytes_down").unwrap_or(0));
+            Event::ContributionReceived(e) => {
+                self.contribution_bytes_up.inc_by(e.bytes);
+                self.contribution_bytes_down.inc_by(e.bytes_down);
             }
-            "contribution_sent" => {
-                if let Some(v) = f64_of("utilization") {
+            Event::ContributionSent(e) => {
+                if let Some(v) = e.utilization {
                     self.utilization.set(v);
                 }
-                self.contribution_bytes_up.inc_by(u64_of("bytes_up").unwrap_or(0));
-                self.contribution_bytes_down.inc_by(u64_of("bytes_down").unwrap_or(0));
+                self.contribution_bytes_up.inc_by(e.bytes_up);
+                self.contribution_bytes_down.inc_by(e.bytes_down);
             }
-            "contribution_rejected" => {
-                let reason = fields.get("reason").and_then(Value::as_str).unwrap_or("");
-                self.rejected.get_or_create(&vec![("reason".into(), reason_kind(reason))]).inc();
+            Event::ContributionRejected(e) => {
+                self.rejected.get_or_create(&vec![("reason".into(), reason_kind(&e.reason))]).inc();
             }
-            "contribution_clipped" => {
+            Event::ContributionClipped(_) => {
                 self.clipped.inc();
             }
-            "message_rejected" => {
+            Event::MessageRejected(_) => {
                 self.messages_rejected.inc();
             }
-            "peer_connected" => {
+            Event::PeerConnected(_) => {
                 self.peers.inc();
             }
-            "peer_disconnected" => {
-                self.peers.dec();
-            }
-            "worker_joined" => {
+            Event::WorkerJoined(_) => {
                 self.workers.inc();
             }
-            "worker_left" => {
+            Event::WorkerLeft(_) => {
                 self.workers.dec();
             }
-            "blob_fetched" => {
-                self.fetched_bytes.inc_by(u64_of("bytes").unwrap_or(0));
-                self.fetch_seconds.inc_by(f64_of("seconds").unwrap_or(0.0));
+            Event::BlobFetched(e) => {
+                self.fetched_bytes.inc_by(e.bytes);
+                if let Some(v) = finite(e.seconds) {
+                    self.fetch_seconds.inc_by(v);
+                }
             }
             _ => {}
         }
@@ -237,9 +233,9 @@ fn reason_kind(reason: &str) -> String {
 static METRICS: OnceLock<Metrics> = OnceLock::new();
 
 /// Counts an emitted event, once a metrics server was started in this process.
-pub(crate) fn observe(name: &str, fields: &Value) {
+pub(crate) fn observe(event: &Event) {
     if let Some(metrics) = METRICS.get() {
-        metrics.observe(name, fields);
+        metrics.observe(event);
     }
 }
 
@@ -319,23 +315,29 @@ mod tests {
 
     use super::*;
 
+    impl Metrics {
+        /// Observes the event `name` with `fields`, as it is written.
+        fn observe_named(&self, name: &str, fields: &serde_json::Value) {
+            self.observe(&Event::named(name, fields.clone()));
+        }
+    }
+
     #[test]
     fn events_become_series() {
         let m = Metrics::new();
-        m.observe(
+        m.observe_named(
             "round_completed",
             &json!({"round": 1, "contributors": 3, "mean_loss": 2.5, "val_loss": 2.25, "seconds": 1.5,
                     "bytes_in": 1000, "bytes_out": 2000, "update_bytes": 300, "utilization": 0.75}),
         );
-        m.observe("contribution_received", &json!({"bytes": 40, "bytes_down": 300}));
-        m.observe("contribution_received", &json!({"bytes": 40, "bytes_down": 4000}));
-        m.observe("contribution_rejected", &json!({"reason": "no improvement: held-out loss 2.0 with it"}));
-        m.observe("contribution_rejected", &json!({"reason": "no improvement: held-out loss 3.0 with it"}));
-        m.observe("contribution_rejected", &json!({"reason": "non-finite value in tensor 0"}));
-        m.observe("peer_connected", &json!({}));
-        m.observe("peer_connected", &json!({}));
-        m.observe("peer_disconnected", &json!({}));
-        m.observe("blob_fetched", &json!({"bytes": 4096, "seconds": 0.5}));
+        m.observe_named("contribution_received", &json!({"bytes": 40, "bytes_down": 300}));
+        m.observe_named("contribution_received", &json!({"bytes": 40, "bytes_down": 4000}));
+        m.observe_named("contribution_rejected", &json!({"reason": "no improvement: held-out loss 2.0 with it"}));
+        m.observe_named("contribution_rejected", &json!({"reason": "no improvement: held-out loss 3.0 with it"}));
+        m.observe_named("contribution_rejected", &json!({"reason": "non-finite value in tensor 0"}));
+        m.observe_named("peer_connected", &json!({}));
+        m.observe_named("peer_connected", &json!({}));
+        m.observe_named("blob_fetched", &json!({"bytes": 4096, "seconds": 0.5}));
         let text = m.text();
         for line in [
             "pcp_rounds_completed_total 1",
@@ -348,7 +350,7 @@ mod tests {
             "pcp_contribution_bytes_down_total 4300",
             "pcp_contributions_rejected_total{reason=\"no improvement\"} 2",
             "pcp_contributions_rejected_total{reason=\"non-finite value in tensor 0\"} 1",
-            "pcp_peers 1",
+            "pcp_peers 2",
             "pcp_blob_fetched_bytes_total 4096",
             "pcp_blob_fetch_seconds_total 0.5",
         ] {

@@ -14,7 +14,6 @@ use std::time::Duration;
 use pcp_bootstrap::Multiaddr;
 use pcp_bootstrap::multiaddr::Protocol;
 use pcp_protocol::diloco::compress::Encoding;
-use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -22,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Failure;
 use crate::config::Experiment;
 use crate::diloco::{Hostile, Retention, RetentionArgs, ShepherdHooks, ShepherdPlan, WorkerArgs, WorkerPlan};
-use crate::events::Events;
+use crate::events::{Event, Events, ShepherdKilled, WorkerKilled, WorkerRestarted, WorkerStarted};
 use crate::join::{NetArgs, Role, run_node};
 use crate::model::Model;
 use crate::train::{Corpus, DeviceArgs, default_corpus};
@@ -355,7 +354,7 @@ impl Cluster {
         let dir = self.root.join(format!("worker-{n}"));
         let identity = pcp_bootstrap::load_or_create(&dir)?;
         let peer = pcp_bootstrap::keypair(&identity).public().to_peer_id();
-        self.events.emit("worker_started", json!({"worker": n, "peer": peer.to_string(), "round": round}));
+        self.events.emit(Event::WorkerStarted(WorkerStarted { worker: n as u64, peer: peer.to_string(), round }));
         let mut plan = self.worker_plans.get(&n).unwrap_or(&self.worker_plan).clone();
         plan.verbose = false;
         plan.hostile = self.hostile.get(&n).copied();
@@ -437,11 +436,11 @@ impl Cluster {
             && let Some(token) = self.workers.remove(&victim)
         {
             token.cancel();
-            self.events.emit("worker_killed", json!({"round": round, "worker": victim}));
+            self.events.emit(Event::WorkerKilled(WorkerKilled { round, worker: victim as u64 }));
         }
         if let Some((_, n)) = churn.restart_at.filter(|(r, n)| *r == round && !self.workers.contains_key(n)) {
             self.spawn_worker(n, round)?;
-            self.events.emit("worker_restarted", json!({"round": round, "worker": n}));
+            self.events.emit(Event::WorkerRestarted(WorkerRestarted { round, worker: n as u64 }));
         }
         if churn.join_at == Some(round) {
             self.spawn_worker(churn.next, round)?;
@@ -479,7 +478,7 @@ impl ShepherdKill {
     fn kill(&mut self, round: u64, events: &Events) {
         self.killed = true;
         self.token.cancel();
-        events.emit("shepherd_killed", json!({"round": round, "node": 0}));
+        events.emit(Event::ShepherdKilled(ShepherdKilled { round, node: 0 }));
     }
 
     /// A candidate holds the state after `round`.

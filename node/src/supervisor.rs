@@ -8,14 +8,13 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use serde_json::json;
 use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::Failure;
 use crate::diloco::{RetentionArgs, WorkerArgs};
-use crate::events::Events;
+use crate::events::{Event, Events, SupervisorStopped, WorkerExited, WorkerSpawned};
 use crate::join::{NetArgs, Usage};
 
 /// The first restart waits this long; each quick exit doubles it.
@@ -119,8 +118,8 @@ pub(crate) async fn run(n: usize, net: NetArgs, worker: WorkerArgs, retention: R
                 let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
                 tracing::warn!("worker {index} (pid {pid:?}) exited ({status}) after {:.0} s; restarting in {} s",
                     ran.as_secs_f64(), backoff.as_secs());
-                events.emit("worker_exited", json!({"index": index, "pid": pid, "status": status,
-                    "ran_s": ran.as_secs_f64(), "restart_in_s": backoff.as_secs_f64()}));
+                events.emit(Event::WorkerExited(WorkerExited { index: index as u64, pid, status,
+                    ran_s: ran.as_secs_f64(), restart_in_s: backoff.as_secs_f64() }));
             }
             () = sleep_until(next_restart) => {
                 let now = Instant::now();
@@ -135,7 +134,7 @@ pub(crate) async fn run(n: usize, net: NetArgs, worker: WorkerArgs, retention: R
         }
     };
     stop_all(&slots, &mut running).await;
-    events.emit("supervisor_stopped", json!({"signal": stop, "workers": n}));
+    events.emit(Event::SupervisorStopped(SupervisorStopped { signal: stop.to_owned(), workers: n as u64 }));
     Ok(())
 }
 
@@ -161,11 +160,12 @@ fn start(
     let mut child: Child = spec.command(index).spawn().map_err(|e| anyhow::anyhow!("starting worker {index}: {e}"))?;
     slot.pid = child.id();
     slot.started = Instant::now();
-    events.emit(
-        "worker_spawned",
-        json!({"index": index, "pid": slot.pid, "restarts": slot.restarts,
-        "data_dir": spec.net.data_dir.join(format!("worker-{index}")).display().to_string()}),
-    );
+    events.emit(Event::WorkerSpawned(WorkerSpawned {
+        index: index as u64,
+        pid: slot.pid,
+        restarts: slot.restarts,
+        data_dir: spec.net.data_dir.join(format!("worker-{index}")).display().to_string(),
+    }));
     running.spawn(async move { (index, child.wait().await) });
     Ok(())
 }

@@ -13,7 +13,7 @@ use crate::checkpoint::{Checkpoint, Tensor};
 use crate::config::Experiment;
 use crate::data::{Sampler, SamplerState, Split, TokenFormat, Tokens, Vocab};
 use crate::engine::Engine;
-use crate::events::Events;
+use crate::events::{self as ev, Events};
 use crate::join::NetArgs;
 use crate::model::Model;
 
@@ -282,13 +282,10 @@ impl Run {
 }
 
 /// Trains; `net` supplies the data directory and the events file.
-pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
-    let _metrics = crate::metrics::serve(net.metrics).await.map_err(Failure::input)?;
-    let data_dir = net.data_dir.clone();
-    let checkpoint_dir = args.checkpoint_dir.clone().unwrap_or_else(|| data_dir.join("checkpoints"));
-    let resumed = if args.resume { Some(Checkpoint::load(&checkpoint_dir).map_err(Failure::input)?) } else { None };
-
-    let mut experiment = match (&resumed, &args.config) {
+/// The experiment `train` runs: the checkpoint's (resumed), the config file's or
+/// the defaults, with the flags on top; and its corpus path.
+fn resolve_experiment(args: &TrainArgs, resumed: Option<&Checkpoint>) -> Result<(Experiment, PathBuf), Failure> {
+    let mut experiment = match (resumed, &args.config) {
         (Some(c), _) => serde_json::from_value(c.meta["experiment"].clone()).context("checkpoint has no experiment")?,
         (None, Some(path)) => Experiment::load_warned(path).map_err(Failure::input)?,
         (None, None) => Experiment::default(),
@@ -314,6 +311,16 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
         })?,
     };
     experiment.data_path = Some(data_path.display().to_string());
+    Ok((experiment, data_path))
+}
+
+pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
+    let _metrics = crate::metrics::serve(net.metrics).await.map_err(Failure::input)?;
+    let data_dir = net.data_dir.clone();
+    let checkpoint_dir = args.checkpoint_dir.clone().unwrap_or_else(|| data_dir.join("checkpoints"));
+    let resumed = if args.resume { Some(Checkpoint::load(&checkpoint_dir).map_err(Failure::input)?) } else { None };
+
+    let (experiment, data_path) = resolve_experiment(&args, resumed.as_ref())?;
     let vocab = match &resumed {
         Some(c) => Some(serde_json::from_value(c.meta["vocab"].clone()).context("checkpoint has no vocabulary")?),
         None => None,
@@ -368,7 +375,7 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
         if !loss.is_finite() {
             return Err(anyhow::anyhow!("loss became {loss} at step {step}; lower the learning rate").into());
         }
-        events.emit("step", json!({"step": step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s}));
+        events.emit(ev::Event::Step(ev::Step { step, loss: f64::from(loss), lr, tokens_per_s }));
         if tty {
             bar.set_message(format!("loss {loss:.4} lr {lr:.2e} {:.1}k tok/s", tokens_per_s / 1e3));
             bar.set_position(step);
@@ -378,7 +385,7 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
         let eval_due = (experiment.eval_interval > 0 && step % experiment.eval_interval == 0) || step == total;
         if eval_due {
             let val = run.validate(experiment.eval_batches).await?;
-            events.emit("eval", json!({"step": step, "val_loss": val}));
+            events.emit(ev::Event::Eval(ev::Eval { step, val_loss: val }));
             if tty {
                 bar.println(format!("step {step}: val loss {val:.4}"));
             } else {
@@ -389,14 +396,22 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
             (experiment.checkpoint_interval > 0 && step % experiment.checkpoint_interval == 0) || step == total;
         if checkpoint_due {
             let path = run.checkpoint(step, &sampler.state()).await?.save(&checkpoint_dir)?;
-            events.emit("checkpoint", json!({"step": step, "path": path.display().to_string()}));
+            events.emit(ev::Event::Checkpoint(ev::Checkpoint {
+                step: Some(step),
+                round: None,
+                path: path.display().to_string(),
+            }));
         }
     }
     if start_step >= total {
         // Nothing to train: save the state as it is (for `--steps 0`, the
         // initial parameters, which reference implementations can load).
         let path = run.checkpoint(start_step, &sampler.state()).await?.save(&checkpoint_dir)?;
-        events.emit("checkpoint", json!({"step": start_step, "path": path.display().to_string()}));
+        events.emit(ev::Event::Checkpoint(ev::Checkpoint {
+            step: Some(start_step),
+            round: None,
+            path: path.display().to_string(),
+        }));
     }
     bar.finish();
     run.experiment = experiment;

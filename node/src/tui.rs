@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::writer::OptionalWriter;
@@ -31,6 +30,8 @@ pub(crate) use log::Capture;
 use log::Ring;
 pub(crate) use state::Mode;
 use state::State;
+
+use crate::events::kinds::Event;
 
 /// The smallest terminal on which the dashboard is shown without `--tui`.
 const DEFAULT_SIZE: (u16, u16) = (80, 24);
@@ -90,12 +91,12 @@ fn unix_ms() -> u64 {
 }
 
 /// Shows an emitted event on the dashboard, if one is up.
-pub(crate) fn observe(name: &str, fields: &Value) {
+pub(crate) fn observe(event: &Event) {
     if !ACTIVE.load(Ordering::Acquire) {
         return;
     }
     if let Some(shared) = SHARED.get() {
-        lock(&shared.state).apply(name, fields, unix_ms());
+        lock(&shared.state).apply(event, unix_ms());
     }
 }
 

@@ -320,6 +320,62 @@ mod tests {
         assert!(!config.contains("secret") && config.contains("learning_rate"), "{config}");
     }
 
+    /// The quoted strings of `text` that `before` precedes and `after` follows.
+    fn quoted(text: &str, before: &str, after: &str) -> Vec<String> {
+        let mut found = Vec::new();
+        for (i, _) in text.match_indices(before) {
+            let rest = &text[i + before.len()..];
+            if let Some(end) = rest.find('"')
+                && rest[end + 1..].starts_with(after)
+            {
+                found.push(rest[..end].to_owned());
+            }
+        }
+        found
+    }
+
+    /// The keys of the Python dict `NAME = {...}` in the bridge.
+    fn dict_keys(name: &str) -> Vec<String> {
+        let start = SCRIPT.find(&format!("{name} = {{")).expect("the dict");
+        let body = &SCRIPT[start..start + SCRIPT[start..].find('}').expect("its end")];
+        quoted(body, "\"", ":").into_iter().filter(|k| !k.contains(' ')).collect()
+    }
+
+    /// The bridge is Python and reads events by name: every handler it has is
+    /// an event of [`Event`], and every field it reads is a field of that event,
+    /// so renaming one in the enum fails here rather than blanking a dashboard.
+    #[test]
+    fn the_bridge_reads_events_and_fields_that_exist() {
+        use crate::events::Event;
+        let mut checked = 0;
+        for block in SCRIPT.split("\n    def on_").skip(1) {
+            let name = block.split('(').next().expect("a name");
+            let body = block.split("\n    def ").next().expect("a body");
+            let body = body.split("\nclass ").next().expect("a body");
+            if name == "peer_disconnected" {
+                continue; // no node emits it (the swarm reports no disconnections)
+            }
+            let mut fields = quoted(body, "e.get(\"", ")");
+            fields.extend(quoted(body, "e[\"", "]"));
+            fields.extend(quoted(body, "\"", " not in e"));
+            if let Some(keys) = body.lines().find(|l| l.trim_start().starts_with("keys = (")) {
+                fields.extend(keys.split('"').skip(1).step_by(2).map(str::to_owned));
+            }
+            match name {
+                "round_completed" => fields.extend(dict_keys("ROUND_FIELDS")),
+                "step" => fields.extend(dict_keys("STEP_FIELDS")),
+                _ => {}
+            }
+            assert!(Event::known(name), "the bridge handles {name}, which is no event");
+            for field in fields {
+                assert!(Event::has_field(name, &field), "the bridge reads {name}.{field}, which no event has");
+                checked += 1;
+            }
+        }
+        assert!(!Event::has_field("round_completed", "no_such_field"));
+        assert!(checked >= 20, "only {checked} fields found: did the bridge change shape?");
+    }
+
     #[test]
     fn without_a_bridge_events_go_nowhere() {
         assert!(!active());

@@ -3,19 +3,16 @@
 //! Workers die (`kill -9`), join late, and the shepherd restarts with `--resume`.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn corpus() -> String {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tiny_shakespeare.txt");
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.data/tiny_shakespeare.txt");
-    let path = if shared.exists() { shared } else { local };
-    path.display().to_string()
-}
+#[path = "support/common.rs"]
+mod common;
+use common::corpus;
 
 /// A child process killed (SIGKILL) when dropped, with its stdout lines on a channel.
 struct Proc {

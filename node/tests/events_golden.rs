@@ -10,12 +10,9 @@ use std::process::Command;
 
 use serde_json::Value;
 
-fn corpus() -> String {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tiny_shakespeare.txt");
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.data/tiny_shakespeare.txt");
-    let path = if shared.exists() { shared } else { local };
-    path.display().to_string()
-}
+#[path = "support/common.rs"]
+mod common;
+use common::corpus;
 
 /// Event name → its fields, from JSONL files.
 fn shapes(files: &[PathBuf]) -> BTreeMap<String, BTreeSet<String>> {

@@ -7,6 +7,10 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+#[path = "support/common.rs"]
+mod common;
+use common::corpus;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -25,14 +29,6 @@ fn pcp(args: &[&str]) -> Output {
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"), "{}", String::from_utf8_lossy(&out.stderr));
     ok(&format!("pcp-node {}", args.join(" ")), &out);
     out
-}
-
-fn corpus() -> String {
-    let shared = root().join("../shared/data/tiny_shakespeare.txt");
-    let local = root().join(".data/tiny_shakespeare.txt");
-    let path = if shared.exists() { shared } else { local };
-    assert!(path.exists(), "no demo corpus; run scripts/setup.sh");
-    path.display().to_string()
 }
 
 /// Runs `tools/export_model.py` on `tools/examples/<example>.py`'s `TinyGPT`.

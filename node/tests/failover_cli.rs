@@ -14,6 +14,8 @@ use serde_json::Value;
 
 #[path = "support/cluster.rs"]
 mod cluster;
+#[path = "support/common.rs"]
+mod common;
 #[path = "support/namespaces.rs"]
 mod namespaces;
 #[path = "support/netns.rs"]

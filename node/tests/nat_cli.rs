@@ -28,6 +28,10 @@ mod nat;
 
 use nat::{Host, Mapping, NatLab};
 
+#[path = "support/common.rs"]
+mod common;
+use common::corpus;
+
 /// Starting a node: joining, and for DiLoCo fetching the model, compiling (cached)
 /// and loading it.
 const SETUP: Duration = Duration::from_secs(180);
@@ -58,13 +62,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 fn pcp_node() -> PathBuf {
     std::env::var_os("PCP_NODE").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pcp-node")), PathBuf::from)
-}
-
-fn corpus() -> String {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tiny_shakespeare.txt");
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.data/tiny_shakespeare.txt");
-    let path = if shared.exists() { shared } else { local };
-    path.display().to_string()
 }
 
 /// A `pcp-node` process in the lab, killed (SIGKILL) when dropped; stdout and stderr

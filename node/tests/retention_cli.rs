@@ -1,17 +1,14 @@
 //! A store that does not fill the disk: after 30 rounds of `pcp-node sim`, every
 //! node's blob store is no larger than after 5 rounds, give or take one round's blobs.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
-fn corpus() -> String {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tiny_shakespeare.txt");
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.data/tiny_shakespeare.txt");
-    let path = if shared.exists() { shared } else { local };
-    path.display().to_string()
-}
+#[path = "support/common.rs"]
+mod common;
+use common::corpus;
 
 /// Runs a 3-node sim of `rounds` short rounds in `dir`; returns the shepherd's events.
 fn sim(dir: &Path, rounds: u64) -> Vec<Value> {

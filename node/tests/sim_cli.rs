@@ -5,12 +5,9 @@ use std::process::Command;
 
 use serde_json::Value;
 
-fn corpus() -> String {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tiny_shakespeare.txt");
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.data/tiny_shakespeare.txt");
-    let path = if shared.exists() { shared } else { local };
-    path.display().to_string()
-}
+#[path = "support/common.rs"]
+mod common;
+use common::corpus;
 
 /// `pcp-node` with the artifact cache the tests share.
 fn pcp_node() -> Command {
@@ -73,17 +70,7 @@ fn sim(extra: &[&str]) -> Vec<Value> {
 }
 
 fn sim_rounds(rounds: u64, extra: &[&str]) -> Vec<Value> {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let ev = dir.path().join("events.jsonl");
-    let rounds = rounds.to_string();
-    let out = pcp_node()
-        .args(["sim", "--rounds", &rounds, "--tau", "20", "--data", &corpus()])
-        .args(extra)
-        .args(["--events", ev.to_str().expect("utf8"), "--data-dir", dir.path().to_str().expect("utf8")])
-        .output()
-        .expect("runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    std::fs::read_to_string(&ev).expect("events").lines().map(|l| serde_json::from_str(l).expect("json")).collect()
+    sim_with_workers(rounds, extra).0
 }
 
 /// The peer id of sim worker `n`.

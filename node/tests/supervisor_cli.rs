@@ -3,17 +3,15 @@
 //! the supervisor and every worker.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn corpus() -> String {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tiny_shakespeare.txt");
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.data/tiny_shakespeare.txt");
-    if shared.exists() { shared } else { local }.display().to_string()
-}
+#[path = "support/common.rs"]
+mod common;
+use common::corpus;
 
 /// A child killed when dropped.
 struct Killed(Child);

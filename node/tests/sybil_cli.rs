@@ -6,7 +6,7 @@
 //! its resident memory is measured apart from the attackers'.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,6 +26,10 @@ use serde_json::Value;
 use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
+#[path = "support/common.rs"]
+mod common;
+use common::corpus;
+
 #[path = "support/process.rs"]
 mod process;
 
@@ -36,13 +40,6 @@ const STREAMS: usize = 2;
 const MAX_GROWTH: u64 = 256 << 20;
 /// The bound on every wait for the run.
 const LONG: Duration = Duration::from_secs(300);
-
-fn corpus() -> String {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tiny_shakespeare.txt");
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.data/tiny_shakespeare.txt");
-    let path = if shared.exists() { shared } else { local };
-    path.display().to_string()
-}
 
 /// A `pcp-node` process, killed when dropped.
 struct Proc(Child);

@@ -5,6 +5,10 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+#[path = "support/common.rs"]
+mod common;
+use common::corpus;
+
 fn pcp(args: &[&str]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_pcp-node")).args(args).output().expect("pcp-node runs");
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"), "{}", String::from_utf8_lossy(&out.stderr));
@@ -13,14 +17,6 @@ fn pcp(args: &[&str]) -> Output {
 
 fn shared(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared").join(rel)
-}
-
-fn corpus() -> String {
-    let shared = shared("data/tiny_shakespeare.txt");
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.data/tiny_shakespeare.txt");
-    let path = if shared.exists() { shared } else { local };
-    assert!(path.exists(), "no demo corpus; run scripts/setup.sh");
-    path.display().to_string()
 }
 
 fn events(path: &Path) -> Vec<Value> {

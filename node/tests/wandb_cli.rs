@@ -7,14 +7,12 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+#[path = "support/common.rs"]
+mod common;
+use common::corpus;
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn corpus() -> String {
-    let shared = repo().join("../shared/data/tiny_shakespeare.txt");
-    let local = repo().join(".data/tiny_shakespeare.txt");
-    if shared.exists() { shared } else { local }.display().to_string()
 }
 
 /// `pcp-node` with the shared artifact cache, wandb's directories under `dir`

@@ -728,14 +728,20 @@ impl Sim<'_> {
         }
     }
 
-    /// Plans round `r`: discovery, fetch, training and upload of every participant.
-    fn open(&mut self, r: u64, deadline_ms: u64, participants: &[u32]) {
+    /// Schedules round `r`'s deadline; returns when its announcement becomes
+    /// visible (after the shepherd's overhead, from round 2), seconds.
+    fn deadline_and_visibility(&mut self, r: u64, deadline_ms: u64) -> f64 {
         let deadline_us = deadline_ms * 1000;
         self.deadlines.insert(r, deadline_us);
         self.deadlines.retain(|k, _| *k + 2 >= r);
         self.push(deadline_us, Ev::Deadline { r });
         let overhead = if r > 1 { self.setup.overhead_s } else { 0.0 };
-        let visible = secs(self.now) + overhead;
+        secs(self.now) + overhead
+    }
+
+    /// Plans round `r`: discovery, fetch, training and upload of every participant.
+    fn open(&mut self, r: u64, deadline_ms: u64, participants: &[u32]) {
+        let visible = self.deadline_and_visibility(r, deadline_ms);
         let shepherd = self.world.shepherd;
         let mut plan: Vec<(u32, f64, f64, f64)> = Vec::with_capacity(participants.len());
         let mut fetches = Vec::with_capacity(participants.len());
@@ -777,12 +783,7 @@ impl Sim<'_> {
     /// Overlap: plans round `r`'s discovery and fetches, and the upload rates of its
     /// contributions (the state machines decide when each is sent).
     fn open_overlapped(&mut self, r: u64, deadline_ms: u64, participants: &[u32]) {
-        let deadline_us = deadline_ms * 1000;
-        self.deadlines.insert(r, deadline_us);
-        self.deadlines.retain(|k, _| *k + 2 >= r);
-        self.push(deadline_us, Ev::Deadline { r });
-        let overhead = if r > 1 { self.setup.overhead_s } else { 0.0 };
-        let visible = secs(self.now) + overhead;
+        let visible = self.deadline_and_visibility(r, deadline_ms);
         let shepherd = self.world.shepherd;
         // a round's steps take about the budget (τ typical steps before there is one)
         let round_s =

@@ -21,7 +21,6 @@ use pcp_protocol::election::{self, Election, Succession};
 use pcp_protocol::failover::{self, Replica};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
 use pcp_schema::{Ack, Heartbeat, Held, MessageKind, RoundAnnouncement, RunManifest};
-use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -32,7 +31,7 @@ use super::shepherd::{Host, LeaseKeeper, Outcome, Prepared, ShepherdHooks, Sheph
 use super::wire::{self, LeaderState, Signer, peer_name};
 use crate::config::Experiment;
 use crate::engine::Engine;
-use crate::events::Events;
+use crate::events::{self as ev, Events};
 use crate::model::Model;
 use crate::train::{Corpus, step_config};
 
@@ -267,11 +266,12 @@ impl Standby {
             });
         }
         tracing::info!("standing by as a candidate of run {run} (term {term})");
-        events.emit(
-            "standby",
-            json!({"run": run.to_hex(), "term": term, "peer": pcp_bootstrap::peer_of(&me).map(|p| p.to_string()),
-                   "aside": held.is_some()}),
-        );
+        events.emit(ev::Event::Standby(ev::Standby {
+            run: run.to_hex(),
+            term,
+            peer: pcp_bootstrap::peer_of(&me).map(|p| p.to_string()),
+            aside: held.is_some(),
+        }));
         Ok(Some(Self {
             node: node.clone(),
             events: events.clone(),
@@ -376,16 +376,18 @@ impl Standby {
                             failover::Action::Election(election::Action::LeaseExpired { term, leader }) => {
                                 let peer = peer_name(&leader);
                                 tracing::warn!("run {}: the lease of term {term} lapsed", self.run);
-                                self.events.emit("lease_expired", json!({"term": term, "peer": peer}));
+                                self.events.emit(ev::Event::LeaseExpired(ev::LeaseExpired { term, peer }));
                             }
                             failover::Action::Deferred { term, to } => {
                                 let (peer, round) = to.map_or((String::new(), 0), |(k, r)| (peer_name(&k), r.round));
                                 let mine = self.machine.held().map(|r| r.round);
                                 tracing::warn!("run {}: deferring term {term} (holding round {mine:?})", self.run);
-                                self.events.emit(
-                                    "deferred",
-                                    json!({"term": term, "to": peer, "their_round": round, "round": mine}),
-                                );
+                                self.events.emit(ev::Event::Deferred(ev::Deferred {
+                                    term,
+                                    to: peer,
+                                    their_round: round,
+                                    round: mine,
+                                }));
                             }
                             failover::Action::Lead { term, .. } => return Ok(Standing::Elected(term)),
                             _ => {}
@@ -498,10 +500,11 @@ impl Standby {
         if self.machine.held() != Some(replica) {
             return false; // older than the state held (a deposed branch's, say)
         }
-        self.events.emit(
-            "state_replicated",
-            json!({"round": state.snapshot.completed, "term": state.term, "params_hash": params_hash.to_hex()}),
-        );
+        self.events.emit(ev::Event::StateReplicated(ev::StateReplicated {
+            round: state.snapshot.completed,
+            term: state.term,
+            params_hash: params_hash.to_hex(),
+        }));
         if let Some(tx) = &self.hooks.replicated {
             let _ = tx.try_send(Some(state.snapshot.completed));
         }

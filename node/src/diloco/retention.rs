@@ -13,9 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use pcp_bootstrap::Node;
 use pcp_protocol::BlobHash;
-use serde_json::json;
 
-use crate::events::Events;
+use crate::events::{BlobsReleased, Event, Events};
 
 /// Rounds whose blobs a node keeps unless `--keep-rounds` says otherwise: the open
 /// round's and the one before, which a worker a round behind (or a standby
@@ -136,11 +135,13 @@ impl Retention {
                     r.bytes,
                     r.deferred
                 );
-                events.emit(
-                    "blobs_released",
-                    json!({"round": round, "count": r.removed + r.deferred, "bytes": r.bytes,
-                           "deferred": r.deferred, "failed": r.failed}),
-                );
+                events.emit(Event::BlobsReleased(BlobsReleased {
+                    round,
+                    count: (r.removed + r.deferred) as u64,
+                    bytes: r.bytes,
+                    deferred: r.deferred as u64,
+                    failed: r.failed as u64,
+                }));
             }
             Ok(_) => {}
             Err(e) => tracing::debug!(round, "releasing blobs: {e}"),

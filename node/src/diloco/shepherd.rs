@@ -20,7 +20,6 @@ use pcp_schema::{
     Ack, ArtifactRef, Contribution, DataSpec, Heartbeat, Held, MessageKind, NodeHello, ParameterRef, RoundAnnouncement,
     RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
 };
-use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -32,7 +31,7 @@ use crate::checkpoint::{Checkpoint, Tensor};
 use crate::config::Experiment;
 use crate::data::Sampler;
 use crate::engine::Engine;
-use crate::events::Events;
+use crate::events::{self as ev, Events};
 use crate::model::Model;
 use crate::train::{Corpus, default_corpus, step_config, validation_loss};
 
@@ -286,8 +285,7 @@ impl ShepherdPlan {
         };
         let candidates = args.candidate.iter().map(|c| parse_candidate(c)).collect::<Result<Vec<_>, _>>()?;
         let mut experiment = match (&resumed, &args.config) {
-            (Some(c), _) => serde_json::from_value(c.meta["experiment"].clone())
-                .context("the shepherd checkpoint has no experiment")?,
+            (Some(c), _) => ShepherdMeta::of(c).map_err(Failure::input)?.experiment,
             (None, Some(path)) => Experiment::load_warned(path).map_err(Failure::input)?,
             (None, None) => Experiment { warmup_steps: 25, ..Experiment::default() },
         };
@@ -615,7 +613,7 @@ struct Opened {
     state: Option<(u64, u64)>,
     envelope: SignedEnvelope,
     /// The `round_started` event, emitted on release.
-    event: serde_json::Value,
+    event: ev::RoundStarted,
     at: Instant,
     /// When it opened, on the monotonic clock.
     opened_ms: u64,
@@ -710,6 +708,59 @@ fn served(stats: &Stats) -> u64 {
     stats.bytes_served
 }
 
+/// What a shepherd's checkpoint records besides its tensors (`meta.json`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct ShepherdMeta {
+    /// Always `shepherd`.
+    role: String,
+    /// The run id, hex.
+    run: String,
+    experiment: Experiment,
+    /// The model's source (preset or path).
+    model: String,
+    /// The corpus's vocabulary.
+    #[serde(default)]
+    vocab: Option<crate::data::Vocab>,
+    /// Recent round durations, milliseconds (adaptive deadlines).
+    #[serde(default)]
+    durations: Vec<u64>,
+    /// The last round's contribution norms (the next bound).
+    #[serde(default)]
+    norms: Vec<f64>,
+    /// The last round's contributors: how many to wait for on resume.
+    #[serde(default = "one")]
+    contributors: usize,
+    /// blake3 of the parameters blob, hex.
+    #[serde(default)]
+    params_hash: String,
+    /// The run's creator's key, hex (absent before elections existed: this node).
+    #[serde(default)]
+    creator: Option<String>,
+    /// The run id's salt, hex.
+    #[serde(default)]
+    salt: Option<String>,
+    /// The other coordinator candidates' keys, hex.
+    #[serde(default)]
+    candidates: Vec<String>,
+    /// The term it led in.
+    #[serde(default = "one_u64")]
+    term: u64,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn one_u64() -> u64 {
+    1
+}
+
+impl ShepherdMeta {
+    fn of(c: &Checkpoint) -> anyhow::Result<Self> {
+        serde_json::from_value(c.meta.clone()).context("the shepherd checkpoint's metadata")
+    }
+}
+
 /// Where a shepherd's run comes from: a new run, its checkpoint, or a leader's
 /// replicated state it inherits.
 struct Origin {
@@ -730,8 +781,8 @@ impl Origin {
     fn of(plan: &ShepherdPlan, me: PublicKey, model_hash: &[u8; 32]) -> anyhow::Result<Self> {
         Ok(match &plan.start {
             Start::Resume(c) => {
-                let run: RunId =
-                    c.meta["run"].as_str().and_then(|s| s.parse().ok()).context("shepherd checkpoint has no run id")?;
+                let meta = ShepherdMeta::of(c)?;
+                let run: RunId = meta.run.parse().context("the shepherd checkpoint's run id")?;
                 let get = |prefix: &str| -> anyhow::Result<Tensors> {
                     plan.model
                         .params
@@ -739,27 +790,29 @@ impl Origin {
                         .map(|p| Ok(c.tensor(&format!("{prefix}{}", p.name))?.data.clone()))
                         .collect()
                 };
-                let key = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse::<BlobHash>().ok());
+                let key = |v: &Option<String>| v.as_deref().and_then(|s| s.parse::<BlobHash>().ok());
                 let params = get("")?;
                 let snapshot = Snapshot {
                     completed: c.step,
                     params: params.clone(),
                     velocity: get("velocity.")?,
-                    durations: serde_json::from_value(c.meta["durations"].clone()).unwrap_or_default(),
-                    norms: serde_json::from_value(c.meta["norms"].clone()).unwrap_or_default(),
+                    durations: meta.durations.clone(),
+                    norms: meta.norms.clone(),
                 };
                 Self {
                     run,
                     params,
                     snapshot: Some(snapshot),
-                    contributors: c.meta["contributors"].as_u64().unwrap_or(1) as usize,
-                    salt: key(&c.meta["salt"]).context("shepherd checkpoint has no run salt")?.0,
-                    creator: key(&c.meta["creator"]).map_or(me, |k| PublicKey(k.0)),
-                    candidates: c.meta["candidates"]
-                        .as_array()
-                        .map(|list| list.iter().filter_map(key).map(|k| PublicKey(k.0)).collect())
-                        .unwrap_or_default(),
-                    term: c.meta["term"].as_u64().unwrap_or(1),
+                    contributors: meta.contributors,
+                    salt: key(&meta.salt).context("shepherd checkpoint has no run salt")?.0,
+                    creator: key(&meta.creator).map_or(me, |k| PublicKey(k.0)),
+                    candidates: meta
+                        .candidates
+                        .iter()
+                        .filter_map(|c| c.parse::<BlobHash>().ok())
+                        .map(|k| PublicKey(k.0))
+                        .collect(),
+                    term: meta.term,
                     inherited: None,
                 }
             }
@@ -1087,27 +1140,31 @@ impl Host {
         let state = self.state.as_ref().map(|s| BlobHash(s.blob));
         self.plan.retention.advance(&self.node, &self.events, resumed_at, state).await;
         let params_hash = wire::params_hash(self.machine.params());
-        self.events.emit(
-            "run_started",
-            json!({
-                "run": run.to_hex(), "model": self.plan.model.source, "rounds": self.plan.rounds, "tau": self.plan.tau,
-                "resumed_round": resumed_at, "params_hash": params_hash.to_hex(),
-                "encoding": self.plan.encoding.name(), "encoding_spec": self.plan.encoding.spec(),
-                "overlap": self.plan.overlap,
-            }),
-        );
+        self.events.emit(ev::Event::RunStarted(ev::RunStarted {
+            run: run.to_hex(),
+            model: self.plan.model.source.clone(),
+            rounds: self.plan.rounds,
+            tau: self.plan.tau,
+            resumed_round: resumed_at,
+            params_hash: params_hash.to_hex(),
+            encoding: self.plan.encoding.name().to_owned(),
+            encoding_spec: self.plan.encoding.spec(),
+            overlap: self.plan.overlap,
+        }));
         if matches!(self.plan.start, Start::Resume(_)) {
-            self.events.emit("resumed", json!({"round": resumed_at, "params_hash": params_hash.to_hex()}));
+            self.events.emit(ev::Event::Resumed(ev::Resumed { round: resumed_at, params_hash: params_hash.to_hex() }));
         }
         self.print_header(resumed_at)?;
         if let Start::Succeed { term, state, .. } = &self.plan.start {
             let term = *term;
             // the quorum it must keep: the workers of the round it inherits
             self.quorum.round_completed(&state.contributors, wire::mono_ms());
-            self.events.emit(
-                "shepherd_elected",
-                json!({"term": term, "peer": peer_name(&self.election.me()), "round": resumed_at, "params_hash": params_hash.to_hex()}),
-            );
+            self.events.emit(ev::Event::ShepherdElected(ev::ShepherdElected {
+                term,
+                peer: peer_name(&self.election.me()),
+                round: resumed_at,
+                params_hash: params_hash.to_hex(),
+            }));
             let lapsed = self.election.succession().leader(term.saturating_sub(1));
             self.table_line(&format!("term {}: the lease of {} expired", term - 1, peer_name(&lapsed)))?;
             self.table_line(&format!(
@@ -1309,10 +1366,13 @@ impl Host {
                 election::Action::SteppedDown { term, newer } => {
                     let me = self.signer.identity().public();
                     tracing::warn!("run {}: term {newer} is led by {}; stepping down", self.run, peer_name(&from));
-                    self.events.emit(
-                        "stepped_down",
-                        json!({"term": term, "peer": peer_name(&me), "newer": newer, "leader": peer_name(&from)}),
-                    );
+                    self.events.emit(ev::Event::SteppedDown(ev::SteppedDown {
+                        term,
+                        peer: peer_name(&me),
+                        newer,
+                        leader: peer_name(&from),
+                        reason: None,
+                    }));
                     self.table_line(&format!(
                         "term {term}: {} stepped down; term {newer} is led by {}",
                         peer_name(&me),
@@ -1383,10 +1443,13 @@ impl Host {
         let me = self.signer.identity().public();
         tracing::warn!("run {}: {reason}; stepping aside", self.run);
         self.election.step_aside(now);
-        self.events.emit(
-            "stepped_down",
-            json!({"term": term, "peer": peer_name(&me), "newer": term, "leader": "", "reason": reason}),
-        );
+        self.events.emit(ev::Event::SteppedDown(ev::SteppedDown {
+            term,
+            peer: peer_name(&me),
+            newer: term,
+            leader: String::new(),
+            reason: Some(reason.to_string()),
+        }));
         self.table_line(&format!("term {term}: {} stepped aside: {reason}", peer_name(&me)))?;
         self.stepped_down = Some(term);
         self.aside = true;
@@ -1416,10 +1479,10 @@ impl Host {
                 opened.round,
                 waiting.len()
             );
-            self.events.emit(
-                "commit_timed_out",
-                json!({"round": opened.round, "waiting": waiting.iter().map(peer_name).collect::<Vec<_>>()}),
-            );
+            self.events.emit(ev::Event::CommitTimedOut(ev::CommitTimedOut {
+                round: opened.round,
+                waiting: waiting.iter().map(peer_name).collect(),
+            }));
         }
         let Some(opened) = self.opened.take() else { return };
         let waited_ms = opened.at.elapsed().as_millis() as u64;
@@ -1430,7 +1493,7 @@ impl Host {
             if let Some(deadline_ms) = self.machine.postpone(waited_ms) {
                 let announcement = RoundAnnouncement { deadline_unix_ms: deadline_ms, ..opened.held_back };
                 envelope = self.signer.seal(self.run, opened.round, &announcement);
-                event["deadline_unix_ms"] = json!(deadline_ms);
+                event.deadline_unix_ms = deadline_ms;
             }
         }
         self.published = Some(envelope.clone());
@@ -1438,8 +1501,8 @@ impl Host {
         if let Err(e) = self.node.publish(self.run, envelope.encode()).await {
             tracing::debug!("gossiping round {}: {e}", opened.round);
         }
-        event["waited_ms"] = json!(waited_ms);
-        self.events.emit("round_started", event);
+        event.waited_ms = waited_ms;
+        self.events.emit(ev::Event::RoundStarted(event));
         if let Some(tx) = &self.hooks.opened {
             let _ = tx.try_send(opened.round);
         }
@@ -1503,10 +1566,11 @@ impl Host {
                         // a worker follows a newer term: ask the candidates now (a worker's word alone
                         // proves nothing; the new leader's signed answer does)
                         self.reported_term = hb.follows;
-                        self.events.emit(
-                            "higher_term_reported",
-                            json!({"term": self.election.term(), "reported": hb.follows, "peer": peer_name(&key)}),
-                        );
+                        self.events.emit(ev::Event::HigherTermReported(ev::HigherTermReported {
+                            term: self.election.term(),
+                            reported: hb.follows,
+                            peer: peer_name(&key),
+                        }));
                         self.probe();
                     }
                     // a resumed (or elected) shepherd's workers come back with heartbeats, not hellos
@@ -1547,12 +1611,16 @@ impl Host {
                 let rejected = self.step(input).await?;
                 let reason = rejected.into_iter().find(|(p, _)| *p == key).map(|(_, r)| r);
                 if let Some((tokens, loss, bytes, bytes_down)) = received {
-                    self.events.emit(
-                        "contribution_received",
-                        json!({"round": round, "peer": peer_name(&key), "tokens": tokens, "loss": loss, "bytes": bytes,
-                               "bytes_down": bytes_down, "accepted": reason.is_none(),
-                               "reason": reason.clone().unwrap_or_default()}),
-                    );
+                    self.events.emit(ev::Event::ContributionReceived(ev::ContributionReceived {
+                        round,
+                        peer: peer_name(&key),
+                        tokens,
+                        loss: f64::from(loss),
+                        bytes: bytes as u64,
+                        bytes_down,
+                        accepted: reason.is_none(),
+                        reason: reason.clone().unwrap_or_default(),
+                    }));
                 }
                 let ack =
                     Ack { run: self.run.0, round, accepted: reason.is_none(), reason: reason.unwrap_or_default() };
@@ -1674,7 +1742,8 @@ impl Host {
         let dir = self.artifacts_dir.clone();
         let store = self.store.clone();
         tracing::info!("compiling train_step for {compile_target}");
-        self.events.emit("compile_started", json!({"backend": name, "target": target}));
+        self.events
+            .emit(ev::Event::CompileStarted(ev::CompileStarted { backend: name.clone(), target: target.clone() }));
         self.compiles.spawn_blocking(move || {
             let result =
                 pcp_graph::compile(&module, &compile_target, Some(&dir)).map_err(|e| e.to_string()).and_then(|a| {
@@ -1694,10 +1763,12 @@ impl Host {
                 self.artifacts.insert((name.clone(), target.clone()), artifact.clone());
                 self.plan.retention.pin(hash);
                 self.manifest.artifacts = self.artifacts.values().cloned().collect();
-                self.events.emit(
-                    "artifact_published",
-                    json!({"backend": name, "target": target, "hash": hash.to_hex(), "bytes": size}),
-                );
+                self.events.emit(ev::Event::ArtifactPublished(ev::ArtifactPublished {
+                    backend: name.clone(),
+                    target: target.clone(),
+                    hash: hash.to_hex(),
+                    bytes: size,
+                }));
                 if let Err(e) = self.node.provide(hash).await {
                     tracing::warn!("providing artifact {hash}: {e}");
                 }
@@ -1709,7 +1780,11 @@ impl Host {
             Err(reason) => {
                 let shown = if target.is_empty() { name.clone() } else { format!("{name}:{target}") };
                 let reason = format!("the shepherd cannot compile for {shown}: {reason}");
-                self.events.emit("compile_failed", json!({"backend": name, "target": target, "reason": reason}));
+                self.events.emit(ev::Event::CompileFailed(ev::CompileFailed {
+                    backend: name.clone(),
+                    target: target.clone(),
+                    reason: reason.clone(),
+                }));
                 for (id, _) in waiters {
                     self.refuse(id, 0, reason.clone()).await?;
                 }
@@ -1785,17 +1860,18 @@ impl Host {
                 Action::Rejected { peer, round, reason } => {
                     let reason = reason.to_string();
                     tracing::warn!(peer = %peer_name(&peer), round, "contribution rejected: {reason}");
-                    self.events.emit(
-                        "contribution_rejected",
-                        json!({"round": round, "peer": peer_name(&peer), "reason": reason}),
-                    );
+                    self.events.emit(ev::Event::ContributionRejected(ev::ContributionRejected {
+                        round,
+                        peer: peer_name(&peer),
+                        reason: reason.to_string(),
+                    }));
                     rejected.push((peer, reason));
                 }
                 Action::RoundCompleted(summary) => self.round_completed(summary).await?,
                 Action::WorkerJoined(p) => {
                     tracing::info!(peer = %peer_name(&p), "worker joined");
                     let backend = self.backends.get(&p).cloned().unwrap_or_default();
-                    self.events.emit("worker_joined", json!({"peer": peer_name(&p), "backend": backend}));
+                    self.events.emit(ev::Event::WorkerJoined(ev::WorkerJoined { peer: peer_name(&p), backend }));
                 }
                 Action::WorkerLeft { peer, reason } => {
                     let reason = match reason {
@@ -1803,10 +1879,16 @@ impl Host {
                         LeaveReason::Timeout => "heartbeat timeout",
                     };
                     tracing::info!(peer = %peer_name(&peer), "worker left: {reason}");
-                    self.events.emit("worker_left", json!({"peer": peer_name(&peer), "reason": reason}));
+                    self.events.emit(ev::Event::WorkerLeft(ev::WorkerLeft {
+                        peer: peer_name(&peer),
+                        reason: reason.to_owned(),
+                    }));
                 }
                 Action::DeadlineExtended { round, deadline_ms } => {
-                    self.events.emit("deadline_extended", json!({"round": round, "deadline_unix_ms": deadline_ms}));
+                    self.events.emit(ev::Event::DeadlineExtended(ev::DeadlineExtended {
+                        round,
+                        deadline_unix_ms: deadline_ms,
+                    }));
                 }
                 Action::Finished => {}
             }
@@ -1838,10 +1920,14 @@ impl Host {
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.served_at_open = self.node.stats().await.map(|s| served(&s)).unwrap_or(0);
         let held_back = announcement;
-        let event = json!({
-            "round": round, "deadline_unix_ms": deadline_ms, "params_hash": hash.to_hex(),
-            "participants": participants.iter().map(peer_name).collect::<Vec<_>>(), "term": self.election.term(),
-        });
+        let event = ev::RoundStarted {
+            round,
+            deadline_unix_ms: deadline_ms,
+            params_hash: hash.to_hex(),
+            participants: participants.iter().map(peer_name).collect(),
+            term: self.election.term(),
+            waited_ms: 0,
+        };
         let state = self.state_replica.map(|r| (r.term, r.round));
         let (at, opened_ms) = (Instant::now(), wire::mono_ms());
         self.opened = Some(Opened { round, state, envelope: envelope.clone(), event, at, opened_ms, held_back });
@@ -1881,12 +1967,17 @@ impl Host {
             }
             _ => None,
         };
-        let workers: Vec<serde_json::Value> = summary
+        let workers: Vec<ev::WorkerTraffic> = summary
             .contributors
             .iter()
             .map(|p| {
                 let t = self.traffic.get(p).copied().unwrap_or_default();
-                json!({"peer": peer_name(p), "bytes_up": t.up, "bytes_down": t.down, "utilization": t.utilization()})
+                ev::WorkerTraffic {
+                    peer: peer_name(p),
+                    bytes_up: t.up,
+                    bytes_down: t.down,
+                    utilization: t.utilization(),
+                }
             })
             .collect();
         let utilization = Traffic::network(summary.contributors.iter().filter_map(|p| self.traffic.get(p)));
@@ -1903,27 +1994,37 @@ impl Host {
         let bytes_out = self.node.stats().await.map(|s| served(&s)).unwrap_or(0).saturating_sub(self.served_at_open);
         for (peer, norm) in &summary.scaled {
             let bound = summary.norm_bound;
-            self.events.emit(
-                "contribution_clipped",
-                json!({"peer": peer_name(peer), "round": summary.round, "norm": norm, "bound": bound,
-                       "reason": format!("norm {norm:.4} above the round's bound {bound:.4}: scaled by {:.4}",
-                                         bound / norm)}),
-            );
+            self.events.emit(ev::Event::ContributionClipped(ev::ContributionClipped {
+                peer: peer_name(peer),
+                round: summary.round,
+                norm: *norm,
+                bound,
+                reason: format!("norm {norm:.4} above the round's bound {bound:.4}: scaled by {:.4}", bound / norm),
+            }));
         }
-        self.events.emit(
-            "round_completed",
-            json!({
-                "round": summary.round, "contributors": summary.contributors.len(), "mean_loss": summary.mean_loss,
-                "val_loss": self.last_val, "bytes_in": self.bytes_in, "bytes_out": bytes_out,
-                "seconds": summary.duration_ms as f64 / 1e3, "params_hash": params_hash.to_hex(),
-                "peers": summary.contributors.iter().map(peer_name).collect::<Vec<_>>(),
-                "excluded": summary.excluded.iter().map(peer_name).collect::<Vec<_>>(),
-                "clipped": summary.clipped, "norm_bound": summary.norm_bound,
-                "encoding": self.plan.encoding.name(), "update_bytes": update_bytes, "workers": workers,
-                "utilization": utilization,
-            }),
-        );
-        self.events.emit("checkpoint", json!({"round": summary.round, "path": path.display().to_string()}));
+        self.events.emit(ev::Event::RoundCompleted(ev::RoundCompleted {
+            round: summary.round,
+            contributors: summary.contributors.len() as u64,
+            mean_loss: summary.mean_loss,
+            val_loss: self.last_val,
+            bytes_in: self.bytes_in,
+            bytes_out,
+            seconds: summary.duration_ms as f64 / 1e3,
+            params_hash: params_hash.to_hex(),
+            peers: summary.contributors.iter().map(peer_name).collect(),
+            excluded: summary.excluded.iter().map(peer_name).collect(),
+            clipped: summary.clipped as u64,
+            norm_bound: summary.norm_bound,
+            encoding: self.plan.encoding.name().to_owned(),
+            update_bytes,
+            workers,
+            utilization,
+        }));
+        self.events.emit(ev::Event::Checkpoint(ev::Checkpoint {
+            step: None,
+            round: Some(summary.round),
+            path: path.display().to_string(),
+        }));
         if self.plan.table {
             writeln!(
                 self.out.lock(),
@@ -1961,19 +2062,22 @@ impl Host {
             tensors.push(Tensor { name: spec.name.clone(), shape: shape.clone(), data: p.clone() });
             tensors.push(Tensor { name: format!("velocity.{}", spec.name), shape, data: v.clone() });
         }
-        let checkpoint = Checkpoint {
-            step: snapshot.completed,
-            meta: json!({
-                "role": "shepherd", "run": self.run.to_hex(), "experiment": self.plan.experiment,
-                "model": self.plan.model.source, "vocab": self.plan.corpus.vocab,
-                "durations": snapshot.durations, "norms": snapshot.norms, "contributors": contributors,
-                "params_hash": wire::params_hash(&snapshot.params).to_hex(),
-                "creator": hex::encode(self.manifest.shepherd), "salt": hex::encode(self.manifest.salt),
-                "candidates": self.manifest.candidates.iter().map(hex::encode).collect::<Vec<_>>(),
-                "term": self.election.term(),
-            }),
-            tensors,
+        let meta = ShepherdMeta {
+            role: "shepherd".into(),
+            run: self.run.to_hex(),
+            experiment: self.plan.experiment.clone(),
+            model: self.plan.model.source.clone(),
+            vocab: Some(self.plan.corpus.vocab.clone()),
+            durations: snapshot.durations,
+            norms: snapshot.norms,
+            contributors,
+            params_hash: wire::params_hash(&snapshot.params).to_hex(),
+            creator: Some(hex::encode(self.manifest.shepherd)),
+            salt: Some(hex::encode(self.manifest.salt)),
+            candidates: self.manifest.candidates.iter().map(hex::encode).collect(),
+            term: self.election.term(),
         };
+        let checkpoint = Checkpoint { step: snapshot.completed, meta: serde_json::to_value(meta)?, tensors };
         checkpoint.save(&self.plan.state_dir)
     }
 
@@ -2000,11 +2104,13 @@ impl Host {
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.opened = None;
         self.published = Some(envelope);
-        self.events.emit(
-            "run_finished",
-            json!({"rounds": round, "val_loss": self.last_val, "params_hash": hash.to_hex(),
-                   "seconds": self.started.elapsed().as_secs_f64()}),
-        );
+        self.events.emit(ev::Event::RunFinished(ev::RunFinished {
+            run: None,
+            rounds: round,
+            val_loss: Some(self.last_val),
+            params_hash: Some(hash.to_hex()),
+            seconds: Some(self.started.elapsed().as_secs_f64()),
+        }));
         if self.plan.table {
             writeln!(
                 self.out.lock(),

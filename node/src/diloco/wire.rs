@@ -10,6 +10,8 @@ use pcp_protocol::diloco::fragments;
 use pcp_protocol::{Binding, BlobHash, Identity, PublicKey, RunId, Signable};
 use pcp_schema::{ParameterRef, RunManifest, SignedEnvelope};
 
+use crate::events::{Event, Events, MessageRejected};
+
 /// The wire protocol version in `NodeHello`.
 pub(crate) const PROTOCOL_VERSION: u32 = 1;
 
@@ -68,16 +70,18 @@ pub(crate) fn peer_name(key: &PublicKey) -> String {
 /// Records a refused lease (an announcement or heartbeat of `term` from `from`) as
 /// a `message_rejected` event of `kind`.
 pub(crate) fn lease_rejected(
-    events: &crate::events::Events,
+    events: &Events,
     kind: &str,
     from: &PublicKey,
     term: u64,
     reason: &pcp_protocol::election::Rejection,
 ) {
-    events.emit(
-        "message_rejected",
-        serde_json::json!({"peer": peer_name(from), "kind": kind, "term": term, "reason": reason.to_string()}),
-    );
+    events.emit(Event::MessageRejected(MessageRejected {
+        peer: peer_name(from),
+        kind: Some(kind.to_owned()),
+        term: Some(term),
+        reason: reason.to_string(),
+    }));
 }
 
 /// Element counts of the manifest's tensors, in argument order.

@@ -32,7 +32,7 @@ use super::wire::{self, Signer, peer_name};
 use crate::Failure;
 use crate::data::Sampler;
 use crate::engine::Engine;
-use crate::events::Events;
+use crate::events::{self as ev, Events};
 use crate::train::{Corpus, learning_rate};
 
 /// Flags of the worker role.
@@ -190,7 +190,7 @@ pub(crate) async fn run(
             Outcome::Finished | Outcome::Cancelled => return Ok(()),
             Outcome::Rejoin(reason) => {
                 tracing::warn!("leaving run {}: {reason}", RunId(joined.manifest.run));
-                events.emit("run_left", json!({"run": RunId(joined.manifest.run).to_hex(), "reason": reason}));
+                events.emit(ev::Event::RunLeft(ev::RunLeft { run: RunId(joined.manifest.run).to_hex(), reason }));
             }
         }
     }
@@ -540,13 +540,20 @@ async fn train(
         tracing::warn!("subscribing to run {run}: {e}");
     }
     let me = signer.identity().public();
-    events.emit(
-        "run_joined",
-        json!({"run": run.to_hex(), "shepherd": joined.shepherd.to_string(), "backend": plan.backend,
-               "target": plan.target, "artifact": BlobHash(joined.artifact.blob).to_hex(),
-               "screen": m.screen, "trim": m.trim, "rounds": m.rounds, "tau": m.inner_steps,
-               "encoding": encoding.name(), "encoding_spec": encoding.spec(), "overlap": m.overlap}),
-    );
+    events.emit(ev::Event::RunJoined(ev::RunJoined {
+        run: run.to_hex(),
+        shepherd: joined.shepherd.to_string(),
+        backend: plan.backend.clone(),
+        target: plan.target.clone(),
+        artifact: BlobHash(joined.artifact.blob).to_hex(),
+        screen: m.screen.clone(),
+        trim: f64::from(m.trim),
+        rounds: m.rounds,
+        tau: u64::from(m.inner_steps),
+        encoding: encoding.name().to_owned(),
+        encoding_spec: encoding.spec(),
+        overlap: m.overlap,
+    }));
     if plan.verbose {
         println!(
             "joined run {run} ({}): shepherd {}, {} rounds of τ={}{}, artifact for {} ({:.1} MB)",
@@ -828,7 +835,11 @@ impl Trainer<'_> {
     /// against the chain it follows.
     fn consider(&mut self, a: Box<RoundAnnouncement>, done: &mut Option<Key>) -> Next {
         if a.finished {
-            self.io.events.emit("run_finished", json!({"run": self.run.to_hex(), "rounds": a.round}));
+            self.io.events.emit(ev::Event::RunFinished(ev::RunFinished {
+                run: Some(self.run.to_hex()),
+                rounds: a.round,
+                ..ev::RunFinished::default()
+            }));
             if self.plan.verbose {
                 println!("run {} finished after {} rounds", self.run, a.round);
             }
@@ -843,9 +854,11 @@ impl Trainer<'_> {
         if let Some(base) = a.parameters.first().map(|p| p.blob).filter(|_| participant) {
             if let Err(behind) = self.chain.admits(a.term, a.round, &base) {
                 tracing::warn!("run {}: not training round {} of term {}: {behind}", self.run, a.round, a.term);
-                self.io
-                    .events
-                    .emit("round_refused", json!({"round": a.round, "term": a.term, "reason": behind.to_string()}));
+                self.io.events.emit(ev::Event::RoundRefused(ev::RoundRefused {
+                    round: a.round,
+                    term: a.term,
+                    reason: behind.to_string(),
+                }));
                 return Next::Skip;
             }
             self.chain.follow(a.term, a.round, base);
@@ -853,10 +866,11 @@ impl Trainer<'_> {
                 tracing::warn!("saving the followed chain: {e:#}");
             }
         }
-        self.io.events.emit(
-            "round_announced",
-            json!({"round": a.round, "deadline_unix_ms": a.deadline_unix_ms, "participant": participant}),
-        );
+        self.io.events.emit(ev::Event::RoundAnnounced(ev::RoundAnnounced {
+            round: a.round,
+            deadline_unix_ms: a.deadline_unix_ms,
+            participant,
+        }));
         if !participant {
             return Next::Skip;
         }
@@ -896,11 +910,13 @@ impl Trainer<'_> {
     /// Remembers `params` as round `a`'s start (what a sparse update applies to).
     async fn hold(&mut self, a: &RoundAnnouncement, params: &RoundParams) {
         tracing::debug!("round {}: parameters {} ({} bytes)", a.round, params.via, params.bytes);
-        self.io.events.emit(
-            "params_fetched",
-            json!({"round": a.round, "via": params.via, "bytes": params.bytes,
-                   "shards": params.shards.0, "of": params.shards.1}),
-        );
+        self.io.events.emit(ev::Event::ParamsFetched(ev::ParamsFetched {
+            round: a.round,
+            via: params.via.to_owned(),
+            bytes: params.bytes,
+            shards: params.shards.0 as u64,
+            of: params.shards.1 as u64,
+        }));
         self.held = a.parameters.first().map(|p| {
             let shards = a.parameters[1..].iter().map(|s| s.blob).collect();
             Arc::new(Held { hash: BlobHash(p.blob), params: params.params.clone(), shards })
@@ -990,14 +1006,22 @@ impl Trainer<'_> {
         let param_bytes = 4 * self.sizes.iter().sum::<usize>() as u64;
         let wire_bytes = delivery.wire_bytes;
         let utilization = (c.wall_ms > 0).then(|| c.train_ms as f64 / c.wall_ms as f64);
-        self.io.events.emit(
-            "contribution_sent",
-            json!({"round": c.round, "loss": c.loss, "bytes": wire_bytes, "param_bytes": param_bytes,
-                   "ratio": wire_bytes as f64 / param_bytes as f64, "accepted": delivery.accepted,
-                   "reason": delivery.reason, "tokens": c.samples, "seconds": out.trained_s,
-                   "bytes_up": wire_bytes, "bytes_down": c.bytes_down, "utilization": utilization,
-                   "train_s": c.train_ms as f64 / 1e3, "wall_s": c.wall_ms as f64 / 1e3}),
-        );
+        self.io.events.emit(ev::Event::ContributionSent(ev::ContributionSent {
+            round: c.round,
+            loss: f64::from(c.loss),
+            bytes: wire_bytes,
+            param_bytes,
+            ratio: wire_bytes as f64 / param_bytes as f64,
+            accepted: delivery.accepted,
+            reason: delivery.reason.clone(),
+            tokens: c.samples,
+            seconds: out.trained_s,
+            bytes_up: wire_bytes,
+            bytes_down: c.bytes_down,
+            utilization,
+            train_s: c.train_ms as f64 / 1e3,
+            wall_s: c.wall_ms as f64 / 1e3,
+        }));
         if self.plan.verbose {
             let verdict =
                 if delivery.accepted { "accepted".to_owned() } else { format!("rejected: {}", delivery.reason) };
@@ -1032,7 +1056,11 @@ impl Trainer<'_> {
                         Fetched::Cancelled => return Ok(Outcome::Cancelled),
                         Fetched::Failed(reason) => {
                             tracing::warn!("round {r}: {reason}");
-                            self.io.events.emit("round_abandoned", json!({"round": r, "steps": 0, "reason": reason}));
+                            self.io.events.emit(ev::Event::RoundAbandoned(ev::RoundAbandoned {
+                                round: r,
+                                steps: 0,
+                                reason: Some(reason.to_string()),
+                            }));
                             worker::Input::Failed(r)
                         }
                         Fetched::Got(fetched) => {
@@ -1058,7 +1086,11 @@ impl Trainer<'_> {
                             progress.taken += 1;
                         }
                         if progress.taken < steps {
-                            self.io.events.emit("round_abandoned", json!({"round": r, "steps": progress.taken}));
+                            self.io.events.emit(ev::Event::RoundAbandoned(ev::RoundAbandoned {
+                                round: r,
+                                steps: progress.taken,
+                                reason: None,
+                            }));
                             actions.extend(machine.handle(worker::Input::Failed(r), wire::unix_ms()));
                             break;
                         }
@@ -1233,7 +1265,7 @@ impl Heartbeats {
         for action in self.election.tick(wire::mono_ms()) {
             if let election::Action::LeaseExpired { term, leader } = action {
                 tracing::warn!("run {}: the lease of term {term} lapsed; asking the next candidate", self.run);
-                self.events.emit("lease_expired", json!({"term": term, "peer": peer_name(&leader)}));
+                self.events.emit(ev::Event::LeaseExpired(ev::LeaseExpired { term, peer: peer_name(&leader) }));
                 self.heard = true; // from now on the election says whom to ask
             }
         }
@@ -1277,7 +1309,8 @@ impl Heartbeats {
                 election::Action::Elected { term, leader } => {
                     if let Some(peer) = pcp_bootstrap::peer_of(&leader) {
                         if *self.leader.borrow() != (peer, leader) {
-                            self.events.emit("leader_followed", json!({"term": term, "peer": peer.to_string()}));
+                            self.events
+                                .emit(ev::Event::LeaderFollowed(ev::LeaderFollowed { term, peer: peer.to_string() }));
                         }
                         let _ = self.leader.send((peer, leader));
                     }

@@ -529,19 +529,19 @@ mod tests {
         let mut state = shepherd(Mode::Shepherd);
         let relay = "12D3KooWRelayRelayRelayRelayRelayRelayRelayRe1ay";
         let at = T0 + 30_000;
-        state.apply("reachability_changed", &serde_json::json!({"reachability": "private"}), at);
-        state.apply(
+        state.apply_named("reachability_changed", &serde_json::json!({"reachability": "private"}), at);
+        state.apply_named(
             "relay_reserved",
             &serde_json::json!({"relay": relay, "addr": "/ip4/198.18.0.1/udp/4001/quic-v1"}),
             at,
         );
-        state.apply("relayed_connection", &serde_json::json!({"peer": relay}), at);
-        state.apply("hole_punched", &serde_json::json!({"peer": relay, "result": "ok"}), at);
+        state.apply_named("relayed_connection", &serde_json::json!({"peer": relay}), at);
+        state.apply_named("hole_punched", &serde_json::json!({"peer": relay, "result": "ok"}), at);
         let text = draw(&state, &logs(), 160, 48);
         for shown in ["reachability private via relay", "1 relayed, 1 punched, 0 punches failed"] {
             assert!(text.contains(shown), "{shown} in\n{text}");
         }
-        state.apply("relay_lost", &serde_json::json!({"relay": relay, "reason": "gone"}), at);
+        state.apply_named("relay_lost", &serde_json::json!({"relay": relay, "reason": "gone"}), at);
         assert_eq!(state.nat.relay, None);
     }
 
@@ -562,7 +562,7 @@ mod tests {
     #[test]
     fn sim_view() {
         let mut state = shepherd(Mode::Sim);
-        state.apply("worker_killed", &serde_json::json!({"round": 3, "worker": 2}), T0 + 30_000);
+        state.apply_named("worker_killed", &serde_json::json!({"round": 3, "worker": 2}), T0 + 30_000);
         state.quitting = true;
         let text = draw(&state, &logs(), 120, 32);
         for shown in ["pcp · sim · 3 nodes", "127.0.0.1:40124", "killed", "stopping…"] {

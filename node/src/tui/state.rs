@@ -1,12 +1,12 @@
 //! What the dashboard shows, kept up to date by the events the node emits.
 //!
-//! [`State::apply`] takes an event's name and fields (those of `--events FILE`) and
-//! the time it arrived; nothing here reads a clock, so a test drives it exactly.
+//! [`State::apply`] takes a typed event (those of `--events FILE`, see
+//! [`crate::events::Event`]) and the time it arrived; nothing here reads a clock, so a test drives it exactly.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
-use serde_json::Value;
+use crate::events::kinds::{self as ev, Event};
 
 /// Completed rounds kept for the loss chart and the summary.
 pub(crate) const MAX_ROUNDS: usize = 500;
@@ -230,18 +230,18 @@ impl NatView {
         self.reachability.is_some() || self.relay.is_some() || self.relayed > 0
     }
 
-    fn apply(&mut self, name: &str, fields: &Value) -> bool {
-        match name {
-            "reachability_changed" => self.reachability = str_of(fields, "reachability").map(str::to_owned),
-            "relay_reserved" => self.relay = str_of(fields, "relay").map(str::to_owned),
-            "relay_lost" => {
-                if self.relay.as_deref() == str_of(fields, "relay") {
+    fn apply(&mut self, event: &Event) -> bool {
+        match event {
+            Event::ReachabilityChanged(e) => self.reachability = nonempty(&e.reachability),
+            Event::RelayReserved(e) => self.relay = nonempty(&e.relay),
+            Event::RelayLost(e) => {
+                if self.relay.as_deref() == Some(e.relay.as_str()) {
                     self.relay = None;
                 }
             }
-            "hole_punched" if str_of(fields, "result") == Some("ok") => self.punched += 1,
-            "hole_punched" => self.punch_failed += 1,
-            "relayed_connection" => self.relayed += 1,
+            Event::HolePunched(e) if e.result == "ok" => self.punched += 1,
+            Event::HolePunched(_) => self.punch_failed += 1,
+            Event::RelayedConnection(_) => self.relayed += 1,
             _ => return false,
         }
         true
@@ -296,17 +296,19 @@ pub(crate) struct State {
     seq: u64,
 }
 
-fn str_of<'a>(fields: &'a Value, key: &str) -> Option<&'a str> {
-    fields.get(key).and_then(Value::as_str)
-}
-
-fn u64_of(fields: &Value, key: &str) -> Option<u64> {
-    fields.get(key).and_then(Value::as_u64)
+/// `s`, unless it is empty (a field an event left out).
+fn nonempty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
 }
 
 /// A finite number (an events file writes NaN as null).
-fn f64_of(fields: &Value, key: &str) -> Option<f64> {
-    fields.get(key).and_then(Value::as_f64).filter(|v| v.is_finite())
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
+}
+
+/// A deadline, unless it is unset (0).
+fn deadline(ms: u64) -> Option<u64> {
+    (ms > 0).then_some(ms)
 }
 
 /// `backend` or `backend:target`.
@@ -373,45 +375,54 @@ impl State {
         Some((elapsed as f64 / span as f64).clamp(0.0, 1.0))
     }
 
-    /// Updates the state with the event `name` that arrived at `now_ms`.
-    pub(crate) fn apply(&mut self, name: &str, fields: &Value, now_ms: u64) {
+    /// Updates the state with `event`, which arrived at `now_ms`.
+    pub(crate) fn apply(&mut self, event: &Event, now_ms: u64) {
         self.tick(now_ms);
-        if self.nat.apply(name, fields) {
+        if self.nat.apply(event) {
             return;
         }
-        match name {
-            "listening" => self.on_listening(fields),
-            "peer_connected" => {
-                if let Some(peer) = str_of(fields, "peer") {
+        match event {
+            Event::Listening(e) => self.on_listening(&e.peer, &e.addr),
+            Event::PeerConnected(e) => {
+                if !e.peer.is_empty() {
                     if self.peers.len() < MAX_PEERS {
-                        self.peers.insert(peer.to_owned());
+                        self.peers.insert(e.peer.clone());
                     }
-                    if let Some(addr) = str_of(fields, "addr")
-                        && !self.addrs.contains_key(peer)
-                    {
-                        self.remember_addr(peer, addr);
+                    if !e.addr.is_empty() && !self.addrs.contains_key(&e.peer) {
+                        self.remember_addr(&e.peer, &e.addr);
                     }
                 }
             }
-            "message_rejected" => self.messages_rejected += 1,
-            "shepherd_elected" | "leader_followed" | "lease_expired" | "stepped_down" | "standby" => {
-                if let Some(term) = u64_of(fields, "newer").or_else(|| u64_of(fields, "term")) {
-                    self.term = Some(self.term.map_or(term, |t| t.max(term)));
+            Event::MessageRejected(_) => self.messages_rejected += 1,
+            Event::ShepherdElected(ev::ShepherdElected { term, .. })
+            | Event::LeaseExpired(ev::LeaseExpired { term, .. })
+            | Event::SteppedDown(ev::SteppedDown { newer: term, .. }) => self.see_term(*term),
+            Event::LeaderFollowed(e) => {
+                self.see_term(e.term);
+                if self.mode == Mode::Worker {
+                    self.shepherd = nonempty(&e.peer).or(self.shepherd.take());
                 }
-                if name == "standby" && self.mode != Mode::Worker {
+            }
+            Event::Standby(e) => {
+                self.see_term(e.term);
+                if self.mode != Mode::Worker {
                     self.phase = Phase::Standby;
                 }
-                if name == "leader_followed" && self.mode == Mode::Worker {
-                    self.shepherd = str_of(fields, "peer").map(str::to_owned).or(self.shepherd.take());
-                }
             }
-            _ if self.mode == Mode::Worker => self.apply_worker(name, fields),
-            _ => self.apply_shepherd(name, fields),
+            _ if self.mode == Mode::Worker => self.apply_worker(event),
+            _ => self.apply_shepherd(event),
         }
     }
 
-    fn on_listening(&mut self, fields: &Value) {
-        let (Some(peer), Some(addr)) = (str_of(fields, "peer"), str_of(fields, "addr")) else { return };
+    /// The highest leader term seen.
+    fn see_term(&mut self, term: u64) {
+        self.term = Some(self.term.map_or(term, |t| t.max(term)));
+    }
+
+    fn on_listening(&mut self, peer: &str, addr: &str) {
+        if peer.is_empty() || addr.is_empty() {
+            return;
+        }
         // in `sim` the shepherd's node listens first; the others are its workers
         if self.me.is_none() {
             self.me = Some(peer.to_owned());
@@ -465,52 +476,53 @@ impl State {
         self.rounds.push_back(point);
     }
 
-    fn apply_shepherd(&mut self, name: &str, fields: &Value) {
-        match name {
-            "run_started" => {
-                self.run = str_of(fields, "run").map(str::to_owned);
-                self.model = str_of(fields, "model").map(str::to_owned);
-                self.rounds_total = u64_of(fields, "rounds");
-                self.tau = u64_of(fields, "tau");
-                self.encoding = str_of(fields, "encoding").map(str::to_owned);
-                self.round = u64_of(fields, "resumed_round").unwrap_or(0);
+    fn apply_shepherd(&mut self, event: &Event) {
+        match event {
+            Event::RunStarted(e) => {
+                self.run = nonempty(&e.run);
+                self.model = nonempty(&e.model);
+                self.rounds_total = Some(e.rounds);
+                self.tau = Some(e.tau);
+                self.encoding = nonempty(&e.encoding);
+                self.round = e.resumed_round;
                 self.started_ms = Some(self.now_ms);
                 self.phase = Phase::WaitingForWorkers;
             }
-            "compile_started" if !matches!(self.phase, Phase::Training(_)) => {
-                let backend = str_of(fields, "backend").unwrap_or("?");
-                self.phase = Phase::Compiling(backend_name(backend, str_of(fields, "target").unwrap_or("")));
+            Event::CompileStarted(e) if !matches!(self.phase, Phase::Training(_)) => {
+                let backend = if e.backend.is_empty() { "?" } else { &e.backend };
+                self.phase = Phase::Compiling(backend_name(backend, &e.target));
             }
-            "artifact_published" | "compile_failed" if matches!(self.phase, Phase::Compiling(_)) => {
+            Event::ArtifactPublished(_) | Event::CompileFailed(_) if matches!(self.phase, Phase::Compiling(_)) => {
                 self.phase = if self.round > 0 { Phase::Completed(self.round) } else { Phase::WaitingForWorkers };
             }
-            "worker_started" => {
-                let Some(peer) = str_of(fields, "peer") else { return };
-                let node = u64_of(fields, "worker");
-                if let Some(row) = self.row(peer) {
-                    row.node = node;
+            Event::WorkerStarted(e) => {
+                if e.peer.is_empty() {
+                    return;
+                }
+                if let Some(row) = self.row(&e.peer) {
+                    row.node = Some(e.worker);
                     row.status = Status::Starting;
                 }
             }
-            "worker_killed" => {
-                let node = u64_of(fields, "worker");
-                if let Some(row) = self.workers.values_mut().find(|r| r.node.is_some() && r.node == node) {
+            Event::WorkerKilled(e) => {
+                if let Some(row) = self.workers.values_mut().find(|r| r.node == Some(e.worker)) {
                     row.status = Status::Killed;
                 }
             }
-            "worker_joined" => {
-                let Some(peer) = str_of(fields, "peer") else { return };
-                let backend = str_of(fields, "backend").unwrap_or("").to_owned();
-                if let Some(row) = self.row(peer) {
-                    if !backend.is_empty() {
-                        row.backend = backend;
+            Event::WorkerJoined(e) => {
+                if e.peer.is_empty() {
+                    return;
+                }
+                if let Some(row) = self.row(&e.peer) {
+                    if !e.backend.is_empty() {
+                        row.backend = e.backend.clone();
                     }
                     row.status = Status::Joined;
                 }
             }
-            "worker_left" => {
-                if let Some(row) = str_of(fields, "peer").and_then(|p| self.workers.get_mut(p)) {
-                    let timeout = str_of(fields, "reason").is_some_and(|r| r.contains("timeout"));
+            Event::WorkerLeft(e) => {
+                if let Some(row) = self.workers.get_mut(&e.peer) {
+                    let timeout = e.reason.contains("timeout");
                     row.status = if row.status == Status::Killed {
                         Status::Killed
                     } else if timeout {
@@ -520,47 +532,43 @@ impl State {
                     };
                 }
             }
-            "round_started" => self.on_round_started(fields),
-            "deadline_extended" if u64_of(fields, "round") == Some(self.round) => {
-                self.deadline_ms = u64_of(fields, "deadline_unix_ms").or(self.deadline_ms);
+            Event::RoundStarted(e) => self.on_round_started(e),
+            Event::DeadlineExtended(e) if e.round == self.round => {
+                self.deadline_ms = deadline(e.deadline_unix_ms).or(self.deadline_ms);
             }
-            "contribution_received" => {
-                let Some(peer) = str_of(fields, "peer") else { return };
-                let round = u64_of(fields, "round").unwrap_or(self.round);
+            Event::ContributionReceived(e) => {
+                if e.peer.is_empty() {
+                    return;
+                }
+                let round = e.round;
                 let opened = self.opened.iter().find(|(r, _)| *r == round).map(|(_, at)| *at);
                 let elapsed_s = opened.map_or(0.0, |at| self.now_ms.saturating_sub(at) as f64 / 1e3);
-                let rate = u64_of(fields, "tokens").filter(|_| elapsed_s > 0.0).map(|t| t as f64 / elapsed_s);
-                let accepted = fields.get("accepted").and_then(Value::as_bool);
-                let reason = str_of(fields, "reason").unwrap_or("").to_owned();
+                let rate = (elapsed_s > 0.0).then(|| e.tokens as f64 / elapsed_s);
+                let verdict = Verdict { round, accepted: Some(e.accepted), reason: e.reason.clone() };
                 // the last contribution completes its round, and the next opens, before it is reported
                 let open = round == self.round && matches!(self.phase, Phase::Training(_));
-                if let Some(row) = self.row(peer) {
+                if let Some(row) = self.row(&e.peer) {
                     row.tokens_per_s = rate.or(row.tokens_per_s);
-                    row.last = Some(Verdict { round, accepted, reason });
+                    row.last = Some(verdict);
                     if open && !row.status.gone() {
                         row.status = Status::Sent;
                     }
                 }
             }
-            "contribution_rejected" => {
-                let Some(peer) = str_of(fields, "peer") else { return };
-                let round = u64_of(fields, "round").unwrap_or(self.round);
-                let reason = str_of(fields, "reason").unwrap_or("").to_owned();
-                if let Some(row) = self.workers.get_mut(peer) {
-                    row.last = Some(Verdict { round, accepted: Some(false), reason });
+            Event::ContributionRejected(e) => {
+                if let Some(row) = self.workers.get_mut(&e.peer) {
+                    row.last = Some(Verdict { round: e.round, accepted: Some(false), reason: e.reason.clone() });
                 }
             }
-            "contribution_clipped" => {
-                let Some(peer) = str_of(fields, "peer") else { return };
-                let round = u64_of(fields, "round").unwrap_or(self.round);
-                if let Some(row) = self.workers.get_mut(peer) {
-                    let reason = format!("clipped: {}", str_of(fields, "reason").unwrap_or(""));
-                    row.last = Some(Verdict { round, accepted: Some(true), reason });
+            Event::ContributionClipped(e) => {
+                if let Some(row) = self.workers.get_mut(&e.peer) {
+                    let reason = format!("clipped: {}", e.reason);
+                    row.last = Some(Verdict { round: e.round, accepted: Some(true), reason });
                 }
             }
-            "round_completed" => self.on_round_completed(fields),
+            Event::RoundCompleted(e) => self.on_round_completed(e),
             // a worker's run_finished (in `sim`, every worker's) names the run
-            "run_finished" if fields.get("run").is_none() => {
+            Event::RunFinished(e) if e.run.is_none() => {
                 self.phase = Phase::Finished;
                 self.deadline_ms = None;
             }
@@ -568,23 +576,18 @@ impl State {
         }
     }
 
-    fn on_round_started(&mut self, fields: &Value) {
-        let round = u64_of(fields, "round").unwrap_or(self.round + 1);
+    fn on_round_started(&mut self, e: &ev::RoundStarted) {
+        let round = e.round;
         self.round = round;
         self.opened_ms = self.now_ms;
         if self.opened.len() >= 8 {
             self.opened.pop_front();
         }
         self.opened.push_back((round, self.now_ms));
-        self.deadline_ms = u64_of(fields, "deadline_unix_ms");
+        self.deadline_ms = deadline(e.deadline_unix_ms);
         self.phase = Phase::Training(round);
-        let participants: Vec<String> = fields
-            .get("participants")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
-            .unwrap_or_default();
-        for peer in participants {
-            if let Some(row) = self.row(&peer)
+        for peer in &e.participants {
+            if let Some(row) = self.row(peer)
                 && !row.status.gone()
             {
                 row.status = Status::Training;
@@ -592,32 +595,25 @@ impl State {
         }
     }
 
-    fn on_round_completed(&mut self, fields: &Value) {
-        let round = u64_of(fields, "round").unwrap_or(self.round);
+    fn on_round_completed(&mut self, e: &ev::RoundCompleted) {
+        let round = e.round;
         let point = RoundPoint {
             round,
-            mean_loss: f64_of(fields, "mean_loss"),
-            val_loss: f64_of(fields, "val_loss"),
-            contributors: u64_of(fields, "contributors").unwrap_or(0),
-            seconds: f64_of(fields, "seconds"),
-            bytes_in: u64_of(fields, "bytes_in").unwrap_or(0),
-            bytes_out: u64_of(fields, "bytes_out").unwrap_or(0),
+            mean_loss: finite(e.mean_loss),
+            val_loss: finite(e.val_loss),
+            contributors: e.contributors,
+            seconds: finite(e.seconds),
+            bytes_in: e.bytes_in,
+            bytes_out: e.bytes_out,
         };
         self.traffic.last_in = point.bytes_in;
         self.traffic.last_out = point.bytes_out;
-        self.traffic.utilization = f64_of(fields, "utilization").or(self.traffic.utilization);
+        self.traffic.utilization = e.utilization.or(self.traffic.utilization);
         self.traffic.total_in += point.bytes_in;
         self.traffic.total_out += point.bytes_out;
         self.push_round(point);
-        let peers = |key: &str| -> Vec<String> {
-            fields
-                .get(key)
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
-                .unwrap_or_default()
-        };
-        for peer in peers("peers") {
-            let Some(row) = self.workers.get_mut(&peer) else { continue };
+        for peer in &e.peers {
+            let Some(row) = self.workers.get_mut(peer) else { continue };
             if row.last.as_ref().is_none_or(|v| v.round != round || v.accepted.is_none()) {
                 row.last = Some(Verdict { round, accepted: Some(true), reason: String::new() });
             }
@@ -625,8 +621,8 @@ impl State {
                 row.status = Status::Sent;
             }
         }
-        for peer in peers("excluded") {
-            if let Some(row) = self.workers.get_mut(&peer)
+        for peer in &e.excluded {
+            if let Some(row) = self.workers.get_mut(peer)
                 && !row.status.gone()
             {
                 row.status = Status::Missed;
@@ -650,48 +646,42 @@ impl State {
         self.mine.recent.push_back(mine);
     }
 
-    fn apply_worker(&mut self, name: &str, fields: &Value) {
-        match name {
-            "run_joined" => {
-                self.run = str_of(fields, "run").map(str::to_owned);
-                self.shepherd = str_of(fields, "shepherd").map(str::to_owned);
-                let backend = str_of(fields, "backend").unwrap_or("?");
-                self.backend = Some(backend_name(backend, str_of(fields, "target").unwrap_or("")));
-                self.rounds_total = u64_of(fields, "rounds").or(self.rounds_total);
-                self.tau = u64_of(fields, "tau").or(self.tau);
-                self.encoding = str_of(fields, "encoding").map(str::to_owned).or(self.encoding.take());
+    fn apply_worker(&mut self, event: &Event) {
+        match event {
+            Event::RunJoined(e) => {
+                self.run = nonempty(&e.run);
+                self.shepherd = nonempty(&e.shepherd);
+                let backend = if e.backend.is_empty() { "?" } else { &e.backend };
+                self.backend = Some(backend_name(backend, &e.target));
+                self.rounds_total = Some(e.rounds);
+                self.tau = Some(e.tau);
+                self.encoding = nonempty(&e.encoding).or(self.encoding.take());
                 self.started_ms.get_or_insert(self.now_ms);
                 self.phase = Phase::Joined;
             }
-            "round_announced" => {
-                let Some(round) = u64_of(fields, "round") else { return };
-                self.round = round;
+            Event::RoundAnnounced(e) => {
+                self.round = e.round;
                 self.opened_ms = self.now_ms;
-                self.deadline_ms = u64_of(fields, "deadline_unix_ms");
-                let participant = fields.get("participant").and_then(Value::as_bool).unwrap_or(true);
-                self.phase = if participant { Phase::Training(round) } else { Phase::SittingOut(round) };
+                self.deadline_ms = deadline(e.deadline_unix_ms);
+                self.phase = if e.participant { Phase::Training(e.round) } else { Phase::SittingOut(e.round) };
             }
-            "blob_fetched" => {
-                let bytes = u64_of(fields, "bytes").unwrap_or(0);
-                self.traffic.last_in = bytes;
-                self.traffic.total_in += bytes;
+            Event::BlobFetched(e) => {
+                self.traffic.last_in = e.bytes;
+                self.traffic.total_in += e.bytes;
             }
-            "contribution_sent" => {
-                let round = u64_of(fields, "round").unwrap_or(self.round);
-                let tokens = u64_of(fields, "tokens").unwrap_or(0);
-                let bytes = u64_of(fields, "bytes").unwrap_or(0);
-                let loss = f64_of(fields, "loss");
-                let tokens_per_s = f64_of(fields, "seconds").filter(|s| *s > 0.0).map(|s| tokens as f64 / s);
-                let accepted = fields.get("accepted").and_then(Value::as_bool).unwrap_or(false);
-                let outcome = if accepted {
+            Event::ContributionSent(e) => {
+                let (round, tokens, bytes) = (e.round, e.tokens, e.bytes);
+                let loss = finite(e.loss);
+                let tokens_per_s = Some(e.seconds).filter(|s| *s > 0.0).map(|s| tokens as f64 / s);
+                let outcome = if e.accepted {
                     self.mine.accepted += 1;
                     Outcome::Accepted
                 } else {
                     self.mine.rejected += 1;
-                    Outcome::Rejected(str_of(fields, "reason").unwrap_or("").to_owned())
+                    Outcome::Rejected(e.reason.clone())
                 };
                 self.mine.tokens += tokens;
-                self.traffic.utilization = f64_of(fields, "utilization").or(self.traffic.utilization);
+                self.traffic.utilization = e.utilization.or(self.traffic.utilization);
                 self.traffic.last_out = bytes;
                 self.traffic.total_out += bytes;
                 self.push_mine(MyRound { round, tokens, tokens_per_s, loss, bytes, outcome });
@@ -707,13 +697,11 @@ impl State {
                 self.deadline_ms = None;
                 self.phase = Phase::Completed(round);
             }
-            "round_abandoned" => {
-                let round = u64_of(fields, "round").unwrap_or(self.round);
-                let steps = u64_of(fields, "steps").unwrap_or(0);
-                let reason = str_of(fields, "reason").map_or_else(|| format!("after {steps} steps"), str::to_owned);
+            Event::RoundAbandoned(e) => {
+                let reason = e.reason.clone().unwrap_or_else(|| format!("after {} steps", e.steps));
                 self.mine.abandoned += 1;
                 self.push_mine(MyRound {
-                    round,
+                    round: e.round,
                     tokens: 0,
                     tokens_per_s: None,
                     loss: None,
@@ -722,11 +710,11 @@ impl State {
                 });
                 self.deadline_ms = None;
             }
-            "run_left" => {
-                self.phase = Phase::Left(str_of(fields, "reason").unwrap_or("").to_owned());
+            Event::RunLeft(e) => {
+                self.phase = Phase::Left(e.reason.clone());
                 self.deadline_ms = None;
             }
-            "run_finished" => {
+            Event::RunFinished(_) => {
                 self.phase = Phase::Finished;
                 self.deadline_ms = None;
             }
@@ -737,9 +725,16 @@ impl State {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
+
+    impl State {
+        /// Applies the event `name` with `fields`, as it is written.
+        pub(crate) fn apply_named(&mut self, name: &str, fields: &Value, now_ms: u64) {
+            self.apply(&Event::named(name, fields.clone()), now_ms);
+        }
+    }
 
     pub(crate) const W1: &str = "12D3KooWQm6U7mxrTKoEqGbF9JGTcL2Dey1rEKK9nDLGP2VqYhHa";
     pub(crate) const W2: &str = "12D3KooWHd7bQwKpJTMW8qgzNXVwUFC8d1t6mSafRjW4kXAUBjGc";
@@ -757,7 +752,7 @@ pub(crate) mod tests {
     impl Feed {
         fn e(&mut self, name: &str, fields: Value, dt: u64) {
             self.at += dt;
-            self.s.apply(name, &fields, self.at);
+            self.s.apply_named(name, &fields, self.at);
         }
     }
 
@@ -831,18 +826,18 @@ pub(crate) mod tests {
     #[test]
     fn the_contribution_that_completes_a_round_is_reported_after_the_next_opens() {
         let mut s = State::new(Mode::Shepherd);
-        s.apply("worker_joined", &json!({"peer": W1, "backend": "cpu"}), T0);
-        s.apply("round_started", &json!({"round": 1, "participants": [W1]}), T0);
-        s.apply("round_completed", &json!({"round": 1, "peers": [W1], "mean_loss": 3.0}), T0 + 2_000);
-        s.apply("round_started", &json!({"round": 2, "participants": [W1]}), T0 + 2_000);
+        s.apply_named("worker_joined", &json!({"peer": W1, "backend": "cpu"}), T0);
+        s.apply_named("round_started", &json!({"round": 1, "participants": [W1]}), T0);
+        s.apply_named("round_completed", &json!({"round": 1, "peers": [W1], "mean_loss": 3.0}), T0 + 2_000);
+        s.apply_named("round_started", &json!({"round": 2, "participants": [W1]}), T0 + 2_000);
         let sent = json!({"round": 1, "peer": W1, "tokens": 4096, "accepted": true, "reason": ""});
-        s.apply("contribution_received", &sent, T0 + 2_000);
+        s.apply_named("contribution_received", &sent, T0 + 2_000);
         let row = &s.workers[W1];
         assert_eq!(row.status, Status::Training, "it trains round 2 now");
         assert_eq!(row.tokens_per_s, Some(2048.0), "4096 tokens in the 2 s of round 1");
         assert_eq!(row.last, Some(Verdict { round: 1, accepted: Some(true), reason: String::new() }));
         // the last round: its last contributor is done, not missing
-        s.apply("round_completed", &json!({"round": 2, "peers": [W1], "mean_loss": 2.0}), T0 + 4_000);
+        s.apply_named("round_completed", &json!({"round": 2, "peers": [W1], "mean_loss": 2.0}), T0 + 4_000);
         assert_eq!(s.workers[W1].status, Status::Sent);
     }
 
@@ -852,10 +847,10 @@ pub(crate) mod tests {
         assert_eq!(s.worker_rows()[0].node, Some(1));
         assert_eq!(s.addrs.get(W1).map(String::as_str), Some("/ip4/127.0.0.1/tcp/40123"), "listening wins");
         assert_eq!(s.me.as_deref(), Some(W3));
-        s.apply("worker_killed", &json!({"round": 3, "worker": 2}), T0 + 60_000);
-        s.apply("worker_left", &json!({"peer": W2, "reason": "heartbeat timeout"}), T0 + 65_000);
+        s.apply_named("worker_killed", &json!({"round": 3, "worker": 2}), T0 + 60_000);
+        s.apply_named("worker_left", &json!({"peer": W2, "reason": "heartbeat timeout"}), T0 + 65_000);
         assert_eq!(s.workers[W2].status, Status::Killed);
-        s.apply(
+        s.apply_named(
             "round_completed",
             &json!({"round": 3, "contributors": 1, "peers": [W1], "excluded": [W2], "mean_loss": 3.0}),
             T0 + 66_000,
@@ -864,11 +859,11 @@ pub(crate) mod tests {
         // a worker's run_finished does not end the shepherd's run early, and a
         // worker's events do not show on the shepherd's dashboard
         let mut t = shepherd(Mode::Sim);
-        t.apply("run_finished", &json!({"run": RUN, "rounds": 3}), T0 + 70_000);
-        t.apply("contribution_sent", &json!({"round": 3, "accepted": true, "bytes": 5}), T0 + 70_000);
+        t.apply_named("run_finished", &json!({"run": RUN, "rounds": 3}), T0 + 70_000);
+        t.apply_named("contribution_sent", &json!({"round": 3, "accepted": true, "bytes": 5}), T0 + 70_000);
         assert_eq!(t.phase, Phase::Training(3));
         assert!(t.mine.recent.is_empty());
-        t.apply("run_finished", &json!({"rounds": 3, "val_loss": 2.0}), T0 + 70_000);
+        t.apply_named("run_finished", &json!({"rounds": 3, "val_loss": 2.0}), T0 + 70_000);
         assert_eq!(t.phase, Phase::Finished);
     }
 
@@ -914,21 +909,21 @@ pub(crate) mod tests {
     fn memory_is_bounded() {
         let mut s = State::new(Mode::Shepherd);
         for round in 1..=(MAX_ROUNDS as u64 + 20) {
-            s.apply("round_completed", &json!({"round": round, "mean_loss": 1.0}), T0 + round);
+            s.apply_named("round_completed", &json!({"round": round, "mean_loss": 1.0}), T0 + round);
         }
         assert_eq!(s.rounds.len(), MAX_ROUNDS);
         assert_eq!(s.rounds.front().map(|r| r.round), Some(21));
         for i in 0..(MAX_WORKERS + 10) {
             let peer = format!("peer-{i}");
-            s.apply("worker_joined", &json!({"peer": peer, "backend": "cpu"}), T0);
+            s.apply_named("worker_joined", &json!({"peer": peer, "backend": "cpu"}), T0);
             if i % 2 == 0 {
-                s.apply("worker_left", &json!({"peer": peer, "reason": "left"}), T0);
+                s.apply_named("worker_left", &json!({"peer": peer, "reason": "left"}), T0);
             }
         }
         assert_eq!(s.workers.len(), MAX_WORKERS);
         assert!(s.workers.contains_key(&format!("peer-{}", MAX_WORKERS + 9)), "a newcomer replaces a leaver");
         for i in 0..(MAX_PEERS + 10) {
-            s.apply("peer_connected", &json!({"peer": format!("p{i}"), "addr": "/ip4/1.2.3.4/tcp/1"}), T0);
+            s.apply_named("peer_connected", &json!({"peer": format!("p{i}"), "addr": "/ip4/1.2.3.4/tcp/1"}), T0);
         }
         assert!(s.peers.len() <= MAX_PEERS && s.addrs.len() <= MAX_PEERS);
     }

@@ -15,12 +15,7 @@ pub(crate) fn pcp_node() -> PathBuf {
 }
 
 /// The demo corpus.
-pub(crate) fn corpus() -> String {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tiny_shakespeare.txt");
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.data/tiny_shakespeare.txt");
-    let path = if shared.exists() { shared } else { local };
-    path.display().to_string()
-}
+pub(crate) use crate::common::corpus;
 
 /// A child process, killed when dropped.
 #[derive(Debug)]

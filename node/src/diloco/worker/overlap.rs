@@ -33,7 +33,6 @@ use std::time::Instant;
 use anyhow::Context as _;
 use pcp_protocol::diloco::Tensors;
 use pcp_schema::RoundAnnouncement;
-use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::{
@@ -41,6 +40,7 @@ use super::{
     newer_round,
 };
 use crate::diloco::wire::Signer;
+use crate::events::{Event, RoundAbandoned, UpdateLate, UpdateMerged};
 
 /// What finished off the training loop.
 enum Done {
@@ -98,7 +98,11 @@ pub(super) async fn run(t: &mut Trainer<'_>, signer: &mut Signer) -> anyhow::Res
             Fetched::Cancelled => break Outcome::Cancelled,
             Fetched::Failed(reason) => {
                 tracing::warn!("round {}: {reason}", a.round);
-                t.io.events.emit("round_abandoned", json!({"round": a.round, "steps": 0, "reason": reason}));
+                t.io.events.emit(Event::RoundAbandoned(RoundAbandoned {
+                    round: a.round,
+                    steps: 0,
+                    reason: Some(reason.to_string()),
+                }));
                 continue;
             }
         };
@@ -123,7 +127,11 @@ pub(super) async fn run(t: &mut Trainer<'_>, signer: &mut Signer) -> anyhow::Res
                     base = Base::Awaited;
                 }
                 Err(Drop::Abandon(reason)) => {
-                    t.io.events.emit("round_abandoned", json!({"round": r, "steps": 0, "reason": reason}));
+                    t.io.events.emit(Event::RoundAbandoned(RoundAbandoned {
+                        round: r,
+                        steps: 0,
+                        reason: Some(reason.to_string()),
+                    }));
                     continue 'fresh;
                 }
                 Err(Drop::Stop(outcome)) => break 'fresh outcome,
@@ -171,7 +179,8 @@ async fn round(
         }
         if let Base::Merged(..) = base {
             if let Some(since) = late {
-                t.io.events.emit("update_late", json!({"round": r, "waited_ms": since.elapsed().as_millis() as u64}));
+                t.io.events
+                    .emit(Event::UpdateLate(UpdateLate { round: r, waited_ms: since.elapsed().as_millis() as u64 }));
             }
             let Base::Merged(a, start, bytes) = std::mem::replace(base, Base::Awaited) else { unreachable!() };
             return Ok(Ok((a, start, bytes, progress)));
@@ -266,10 +275,12 @@ async fn merge(
         }
     }
     t.engine.set_params(local).await?;
-    t.io.events.emit(
-        "update_merged",
-        json!({"round": a.round, "after_steps": after_steps, "bytes": fetched.bytes, "via": fetched.via}),
-    );
+    t.io.events.emit(Event::UpdateMerged(UpdateMerged {
+        round: a.round,
+        after_steps,
+        bytes: fetched.bytes,
+        via: fetched.via.to_owned(),
+    }));
     *base = Base::Merged(a, fetched.params, fetched.bytes);
     Ok(Ok(()))
 }

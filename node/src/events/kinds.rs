@@ -1,0 +1,277 @@
+//! Every event of the `--events FILE` stream, typed.
+//!
+//! [`Event`] is internally tagged by `"event"`, so an event serializes to the
+//! JSON object it is on disk (less the `"t"` that [`super::Events::emit`] adds),
+//! and a line of an events file parses back into one (`serde_json::from_str`;
+//! its `"t"` is ignored). The
+//! consumers (the TUI, the metrics) match on its variants: a field they read
+//! cannot be renamed without a compile error, and the golden test
+//! (`node/tests/events_golden.rs`) pins the names on disk.
+//!
+//! Each variant holds a struct of the event's fields. Fields absent from a line
+//! take their default when it is parsed (an older file, a hand-written test);
+//! floats that were not finite are written as `null` and read back as NaN.
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// `null` (how serde_json writes a NaN or an infinity) as NaN.
+fn nan_if_null<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// Declares the field structs of the events: every field public, every struct
+/// defaulted when parsed.
+macro_rules! fields {
+    ($($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident: $ty:ty),* $(,)? })*) => {
+        $(
+            $(#[$meta])*
+            #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+            #[serde(default)]
+            pub(crate) struct $name {
+                $($(#[$fmeta])* pub(crate) $field: $ty,)*
+            }
+        )*
+    };
+}
+
+/// Every event of the stream, by its `"event"` name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub(crate) enum Event {
+    // `pcp-node train`
+    Step(Step),
+    Eval(Eval),
+    /// A checkpoint of `pcp-node train` (by step) or of a shepherd (by round).
+    Checkpoint(Checkpoint),
+    // the supervisor (`--workers N`)
+    WorkerSpawned(WorkerSpawned),
+    WorkerExited(WorkerExited),
+    SupervisorStopped(SupervisorStopped),
+    // a shepherd
+    RunStarted(RunStarted),
+    Resumed(Resumed),
+    ShepherdElected(ShepherdElected),
+    SteppedDown(SteppedDown),
+    CommitTimedOut(CommitTimedOut),
+    RoundStarted(RoundStarted),
+    HigherTermReported(HigherTermReported),
+    ContributionReceived(ContributionReceived),
+    CompileStarted(CompileStarted),
+    ArtifactPublished(ArtifactPublished),
+    CompileFailed(CompileFailed),
+    ContributionRejected(ContributionRejected),
+    WorkerJoined(WorkerJoined),
+    WorkerLeft(WorkerLeft),
+    DeadlineExtended(DeadlineExtended),
+    ContributionClipped(ContributionClipped),
+    RoundCompleted(RoundCompleted),
+    /// A shepherd's (no `run`) or a worker's (with `run`).
+    RunFinished(RunFinished),
+    BlobsReleased(BlobsReleased),
+    // a candidate
+    Standby(Standby),
+    Deferred(Deferred),
+    StateReplicated(StateReplicated),
+    // a worker
+    RunJoined(RunJoined),
+    RunLeft(RunLeft),
+    RoundRefused(RoundRefused),
+    RoundAnnounced(RoundAnnounced),
+    ParamsFetched(ParamsFetched),
+    UpdateLate(UpdateLate),
+    UpdateMerged(UpdateMerged),
+    ContributionSent(ContributionSent),
+    RoundAbandoned(RoundAbandoned),
+    /// A worker's or a candidate's: the leader's lease ran out.
+    LeaseExpired(LeaseExpired),
+    LeaderFollowed(LeaderFollowed),
+    // `pcp-node sim`
+    WorkerStarted(WorkerStarted),
+    WorkerKilled(WorkerKilled),
+    WorkerRestarted(WorkerRestarted),
+    ShepherdKilled(ShepherdKilled),
+    // the swarm ([`pcp_bootstrap::Event`], see [`super::EventLog`])
+    Listening(Listening),
+    PeerConnected(PeerConnected),
+    BootstrapFailed(BootstrapFailed),
+    PeerDiscovered(PeerDiscovered),
+    BlobFetched(BlobFetched),
+    /// A request the swarm refused (`peer`, `reason`), or a lease refused by
+    /// the election (with `kind` and `term`).
+    MessageRejected(MessageRejected),
+    ReachabilityChanged(ReachabilityChanged),
+    RelayReserved(RelayReserved),
+    RelayLost(RelayLost),
+    RelayedConnection(RelayedConnection),
+    HolePunched(HolePunched),
+    RelayService(RelayService),
+    RelayReservation(RelayReservation),
+    RelayCircuit(RelayCircuit),
+    PortMapping(PortMapping),
+}
+
+impl Event {
+    /// The event's `"event"` name.
+    pub(crate) fn name(&self) -> String {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(mut map)) => match map.remove("event") {
+                Some(serde_json::Value::String(name)) => name,
+                _ => String::new(),
+            },
+            _ => String::new(),
+        }
+    }
+
+    /// The event `name` with `fields` (a JSON object), as a test writes it.
+    #[cfg(test)]
+    pub(crate) fn named(name: &str, fields: serde_json::Value) -> Self {
+        let mut object = match fields {
+            serde_json::Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        };
+        object.insert("event".into(), name.into());
+        serde_json::from_value(serde_json::Value::Object(object)).expect("a known event")
+    }
+
+    /// Whether `name` is an event's name.
+    #[cfg(test)]
+    pub(crate) fn known(name: &str) -> bool {
+        serde_json::from_value::<Self>(serde_json::json!({ "event": name })).is_ok()
+    }
+
+    /// Whether the event `name` has a field `field` (for checks of what other
+    /// programs read from the stream).
+    #[cfg(test)]
+    pub(crate) fn has_field(name: &str, field: &str) -> bool {
+        use serde_json::json;
+        let samples = [json!(1), json!(0.5), json!("x"), json!(true), json!(["x"]), json!([])];
+        samples.iter().any(|sample| {
+            let mut object = serde_json::Map::new();
+            object.insert("event".into(), name.into());
+            object.insert(field.into(), sample.clone());
+            serde_json::from_value::<Self>(serde_json::Value::Object(object))
+                .ok()
+                .and_then(|e| serde_json::to_value(e).ok())
+                .is_some_and(|out| out.get(field).is_some())
+        })
+    }
+}
+
+fields! {
+    Step { step: u64, #[serde(deserialize_with = "nan_if_null")] loss: f64, lr: f64, tokens_per_s: f64 }
+    Eval { step: u64, #[serde(deserialize_with = "nan_if_null")] val_loss: f64 }
+    Checkpoint {
+        #[serde(skip_serializing_if = "Option::is_none")] step: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")] round: Option<u64>,
+        path: String,
+    }
+    WorkerSpawned { index: u64, pid: Option<u32>, restarts: u64, data_dir: String }
+    WorkerExited { index: u64, pid: Option<u32>, status: String, ran_s: f64, restart_in_s: f64 }
+    SupervisorStopped { signal: String, workers: u64 }
+    RunStarted {
+        run: String, model: String, rounds: u64, tau: u64, resumed_round: u64, params_hash: String,
+        encoding: String, encoding_spec: String, overlap: bool,
+    }
+    Resumed { round: u64, params_hash: String }
+    ShepherdElected { term: u64, peer: String, round: u64, params_hash: String }
+    /// `leader` is empty, and `reason` given, when it stepped aside.
+    SteppedDown {
+        term: u64, peer: String, newer: u64, leader: String,
+        #[serde(skip_serializing_if = "Option::is_none")] reason: Option<String>,
+    }
+    CommitTimedOut { round: u64, waiting: Vec<String> }
+    /// `waited_ms`: how long its release waited for the candidates.
+    RoundStarted {
+        round: u64, deadline_unix_ms: u64, params_hash: String, participants: Vec<String>, term: u64, waited_ms: u64,
+    }
+    HigherTermReported { term: u64, reported: u64, peer: String }
+    ContributionReceived {
+        round: u64, peer: String, tokens: u64, #[serde(deserialize_with = "nan_if_null")] loss: f64, bytes: u64,
+        bytes_down: u64, accepted: bool, reason: String,
+    }
+    CompileStarted { backend: String, target: String }
+    ArtifactPublished { backend: String, target: String, hash: String, bytes: u64 }
+    CompileFailed { backend: String, target: String, reason: String }
+    ContributionRejected { round: u64, peer: String, reason: String }
+    WorkerJoined { peer: String, backend: String }
+    WorkerLeft { peer: String, reason: String }
+    DeadlineExtended { round: u64, deadline_unix_ms: u64 }
+    ContributionClipped {
+        peer: String, round: u64, #[serde(deserialize_with = "nan_if_null")] norm: f64,
+        #[serde(deserialize_with = "nan_if_null")] bound: f64, reason: String,
+    }
+    RoundCompleted {
+        round: u64, contributors: u64, #[serde(deserialize_with = "nan_if_null")] mean_loss: f64,
+        #[serde(deserialize_with = "nan_if_null")] val_loss: f64, bytes_in: u64, bytes_out: u64,
+        #[serde(deserialize_with = "nan_if_null")] seconds: f64, params_hash: String, peers: Vec<String>,
+        excluded: Vec<String>, clipped: u64, #[serde(deserialize_with = "nan_if_null")] norm_bound: f64,
+        encoding: String, update_bytes: u64, workers: Vec<WorkerTraffic>, utilization: Option<f64>,
+    }
+    /// One contributor of a completed round.
+    WorkerTraffic { peer: String, bytes_up: u64, bytes_down: u64, utilization: Option<f64> }
+    RunFinished {
+        #[serde(skip_serializing_if = "Option::is_none")] run: Option<String>,
+        rounds: u64,
+        #[serde(skip_serializing_if = "Option::is_none")] val_loss: Option<f64>,
+        #[serde(skip_serializing_if = "Option::is_none")] params_hash: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")] seconds: Option<f64>,
+    }
+    BlobsReleased { round: u64, count: u64, bytes: u64, deferred: u64, failed: u64 }
+    Standby { run: String, term: u64, peer: Option<String>, aside: bool }
+    Deferred { term: u64, to: String, their_round: u64, round: Option<u64> }
+    StateReplicated { round: u64, term: u64, params_hash: String }
+    RunJoined {
+        run: String, shepherd: String, backend: String, target: String, artifact: String, screen: String,
+        trim: f64, rounds: u64, tau: u64, encoding: String, encoding_spec: String, overlap: bool,
+    }
+    RunLeft { run: String, reason: String }
+    RoundRefused { round: u64, term: u64, reason: String }
+    RoundAnnounced { round: u64, deadline_unix_ms: u64, participant: bool }
+    ParamsFetched { round: u64, via: String, bytes: u64, shards: u64, of: u64 }
+    UpdateLate { round: u64, waited_ms: u64 }
+    UpdateMerged { round: u64, after_steps: u64, bytes: u64, via: String }
+    ContributionSent {
+        round: u64, #[serde(deserialize_with = "nan_if_null")] loss: f64, bytes: u64, param_bytes: u64,
+        #[serde(deserialize_with = "nan_if_null")] ratio: f64, accepted: bool, reason: String, tokens: u64,
+        #[serde(deserialize_with = "nan_if_null")] seconds: f64, bytes_up: u64, bytes_down: u64,
+        utilization: Option<f64>, train_s: f64, wall_s: f64,
+    }
+    /// `reason` is absent when it was abandoned after `steps` steps.
+    RoundAbandoned { round: u64, steps: u64, #[serde(skip_serializing_if = "Option::is_none")] reason: Option<String> }
+    LeaseExpired { term: u64, peer: String }
+    LeaderFollowed { term: u64, peer: String }
+    WorkerStarted { worker: u64, peer: String, round: u64 }
+    WorkerKilled { round: u64, worker: u64 }
+    WorkerRestarted { round: u64, worker: u64 }
+    ShepherdKilled { round: u64, node: u64 }
+    Listening { peer: String, addr: String }
+    PeerConnected { peer: String, addr: String }
+    BootstrapFailed { addr: String, reason: String, retry_in_s: f64 }
+    PeerDiscovered { peer: String }
+    BlobFetched { hash: String, bytes: u64, providers: u64, seconds: f64, chunks: u64, chunks_relayed: u64 }
+    MessageRejected {
+        peer: String,
+        #[serde(skip_serializing_if = "Option::is_none")] kind: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")] term: Option<u64>,
+        reason: String,
+    }
+    ReachabilityChanged { reachability: String, addr: Option<String> }
+    RelayReserved { relay: String, addr: String, renewal: bool, limit_bytes: Option<u64>, limit_s: Option<u64> }
+    RelayLost { relay: String, reason: String }
+    RelayedConnection { peer: String, relay: Option<String>, addr: String, inbound: bool }
+    /// `result` is `ok` (with `addr`) or `failed` (with `reason`).
+    HolePunched {
+        peer: String, result: String,
+        #[serde(skip_serializing_if = "Option::is_none")] addr: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")] reason: Option<String>,
+    }
+    RelayService { enabled: bool }
+    RelayReservation { peer: String, accepted: bool, reason: Option<String> }
+    RelayCircuit { src: String, dst: String, state: String, reason: Option<String> }
+    /// `result` is `ok` (with `addr`) or `failed` (with `reason`).
+    PortMapping {
+        result: String,
+        #[serde(skip_serializing_if = "Option::is_none")] addr: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")] reason: Option<String>,
+    }
+}
