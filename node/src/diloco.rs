@@ -33,7 +33,7 @@ pub(crate) struct RoleIo {
     /// The node's data directory.
     pub(crate) data_dir: std::path::PathBuf,
     /// The `--events` stream.
-    pub(crate) events: crate::events::Events,
+    pub(crate) events: crate::observe::events::Events,
 }
 
 pub(crate) use candidate::{Begin, STANDBY, run as candidate_run};

@@ -29,11 +29,11 @@ use super::RoleIo;
 use super::retention::Retention;
 use super::shepherd::{Host, LeaseKeeper, Outcome, Prepared, ShepherdHooks, ShepherdPlan};
 use super::wire::{self, LeaderState, Signer, peer_name};
-use crate::config::Experiment;
-use crate::engine::Engine;
-use crate::events::{self as ev, Events};
-use crate::model::Model;
-use crate::train::{Corpus, step_config};
+use crate::commands::train::{Corpus, step_config};
+use crate::observe::events::{self as ev, Events};
+use crate::training::config::Experiment;
+use crate::training::engine::Engine;
+use crate::training::model::Model;
 
 /// How often a standby heartbeats the leader it awaits.
 const HEARTBEAT: Duration = Duration::from_millis(500);

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use pcp_bootstrap::Node;
 use pcp_protocol::BlobHash;
 
-use crate::events::{BlobsReleased, Event, Events};
+use crate::observe::events::{BlobsReleased, Event, Events};
 
 /// Rounds whose blobs a node keeps unless `--keep-rounds` says otherwise: the open
 /// round's and the one before, which a worker a round behind (or a standby

@@ -27,13 +27,13 @@ use tokio_util::sync::CancellationToken;
 use super::retention::Retention;
 use super::wire::{self, LeaderState, Signer, peer_name};
 use crate::Failure;
-use crate::checkpoint::{Checkpoint, Tensor};
-use crate::config::Experiment;
-use crate::data::Sampler;
-use crate::engine::Engine;
-use crate::events::{self as ev, Events};
-use crate::model::Model;
-use crate::train::{Corpus, default_corpus, step_config, validation_loss};
+use crate::commands::train::{Corpus, default_corpus, step_config, validation_loss};
+use crate::observe::events::{self as ev, Events};
+use crate::training::checkpoint::{Checkpoint, Tensor};
+use crate::training::config::Experiment;
+use crate::training::data::Sampler;
+use crate::training::engine::Engine;
+use crate::training::model::Model;
 
 /// Flags of `pcp-node --shepherd`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -470,7 +470,7 @@ async fn loss_moved(
     params: &Tensors,
     delta: &Delta,
     sign: f32,
-    batch: &crate::data::Batch,
+    batch: &crate::training::data::Batch,
 ) -> anyhow::Result<f32> {
     let mut moved = params.clone();
     delta.add_to(&mut moved, -sign);
@@ -720,7 +720,7 @@ struct ShepherdMeta {
     model: String,
     /// The corpus's vocabulary.
     #[serde(default)]
-    vocab: Option<crate::data::Vocab>,
+    vocab: Option<crate::training::data::Vocab>,
     /// Recent round durations, milliseconds (adaptive deadlines).
     #[serde(default)]
     durations: Vec<u64>,
@@ -1135,7 +1135,7 @@ impl Host {
     async fn started(&mut self, resumed_at: u64) -> anyhow::Result<()> {
         let run = self.run;
         // the dashboard, when it is up, owns stdout and shows the rounds itself
-        self.plan.table &= !crate::tui::owns_stdout();
+        self.plan.table &= !crate::observe::tui::owns_stdout();
         self.publish_state(&[], &[])?;
         let state = self.state.as_ref().map(|s| BlobHash(s.blob));
         self.plan.retention.advance(&self.node, &self.events, resumed_at, state).await;

@@ -10,7 +10,7 @@ use pcp_protocol::diloco::fragments;
 use pcp_protocol::{Binding, BlobHash, Identity, PublicKey, RunId, Signable};
 use pcp_schema::{ParameterRef, RunManifest, SignedEnvelope};
 
-use crate::events::{Event, Events, MessageRejected};
+use crate::observe::events::{Event, Events, MessageRejected};
 
 /// The wire protocol version in `NodeHello`.
 pub(crate) const PROTOCOL_VERSION: u32 = 1;

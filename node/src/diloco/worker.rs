@@ -30,10 +30,10 @@ use tokio_util::sync::CancellationToken;
 use super::RoleIo;
 use super::wire::{self, Signer, peer_name};
 use crate::Failure;
-use crate::data::Sampler;
-use crate::engine::Engine;
-use crate::events::{self as ev, Events};
-use crate::train::{Corpus, learning_rate};
+use crate::commands::train::{Corpus, learning_rate};
+use crate::observe::events::{self as ev, Events};
+use crate::training::data::Sampler;
+use crate::training::engine::Engine;
 
 /// Flags of the worker role.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -111,7 +111,7 @@ impl WorkerPlan {
     /// Checks the flags, and that this build can run the backend.
     pub(crate) fn new(args: &WorkerArgs) -> Result<Self, Failure> {
         let (device, target) =
-            crate::devices::resolve(&args.backend, args.target.as_deref()).map_err(Failure::input)?;
+            crate::commands::devices::resolve(&args.backend, args.target.as_deref()).map_err(Failure::input)?;
         let run = match &args.run {
             Some(r) => Some(r.parse::<RunId>().map_err(|e| Failure::input(anyhow::anyhow!("--run {r:?}: {e}")))?),
             None => None,
@@ -180,7 +180,7 @@ pub(crate) async fn run(
     let RoleIo { node, identity, events, data_dir } = io;
     let (node, events) = (&node, &events);
     // the dashboard, when it is up, owns stdout and shows the rounds itself
-    let plan = WorkerPlan { verbose: plan.verbose && !crate::tui::owns_stdout(), ..plan };
+    let plan = WorkerPlan { verbose: plan.verbose && !crate::observe::tui::owns_stdout(), ..plan };
     let mut signer = Signer::new(identity);
     let gossip = Arc::new(tokio::sync::Mutex::new(gossip));
     loop {

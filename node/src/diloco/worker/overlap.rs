@@ -40,7 +40,7 @@ use super::{
     newer_round,
 };
 use crate::diloco::wire::Signer;
-use crate::events::{Event, RoundAbandoned, UpdateLate, UpdateMerged};
+use crate::observe::events::{Event, RoundAbandoned, UpdateLate, UpdateMerged};
 
 /// What finished off the training loop.
 enum Done {

@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::Failure;
-use crate::model::Model;
+use crate::training::model::Model;
 
 /// Decode, validate and add at the shepherd: seconds per contribution and peak RSS.
 #[derive(Debug, clap::Args)]

@@ -13,9 +13,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::Failure;
+use crate::commands::join::{NetArgs, Usage};
 use crate::diloco::{RetentionArgs, WorkerArgs};
-use crate::events::{Event, Events, SupervisorStopped, WorkerExited, WorkerSpawned};
-use crate::join::{NetArgs, Usage};
+use crate::observe::events::{Event, Events, SupervisorStopped, WorkerExited, WorkerSpawned};
 
 /// The first restart waits this long; each quick exit doubles it.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
@@ -101,7 +101,7 @@ pub(crate) async fn run(n: usize, net: NetArgs, worker: WorkerArgs, retention: R
     for (index, slot) in slots.iter_mut().enumerate() {
         start(&spec, index, slot, &mut running, &events)?;
     }
-    let mut terminate = crate::join::terminate_signal()?;
+    let mut terminate = crate::commands::join::terminate_signal()?;
     let stop = loop {
         let next_restart = slots.iter().filter_map(|s| s.restart_at).min();
         tokio::select! {

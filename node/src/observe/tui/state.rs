@@ -1,12 +1,12 @@
 //! What the dashboard shows, kept up to date by the events the node emits.
 //!
 //! [`State::apply`] takes a typed event (those of `--events FILE`, see
-//! [`crate::events::Event`]) and the time it arrived; nothing here reads a clock, so a test drives it exactly.
+//! [`crate::observe::events::Event`]) and the time it arrived; nothing here reads a clock, so a test drives it exactly.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
-use crate::events::kinds::{self as ev, Event};
+use crate::observe::events::kinds::{self as ev, Event};
 
 /// Completed rounds kept for the loss chart and the summary.
 pub(crate) const MAX_ROUNDS: usize = 500;

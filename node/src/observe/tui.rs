@@ -2,7 +2,7 @@
 //! worker and `pcp-node sim`.
 //!
 //! It is fed like `--metrics-addr`: every event the node emits (see
-//! [`crate::events::Events::emit`]) passes through [`observe`] into a [`State`], and
+//! [`crate::observe::events::Events::emit`]) passes through [`observe`] into a [`State`], and
 //! a `tracing` layer ([`Capture`]) puts log lines into a bounded ring instead of the
 //! terminal's stderr. A thread of its own redraws at 4 Hz and reads the keys: `q`
 //! or Ctrl-C stops the node as a Ctrl-C would without the dashboard (a second press
@@ -31,7 +31,7 @@ use log::Ring;
 pub(crate) use state::Mode;
 use state::State;
 
-use crate::events::kinds::Event;
+use crate::observe::events::kinds::Event;
 
 /// The smallest terminal on which the dashboard is shown without `--tui`.
 const DEFAULT_SIZE: (u16, u16) = (80, 24);

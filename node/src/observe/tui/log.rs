@@ -149,7 +149,7 @@ mod tests {
         assert_eq!(lines.len(), 1);
         assert_eq!(
             lines[0].text,
-            "09:05:07 WARN  pcp_node::tui::log::tests: contribution rejected: no improvement peer=12D3KooW round=2"
+            "09:05:07 WARN  pcp_node::observe::tui::log::tests: contribution rejected: no improvement peer=12D3KooW round=2"
         );
     }
 }

@@ -9,12 +9,12 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 
 use crate::Failure;
-use crate::checkpoint::Checkpoint;
-use crate::config::Experiment;
-use crate::data::Vocab;
-use crate::join::NetArgs;
-use crate::model::Model;
-use crate::train::{DeviceArgs, load_engine};
+use crate::commands::join::NetArgs;
+use crate::commands::train::{DeviceArgs, load_engine};
+use crate::training::checkpoint::Checkpoint;
+use crate::training::config::Experiment;
+use crate::training::data::Vocab;
+use crate::training::model::Model;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct GenerateArgs {

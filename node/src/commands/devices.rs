@@ -5,7 +5,7 @@ use std::io::Write as _;
 use pcp_runtime::Device;
 
 use crate::Failure;
-use crate::join::Usage;
+use crate::commands::join::Usage;
 
 /// Prints one block per backend: its IREE driver, whether it is in this build, and
 /// the devices its vendor library sees (name, architecture, memory), or why none.

@@ -17,7 +17,7 @@ use crate::Failure;
 use crate::diloco::{
     Begin, Retention, RetentionArgs, RoleIo, ShepherdArgs, ShepherdHooks, ShepherdPlan, WorkerArgs, WorkerPlan,
 };
-use crate::events::{EventLog, Events};
+use crate::observe::events::{EventLog, Events};
 
 /// How long the reachability self-test waits for a dial-back.
 const REACHABILITY_WAIT: Duration = Duration::from_secs(15);
@@ -430,11 +430,13 @@ pub(crate) async fn run_node(
     listening: Option<mpsc::Sender<Multiaddr>>,
     cancel: CancellationToken,
 ) -> Result<(), Failure> {
-    let _metrics = crate::metrics::serve(args.metrics).await.map_err(Failure::input)?;
+    let _metrics = crate::observe::metrics::serve(args.metrics).await.map_err(Failure::input)?;
     // a node of its own reports to wandb when it may lead (`sim` starts one for all)
     let _wandb = match &role {
-        Role::Shepherd(plan, _) if interactive => crate::wandb::Bridge::start(Some(plan.experiment()), "shepherd"),
-        Role::Candidate(..) if interactive => crate::wandb::Bridge::start(None, "shepherd"),
+        Role::Shepherd(plan, _) if interactive => {
+            crate::observe::wandb::Bridge::start(Some(plan.experiment()), "shepherd")
+        }
+        Role::Candidate(..) if interactive => crate::observe::wandb::Bridge::start(None, "shepherd"),
         _ => None,
     };
     let mut running = Running::start(args).map_err(Failure::input)?;
@@ -483,7 +485,7 @@ async fn pump(
 ) -> Result<(), Failure> {
     let peer = running.node.peer_id();
     // the dashboard, when it is up, owns stdout and shows these itself
-    let say = interactive && !crate::tui::owns_stdout();
+    let say = interactive && !crate::observe::tui::owns_stdout();
     if say {
         println!("peer id: {peer}");
     }

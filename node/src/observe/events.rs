@@ -38,23 +38,23 @@ impl Events {
     }
 
     /// Writes `{"t":…,"event":name,…fields}` (keys in serde_json's sorted order).
-    /// The same line goes to the wandb bridge when one runs ([`crate::wandb`]),
+    /// The same line goes to the wandb bridge when one runs ([`crate::observe::wandb`]),
     /// whether or not an events file was given.
     pub(crate) fn emit(&self, event: Event) {
-        crate::metrics::observe(&event);
-        crate::tui::observe(&event);
-        let to_wandb = crate::wandb::active();
+        crate::observe::metrics::observe(&event);
+        crate::observe::tui::observe(&event);
+        let to_wandb = crate::observe::wandb::active();
         if self.out.is_none() && !to_wandb {
             return;
         }
         let Some(mut line) = line(&event) else { return };
         line.push('\n');
         let Some(out) = &self.out else {
-            crate::wandb::send(line);
+            crate::observe::wandb::send(line);
             return;
         };
         if to_wandb {
-            crate::wandb::send(line.clone());
+            crate::observe::wandb::send(line.clone());
         }
         let Ok(mut out) = out.lock() else { return };
         // An events file that stops accepting writes must not stop training.

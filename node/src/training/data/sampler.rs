@@ -197,7 +197,7 @@ fn below(rng: &mut ChaCha8Rng, bound: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::Tokens;
+    use crate::training::data::Tokens;
 
     fn corpus(len: u16) -> Tokens {
         Tokens::from_vec((0..len).collect(), "corpus")
@@ -314,7 +314,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny.bin");
         std::fs::write(&path, [1, 0, 2, 0, 3, 0]).unwrap();
-        let tokens = Tokens::open_bin(&path, crate::data::TokenFormat::NanoGpt).unwrap();
+        let tokens = Tokens::open_bin(&path, crate::training::data::TokenFormat::NanoGpt).unwrap();
         let err = Sampler::new(tokens.all(), 1, 3, 0).unwrap_err().to_string();
         assert_eq!(err, format!("{}: 3 tokens is too short for one window of block size 3 (needs 4)", path.display()));
     }
@@ -325,7 +325,7 @@ mod tests {
         let path = dir.path().join("train.bin");
         let bytes: Vec<u8> = (0u16..500).flat_map(u16::to_le_bytes).collect();
         std::fs::write(&path, bytes).unwrap();
-        let tokens = Tokens::open_bin(&path, crate::data::TokenFormat::NanoGpt).unwrap();
+        let tokens = Tokens::open_bin(&path, crate::training::data::TokenFormat::NanoGpt).unwrap();
         let mut sampler = Sampler::new(tokens.all(), 2, 4, 9).unwrap();
         let batch = sampler.next_batch();
         let inputs = batch.inputs_i64();

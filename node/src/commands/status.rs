@@ -8,7 +8,7 @@ use clap::Args;
 use pcp_bootstrap::{NatMapping, NetStatus, Reachability};
 use tokio::time::Instant;
 
-use crate::join::{NetFlags, Running, Usage, Uses, nat_line};
+use crate::commands::join::{NetFlags, Running, Usage, Uses, nat_line};
 
 /// How long the report waits for the NAT's port mapping once reachability is known.
 const MAPPING_WAIT: Duration = Duration::from_secs(20);

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use pcp_simulations::{ModelSpec, SimulateArgs};
 
 use crate::Failure;
-use crate::model::Model;
+use crate::training::model::Model;
 
 /// Runs the simulation `args` describe and prints its table to stdout.
 pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {

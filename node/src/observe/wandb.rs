@@ -15,7 +15,7 @@
 //! another. A key from the experiment file reaches it in its environment, never
 //! on its command line.
 //!
-//! Every event passes through [`send`] (see [`crate::events::Events::emit`])
+//! Every event passes through [`send`] (see [`crate::observe::events::Events::emit`])
 //! into a bounded queue that a thread writes to the bridge's stdin: events are
 //! dropped (and counted) when the bridge falls behind, and a bridge that cannot
 //! start or dies costs one warning; training never waits for it. When the
@@ -32,14 +32,14 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::config::Experiment;
+use crate::training::config::Experiment;
 
 /// Events queued for the bridge; more are dropped until it catches up.
 const QUEUE: usize = 4096;
 /// How long the bridge may take to finish the run once its input ends.
 pub(crate) const FINISH_TIMEOUT: Duration = Duration::from_secs(30);
 /// The bridge, built in.
-const SCRIPT: &str = include_str!("../../tools/wandb_bridge.py");
+const SCRIPT: &str = include_str!("../../../tools/wandb_bridge.py");
 
 /// The queue to the running bridge, if one runs in this process.
 static SINK: Mutex<Option<SyncSender<String>>> = Mutex::new(None);
@@ -151,7 +151,7 @@ impl Bridge {
         // pcp-node ends it by closing stdin.
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         command.stdin(Stdio::piped()).stdout(Stdio::from(std::io::stderr())).stderr(Stdio::inherit());
-        if crate::tui::owns_stdout() {
+        if crate::observe::tui::owns_stdout() {
             // the dashboard owns the terminal: wandb's lines would draw over it
             command.stdout(Stdio::null()).stderr(Stdio::null());
         }
@@ -346,7 +346,7 @@ mod tests {
     /// so renaming one in the enum fails here rather than blanking a dashboard.
     #[test]
     fn the_bridge_reads_events_and_fields_that_exist() {
-        use crate::events::Event;
+        use crate::observe::events::Event;
         let mut checked = 0;
         for block in SCRIPT.split("\n    def on_").skip(1) {
             let name = block.split('(').next().expect("a name");

@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::Failure;
-use crate::config::Experiment;
-use crate::data::{Sampler, Tokens};
-use crate::join::NetArgs;
-use crate::model::Model;
-use crate::train::{Corpus, DeviceArgs, default_corpus, load_engine};
+use crate::commands::join::NetArgs;
+use crate::commands::train::{Corpus, DeviceArgs, default_corpus, load_engine};
+use crate::training::config::Experiment;
+use crate::training::data::{Sampler, Tokens};
+use crate::training::model::Model;
 
 /// Tokens per second and peak RSS of the fused training step.
 #[derive(Debug, clap::Args)]

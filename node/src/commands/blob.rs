@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use pcp_bootstrap::{BlobStore, Event, StoreError};
 use pcp_protocol::BlobHash;
 
-use crate::join::{DataDirArg, NetFlags, Running, Usage, Uses};
+use crate::commands::join::{DataDirArg, NetFlags, Running, Usage, Uses};
 
 /// Blob store operations.
 #[derive(Debug, Args)]
@@ -60,7 +60,7 @@ pub(crate) async fn run(args: &BlobArgs, root: &NetFlags) -> anyhow::Result<()> 
         }
         BlobCommand::Get { hash, output, timeout, net } => {
             let net = &root.resolve(net.clone(), "blob get", Uses::Network)?;
-            let _metrics = crate::metrics::serve(net.metrics).await?;
+            let _metrics = crate::observe::metrics::serve(net.metrics).await?;
             let store = BlobStore::open(&net.data_dir)?;
             if !store.contains(hash) && net.bootstrap.is_empty() {
                 return Err(Usage(format!(
@@ -73,7 +73,7 @@ pub(crate) async fn run(args: &BlobArgs, root: &NetFlags) -> anyhow::Result<()> 
             let node = running.node.clone();
             let fetch = node.fetch(*hash, Duration::from_secs(*timeout));
             tokio::pin!(fetch);
-            let spinner = crate::progress::spinner(format!("fetching {hash:#}"));
+            let spinner = crate::observe::progress::spinner(format!("fetching {hash:#}"));
             let report = loop {
                 tokio::select! {
                     r = &mut fetch => break r,

@@ -5,7 +5,7 @@ mod blob;
 mod step;
 
 use crate::Failure;
-use crate::join::{DataDirArg, NetFlags, Uses};
+use crate::commands::join::{DataDirArg, NetFlags, Uses};
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum BenchCommand {

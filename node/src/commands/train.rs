@@ -9,13 +9,13 @@ use pcp_runtime::Device;
 use serde_json::json;
 
 use crate::Failure;
-use crate::checkpoint::{Checkpoint, Tensor};
-use crate::config::Experiment;
-use crate::data::{Sampler, SamplerState, Split, TokenFormat, Tokens, Vocab};
-use crate::engine::Engine;
-use crate::events::{self as ev, Events};
-use crate::join::NetArgs;
-use crate::model::Model;
+use crate::commands::join::NetArgs;
+use crate::observe::events::{self as ev, Events};
+use crate::training::checkpoint::{Checkpoint, Tensor};
+use crate::training::config::Experiment;
+use crate::training::data::{Sampler, SamplerState, Split, TokenFormat, Tokens, Vocab};
+use crate::training::engine::Engine;
+use crate::training::model::Model;
 
 /// Flags shared by `train`, `bench` and `generate` for where to run.
 #[derive(Debug, Clone, clap::Args)]
@@ -30,7 +30,7 @@ pub(crate) struct DeviceArgs {
 
 impl DeviceArgs {
     pub(crate) fn resolve(&self) -> anyhow::Result<(Device, pcp_graph::Target)> {
-        crate::devices::resolve(&self.backend, self.target.as_deref())
+        crate::commands::devices::resolve(&self.backend, self.target.as_deref())
     }
 }
 
@@ -204,7 +204,7 @@ pub(crate) async fn load_engine(
         .map_err(|e| anyhow::anyhow!("{}: {e}", model.source))?;
     let (device_kind, target) = device.resolve()?;
     let started = Instant::now();
-    let spinner = crate::progress::spinner(format!("compiling the training step for {target}"));
+    let spinner = crate::observe::progress::spinner(format!("compiling the training step for {target}"));
     let artifact = pcp_graph::compile(&step.module, &target, Some(&cache.join("artifacts")));
     spinner.finish_and_clear();
     let artifact = artifact?;
@@ -315,7 +315,7 @@ fn resolve_experiment(args: &TrainArgs, resumed: Option<&Checkpoint>) -> Result<
 }
 
 pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
-    let _metrics = crate::metrics::serve(net.metrics).await.map_err(Failure::input)?;
+    let _metrics = crate::observe::metrics::serve(net.metrics).await.map_err(Failure::input)?;
     let data_dir = net.data_dir.clone();
     let checkpoint_dir = args.checkpoint_dir.clone().unwrap_or_else(|| data_dir.join("checkpoints"));
     let resumed = if args.resume { Some(Checkpoint::load(&checkpoint_dir).map_err(Failure::input)?) } else { None };
@@ -328,7 +328,7 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
     let corpus =
         Corpus::load(&data_path, &experiment.tokenizer, vocab, experiment.val_fraction).map_err(Failure::input)?;
     let events = Events::open(net.events.as_deref()).map_err(Failure::input)?;
-    let _wandb = crate::wandb::Bridge::start(Some(&experiment), "train");
+    let _wandb = crate::observe::wandb::Bridge::start(Some(&experiment), "train");
     let run = Run::prepare(experiment.clone(), corpus, &args.device, &data_dir, resumed.as_ref())
         .await
         .map_err(Failure::input)?;
@@ -362,7 +362,7 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
         start_step
     )?;
     let mut tokens_per_s = 0.0;
-    let bar = crate::progress::bar(total);
+    let bar = crate::observe::progress::bar(total);
     bar.set_position(start_step);
     for step in start_step + 1..=total {
         let lr = learning_rate(step, total, experiment.learning_rate, experiment.min_lr, experiment.warmup_steps);

@@ -4,7 +4,7 @@
 use anyhow::Context as _;
 use pcp_runtime::{Arg, Buffer, Device, HostTensor, Session};
 
-use crate::data::Batch;
+use crate::training::data::Batch;
 
 /// A training module on a device, holding parameters and optimizer state.
 #[derive(Debug)]

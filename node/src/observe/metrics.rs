@@ -2,7 +2,7 @@
 //! at `http://HOST:PORT/metrics`, for a scraper or `curl`.
 //!
 //! The series are fed by the same events as `--events FILE` (see
-//! [`crate::events::Events::emit`]), so the two never disagree: every emitted
+//! [`crate::observe::events::Events::emit`]), so the two never disagree: every emitted
 //! event passes through [`observe`], whether or not an events file was given.
 //! The registry is process-wide: `pcp-node sim` runs every node in one process,
 //! and its metrics are those of the whole simulated network (rounds and losses
@@ -26,7 +26,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
-use crate::events::kinds::Event;
+use crate::observe::events::kinds::Event;
 
 /// Scrapes served at once; more connections are closed at once.
 const MAX_CONNECTIONS: usize = 16;

@@ -19,12 +19,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::Failure;
-use crate::config::Experiment;
+use crate::commands::join::{NetArgs, Role, run_node};
+use crate::commands::train::{Corpus, DeviceArgs, default_corpus};
 use crate::diloco::{Hostile, Retention, RetentionArgs, ShepherdHooks, ShepherdPlan, WorkerArgs, WorkerPlan};
-use crate::events::{Event, Events, ShepherdKilled, WorkerKilled, WorkerRestarted, WorkerStarted};
-use crate::join::{NetArgs, Role, run_node};
-use crate::model::Model;
-use crate::train::{Corpus, DeviceArgs, default_corpus};
+use crate::observe::events::{Event, Events, ShepherdKilled, WorkerKilled, WorkerRestarted, WorkerStarted};
+use crate::training::config::Experiment;
+use crate::training::model::Model;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct SimArgs {
@@ -165,7 +165,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
             "--nodes must be at least 2 + --candidates (a shepherd, the candidates and a worker)"
         )));
     }
-    let _metrics = crate::metrics::serve(net.metrics).await.map_err(Failure::input)?;
+    let _metrics = crate::observe::metrics::serve(net.metrics).await.map_err(Failure::input)?;
     let churn = Churn {
         kill_at: args.kill_at.as_deref().map(parse_kill).transpose()?,
         restart_at: args.restart_at.as_deref().map(parse_kill).transpose()?,
@@ -188,7 +188,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
     let root = net.data_dir.join("sim");
     clear(&root);
     let plan = shepherd_plan(&args, net, &root)?;
-    let _wandb = crate::wandb::Bridge::start(Some(plan.experiment()), "sim");
+    let _wandb = crate::observe::wandb::Bridge::start(Some(plan.experiment()), "sim");
     let (opened_tx, opened) = mpsc::channel(16);
     let (replicated_tx, replicated) = mpsc::channel(64);
     let hooks = ShepherdHooks { opened: Some(opened_tx), replicated: None };
@@ -406,7 +406,7 @@ impl Cluster {
         (mut opened, mut replicated): (mpsc::Receiver<u64>, mpsc::Receiver<Option<u64>>),
         quit: CancellationToken,
     ) -> Result<(), Failure> {
-        let mut sigterm = crate::join::terminate_signal()?;
+        let mut sigterm = crate::commands::join::terminate_signal()?;
         loop {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => return Err(anyhow::anyhow!("interrupted").into()),

@@ -79,7 +79,7 @@ pub(crate) struct Experiment {
     pub(crate) nesterov_momentum: f64,
     /// PCP's epoch cap; pcp counts steps instead.
     pub(crate) max_epochs: Option<u64>,
-    /// The Weights & Biases project [default: `pcp-distributed`]; see [`crate::wandb`].
+    /// The Weights & Biases project [default: `pcp-distributed`]; see [`crate::observe::wandb`].
     pub(crate) wandb_project: Option<String>,
     /// The wandb team or user [default: the key's].
     pub(crate) wandb_entity: Option<String>,
