@@ -1,0 +1,476 @@
+//! How a shepherd starts: where its run comes from (new, checkpoint, inherited),
+//! the manifest, the state machine's settings and its own engine.
+
+use super::*;
+
+/// What a shepherd's checkpoint records besides its tensors (`meta.json`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(super) struct ShepherdMeta {
+    /// Always `shepherd`.
+    pub(super) role: String,
+    /// The run id, hex.
+    pub(super) run: String,
+    pub(super) experiment: Experiment,
+    /// The model's source (preset or path).
+    pub(super) model: String,
+    /// The corpus's vocabulary.
+    #[serde(default)]
+    pub(super) vocab: Option<crate::training::data::Vocab>,
+    /// Recent round durations, milliseconds (adaptive deadlines).
+    #[serde(default)]
+    pub(super) durations: Vec<u64>,
+    /// The last round's contribution norms (the next bound).
+    #[serde(default)]
+    pub(super) norms: Vec<f64>,
+    /// The last round's contributors: how many to wait for on resume.
+    #[serde(default = "one")]
+    pub(super) contributors: usize,
+    /// blake3 of the parameters blob, hex.
+    #[serde(default)]
+    pub(super) params_hash: String,
+    /// The run's creator's key, hex (absent before elections existed: this node).
+    #[serde(default)]
+    pub(super) creator: Option<String>,
+    /// The run id's salt, hex.
+    #[serde(default)]
+    pub(super) salt: Option<String>,
+    /// The other coordinator candidates' keys, hex.
+    #[serde(default)]
+    pub(super) candidates: Vec<String>,
+    /// The term it led in.
+    #[serde(default = "one_u64")]
+    pub(super) term: u64,
+}
+
+pub(super) fn one() -> usize {
+    1
+}
+
+pub(super) fn one_u64() -> u64 {
+    1
+}
+
+impl ShepherdMeta {
+    pub(super) fn of(c: &Checkpoint) -> anyhow::Result<Self> {
+        serde_json::from_value(c.meta.clone()).context("the shepherd checkpoint's metadata")
+    }
+}
+
+/// Where a shepherd's run comes from: a new run, its checkpoint, or a leader's
+/// replicated state it inherits.
+pub(super) struct Origin {
+    run: RunId,
+    params: Tensors,
+    snapshot: Option<Snapshot>,
+    /// Workers to wait for before the first round opens.
+    contributors: usize,
+    salt: [u8; 32],
+    creator: PublicKey,
+    candidates: Vec<PublicKey>,
+    term: u64,
+    /// A successor's manifest.
+    inherited: Option<RunManifest>,
+}
+
+impl Origin {
+    fn of(plan: &ShepherdPlan, me: PublicKey, model_hash: &[u8; 32]) -> anyhow::Result<Self> {
+        Ok(match &plan.start {
+            Start::Resume(c) => {
+                let meta = ShepherdMeta::of(c)?;
+                let run: RunId = meta.run.parse().context("the shepherd checkpoint's run id")?;
+                let get = |prefix: &str| -> anyhow::Result<Tensors> {
+                    plan.model
+                        .params
+                        .iter()
+                        .map(|p| Ok(c.tensor(&format!("{prefix}{}", p.name))?.data.clone()))
+                        .collect()
+                };
+                let key = |v: &Option<String>| v.as_deref().and_then(|s| s.parse::<BlobHash>().ok());
+                let params = get("")?;
+                let snapshot = Snapshot {
+                    completed: c.step,
+                    params: params.clone(),
+                    velocity: get("velocity.")?,
+                    durations: meta.durations.clone(),
+                    norms: meta.norms.clone(),
+                };
+                Self {
+                    run,
+                    params,
+                    snapshot: Some(snapshot),
+                    contributors: meta.contributors,
+                    salt: key(&meta.salt).context("shepherd checkpoint has no run salt")?.0,
+                    creator: key(&meta.creator).map_or(me, |k| PublicKey(k.0)),
+                    candidates: meta
+                        .candidates
+                        .iter()
+                        .filter_map(|c| c.parse::<BlobHash>().ok())
+                        .map(|k| PublicKey(k.0))
+                        .collect(),
+                    term: meta.term,
+                    inherited: None,
+                }
+            }
+            Start::Succeed { manifest, state, term } => {
+                let snapshot = state.snapshot.clone();
+                Self {
+                    run: RunId(manifest.run),
+                    params: snapshot.params.clone(),
+                    snapshot: Some(snapshot),
+                    contributors: state.contributors.len(),
+                    salt: manifest.salt,
+                    creator: PublicKey(manifest.shepherd),
+                    candidates: manifest.candidates.iter().map(|k| PublicKey(*k)).collect(),
+                    term: *term,
+                    inherited: Some((**manifest).clone()),
+                }
+            }
+            Start::New => {
+                let salt = rand::random::<[u8; 32]>();
+                let candidates = plan.candidates.clone();
+                Self {
+                    run: pcp_protocol::election::run_id(&me, model_hash, &salt, &candidates),
+                    params: plan.model.init(plan.experiment.seed),
+                    snapshot: None,
+                    contributors: plan.min_workers,
+                    salt,
+                    creator: me,
+                    candidates,
+                    term: 1,
+                    inherited: None,
+                }
+            }
+        })
+    }
+}
+
+/// A new run's manifest from the plan: everything but the identities and blobs
+/// of this run (run id, creator, parameters, candidates, salt, experiment), which
+/// the caller sets.
+pub(super) fn new_manifest(
+    plan: &ShepherdPlan,
+    step: &pcp_graph::TrainModule,
+    (corpus, corpus_size): (BlobHash, u64),
+    model_hash: [u8; 32],
+) -> anyhow::Result<RunManifest> {
+    let e = &plan.experiment;
+    let (batch, block) = plan.model.batch_block()?;
+    let int64 = plan.model.data.first().is_some_and(|t| t.element.name() == "i64");
+    let total_steps = plan.rounds * plan.tau;
+    let tensors = plan
+        .model
+        .params
+        .iter()
+        .map(|p| TensorSpec { name: p.name.clone(), shape: p.ty.shape.iter().map(|d| *d as u64).collect() })
+        .collect();
+    Ok(RunManifest {
+        run: [0; 32],
+        name: format!("{} on {}", plan.model.source, file_name(&plan.corpus_path)),
+        shepherd: [0; 32],
+        inner_steps: u32::try_from(plan.tau).context("--tau is too large")?,
+        artifacts: Vec::new(),
+        parameters: Vec::new(),
+        model_hash,
+        rounds: plan.rounds,
+        seed: e.seed,
+        schedule: Schedule {
+            learning_rate: e.learning_rate,
+            min_lr: e.min_lr.min(e.learning_rate),
+            warmup_steps: e.warmup_steps.min(total_steps / 10),
+            total_steps,
+        },
+        outer_lr: e.outer_lr as f32,
+        outer_momentum: e.nesterov_momentum as f32,
+        data: DataSpec {
+            blob: corpus.0,
+            size: corpus_size,
+            tokenizer: e.tokenizer.clone(),
+            val_fraction: e.val_fraction,
+            batch: batch as u32,
+            block: block as u32,
+            int64,
+        },
+        tensors,
+        state_per_param: step.state_per_param as u32,
+        encoding: plan.encoding.spec(),
+        screen: plan.screen.name().to_owned(),
+        trim: plan.trim as f32,
+        candidates: Vec::new(),
+        lease_ms: plan.lease_ms,
+        salt: [0; 32],
+        experiment: [0; 32],
+        overlap: plan.overlap,
+        fragments: plan.fragments,
+    })
+}
+
+/// Stores what a run needs whatever its round (the corpus, the initial
+/// parameters, the loss module and the experiment a successor leads with), pins
+/// them, and returns the run's manifest: a successor's inherited one, or a new
+/// run's. `(run, creator, candidates, salt)` must hash to the run id.
+pub(super) fn run_manifest(
+    store: &BlobStore,
+    plan: &mut ShepherdPlan,
+    step: &pcp_graph::TrainModule,
+    params: &Tensors,
+    (run, creator, candidates, salt): (RunId, PublicKey, &[PublicKey], [u8; 32]),
+    inherited: Option<RunManifest>,
+) -> anyhow::Result<RunManifest> {
+    let model_hash = *blake3::hash(plan.model.module.to_mlir().as_bytes()).as_bytes();
+    let (corpus_hash, corpus_size) = store.put_file(&plan.corpus_path)?;
+    let params_blob = wire::params_blob(params);
+    let params_hash = store.put_bytes(&params_blob)?;
+    let params_ref =
+        ParameterRef { name: "params".into(), shard: 0, blob: params_hash.0, size: params_blob.len() as u64 };
+    // what a successor needs besides the corpus: the loss module and the experiment
+    let module_hash = store.put_bytes(plan.model.module.to_mlir().as_bytes())?;
+    let mut shared = plan.experiment.clone();
+    shared.data_path = None;
+    let experiment_hash = store.put_bytes(&serde_json::to_vec(&shared)?)?;
+    let manifest = match inherited {
+        Some(mut m) => {
+            m.artifacts = Vec::new();
+            m
+        }
+        None => RunManifest {
+            run: run.0,
+            shepherd: creator.0,
+            parameters: vec![params_ref],
+            candidates: candidates.iter().map(|k| k.0).collect(),
+            salt,
+            experiment: experiment_hash.0,
+            ..new_manifest(plan, step, (corpus_hash, corpus_size), model_hash)?
+        },
+    };
+    anyhow::ensure!(
+        pcp_protocol::election::run_id(&creator, &manifest.model_hash, &manifest.salt, candidates) == run,
+        "run {run}: its id does not match its creator, model, salt and candidates"
+    );
+    // what the run needs whatever its round: never released
+    for hash in [corpus_hash, module_hash, experiment_hash] {
+        plan.retention.pin(hash);
+    }
+    for p in &manifest.parameters {
+        plan.retention.pin(BlobHash(p.blob));
+    }
+    Ok(manifest)
+}
+
+/// The state machine's settings. A resumed or elected shepherd waits a moment for
+/// the last round's `contributors` to come back.
+pub(super) fn machine_config(
+    plan: &ShepherdPlan,
+    params: &Tensors,
+    contributors: usize,
+) -> anyhow::Result<shepherd::Config> {
+    let e = &plan.experiment;
+    Ok(shepherd::Config {
+        rounds: plan.rounds,
+        start_workers: contributors.max(1),
+        initial_deadline_ms: 600_000,
+        min_deadline_ms: 10_000,
+        heartbeat_timeout_ms: plan.heartbeat_timeout_ms,
+        outer_lr: e.outer_lr as f32,
+        outer_momentum: e.nesterov_momentum as f32,
+        trim: plan.trim,
+        sparse: plan.encoding.sparse(),
+        fragments: fragments::split(&params.iter().map(Vec::len).collect::<Vec<_>>(), plan.fragments as usize)?,
+        ..shepherd::Config::default()
+    })
+}
+
+/// The shepherd's own engine (for validation and screening): a standby's
+/// prepared one, else the step compiled for this host's CPU.
+pub(super) async fn host_engine(
+    prepared: Option<Engine>,
+    module: &Arc<pcp_graph::Module>,
+    artifacts_dir: &Path,
+    manifest: &RunManifest,
+    params: Tensors,
+    state_per_param: usize,
+) -> anyhow::Result<Engine> {
+    if let Some(mut engine) = prepared {
+        engine.set_params(params).await.context("loading the inherited parameters")?;
+        return Ok(engine);
+    }
+    let cpu = {
+        let (module, dir) = (module.clone(), artifacts_dir.to_path_buf());
+        tokio::task::spawn_blocking(move || pcp_graph::compile(&module, &pcp_graph::Target::host(), Some(&dir)))
+            .await??
+    };
+    Engine::new(
+        pcp_runtime::Device::Cpu,
+        cpu.vmfb,
+        wire::shapes(manifest),
+        params,
+        None,
+        state_per_param,
+        manifest.data.int64,
+    )
+    .await
+}
+
+impl Host {
+    pub(in crate::diloco) async fn start(
+        mut plan: ShepherdPlan,
+        node: Node,
+        identity: pcp_protocol::Identity,
+        data_dir: &Path,
+        events: Events,
+        hooks: ShepherdHooks,
+    ) -> anyhow::Result<Self> {
+        let store = BlobStore::open(data_dir)?;
+        let (step, prepared_engine) = match plan.prepared.take() {
+            Some(p) => (p.step, Some(p.engine)),
+            None => {
+                let step = pcp_graph::train_step(&plan.model.module, "main", &step_config(&plan.experiment))
+                    .map_err(|err| anyhow::anyhow!("{}: {err}", plan.model.source))?;
+                (step, None)
+            }
+        };
+        let model_hash = *blake3::hash(plan.model.module.to_mlir().as_bytes()).as_bytes();
+        let me = identity.public();
+        let Origin { run, params, snapshot, contributors, salt, creator, candidates, term, inherited } =
+            Origin::of(&plan, me, &model_hash)?;
+        let identity_of_run = (run, creator, &candidates[..], salt);
+        let manifest = run_manifest(&store, &mut plan, &step, &params, identity_of_run, inherited)?;
+        let succession = Succession::new(run, creator, &candidates);
+        let election = Election::resume(me, succession, manifest.lease_ms.max(500), term, wire::mono_ms());
+        let config = machine_config(&plan, &params, contributors)?;
+        let machine = match snapshot {
+            Some(s) => Shepherd::resume(config, s),
+            None => Shepherd::new(config, params.clone()),
+        };
+        let sizes = wire::sizes(&manifest);
+        let shards = wire::shard_ranges(&manifest)?;
+        let fragments = fragments::split(&sizes, manifest.fragments.max(1) as usize)?;
+        // contributions are read only from workers that joined, and only up to this size
+        node.admission().serve(run, compress::encoded_len(&sizes, plan.encoding) + CONTRIBUTION_OVERHEAD);
+
+        // the host's own artifact, for validation
+        // PCP_ARTIFACT_CACHE lets tests and sims share compiled artifacts
+        let artifacts_dir = std::env::var_os("PCP_ARTIFACT_CACHE")
+            .map(PathBuf::from)
+            .or_else(|| plan.artifacts_dir.clone())
+            .unwrap_or_else(|| data_dir.join("artifacts"));
+        let module = Arc::new(step.module);
+        let engine =
+            host_engine(prepared_engine, &module, &artifacts_dir, &manifest, params, step.state_per_param).await?;
+
+        // providing is a DHT query that can take seconds (a dead leader is still in
+        // routing tables): it runs beside the main loop, so an elected candidate leads at once
+        let mut background = JoinSet::new();
+        for key in [wire::runs_key(), wire::run_key(run)] {
+            let node = node.clone();
+            background.spawn(async move {
+                if let Err(e) = node.provide(key).await {
+                    tracing::warn!("providing {key}: {e}");
+                }
+            });
+        }
+        node.subscribe(run).await?;
+        let resumed_at = machine.completed();
+        let probe_signer = Signer::new(identity.clone());
+        let lease_ms = manifest.lease_ms.max(500);
+        let state_term = match &plan.start {
+            Start::Succeed { state, .. } => state.term,
+            _ => election.term(),
+        };
+        let keeper = LeaseKeeper::spawn(node.clone(), Signer::new(identity.clone()), run, &election, lease_ms);
+        let mut host = Self {
+            node,
+            store,
+            signer: Signer::new(identity),
+            run,
+            manifest,
+            machine,
+            events,
+            step_module: module,
+            artifacts_dir,
+            artifacts: BTreeMap::new(),
+            compiling: HashMap::new(),
+            compiles: JoinSet::new(),
+            backends: BTreeMap::new(),
+            published: None,
+            opened: None,
+            // three leases, and never less than the time a silent worker is dropped after
+            quorum: Quorum::new((CHECK_QUORUM_LEASES * lease_ms).max(plan.heartbeat_timeout_ms), wire::mono_ms()),
+            lease_guard: LeaderLease::new(lease_ms),
+            commit: Commit::new(lease_ms),
+            keeper,
+            reported_term: 0,
+            sizes,
+            shards,
+            fragments,
+            engine,
+            started: Instant::now(),
+            bytes_in: 0,
+            traffic: BTreeMap::new(),
+            round_base: None,
+            update: None,
+            served_at_open: 0,
+            last_val: f64::NAN,
+            first_val: f64::NAN,
+            screen: ScreenState::default(),
+            hooks,
+            out: std::io::stdout(),
+            plan,
+            election,
+            state: None,
+            state_replica: None,
+            state_term,
+            probes: JoinSet::new(),
+            probe_signer,
+            stepped_down: None,
+            aside: false,
+            background,
+        };
+        host.started(resumed_at).await?;
+        Ok(host)
+    }
+
+    /// Says the run started (and, resumed or elected, from where), publishes the
+    /// state and releases blobs of rounds before it.
+    pub(super) async fn started(&mut self, resumed_at: u64) -> anyhow::Result<()> {
+        let run = self.run;
+        // the dashboard, when it is up, owns stdout and shows the rounds itself
+        self.plan.table &= !crate::observe::tui::owns_stdout();
+        self.publish_state(&[], &[])?;
+        let state = self.state.as_ref().map(|s| BlobHash(s.blob));
+        self.plan.retention.advance(&self.node, &self.events, resumed_at, state).await;
+        let params_hash = wire::params_hash(self.machine.params());
+        self.events.emit(ev::Event::RunStarted(ev::RunStarted {
+            run: run.to_hex(),
+            model: self.plan.model.source.clone(),
+            rounds: self.plan.rounds,
+            tau: self.plan.tau,
+            resumed_round: resumed_at,
+            params_hash: params_hash.to_hex(),
+            encoding: self.plan.encoding.name().to_owned(),
+            encoding_spec: self.plan.encoding.spec(),
+            overlap: self.plan.overlap,
+        }));
+        if matches!(self.plan.start, Start::Resume(_)) {
+            self.events.emit(ev::Event::Resumed(ev::Resumed { round: resumed_at, params_hash: params_hash.to_hex() }));
+        }
+        self.print_header(resumed_at)?;
+        if let Start::Succeed { term, state, .. } = &self.plan.start {
+            let term = *term;
+            // the quorum it must keep: the workers of the round it inherits
+            self.quorum.round_completed(&state.contributors, wire::mono_ms());
+            self.events.emit(ev::Event::ShepherdElected(ev::ShepherdElected {
+                term,
+                peer: peer_name(&self.election.me()),
+                round: resumed_at,
+                params_hash: params_hash.to_hex(),
+            }));
+            let lapsed = self.election.succession().leader(term.saturating_sub(1));
+            self.table_line(&format!("term {}: the lease of {} expired", term - 1, peer_name(&lapsed)))?;
+            self.table_line(&format!(
+                "term {term}: {} elected; resumes after round {resumed_at} from parameters {params_hash}",
+                peer_name(&self.election.me())
+            ))?;
+        }
+        Ok(())
+    }
+}
