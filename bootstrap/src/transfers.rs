@@ -490,7 +490,7 @@ impl<O: Copy + Eq + Hash, I: Copy + Eq + Hash> Transfers<O, I> {
                 fetch.chunk_checked(peer, index, ok);
                 if !ok {
                     self.counters.chunks_rejected += 1;
-                    let _ = (peer, index);
+                    self.ban(peer, format!("chunk {index} of blob {hash} failed verification"));
                 }
             }
             Err(e) => {

@@ -121,7 +121,7 @@ impl<O: Copy + Eq + Hash, I: Copy + Eq + Hash> Transfers<O, I> {
             .collect();
         for (hash, d) in due {
             self.deferred.remove(&hash);
-            if false && d.file.is_some() && self.store.file_id(&hash) != d.file {
+            if d.file.is_some() && self.store.file_id(&hash) != d.file {
                 tracing::debug!(%hash, "released blob added again: kept");
                 continue;
             }
