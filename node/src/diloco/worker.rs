@@ -679,11 +679,10 @@ struct Courier {
 impl Courier {
     /// Sends `contribution` to the followed leader. A send to a leader that died (or
     /// refused it unread) must not hold up the round that replaces it: an
-    /// announcement of a newer term abandons it. (The same leader's next round does
-    /// not: the contribution that closes a round is answered after the next round is
-    /// announced.) One lost on the way (a cut link, a leader busy past
-    /// the timeout) is sent again while the round is open, so that the round does
-    /// not wait on it for good. `None`: cancelled.
+    /// announcement that makes it moot abandons it ([`superseded`]). One lost on
+    /// the way (a cut link, a leader busy past the timeout) is sent again while the
+    /// round is open, so that the round does not wait on it for good. `None`:
+    /// cancelled.
     async fn deliver(&self, signer: &mut Signer, contribution: &Contribution, this: Key) -> Option<Delivery> {
         let r = contribution.round;
         let mut envelope = signer.seal(self.run, r, contribution);
@@ -715,7 +714,7 @@ impl Courier {
         };
         let (accepted, reason) = match answer {
             Some((answer, to_key)) => ack_of(answer, to_key),
-            None => (false, "abandoned: a newer leader's announcement arrived before the answer".to_owned()),
+            None => (false, "abandoned: a newer announcement made it moot before the answer".to_owned()),
         };
         Some(Delivery { accepted, reason, wire_bytes })
     }
@@ -1126,15 +1125,21 @@ fn noise_like(delta: &mut Tensors, round: u64) {
     delta.iter_mut().flatten().for_each(|v| *v *= k);
 }
 
-/// Waits until an announcement of a newer term than `current`'s, or a refusal,
-/// arrives (forever if the heartbeat task stops).
+/// Waits until an announcement makes a send for `current` moot (forever if the
+/// heartbeat task stops): a newer term (the leader changed), the same round
+/// announced again (a restarted leader reopened it: the send went to the old
+/// one), a round two or more past it, the run's end, or a refusal. The next round
+/// of the same term does not: the contribution that closes a round is answered
+/// after the next round is announced.
 async fn superseded(latest: &mut watch::Receiver<Latest>, current: Key) {
-    let newer_term = |l: &Latest| match l {
-        Latest::Round(a) => a.term > current.1,
+    let moot = |l: &Latest| match l {
+        Latest::Round(a) => {
+            a.term > current.1 || a.finished || a.round >= current.0 + 2 || (a.round == current.0 && key(a) > current)
+        }
         Latest::Refused(_) => true,
         Latest::Nothing => false,
     };
-    while !newer_term(&latest.borrow()) {
+    while !moot(&latest.borrow()) {
         if latest.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
