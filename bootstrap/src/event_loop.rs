@@ -553,6 +553,7 @@ impl EventLoop {
                 tracing::debug!(%peer_id, %addr, "connected");
                 if num_established.get() == 1 {
                     // extra connections (AutoNAT dial-backs) are not new peers
+                    self.transfers.connected(&peer_id);
                     self.emit(Event::PeerConnected { peer: peer_id, addr });
                 }
                 if self.seeds.iter().any(|(p, _)| *p == Some(peer_id)) {

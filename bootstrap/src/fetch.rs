@@ -84,6 +84,17 @@ impl Fetch {
         }
     }
 
+    /// `peer` is reachable anew (a fresh connection, or an asker naming it): the
+    /// failures and "lacks it" of its last connection are forgotten. A provider
+    /// that restarted under the same identity (a shepherd resumed from its
+    /// checkpoint) would otherwise stay dropped until the download times out.
+    /// Banned peers are removed, not counted here, and stay out.
+    pub(crate) fn reconnected(&mut self, peer: &PeerId) -> bool {
+        let failed = self.failures.remove(peer).is_some_and(|n| n > 0);
+        let lacked = self.lacking.remove(peer);
+        failed || lacked
+    }
+
     /// Drops a provider (banned) and requeues what it had in flight.
     pub(crate) fn remove_provider(&mut self, peer: &PeerId) {
         self.providers.retain(|p| p != peer);

@@ -198,6 +198,17 @@ impl<O: Copy + Eq + Hash, I: Copy + Eq + Hash> Transfers<O, I> {
         self.actions.pop_front()
     }
 
+    /// `peer` connected afresh: every download gives it another chance (see
+    /// [`Fetch::reconnected`]).
+    pub(crate) fn connected(&mut self, peer: &PeerId) {
+        let revived: Vec<BlobHash> =
+            self.fetches.iter_mut().filter_map(|(hash, fetch)| fetch.reconnected(peer).then_some(*hash)).collect();
+        for hash in revived {
+            tracing::debug!(%hash, %peer, "a provider that had failed is back");
+            self.changed(hash);
+        }
+    }
+
     /// Whether [`Transfers::poll`] has anything to hand out.
     pub(crate) fn has_work(&self) -> bool {
         !self.actions.is_empty() || !self.to_drive.is_empty()
@@ -216,6 +227,8 @@ impl<O: Copy + Eq + Hash, I: Copy + Eq + Hash> Transfers<O, I> {
         self.start_fetch(hash, timeout, reply, now);
         if let Some(fetch) = self.fetches.get_mut(&hash) {
             for peer in hint {
+                // the asker knows it has the blob now, whatever it did before
+                fetch.reconnected(&peer);
                 fetch.add_provider(peer);
             }
             self.changed(hash);

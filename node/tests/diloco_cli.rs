@@ -92,22 +92,32 @@ fn wait_for(path: &Path, what: &str, timeout: Duration, pred: impl Fn(&Value) ->
         }
         if Instant::now() >= deadline {
             // what did happen, to debug a timeout from CI's log
-            let seen: Vec<String> = events(path)
-                .iter()
-                .rev()
-                .take(40)
-                .rev()
-                .map(|e| {
-                    let mut e = e.clone();
-                    if let Some(o) = e.as_object_mut() {
-                        o.retain(|k, _| {
-                            ["event", "round", "peer", "reason", "contributors", "accepted"].contains(&k.as_str())
-                        });
-                    }
-                    e.to_string()
-                })
-                .collect();
-            panic!("timed out waiting for {what} in {}; its last events:\n{}", path.display(), seen.join("\n"));
+            let last = |p: &Path, n: usize| -> String {
+                let all = events(p);
+                all[all.len().saturating_sub(n)..]
+                    .iter()
+                    .map(|e| {
+                        let mut e = e.clone();
+                        if let Some(o) = e.as_object_mut() {
+                            o.retain(|k, _| {
+                                ["event", "round", "peer", "reason", "contributors", "accepted", "steps", "term"]
+                                    .contains(&k.as_str())
+                            });
+                        }
+                        e.to_string()
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            };
+            // and the other processes' last events beside it
+            let mut others = String::new();
+            let siblings = path.parent().and_then(|d| std::fs::read_dir(d).ok()).into_iter().flatten().flatten();
+            for p in siblings.map(|e| e.path()) {
+                if p != path && p.extension().is_some_and(|x| x == "jsonl") {
+                    others += &format!("\n-- {}:\n{}", p.display(), last(&p, 12));
+                }
+            }
+            panic!("timed out waiting for {what} in {}; its last events:\n{}{others}", path.display(), last(path, 40));
         }
         std::thread::sleep(Duration::from_millis(100));
     }

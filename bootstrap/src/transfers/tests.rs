@@ -319,6 +319,44 @@ fn a_silent_provider_is_dropped_after_three_failures_and_the_fetch_times_out() {
 }
 
 #[test]
+fn a_provider_that_failed_and_came_back_under_the_same_identity_serves_the_download() {
+    // a shepherd killed mid-fetch and resumed from its checkpoint: same peer id, same blob
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (source, hash, data) = holding(dir.path(), "a", 4);
+    let shepherd = peer(2);
+    let mut net = Net::new(transfers(store(dir.path(), "node")), vec![(shepherd, Provider::Silent)]);
+    let mut rx = net.fetch(hash, Duration::from_secs(120));
+    net.settle();
+    assert_eq!(net.asked(shepherd).len(), MAX_PROVIDER_FAILURES as usize, "dropped after its failures");
+    net.wait(REQUERY);
+    assert_eq!(net.asked(shepherd).len(), MAX_PROVIDER_FAILURES as usize, "and not asked again while it is down");
+
+    // it restarts and connects again: the download resumes from it, well before the timeout
+    net.providers[0].1 = Provider::Honest(transfers(source));
+    net.node.connected(&shepherd);
+    net.settle();
+    let report = outcome(&mut rx).expect("fetched from the restarted provider");
+    assert_eq!(std::fs::read(&report.path).expect("read"), data);
+    assert!(net.bans.is_empty(), "failing is no offence");
+}
+
+#[test]
+fn an_asker_naming_a_provider_that_had_failed_gives_it_another_chance() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (source, hash, _) = holding(dir.path(), "a", 5);
+    let shepherd = peer(2);
+    let mut net = Net::new(transfers(store(dir.path(), "node")), vec![(shepherd, Provider::Silent)]);
+    let mut first = net.fetch(hash, Duration::from_secs(120));
+    net.settle();
+    net.providers[0].1 = Provider::Honest(transfers(source));
+    // a second asker (the worker's next announcement) names it as the source
+    let (tx, mut second) = oneshot::channel();
+    net.node.fetch(hash, [shepherd], Duration::from_secs(120), tx, net.now);
+    net.settle();
+    assert!(outcome(&mut second).is_ok() && outcome(&mut first).is_ok(), "both askers are answered");
+}
+
+#[test]
 fn downloads_beyond_the_limit_are_refused_and_a_second_asker_waits_for_the_first() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut net = Net::new(transfers(store(dir.path(), "node")), Vec::new());
