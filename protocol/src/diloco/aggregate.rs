@@ -99,39 +99,122 @@ impl Delta {
     }
 }
 
+/// Packed contributions a [`RunningMean`] holds before it adds them, by default.
+pub const DEFAULT_BATCH: usize = 32;
+/// The most bytes of packed contributions a [`RunningMean`] holds before it adds
+/// them, whatever its batch: 128 MiB, 33 gpt2-124m contributions at the default
+/// sparse layout (3.9 MB each).
+pub const BATCH_BYTES: usize = 128 << 20;
+
 /// The sample-weighted mean of a round's contributions, each scaled down to the
 /// norm bound in force when it arrived, kept as one running sum: memory is one
-/// copy of the parameters, whatever the number of contributions.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// copy of the parameters, whatever the number of contributions, plus a batch of
+/// packed contributions not added yet.
+///
+/// Packed (sparse) contributions given by value ([`RunningMean::push`]) are held
+/// in a batch, up to `batch` of them or [`BATCH_BYTES`], and then added together
+/// block by block of the sum ([`super::sparse::add_batch`]), so the sum crosses
+/// the memory bus once a batch rather than once a contribution. The result is
+/// the same, bit for bit, as adding each in turn: every element receives the
+/// same additions in the same order. A dense or unpacked contribution, or one
+/// given by reference ([`RunningMean::add`]), adds the batch first and then
+/// itself.
+#[derive(Clone, Debug, PartialEq)]
 pub struct RunningMean {
     sum: Option<Tensors>,
     samples: u64,
     threads: usize,
+    /// Most packed contributions held before they are added (0 and 1: none held).
+    batch: usize,
+    /// Packed contributions not added yet, with their weights, in arrival order.
+    pending: Vec<(Packed, f32)>,
+    /// Their bytes.
+    pending_bytes: usize,
+}
+
+impl Default for RunningMean {
+    fn default() -> Self {
+        Self::with_batch(1, DEFAULT_BATCH)
+    }
 }
 
 impl RunningMean {
-    /// A mean that adds packed sparse contributions on `threads` threads.
+    /// A mean that adds packed sparse contributions on `threads` threads, in
+    /// batches of [`DEFAULT_BATCH`].
     pub fn with_threads(threads: usize) -> Self {
-        Self { threads, ..Self::default() }
+        Self::with_batch(threads, DEFAULT_BATCH)
+    }
+
+    /// A mean that adds packed contributions on `threads` threads, holding up to
+    /// `batch` of them (and at most [`BATCH_BYTES`]) before adding them
+    /// together; a batch of 0 or 1 adds each at once.
+    pub fn with_batch(threads: usize, batch: usize) -> Self {
+        Self { sum: None, samples: 0, threads, batch, pending: Vec::new(), pending_bytes: 0 }
     }
 
     /// Adds a validated contribution of `norm`, trained on `samples`, bounded to
-    /// `bound`; returns whether it was scaled down.
+    /// `bound`, at once (after any held batch); returns whether it was scaled down.
     pub fn add(&mut self, delta: &Delta, samples: u64, norm: f64, bound: f64, sizes: &[usize]) -> bool {
-        let scale = if norm > bound { bound / norm } else { 1.0 };
-        let sum = self.sum.get_or_insert_with(|| sizes.iter().map(|n| vec![0.0; *n]).collect());
-        delta.add_on(sum, (scale * samples as f64) as f32, self.threads.max(1));
+        let (weight, scaled) = Self::weight(samples, norm, bound);
+        self.flush();
+        let threads = self.threads.max(1);
+        delta.add_on(self.sum_for(sizes), weight, threads);
         self.samples += samples;
-        scale < 1.0
+        scaled
     }
 
-    /// How many contributions' samples were added.
+    /// [`RunningMean::add`] of a contribution the mean may keep: a packed one is
+    /// held in the batch and added with it (the sum is the same).
+    pub fn push(&mut self, delta: Delta, samples: u64, norm: f64, bound: f64, sizes: &[usize]) -> bool {
+        let Delta::Packed(packed) = delta else { return self.add(&delta, samples, norm, bound, sizes) };
+        let (weight, scaled) = Self::weight(samples, norm, bound);
+        self.sum_for(sizes);
+        self.samples += samples;
+        self.pending_bytes += packed.len_bytes();
+        self.pending.push((packed, weight));
+        if self.pending.len() >= self.batch || self.pending_bytes >= BATCH_BYTES {
+            self.flush();
+        }
+        scaled
+    }
+
+    /// The weight of a contribution: its samples, scaled down to the bound.
+    fn weight(samples: u64, norm: f64, bound: f64) -> (f32, bool) {
+        let scale = if norm > bound { bound / norm } else { 1.0 };
+        ((scale * samples as f64) as f32, scale < 1.0)
+    }
+
+    /// The sum, allocated at `sizes` on first use.
+    fn sum_for(&mut self, sizes: &[usize]) -> &mut Tensors {
+        self.sum.get_or_insert_with(|| sizes.iter().map(|n| vec![0.0; *n]).collect())
+    }
+
+    /// Adds the held batch to the sum now.
+    pub fn flush(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        if let Some(sum) = self.sum.as_mut() {
+            let batch: Vec<(&Packed, f32)> = self.pending.iter().map(|(p, w)| (p, *w)).collect();
+            super::sparse::add_batch(sum, &batch, self.threads.max(1));
+        }
+        self.pending.clear();
+        self.pending_bytes = 0;
+    }
+
+    /// How many contributions' samples were added (held ones included).
     pub fn samples(&self) -> u64 {
         self.samples
     }
 
+    /// Packed contributions held, not yet added to the sum.
+    pub fn held(&self) -> usize {
+        self.pending.len()
+    }
+
     /// The mean, or `None` if nothing was added.
-    pub fn finish(self) -> Option<Tensors> {
+    pub fn finish(mut self) -> Option<Tensors> {
+        self.flush();
         let mut sum = self.sum?;
         let inv = 1.0 / self.samples.max(1) as f64;
         sum.iter_mut().flatten().for_each(|v| *v = (f64::from(*v) * inv) as f32);
@@ -398,6 +481,71 @@ mod tests {
         assert!(running.add(&Delta::Dense(b.delta), 1, 5.0, 2.0, &[2]));
         assert_eq!(running.finish(), Some(buffered));
         assert_eq!(RunningMean::default().finish(), None);
+    }
+
+    #[test]
+    fn a_batched_mean_is_the_same_bits_as_adding_one_at_a_time() {
+        use crate::diloco::sparse::{self, Layout, Packed, SparseTensor};
+        use rand::{Rng, SeedableRng};
+        // a tensor past the threads' threshold and the block, a small one, an empty one
+        let sizes = [(1 << 20) + 4099, 300, 0];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut tensors = |scale: f32| -> Tensors {
+            sizes.iter().map(|n| (0..*n).map(|_| rng.gen_range(-scale..scale)).collect()).collect()
+        };
+        let layouts = [
+            Layout { chunk: 64, k: 2, bits: 2, strided: false },
+            Layout { chunk: 4096, k: 64, bits: 4, strided: false },
+            Layout { chunk: 16, k: 1, bits: 8, strided: true },
+        ];
+        // (the delta the batched mean is given, what the reference adds, samples, norm)
+        let mut deltas: Vec<(Delta, Delta, u64, f64)> = Vec::new();
+        for i in 0..40u64 {
+            let t = tensors(1e-2 * (1 + i % 5) as f32);
+            let (given, reference) = match i % 7 {
+                // a dense one and an unpacked sparse one now and then, packed ones mostly
+                3 => (Delta::Dense(t.clone()), Delta::Dense(t)),
+                5 => {
+                    let s: sparse::SparseTensors = t
+                        .iter()
+                        .map(|v| SparseTensor {
+                            indices: (0..v.len() as u32).step_by(97).collect(),
+                            values: v.iter().step_by(97).copied().collect(),
+                        })
+                        .collect();
+                    (Delta::Sparse(s.clone()), Delta::Sparse(s))
+                }
+                _ => {
+                    let layout = layouts[(i % 3) as usize];
+                    let seed = i % 4;
+                    let (bytes, sent) = sparse::encode_seeded(&t, layout, seed);
+                    let packed = Packed::check(&bytes, &sizes, layout, seed).expect("checks");
+                    (Delta::Packed(packed), Delta::Sparse(sent))
+                }
+            };
+            let norm = given.validate(&sizes).expect("valid");
+            deltas.push((given, reference, 1 + i % 3, norm));
+        }
+        let bound = deltas.iter().map(|d| d.3).sum::<f64>() / deltas.len() as f64;
+        let mut reference = RunningMean::with_batch(1, 1);
+        for (_, r, samples, norm) in &deltas {
+            reference.add(r, *samples, *norm, bound, &sizes);
+        }
+        let expected = reference.finish().expect("a mean");
+        let bits =
+            |t: &Tensors| -> Vec<Vec<u32>> { t.iter().map(|v| v.iter().map(|x| x.to_bits()).collect()).collect() };
+        for (threads, batch) in [(1, 32), (3, 5), (2, 64), (4, 1)] {
+            let mut mean = RunningMean::with_batch(threads, batch);
+            let mut scaled = 0;
+            for (d, _, samples, norm) in deltas.iter().cloned() {
+                scaled += usize::from(mean.push(d, samples, norm, bound, &sizes));
+                assert!(mean.held() < batch.max(1), "the batch is bounded");
+            }
+            assert!(scaled > 0 && scaled < deltas.len(), "some are scaled down to the bound");
+            assert_eq!(mean.samples(), deltas.iter().map(|d| d.2).sum::<u64>());
+            let got = mean.finish().expect("a mean");
+            assert!(bits(&got) == bits(&expected), "{threads} threads, batch {batch}: not the same bits");
+        }
     }
 
     #[test]

@@ -713,7 +713,7 @@ impl<P: Ord + Clone> Shepherd<P> {
     fn flush(open: &mut OpenRound<P>, bound: f64, sizes: &[usize]) {
         open.bound = bound;
         for (peer, e, delta) in std::mem::take(&mut open.held) {
-            if open.mean.add(&delta, e.samples, e.norm, bound, sizes) {
+            if open.mean.push(delta, e.samples, e.norm, bound, sizes) {
                 open.scaled.push((peer, e.norm));
             }
         }

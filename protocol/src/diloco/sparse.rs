@@ -34,6 +34,10 @@
 use super::Tensors;
 use super::bf16::{from_bf16, to_bf16};
 
+mod blocked;
+
+pub use blocked::{BLOCK_ELEMENTS, add_batch};
+
 const MAGIC: &[u8; 4] = b"PCPS";
 const VERSION: u8 = 1;
 const HEADER: usize = 4 + 1 + 4 + 4 + 1 + 1 + 8 + 4;
@@ -598,8 +602,13 @@ impl Packed {
             let t = PackedTensor { n, at, table: decoding_table(&stored, bits) };
             at += layout.bits_of(n, seed, index).div_ceil(8);
             counts.iter_mut().for_each(|c| *c = 0);
-            let chunks = layout.split(n).0 + usize::from(layout.split(n).1 > 0);
-            visit(bytes, layout, seed, index, &t, 0..chunks, |_, code| counts[code] += 1)?;
+            // strided: the kept entries, which a stride starting late leaves one fewer
+            let chunks = if layout.strided {
+                layout.strided_in(n, seed, index)
+            } else {
+                layout.split(n).0 + usize::from(layout.split(n).1 > 0)
+            };
+            blocked::count_codes(bytes, layout, seed, index, &t, chunks, &mut counts)?;
             for (c, v) in counts.iter().zip(&t.table) {
                 if *c > 0 {
                     if !v.is_finite() {
@@ -663,46 +672,15 @@ impl Packed {
 
     /// Adds `weight` × the kept values to `sum` (tensors of the checked sizes),
     /// splitting large tensors into `threads` ranges added at once. Each element
-    /// gets the same additions in the same order whatever the threads.
+    /// gets the same additions in the same order whatever the threads: this is
+    /// [`add_batch`] of this message alone.
     pub fn add_to(&self, sum: &mut Tensors, weight: f32, threads: usize) {
-        for (index, (t, dense)) in self.tensors.iter().zip(sum.iter_mut()).enumerate() {
-            if dense.len() != t.n {
-                continue;
-            }
-            let chunks = self.chunks(index);
-            let parts = if t.n >= PARALLEL_ELEMENTS { threads.clamp(1, chunks.max(1)) } else { 1 };
-            let add = |range: std::ops::Range<usize>, dense: &mut [f32], offset: usize| {
-                let _ = visit(&self.bytes, self.layout, self.seed, index, t, range, |i, code| {
-                    dense[i - offset] += weight * t.table[code];
-                });
-            };
-            if parts == 1 {
-                add(0..chunks, dense, 0);
-                continue;
-            }
-            // chunk-aligned (strided: entry-aligned) element ranges, one per thread
-            let per = chunks.div_ceil(parts);
-            let element = |c: usize| -> usize {
-                if self.layout.strided {
-                    (self.layout.first(self.seed, index) + c * self.layout.stride()).min(t.n)
-                } else {
-                    (c * self.layout.chunk as usize).min(t.n)
-                }
-            };
-            std::thread::scope(|scope| {
-                let mut rest: &mut [f32] = dense;
-                let mut offset = 0;
-                for p in 0..parts {
-                    let (c0, c1) = ((p * per).min(chunks), ((p + 1) * per).min(chunks));
-                    let end = if p + 1 == parts { t.n } else { element(c1) };
-                    let (mine, tail) = std::mem::take(&mut rest).split_at_mut(end - offset);
-                    rest = tail;
-                    let start = offset;
-                    offset = end;
-                    scope.spawn(move || add(c0..c1, mine, start));
-                }
-            });
-        }
+        add_batch(sum, &[(self, weight)], threads);
+    }
+
+    /// The bytes the message holds (what a batch of messages costs in memory).
+    pub fn len_bytes(&self) -> usize {
+        self.bytes.len()
     }
 }
 
