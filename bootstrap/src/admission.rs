@@ -218,6 +218,9 @@ struct Served {
     max_contribution: usize,
     known: Known,
     round: Option<Round>,
+    /// [`Admission::carry`]: the round before the open one, still read.
+    previous: Option<Round>,
+    carry: bool,
 }
 
 /// Peers whose refusals are counted one by one between two reports.
@@ -259,6 +262,16 @@ impl Admission {
         self.lock().runs.entry(run).or_default().max_contribution = max_contribution;
     }
 
+    /// `run`'s shepherd carries a contribution that arrives after its round closed
+    /// into the next round (an overlapping run): contributions for the round before
+    /// the open one are read too, from that round's participants, with the permits
+    /// they had left in it.
+    pub fn carry(&self, run: RunId) {
+        if let Some(served) = self.lock().runs.get_mut(&run) {
+            served.carry = true;
+        }
+    }
+
     /// This node no longer serves `run`.
     pub fn stop_serving(&self, run: RunId) {
         self.lock().runs.remove(&run);
@@ -271,10 +284,11 @@ impl Admission {
     pub fn open_round(&self, run: RunId, round: u64, participants: &[PublicKey]) {
         let mut inner = self.lock();
         let Some(served) = inner.runs.get_mut(&run) else { return };
-        let open = match &mut served.round {
-            Some(open) if open.number == round => open,
-            slot => slot.insert(Round { number: round, taken: HashMap::new(), unstarted: 0 }),
-        };
+        if served.round.as_ref().is_some_and(|open| open.number != round) {
+            let closed = served.round.take().filter(|c| served.carry && c.number + 1 == round);
+            served.previous = closed;
+        }
+        let open = served.round.get_or_insert_with(|| Round { number: round, taken: HashMap::new(), unstarted: 0 });
         for p in participants {
             if !open.taken.contains_key(p) {
                 open.taken.insert(*p, 0);
@@ -295,10 +309,10 @@ impl Admission {
     pub fn forget(&self, run: RunId, signer: PublicKey) {
         if let Some(served) = self.lock().runs.get_mut(&run) {
             served.known.remove(&signer);
-            if let Some(open) = &mut served.round
-                && open.taken.remove(&signer) == Some(0)
-            {
-                open.unstarted -= 1;
+            for round in [served.round.as_mut(), served.previous.as_mut()].into_iter().flatten() {
+                if round.taken.remove(&signer) == Some(0) {
+                    round.unstarted -= 1;
+                }
             }
         }
     }
@@ -364,8 +378,11 @@ impl Inner {
         let (run, round, len) = (RunId(head.run), head.round, head.payload_len);
         let served = self.runs.get_mut(&run).ok_or(Refusal::NotServed { signer, run })?;
         let max = served.max_contribution;
-        let open =
-            served.round.as_mut().filter(|r| r.number == round).ok_or(Refusal::NotOpen { signer, run, round })?;
+        let open = [served.round.as_mut(), served.previous.as_mut()]
+            .into_iter()
+            .flatten()
+            .find(|r| r.number == round)
+            .ok_or(Refusal::NotOpen { signer, run, round })?;
         let taken = *open.taken.get(&signer).ok_or(Refusal::NotParticipant { signer, run, round })?;
         if len > max as u64 {
             return Err(Refusal::TooLarge { kind: head.kind.tag(), len, max, signer });
@@ -501,6 +518,36 @@ mod tests {
     }
 
     const HOME: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+
+    #[test]
+    fn a_run_that_carries_reads_the_round_before_the_open_one_and_no_older() {
+        let admission = Arc::new(Admission::default());
+        let (slow, fast, joiner) = (identity(1), identity(2), identity(3));
+        let run = RunId([8; 32]);
+        let ask = |who: &Identity, round| {
+            admission.permit(&head(MessageKind::Contribution, who, run, round, 10), who.public(), &remote(who, HOME))
+        };
+        admission.serve(run, 1000);
+        admission.open_round(run, 1, &[slow.public(), fast.public()]);
+        drop(ask(&fast, 1).expect("in time"));
+        // without carry, the round before is closed to contributions
+        admission.open_round(run, 2, &[slow.public(), fast.public(), joiner.public()]);
+        assert!(matches!(ask(&slow, 1), Err(Refusal::NotOpen { round: 1, .. })));
+
+        admission.carry(run);
+        admission.open_round(run, 3, &[slow.public(), fast.public(), joiner.public()]);
+        // round 2, closed as 3 opens, is still read from its participants, its permits counted
+        drop(ask(&slow, 2).expect("a late contribution for the round before"));
+        drop(ask(&slow, 2).expect("and its retry"));
+        assert!(matches!(ask(&slow, 2), Err(Refusal::Spent { round: 2, .. })));
+        drop(ask(&joiner, 2).expect("the joiner was a participant of round 2"));
+        drop(ask(&slow, 3).expect("and the open round"));
+        // two rounds old: refused
+        admission.open_round(run, 4, &[slow.public()]);
+        assert!(matches!(ask(&fast, 2), Err(Refusal::NotOpen { round: 2, .. })));
+        assert!(matches!(ask(&joiner, 4), Err(Refusal::NotParticipant { .. })));
+        drop(ask(&joiner, 3).expect("round 3 is the round before"));
+    }
 
     #[test]
     fn contributions_only_from_participants_of_the_open_round_and_up_to_its_size() {

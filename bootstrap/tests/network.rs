@@ -438,6 +438,7 @@ async fn contributions_are_read_only_from_participants_of_the_open_round() -> an
         params_hash: [0; 32],
         train_ms: 0,
         wall_ms: 0,
+        sent_unix_ms: 0,
     };
     let mut nonce = 0;
     let mut send = |len: usize| {
@@ -500,6 +501,7 @@ async fn a_replayed_head_takes_none_of_its_signers_permits() -> anyhow::Result<(
         params_hash: [0; 32],
         train_ms: 0,
         wall_ms: 0,
+        sent_unix_ms: 0,
     };
     let sealed = |nonce| seal(&worker_key, Binding { run, round: 1, nonce, unix_ms: now_ms() }, &contribution);
     let send = |from: &pcp_bootstrap::Node, envelope| {

@@ -117,6 +117,7 @@ fn frames(attacker: &Identity) -> Vec<Vec<u8>> {
         params_hash: [0; 32],
         train_ms: 0,
         wall_ms: 0,
+        sent_unix_ms: 0,
     };
     let heartbeat =
         Heartbeat { run: run.0, round: 1, unix_ms: 1, free_memory_bytes: 0, term: 0, follows: 0, held: None };

@@ -344,6 +344,35 @@ fn an_overlapped_worker_killed_mid_overlap_rejoins_and_contributes() {
     assert!(!after.is_empty() && after.iter().all(|e| e["accepted"] == true), "{after:?}");
 }
 
+#[test]
+fn a_slow_worker_in_an_overlapped_run_is_time_boxed_and_carried_not_waited_for() {
+    // worker 3 takes 150 ms longer per inner step: the shepherd's rounds are time-boxed
+    // (a budget from the median worker's step time, announced with each round), and
+    // what worker 3 sends after its round closed is carried into the next one
+    let (shepherd, workers) =
+        sim_with_workers(6, &["--nodes", "4", "--encoding", "sparse", "--overlap", "--slow", "3:150"]);
+    let rounds: Vec<&Value> = shepherd.iter().filter(|e| e["event"] == "round_completed").collect();
+    assert_eq!(rounds.len(), 6, "the run completes");
+    assert!(rounds.iter().skip(1).any(|r| r["budget_ms"].as_u64().is_some_and(|b| b > 0)), "budgets: {rounds:?}");
+    let slow = worker_peer(&shepherd, 3);
+    let named = |r: &&Value, key: &str| r[key].as_array().is_some_and(|a| a.iter().any(|p| *p == slow));
+    let counted = rounds.iter().filter(|r| named(r, "peers") || named(r, "carried")).count();
+    assert!(counted >= 3, "the slow worker's compute counts in {counted} of 6 rounds: {rounds:?}");
+    // it ran fewer steps than τ when its budget or the median worker's steps ended,
+    // or its contribution came a round late and was carried
+    let full = 20 * 8 * 256; // τ × the preset's batch × block
+    let sent: Vec<&Value> = workers[2].iter().filter(|e| e["event"] == "contribution_sent").collect();
+    let boxed = sent.iter().any(|e| e["tokens"].as_u64().is_some_and(|t| t < full));
+    let carried = rounds.iter().any(|r| named(r, "carried"));
+    assert!(boxed || carried, "neither time-boxed nor carried: {sent:?}");
+    // the fast workers never sent anything the shepherd refused
+    for w in [0, 1] {
+        let refused: Vec<&Value> =
+            workers[w].iter().filter(|e| e["event"] == "contribution_sent" && e["accepted"] != true).collect();
+        assert!(refused.is_empty(), "worker {}: {refused:?}", w + 1);
+    }
+}
+
 /// `params_fetched` events of a worker: (round, via, bytes, shards fetched, of).
 fn fetches(events: &[Value]) -> Vec<(u64, String, u64, u64, u64)> {
     events

@@ -244,6 +244,7 @@ async fn sybil(
         params_hash: [0; 32],
         train_ms: 0,
         wall_ms: 0,
+        sent_unix_ms: 0,
     };
     for nonce in 0..STREAMS as u64 {
         let envelope = seal(&identity, Binding { run, round, nonce: 2 + nonce, unix_ms: now() }, &contribution);

@@ -102,6 +102,8 @@ struct RoundAnnouncement {
   update @9 :ParameterRef;  # a sparse run: the last round's update (the parameters before it minus these)
   updateBase @10 :Data;     # blake3 of the parameters blob the update applies to
   hasUpdate @11 :Bool;      # whether `update` is set
+  budgetMs @12 :UInt64;     # overlap: milliseconds of inner steps a round (0: none, tau steps)
+  stepsEndUnixMs @13 :UInt64; # overlap: when the median worker's steps of this round end (0: unknown)
 }
 
 struct Contribution {
@@ -117,6 +119,7 @@ struct Contribution {
   paramsHash @9 :Data;      # blake3 of the parameters blob it trained from (fencing)
   trainMs @10 :UInt64;      # the worker's milliseconds in inner steps since its last contribution
   wallMs @11 :UInt64;       # and the wall milliseconds they took place in (its utilization's parts)
+  sentUnixMs @12 :UInt64;   # when the worker sent it, its clock (0: not said; overlap's deadline)
 }
 
 # The shepherd's answer to a contribution, or its refusal of any request.

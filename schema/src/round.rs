@@ -29,6 +29,11 @@ pub struct RoundAnnouncement {
     /// A sparse run's update from the previous round's parameters to these: a
     /// worker that holds them fetches this instead of the parameters.
     pub update: Option<Update>,
+    /// Overlap: milliseconds of inner steps a round (0: no budget, τ steps).
+    pub budget_ms: u64,
+    /// Overlap: when the median worker's steps of this round end, Unix
+    /// milliseconds (0: not known): a worker training it ahead stops by then.
+    pub steps_end_unix_ms: u64,
 }
 
 /// A sparse update blob and the parameters it applies to.
@@ -68,6 +73,8 @@ pub struct Contribution {
     /// Wall milliseconds since its previous contribution (0: not said); `train_ms /
     /// wall_ms` is its utilization.
     pub wall_ms: u64,
+    /// When the worker sent it, Unix milliseconds by its clock (0: not said).
+    pub sent_unix_ms: u64,
 }
 
 /// The shepherd's answer to a contribution, or its refusal of a request.
@@ -139,6 +146,8 @@ impl Message for RoundAnnouncement {
             root.set_update_base(&update.base[..]);
             root.set_has_update(true);
         }
+        root.set_budget_ms(self.budget_ms);
+        root.set_steps_end_unix_ms(self.steps_end_unix_ms);
         codec::words(&message)
     }
 
@@ -170,6 +179,8 @@ impl Message for RoundAnnouncement {
                     }),
                     false => None,
                 },
+                budget_ms: r.get_budget_ms(),
+                steps_end_unix_ms: r.get_steps_end_unix_ms(),
             })
         })
     }
@@ -194,6 +205,7 @@ impl Message for Contribution {
         root.set_params_hash(&self.params_hash[..]);
         root.set_train_ms(self.train_ms);
         root.set_wall_ms(self.wall_ms);
+        root.set_sent_unix_ms(self.sent_unix_ms);
         codec::words(&message)
     }
 
@@ -214,6 +226,7 @@ impl Message for Contribution {
                 params_hash: optional_hash(W, "paramsHash", r.get_params_hash().map_err(|e| malformed(W, e))?)?,
                 train_ms: r.get_train_ms(),
                 wall_ms: r.get_wall_ms(),
+                sent_unix_ms: r.get_sent_unix_ms(),
             })
         })
     }

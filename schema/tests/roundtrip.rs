@@ -147,10 +147,12 @@ proptest! {
         participants in vec(any::<[u8; 32]>(), 0..8), finished in any::<bool>(), term in any::<u64>(),
         state in proptest::option::of(parameter()),
         update in proptest::option::of((parameter(), any::<[u8; 32]>())),
+        (budget_ms, steps_end_unix_ms) in (any::<u64>(), any::<u64>()),
     ) {
         let update = update.map(|(blob, base)| Update { blob, base });
         roundtrip(&RoundAnnouncement {
-            run, round, parameters, deadline_unix_ms: d, participants, finished, term, state, update,
+            run, round, parameters, deadline_unix_ms: d, participants, finished, term, state, update, budget_ms,
+            steps_end_unix_ms,
         })?;
     }
 
@@ -159,11 +161,11 @@ proptest! {
         run in any::<[u8; 32]>(), round in any::<u64>(), inner_steps in any::<u32>(), samples in any::<u64>(),
         pseudo_gradient in parameter(), loss in any::<f32>(), delta in vec(any::<u8>(), 0..2048),
         bytes_down in any::<u64>(), term in any::<u64>(), params_hash in any::<[u8; 32]>(),
-        (train_ms, wall_ms) in (any::<u64>(), any::<u64>()),
+        (train_ms, wall_ms, sent_unix_ms) in (any::<u64>(), any::<u64>(), any::<u64>()),
     ) {
         roundtrip(&Contribution {
             run, round, inner_steps, samples, pseudo_gradient, loss, delta, bytes_down, term, params_hash, train_ms,
-            wall_ms,
+            wall_ms, sent_unix_ms,
         })?;
     }
 

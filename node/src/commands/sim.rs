@@ -61,6 +61,10 @@ pub(crate) struct SimArgs {
     /// norm (repeatable).
     #[arg(long, value_name = "KIND:NODE")]
     hostile: Vec<String>,
+    /// Make worker NODE a slower device: MS milliseconds longer per inner step
+    /// (repeatable), to see time-boxed rounds and carried contributions.
+    #[arg(long, value_name = "NODE:MS")]
+    slow: Vec<String>,
     /// Pseudo-gradient encoding: fp32, bf16, int8, or `sparse` (SparseLoCo: chunked
     /// top-k with error feedback, sparse updates both ways;
     /// `sparse:chunk=4096,k=64,bits=2,decay=0.95,down=256` spells out the defaults).
@@ -152,6 +156,16 @@ fn parse_hostile(specs: &[String]) -> Result<BTreeMap<u32, Hostile>, Failure> {
     Ok(hostile)
 }
 
+fn parse_slow(specs: &[String]) -> Result<BTreeMap<u32, Duration>, Failure> {
+    let mut slow = BTreeMap::new();
+    for spec in specs {
+        let bad = || Failure::input(anyhow::anyhow!("--slow takes NODE:MS, got {spec:?}"));
+        let (node, ms) = spec.split_once(':').ok_or_else(bad)?;
+        slow.insert(node.parse().map_err(|_| bad())?, Duration::from_millis(ms.parse().map_err(|_| bad())?));
+    }
+    Ok(slow)
+}
+
 /// Loopback listening on ephemeral ports (TCP only: one less handshake per node).
 fn loopback() -> Vec<Multiaddr> {
     vec![Multiaddr::empty().with(Protocol::Ip4(std::net::Ipv4Addr::LOCALHOST)).with(Protocol::Tcp(0))]
@@ -183,6 +197,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
         .map(|(n, a)| Ok((n, WorkerPlan::new(&a)?)))
         .collect::<Result<_, Failure>>()?;
     let hostile = parse_hostile(&args.hostile)?;
+    let slow = parse_slow(&args.slow)?;
     // Every node gets its own directory; blobs from earlier sims are dropped, the
     // compiled artifacts kept.
     let root = net.data_dir.join("sim");
@@ -221,6 +236,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
         worker_plan,
         worker_plans,
         hostile,
+        slow,
         keep_rounds: args.retention.keep(),
         events: Events::open(net.events.as_deref()).map_err(Failure::input)?,
         events_path: net.events.clone(),
@@ -324,6 +340,8 @@ struct Cluster {
     /// `--worker-backend`'s plans, by worker.
     worker_plans: BTreeMap<u32, WorkerPlan>,
     hostile: BTreeMap<u32, Hostile>,
+    /// `--slow`: extra time per inner step, by worker.
+    slow: BTreeMap<u32, Duration>,
     keep_rounds: usize,
     events: Events,
     /// `--events`: the candidates write there too.
@@ -358,6 +376,7 @@ impl Cluster {
         let mut plan = self.worker_plans.get(&n).unwrap_or(&self.worker_plan).clone();
         plan.verbose = false;
         plan.hostile = self.hostile.get(&n).copied();
+        plan.step_delay = self.slow.get(&n).copied();
         plan.keep_rounds = self.keep_rounds;
         // each worker's own record (utilization, merges, sends) beside its store
         let worker_net = self.net(dir.clone(), Some(dir.join("events.jsonl")));

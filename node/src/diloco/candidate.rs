@@ -246,6 +246,8 @@ impl Standby {
                 term,
                 state: None,
                 update: None,
+                budget_ms: 0,
+                steps_end_unix_ms: 0,
             };
             fetching.spawn(async move {
                 let fetched = async {

@@ -211,6 +211,9 @@ pub(super) struct Host {
     traffic: BTreeMap<PublicKey, Traffic>,
     /// The parameters blob of the open round: what its update applies to.
     round_base: Option<BlobHash>,
+    /// The round before the open one and its parameters blob: the fence of a
+    /// contribution an overlapping run carries over from it.
+    last_base: Option<(u64, BlobHash)>,
     /// A sparse run's last update and the parameters it applies to.
     update: Option<Update>,
     served_at_open: u64,
@@ -732,6 +735,19 @@ impl Host {
                     Ok(c) => {
                         received = Some((c.samples, c.loss, c.delta.len(), c.bytes_down));
                         busy = (c.train_ms, c.wall_ms);
+                        // overlap: how it was made (its budget and deadline learn from it)
+                        let transfer_ms = match c.sent_unix_ms {
+                            0 => 0,
+                            sent => wire::unix_ms().saturating_sub(sent),
+                        };
+                        let timing = Input::Timing {
+                            peer: key,
+                            round,
+                            steps: u64::from(c.inner_steps),
+                            train_ms: c.train_ms,
+                            transfer_ms,
+                        };
+                        self.step(timing).await?;
                         let input = self.contribution_input(key, round, c);
                         self.screened(input).await?
                     }
@@ -822,10 +838,13 @@ impl Host {
         if c.pseudo_gradient.blob != *blake3::hash(&c.delta).as_bytes() {
             return malformed("the pseudo-gradient does not hash to its content id".into());
         }
-        // fencing: trained from this term's announcement of the open round, from its parameters
-        if let (Some(open), Some(base)) = (self.machine.open_round(), self.round_base)
-            && open == round
-        {
+        // fencing: trained from this term's announcement of the open round, from its
+        // parameters (or, carried over in an overlapping run, of the round before)
+        let base = match self.machine.open_round() {
+            Some(open) if open == round => self.round_base,
+            _ => self.last_base.filter(|(r, _)| *r == round).map(|(_, b)| b),
+        };
+        if let Some(base) = base {
             let fence = Fence { term: self.election.term(), round, params: base.0 };
             if let Err(e) = fence.check(c.term, c.round, &c.params_hash) {
                 return Input::Malformed { peer: key, round, reason: Rejection::Fenced(e.to_string()) };
@@ -852,6 +871,8 @@ impl Host {
             term: self.election.term(),
             state: self.state.clone(),
             update: None,
+            budget_ms: 0,
+            steps_end_unix_ms: 0,
         };
         self.signer.seal(self.run, self.machine.completed(), &announcement)
     }
@@ -937,7 +958,7 @@ impl Host {
         self.node.admission().open_round(self.run, round, &participants);
         let parameters = self.publish_params()?;
         let hash = BlobHash(parameters[0].blob);
-        self.round_base = Some(hash);
+        self.last_base = self.round_base.replace(hash).map(|b| (round - 1, b));
         // the blobs of rounds older than this node keeps go
         let kept: Vec<BlobHash> = parameters.iter().map(|p| BlobHash(p.blob)).collect();
         self.plan.retention.advance(&self.node, &self.events, round, kept).await;
@@ -952,6 +973,9 @@ impl Host {
             term: self.election.term(),
             state: self.state.clone(),
             update: self.update.clone(),
+            // overlap: the round's compute budget, and when the median worker's steps end
+            budget_ms: self.machine.budget_ms().unwrap_or(0),
+            steps_end_unix_ms: self.machine.steps_end_ms().unwrap_or(0),
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.served_at_open = self.node.stats().await.map(|s| served(&s)).unwrap_or(0);
@@ -1055,6 +1079,8 @@ impl Host {
             update_bytes,
             workers,
             utilization,
+            carried: summary.carried.iter().map(peer_name).collect(),
+            budget_ms: summary.budget_ms,
         }));
         self.events.emit(ev::Event::Checkpoint(ev::Checkpoint {
             step: None,
@@ -1136,6 +1162,8 @@ impl Host {
             term: self.election.term(),
             state: self.state.clone(),
             update: None,
+            budget_ms: 0,
+            steps_end_unix_ms: 0,
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.opened = None;

@@ -105,6 +105,8 @@ pub(crate) struct WorkerPlan {
     pub(crate) verbose: bool,
     /// Rounds whose blobs this worker keeps (`--keep-rounds`).
     pub(crate) keep_rounds: usize,
+    /// A slower device: this much longer per inner step (`sim --slow`).
+    pub(crate) step_delay: Option<std::time::Duration>,
 }
 
 impl WorkerPlan {
@@ -130,6 +132,7 @@ impl WorkerPlan {
             hostile,
             verbose: true,
             keep_rounds: super::retention::DEFAULT_KEEP_ROUNDS,
+            step_delay: None,
         })
     }
 }
@@ -933,6 +936,9 @@ impl Trainer<'_> {
         let lr = learning_rate(global, s.total_steps, s.learning_rate, s.min_lr, s.warmup_steps);
         let started = Instant::now();
         let loss = self.engine.step(self.adam_step, lr as f32, &sampler.next_batch()).await?;
+        if let Some(delay) = self.plan.step_delay {
+            tokio::time::sleep(delay).await;
+        }
         self.clock.train_s += started.elapsed().as_secs_f64();
         Ok(loss)
     }
@@ -986,6 +992,7 @@ impl Trainer<'_> {
             params_hash: a.parameters.first().map(|p| p.blob).unwrap_or_default(),
             train_ms,
             wall_ms,
+            sent_unix_ms: wire::unix_ms(),
         };
         Outgoing { contribution, sent, trained_s }
     }
@@ -1390,6 +1397,8 @@ impl Heartbeats {
             term: self.election.term() + 1,
             state: None,
             update: None,
+            budget_ms: 0,
+            steps_end_unix_ms: 0,
         };
         let envelope = self.signer.seal(self.run, forged.round, &forged);
         if let Err(e) = self.node.publish(self.run, envelope.encode()).await {

@@ -243,7 +243,7 @@ mod tests {
                     "val_loss": null, "bytes_in": 0, "bytes_out": 0, "seconds": 0.0, "params_hash": "", "peers": [],
                     "excluded": [], "clipped": 0, "norm_bound": 0.0, "encoding": "", "update_bytes": 0,
                     "workers": [{"peer": "p", "bytes_up": 1, "bytes_down": 2, "utilization": null}],
-                    "utilization": null}),
+                    "utilization": null, "carried": [], "budget_ms": null}),
             ),
             (
                 Event::RunFinished(RunFinished { run: Some("r".into()), rounds: 2, ..RunFinished::default() }),

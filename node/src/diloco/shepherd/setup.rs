@@ -275,6 +275,9 @@ pub(super) fn machine_config(
         trim: plan.trim,
         sparse: plan.encoding.sparse(),
         fragments: fragments::split(&params.iter().map(Vec::len).collect::<Vec<_>>(), plan.fragments as usize)?,
+        // overlapping workers: time-boxed rounds, a deadline after the budget, late
+        // contributions carried over (see pcp_protocol::diloco::shepherd)
+        overlap: plan.overlap.then(|| shepherd::Overlap::new(plan.tau)),
         ..shepherd::Config::default()
     })
 }
@@ -346,6 +349,10 @@ impl Host {
         let fragments = fragments::split(&sizes, manifest.fragments.max(1) as usize)?;
         // contributions are read only from workers that joined, and only up to this size
         node.admission().serve(run, compress::encoded_len(&sizes, plan.encoding) + CONTRIBUTION_OVERHEAD);
+        if plan.overlap {
+            // a contribution that arrives after its round closed is carried into the next
+            node.admission().carry(run);
+        }
 
         // the host's own artifact, for validation
         // PCP_ARTIFACT_CACHE lets tests and sims share compiled artifacts
@@ -407,6 +414,7 @@ impl Host {
             bytes_in: 0,
             traffic: BTreeMap::new(),
             round_base: None,
+            last_base: None,
             update: None,
             served_at_open: 0,
             last_val: f64::NAN,

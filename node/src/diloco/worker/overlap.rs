@@ -1,327 +1,369 @@
 //! Overlapped rounds: compute never waits for the network.
 //!
-//! A worker in a run whose manifest says `overlap` sends round r's contribution
-//! and, without waiting, trains round r+1 from its own parameters θ_end(r). The
-//! send, the shepherd's aggregation, round r+1's announcement and the fetch of its
-//! parameters θ(r+1) (the sparse update, in a sparse run) all happen meanwhile,
-//! off the training loop. When θ(r+1) arrives, d inner steps later, the worker
-//! **rebases**:
+//! A worker in a run whose manifest says `overlap` is driven by the protocol's
+//! overlapping state machine ([`pcp_protocol::diloco::worker::Worker::with_overlap`],
+//! whose docs give the rules), the same one `pcp-node simulate --overlap` drives:
+//! this module only carries out its actions and feeds it what happens.
 //!
-//! θ_local ← θ(r+1) + (θ_local − θ_end(r))
+//! It sends round r's contribution and, without waiting, trains round r+1 from
+//! its own parameters θ_end(r). The send, the shepherd's aggregation, round
+//! r+1's announcement and the fetch of its parameters θ(r+1) (the sparse update,
+//! in a sparse run) all happen meanwhile, off the training loop. When θ(r+1)
+//! arrives, d inner steps later, the worker **rebases**:
 //!
-//! It keeps the d steps of progress it made since the send and replaces their
-//! base with the shepherd's parameters. Round r+1's pseudo-gradient stays
-//! θ(r+1) − θ_end(r+1), so the shepherd is the same as without overlap. Streaming
-//! DiLoCo's overlapping variant mixes θ_local ← α·θ_local + (1 − α)·θ(r+1) instead;
-//! α = 0 would drop the d steps, larger α keeps stale parameters. The rebase is
-//! the "delayed outer update" of one-step-delayed DiLoCo: the d steps' gradients
-//! were taken at parameters one outer step stale, which costs little while d ≪ τ.
-//! AdamW's moments carry over, as they do between rounds without overlap.
+//! θ_local ← θ(r+1) + (θ_local − anchor(r))
 //!
-//! Compute waits only when θ(r+1) has still not arrived once round r+1's τ steps
-//! are done (the update is more than a round late): the worker then waits for it
-//! (an `update_late` event says how long) before it can send round r+1. A newer
-//! round than r+1, a round it does not take part in, or a failed fetch abandons
-//! the steps trained ahead (`round_abandoned`), and the worker starts afresh from
-//! the next announced round's parameters, as a joiner does. A worker killed during
-//! an overlap loses only the steps trained ahead: its error feedback and followed
-//! chain are saved at each send, and it rejoins at the next round.
+//! where the anchor is the parameters at the send of round r (θ_end(r)). It keeps
+//! the d steps of progress made since the send and replaces their base with the
+//! shepherd's parameters; a rebase moves the newer anchors by the same amount, so
+//! round r+1's pseudo-gradient anchor(r) − θ_end(r+1) is the local progress of its
+//! steps whether or not θ(r+1) was merged before they ended. Streaming DiLoCo's
+//! overlapping variant mixes θ_local ← α·θ_local + (1 − α)·θ(r+1) instead; α = 0
+//! would drop the d steps, larger α keeps stale parameters. The rebase is the
+//! "delayed outer update" of one-step-delayed DiLoCo. AdamW's moments carry over.
+//!
+//! What the shepherd of an overlapping run adds (see
+//! [`pcp_protocol::diloco::shepherd`]) reaches the worker in each announcement:
+//! a compute budget (`budget_ms`: the worker runs τ steps or the budget,
+//! whichever ends first, and its contribution is weighted by the steps it ran),
+//! and when the median worker's steps of the round end (`steps_end_unix_ms`: a
+//! worker training that round ahead stops there, so that one that fell behind
+//! catches up). The worker sends with its contribution when it sent it
+//! (`sent_unix_ms`), from which the shepherd sets the round's deadline.
+//!
+//! A contribution never waits for the update: a worker whose round-(r+1) steps
+//! end before θ(r+1) arrived sends at once and trains round r+2 (two updates
+//! behind). Compute waits only when round r+2's steps are done and θ(r+1) is
+//! still not merged, or when the round it trained was not announced yet (an
+//! `update_late` event says how long it waited). A contribution that arrives
+//! after its round closed is carried into the next round by the shepherd, so a
+//! send is abandoned only when two newer rounds opened. A newer round than the
+//! one trained ahead, a round it is not in, the same round opened again by a
+//! restarted or new leader, or a failed fetch abandons the steps trained ahead
+//! (`round_abandoned`), and the worker starts afresh from the next announced
+//! round's parameters, as a joiner does. A worker killed during an overlap loses
+//! only the steps trained ahead: its error feedback and followed chain are saved
+//! at each send, and it rejoins at the next round.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use pcp_protocol::diloco::Tensors;
+use pcp_protocol::diloco::worker::{Action, Input, Worker};
 use pcp_schema::RoundAnnouncement;
 use tokio::sync::mpsc;
 
 use super::{
     AbortOnDrop, Delivery, Fetched, Key, Latest, Next, Outcome, Outgoing, Progress, RoundParams, Trainer, key,
-    newer_round,
 };
-use crate::diloco::wire::Signer;
+use crate::diloco::wire::{self, Signer};
 use crate::observe::events::{Event, RoundAbandoned, UpdateLate, UpdateMerged};
 
 /// What finished off the training loop.
 enum Done {
-    /// The parameters of the announcement with this key.
-    Fetched(Key, anyhow::Result<RoundParams>),
+    /// The parameters of this round's announcement (with this key).
+    Fetched(u64, Key, anyhow::Result<RoundParams>),
     /// A contribution's send (`None`: cancelled), and the signer it borrowed.
     Delivered(Option<Delivery>, Signer),
 }
 
-/// The round trained ahead: its parameters may not be here yet.
-enum Base {
-    /// No announcement of the round yet.
-    Awaited,
-    /// Announced; its parameters are on the way (the task is aborted with it).
-    Fetching(Box<RoundAnnouncement>, #[expect(dead_code, reason = "held for its drop")] AbortOnDrop),
-    /// Announced and merged: the round's start parameters.
-    Merged(Box<RoundAnnouncement>, Tensors, u64),
+/// The inner steps under way.
+struct Steps {
+    round: u64,
+    sampler: crate::training::data::Sampler,
+    progress: Progress,
+    /// Time spent in this round's steps.
+    spent: Duration,
+    /// τ.
+    steps: u64,
+    /// The round's compute budget: no step starts once it is spent.
+    budget: Option<Duration>,
+    /// When the median worker's steps of the round end (Unix milliseconds).
+    end_ms: Option<u64>,
 }
 
-/// Why the steps trained ahead are dropped.
-enum Drop {
-    /// Start afresh from the next announcement.
-    Abandon(String),
-    /// Stop training on this run.
-    Stop(Outcome),
+impl Steps {
+    /// Whether the round's steps are over: τ done, the budget spent, or the
+    /// announced end passed (at least one step runs).
+    fn over(&self) -> bool {
+        let taken = self.progress.taken;
+        taken >= self.steps
+            || taken > 0
+                && (self.budget.is_some_and(|b| self.spent >= b) || self.end_ms.is_some_and(|e| wire::unix_ms() >= e))
+    }
 }
 
-/// The network side of an overlapped worker: at most one send and one fetch in
-/// flight, each reporting on `done`.
-struct Flights {
+/// The host of an overlapping worker: the state machine, and what its actions
+/// need kept (module docs).
+struct Host {
+    machine: Worker,
+    /// The newest announcement handed to the machine.
+    seen: Option<Key>,
+    /// The announcements of the rounds the machine was told of.
+    announced: BTreeMap<u64, Box<RoundAnnouncement>>,
+    /// anchor(t): the parameters at the send of round t (at a fresh start of round
+    /// r, anchor(r − 1) is the fetched θ(r)).
+    anchors: BTreeMap<u64, Tensors>,
+    /// θ(t) fetched, waiting for its rebase.
+    fetched: BTreeMap<u64, RoundParams>,
+    /// Parameter bytes fetched for round t (its contribution reports them).
+    bytes_down: BTreeMap<u64, u64>,
+    training: Option<Steps>,
+    /// Rounds whose steps are done, waiting for their send.
+    trained: BTreeMap<u64, Progress>,
+    /// Compute has waited since then for this round to be sendable.
+    late: Option<(u64, Instant)>,
     done_tx: mpsc::Sender<Done>,
     done: mpsc::Receiver<Done>,
     /// The signer, unless a send has it.
     signer: Option<Signer>,
     /// The contribution on its way, and its task.
     sending: Option<(Outgoing, AbortOnDrop)>,
+    /// Contributions waiting for the one on its way (one send at a time).
+    queued: VecDeque<(Outgoing, Key)>,
+    /// The update fetch in flight (its task is aborted with it).
+    fetching: Option<AbortOnDrop>,
 }
 
 /// Runs overlapped rounds until the run ends, the worker must rejoin, or it is
 /// cancelled.
 pub(super) async fn run(t: &mut Trainer<'_>, signer: &mut Signer) -> anyhow::Result<Outcome> {
     let (done_tx, done) = mpsc::channel(4);
-    let mut flights = Flights { done_tx, done, signer: Some(Signer::new(signer.identity().clone())), sending: None };
-    // the last announcement handled
-    let mut seen: Option<Key> = None;
-    let outcome = 'fresh: loop {
-        // a round to start from: the next announced one, parameters fetched
-        let a = match t.next(&mut seen).await {
-            Next::Train(a) => a,
-            Next::Skip => continue,
-            Next::Stop(outcome) => break outcome,
-        };
-        let fetched = match t.fetch_round(&a).await {
-            Fetched::Got(fetched) => fetched,
-            Fetched::Cancelled => break Outcome::Cancelled,
-            Fetched::Failed(reason) => {
-                tracing::warn!("round {}: {reason}", a.round);
-                t.io.events.emit(Event::RoundAbandoned(RoundAbandoned {
-                    round: a.round,
-                    steps: 0,
-                    reason: Some(reason.to_string()),
-                }));
-                continue;
-            }
-        };
-        t.hold(&a, &fetched).await;
-        t.engine.set_params(fetched.params.clone()).await?;
-        let mut base = Base::Merged(a, fetched.params, fetched.bytes);
-        let mut end_prev: Option<Tensors> = None;
-        loop {
-            let r = match &base {
-                Base::Merged(a, ..) => a.round,
-                _ => seen.map_or(0, |k| k.0) + 1,
-            };
-            match round(t, &mut flights, &mut seen, &mut base, end_prev.as_ref(), r).await? {
-                Ok((a, start, bytes_down, progress)) => {
-                    // the previous send's refusal gives its entries back to the feedback first
-                    flights.land(t).await;
-                    let end = t.engine.params().await?;
-                    let mut out = t.outgoing(&a, &start, &end, &progress);
-                    out.contribution.bytes_down = bytes_down;
-                    flights.send(t, out, key(&a))?;
-                    end_prev = Some(end);
-                    base = Base::Awaited;
-                }
-                Err(Drop::Abandon(reason)) => {
-                    t.io.events.emit(Event::RoundAbandoned(RoundAbandoned {
-                        round: r,
-                        steps: 0,
-                        reason: Some(reason.to_string()),
-                    }));
-                    continue 'fresh;
-                }
-                Err(Drop::Stop(outcome)) => break 'fresh outcome,
-            }
-        }
+    let mut host = Host {
+        machine: fresh_machine(t),
+        seen: None,
+        announced: BTreeMap::new(),
+        anchors: BTreeMap::new(),
+        fetched: BTreeMap::new(),
+        bytes_down: BTreeMap::new(),
+        training: None,
+        trained: BTreeMap::new(),
+        late: None,
+        done_tx,
+        done,
+        signer: Some(Signer::new(signer.identity().clone())),
+        sending: None,
+        queued: VecDeque::new(),
+        fetching: None,
     };
-    flights.land(t).await;
+    let outcome = host.drive(t).await?;
+    host.land(t).await;
     Ok(outcome)
 }
 
-/// Round `r`'s τ inner steps, from `base` (merged already, or arriving meanwhile
-/// and rebased onto). Returns the round's announcement, start parameters, the
-/// bytes fetched for them and the steps' progress.
-async fn round(
-    t: &mut Trainer<'_>,
-    flights: &mut Flights,
-    seen: &mut Option<Key>,
-    base: &mut Base,
-    end_prev: Option<&Tensors>,
-    r: u64,
-) -> anyhow::Result<Result<(Box<RoundAnnouncement>, Tensors, u64, Progress), Drop>> {
-    let mut sampler = t.sampler(r)?;
-    let mut progress = Progress::default();
-    let tau = t.tau();
-    let mut late: Option<Instant> = None;
-    loop {
-        if t.io.cancel.is_cancelled() {
-            return Ok(Err(Drop::Stop(Outcome::Cancelled)));
-        }
-        // the network's news, without waiting
-        while let Ok(done) = flights.done.try_recv() {
-            if let Some(fetched) = flights.on(t, done)
-                && let Err(drop) = merge(t, base, fetched, end_prev, progress.taken).await?
-            {
-                return Ok(Err(drop));
-            }
-        }
-        if let Err(drop) = look(t, flights, seen, base, r) {
-            return Ok(Err(drop));
-        }
-        if progress.taken < tau {
-            progress.loss_sum += f64::from(t.step(r, progress.taken, &mut sampler).await?);
-            progress.taken += 1;
-            continue;
-        }
-        if let Base::Merged(..) = base {
-            if let Some(since) = late {
-                t.io.events
-                    .emit(Event::UpdateLate(UpdateLate { round: r, waited_ms: since.elapsed().as_millis() as u64 }));
-            }
-            let Base::Merged(a, start, bytes) = std::mem::replace(base, Base::Awaited) else { unreachable!() };
-            return Ok(Ok((a, start, bytes, progress)));
-        }
-        // τ steps done and the round's parameters are not here: the update is a
-        // round late, and only now does compute wait
-        late.get_or_insert_with(Instant::now);
-        tokio::select! {
-            () = t.io.cancel.cancelled() => return Ok(Err(Drop::Stop(Outcome::Cancelled))),
-            changed = t.latest.changed() => if changed.is_err() {
-                return Ok(Err(Drop::Stop(Outcome::Rejoin("the heartbeat task stopped".into()))));
-            },
-            Some(done) = flights.done.recv() => if let Some(fetched) = flights.on(t, done)
-                && let Err(drop) = merge(t, base, fetched, end_prev, progress.taken).await?
-            {
-                return Ok(Err(drop));
-            },
-        }
-    }
+fn fresh_machine(t: &Trainer<'_>) -> Worker {
+    Worker::new(t.me.0.to_vec(), t.m.seed, t.tau()).with_overlap(true)
 }
 
-/// Acts on the latest announcement for round `r`, trained ahead from `base`:
-/// starts the fetch of its parameters, or drops the round if a newer one (or the
-/// run's end) came instead.
-fn look(
-    t: &mut Trainer<'_>,
-    flights: &mut Flights,
-    seen: &mut Option<Key>,
-    base: &mut Base,
-    r: u64,
-) -> Result<(), Drop> {
-    match base {
-        Base::Awaited => {}
-        Base::Fetching(a, _) | Base::Merged(a, ..) => {
-            return if newer_round(&t.latest, key(a)) {
-                Err(Drop::Abandon("a newer announcement".into()))
-            } else {
-                Ok(())
-            };
-        }
-    }
-    let a = match &*t.latest.borrow() {
-        Latest::Nothing => return Ok(()),
-        Latest::Refused(reason) => return Err(Drop::Stop(Outcome::Rejoin(reason.clone()))),
-        Latest::Round(a) if a.finished || (a.round, a.term, a.deadline_unix_ms) > seen.unwrap_or_default() => a.clone(),
-        Latest::Round(_) => return Ok(()),
-    };
-    if a.round != r && !a.finished {
-        // not the round trained ahead: leave it to the fresh start
-        return Err(Drop::Abandon(format!("round {} opened while round {r} was trained ahead", a.round)));
-    }
-    match t.consider(a, seen) {
-        Next::Train(a) => {
-            let task = tokio::spawn({
-                let (fetch, tx, k) = (t.fetch_task(&a), flights.done_tx.clone(), key(&a));
-                async move {
-                    let _ = tx.send(Done::Fetched(k, fetch.await)).await;
+impl Host {
+    /// The loop: the network's news, then one inner step, or a wait when there is
+    /// nothing to compute.
+    async fn drive(&mut self, t: &mut Trainer<'_>) -> anyhow::Result<Outcome> {
+        loop {
+            if t.io.cancel.is_cancelled() {
+                return Ok(Outcome::Cancelled);
+            }
+            while let Ok(done) = self.done.try_recv() {
+                if let Some(outcome) = self.on(t, done).await? {
+                    return Ok(outcome);
                 }
-            });
-            *base = Base::Fetching(a, AbortOnDrop(task));
-            Ok(())
-        }
-        Next::Skip => Err(Drop::Abandon(format!("this worker does not train round {r}"))),
-        Next::Stop(outcome) => Err(Drop::Stop(outcome)),
-    }
-}
-
-/// Rebases onto round `r`'s fetched parameters: θ_local ← θ(r) + (θ_local − θ_end(r−1)).
-async fn merge(
-    t: &mut Trainer<'_>,
-    base: &mut Base,
-    (k, fetched): (Key, anyhow::Result<RoundParams>),
-    end_prev: Option<&Tensors>,
-    after_steps: u64,
-) -> anyhow::Result<Result<(), Drop>> {
-    let Base::Fetching(a, _) = &*base else { return Ok(Ok(())) };
-    if key(a) != k {
-        return Ok(Ok(())); // a stale fetch
-    }
-    let fetched = match fetched {
-        Ok(fetched) => fetched,
-        Err(e) => return Ok(Err(Drop::Abandon(format!("{e:#}")))),
-    };
-    let Base::Fetching(a, _) = std::mem::replace(base, Base::Awaited) else { unreachable!() };
-    t.hold(&a, &fetched).await;
-    let end = end_prev.context("rebasing without the previous round's end")?;
-    let mut local = t.engine.params().await?;
-    // the fragment the previous round synced (every tensor without fragments)
-    for i in t.fragment(a.round - 1) {
-        for ((l, g), e) in local[i].iter_mut().zip(&fetched.params[i]).zip(&end[i]) {
-            *l = g + (*l - e);
-        }
-    }
-    t.engine.set_params(local).await?;
-    t.io.events.emit(Event::UpdateMerged(UpdateMerged {
-        round: a.round,
-        after_steps,
-        bytes: fetched.bytes,
-        via: fetched.via.to_owned(),
-    }));
-    *base = Base::Merged(a, fetched.params, fetched.bytes);
-    Ok(Ok(()))
-}
-
-impl Flights {
-    /// Handles a finished flight: a send's outcome is settled here; a fetch's
-    /// parameters are handed back.
-    fn on(&mut self, t: &mut Trainer<'_>, done: Done) -> Option<(Key, anyhow::Result<RoundParams>)> {
-        match done {
-            Done::Fetched(k, result) => Some((k, result)),
-            Done::Delivered(delivery, signer) => {
-                self.signer = Some(signer);
-                if let Some((out, _task)) = self.sending.take() {
-                    let delivery = delivery.unwrap_or(Delivery {
-                        accepted: false,
-                        reason: "cancelled before the answer".into(),
-                        wire_bytes: 0,
-                    });
-                    t.finish(out, &delivery);
+            }
+            if let Some(outcome) = self.look(t).await? {
+                return Ok(outcome);
+            }
+            if let Some(steps) = self.training.as_mut() {
+                let started = Instant::now();
+                steps.progress.loss_sum +=
+                    f64::from(t.step(steps.round, steps.progress.taken, &mut steps.sampler).await?);
+                steps.progress.taken += 1;
+                steps.spent += started.elapsed();
+                if steps.over() {
+                    let steps = self.training.take().context("steps under way")?;
+                    self.trained.insert(steps.round, steps.progress);
+                    if let Some(outcome) = self.feed(t, Input::Trained(steps.round)).await? {
+                        return Ok(outcome);
+                    }
                 }
-                None
+                continue;
+            }
+            // nothing to compute: wait for the network
+            tokio::select! {
+                () = t.io.cancel.cancelled() => return Ok(Outcome::Cancelled),
+                changed = t.latest.changed() => if changed.is_err() {
+                    return Ok(Outcome::Rejoin("the heartbeat task stopped".into()));
+                },
+                Some(done) = self.done.recv() => if let Some(outcome) = self.on(t, done).await? {
+                    return Ok(outcome);
+                },
             }
         }
     }
 
-    /// Waits until no send is in flight (a fetch finishing meanwhile is dropped:
-    /// only a round's own loop asks for one).
-    async fn land(&mut self, t: &mut Trainer<'_>) {
-        while self.sending.is_some() {
-            match self.done.recv().await {
-                Some(done) => {
-                    self.on(t, done);
+    /// Hands the latest announcement to the machine if it is new.
+    async fn look(&mut self, t: &mut Trainer<'_>) -> anyhow::Result<Option<Outcome>> {
+        let a = match &*t.latest.borrow_and_update() {
+            Latest::Nothing => return Ok(None),
+            Latest::Refused(reason) => return Ok(Some(Outcome::Rejoin(reason.clone()))),
+            Latest::Round(a) if a.finished || Some(key(a)) > self.seen => a.clone(),
+            Latest::Round(_) => return Ok(None),
+        };
+        let heard = self.seen;
+        let reopened = heard.is_some_and(|h| a.round <= h.0);
+        let (budget_ms, end_ms, round, deadline_ms) = (a.budget_ms, a.steps_end_unix_ms, a.round, a.deadline_unix_ms);
+        let participant = match t.consider(a, &mut self.seen) {
+            Next::Stop(outcome) => return Ok(Some(outcome)),
+            Next::Train(a) => {
+                if reopened {
+                    // the same round opened again (a restarted or new leader): what was
+                    // trained ahead or sent for it went to the old one; start afresh
+                    self.restart(t, format!("round {} opened again", a.round));
                 }
-                None => return,
+                self.announced.insert(a.round, a);
+                true
+            }
+            Next::Skip if self.seen != heard && !reopened => false,
+            Next::Skip => return Ok(None),
+        };
+        let budget = Input::Budget { round, budget_ms, end_ms };
+        if let Some(outcome) = self.feed(t, budget).await? {
+            return Ok(Some(outcome));
+        }
+        self.feed(t, Input::RoundOpened { round, deadline_ms, participant }).await
+    }
+
+    /// Drops everything of the chain trained so far: the machine starts afresh.
+    fn restart(&mut self, t: &mut Trainer<'_>, reason: String) {
+        if let Some(round) = self.machine.sending().last().copied().max(self.training.as_ref().map(|s| s.round)) {
+            let steps = self.training.as_ref().map_or(0, |s| s.progress.taken);
+            t.io.events.emit(Event::RoundAbandoned(RoundAbandoned { round, steps, reason: Some(reason) }));
+        }
+        self.machine = fresh_machine(t);
+        self.clear();
+    }
+
+    fn clear(&mut self) {
+        self.training = None;
+        self.trained.clear();
+        self.anchors.clear();
+        self.fetched.clear();
+        self.fetching = None;
+        self.late = None;
+    }
+
+    /// Feeds `input` to the machine and carries out its actions (which may feed it
+    /// more).
+    async fn feed(&mut self, t: &mut Trainer<'_>, input: Input) -> anyhow::Result<Option<Outcome>> {
+        let mut inputs = VecDeque::from([input]);
+        while let Some(input) = inputs.pop_front() {
+            for action in self.machine.handle(input, wire::unix_ms()) {
+                match self.act(t, action).await? {
+                    Ok(Some(next)) => inputs.push_back(next),
+                    Ok(None) => {}
+                    Err(outcome) => return Ok(Some(outcome)),
+                }
+            }
+            if self.machine.phase() == pcp_protocol::diloco::worker::Phase::Idle {
+                // a failed fetch or an abandon: nothing of the chain is left
+                self.clear();
+            }
+        }
+        Ok(None)
+    }
+
+    /// Carries out one action; `Ok(Some(input))`: what to feed back at once.
+    async fn act(&mut self, t: &mut Trainer<'_>, action: Action) -> anyhow::Result<Result<Option<Input>, Outcome>> {
+        match action {
+            Action::FetchParams(r) => return self.fresh(t, r).await,
+            Action::Train { round, steps, budget_ms, .. } => {
+                self.training = Some(Steps {
+                    round,
+                    sampler: t.sampler(round)?,
+                    progress: Progress::default(),
+                    spent: Duration::ZERO,
+                    steps,
+                    budget: budget_ms.map(Duration::from_millis),
+                    end_ms: None,
+                });
+            }
+            Action::EndSteps { round, end_ms } => {
+                if let Some(steps) = self.training.as_mut().filter(|s| s.round == round) {
+                    steps.end_ms = Some(end_ms);
+                }
+            }
+            Action::Send(r) => self.send(t, r).await?,
+            Action::FetchUpdate(r) => self.fetch_update(t, r)?,
+            Action::Rebase(r) => self.rebase(t, r).await?,
+            Action::UpdateLate(r) => self.late = Some((r, Instant::now())),
+            Action::Abandon(r) => {
+                let steps = self.training.as_ref().filter(|s| s.round == r).map_or(0, |s| s.progress.taken);
+                t.io.events.emit(Event::RoundAbandoned(RoundAbandoned {
+                    round: r,
+                    steps,
+                    reason: Some(format!("round {r} is moot: a newer round opened")),
+                }));
+            }
+        }
+        Ok(Ok(None))
+    }
+
+    /// A fresh start at round `r`: its parameters fetched (the training waits; no
+    /// steps are under way), anchor(r − 1) = θ(r).
+    async fn fresh(&mut self, t: &mut Trainer<'_>, r: u64) -> anyhow::Result<Result<Option<Input>, Outcome>> {
+        self.clear();
+        let Some(a) = self.announced.get(&r).cloned() else {
+            return Ok(Ok(Some(Input::Failed(r))));
+        };
+        match t.fetch_round(&a).await {
+            Fetched::Cancelled => Ok(Err(Outcome::Cancelled)),
+            Fetched::Failed(reason) => {
+                tracing::warn!("round {r}: {reason}");
+                t.io.events.emit(Event::RoundAbandoned(RoundAbandoned { round: r, steps: 0, reason: Some(reason) }));
+                Ok(Ok(Some(Input::Failed(r))))
+            }
+            Fetched::Got(fetched) => {
+                t.hold(&a, &fetched).await;
+                t.engine.set_params(fetched.params.clone()).await?;
+                self.bytes_down.insert(r, fetched.bytes);
+                self.anchors.insert(r - 1, fetched.params);
+                Ok(Ok(Some(Input::ParamsReady(r))))
             }
         }
     }
 
-    /// Sends `out` off the training loop.
-    fn send(&mut self, t: &Trainer<'_>, out: Outgoing, this: Key) -> anyhow::Result<()> {
+    /// Round `r`'s contribution: anchor(r − 1) − θ; θ becomes anchor(r).
+    async fn send(&mut self, t: &mut Trainer<'_>, r: u64) -> anyhow::Result<()> {
+        if let Some((round, since)) = self.late.take() {
+            let waited_ms = since.elapsed().as_millis() as u64;
+            if waited_ms > 0 {
+                t.io.events.emit(Event::UpdateLate(UpdateLate { round, waited_ms }));
+            }
+        }
+        let a = self.announced.get(&r).cloned().with_context(|| format!("sending round {r}, not announced"))?;
+        let start = self.anchors.get(&(r - 1)).with_context(|| format!("sending round {r} without its anchor"))?;
+        let progress = self.trained.remove(&r).with_context(|| format!("sending round {r}, not trained"))?;
+        let end = t.engine.params().await?;
+        let mut out = t.outgoing(&a, start, &end, &progress);
+        out.contribution.bytes_down = self.bytes_down.remove(&r).unwrap_or(0);
+        self.anchors.insert(r, end);
+        // anchor(t − 1) goes once round t is sent and merged: at most depth 2 stays
+        while self.anchors.len() > 3 {
+            self.anchors.pop_first();
+        }
+        self.announced.retain(|k, _| *k + 2 >= r);
+        self.queued.push_back((out, key(&a)));
+        self.next_send(t)
+    }
+
+    /// Starts the next queued send if none is on its way.
+    fn next_send(&mut self, t: &Trainer<'_>) -> anyhow::Result<()> {
+        if self.sending.is_some() {
+            return Ok(());
+        }
+        let Some((mut out, this)) = self.queued.pop_front() else { return Ok(()) };
         let mut signer = self.signer.take().context("a second send while one is in flight")?;
+        out.contribution.sent_unix_ms = wire::unix_ms();
         let (courier, tx, contribution) = (t.courier(), self.done_tx.clone(), Arc::new(out.contribution.clone()));
         let task = tokio::spawn(async move {
             let delivery = courier.deliver(&mut signer, &contribution, this).await;
@@ -329,5 +371,107 @@ impl Flights {
         });
         self.sending = Some((out, AbortOnDrop(task)));
         Ok(())
+    }
+
+    /// Fetches θ(r) beside the steps.
+    fn fetch_update(&mut self, t: &Trainer<'_>, r: u64) -> anyhow::Result<()> {
+        let a = self.announced.get(&r).with_context(|| format!("fetching round {r}, not announced"))?;
+        let (fetch, tx, k) = (t.fetch_task(a), self.done_tx.clone(), key(a));
+        self.fetching = Some(AbortOnDrop(tokio::spawn(async move {
+            let _ = tx.send(Done::Fetched(r, k, fetch.await)).await;
+        })));
+        Ok(())
+    }
+
+    /// θ ← θ + (θ(r) − anchor(r − 1)), and every newer anchor with it, over the
+    /// fragment round r − 1 synced (every tensor without fragments).
+    async fn rebase(&mut self, t: &mut Trainer<'_>, r: u64) -> anyhow::Result<()> {
+        let fetched = self.fetched.remove(&r).with_context(|| format!("rebasing onto round {r}, not fetched"))?;
+        let base = self.anchors.get(&(r - 1)).with_context(|| format!("rebasing onto round {r} without its anchor"))?;
+        let fragment = t.fragment(r - 1);
+        let shift: Vec<Vec<f32>> =
+            fragment.clone().map(|i| fetched.params[i].iter().zip(&base[i]).map(|(g, b)| g - b).collect()).collect();
+        let mut local = t.engine.params().await?;
+        for tensors in std::iter::once(&mut local).chain(self.anchors.range_mut(r - 1..).map(|(_, a)| a)) {
+            for (i, d) in fragment.clone().zip(&shift) {
+                tensors[i].iter_mut().zip(d).for_each(|(v, d)| *v += d);
+            }
+        }
+        t.engine.set_params(local).await?;
+        let after_steps = self.training.as_ref().map_or(0, |s| s.progress.taken);
+        t.io.events.emit(Event::UpdateMerged(UpdateMerged {
+            round: r,
+            after_steps,
+            bytes: fetched.bytes,
+            via: fetched.via.to_owned(),
+        }));
+        Ok(())
+    }
+
+    /// Handles a finished flight.
+    async fn on(&mut self, t: &mut Trainer<'_>, done: Done) -> anyhow::Result<Option<Outcome>> {
+        match done {
+            Done::Fetched(r, k, result) => {
+                if self.announced.get(&r).is_none_or(|a| key(a) != k) {
+                    return Ok(None); // a stale fetch
+                }
+                self.fetching = None;
+                match result {
+                    Ok(fetched) => {
+                        let a = self.announced.get(&r).cloned().context("announced")?;
+                        t.hold(&a, &fetched).await;
+                        self.bytes_down.insert(r, fetched.bytes);
+                        self.fetched.insert(r, fetched);
+                        self.feed(t, Input::ParamsReady(r)).await
+                    }
+                    Err(e) => {
+                        let (round, steps) = self.training.as_ref().map_or((r, 0), |s| (s.round, s.progress.taken));
+                        let reason = format!("fetching round {r}'s parameters: {e:#}");
+                        tracing::warn!("round {round}: {reason}");
+                        t.io.events.emit(Event::RoundAbandoned(RoundAbandoned { round, steps, reason: Some(reason) }));
+                        self.feed(t, Input::Failed(r)).await
+                    }
+                }
+            }
+            Done::Delivered(delivery, signer) => {
+                self.signer = Some(signer);
+                let Some((out, _task)) = self.sending.take() else { return Ok(None) };
+                let delivery = delivery.unwrap_or(Delivery {
+                    accepted: false,
+                    reason: "cancelled before the answer".into(),
+                    wire_bytes: 0,
+                });
+                let r = out.contribution.round;
+                t.finish(out, &delivery);
+                self.next_send(t)?;
+                self.feed(t, Input::Sent(r)).await
+            }
+        }
+    }
+
+    /// Waits until every contribution trained is sent (a fetch finishing meanwhile
+    /// is dropped).
+    async fn land(&mut self, t: &mut Trainer<'_>) {
+        while self.sending.is_some() {
+            match self.done.recv().await {
+                Some(Done::Delivered(delivery, signer)) => {
+                    self.signer = Some(signer);
+                    if let Some((out, _task)) = self.sending.take() {
+                        let delivery = delivery.unwrap_or(Delivery {
+                            accepted: false,
+                            reason: "cancelled before the answer".into(),
+                            wire_bytes: 0,
+                        });
+                        t.finish(out, &delivery);
+                    }
+                    if let Err(e) = self.next_send(t) {
+                        tracing::warn!("sending the last contributions: {e:#}");
+                        return;
+                    }
+                }
+                Some(Done::Fetched(..)) => {}
+                None => return,
+            }
+        }
     }
 }

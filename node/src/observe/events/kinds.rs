@@ -206,6 +206,10 @@ fields! {
         #[serde(deserialize_with = "nan_if_null")] seconds: f64, params_hash: String, peers: Vec<String>,
         excluded: Vec<String>, clipped: u64, #[serde(deserialize_with = "nan_if_null")] norm_bound: f64,
         encoding: String, update_bytes: u64, workers: Vec<WorkerTraffic>, utilization: Option<f64>,
+        /// Overlap: contributors whose contribution for the round before arrived late and was averaged here.
+        carried: Vec<String>,
+        /// Overlap: the round's compute budget, milliseconds of inner steps.
+        budget_ms: Option<u64>,
     }
     /// One contributor of a completed round.
     WorkerTraffic { peer: String, bytes_up: u64, bytes_down: u64, utilization: Option<f64> }
