@@ -235,17 +235,42 @@ fn add_narrow<const KEEP: usize>(
     dense: &mut [f32],
     offset: usize,
 ) {
-    let (wmask, bmask) = ((1u64 << shape.width) - 1, (1u64 << shape.bits) - 1);
-    let code_shift = KEEP * shape.width;
-    shape.for_each(body, chunks, |chunk, word| {
+    let narrow = shape.chunk_bits();
+    let (width, bits) = (shape.width, shape.bits);
+    let (wmask, bmask) = ((1u64 << width) - 1, (1u64 << bits) - 1);
+    let code_shift = KEEP * width;
+    let add = |dense: &mut [f32], chunk: usize, word: u64| {
         let start = chunk * c - offset;
         let (mut offsets, mut codes) = (word, word >> code_shift);
         for _ in 0..KEEP {
-            dense[start + (offsets & wmask) as usize] += products[(codes & bmask) as usize];
-            offsets >>= shape.width;
-            codes >>= shape.bits;
+            // a code is at most 8 bits: the mask keeps the index in the table
+            dense[start + (offsets & wmask) as usize] += products[(codes & bmask & 0xff) as usize];
+            offsets >>= width;
+            codes >>= bits;
         }
-    });
+    };
+    let mut chunk = chunks.start;
+    if narrow < 64 && 64 % narrow == 0 && (chunk * narrow).is_multiple_of(8) {
+        // whole 64-bit words of chunks, read straight from the bytes
+        let per = 64 / narrow;
+        let mask = (1u64 << narrow) - 1;
+        let from = chunk * narrow / 8;
+        let whole = (chunks.end - chunk) / per;
+        for eight in body[from..from + whole * 8].chunks_exact(8) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(eight);
+            let mut word = u64::from_le_bytes(b);
+            for _ in 0..per {
+                add(dense, chunk, word & mask);
+                word >>= narrow;
+                chunk += 1;
+            }
+        }
+    }
+    let mut reader = BitReader::at_bit(body, chunk * narrow);
+    for ch in chunk..chunks.end {
+        add(dense, ch, reader.take(narrow));
+    }
 }
 
 /// [`add_narrow`] for any number of entries a chunk.
@@ -290,12 +315,14 @@ pub(super) fn count_codes(
     }
     let body = body(bytes, layout, seed, index, t);
     let shape = Narrow { keep, width, bits };
-    let valid = if keep * bits <= WORD_HISTOGRAM_BITS {
+    let valid = if bits <= 2 && narrow < 64 && 64 % narrow == 0 {
+        count_bit_planes(body, full, shape, c, counts)
+    } else if keep * bits <= WORD_HISTOGRAM_BITS {
         // one slot per chunk's combination of codes, expanded once at the end;
         // four histograms in turn, so that equal words in a row do not wait on
         // each other's increments
         let mut words = [[0u64; 1 << WORD_HISTOGRAM_BITS]; 4];
-        let valid = count_narrow(body, full, shape, c, |chunk, w| words[chunk & 3][w as usize] += 1);
+        let valid = count_narrow(body, 0..full, shape, c, |chunk, w| words[chunk & 3][w as usize] += 1);
         for (w, count) in (0..1usize << WORD_HISTOGRAM_BITS).map(|w| (w, words.iter().map(|h| h[w]).sum::<u64>())) {
             for e in 0..keep {
                 counts[(w >> (e * bits)) & ((1 << bits) - 1)] += count;
@@ -304,7 +331,7 @@ pub(super) fn count_codes(
         valid
     } else {
         let bmask = (1u64 << bits) - 1;
-        count_narrow(body, full, shape, c, |_, mut w| {
+        count_narrow(body, 0..full, shape, c, |_, mut w| {
             for _ in 0..keep {
                 counts[(w & bmask) as usize] += 1;
                 w >>= bits;
@@ -318,30 +345,128 @@ pub(super) fn count_codes(
     visit(bytes, layout, seed, index, t, full..chunks, |_, code| counts[code] += 1)
 }
 
-/// Reads `full` chunks of `shape`, checks that each chunk's offsets are below
+/// Reads chunks `chunks` of `shape`, checks that each chunk's offsets are below
 /// `c` and increasing, and gives each chunk's codes, as one word, to `codes`.
 /// Returns whether every offset was valid (a chunk with a bad one still has its
 /// codes counted).
-fn count_narrow(body: &[u8], full: usize, shape: Narrow, c: usize, mut codes: impl FnMut(usize, u64)) -> bool {
-    let wmask = (1u64 << shape.width) - 1;
-    let c = c as u64;
+fn count_narrow(body: &[u8], chunks: Range<usize>, shape: Narrow, c: usize, mut codes: impl FnMut(usize, u64)) -> bool {
     let code_shift = shape.keep * shape.width;
     let mut bad = false;
-    shape.for_each(body, 0..full, |chunk, word| {
-        let mut offsets = word;
-        // `previous + 1`, so that the first offset may be 0
-        let mut floor = 0u64;
-        for _ in 0..shape.keep {
-            let o = offsets & wmask;
-            bad |= o < floor || o >= c;
-            floor = o + 1;
-            offsets >>= shape.width;
-        }
+    shape.for_each(body, chunks, |chunk, word| {
+        bad |= !offsets_valid(word, shape, c as u64);
         codes(chunk, word >> code_shift);
     });
     !bad
 }
 
+/// Whether a chunk's offsets (the low bits of `word`) are below `c` and increasing.
+#[inline(always)]
+fn offsets_valid(word: u64, shape: Narrow, c: u64) -> bool {
+    let wmask = (1u64 << shape.width) - 1;
+    let mut offsets = word;
+    // `previous + 1`, so that the first offset may be 0
+    let (mut floor, mut bad) = (0u64, false);
+    for _ in 0..shape.keep {
+        let o = offsets & wmask;
+        bad |= o < floor || o >= c;
+        floor = o + 1;
+        offsets >>= shape.width;
+    }
+    !bad
+}
+
+/// [`count_narrow`] for codes of 1 or 2 bits in chunks whose bits divide 64
+/// (the default layout): 64-bit words of whole chunks, each code's bits counted
+/// by a population count of the word's low and high code bits instead of one
+/// by one. Adds to `counts` and returns whether every offset was valid.
+fn count_bit_planes(body: &[u8], full: usize, shape: Narrow, c: usize, counts: &mut [u64]) -> bool {
+    let narrow = shape.chunk_bits();
+    let per = 64 / narrow;
+    let whole = full / per;
+    // the low bit of every code of every chunk of a word
+    let mut low = 0u64;
+    for chunk in 0..per {
+        for e in 0..shape.keep {
+            low |= 1 << (chunk * narrow + shape.keep * shape.width + e * shape.bits);
+        }
+    }
+    let mask = (1u64 << narrow) - 1;
+    // a power-of-two chunk's offsets are below it by their width: only their
+    // order is checked, every chunk of the word at once
+    let lanes = (c == 1 << shape.width).then(|| Lanes::new(per, narrow, shape.width));
+    let (mut ones, mut twos, mut threes) = (0u64, 0u64, 0u64);
+    let mut bad = false;
+    for eight in body[..whole * 8].chunks_exact(8) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(eight);
+        let word = u64::from_le_bytes(b);
+        match lanes {
+            Some(lanes) => bad |= !lanes.increasing(word, shape.keep),
+            None => {
+                for chunk in 0..per {
+                    bad |= !offsets_valid((word >> (chunk * narrow)) & mask, shape, c as u64);
+                }
+            }
+        }
+        let (lo, hi) = (word & low, (word >> 1) & low);
+        if shape.bits == 1 {
+            ones += u64::from(lo.count_ones());
+        } else {
+            ones += u64::from((lo & !hi).count_ones());
+            twos += u64::from((hi & !lo).count_ones());
+            threes += u64::from((lo & hi).count_ones());
+        }
+    }
+    let entries = (whole * per * shape.keep) as u64;
+    for (code, n) in [entries - ones - twos - threes, ones, twos, threes].into_iter().enumerate() {
+        if let Some(slot) = counts.get_mut(code) {
+            *slot += n;
+        }
+    }
+    let bmask = (1u64 << shape.bits) - 1;
+    let rest = count_narrow(body, whole * per..full, shape, c, |_, mut w| {
+        for _ in 0..shape.keep {
+            counts[(w & bmask) as usize] += 1;
+            w >>= shape.bits;
+        }
+    });
+    !bad && rest
+}
+
+/// The chunks of a 64-bit word as lanes of `narrow` bits, for comparing their
+/// offsets all at once (SIMD within a register).
+#[derive(Clone, Copy, Debug)]
+struct Lanes {
+    /// An offset's bits in every lane.
+    offset: u64,
+    /// `2^width − 1` in every lane.
+    below: u64,
+    /// Bit `width` of every lane.
+    carry: u64,
+    width: usize,
+}
+
+impl Lanes {
+    fn new(per: usize, narrow: usize, width: usize) -> Self {
+        let ones = (0..per).fold(0u64, |acc, lane| acc | 1 << (lane * narrow));
+        let wmask = (1u64 << width) - 1;
+        Self { offset: ones * wmask, below: ones * wmask, carry: ones << width, width }
+    }
+
+    /// Whether every lane's `keep` offsets increase: for each pair,
+    /// `next + 2^width − 1 − previous` (never negative, so no lane borrows from
+    /// the next) reaches `2^width` exactly when `next > previous`.
+    #[inline(always)]
+    fn increasing(self, word: u64, keep: usize) -> bool {
+        let mut ok = true;
+        for e in 1..keep {
+            let previous = (word >> ((e - 1) * self.width)) & self.offset;
+            let next = (word >> (e * self.width)) & self.offset;
+            ok &= ((next + self.below - previous) & self.carry) == self.carry;
+        }
+        ok
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::super::{Layout, encode_seeded, subtract};
@@ -391,6 +516,38 @@ mod tests {
             add_batch_with(&mut sum, &batch, threads, block, parallel);
             let bits = |t: &Tensors| -> Vec<Vec<u32>> { t.iter().map(|v| v.iter().map(|x| x.to_bits()).collect()).collect() };
             prop_assert_eq!(bits(&sum), bits(&expected));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn the_fast_count_finds_what_a_plain_visit_finds(
+            shape in prop_oneof![
+                Just((64u32, 2u32, 2u8)), Just((16, 4, 1)), Just((32, 1, 2)), Just((8, 2, 2)),
+                Just((96, 2, 2)), Just((64, 3, 4)), Just((128, 4, 2)), Just((16, 2, 8)),
+            ],
+            n in 1usize..5000,
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 0..4),
+        ) {
+            let (chunk, k, bits) = shape;
+            let layout = Layout { chunk, k, bits, strided: false };
+            let (mut bytes, _) = encode_seeded(&vec![wave(n, 0.9)], layout, 0);
+            let packed = Packed::check(&bytes, &[n], layout, 0).expect("the encoder's message checks");
+            let t = &packed.tensors[0];
+            let at = t.at;
+            for (i, x) in &flips {
+                let i = at + i.index(bytes.len() - at);
+                bytes[i] ^= x;
+            }
+            let chunks = layout.split(n).0 + usize::from(layout.split(n).1 > 0);
+            let mut fast = vec![0u64; 1 << bits];
+            let mut plain = vec![0u64; 1 << bits];
+            let got = count_codes(&bytes, layout, 0, 0, t, chunks, &mut fast);
+            let want = visit(&bytes, layout, 0, 0, t, 0..chunks, |_, code| plain[code] += 1);
+            prop_assert_eq!(&got, &want);
+            if want.is_ok() {
+                prop_assert_eq!(fast, plain);
+            }
         }
     }
 
