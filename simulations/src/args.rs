@@ -165,9 +165,12 @@ pub struct SimulateArgs {
     /// Fraction of leaves that are crashes, noticed after the heartbeat timeout.
     #[arg(long, default_value_t = 0.5)]
     pub crash_fraction: f64,
-    /// The params blob is served at this multiple of the shepherd's uplink (workers serving each other).
-    #[arg(long, default_value_t = 1.0)]
-    pub swarm: f64,
+    /// The round's blobs are served at this multiple of the shepherd's uplink (1: the shepherd
+    /// alone) [default, DiLoCo star: a peer-to-peer swarm, as pcp-node's content-addressed blobs
+    /// are: the shepherd's uplink plus every participant's, less its own contribution's upload;
+    /// other strategies: 1].
+    #[arg(long)]
+    pub swarm: Option<f64>,
     /// Streaming DiLoCo fragments.
     #[arg(long, default_value_t = 4)]
     pub fragments: u32,

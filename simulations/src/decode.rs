@@ -2,23 +2,30 @@
 //! ([`compress::decode_delta`]: for sparse runs `sparse::Packed::check`, which
 //! checks and measures the message without unpacking it), validating it
 //! (`Delta::validate`) and adding it to the round's running sum
-//! ([`RunningMean::add`]), measured on one core of this machine.
+//! ([`RunningMean::push`]), measured on one core of this machine.
+//!
+//! Sparse contributions are added the way the shepherd adds them: held in a
+//! batch of [`DEFAULT_BATCH`] and added together block by block of the sum
+//! (`sparse::add_batch`), so the figure is a batch's check and add divided by
+//! its contributions. Dense ones are added one at a time, as the shepherd does.
 //!
 //! The measurement is calibrated rather than made at the model's full size (which
 //! would need three copies of gpt2-124m's 498 MB at start-up): a synthetic message
 //! of the model's first tensors, cut to a sample of parameters, is encoded once and
 //! then decoded, validated and added (a first time to allocate the sum, then twice
 //! timed, keeping the faster). The sample starts at 2^16 parameters and grows 4× at
-//! a time while one pass takes under 20 ms, up to 2^24 parameters (a 64 MiB sum,
-//! past a 32 MiB L3 cache) or the whole model. The time is then scaled
+//! a time while one contribution takes under 20 ms, up to 2^24 parameters (a 64 MiB
+//! sum, past a 32 MiB L3 cache) or the whole model. The time is then scaled
 //! linearly to the model: by kept entries for sparse (decode, validation and the
-//! scattered add all go entry by entry), by values for dense encodings. Blake3
-//! hashing of the contribution and the envelope's signature are not included.
+//! add all go entry by entry), by values for dense encodings. Blake3
+//! hashing of the contribution and the envelope's signature are not included,
+//! nor the last batch's add when the round closes (at most [`DEFAULT_BATCH`]
+//! contributions' adds, on the shepherd's add threads).
 //! `--decode-seconds` replaces the measurement (and makes a run deterministic).
 
 use std::time::Instant;
 
-use pcp_protocol::diloco::aggregate::RunningMean;
+use pcp_protocol::diloco::aggregate::{DEFAULT_BATCH, RunningMean};
 use pcp_protocol::diloco::compress::{self, Encoding};
 use serde::Serialize;
 
@@ -58,10 +65,15 @@ impl DecodeCost {
                 return Self {
                     seconds: seconds * scale,
                     source: format!(
-                        "measured: {:.2} ms for {} of {params} parameters ({}), scaled {scale:.1}x",
+                        "measured: {:.2} ms for {} of {params} parameters ({}{}), scaled {scale:.1}x",
                         seconds * 1e3,
                         cut.iter().sum::<usize>(),
-                        encoding.name()
+                        encoding.name(),
+                        if encoding.sparse().is_some() {
+                            format!(", a contribution of a batch of {DEFAULT_BATCH}")
+                        } else {
+                            String::new()
+                        },
                     ),
                 };
             }
@@ -93,7 +105,9 @@ fn work(sizes: &[usize], encoding: Encoding) -> f64 {
     }
 }
 
-/// Seconds of one decode, validate and add of a synthetic message of `sizes`.
+/// Seconds of one decode, validate and add of a synthetic message of `sizes`:
+/// for sparse encodings, a batch of [`DEFAULT_BATCH`] copies (each in its own
+/// allocation, as received messages are) checked and added, divided by the batch.
 fn time(sizes: &[usize], encoding: Encoding) -> f64 {
     // cheap, spread values: a multiplicative hash of the index
     let tensors: Vec<Vec<f32>> = sizes
@@ -104,17 +118,22 @@ fn time(sizes: &[usize], encoding: Encoding) -> f64 {
         .collect();
     let bytes = compress::encode(&tensors, encoding);
     drop(tensors);
-    let mut mean = RunningMean::default();
+    let batch = if encoding.sparse().is_some() { DEFAULT_BATCH } else { 1 };
+    let copies: Vec<Vec<u8>> = (0..batch).map(|_| bytes.clone()).collect();
+    drop(bytes);
+    let mut mean = RunningMean::with_batch(1, batch);
     let mut best = f64::INFINITY;
     for pass in 0..3 {
         let started = Instant::now();
-        // the encoder's own message always decodes; a failure would only cost nothing
-        let Ok(delta) = compress::decode_delta(&bytes, sizes, encoding) else { return 0.0 };
-        let norm = delta.validate(sizes).unwrap_or(0.0);
-        mean.add(&delta, 1, norm, f64::INFINITY, sizes);
-        drop(delta);
+        for b in &copies {
+            // the encoder's own message always decodes; a failure would only cost nothing
+            let Ok(delta) = compress::decode_delta(b, sizes, encoding) else { return 0.0 };
+            let norm = delta.validate(sizes).unwrap_or(0.0);
+            mean.push(delta, 1, norm, f64::INFINITY, sizes);
+        }
+        mean.flush();
         if pass > 0 {
-            best = best.min(started.elapsed().as_secs_f64());
+            best = best.min(started.elapsed().as_secs_f64() / batch as f64);
         }
     }
     best

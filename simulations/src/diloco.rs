@@ -16,9 +16,12 @@
 //!   worker that says goodbye at once. The state machine's own expiry is
 //!   switched off.
 //! * When a round opens, every participant's fetch and upload is planned at
-//!   once: fetches share the shepherd's uplink (times `swarm`, for workers
-//!   that serve the blob to each other), uploads its downlink, each capped by
-//!   the worker's link ([`fair_share`]). A flow cancelled later (a worker that
+//!   once: fetches share the blob's serving capacity ([`Swarm`]), uploads the
+//!   shepherd's downlink, each capped by the worker's link ([`fair_share`]).
+//!   By default the capacity is a peer-to-peer swarm's, as in pcp-node (a
+//!   round's blobs are content-addressed and every worker that holds them
+//!   serves them): the shepherd's uplink plus every participant's uplink less
+//!   what its own contribution takes of it in a round. A flow cancelled later (a worker that
 //!   leaves or abandons) does not give its bandwidth back to the others, and
 //!   uploads of consecutive rounds do not share the link.
 //! * After a round closes, the shepherd spends `overhead_s` (validation,
@@ -119,8 +122,8 @@ pub struct StarSetup {
     pub overlap: bool,
     /// Shepherd work between a close and the next announcement, seconds.
     pub overhead_s: f64,
-    /// The parameters blob is served at `swarm` × the shepherd's uplink.
-    pub swarm: f64,
+    /// What serves the round's blobs (parameters or update) to the workers.
+    pub swarm: Swarm,
     /// Expected leaves per worker per hour (and as many joins).
     pub churn_per_hour: f64,
     /// Fraction of leaves that are crashes (noticed after the heartbeat timeout).
@@ -129,6 +132,21 @@ pub struct StarSetup {
     pub shepherd: shepherd::Config,
     /// The run seed.
     pub seed: u64,
+}
+
+/// What serves a round's blobs to its workers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Swarm {
+    /// The shepherd's uplink times this factor (at least 1; 1: the shepherd alone).
+    Factor(f64),
+    /// A peer-to-peer swarm, pcp-node's content-addressed blobs: every worker
+    /// that holds (pieces of) a blob serves it, so the fetches of a round share
+    /// the shepherd's uplink plus the participants' uplinks, each less the share
+    /// of a round its own contribution's upload takes. This is the fluid model of
+    /// a BitTorrent-like swarm (Qiu and Srikant, SIGCOMM 2004) with its
+    /// efficiency at 1, which they show a swarm of many pieces approaches; each
+    /// fetch is still capped by the worker's downlink.
+    Peers,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -237,6 +255,8 @@ struct Sim<'a> {
     /// Overlap: each recent round's compute budget and the end of its median
     /// worker's steps, milliseconds (0: none).
     budgets: BTreeMap<u64, (u64, u64)>,
+    /// Each open round's share of its fetched bytes served by the shepherd.
+    served: BTreeMap<u64, f64>,
     /// Overlap: compute and participant-seconds of every round, for the overall utilization.
     totals: (f64, f64),
     /// When each of the shepherd's cores is done with the contributions it took.
@@ -277,6 +297,7 @@ pub fn run_star(world: World, setup: &StarSetup, progress: &mut dyn FnMut(u64)) 
         deadlines: BTreeMap::new(),
         participants: Vec::new(),
         budgets: BTreeMap::new(),
+        served: BTreeMap::new(),
         totals: (0.0, 0.0),
         cores: vec![0; setup.shepherd_cores.max(1)],
         last_close: 0,
@@ -497,7 +518,7 @@ impl Sim<'_> {
                 let abandon = actions.iter().any(|a| matches!(a, worker::Action::Abandon(_)));
                 let pb = bytes as f64;
                 self.window.worker_bytes_in += pb;
-                self.window.shepherd_bytes_out += pb / self.setup.swarm.max(1.0);
+                self.window.shepherd_bytes_out += pb * self.served.get(&r).copied().unwrap_or(1.0);
                 if abandon {
                     self.window.abandoned += 1;
                 } else if train {
@@ -554,7 +575,7 @@ impl Sim<'_> {
             Ev::ParamsReady { r, bytes, .. } => {
                 let pb = bytes as f64;
                 self.window.worker_bytes_in += pb;
-                self.window.shepherd_bytes_out += pb / self.setup.swarm.max(1.0);
+                self.window.shepherd_bytes_out += pb * self.served.get(&r).copied().unwrap_or(1.0);
                 let ws = &mut self.workers[w as usize];
                 ws.held = Some(r);
                 ws.machine.handle(worker::Input::ParamsReady(r), now / 1000)
@@ -739,6 +760,28 @@ impl Sim<'_> {
         secs(self.now) + overhead
     }
 
+    /// The capacity serving round `r`'s blobs to `plan`'s workers (bytes/s), for
+    /// rounds whose steps take about `round_s`; records the shepherd's share.
+    fn serving(&mut self, r: u64, plan: &[(u32, f64, f64, f64)], round_s: f64) -> f64 {
+        let up = self.world.shepherd.up;
+        let capacity = match self.setup.swarm {
+            Swarm::Factor(f) => up * f.max(1.0),
+            Swarm::Peers => {
+                let contribution = self.setup.contribution_bytes;
+                up + plan
+                    .iter()
+                    .map(|(w, ..)| {
+                        let link = self.workers[*w as usize].spec.link.up;
+                        (link - contribution / round_s.max(1e-3)).max(0.0)
+                    })
+                    .sum::<f64>()
+            }
+        };
+        self.served.retain(|round, _| round + 4 > r);
+        self.served.insert(r, up / capacity.max(up));
+        capacity
+    }
+
     /// Plans round `r`: discovery, fetch, training and upload of every participant.
     fn open(&mut self, r: u64, deadline_ms: u64, participants: &[u32]) {
         let visible = self.deadline_and_visibility(r, deadline_ms);
@@ -761,7 +804,9 @@ impl Sim<'_> {
             fetches.push(Flow { start: discover + lat, bytes, cap: ws.spec.link.down });
             plan.push((w, discover, lat, bytes));
         }
-        let fetched = fair_share(shepherd.up * self.setup.swarm.max(1.0), &fetches);
+        let round_s = self.setup.tau as f64 * self.setup.step_seconds;
+        let capacity = self.serving(r, &plan, round_s);
+        let fetched = fair_share(capacity, &fetches);
         let mut uploads = Vec::with_capacity(plan.len());
         let mut trains = Vec::with_capacity(plan.len());
         for ((w, _, lat, _), done) in plan.iter().zip(&fetched) {
@@ -806,7 +851,8 @@ impl Sim<'_> {
             fetches.push(Flow { start: (discover + lat).max(after), bytes, cap: ws.spec.link.down });
             plan.push((w, discover, lat, bytes));
         }
-        let fetched = fair_share(shepherd.up * self.setup.swarm.max(1.0), &fetches);
+        let capacity = self.serving(r, &plan, round_s);
+        let fetched = fair_share(capacity, &fetches);
         // uploads from when each worker's steps of round r should end
         let mut uploads = Vec::with_capacity(plan.len());
         for ((w, discover, lat, _), done) in plan.iter().zip(&fetched) {

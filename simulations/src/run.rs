@@ -9,7 +9,7 @@ use crate::analytic::{self, Setup};
 use crate::args::{SimulateArgs, Strategy, Topology};
 use crate::compute::ComputeModel;
 use crate::decode::DecodeCost;
-use crate::diloco::{StarSetup, run_star};
+use crate::diloco::{StarSetup, Swarm, run_star};
 use crate::error::Error;
 use crate::model::{ModelPreset, ModelSpec};
 use crate::plot;
@@ -54,7 +54,7 @@ fn check(args: &SimulateArgs) -> Result<(), Error> {
     if finite_nonneg.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
         return bad("times and rates must be finite and not negative");
     }
-    let swarm_ok = args.swarm.is_finite() && args.swarm >= 1.0;
+    let swarm_ok = args.swarm.is_none_or(|s| s.is_finite() && s >= 1.0);
     if !swarm_ok || !args.straggler_slowdown.is_finite() {
         return bad("--swarm must be at least 1 and --straggler-slowdown finite");
     }
@@ -195,7 +195,7 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
             shepherd_cores: args.shepherd_cores,
             overlap: args.overlap,
             overhead_s: args.overhead_seconds,
-            swarm: args.swarm,
+            swarm: args.swarm.map_or(Swarm::Peers, Swarm::Factor),
             churn_per_hour: args.churn_per_hour,
             crash_fraction: args.crash_fraction,
             shepherd,
@@ -212,7 +212,7 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
         contribution_bytes: settings.contribution_bytes as f64,
         update_bytes: settings.update_bytes.map(|u| u as f64),
         overhead_s: args.overhead_seconds,
-        swarm: args.swarm,
+        swarm: args.swarm.unwrap_or(1.0),
         fragments: args.fragments,
         shepherd,
         seed: args.seed,

@@ -287,3 +287,21 @@ fn more_shepherd_cores_shorten_the_decode_queue() {
     // 199 contributions at 50 ms: about 10 s a round on one core, under a second on 16
     assert!(a.summary.mean_round_s > b.summary.mean_round_s + 5.0, "{:?} vs {:?}", a.summary, b.summary);
 }
+
+#[test]
+fn a_swarm_of_workers_serves_the_update_by_default() {
+    // 1,000 workers fetching gpt2-124m from a 10 Gbit/s shepherd
+    let base = "--nodes 1000 --rounds 6 --model gpt2-124m --profile residential --shepherd-profile university \
+                --device h100 --tau 500 --seed 3 --encoding sparse --overlap --decode-seconds 0.001";
+    let peers = simulate(base);
+    let alone = simulate(&format!("{base} --swarm 1"));
+    let (p, a) = (strategy(&peers, "diloco-star+overlap"), strategy(&alone, "diloco-star+overlap"));
+    // the shepherd alone serves every byte the workers fetch; in the swarm, a share
+    let served = |s: &pcp_simulations::report::Summary| s.shepherd_bytes_out / (999.0 * s.worker_bytes_in);
+    assert!(served(&a.summary) > 0.99, "{:?}", a.summary);
+    assert!(served(&p.summary) < 0.2, "{:?}", p.summary);
+    // 1,000 × 498 MB of parameters in round 1, then 19.45 MB updates, through 1.25 GB/s:
+    // the swarm's rounds are shorter and its workers busier
+    assert!(p.summary.mean_round_s * 2.0 < a.summary.mean_round_s, "{:?} vs {:?}", p.summary, a.summary);
+    assert!(p.summary.utilization > a.summary.utilization, "{:?} vs {:?}", p.summary, a.summary);
+}
