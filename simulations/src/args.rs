@@ -171,9 +171,11 @@ pub struct SimulateArgs {
     /// other strategies: 1].
     #[arg(long)]
     pub swarm: Option<f64>,
-    /// Streaming DiLoCo fragments.
-    #[arg(long, default_value_t = 4)]
-    pub fragments: u32,
+    /// Streaming DiLoCo's fragments P: the model's tensors in P groups, one synced per round
+    /// after τ/P inner steps [default: DiLoCo star 1 (the whole model each round), run through
+    /// the real state machines with and without --overlap; streaming-diloco 4].
+    #[arg(long)]
+    pub fragments: Option<u32>,
     /// Contributions that close a round at its deadline.
     #[arg(long, default_value_t = 1)]
     pub min_quorum: usize,

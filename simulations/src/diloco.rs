@@ -72,6 +72,16 @@
 //!   round fetch the whole fp32 parameters. Whether a worker holds them is
 //!   decided when the round opens, so one still fetching the previous round's
 //!   parameters then is charged the whole blob.
+//! * Fragments (`fragments`, Streaming DiLoCo's P): the shepherd's state
+//!   machine has one tensor a fragment and `Config::fragments`, round r syncs
+//!   fragment (r − 1) mod P after τ/P inner steps (the workers' τ), each
+//!   contribution carries that fragment's tensor (the others empty), and the
+//!   round moves that fragment's bytes: its encoded contribution up, and down
+//!   its sparse update or, for dense encodings, its changed fp32 shards (to a
+//!   worker holding the round before; others fetch the whole parameters). The
+//!   shepherd's cost per contribution is the fragment's share of the
+//!   parameters. With fragments the state machine carries nothing over a round
+//!   (a late contribution is refused).
 //! * Workers obey their state machine: `Abandon` means the round is neither
 //!   trained further nor sent (pcp-node's worker ignores `Abandon` today and
 //!   sends late contributions anyway).
@@ -99,7 +109,7 @@ pub struct StarSetup {
     pub rounds: u64,
     /// Workers at the start.
     pub workers: usize,
-    /// Inner steps per round.
+    /// Inner steps per round (with fragments, τ/P: a round syncs one fragment).
     pub tau: u64,
     /// Seconds per inner step on a typical worker.
     pub step_seconds: f64,
@@ -124,6 +134,11 @@ pub struct StarSetup {
     pub overhead_s: f64,
     /// What serves the round's blobs (parameters or update) to the workers.
     pub swarm: Swarm,
+    /// Streaming DiLoCo's fragments, in sync order, when there are more than one:
+    /// round r syncs fragment (r − 1) mod P through the real state machines
+    /// (the shepherd's `Config::fragments`), and moves only that fragment's bytes.
+    /// Empty: the whole model every round.
+    pub fragments: Vec<FragmentCost>,
     /// Expected leaves per worker per hour (and as many joins).
     pub churn_per_hour: f64,
     /// Fraction of leaves that are crashes (noticed after the heartbeat timeout).
@@ -132,6 +147,19 @@ pub struct StarSetup {
     pub shepherd: shepherd::Config,
     /// The run seed.
     pub seed: u64,
+}
+
+/// What a round that syncs one fragment moves and costs.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct FragmentCost {
+    /// Bytes of a contribution: the fragment's tensors encoded, the others empty.
+    pub contribution_bytes: f64,
+    /// Bytes a worker holding the previous round's parameters fetches: the
+    /// fragment's sparse update, or its changed fp32 shards.
+    pub fetch_bytes: f64,
+    /// The fragment's share of the shepherd's per-contribution work (of the
+    /// parameters).
+    pub work: f64,
 }
 
 /// What serves a round's blobs to its workers.
@@ -278,12 +306,19 @@ pub fn run_star(world: World, setup: &StarSetup, progress: &mut dyn FnMut(u64)) 
             notice_ms: us(world.config.poll_s) / 1000 + 500,
             ..shepherd::Overlap::new(setup.tau)
         }),
+        fragments: if setup.fragments.len() > 1 {
+            (0..setup.fragments.len()).map(|f| f..f + 1).collect()
+        } else {
+            Vec::new()
+        },
         ..setup.shepherd.clone()
     };
+    // one tensor of 4 values a fragment
+    let params = vec![vec![0.0; 4]; setup.fragments.len().max(1)];
     let mut sim = Sim {
         setup,
         world,
-        shepherd: Shepherd::new(config, vec![vec![0.0; 4]]),
+        shepherd: Shepherd::new(config, params),
         workers: Vec::with_capacity(setup.workers),
         queue: BinaryHeap::new(),
         seq: 0,
@@ -335,6 +370,28 @@ pub fn run_star(world: World, setup: &StarSetup, progress: &mut dyn FnMut(u64)) 
 }
 
 impl Sim<'_> {
+    /// The fragment round `r` syncs, with fragments.
+    fn fragment(&self, r: u64) -> Option<&FragmentCost> {
+        let p = self.setup.fragments.len();
+        (p > 1).then(|| &self.setup.fragments[pcp_protocol::diloco::fragments::of_round(r, p)])
+    }
+
+    /// Bytes of a contribution to round `r`.
+    fn contribution_bytes(&self, r: u64) -> f64 {
+        self.fragment(r).map_or(self.setup.contribution_bytes, |f| f.contribution_bytes)
+    }
+
+    /// Bytes a worker holding round `r − 1`'s parameters fetches for round `r`, if
+    /// less than the parameters: the update (sparse), or the fragment's.
+    fn held_fetch_bytes(&self, r: u64) -> Option<f64> {
+        self.fragment(r).map(|f| f.fetch_bytes).or(self.setup.update_bytes)
+    }
+
+    /// The shepherd's seconds per contribution to round `r`.
+    fn decode_s(&self, r: u64) -> f64 {
+        self.setup.decode_s * self.fragment(r).map_or(1.0, |f| f.work)
+    }
+
     fn push(&mut self, t: u64, ev: Ev) {
         self.seq += 1;
         self.queue.push(Reverse((t, self.seq, ev)));
@@ -418,7 +475,9 @@ impl Sim<'_> {
                     let ws = &mut self.workers[w as usize];
                     let lat = self.world.latency(&ws.spec, 0, &self.world.shepherd);
                     let planned = ws.uploads.iter().find(|(u, _)| u == r).map(|(_, d)| *d);
-                    let up = planned.unwrap_or_else(|| us(self.setup.contribution_bytes / ws.spec.link.up.max(1e-9)));
+                    let bytes = self.contribution_bytes(*r);
+                    let ws = &mut self.workers[w as usize];
+                    let up = planned.unwrap_or_else(|| us(bytes / ws.spec.link.up.max(1e-9)));
                     let (n, train) = ws.steps;
                     ws.sends.push((*r, now, n, train));
                     self.push(now + up + us(lat), Ev::Arrive { w, r: *r });
@@ -609,10 +668,10 @@ impl Sim<'_> {
     /// Worker `w`'s contribution for round `r` reached the shepherd: its bytes, and
     /// the shepherd's decode queue.
     fn arrived(&mut self, w: u32, r: u64, now: u64) {
-        let cb = self.setup.contribution_bytes;
+        let cb = self.contribution_bytes(r);
         self.window.worker_bytes_out += cb;
         self.window.shepherd_bytes_in += cb;
-        let decode = us(self.setup.decode_s);
+        let decode = us(self.decode_s(r));
         if decode == 0 {
             self.contribute(w, r, now);
         } else {
@@ -629,10 +688,18 @@ impl Sim<'_> {
     /// Hands worker `w`'s decoded contribution for round `r` to the shepherd.
     fn contribute(&mut self, w: u32, r: u64, now: u64) {
         let hostile = self.workers[w as usize].spec.hostile;
-        let delta = if hostile {
-            vec![vec![f32::NAN, 0.0, 0.0, 0.0]]
+        let tensor: Vec<f32> = if hostile {
+            vec![f32::NAN, 0.0, 0.0, 0.0]
         } else {
-            vec![(0..4).map(|_| 0.01 * (1.0 + 0.1 * self.delta.r#gen::<f32>())).collect()]
+            (0..4).map(|_| 0.01 * (1.0 + 0.1 * self.delta.r#gen::<f32>())).collect()
+        };
+        // with fragments: the round's fragment's tensor, the others empty
+        let p = self.setup.fragments.len();
+        let delta = if p > 1 {
+            let f = pcp_protocol::diloco::fragments::of_round(r, p);
+            (0..p).map(|i| if i == f { tensor.clone() } else { Vec::new() }).collect()
+        } else {
+            vec![tensor]
         };
         let mut samples = self.setup.tau.max(1);
         if self.setup.overlap {
@@ -767,7 +834,7 @@ impl Sim<'_> {
         let capacity = match self.setup.swarm {
             Swarm::Factor(f) => up * f.max(1.0),
             Swarm::Peers => {
-                let contribution = self.setup.contribution_bytes;
+                let contribution = self.contribution_bytes(r);
                 up + plan
                     .iter()
                     .map(|(w, ..)| {
@@ -797,7 +864,7 @@ impl Sim<'_> {
             // a worker busy sending an older contribution sees the round after it
             let free = ws.busy.map_or(visible, |(_, until)| secs(until).max(visible));
             let discover = self.world.next_poll(&ws.spec, free) + 2.0 * lat;
-            let bytes = match self.setup.update_bytes {
+            let bytes = match self.held_fetch_bytes(r) {
                 Some(update) if r > 1 && ws.held == Some(r - 1) => update,
                 _ => self.setup.params_bytes,
             };
@@ -813,7 +880,7 @@ impl Sim<'_> {
             let ready = done + lat;
             let train = self.train_seconds(*w);
             let up = self.workers[*w as usize].spec.link.up;
-            uploads.push(Flow { start: ready + train, bytes: self.setup.contribution_bytes, cap: up });
+            uploads.push(Flow { start: ready + train, bytes: self.contribution_bytes(r), cap: up });
             trains.push((ready, train));
         }
         let uploaded = fair_share(shepherd.down, &uploads);
@@ -844,7 +911,7 @@ impl Sim<'_> {
             let discover = self.world.next_poll(&ws.spec, visible) + 2.0 * lat;
             // the state machine fetches one round after another: a sparse update
             // needs the round before it
-            let (bytes, after) = match (self.setup.update_bytes, ws.fetched) {
+            let (bytes, after) = match (self.held_fetch_bytes(r), ws.fetched) {
                 (Some(update), Some((f, done))) if r > 1 && f + 1 == r => (update, secs(done)),
                 _ => (self.setup.params_bytes, 0.0),
             };
@@ -862,11 +929,7 @@ impl Sim<'_> {
                 Some((t, end)) if t + 1 == r => secs(end) + round_s,
                 _ => done + lat + round_s,
             };
-            uploads.push(Flow {
-                start: end.max(*discover),
-                bytes: self.setup.contribution_bytes,
-                cap: ws.spec.link.up,
-            });
+            uploads.push(Flow { start: end.max(*discover), bytes: self.contribution_bytes(r), cap: ws.spec.link.up });
         }
         let uploaded = fair_share(shepherd.down, &uploads);
         for (((w, discover, lat, bytes), done), (flow, up)) in

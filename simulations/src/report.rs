@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::compute::ComputeModel;
 use crate::decode::DecodeCost;
+use crate::diloco::FragmentCost;
 use crate::model::ModelSpec;
 use crate::network::Link;
 use crate::world::WorldConfig;
@@ -109,6 +110,12 @@ pub struct Summary {
     /// Overlap: contributions carried over a round.
     #[serde(skip_serializing_if = "is_zero")]
     pub carried: u64,
+    /// The most bytes into a worker in a round (a sync), the mean over the
+    /// round's participants, over the rounds after the first (whose parameters
+    /// every worker fetches whole).
+    pub peak_worker_bytes_in: f64,
+    /// The most bytes out of a worker in a round, the mean over its participants.
+    pub peak_worker_bytes_out: f64,
 }
 
 impl Summary {
@@ -132,6 +139,12 @@ impl Summary {
             dropped_rejected: rounds.iter().map(|r| r.dropped_rejected).sum(),
             abandoned: rounds.iter().map(|r| r.abandoned).sum(),
             carried: rounds.iter().map(|r| r.carried).sum(),
+            peak_worker_bytes_in: rounds
+                .iter()
+                .skip(usize::from(rounds.len() > 1))
+                .map(|r| r.worker_bytes_in)
+                .fold(0.0, f64::max),
+            peak_worker_bytes_out: rounds.iter().map(|r| r.worker_bytes_out).fold(0.0, f64::max),
         }
     }
 }
@@ -194,6 +207,10 @@ pub struct Settings {
     pub world: WorldConfig,
     /// The shepherd's drawn link.
     pub shepherd_link: Link,
+    /// The DiLoCo star's fragments (`--fragments`, more than one): what a round
+    /// syncing each moves and costs.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fragments: Vec<FragmentCost>,
     /// The seed.
     pub seed: u64,
 }
@@ -299,6 +316,21 @@ impl Report {
             )?;
         }
         writeln!(out, "(bytes and round times are means per round; util = compute time / wall time per worker)")?;
+        for r in &self.strategies {
+            let m = &r.summary;
+            let fragments = if r.strategy.starts_with("diloco-star") && s.fragments.len() > 1 {
+                format!(", {} fragments: one synced a round", s.fragments.len())
+            } else {
+                String::new()
+            };
+            writeln!(
+                out,
+                "{}: peak per worker and sync {} in (after round 1), {} out{fragments}",
+                r.strategy,
+                bytes(m.peak_worker_bytes_in),
+                bytes(m.peak_worker_bytes_out),
+            )?;
+        }
         for r in &self.strategies {
             let m = &r.summary;
             if let Some(overall) = m.overall_utilization {

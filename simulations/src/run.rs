@@ -9,7 +9,7 @@ use crate::analytic::{self, Setup};
 use crate::args::{SimulateArgs, Strategy, Topology};
 use crate::compute::ComputeModel;
 use crate::decode::DecodeCost;
-use crate::diloco::{StarSetup, Swarm, run_star};
+use crate::diloco::{FragmentCost, StarSetup, Swarm, run_star};
 use crate::error::Error;
 use crate::model::{ModelPreset, ModelSpec};
 use crate::plot;
@@ -58,7 +58,7 @@ fn check(args: &SimulateArgs) -> Result<(), Error> {
     if !swarm_ok || !args.straggler_slowdown.is_finite() {
         return bad("--swarm must be at least 1 and --straggler-slowdown finite");
     }
-    if args.regions == 0 || args.fragments == 0 || args.sweep_rounds == 0 || args.shepherd_cores == 0 {
+    if args.regions == 0 || args.fragments == Some(0) || args.sweep_rounds == 0 || args.shepherd_cores == 0 {
         return bad("--regions, --fragments, --sweep-rounds and --shepherd-cores must be at least 1");
     }
     if args.sweep_nodes.iter().any(|n| !(2..=1_000_000).contains(n)) {
@@ -107,8 +107,16 @@ fn decode_cost(args: &SimulateArgs, base: &ModelSpec) -> DecodeCost {
     }
 }
 
-fn settings(args: &SimulateArgs, base: &ModelSpec, nodes: usize, rounds: u64, decode: &DecodeCost) -> Settings {
+fn settings(
+    args: &SimulateArgs,
+    base: &ModelSpec,
+    nodes: usize,
+    rounds: u64,
+    decode: &DecodeCost,
+) -> Result<Settings, Error> {
     let model = effective_model(args, base);
+    let star = strategies(args).contains(&"diloco-star");
+    let fragments = if star { star_fragments(args, &model)?.0 } else { Vec::new() };
     let flops = model.flops_per_step;
     let compute = match args.step_seconds {
         Some(s) => ComputeModel::measured(s),
@@ -136,7 +144,7 @@ fn settings(args: &SimulateArgs, base: &ModelSpec, nodes: usize, rounds: u64, de
     };
     let shepherd_link = World::new(world.clone(), args.seed).shepherd;
     let sizes: Vec<usize> = model.tensor_sizes.iter().map(|n| *n as usize).collect();
-    Settings {
+    Ok(Settings {
         nodes,
         rounds,
         tau: args.tau,
@@ -150,8 +158,9 @@ fn settings(args: &SimulateArgs, base: &ModelSpec, nodes: usize, rounds: u64, de
         compute,
         world,
         shepherd_link,
+        fragments,
         seed: args.seed,
-    }
+    })
 }
 
 fn shepherd_config(args: &SimulateArgs, rounds: u64) -> shepherd::Config {
@@ -177,16 +186,54 @@ fn strategies(args: &SimulateArgs) -> Vec<&'static str> {
     }
 }
 
+/// Streaming DiLoCo's fragments unless `--fragments` says otherwise.
+const STREAMING_FRAGMENTS: u32 = 4;
+
+/// The DiLoCo star's fragments (`--fragments`, 1 by default): what a round syncing
+/// each moves and costs, and the inner steps of a round, τ/P. Empty: the whole
+/// model every round.
+fn star_fragments(args: &SimulateArgs, model: &ModelSpec) -> Result<(Vec<FragmentCost>, u64), Error> {
+    use pcp_protocol::diloco::{compress, fragments};
+    let p = args.fragments.unwrap_or(1) as usize;
+    if p <= 1 {
+        return Ok((Vec::new(), args.tau));
+    }
+    let invalid = |e: fragments::FragmentError| Error::Invalid(format!("--fragments {p}: {e}"));
+    let sizes: Vec<usize> = model.tensor_sizes.iter().map(|n| *n as usize).collect();
+    let steps = fragments::steps_per_round(args.tau, p).map_err(invalid)?;
+    let total = sizes.iter().sum::<usize>().max(1) as f64;
+    let encoding = args.encoding.encoding();
+    let costs = fragments::split(&sizes, p)
+        .map_err(invalid)?
+        .iter()
+        .map(|range| {
+            let masked = fragments::masked(&sizes, range);
+            let params: usize = masked.iter().sum();
+            FragmentCost {
+                contribution_bytes: compress::encoded_len(&masked, encoding) as f64,
+                fetch_bytes: match encoding.sparse() {
+                    Some(s) => s.down().encoded_len(&masked) as f64,
+                    None => 4.0 * params as f64,
+                },
+                work: params as f64 / total,
+            }
+        })
+        .collect();
+    Ok((costs, steps))
+}
+
 fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut dyn FnMut(u64)) -> StrategyReport {
     let world = World::new(settings.world.clone(), args.seed);
     let workers = settings.nodes - 1;
     let step_seconds = settings.compute.step_seconds;
     let shepherd = shepherd_config(args, settings.rounds);
     if name == "diloco-star" {
+        let fragments = settings.fragments.clone();
+        let tau = if fragments.len() > 1 { args.tau / fragments.len() as u64 } else { args.tau };
         let setup = StarSetup {
             rounds: settings.rounds,
             workers,
-            tau: args.tau,
+            tau,
             step_seconds,
             params_bytes: settings.params_bytes as f64,
             contribution_bytes: settings.contribution_bytes as f64,
@@ -196,6 +243,7 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
             overlap: args.overlap,
             overhead_s: args.overhead_seconds,
             swarm: args.swarm.map_or(Swarm::Peers, Swarm::Factor),
+            fragments,
             churn_per_hour: args.churn_per_hour,
             crash_fraction: args.crash_fraction,
             shepherd,
@@ -213,7 +261,7 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
         update_bytes: settings.update_bytes.map(|u| u as f64),
         overhead_s: args.overhead_seconds,
         swarm: args.swarm.unwrap_or(1.0),
-        fragments: args.fragments,
+        fragments: args.fragments.unwrap_or(STREAMING_FRAGMENTS),
         shepherd,
         seed: args.seed,
     };
@@ -243,7 +291,7 @@ pub fn run_with_model(args: &SimulateArgs, model: &ModelSpec, out: &mut impl Wri
     }
     let names = strategies(args);
     let decode = decode_cost(args, model);
-    let main = settings(args, model, args.nodes, args.rounds, &decode);
+    let main = settings(args, model, args.nodes, args.rounds, &decode)?;
     let sweep_nodes: &[usize] = if args.sweep { &args.sweep_nodes } else { &[] };
     let total = names.len() as u64 * (args.rounds + sweep_nodes.len() as u64 * args.sweep_rounds);
     let bar = if std::io::stderr().is_terminal() {
@@ -267,7 +315,7 @@ pub fn run_with_model(args: &SimulateArgs, model: &ModelSpec, out: &mut impl Wri
     }
     let mut sweep = Vec::new();
     for &nodes in sweep_nodes {
-        let s = settings(args, model, nodes, args.sweep_rounds, &decode);
+        let s = settings(args, model, nodes, args.sweep_rounds, &decode)?;
         for name in &names {
             bar.set_message(format!("sweep: {name}, {nodes} nodes"));
             let mut tick = |r: u64| bar.set_position(done + r);

@@ -305,3 +305,35 @@ fn a_swarm_of_workers_serves_the_update_by_default() {
     assert!(p.summary.mean_round_s * 2.0 < a.summary.mean_round_s, "{:?} vs {:?}", p.summary, a.summary);
     assert!(p.summary.utilization > a.summary.utilization, "{:?} vs {:?}", p.summary, a.summary);
 }
+
+#[test]
+fn fragments_sync_one_fragment_a_round_through_the_state_machines() {
+    // gpt2-124m in 4 fragments: each round moves one fragment's bytes, with and without overlap
+    let base = "--nodes 40 --rounds 8 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 5 \
+                --encoding sparse --decode-seconds 0.005";
+    for overlap in ["", "--overlap"] {
+        let whole = simulate(&format!("{base} {overlap}"));
+        let four = simulate(&format!("{base} {overlap} --fragments 4"));
+        assert_eq!(four.settings.fragments.len(), 4);
+        let (w, f) = (&whole.strategies[0], &four.strategies[0]);
+        assert_eq!(f.engine, "protocol", "the real state machines");
+        assert_eq!(f.rounds.len(), 8);
+        // the fragments are balanced by size at tensor boundaries (the embedding alone is
+        // 31% of gpt2-124m), so the peak falls by about P, the mean over P rounds by P
+        let out = w.summary.peak_worker_bytes_out / f.summary.peak_worker_bytes_out;
+        let inn = w.summary.peak_worker_bytes_in / f.summary.peak_worker_bytes_in;
+        for ratio in [out, inn] {
+            assert!((3.0..=4.2).contains(&ratio), "{overlap}: peak fell {ratio}x: {:?} vs {:?}", w.summary, f.summary);
+        }
+        let mean = w.summary.worker_bytes_out / f.summary.worker_bytes_out;
+        assert!((3.8..=4.2).contains(&mean), "{overlap}: mean fell {mean}x");
+        // a round is τ/P = 125 steps: shorter rounds, and compute still reported
+        assert!(f.summary.mean_round_s < w.summary.mean_round_s, "{:?} vs {:?}", f.summary, w.summary);
+        assert!(f.summary.utilization > 0.05 && f.summary.utilization.is_finite(), "{:?}", f.summary);
+        assert!(f.rounds.iter().all(|r| r.contributors > 0), "every round averages contributions");
+    }
+    // τ must split evenly into the fragments
+    let mut table = Vec::new();
+    let uneven = run(&args(&format!("{base} --fragments 3")), &mut table);
+    assert!(matches!(uneven, Err(Error::Invalid(ref m)) if m.contains("--fragments 3")), "{uneven:?}");
+}
