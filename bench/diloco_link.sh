@@ -158,19 +158,21 @@ for s in setups:
         "seconds": (done[-1]["t"] - shep[0]["t"]) if done else None,
         "updates_late": late,
         "steps_before_merge": sum(merged) / len(merged) if merged else None,
+        # time-boxed rounds (overlap): the share of τ's steps the contributions ran
+        "steps_of_tau": sum(e["tokens"] for e in sent) / (len(sent) * max(e["tokens"] for e in sent)) if sent else None,
     })
 base = next((r["val_loss"] for r in rows if r["setup"] == "fp32"), None)
 fmt = lambda v, f: "—" if v is None else f.format(v)
 lines = [f"{w} workers, links {up} up / {down} down, τ={tau}, {rounds} rounds; {cpu}", "",
-         "| setup | syncs | utilization | after sync 1 | up / worker / sync (peak) | down / worker / sync | val loss | vs fp32 | wall s | late updates | steps before merge |",
-         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+         "| setup | syncs | utilization | after sync 1 | up / worker / sync (peak) | down / worker / sync | val loss | vs fp32 | wall s | late updates | steps before merge | steps run (of τ) |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 for r in rows:
     rel = None if base is None or r["val_loss"] is None else (r["val_loss"] / base - 1) * 100
     lines.append(f"| {r['setup']} | {r['rounds']} | {fmt(r['utilization'] and r['utilization'] * 100, '{:.1f}%')} | "
                  f"{fmt(r['utilization_after_round_1'] and r['utilization_after_round_1'] * 100, '{:.1f}%')} | "
                  f"{r['up_bytes_per_round'] / 1e3:.1f} kB ({r['peak_up_bytes_per_sync'] / 1e3:.1f}) | {r['down_bytes_per_round'] / 1e3:.1f} kB | "
                  f"{fmt(r['val_loss'], '{:.4f}')} | {fmt(rel, '{:+.1f}%')} | {fmt(r['seconds'], '{:.0f}')} | {r['updates_late']} | "
-                 f"{fmt(r['steps_before_merge'], '{:.1f}')} |")
+                 f"{fmt(r['steps_before_merge'], '{:.1f}')} | {fmt(r['steps_of_tau'] and r['steps_of_tau'] * 100, '{:.0f}%')} |")
 print("\n".join(lines))
 if out:
     os.makedirs(out, exist_ok=True)

@@ -341,9 +341,16 @@ impl Host {
             }
         }
         let a = self.announced.get(&r).cloned().with_context(|| format!("sending round {r}, not announced"))?;
-        let start = self.anchors.get(&(r - 1)).with_context(|| format!("sending round {r} without its anchor"))?;
         let progress = self.trained.remove(&r).with_context(|| format!("sending round {r}, not trained"))?;
         let end = t.engine.params().await?;
+        // With fragments, round r syncs one fragment, whose local progress since its
+        // own last sync (P rounds ago; rebases move only the fragment just synced) is
+        // measured from its global value, which the latest parameters held carry.
+        let held = t.held.clone().filter(|_| t.fragments.len() > 1);
+        let start = match &held {
+            Some(held) => &held.params,
+            None => self.anchors.get(&(r - 1)).with_context(|| format!("sending round {r} without its anchor"))?,
+        };
         let mut out = t.outgoing(&a, start, &end, &progress);
         out.contribution.bytes_down = self.bytes_down.remove(&r).unwrap_or(0);
         self.anchors.insert(r, end);
