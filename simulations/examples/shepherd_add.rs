@@ -14,7 +14,6 @@
 //! fastest of `--repeats` passes (the machine may be shared).
 
 use std::io::Write;
-use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
@@ -22,6 +21,7 @@ use pcp_protocol::diloco::aggregate::{Delta, RunningMean};
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::sparse::Settings;
 use pcp_simulations::ModelPreset;
+use pcp_simulations::decode::Stopwatch;
 
 #[derive(Debug, Parser)]
 #[command(about = "Time the shepherd's check and add of sparse contributions")]
@@ -123,34 +123,16 @@ fn time_adds(deltas: &[(Delta, f64)], sizes: &[usize], batch: usize, threads: us
     ms
 }
 
-/// Wall time, or with `PCP_BENCH_CPU=1` this thread's CPU time (user and
-/// system, from `/proc/thread-self/stat`, in 10 ms ticks): what the work costs
-/// a core when other processes share the machine.
-struct Clock {
-    wall: Instant,
-    cpu: Option<f64>,
-}
+/// CPU time of this thread with `PCP_BENCH_CPU=1` (what the work costs a core
+/// when other processes share the machine), wall time otherwise.
+struct Clock(Stopwatch);
 
 impl Clock {
     fn now() -> Self {
-        let cpu = std::env::var_os("PCP_BENCH_CPU").and_then(|_| cpu_seconds());
-        Self { wall: Instant::now(), cpu }
+        Self(Stopwatch::start())
     }
 
     fn elapsed_ms(&self) -> f64 {
-        match (self.cpu, cpu_seconds()) {
-            (Some(then), Some(now)) => (now - then) * 1e3,
-            _ => self.wall.elapsed().as_secs_f64() * 1e3,
-        }
+        1e3 * if std::env::var_os("PCP_BENCH_CPU").is_some() { self.0.seconds() } else { self.0.wall_seconds() }
     }
-}
-
-/// This thread's user + system time, seconds (Linux, 100 ticks a second).
-fn cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
-    // the fields after the command name, which is in parentheses
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / 100.0)
 }
