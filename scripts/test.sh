@@ -11,3 +11,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo build -p pcp-node
 cargo test --workspace --no-fail-fast
 .venv/bin/python -m pytest -q tests/reference
+# the GPU check's dry run on lavapipe (Vulkan on the CPU): every part but the PyTorch
+# comparison runs, and parity passes (bench/gpu_check.sh exits 1 otherwise)
+cargo build --release -p pcp-node
+gpu_check_out=$(mktemp -d)
+bench/gpu_check.sh --backend vulkan --out "$gpu_check_out"
+rm -rf "$gpu_check_out"

@@ -47,7 +47,8 @@ pub struct Artifact {
 /// Compiles `module` for `target`, caching under `cache_dir` when given.
 ///
 /// Modules for SPIR-V backends (Vulkan, Metal) first get
-/// [`iree::legalize_for_spirv`].
+/// [`iree::legalize_for_spirv`], which emulates bf16 matmul operands in f32 (IREE
+/// 3.13's SPIR-V backend has no bf16 matmuls), or has IREE promote bf16 to f32.
 ///
 /// It tries [`Target::flags`] with [`Target::tuned_flags`] first when most of the
 /// module's matmul work is in matmuls at least 128 wide (data tiling slows narrower ones
@@ -57,9 +58,12 @@ pub struct Artifact {
 /// flags. Flags are part of the cache key.
 pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Result<Artifact, CompileError> {
     let compiler = iree::compiler().map_err(CompileError::Unavailable)?;
+    let mut promote_bf16 = false;
     let text = if target.backend.is_spirv() {
         let mut spirv = module.clone();
-        spirv.functions.iter_mut().for_each(iree::legalize_for_spirv);
+        for f in &mut spirv.functions {
+            promote_bf16 |= !iree::legalize_for_spirv(f);
+        }
         spirv.to_mlir()
     } else {
         module.to_mlir()
@@ -70,11 +74,15 @@ pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Re
         .unwrap_or_default();
     let plain = std::env::var("PCP_IREE_PLAIN").is_ok_and(|v| !v.is_empty() && v != "0");
     let tuned = if plain || !gains_from_data_tiling(module) { Vec::new() } else { target.tuned_flags() };
+    let mut base = target.flags();
+    if promote_bf16 {
+        base.push("--iree-input-promote-bf16-to-f32".to_owned());
+    }
     let mut attempts = Vec::new();
     if !tuned.is_empty() {
-        attempts.push([target.flags(), tuned, extra.clone()].concat());
+        attempts.push([base.clone(), tuned, extra.clone()].concat());
     }
-    attempts.push([target.flags(), extra].concat());
+    attempts.push([base, extra].concat());
 
     let last = attempts.len() - 1;
     let mut refusal = String::new();

@@ -155,6 +155,11 @@ impl Function {
         h
     }
 
+    /// Gives `v` another type (a rewrite that changes an element type in place).
+    pub fn retype(&mut self, v: ValueId, ty: TensorType) {
+        self.types[v.index()] = ty;
+    }
+
     /// Drops ops whose results are unused and that have no side effects.
     pub fn eliminate_dead_code(&mut self) {
         let mut live = vec![false; self.types.len()];

@@ -4,6 +4,7 @@
 //!   IREE's parser and melior into pcp's own [`ir`].
 //! * [`autodiff`] derives exact reverse-mode gradients.
 //! * [`train`] fuses forward, gradient and optimizer into `train_step`.
+//! * [`precision`] runs a forward's matmuls in bf16 (mixed precision).
 //! * [`models`] builds built-in models (nanoGPT) as StableHLO, no Python.
 //! * [`target`] maps the GPU names users type to IREE's, and [`compile()`]
 //!   builds a VMFB per (backend, target), cached by content.
@@ -20,6 +21,7 @@ pub mod inspect;
 pub mod ir;
 pub mod iree;
 pub mod models;
+pub mod precision;
 pub mod target;
 pub mod train;
 
@@ -28,5 +30,6 @@ pub use compile::{Artifact, CompileError, compile};
 pub use import::{ImportError, import_file, import_str};
 pub use ir::{Function, Module, TensorType};
 pub use models::{BuildError, BuiltModel, NanoGptConfig, nanogpt};
+pub use precision::{Precision, UnknownPrecision, mixed_precision};
 pub use target::{Backend, Target, UnknownBackend, UnknownTarget};
 pub use train::{Optimizer, StepConfig, TrainModule, train_step};

@@ -12,6 +12,7 @@
 
 use crate::autodiff::{GradError, Signature, backward, inline_calls, signature};
 use crate::ir::{Builder, Function, Module, TensorType, ValueId};
+use crate::precision::{Precision, mixed_precision};
 
 /// The inner optimizer fused into `train_step`.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,6 +61,9 @@ pub struct StepConfig {
     pub optimizer: Optimizer,
     /// Clip gradients to this global L2 norm.
     pub clip_norm: Option<f64>,
+    /// The matmuls' precision ([`crate::precision`]): applied to the forward
+    /// before autodiff, so parameters, optimizer state and loss stay f32.
+    pub precision: Precision,
 }
 
 /// A module with `train_step`, `eval_loss` and maybe `logits`.
@@ -75,7 +79,8 @@ pub struct TrainModule {
 
 /// Builds the training module for `entry` of `model`.
 pub fn train_step(model: &Module, entry: &str, config: &StepConfig) -> Result<TrainModule, GradError> {
-    let forward = inline_calls(model, entry)?;
+    let mut forward = inline_calls(model, entry)?;
+    mixed_precision(&mut forward, config.precision);
     let sig = signature(&forward)?;
     let param_types: Vec<TensorType> = sig.params.iter().map(|(_, t)| t.clone()).collect();
     let data_types: Vec<TensorType> = sig.data.iter().map(|(_, t)| t.clone()).collect();
@@ -119,6 +124,7 @@ pub fn train_step(model: &Module, entry: &str, config: &StepConfig) -> Result<Tr
     let mut functions = vec![step_fn, eval];
     if entry != "logits" && model.function("logits").is_some() {
         let mut logits = inline_calls(model, "logits")?;
+        mixed_precision(&mut logits, config.precision);
         logits.eliminate_dead_code();
         functions.push(logits);
     }

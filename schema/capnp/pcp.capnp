@@ -85,6 +85,7 @@ struct RunManifest {
   experiment @21 :Data;     # blake3 of the experiment (JSON) blob a successor needs; empty: none
   overlap @22 :Bool;        # workers train the next round while a round syncs (rebase merge)
   fragments @23 :UInt32;    # Streaming DiLoCo: round r syncs fragment (r-1) mod P of P (0 or 1: the whole model)
+  precision @24 :Text;      # the step's matmuls: "f32" or "bf16" (mixed: weights, optimizer, loss f32); empty: f32
 }
 
 # --- rounds ----------------------------------------------------------------

@@ -128,6 +128,10 @@ pub struct RunManifest {
     /// tensors, round r syncing group (r − 1) mod P after `inner_steps` (τ/P) steps;
     /// 0 or 1: the whole model every round.
     pub fragments: u32,
+    /// The training step's matmul precision: `f32`, or `bf16` (mixed precision:
+    /// parameters, optimizer state, pseudo-gradients and loss stay f32). Manifests
+    /// from before the field read as `f32`.
+    pub precision: String,
 }
 
 impl TensorSpec {
@@ -283,6 +287,7 @@ impl Message for RunManifest {
         root.set_experiment(&self.experiment[..]);
         root.set_overlap(self.overlap);
         root.set_fragments(self.fragments);
+        root.set_precision(self.precision.as_str());
         codec::words(&message)
     }
 
@@ -330,6 +335,10 @@ impl Message for RunManifest {
                 experiment: fixed(W, "experiment", r.get_experiment().map_err(|e| malformed(W, e))?)?,
                 overlap: r.get_overlap(),
                 fragments: r.get_fragments(),
+                precision: match codec::text(W, "precision", r.get_precision())? {
+                    p if p.is_empty() => "f32".to_owned(),
+                    p => p,
+                },
             })
         })
     }

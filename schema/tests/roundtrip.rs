@@ -103,6 +103,7 @@ fn manifest(
         experiment,
         overlap,
         fragments,
+        precision: ["f32", "bf16"][(fragments % 2) as usize].to_owned(),
     }
 }
 
@@ -265,6 +266,22 @@ fn claimed_huge_segment_is_refused_without_allocating_it() {
     // 512 claimed segments: more than capnp accepts
     let bytes = [0xff, 0x01, 0, 0, 0, 0, 0, 0];
     assert!(SignedEnvelope::decode(&bytes).is_err());
+}
+
+#[test]
+fn a_manifest_without_precision_reads_as_f32() {
+    let mut m = manifest(
+        ([1; 32], "r".into(), [2; 32], 1),
+        (vec![], vec![], [3; 32]),
+        (1, 2, Schedule::default(), 0.7, 0.9),
+        (DataSpec::default(), vec![], 2, "fp32".into()),
+        ("score".into(), 0.25, true, 3),
+        (vec![[4; 32]], 5_000, [5; 32], [6; 32]),
+    );
+    assert_eq!(RunManifest::decode(&m.encode()).expect("decodes").precision, "bf16");
+    // a manifest from before the field leaves it unset
+    m.precision = String::new();
+    assert_eq!(RunManifest::decode(&m.encode()).expect("decodes").precision, "f32");
 }
 
 #[test]

@@ -446,7 +446,13 @@ fn dot_general(b: &mut Builder<'_>, cx: &Ctx<'_>, g: ValueId, active: &[bool]) -
                           my: (&TensorType, &[i64], &[i64], &[i64]),
                           other_contract: &[i64]| {
         let (my_t, my_batch, my_free, my_contract) = my;
-        let raw = b.dot_general(g, other, &g_batch, other_batch, g_contract, other_free, my_t.element.clone());
+        // Mixed precision (bf16 operands, f32 result): g meets the other operand in
+        // its type, the product accumulates in the result's type, and the
+        // contribution takes this operand's type.
+        let accumulate = b.ty(g).element;
+        let other_element = b.ty(other).element;
+        let g_in = b.convert(g, &other_element);
+        let raw = b.dot_general(g_in, other, &g_batch, other_batch, g_contract, other_free, accumulate);
         // Positions of raw: batch, my free dims, then other's contracting dims ascending.
         let mut sorted: Vec<i64> = other_contract.to_vec();
         sorted.sort_unstable();
@@ -458,7 +464,8 @@ fn dot_general(b: &mut Builder<'_>, cx: &Ctx<'_>, g: ValueId, active: &[bool]) -
         }
         let perm: Vec<i64> =
             (0..my_t.rank() as i64).map(|d| source.iter().position(|s| *s == d).unwrap_or(0) as i64).collect();
-        b.transpose(raw, &perm)
+        let t = b.transpose(raw, &perm);
+        b.convert(t, &my_t.element)
     };
     let gl = active[0].then(|| transpose_into(b, rhs, &rb, &g_rhs_free, &rf, (&lt, &lb, &lf, &lc), &rc));
     let gr = active[1].then(|| transpose_into(b, lhs, &lb, &g_lhs_free, &lf, (&rt, &rb, &rf, &rc), &lc));

@@ -5,6 +5,7 @@
 //! (backend, target) pairs, and the forms below compile on all of them.
 
 mod barrier;
+mod bf16;
 mod flatten;
 mod negate;
 
@@ -42,8 +43,14 @@ pub fn legalize(f: &mut Function) {
 /// nanogpt-medium at the same speed, so only SPIR-V modules get them.
 /// Autodiff treats a barrier as the identity, so such modules can still be
 /// differentiated.
-pub fn legalize_for_spirv(f: &mut Function) {
+///
+/// bf16 values (mixed precision's matmul operands) become f32 values rounded to
+/// bf16 ([`bf16::emulate_bf16`]); the result is false when a function's bf16 use
+/// is one that rewrite leaves alone, and the caller then asks IREE to promote bf16
+/// to f32 (`--iree-input-promote-bf16-to-f32`).
+pub fn legalize_for_spirv(f: &mut Function) -> bool {
     barrier::isolate_index_producers(f);
+    bf16::emulate_bf16(f)
 }
 
 /// Whether `op` is a single-input `stablehlo.reduce` whose body is `body`.

@@ -104,6 +104,9 @@ pub(crate) struct OptimizerArgs {
     /// Clip gradients to this global L2 norm.
     #[arg(long)]
     pub(crate) clip_norm: Option<f64>,
+    /// f32, or bf16: matmuls and attention in bf16, weights, optimizer state and loss in f32.
+    #[arg(long, default_value = "f32")]
+    pub(crate) precision: String,
 }
 
 impl OptimizerArgs {
@@ -118,7 +121,8 @@ impl OptimizerArgs {
             "sgd" => pcp_graph::Optimizer::Sgd { momentum: self.momentum, weight_decay: self.weight_decay },
             other => anyhow::bail!("unknown optimizer {other:?}; expected adamw or sgd"),
         };
-        Ok(pcp_graph::StepConfig { optimizer, clip_norm: self.clip_norm })
+        let precision = self.precision.parse()?;
+        Ok(pcp_graph::StepConfig { optimizer, clip_norm: self.clip_norm, precision })
     }
 }
 

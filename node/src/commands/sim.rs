@@ -70,6 +70,10 @@ pub(crate) struct SimArgs {
     /// `sparse:chunk=4096,k=64,bits=2,decay=0.95,down=256` spells out the defaults).
     #[arg(long, default_value = "fp32")]
     encoding: String,
+    /// f32, or bf16: the step's matmuls and attention in bf16, weights, AdamW state,
+    /// pseudo-gradients and loss in f32.
+    #[arg(long, default_value = "f32")]
+    precision: String,
     /// Workers train the next round while a round syncs, and rebase onto the
     /// shepherd's update when it arrives.
     #[arg(long)]
@@ -289,7 +293,7 @@ fn shepherd_plan(args: &SimArgs, net: &NetArgs, root: &std::path::Path) -> Resul
     let corpus = Corpus::load(&data_path, "char", None, 0.1).map_err(Failure::input)?;
     let model = Model::load_with_batch(&args.model, corpus.vocab.size(), args.batch).map_err(Failure::input)?;
     let total = args.rounds * args.tau;
-    let experiment = Experiment {
+    let mut experiment = Experiment {
         model: Some(args.model.clone()),
         data_path: Some(data_path.display().to_string()),
         learning_rate: args.lr,
@@ -303,6 +307,7 @@ fn shepherd_plan(args: &SimArgs, net: &NetArgs, root: &std::path::Path) -> Resul
         nesterov_momentum: f64::from(args.outer_momentum),
         ..Experiment::default()
     };
+    experiment.set_precision(Some(&args.precision)).map_err(Failure::input)?;
     let mut candidates = Vec::new();
     for n in 1..=args.candidates as u32 {
         candidates.push(pcp_bootstrap::load_or_create(&candidate_dir(root, n))?.public());

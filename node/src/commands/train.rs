@@ -72,6 +72,10 @@ pub(crate) struct TrainArgs {
     /// Continue from the newest checkpoint in the checkpoint directory.
     #[arg(long)]
     resume: bool,
+    /// f32, or bf16: matmuls and attention in bf16, weights, AdamW state and loss in f32
+    /// [default: f32, or the config's or resumed checkpoint's].
+    #[arg(long)]
+    precision: Option<String>,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -187,6 +191,8 @@ pub(crate) fn step_config(e: &Experiment) -> pcp_graph::StepConfig {
             weight_decay: e.weight_decay,
         },
         clip_norm: (e.grad_clip > 0.0).then_some(e.grad_clip),
+        // checked when the experiment was resolved; an unknown name cannot get here
+        precision: e.precision.parse().unwrap_or_default(),
     }
 }
 
@@ -298,6 +304,7 @@ fn resolve_experiment(args: &TrainArgs, resumed: Option<&Checkpoint>) -> Result<
     if let Some(t) = &args.tokenizer {
         experiment.tokenizer = t.clone();
     }
+    experiment.set_precision(args.precision.as_deref()).map_err(Failure::input)?;
     if experiment.dtype != "f32" {
         return Err(Failure::input(anyhow::anyhow!(
             "dtype {:?} is not supported; pcp trains in f32",

@@ -39,6 +39,9 @@ pub(crate) struct Experiment {
     pub(crate) sampling: String,
     /// Parameter dtype; only `f32` is supported.
     pub(crate) dtype: String,
+    /// The matmuls' precision: `f32`, or `bf16` (mixed precision: matmuls and
+    /// attention in bf16, parameters, optimizer state and loss in f32).
+    pub(crate) precision: String,
     /// Peak inner learning rate.
     pub(crate) learning_rate: f64,
     /// Floor of the cosine schedule.
@@ -100,6 +103,7 @@ impl Default for Experiment {
             tokenizer: "char".into(),
             sampling: "random".into(),
             dtype: "f32".into(),
+            precision: "f32".into(),
             learning_rate: 3e-3,
             min_lr: 1e-4,
             warmup_steps: 100,
@@ -154,6 +158,16 @@ impl Experiment {
         }
         self.learning_rate = lr.unwrap_or(self.learning_rate);
         self.seed = seed.unwrap_or(self.seed);
+    }
+
+    /// Sets the precision (`--precision`), checking its name.
+    pub(crate) fn set_precision(&mut self, precision: Option<&str>) -> anyhow::Result<()> {
+        if let Some(p) = precision {
+            self.precision = p.to_owned();
+        }
+        let parsed: pcp_graph::Precision = self.precision.parse()?;
+        self.precision = parsed.name().to_owned();
+        Ok(())
     }
 
     /// Every key the file may use.

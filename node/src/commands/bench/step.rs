@@ -23,12 +23,21 @@ pub(crate) struct StepArgs {
     /// The corpus [default: the demo corpus].
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Sequences per batch (presets only) [default: the preset's].
+    #[arg(long)]
+    batch: Option<usize>,
+    /// f32, or bf16: matmuls and attention in bf16, weights, AdamW state and loss in f32.
+    #[arg(long, default_value = "f32")]
+    precision: String,
     #[command(flatten)]
     device: DeviceArgs,
 }
 
 pub(crate) async fn run(args: StepArgs, net: &NetArgs) -> Result<(), Failure> {
-    step(args.model, args.steps, args.data, net.data_dir.clone(), args.device).await
+    let mut experiment =
+        Experiment { model: Some(args.model.clone()), batch_size: args.batch, ..Experiment::default() };
+    experiment.set_precision(Some(&args.precision)).map_err(Failure::input)?;
+    step(experiment, args.steps, args.data, net.data_dir.clone(), args.device).await
 }
 
 /// Peak resident set size in bytes, from /proc.
@@ -40,7 +49,7 @@ fn peak_rss() -> Option<u64> {
 }
 
 async fn step(
-    source: String,
+    experiment: Experiment,
     steps: u64,
     data: Option<PathBuf>,
     data_dir: PathBuf,
@@ -50,10 +59,10 @@ async fn step(
         Some(path) => Some(Corpus::load(&path, "char", None, 0.1).map_err(Failure::input)?),
         None => None,
     };
+    let source = experiment.model.clone().unwrap_or_default();
     let vocab_size = corpus.as_ref().map_or(65, |c| c.vocab.size());
-    let model = Model::load(&source, vocab_size).map_err(Failure::input)?;
+    let model = Model::load_with_batch(&source, vocab_size, experiment.batch_size).map_err(Failure::input)?;
     let (batch, block) = model.batch_block()?;
-    let experiment = Experiment { model: Some(source.clone()), ..Experiment::default() };
     let started = Instant::now();
     let mut engine = load_engine(&experiment, &model, &device, &data_dir, None).await.map_err(Failure::input)?;
     let load_seconds = started.elapsed().as_secs_f64();
@@ -85,7 +94,11 @@ async fn step(
         .filter_map(|t| t.element.float().map(|f| (t.elements() as usize * f.bytes()) as f64))
         .sum();
     let rss = peak_rss().map_or(f64::NAN, |b| b as f64);
-    writeln!(out, "model        {source} ({params} parameters, batch {batch} x block {block})")?;
+    writeln!(
+        out,
+        "model        {source} ({params} parameters, batch {batch} x block {block}, {} matmuls)",
+        experiment.precision
+    )?;
     writeln!(out, "setup        {load_seconds:.1} s (build, compile or cache hit, load)")?;
     writeln!(
         out,

@@ -35,6 +35,10 @@ pub(crate) struct ShepherdArgs {
     /// Run seed: initialisation and data order.
     #[arg(long, requires = "shepherd")]
     pub(crate) seed: Option<u64>,
+    /// f32, or bf16: the step's matmuls and attention in bf16, weights, AdamW state,
+    /// pseudo-gradients and loss in f32 (recorded in the manifest) [default: f32].
+    #[arg(long, requires = "shepherd")]
+    pub(crate) precision: Option<String>,
     /// Workers that must have joined before round 1 opens.
     #[arg(long, default_value_t = 1, requires = "shepherd")]
     pub(crate) min_workers: usize,
@@ -200,6 +204,7 @@ impl ShepherdPlan {
             experiment.outer_loop_steps = args.rounds.unwrap_or(experiment.outer_loop_steps);
             experiment.outer_lr = args.outer_lr.unwrap_or(experiment.outer_lr);
             experiment.nesterov_momentum = args.outer_momentum.unwrap_or(experiment.nesterov_momentum);
+            experiment.set_precision(args.precision.as_deref()).map_err(Failure::input)?;
         } else if args.rounds.is_some() {
             // more rounds for a resumed run are allowed; everything else is the run's
             experiment.outer_loop_steps = args.rounds.unwrap_or(experiment.outer_loop_steps);

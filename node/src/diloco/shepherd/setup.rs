@@ -201,6 +201,7 @@ pub(super) fn new_manifest(
         experiment: [0; 32],
         overlap: plan.overlap,
         fragments: plan.fragments,
+        precision: e.precision.clone(),
     })
 }
 

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""PyTorch training-step tokens/s on a GPU for bench/gpu_check.sh: the same nanoGPT
+shapes as pcp's presets (vocabulary 65, the demo corpus's), AdamW, eager and
+torch.compile, f32 (TF32 off) or bf16 autocast. Random token ids; prints one line.
+
+    python3 bench/torch_gpu_step.py --model gpt2-124m --steps 20 --precision bf16
+"""
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+PRESETS = {  # n_layer, n_head, n_embd, block, batch
+    "nanogpt-small": (2, 4, 64, 32, 64),
+    "nanogpt-medium": (4, 8, 256, 128, 64),
+    "gpt2-124m": (12, 12, 768, 1024, 8),
+}
+VOCAB = 65
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d, nh):
+        super().__init__()
+        self.nh = nh
+        self.ln_1, self.ln_2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.c_attn, self.c_proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.c_fc, self.mlp_proj = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.nh, d // self.nh).transpose(1, 2) for z in self.c_attn(self.ln_1(x)).split(d, 2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.c_proj(y)
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, n_layer, nh, d, block):
+        super().__init__()
+        self.wte, self.wpe = torch.nn.Embedding(VOCAB, d), torch.nn.Embedding(block, d)
+        self.h = torch.nn.ModuleList(Block(d, nh) for _ in range(n_layer))
+        self.ln_f, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, VOCAB, bias=False)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.h:
+            x = blk(x)
+        logits = self.head(self.ln_f(x)).float()
+        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+
+
+def tokens_per_s(model, batch, block, steps, bf16):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    idx = torch.randint(0, VOCAB, (batch, block + 1), device="cuda")
+    x, y = idx[:, :-1], idx[:, 1:]
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return batch * block * steps / (time.perf_counter() - started)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", choices=sorted(PRESETS), default="gpt2-124m")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--precision", choices=["f32", "bf16"], default="f32")
+    a = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    n_layer, nh, d, block, batch = PRESETS[a.model]
+    bf16 = a.precision == "bf16"
+    torch.manual_seed(0)
+    eager = tokens_per_s(GPT(n_layer, nh, d, block).cuda(), batch, block, a.steps, bf16)
+    try:
+        compiled = f"{tokens_per_s(torch.compile(GPT(n_layer, nh, d, block).cuda()), batch, block, a.steps, bf16):,.0f}"
+    except Exception as e:  # noqa: BLE001 - torch.compile needs a compiler toolchain the machine may lack
+        compiled = f"failed ({type(e).__name__})"
+    name = torch.cuda.get_device_name()
+    print(f"torch {torch.__version__} on {name}, {a.model} {a.precision}: eager {eager:,.0f} tokens/s, torch.compile {compiled}")
+
+
+if __name__ == "__main__":
+    main()
