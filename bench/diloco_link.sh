@@ -25,6 +25,7 @@ MODEL=${MODEL:-nanogpt-small}
 SETUPS=${SETUPS:-"fp32 sparse sparse+overlap sparse+overlap+fragments"}
 FRAGMENTS=${FRAGMENTS:-2}
 NICE=${NICE:-10}
+SPARSE=${SPARSE:-sparse}   # the sparse setups' --encoding, e.g. sparse:k=128
 TIMEOUT=${TIMEOUT:-900}
 OUT=${OUT:-}
 DATA=${DATA:-}
@@ -113,10 +114,10 @@ for s in $SETUPS; do
   case $s in
     fp32) flags=(--encoding fp32) ;;
     int8) flags=(--encoding int8) ;;
-    sparse) flags=(--encoding sparse) ;;
-    sparse+overlap) flags=(--encoding sparse --overlap) ;;
+    sparse) flags=(--encoding "$SPARSE") ;;
+    sparse+overlap) flags=(--encoding "$SPARSE" --overlap) ;;
     fp32+overlap) flags=(--encoding fp32 --overlap) ;;
-    sparse+overlap+fragments) flags=(--encoding sparse --overlap --fragments "$FRAGMENTS") ;;
+    sparse+overlap+fragments) flags=(--encoding "$SPARSE" --overlap --fragments "$FRAGMENTS") ;;
     fp32+fragments) flags=(--encoding fp32 --fragments "$FRAGMENTS") ;;
     *) echo "bench/diloco_link.sh: unknown setup $s" >&2; exit 2 ;;
   esac
