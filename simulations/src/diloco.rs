@@ -99,7 +99,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::network::{Flow, fair_share};
-use crate::report::{RoundStats, StrategyReport, Summary};
+use crate::report::{FragmentCost, RoundStats, StrategyReport, Summary};
 use crate::world::{NodeSpec, Stream, World, rng};
 
 /// What the star simulation needs besides the world.
@@ -147,19 +147,6 @@ pub struct StarSetup {
     pub shepherd: shepherd::Config,
     /// The run seed.
     pub seed: u64,
-}
-
-/// What a round that syncs one fragment moves and costs.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct FragmentCost {
-    /// Bytes of a contribution: the fragment's tensors encoded, the others empty.
-    pub contribution_bytes: f64,
-    /// Bytes a worker holding the previous round's parameters fetches: the
-    /// fragment's sparse update, or its changed fp32 shards.
-    pub fetch_bytes: f64,
-    /// The fragment's share of the shepherd's per-contribution work (of the
-    /// parameters).
-    pub work: f64,
 }
 
 /// What serves a round's blobs to its workers.

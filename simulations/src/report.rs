@@ -6,7 +6,6 @@ use serde::Serialize;
 
 use crate::compute::ComputeModel;
 use crate::decode::DecodeCost;
-use crate::diloco::FragmentCost;
 use crate::model::ModelSpec;
 use crate::network::Link;
 use crate::world::WorldConfig;
@@ -384,4 +383,17 @@ impl Report {
         }
         Ok(())
     }
+}
+
+/// What a round that syncs one fragment moves and costs.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct FragmentCost {
+    /// Bytes of a contribution: the fragment's tensors encoded, the others empty.
+    pub contribution_bytes: f64,
+    /// Bytes a worker holding the previous round's parameters fetches: the
+    /// fragment's sparse update, or its changed fp32 shards.
+    pub fetch_bytes: f64,
+    /// The fragment's share of the shepherd's per-contribution work (of the
+    /// parameters).
+    pub work: f64,
 }

@@ -9,10 +9,11 @@ use crate::analytic::{self, Setup};
 use crate::args::{SimulateArgs, Strategy, Topology};
 use crate::compute::ComputeModel;
 use crate::decode::DecodeCost;
-use crate::diloco::{FragmentCost, StarSetup, Swarm, run_star};
+use crate::diloco::{StarSetup, Swarm, run_star};
 use crate::error::Error;
 use crate::model::{ModelPreset, ModelSpec};
 use crate::plot;
+use crate::report::FragmentCost;
 use crate::report::{Report, Settings, StrategyReport, SweepPoint};
 use crate::world::{World, WorldConfig};
 

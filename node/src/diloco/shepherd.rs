@@ -661,6 +661,69 @@ impl Host {
         self.respond(id, envelope).await
     }
 
+    /// A contribution for `round`: fed to the state machine (its timing first), recorded,
+    /// and answered.
+    async fn on_contribution(
+        &mut self,
+        id: InboundId,
+        key: PublicKey,
+        round: u64,
+        message: &Verified,
+    ) -> anyhow::Result<()> {
+        self.quorum.heard(&key, wire::mono_ms());
+        let mut received = None;
+        let mut busy = (0, 0);
+        let input = match message.decode::<Contribution>() {
+            Ok(c) => {
+                received = Some((c.samples, c.loss, c.delta.len(), c.bytes_down));
+                busy = (c.train_ms, c.wall_ms);
+                // overlap: how it was made (its budget and deadline learn from it)
+                let transfer_ms = match c.sent_unix_ms {
+                    0 => 0,
+                    sent => wire::unix_ms().saturating_sub(sent),
+                };
+                let timing = Input::Timing {
+                    peer: key,
+                    round,
+                    steps: u64::from(c.inner_steps),
+                    train_ms: c.train_ms,
+                    transfer_ms,
+                };
+                self.step(timing).await?;
+                let input = self.contribution_input(key, round, c);
+                self.screened(input).await?
+            }
+            Err(e) => Input::Malformed {
+                peer: key,
+                round,
+                reason: Rejection::Encoding(format!("undecodable contribution: {e}")),
+            },
+        };
+        if let Some((_, _, bytes, bytes_down)) = received
+            && (self.traffic.len() < MAX_BACKEND_RECORDS || self.traffic.contains_key(&key))
+        {
+            // before the step: the contribution that closes the round is in its event
+            self.traffic.insert(key, Traffic { up: bytes as u64, down: bytes_down, busy });
+        }
+        let rejected = self.step(input).await?;
+        let reason = rejected.into_iter().find(|(p, _)| *p == key).map(|(_, r)| r);
+        if let Some((tokens, loss, bytes, bytes_down)) = received {
+            self.events.emit(ev::Event::ContributionReceived(ev::ContributionReceived {
+                round,
+                peer: peer_name(&key),
+                tokens,
+                loss: f64::from(loss),
+                bytes: bytes as u64,
+                bytes_down,
+                accepted: reason.is_none(),
+                reason: reason.clone().unwrap_or_default(),
+            }));
+        }
+        let ack = Ack { run: self.run.0, round, accepted: reason.is_none(), reason: reason.unwrap_or_default() };
+        let envelope = self.signer.seal(self.run, round, &ack);
+        self.respond(id, envelope).await
+    }
+
     async fn on_request(&mut self, peer: PeerId, id: InboundId, message: Verified) -> anyhow::Result<()> {
         let key = message.signer();
         let binding = message.binding();
@@ -726,62 +789,7 @@ impl Host {
                 }
                 Err(e) => self.refuse(id, binding.round, format!("bad heartbeat: {e}")).await,
             },
-            MessageKind::Contribution => {
-                let round = binding.round;
-                self.quorum.heard(&key, wire::mono_ms());
-                let mut received = None;
-                let mut busy = (0, 0);
-                let input = match message.decode::<Contribution>() {
-                    Ok(c) => {
-                        received = Some((c.samples, c.loss, c.delta.len(), c.bytes_down));
-                        busy = (c.train_ms, c.wall_ms);
-                        // overlap: how it was made (its budget and deadline learn from it)
-                        let transfer_ms = match c.sent_unix_ms {
-                            0 => 0,
-                            sent => wire::unix_ms().saturating_sub(sent),
-                        };
-                        let timing = Input::Timing {
-                            peer: key,
-                            round,
-                            steps: u64::from(c.inner_steps),
-                            train_ms: c.train_ms,
-                            transfer_ms,
-                        };
-                        self.step(timing).await?;
-                        let input = self.contribution_input(key, round, c);
-                        self.screened(input).await?
-                    }
-                    Err(e) => Input::Malformed {
-                        peer: key,
-                        round,
-                        reason: Rejection::Encoding(format!("undecodable contribution: {e}")),
-                    },
-                };
-                if let Some((_, _, bytes, bytes_down)) = received
-                    && (self.traffic.len() < MAX_BACKEND_RECORDS || self.traffic.contains_key(&key))
-                {
-                    // before the step: the contribution that closes the round is in its event
-                    self.traffic.insert(key, Traffic { up: bytes as u64, down: bytes_down, busy });
-                }
-                let rejected = self.step(input).await?;
-                let reason = rejected.into_iter().find(|(p, _)| *p == key).map(|(_, r)| r);
-                if let Some((tokens, loss, bytes, bytes_down)) = received {
-                    self.events.emit(ev::Event::ContributionReceived(ev::ContributionReceived {
-                        round,
-                        peer: peer_name(&key),
-                        tokens,
-                        loss: f64::from(loss),
-                        bytes: bytes as u64,
-                        bytes_down,
-                        accepted: reason.is_none(),
-                        reason: reason.clone().unwrap_or_default(),
-                    }));
-                }
-                let ack =
-                    Ack { run: self.run.0, round, accepted: reason.is_none(), reason: reason.unwrap_or_default() };
-                let envelope = self.signer.seal(self.run, round, &ack);
-                self.respond(id, envelope).await
-            }
+            MessageKind::Contribution => self.on_contribution(id, key, binding.round, &message).await,
             other => {
                 tracing::debug!(%peer, "unexpected {} request", other.tag());
                 self.refuse(id, binding.round, format!("a shepherd does not answer {} requests", other.tag())).await
