@@ -147,7 +147,8 @@ pub struct Overlap {
     pub budget_factor: f64,
     /// How long a round's announcement takes to reach the workers (their
     /// heartbeat interval and a trip), milliseconds: a time-boxed round closes
-    /// this long before the workers would wait for the next one.
+    /// this long before the workers would wait for the next one (at most a
+    /// quarter of the round's budget).
     pub notice_ms: u64,
 }
 
@@ -837,6 +838,9 @@ impl<P: Ord + Clone> Shepherd<P> {
         open.settled = true;
         open.sent_ms.sort_unstable();
         if let Some(sent) = open.sent_ms.get(open.sent_ms.len() / 2) {
+            // the notice is at most a quarter of the budget: short rounds (a small
+            // model) would otherwise close before anyone but the fastest is done
+            let notice = notice.min(budget / 4);
             let deadline = sent.saturating_add(budget).saturating_sub(notice).max(now_ms);
             open.deadline_ms = open.deadline_ms.min(deadline);
             self.sent_ms = Some((round, *sent));

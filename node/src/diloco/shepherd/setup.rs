@@ -278,7 +278,8 @@ pub(super) fn machine_config(
         fragments: fragments::split(&params.iter().map(Vec::len).collect::<Vec<_>>(), plan.fragments as usize)?,
         // overlapping workers: time-boxed rounds, a deadline after the budget, late
         // contributions carried over (see pcp_protocol::diloco::shepherd)
-        overlap: plan.overlap.then(|| shepherd::Overlap::new(plan.tau)),
+        // (announcements are gossiped when a round opens: half a second's notice)
+        overlap: plan.overlap.then(|| shepherd::Overlap { notice_ms: 500, ..shepherd::Overlap::new(plan.tau) }),
         ..shepherd::Config::default()
     })
 }
