@@ -459,6 +459,7 @@ impl Host {
             encoding: self.plan.encoding.name().to_owned(),
             encoding_spec: self.plan.encoding.spec(),
             overlap: self.plan.overlap,
+            precision: self.manifest.precision.clone(),
         }));
         if matches!(self.plan.start, Start::Resume(_)) {
             self.events.emit(ev::Event::Resumed(ev::Resumed { round: resumed_at, params_hash: params_hash.to_hex() }));

@@ -171,6 +171,8 @@ fields! {
     RunStarted {
         run: String, model: String, rounds: u64, tau: u64, resumed_round: u64, params_hash: String,
         encoding: String, encoding_spec: String, overlap: bool,
+        /// The matmuls' precision: `f32` or `bf16`.
+        precision: String,
     }
     Resumed { round: u64, params_hash: String }
     ShepherdElected { term: u64, peer: String, round: u64, params_hash: String }
