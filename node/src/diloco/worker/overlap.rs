@@ -440,20 +440,32 @@ impl Host {
                     }
                 }
             }
-            Done::Delivered(delivery, signer) => {
-                self.signer = Some(signer);
-                let Some((out, _task)) = self.sending.take() else { return Ok(None) };
-                let delivery = delivery.unwrap_or(Delivery {
-                    accepted: false,
-                    reason: "cancelled before the answer".into(),
-                    wire_bytes: 0,
-                });
-                let r = out.contribution.round;
-                t.finish(out, &delivery);
-                self.next_send(t)?;
-                self.feed(t, Input::Sent(r)).await
-            }
+            Done::Delivered(delivery, signer) => match self.delivered(t, delivery, signer)? {
+                Some(r) => self.feed(t, Input::Sent(r)).await,
+                None => Ok(None),
+            },
         }
+    }
+
+    /// A send finished: its outcome is reported, and the next queued one starts.
+    /// Returns the round sent.
+    fn delivered(
+        &mut self,
+        t: &mut Trainer<'_>,
+        delivery: Option<Delivery>,
+        signer: Signer,
+    ) -> anyhow::Result<Option<u64>> {
+        self.signer = Some(signer);
+        let Some((out, _task)) = self.sending.take() else { return Ok(None) };
+        let delivery = delivery.unwrap_or(Delivery {
+            accepted: false,
+            reason: "cancelled before the answer".into(),
+            wire_bytes: 0,
+        });
+        let r = out.contribution.round;
+        t.finish(out, &delivery);
+        self.next_send(t)?;
+        Ok(Some(r))
     }
 
     /// Waits until every contribution trained is sent (a fetch finishing meanwhile
@@ -462,16 +474,7 @@ impl Host {
         while self.sending.is_some() {
             match self.done.recv().await {
                 Some(Done::Delivered(delivery, signer)) => {
-                    self.signer = Some(signer);
-                    if let Some((out, _task)) = self.sending.take() {
-                        let delivery = delivery.unwrap_or(Delivery {
-                            accepted: false,
-                            reason: "cancelled before the answer".into(),
-                            wire_bytes: 0,
-                        });
-                        t.finish(out, &delivery);
-                    }
-                    if let Err(e) = self.next_send(t) {
+                    if let Err(e) = self.delivered(t, delivery, signer) {
                         tracing::warn!("sending the last contributions: {e:#}");
                         return;
                     }
