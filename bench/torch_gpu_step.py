@@ -28,19 +28,22 @@ class Block(torch.nn.Module):
         self.c_attn, self.c_proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
         self.c_fc, self.mlp_proj = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
 
+    def attend(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
     def forward(self, x):
         b, t, d = x.shape
         q, k, v = (z.view(b, t, self.nh, d // self.nh).transpose(1, 2) for z in self.c_attn(self.ln_1(x)).split(d, 2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        y = self.attend(q, k, v).transpose(1, 2).reshape(b, t, d)
         x = x + self.c_proj(y)
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
 
 class GPT(torch.nn.Module):
-    def __init__(self, n_layer, nh, d, block):
+    def __init__(self, n_layer, nh, d, block, block_type=Block):
         super().__init__()
         self.wte, self.wpe = torch.nn.Embedding(VOCAB, d), torch.nn.Embedding(block, d)
-        self.h = torch.nn.ModuleList(Block(d, nh) for _ in range(n_layer))
+        self.h = torch.nn.ModuleList(block_type(d, nh) for _ in range(n_layer))
         self.ln_f, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, VOCAB, bias=False)
 
     def forward(self, idx, targets):
@@ -48,7 +51,7 @@ class GPT(torch.nn.Module):
         for blk in self.h:
             x = blk(x)
         logits = self.head(self.ln_f(x)).float()
-        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+        return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
 def tokens_per_s(model, batch, block, steps, bf16):

@@ -6,11 +6,13 @@
 //! epsilons, no clamping. An op without a rule is an error naming the op and
 //! its location, never a silently wrong gradient.
 
+mod remat;
 mod rules;
 
 use std::collections::HashMap;
 
 use crate::ir::{Builder, Function, Module, Op, TensorType, ValueId};
+use crate::recompute::Recompute;
 
 pub use rules::has_rule;
 
@@ -193,23 +195,47 @@ pub fn activity(f: &Function, loss: ValueId, wrt: &[ValueId]) -> Vec<bool> {
 /// Appends to `f` the ops computing d`loss`/d`wrt`, returning one gradient
 /// per `wrt` value (zeros where the loss does not depend on it).
 pub fn backward(f: &mut Function, loss: ValueId, wrt: &[ValueId]) -> Result<Vec<ValueId>, GradError> {
+    backward_recomputing(f, loss, wrt, Recompute::None)
+}
+
+/// [`backward`], recomputing the forward values `mode` names instead of
+/// reading them ([`crate::recompute`]).
+///
+/// The walk goes through the forward in reverse. Before a rule reads a value of a
+/// group not yet recomputed, the group's ops are copied, in order, reading the
+/// group's activation inputs plus `0 · g`, where `g` is one element of a
+/// cotangent of the op at hand. That dependence is what keeps the copy in the
+/// backward: the compiler can neither compute it before the cotangent exists nor
+/// merge it with the forward's originals (`x · 0` does not fold for floats, since
+/// `∞ · 0` is NaN), and it stays in the same execution region, where IREE reuses
+/// memory by lifetime (an optimization barrier would split the region and sync
+/// with the host instead). `x + 0 = x` exactly, so the copies equal the originals
+/// bit for bit. The rule then reads the copies.
+pub fn backward_recomputing(
+    f: &mut Function,
+    loss: ValueId,
+    wrt: &[ValueId],
+    mode: Recompute,
+) -> Result<Vec<ValueId>, GradError> {
     let forward: Vec<Op> = f.ops.clone();
     let active_values = activity(f, loss, wrt);
+    let mut remat = remat::Remat::new(f, &active_values, mode);
     let mut b = Builder::new(f, None);
     let mut cotangents: HashMap<ValueId, ValueId> = HashMap::new();
     let seed = b.splat_like(1.0, loss);
     cotangents.insert(loss, seed);
     for op in forward.iter().rev() {
         let g: Vec<Option<ValueId>> = op.results.iter().map(|r| cotangents.get(r).copied()).collect();
-        if g.iter().all(Option::is_none) {
+        let Some(gate) = g.iter().flatten().next().copied() else {
             continue;
-        }
+        };
         let active: Vec<bool> = op.operands.iter().map(|o| active_values[o.0 as usize]).collect();
         if !active.iter().any(|a| *a) {
             continue;
         }
         b.set_loc(op.loc.clone());
-        let contributions = rules::vjp(&mut b, op, &g, &active)?;
+        remat.prepare(&mut b, op, gate);
+        let contributions = rules::vjp(&mut b, &remat.local(op), &g, &active)?;
         for ((operand, contribution), is_active) in op.operands.iter().zip(contributions).zip(&active) {
             let (Some(c), true) = (contribution, is_active) else {
                 continue;

@@ -68,7 +68,7 @@ pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Re
     } else {
         module.to_mlir()
     };
-    let revision = compiler.get_revision().unwrap_or_default();
+    let revision = [compiler.get_revision().unwrap_or_default(), iree::global_flags().join(" ")].join(" ");
     let extra: Vec<String> = std::env::var("PCP_IREE_FLAGS")
         .map(|extra| extra.split_whitespace().map(str::to_owned).collect())
         .unwrap_or_default();

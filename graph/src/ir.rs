@@ -20,7 +20,7 @@ pub use types::{ElementType, FloatType, TensorType, TypeError};
 pub struct ValueId(pub u32);
 
 impl ValueId {
-    fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self.0 as usize
     }
 }

@@ -15,6 +15,15 @@ pub(crate) const PRINT_FLAGS: [&str; 2] = ["--mlir-print-op-generic", "--mlir-pr
 
 static COMPILER: OnceLock<Result<Compiler, String>> = OnceLock::new();
 
+/// Process-wide compiler options (IREE reads these from its global command line,
+/// not from a session's flags): `PCP_IREE_GLOBAL_FLAGS`, for experiments. They
+/// are part of every artifact's cache key.
+pub(crate) fn global_flags() -> Vec<String> {
+    std::env::var("PCP_IREE_GLOBAL_FLAGS")
+        .map(|extra| extra.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
 /// The process's IREE compiler, or why it could not be loaded.
 pub fn compiler() -> Result<&'static Compiler, String> {
     COMPILER.get_or_init(load).as_ref().map_err(Clone::clone)
@@ -27,6 +36,7 @@ fn load() -> Result<Compiler, String> {
     };
     let mut argv = vec!["pcp-node".to_owned()];
     argv.extend(PRINT_FLAGS.iter().map(|f| (*f).to_owned()));
+    argv.extend(global_flags());
     compiler.setup_global_cl(argv).map_err(|e| e.to_string())?;
     Ok(compiler)
 }

@@ -5,6 +5,7 @@
 //! * [`autodiff`] derives exact reverse-mode gradients.
 //! * [`train`] fuses forward, gradient and optimizer into `train_step`.
 //! * [`precision`] runs a forward's matmuls in bf16 (mixed precision).
+//! * [`recompute`] chooses activations the backward recomputes instead of keeping.
 //! * [`models`] builds built-in models (nanoGPT) as StableHLO, no Python.
 //! * [`target`] maps the GPU names users type to IREE's, and [`compile()`]
 //!   builds a VMFB per (backend, target), cached by content.
@@ -22,6 +23,7 @@ pub mod ir;
 pub mod iree;
 pub mod models;
 pub mod precision;
+pub mod recompute;
 pub mod target;
 pub mod train;
 
@@ -31,5 +33,6 @@ pub use import::{ImportError, import_file, import_str};
 pub use ir::{Function, Module, TensorType};
 pub use models::{BuildError, BuiltModel, NanoGptConfig, nanogpt};
 pub use precision::{Precision, UnknownPrecision, mixed_precision};
+pub use recompute::{Recompute, UnknownRecompute};
 pub use target::{Backend, Target, UnknownBackend, UnknownTarget};
 pub use train::{Optimizer, StepConfig, TrainModule, train_step};

@@ -9,10 +9,24 @@
 //!
 //! `step` is the 1-based step count and `lr` the learning rate, both `f32`
 //! scalars computed on the host (so schedules need no recompilation).
+//!
+//! With [`StepConfig::accumulate`], two more functions split the step for
+//! gradient accumulation over micro-batches (a batch that does not fit the
+//! device runs as k micro-batches of the model's batch):
+//!
+//! ```text
+//! grad_step(params…, acc…, data…) -> (acc + ∇loss…, loss)
+//! apply_step(params…, opt_state…, step, lr, scale, acc…) -> (params'…, opt_state'…)
+//! ```
+//!
+//! `apply_step` updates with the gradient `scale · acc` (`scale = 1/k`: the mean
+//! of the micro-batches' gradients, which for equal micro-batches is the whole
+//! batch's), clipped and applied exactly as `train_step` does.
 
-use crate::autodiff::{GradError, Signature, backward, inline_calls, signature};
+use crate::autodiff::{GradError, Signature, inline_calls, signature};
 use crate::ir::{Builder, Function, Module, TensorType, ValueId};
 use crate::precision::{Precision, mixed_precision};
+use crate::recompute::Recompute;
 
 /// The inner optimizer fused into `train_step`.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,6 +78,10 @@ pub struct StepConfig {
     /// The matmuls' precision ([`crate::precision`]): applied to the forward
     /// before autodiff, so parameters, optimizer state and loss stay f32.
     pub precision: Precision,
+    /// Which activations the backward recomputes instead of keeping.
+    pub recompute: Recompute,
+    /// Also build `grad_step` and `apply_step`, for gradient accumulation.
+    pub accumulate: bool,
 }
 
 /// A module with `train_step`, `eval_loss` and maybe `logits`.
@@ -75,6 +93,9 @@ pub struct TrainModule {
     pub signature: Signature,
     /// Optimizer state tensors per parameter.
     pub state_per_param: usize,
+    /// Bytes of the forward values `train_step`'s backward reads: the
+    /// activations a step keeps (fewer with [`StepConfig::recompute`]).
+    pub saved_activation_bytes: u64,
 }
 
 /// Builds the training module for `entry` of `model`.
@@ -102,15 +123,18 @@ pub fn train_step(model: &Module, entry: &str, config: &StepConfig) -> Result<Tr
     let (step, lr) = (step_fn.args[n * (k + 1)], step_fn.args[n * (k + 1) + 1]);
     let data: Vec<ValueId> = step_fn.args[n * (k + 1) + 2..].to_vec();
     let loss = splice(&forward, &sig, &params, &data, &mut step_fn)?;
-    let grads = backward(&mut step_fn, loss, &params)?;
+    let forward_values = step_fn.ops.iter().flat_map(|op| op.results.iter().copied()).collect();
+    let grads = crate::autodiff::backward_recomputing(&mut step_fn, loss, &params, config.recompute)?;
     let mut b = Builder::new(&mut step_fn, None);
-    let grads = match config.clip_norm {
-        Some(max_norm) => clip(&mut b, &grads, max_norm),
-        None => grads,
-    };
-    let (new_params, new_state) = update(&mut b, &config.optimizer, &params, &grads, &state, step, lr);
+    let (new_params, new_state) = clip_and_update(&mut b, config, &params, grads, &state, step, lr);
     step_fn.results = new_params.into_iter().chain(new_state.into_iter().flatten()).chain([loss]).collect();
     step_fn.eliminate_dead_code();
+    let saved_activation_bytes = crate::recompute::saved_bytes(&step_fn, &forward_values);
+    let mut functions = vec![step_fn];
+    if config.accumulate {
+        functions.push(grad_step(&forward, &sig, config.recompute)?);
+        functions.push(apply_step(&param_types, config, &scalar));
+    }
 
     // eval_loss(params, data)
     let mut eval_types = param_types;
@@ -121,7 +145,7 @@ pub fn train_step(model: &Module, entry: &str, config: &StepConfig) -> Result<Tr
     eval.results = vec![eval_loss];
     eval.eliminate_dead_code();
 
-    let mut functions = vec![step_fn, eval];
+    functions.insert(1, eval);
     if entry != "logits" && model.function("logits").is_some() {
         let mut logits = inline_calls(model, "logits")?;
         mixed_precision(&mut logits, config.precision);
@@ -135,7 +159,67 @@ pub fn train_step(model: &Module, entry: &str, config: &StepConfig) -> Result<Tr
         module: Module { functions, resources: model.resources.clone() },
         signature: sig,
         state_per_param: k,
+        saved_activation_bytes,
     })
+}
+
+/// `grad_step(params…, acc…, data…) -> (acc + ∇loss…, loss)`.
+fn grad_step(forward: &Function, sig: &Signature, recompute: Recompute) -> Result<Function, GradError> {
+    let param_types: Vec<TensorType> = sig.params.iter().map(|(_, t)| t.clone()).collect();
+    let mut arg_types = param_types.clone();
+    arg_types.extend(param_types.iter().cloned());
+    arg_types.extend(sig.data.iter().map(|(_, t)| t.clone()));
+    let mut f = Function::new("grad_step", &arg_types);
+    let n = param_types.len();
+    let (params, acc, data) = (f.args[..n].to_vec(), f.args[n..2 * n].to_vec(), f.args[2 * n..].to_vec());
+    let loss = splice(forward, sig, &params, &data, &mut f)?;
+    let grads = crate::autodiff::backward_recomputing(&mut f, loss, &params, recompute)?;
+    let mut b = Builder::new(&mut f, None);
+    let sums: Vec<ValueId> = acc.iter().zip(&grads).map(|(a, g)| b.add(*a, *g)).collect();
+    f.results = sums.into_iter().chain([loss]).collect();
+    f.eliminate_dead_code();
+    Ok(f)
+}
+
+/// `apply_step(params…, opt_state…, step, lr, scale, acc…) -> (params'…, opt_state'…)`.
+fn apply_step(param_types: &[TensorType], config: &StepConfig, scalar: &TensorType) -> Function {
+    let k = config.optimizer.state_per_param();
+    let n = param_types.len();
+    let mut arg_types: Vec<TensorType> = Vec::new();
+    for _ in 0..=k {
+        arg_types.extend(param_types.iter().cloned());
+    }
+    arg_types.extend([scalar.clone(), scalar.clone(), scalar.clone()]);
+    arg_types.extend(param_types.iter().cloned());
+    let mut f = Function::new("apply_step", &arg_types);
+    let params: Vec<ValueId> = f.args[..n].to_vec();
+    let state: Vec<Vec<ValueId>> = (0..k).map(|s| f.args[n * (s + 1)..n * (s + 2)].to_vec()).collect();
+    let at = n * (k + 1);
+    let (step, lr, scale) = (f.args[at], f.args[at + 1], f.args[at + 2]);
+    let acc: Vec<ValueId> = f.args[at + 3..].to_vec();
+    let mut b = Builder::new(&mut f, None);
+    let grads: Vec<ValueId> = acc.iter().map(|a| scale_by(&mut b, *a, scale)).collect();
+    let (new_params, new_state) = clip_and_update(&mut b, config, &params, grads, &state, step, lr);
+    f.results = new_params.into_iter().chain(new_state.into_iter().flatten()).collect();
+    f.eliminate_dead_code();
+    f
+}
+
+/// Clips `grads` as `config` says and applies its optimizer.
+fn clip_and_update(
+    b: &mut Builder<'_>,
+    config: &StepConfig,
+    params: &[ValueId],
+    grads: Vec<ValueId>,
+    state: &[Vec<ValueId>],
+    step: ValueId,
+    lr: ValueId,
+) -> (Vec<ValueId>, Vec<Vec<ValueId>>) {
+    let grads = match config.clip_norm {
+        Some(max_norm) => clip(b, &grads, max_norm),
+        None => grads,
+    };
+    update(b, &config.optimizer, params, &grads, state, step, lr)
 }
 
 /// Copies the (inlined) forward into `into`, its parameters and data taken

@@ -6,4 +6,5 @@ pub(crate) mod checkpoint;
 pub(crate) mod config;
 pub(crate) mod data;
 pub(crate) mod engine;
+pub(crate) mod memory;
 pub(crate) mod model;

@@ -224,3 +224,56 @@ fn bf16_mixed_precision_trains_within_a_percent_of_f32() {
     let rel = (bf16_loss - f32_loss).abs() / f32_loss;
     assert!(rel < 0.01, "bf16 val loss {bf16_loss} vs f32 {f32_loss}: {:.2}% apart", rel * 100.0);
 }
+
+/// The per-step losses and the `micro_batches` event of a nanogpt-small run of
+/// `steps` steps with `extra` flags (same seed and data every time).
+fn step_losses(steps: &str, extra: &[&str]) -> (Vec<f64>, Value) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ev = dir.path().join("events.jsonl");
+    let data = corpus();
+    let mut args = vec!["train", "--model", "nanogpt-small", "--data", &data, "--steps", steps, "--eval-every", "0"];
+    args.extend_from_slice(extra);
+    let (ev_arg, cache) = (ev.to_str().expect("utf8").to_owned(), cache_dir());
+    args.extend(["--events", &ev_arg, "--data-dir", &cache]);
+    let out = pcp(&args);
+    ok(&out);
+    let events = events(&ev);
+    let losses = of_kind(&events, "step").iter().map(|e| e["loss"].as_f64().expect("loss")).collect();
+    let plan = of_kind(&events, "micro_batches").first().map(|e| (*e).clone()).expect("a micro_batches event");
+    (losses, plan)
+}
+
+fn assert_close(a: &[f64], b: &[f64], tolerance: f64, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: step counts differ");
+    for (step, (x, y)) in a.iter().zip(b).enumerate() {
+        let rel = (x - y).abs() / x.abs().max(1e-12);
+        assert!(rel <= tolerance, "{what}: step {} loss {y} vs {x} ({rel:.2e} relative)", step + 1);
+    }
+}
+
+#[test]
+fn recomputed_activations_train_to_the_same_losses() {
+    // the backward reads recomputed values instead of stored ones; on one device they
+    // are the same ops on the same inputs, so 50 steps of losses agree to 1e-6
+    let (stored, _) = step_losses("50", &["--recompute", "none"]);
+    assert_eq!(stored.len(), 50);
+    for mode in ["attention", "elementwise", "blocks"] {
+        let (recomputed, _) = step_losses("50", &["--recompute", mode]);
+        assert_close(&stored, &recomputed, 1e-6, mode);
+    }
+}
+
+#[test]
+fn a_batch_that_does_not_fit_runs_as_micro_batches_to_the_same_losses() {
+    // nanogpt-small's batch of 64 needs about 80 MB; told 20 MB are free, the step
+    // runs as micro-batches whose gradients are accumulated: the same losses to 1e-4
+    let (whole, plan) = step_losses("20", &["--free-memory", "100GB"]);
+    assert_eq!(plan["micro_batches"], 1, "{plan}");
+    let (split, plan) = step_losses("20", &["--free-memory", "20MB"]);
+    let k = plan["micro_batches"].as_u64().expect("micro_batches");
+    assert!(k > 1, "{plan}");
+    assert_eq!(plan["micro_batch"].as_u64(), Some(64 / k), "{plan}");
+    assert_eq!((plan["free_bytes"].as_u64(), plan["free_from"].as_str()), (Some(20_000_000), Some("flag")));
+    assert!(plan["estimate_bytes"].as_u64().is_some_and(|b| b <= 18_000_000), "{plan}");
+    assert_close(&whole, &split, 1e-4, "micro-batches");
+}

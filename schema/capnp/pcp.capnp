@@ -86,6 +86,7 @@ struct RunManifest {
   overlap @22 :Bool;        # workers train the next round while a round syncs (rebase merge)
   fragments @23 :UInt32;    # Streaming DiLoCo: round r syncs fragment (r-1) mod P of P (0 or 1: the whole model)
   precision @24 :Text;      # the step's matmuls: "f32" or "bf16" (mixed: weights, optimizer, loss f32); empty: f32
+  recompute @25 :Text;      # activations the backward recomputes: "none", "attention", "elementwise", "blocks"; empty: none
 }
 
 # --- rounds ----------------------------------------------------------------

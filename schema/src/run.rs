@@ -132,6 +132,10 @@ pub struct RunManifest {
     /// parameters, optimizer state, pseudo-gradients and loss stay f32). Manifests
     /// from before the field read as `f32`.
     pub precision: String,
+    /// Activations the training step's backward recomputes instead of keeping:
+    /// `none`, `attention`, `elementwise` or `blocks` (the same values either way; less memory,
+    /// more compute). Manifests from before the field read as `none`.
+    pub recompute: String,
 }
 
 impl TensorSpec {
@@ -288,6 +292,7 @@ impl Message for RunManifest {
         root.set_overlap(self.overlap);
         root.set_fragments(self.fragments);
         root.set_precision(self.precision.as_str());
+        root.set_recompute(self.recompute.as_str());
         codec::words(&message)
     }
 
@@ -337,6 +342,10 @@ impl Message for RunManifest {
                 fragments: r.get_fragments(),
                 precision: match codec::text(W, "precision", r.get_precision())? {
                     p if p.is_empty() => "f32".to_owned(),
+                    p => p,
+                },
+                recompute: match codec::text(W, "recompute", r.get_recompute())? {
+                    p if p.is_empty() => "none".to_owned(),
                     p => p,
                 },
             })

@@ -104,6 +104,7 @@ fn manifest(
         overlap,
         fragments,
         precision: ["f32", "bf16"][(fragments % 2) as usize].to_owned(),
+        recompute: ["none", "attention", "blocks"][(fragments % 3) as usize].to_owned(),
     }
 }
 

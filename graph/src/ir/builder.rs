@@ -305,6 +305,14 @@ impl<'f> Builder<'f> {
         self.op("stablehlo.dot_general", &[lhs, rhs], props, None, TensorType::new(shape, element))
     }
 
+    /// Appends a copy of `op` reading `operands`, with fresh results of the same
+    /// types; returns them.
+    pub fn copy_op(&mut self, op: &Op, operands: Vec<ValueId>) -> Vec<ValueId> {
+        let results: Vec<ValueId> = op.results.iter().map(|r| self.f.new_value(self.f.ty(*r).clone())).collect();
+        self.f.ops.push(Op { operands, results: results.clone(), ..op.clone() });
+        results
+    }
+
     /// The float type of `x`, which callers have checked is a float tensor.
     pub fn float_of(&self, x: ValueId) -> Option<FloatType> {
         self.f.ty(x).element.float()

@@ -104,6 +104,17 @@ impl ElementType {
             Self::Int(t) | Self::Other(t) => t,
         }
     }
+
+    /// Bytes per element as stored (booleans and unknown types: one).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Self::Float(f) => f.bytes(),
+            Self::Int(t) => {
+                t.trim_start_matches(|c: char| c.is_ascii_alphabetic()).parse::<usize>().map_or(1, |b| b.div_ceil(8))
+            }
+            Self::Other(_) => 1,
+        }
+    }
 }
 
 fn is_int_type(t: &str) -> bool {
@@ -166,6 +177,11 @@ impl TensorType {
     /// Number of elements.
     pub fn elements(&self) -> i64 {
         self.shape.iter().product()
+    }
+
+    /// Bytes of the tensor (0 for a dynamic shape).
+    pub fn bytes(&self) -> u64 {
+        self.elements().max(0) as u64 * self.element.bytes() as u64
     }
 
     /// Whether the element type is floating point.

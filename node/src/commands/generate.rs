@@ -62,7 +62,7 @@ pub(crate) async fn run(args: GenerateArgs, net: &NetArgs) -> Result<(), Failure
     let (batch, block) = model.batch_block()?;
     let int64 = model.data.first().is_some_and(|t| t.element.name() == "i64");
     let data_dir = net.data_dir.clone();
-    let engine = load_engine(&experiment, &model, &args.device, &data_dir, Some(&checkpoint)).await?;
+    let engine = load_engine(&experiment, &model, &args.device, &data_dir, Some(&checkpoint), 1).await?;
     let mut context = vocab.encode(&args.prompt).map_err(Failure::input)?;
     if context.is_empty() {
         return Err(Failure::input(anyhow::anyhow!("the prompt is empty")));

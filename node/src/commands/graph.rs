@@ -14,7 +14,7 @@ pub(crate) enum GraphCommand {
     /// Print a model's signature, parameter count, data inputs, op histogram
     /// and any ops without a gradient rule.
     Inspect {
-        /// A StableHLO module (`.mlir`), or a preset (`nanogpt-small`, `nanogpt-medium`,
+        /// A StableHLO module (`.mlir`), or a preset (`nanogpt-small`, `nanogpt-medium`, `gpt2-124m`,
         /// built for the demo corpus's 65 characters).
         model: PathBuf,
         /// The loss function.
@@ -24,7 +24,7 @@ pub(crate) enum GraphCommand {
     /// Write a module whose `@<entry>_grad` returns the loss and one gradient
     /// per floating-point argument.
     Grad {
-        /// A StableHLO module (`.mlir`), or a preset (`nanogpt-small`, `nanogpt-medium`,
+        /// A StableHLO module (`.mlir`), or a preset (`nanogpt-small`, `nanogpt-medium`, `gpt2-124m`,
         /// built for the demo corpus's 65 characters).
         model: PathBuf,
         /// The loss function.
@@ -37,7 +37,7 @@ pub(crate) enum GraphCommand {
     /// Write the fused training module: `train_step`, `eval_loss` (and
     /// `logits` when the model has one).
     Step {
-        /// A StableHLO module (`.mlir`), or a preset (`nanogpt-small`, `nanogpt-medium`,
+        /// A StableHLO module (`.mlir`), or a preset (`nanogpt-small`, `nanogpt-medium`, `gpt2-124m`,
         /// built for the demo corpus's 65 characters).
         model: PathBuf,
         /// The loss function.
@@ -53,7 +53,7 @@ pub(crate) enum GraphCommand {
     /// the workers that announce them: the training module (`train_step`,
     /// `eval_loss`, `logits`) by default, or the gradient module (`--module grad`).
     Compile {
-        /// A StableHLO module (`.mlir`), or a preset (`nanogpt-small`, `nanogpt-medium`,
+        /// A StableHLO module (`.mlir`), or a preset (`nanogpt-small`, `nanogpt-medium`, `gpt2-124m`,
         /// `gpt2-124m`).
         model: PathBuf,
         /// The loss function.
@@ -107,6 +107,9 @@ pub(crate) struct OptimizerArgs {
     /// f32, or bf16: matmuls and attention in bf16, weights, optimizer state and loss in f32.
     #[arg(long, default_value = "f32")]
     pub(crate) precision: String,
+    /// Activations the backward recomputes instead of keeping: none, attention, elementwise or blocks.
+    #[arg(long, default_value = "none")]
+    pub(crate) recompute: String,
 }
 
 impl OptimizerArgs {
@@ -122,7 +125,8 @@ impl OptimizerArgs {
             other => anyhow::bail!("unknown optimizer {other:?}; expected adamw or sgd"),
         };
         let precision = self.precision.parse()?;
-        Ok(pcp_graph::StepConfig { optimizer, clip_norm: self.clip_norm, precision })
+        let recompute = self.recompute.parse()?;
+        Ok(pcp_graph::StepConfig { optimizer, clip_norm: self.clip_norm, precision, recompute, accumulate: false })
     }
 }
 
@@ -130,7 +134,8 @@ impl OptimizerArgs {
 /// the demo corpus's 65 characters).
 fn load(model: &Path) -> Result<pcp_graph::Module, Failure> {
     if let Some(config) = model.to_str().and_then(pcp_graph::models::preset) {
-        let built = pcp_graph::models::nanogpt(&config).map_err(Failure::input)?;
+        // as `train` builds it for the demo corpus (65 characters)
+        let built = pcp_graph::models::nanogpt(&config.with_vocab_size(65)).map_err(Failure::input)?;
         return Ok(built.module);
     }
     pcp_graph::import_file(model).map_err(Failure::input)
@@ -186,11 +191,13 @@ pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
             let functions: Vec<String> = step.module.functions.iter().map(|f| format!("@{}", f.name)).collect();
             writeln!(
                 stdout,
-                "wrote {}: {} ({} parameters, {} optimizer state tensors each)",
+                "wrote {}: {} ({} parameters, {} optimizer state tensors each; {:.1} MiB of activations kept for the backward, recompute {})",
                 output.display(),
                 functions.join(", "),
                 step.signature.params.len(),
-                step.state_per_param
+                step.state_per_param,
+                step.saved_activation_bytes as f64 / 1048576.0,
+                config.recompute
             )?;
         }
         GraphCommand::Compile { model, entry, backend, target, module, output, cache, optimizer } => {

@@ -74,6 +74,10 @@ pub(crate) struct SimArgs {
     /// pseudo-gradients and loss in f32.
     #[arg(long, default_value = "f32")]
     precision: String,
+    /// Activations the step's backward recomputes instead of keeping: none,
+    /// attention, elementwise or blocks.
+    #[arg(long, default_value = "none")]
+    recompute: String,
     /// Workers train the next round while a round syncs, and rebase onto the
     /// shepherd's update when it arrives.
     #[arg(long)]
@@ -308,6 +312,7 @@ fn shepherd_plan(args: &SimArgs, net: &NetArgs, root: &std::path::Path) -> Resul
         ..Experiment::default()
     };
     experiment.set_precision(Some(&args.precision)).map_err(Failure::input)?;
+    experiment.set_recompute(Some(&args.recompute)).map_err(Failure::input)?;
     let mut candidates = Vec::new();
     for n in 1..=args.candidates as u32 {
         candidates.push(pcp_bootstrap::load_or_create(&candidate_dir(root, n))?.public());

@@ -76,8 +76,25 @@ pub(crate) struct TrainArgs {
     /// [default: f32, or the config's or resumed checkpoint's].
     #[arg(long)]
     precision: Option<String>,
+    /// Activations the backward recomputes instead of keeping: none, attention (the
+    /// T×T scores and softmax), elementwise (attention and all but the matmuls'
+    /// outputs) or blocks (all but the residual stream); the same losses, less memory [default: none, or the config's or resumed checkpoint's].
+    #[arg(long)]
+    recompute: Option<String>,
+    #[command(flatten)]
+    memory: MemoryArgs,
     #[command(flatten)]
     device: DeviceArgs,
+}
+
+/// Flags for how much memory a step may use.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct MemoryArgs {
+    /// The device memory a step may use (e.g. 8GB) [default: the device's free
+    /// memory; on cpu, the host's available memory]. A batch whose step would not
+    /// fit runs as micro-batches whose gradients are accumulated.
+    #[arg(long, value_name = "SIZE", value_parser = crate::training::memory::parse_size)]
+    pub(crate) free_memory: Option<u64>,
 }
 
 /// The corpus, tokenized and split.
@@ -169,6 +186,8 @@ pub(crate) struct Run {
     pub(crate) engine: Engine,
     pub(crate) batch: usize,
     pub(crate) block: usize,
+    /// How the batch is split to fit the device.
+    pub(crate) micro_batches: ev::MicroBatches,
 }
 
 impl std::fmt::Debug for Run {
@@ -193,21 +212,100 @@ pub(crate) fn step_config(e: &Experiment) -> pcp_graph::StepConfig {
         clip_norm: (e.grad_clip > 0.0).then_some(e.grad_clip),
         // checked when the experiment was resolved; an unknown name cannot get here
         precision: e.precision.parse().unwrap_or_default(),
+        // checked likewise
+        recompute: e.recompute.parse().unwrap_or_default(),
+        accumulate: false,
     }
 }
 
+/// How many micro-batches a step of `experiment`'s batch needs to fit the memory
+/// `memory` allows on `device` (1 for a `.mlir` model, whose batch is fixed).
+pub(crate) fn plan_micro_batches(
+    experiment: &Experiment,
+    model: &Model,
+    vocab_size: usize,
+    memory: &MemoryArgs,
+    device: &DeviceArgs,
+) -> anyhow::Result<ev::MicroBatches> {
+    let (batch, _) = model.batch_block()?;
+    let (free, free_from) = match (memory.free_memory, device.backend.as_str()) {
+        (Some(bytes), _) => (Some(bytes), "flag"),
+        (None, "cpu") => (crate::training::memory::host_available(), "host"),
+        (None, _) => (None, "unknown"),
+    };
+    let preset = pcp_graph::models::preset(&model.source).is_some();
+    let config = pcp_graph::StepConfig { accumulate: false, ..step_config(experiment) };
+    let estimate = |config: &pcp_graph::StepConfig, m: usize| -> u64 {
+        let built = Model::load_with_batch(&model.source, vocab_size, Some(m)).ok();
+        let step = built.and_then(|b| pcp_graph::train_step(&b.module, "main", config).ok());
+        step.map_or(u64::MAX, |s| crate::training::memory::step_bytes(&s))
+    };
+    // the run's recomputation first; if not even single sequences fit, stronger ones
+    use pcp_graph::Recompute;
+    let stronger = match config.recompute {
+        Recompute::None | Recompute::Attention => vec![Recompute::Elementwise, Recompute::Blocks],
+        Recompute::Elementwise => vec![Recompute::Blocks],
+        Recompute::Blocks => Vec::new(),
+    };
+    let (split, recompute) = match free {
+        Some(free) if preset => {
+            let mut chosen = None;
+            for mode in std::iter::once(config.recompute).chain(stronger) {
+                let config = pcp_graph::StepConfig { recompute: mode, ..config.clone() };
+                let split = crate::training::memory::split(batch, free, |m| estimate(&config, m));
+                let fits = !split.over;
+                // keep the first mode's answer if none fits
+                if chosen.is_none() || fits {
+                    chosen = Some((split, mode));
+                }
+                if fits {
+                    break;
+                }
+            }
+            chosen.unwrap_or((crate::training::memory::Split::whole(batch, 0), config.recompute))
+        }
+        _ => {
+            let bytes = pcp_graph::train_step(&model.module, "main", &config)
+                .map_or(0, |s| crate::training::memory::step_bytes(&s));
+            (crate::training::memory::Split::whole(batch, bytes), config.recompute)
+        }
+    };
+    if split.over {
+        tracing::warn!(
+            "a step of {} sequences may not fit in {:.1} GB even as {} micro-batches (about {:.1} GB each)",
+            batch,
+            free.unwrap_or(0) as f64 / 1e9,
+            split.micro_batches,
+            split.estimate_bytes as f64 / 1e9
+        );
+    }
+    Ok(ev::MicroBatches {
+        recompute: recompute.name().to_owned(),
+        batch: batch as u64,
+        micro_batches: split.micro_batches as u64,
+        micro_batch: (batch / split.micro_batches) as u64,
+        free_bytes: free.unwrap_or(0),
+        free_from: free_from.to_owned(),
+        estimate_bytes: split.estimate_bytes,
+    })
+}
+
 /// Builds and compiles `model`'s training step (cached under `cache`) and
-/// loads it on the device with fresh parameters or `checkpoint`'s.
+/// loads it on the device with fresh parameters or `checkpoint`'s. With
+/// `micro_batches` above 1, `model` takes one micro-batch and the engine
+/// accumulates that many per step.
 pub(crate) async fn load_engine(
     experiment: &Experiment,
     model: &Model,
     device: &DeviceArgs,
     cache: &Path,
     checkpoint: Option<&Checkpoint>,
+    micro_batches: usize,
 ) -> anyhow::Result<Engine> {
     let int64 = model.data.first().is_some_and(|t| t.element.name() == "i64");
-    let step = pcp_graph::train_step(&model.module, "main", &step_config(experiment))
-        .map_err(|e| anyhow::anyhow!("{}: {e}", model.source))?;
+    let config = pcp_graph::StepConfig { accumulate: micro_batches > 1, ..step_config(experiment) };
+    let step =
+        pcp_graph::train_step(&model.module, "main", &config).map_err(|e| anyhow::anyhow!("{}: {e}", model.source))?;
     let (device_kind, target) = device.resolve()?;
     let started = Instant::now();
     let spinner = crate::observe::progress::spinner(format!("compiling the training step for {target}"));
@@ -237,24 +335,35 @@ pub(crate) async fn load_engine(
         }
         None => (model.init(experiment.seed), None),
     };
-    Engine::new(device_kind, artifact.vmfb, shapes, params, state, step.state_per_param, int64).await
+    let mut engine =
+        Engine::new(device_kind, artifact.vmfb, shapes, params, state, step.state_per_param, int64).await?;
+    engine.accumulate(micro_batches).await?;
+    Ok(engine)
 }
 
 impl Run {
     /// Builds and compiles the step for `model` and loads it on the device,
     /// with fresh parameters or those of `checkpoint`.
     pub(crate) async fn prepare(
-        experiment: Experiment,
+        mut experiment: Experiment,
         corpus: Corpus,
-        device: &DeviceArgs,
+        (device, memory): (&DeviceArgs, &MemoryArgs),
         cache: &Path,
         checkpoint: Option<&Checkpoint>,
     ) -> anyhow::Result<Self> {
         let source = experiment.model.clone().unwrap_or_else(|| "nanogpt-small".to_owned());
-        let model = Model::load_with_batch(&source, corpus.vocab.size(), experiment.batch_size)?;
+        let vocab = corpus.vocab.size();
+        let mut model = Model::load_with_batch(&source, vocab, experiment.batch_size)?;
         let (batch, block) = model.batch_block()?;
-        let engine = load_engine(&experiment, &model, device, cache, checkpoint).await?;
-        Ok(Self { experiment, model, corpus, engine, batch, block })
+        let micro_batches = plan_micro_batches(&experiment, &model, vocab, memory, device)?;
+        // a device too small for the run's recomputation gets a stronger one
+        experiment.recompute = micro_batches.recompute.clone();
+        let k = micro_batches.micro_batches as usize;
+        if k > 1 {
+            model = Model::load_with_batch(&source, vocab, Some(batch / k))?;
+        }
+        let engine = load_engine(&experiment, &model, device, cache, checkpoint, k).await?;
+        Ok(Self { experiment, model, corpus, engine, batch, block, micro_batches })
     }
 
     /// Mean loss over `batches` fixed validation batches.
@@ -305,6 +414,7 @@ fn resolve_experiment(args: &TrainArgs, resumed: Option<&Checkpoint>) -> Result<
         experiment.tokenizer = t.clone();
     }
     experiment.set_precision(args.precision.as_deref()).map_err(Failure::input)?;
+    experiment.set_recompute(args.recompute.as_deref()).map_err(Failure::input)?;
     if experiment.dtype != "f32" {
         return Err(Failure::input(anyhow::anyhow!(
             "dtype {:?} is not supported; pcp trains in f32",
@@ -336,9 +446,10 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
         Corpus::load(&data_path, &experiment.tokenizer, vocab, experiment.val_fraction).map_err(Failure::input)?;
     let events = Events::open(net.events.as_deref()).map_err(Failure::input)?;
     let _wandb = crate::observe::wandb::Bridge::start(Some(&experiment), "train");
-    let run = Run::prepare(experiment.clone(), corpus, &args.device, &data_dir, resumed.as_ref())
+    let run = Run::prepare(experiment.clone(), corpus, (&args.device, &args.memory), &data_dir, resumed.as_ref())
         .await
         .map_err(Failure::input)?;
+    events.emit(ev::Event::MicroBatches(run.micro_batches.clone()));
     let mut sampler = match &resumed {
         Some(c) => {
             let state: SamplerState =
@@ -368,6 +479,18 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
         total,
         start_step
     )?;
+    if run.micro_batches.micro_batches > 1 {
+        writeln!(
+            out,
+            "{} micro-batches of {} sequences per step, recompute {}, to fit {:.1} GB ({}): about {:.1} GB each",
+            run.micro_batches.micro_batches,
+            run.micro_batches.micro_batch,
+            run.micro_batches.recompute,
+            run.micro_batches.free_bytes as f64 / 1e9,
+            run.micro_batches.free_from,
+            run.micro_batches.estimate_bytes as f64 / 1e9
+        )?;
+    }
     let mut tokens_per_s = 0.0;
     let bar = crate::observe::progress::bar(total);
     bar.set_position(start_step);
@@ -437,5 +560,31 @@ mod tests {
         assert!((learning_rate(100, 100, 1.0, 0.1, 10) - 0.1).abs() < 1e-12);
         let mid = learning_rate(55, 100, 1.0, 0.1, 10);
         assert!((mid - 0.55).abs() < 1e-9, "{mid}");
+    }
+
+    /// gpt2-124m's batch of 8 × 1024 on small devices: with 8 GB free not even
+    /// one sequence fits without recomputation, so a stronger one is chosen; with
+    /// 5 GB free, micro-batches too; with plenty free, neither.
+    #[test]
+    fn gpt2_on_small_devices_gets_micro_batches_or_recomputation() -> anyhow::Result<()> {
+        let experiment = Experiment { model: Some("gpt2-124m".into()), ..Experiment::default() };
+        let model = Model::load_with_batch("gpt2-124m", 65, None)?;
+        let device = DeviceArgs { backend: "cuda".into(), target: None };
+        let plan =
+            |free: u64| plan_micro_batches(&experiment, &model, 65, &MemoryArgs { free_memory: Some(free) }, &device);
+        let eight = plan(8_000_000_000)?;
+        assert_eq!((eight.batch, eight.free_from.as_str()), (8, "flag"));
+        assert_ne!(eight.recompute, "none", "{eight:?}");
+        assert!(eight.estimate_bytes <= 7_200_000_000, "{eight:?}");
+        let five = plan(5_000_000_000)?;
+        assert!(five.micro_batches > 1, "{five:?}");
+        assert_eq!(five.micro_batch * five.micro_batches, 8);
+        assert!(five.estimate_bytes <= 4_500_000_000, "{five:?}");
+        let large = plan(200_000_000_000)?;
+        assert_eq!((large.micro_batches, large.recompute.as_str()), (1, "none"), "{large:?}");
+        // on a GPU whose free memory is unknown, the whole batch
+        let unknown = plan_micro_batches(&experiment, &model, 65, &MemoryArgs::default(), &device)?;
+        assert_eq!((unknown.micro_batches, unknown.free_from.as_str()), (1, "unknown"));
+        Ok(())
     }
 }

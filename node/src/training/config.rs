@@ -42,6 +42,9 @@ pub(crate) struct Experiment {
     /// The matmuls' precision: `f32`, or `bf16` (mixed precision: matmuls and
     /// attention in bf16, parameters, optimizer state and loss in f32).
     pub(crate) precision: String,
+    /// Activations the backward recomputes instead of keeping: `none`,
+    /// `attention` or `blocks` (see `pcp_graph::recompute`).
+    pub(crate) recompute: String,
     /// Peak inner learning rate.
     pub(crate) learning_rate: f64,
     /// Floor of the cosine schedule.
@@ -104,6 +107,7 @@ impl Default for Experiment {
             sampling: "random".into(),
             dtype: "f32".into(),
             precision: "f32".into(),
+            recompute: "none".into(),
             learning_rate: 3e-3,
             min_lr: 1e-4,
             warmup_steps: 100,
@@ -167,6 +171,16 @@ impl Experiment {
         }
         let parsed: pcp_graph::Precision = self.precision.parse()?;
         self.precision = parsed.name().to_owned();
+        Ok(())
+    }
+
+    /// Sets the recomputation (`--recompute`), checking its name.
+    pub(crate) fn set_recompute(&mut self, recompute: Option<&str>) -> anyhow::Result<()> {
+        if let Some(r) = recompute {
+            self.recompute = r.to_owned();
+        }
+        let parsed: pcp_graph::Recompute = self.recompute.parse()?;
+        self.recompute = parsed.name().to_owned();
         Ok(())
     }
 

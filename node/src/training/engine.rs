@@ -14,6 +14,10 @@ pub(crate) struct Engine {
     params: Vec<Buffer>,
     state: Vec<Buffer>,
     int64: bool,
+    /// Micro-batches per step, and the zero accumulator `grad_step` starts from
+    /// (empty without accumulation).
+    micro_batches: usize,
+    zeros: Vec<Buffer>,
 }
 
 impl Engine {
@@ -33,7 +37,8 @@ impl Engine {
         let state = state.unwrap_or_else(|| {
             (0..state_per_param).flat_map(|_| shapes.iter().map(|s| vec![0.0; s.iter().product()])).collect()
         });
-        let mut engine = Self { session, shapes, params: Vec::new(), state: Vec::new(), int64 };
+        let mut engine =
+            Self { session, shapes, params: Vec::new(), state: Vec::new(), int64, micro_batches: 1, zeros: Vec::new() };
         engine.params = engine.upload_all(params).await?;
         let state_shapes: Vec<Vec<usize>> = (0..state_per_param).flat_map(|_| engine.shapes.clone()).collect();
         engine.state = engine.upload(state, &state_shapes).await?;
@@ -69,8 +74,25 @@ impl Engine {
         })
     }
 
+    /// Splits every batch into `k` micro-batches whose gradients are summed
+    /// before one optimizer update: the module must have `grad_step` and
+    /// `apply_step` and take micro-batches of a `k`th of the batch.
+    pub(crate) async fn accumulate(&mut self, k: usize) -> anyhow::Result<()> {
+        self.micro_batches = k.max(1);
+        self.zeros = if k > 1 {
+            let zeros = self.shapes.iter().map(|s| vec![0.0; s.iter().product()]).collect();
+            self.upload_all(zeros).await?
+        } else {
+            Vec::new()
+        };
+        Ok(())
+    }
+
     /// One optimizer step (`step` is 1-based); returns the batch's loss.
     pub(crate) async fn step(&mut self, step: u64, lr: f32, batch: &Batch) -> anyhow::Result<f32> {
+        if self.micro_batches > 1 {
+            return self.accumulated_step(step, lr, batch).await;
+        }
         let mut args: Vec<Arg> = self.params.iter().chain(&self.state).map(|b| Arg::from(b.clone())).collect();
         args.push(HostTensor::scalar_f32(step as f32).into());
         args.push(HostTensor::scalar_f32(lr).into());
@@ -84,12 +106,46 @@ impl Engine {
         scalar(&self.session, &loss).await
     }
 
-    /// The loss on `batch` without updating anything.
+    /// A step as micro-batches: `grad_step` sums each one's gradient into the
+    /// accumulator, then `apply_step` updates with their mean. The loss is the
+    /// micro-batches' mean, which is the batch's.
+    async fn accumulated_step(&mut self, step: u64, lr: f32, batch: &Batch) -> anyhow::Result<f32> {
+        let k = self.micro_batches;
+        let n = self.params.len();
+        let mut acc = self.zeros.clone();
+        let mut total = 0.0;
+        for micro in batch.split(k) {
+            let mut args: Vec<Arg> = self.params.iter().chain(&acc).map(|b| Arg::from(b.clone())).collect();
+            args.extend(self.data_args(&micro)?);
+            let mut outputs = self.session.invoke("module.grad_step", args).await?;
+            let loss = outputs.pop().context("grad_step returned nothing")?;
+            anyhow::ensure!(outputs.len() == n, "grad_step returned {} tensors", outputs.len() + 1);
+            acc = outputs;
+            total += scalar(&self.session, &loss).await?;
+        }
+        let mut args: Vec<Arg> = self.params.iter().chain(&self.state).map(|b| Arg::from(b.clone())).collect();
+        args.push(HostTensor::scalar_f32(step as f32).into());
+        args.push(HostTensor::scalar_f32(lr).into());
+        args.push(HostTensor::scalar_f32(1.0 / k as f32).into());
+        args.extend(acc.into_iter().map(Arg::from));
+        let mut outputs = self.session.invoke("module.apply_step", args).await?;
+        anyhow::ensure!(outputs.len() == n + self.state.len(), "apply_step returned {} tensors", outputs.len());
+        self.state = outputs.split_off(n);
+        self.params = outputs;
+        Ok(total / k as f32)
+    }
+
+    /// The loss on `batch` without updating anything (the mean over its
+    /// micro-batches when accumulating).
     pub(crate) async fn eval(&self, batch: &Batch) -> anyhow::Result<f32> {
-        let mut args: Vec<Arg> = self.params.iter().map(|b| Arg::from(b.clone())).collect();
-        args.extend(self.data_args(batch)?);
-        let outputs = self.session.invoke("module.eval_loss", args).await?;
-        scalar(&self.session, outputs.first().context("eval_loss returned nothing")?).await
+        let mut total = 0.0;
+        for micro in batch.split(self.micro_batches) {
+            let mut args: Vec<Arg> = self.params.iter().map(|b| Arg::from(b.clone())).collect();
+            args.extend(self.data_args(&micro)?);
+            let outputs = self.session.invoke("module.eval_loss", args).await?;
+            total += scalar(&self.session, outputs.first().context("eval_loss returned nothing")?).await?;
+        }
+        Ok(total / self.micro_batches as f32)
     }
 
     /// Logits for `inputs` ([batch, block] token ids), flattened.

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::Failure;
 use crate::commands::join::NetArgs;
-use crate::commands::train::{Corpus, DeviceArgs, default_corpus, load_engine};
+use crate::commands::train::{Corpus, DeviceArgs, MemoryArgs, default_corpus, load_engine, plan_micro_batches};
 use crate::training::config::Experiment;
 use crate::training::data::{Sampler, Tokens};
 use crate::training::model::Model;
@@ -29,6 +29,11 @@ pub(crate) struct StepArgs {
     /// f32, or bf16: matmuls and attention in bf16, weights, AdamW state and loss in f32.
     #[arg(long, default_value = "f32")]
     precision: String,
+    /// Activations the backward recomputes: none, attention, elementwise or blocks.
+    #[arg(long, default_value = "none")]
+    recompute: String,
+    #[command(flatten)]
+    memory: MemoryArgs,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -37,8 +42,11 @@ pub(crate) async fn run(args: StepArgs, net: &NetArgs) -> Result<(), Failure> {
     let mut experiment =
         Experiment { model: Some(args.model.clone()), batch_size: args.batch, ..Experiment::default() };
     experiment.set_precision(Some(&args.precision)).map_err(Failure::input)?;
-    step(experiment, args.steps, args.data, net.data_dir.clone(), args.device).await
+    experiment.set_recompute(Some(&args.recompute)).map_err(Failure::input)?;
+    step(experiment, args.steps, args.data, net.data_dir.clone(), (args.device, args.memory)).await
 }
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 /// Peak resident set size in bytes, from /proc.
 fn peak_rss() -> Option<u64> {
@@ -53,7 +61,7 @@ async fn step(
     steps: u64,
     data: Option<PathBuf>,
     data_dir: PathBuf,
-    device: DeviceArgs,
+    (device, memory): (DeviceArgs, MemoryArgs),
 ) -> Result<(), Failure> {
     let corpus = match data.or_else(default_corpus) {
         Some(path) => Some(Corpus::load(&path, "char", None, 0.1).map_err(Failure::input)?),
@@ -61,10 +69,15 @@ async fn step(
     };
     let source = experiment.model.clone().unwrap_or_default();
     let vocab_size = corpus.as_ref().map_or(65, |c| c.vocab.size());
-    let model = Model::load_with_batch(&source, vocab_size, experiment.batch_size).map_err(Failure::input)?;
+    let mut model = Model::load_with_batch(&source, vocab_size, experiment.batch_size).map_err(Failure::input)?;
     let (batch, block) = model.batch_block()?;
+    let plan = plan_micro_batches(&experiment, &model, vocab_size, &memory, &device)?;
+    let k = plan.micro_batches as usize;
+    if k > 1 {
+        model = Model::load_with_batch(&source, vocab_size, Some(batch / k)).map_err(Failure::input)?;
+    }
     let started = Instant::now();
-    let mut engine = load_engine(&experiment, &model, &device, &data_dir, None).await.map_err(Failure::input)?;
+    let mut engine = load_engine(&experiment, &model, &device, &data_dir, None, k).await.map_err(Failure::input)?;
     let load_seconds = started.elapsed().as_secs_f64();
     let split = match &corpus {
         Some(c) => c.train.clone(),
@@ -96,8 +109,16 @@ async fn step(
     let rss = peak_rss().map_or(f64::NAN, |b| b as f64);
     writeln!(
         out,
-        "model        {source} ({params} parameters, batch {batch} x block {block}, {} matmuls)",
-        experiment.precision
+        "model        {source} ({params} parameters, batch {batch} x block {block}, {} matmuls, recompute {})",
+        experiment.precision, experiment.recompute
+    )?;
+    writeln!(
+        out,
+        "micro-batches {k} of {} sequences (free {:.2} GiB from {}; expected peak {:.2} GiB per micro-batch)",
+        batch / k,
+        plan.free_bytes as f64 / GIB,
+        plan.free_from,
+        plan.estimate_bytes as f64 / GIB
     )?;
     writeln!(out, "setup        {load_seconds:.1} s (build, compile or cache hit, load)")?;
     writeln!(

@@ -39,6 +39,10 @@ pub(crate) struct ShepherdArgs {
     /// pseudo-gradients and loss in f32 (recorded in the manifest) [default: f32].
     #[arg(long, requires = "shepherd")]
     pub(crate) precision: Option<String>,
+    /// Activations the step's backward recomputes instead of keeping: none, attention,
+    /// elementwise or blocks (recorded in the manifest) [default: none].
+    #[arg(long, requires = "shepherd")]
+    pub(crate) recompute: Option<String>,
     /// Workers that must have joined before round 1 opens.
     #[arg(long, default_value_t = 1, requires = "shepherd")]
     pub(crate) min_workers: usize,
@@ -205,6 +209,7 @@ impl ShepherdPlan {
             experiment.outer_lr = args.outer_lr.unwrap_or(experiment.outer_lr);
             experiment.nesterov_momentum = args.outer_momentum.unwrap_or(experiment.nesterov_momentum);
             experiment.set_precision(args.precision.as_deref()).map_err(Failure::input)?;
+            experiment.set_recompute(args.recompute.as_deref()).map_err(Failure::input)?;
         } else if args.rounds.is_some() {
             // more rounds for a resumed run are allowed; everything else is the run's
             experiment.outer_loop_steps = args.rounds.unwrap_or(experiment.outer_loop_steps);

@@ -202,6 +202,7 @@ pub(super) fn new_manifest(
         overlap: plan.overlap,
         fragments: plan.fragments,
         precision: e.precision.clone(),
+        recompute: e.recompute.clone(),
     })
 }
 
@@ -460,6 +461,7 @@ impl Host {
             encoding_spec: self.plan.encoding.spec(),
             overlap: self.plan.overlap,
             precision: self.manifest.precision.clone(),
+            recompute: self.manifest.recompute.clone(),
         }));
         if matches!(self.plan.start, Start::Resume(_)) {
             self.events.emit(ev::Event::Resumed(ev::Resumed { round: resumed_at, params_hash: params_hash.to_hex() }));

@@ -40,6 +40,8 @@ macro_rules! fields {
 pub(crate) enum Event {
     // `pcp-node train`
     Step(Step),
+    /// How a step's batch is split to fit the device (train, and a worker when it joins).
+    MicroBatches(MicroBatches),
     Eval(Eval),
     /// A checkpoint of `pcp-node train` (by step) or of a shepherd (by round).
     Checkpoint(Checkpoint),
@@ -160,6 +162,23 @@ impl Event {
 fields! {
     Step { step: u64, #[serde(deserialize_with = "nan_if_null")] loss: f64, lr: f64, tokens_per_s: f64 }
     Eval { step: u64, #[serde(deserialize_with = "nan_if_null")] val_loss: f64 }
+    MicroBatches {
+        /// Sequences per optimizer step.
+        batch: u64,
+        /// Micro-batches per step (1: the whole batch at once).
+        micro_batches: u64,
+        /// Sequences per micro-batch.
+        micro_batch: u64,
+        /// The memory the step may use, in bytes, and where that figure came from:
+        /// `flag` (`--free-memory`), `host` (MemAvailable, cpu) or `unknown`.
+        free_bytes: u64,
+        free_from: String,
+        /// The expected peak of a micro-batch's step, in bytes.
+        estimate_bytes: u64,
+        /// The activations the backward recomputes: the run's, or a stronger mode
+        /// when not even one sequence fits without it.
+        recompute: String,
+    }
     Checkpoint {
         #[serde(skip_serializing_if = "Option::is_none")] step: Option<u64>,
         #[serde(skip_serializing_if = "Option::is_none")] round: Option<u64>,
@@ -173,6 +192,8 @@ fields! {
         encoding: String, encoding_spec: String, overlap: bool,
         /// The matmuls' precision: `f32` or `bf16`.
         precision: String,
+        /// Activations the backward recomputes: `none`, `attention`, `elementwise` or `blocks`.
+        recompute: String,
     }
     Resumed { round: u64, params_hash: String }
     ShepherdElected { term: u64, peer: String, round: u64, params_hash: String }

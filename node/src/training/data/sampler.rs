@@ -81,6 +81,21 @@ impl Batch {
     pub(crate) fn targets_i32(&self) -> Vec<i32> {
         self.targets.iter().map(|&token| i32::from(token)).collect()
     }
+
+    /// The batch as `k` micro-batches of `batch / k` consecutive rows each (`k`
+    /// divides the batch; [`crate::training::memory`] chooses it so).
+    pub(crate) fn split(&self, k: usize) -> Vec<Batch> {
+        let rows = self.batch / k.max(1);
+        let len = rows * self.block;
+        (0..k.max(1))
+            .map(|i| Batch {
+                batch: rows,
+                block: self.block,
+                inputs: self.inputs[i * len..(i + 1) * len].to_vec(),
+                targets: self.targets[i * len..(i + 1) * len].to_vec(),
+            })
+            .collect()
+    }
 }
 
 /// Everything needed to resume a [`Sampler`] exactly, for checkpoints.

@@ -1,0 +1,122 @@
+//! How much memory a training step needs, and how many micro-batches a batch
+//! is split into so that the step fits the device.
+//!
+//! A step holds the parameters and AdamW state (and their next values, which the
+//! step returns before the old ones are freed), the gradients, an accumulator when
+//! micro-batches are used, and the activations the backward reads. The first
+//! kinds scale with the parameters; the last with the micro-batch. The
+//! activations are counted from the step's own IR (every forward value a backward
+//! op reads, so `--recompute` shows in them), and IREE's transient buffers are
+//! accounted for by a factor measured on the cpu backend (`bench/memory.sh`).
+//! When not even one sequence per micro-batch fits, `train` tries stronger
+//! recomputation (`elementwise`, then `blocks`) before giving up with a warning.
+
+/// Bytes per parameter a step holds besides activations: parameters, m and v
+/// (in and out), the gradient, and an accumulator (in and out).
+const STATE_BYTES_PER_PARAM: u64 = 4 * 9;
+
+/// Peak step memory per byte of kept activations, IREE's transients included;
+/// measured on the cpu backend: 1.0 for nanogpt-medium (1.59 GiB peak, 1.48 GiB
+/// kept), 1.07–1.2 for gpt2-124m (7.0 GiB at one sequence, 10.15 GiB at two).
+const ACTIVATION_FACTOR: f64 = 1.25;
+
+/// The process and runtime themselves (code, the loaded module, the corpus),
+/// which share the host's memory with a step on the cpu backend.
+pub(crate) const PROCESS_BYTES: u64 = 256 << 20;
+
+/// What one call of `step`'s `train_step` is expected to need at its peak.
+pub(crate) fn step_bytes(step: &pcp_graph::TrainModule) -> u64 {
+    let params = step.signature.parameter_count().max(0) as u64;
+    params * STATE_BYTES_PER_PARAM + (step.saved_activation_bytes as f64 * ACTIVATION_FACTOR) as u64
+}
+
+/// How a batch is split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Split {
+    /// Sequences per optimizer step.
+    pub(crate) batch: usize,
+    /// Micro-batches per step (1: no accumulation).
+    pub(crate) micro_batches: usize,
+    /// The expected peak of one micro-batch's step, in bytes.
+    pub(crate) estimate_bytes: u64,
+    /// Whether even the smallest split is expected to exceed the free memory.
+    pub(crate) over: bool,
+}
+
+impl Split {
+    /// The whole batch at once, expected to need `estimate_bytes`.
+    pub(crate) fn whole(batch: usize, estimate_bytes: u64) -> Self {
+        Self { batch, micro_batches: 1, estimate_bytes, over: false }
+    }
+}
+
+/// The fewest micro-batches (a divisor of `batch`) whose step fits in `free`
+/// bytes, leaving a tenth spare; `estimate(m)` is the peak at micro-batch `m`.
+pub(crate) fn split(batch: usize, free: u64, mut estimate: impl FnMut(usize) -> u64) -> Split {
+    let budget = free - free / 10;
+    let mut last = Split { batch, micro_batches: 1, estimate_bytes: 0, over: true };
+    for k in (1..=batch.max(1)).filter(|k| batch.is_multiple_of(*k)) {
+        let bytes = estimate(batch / k);
+        last = Split { batch, micro_batches: k, estimate_bytes: bytes, over: bytes > budget };
+        if !last.over {
+            break;
+        }
+    }
+    last
+}
+
+/// The memory available to a step on the cpu backend: the kernel's
+/// `MemAvailable`, less what the process itself takes.
+pub(crate) fn host_available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some((kb * 1024).saturating_sub(PROCESS_BYTES))
+}
+
+/// Parses a size: `8GB`, `8GiB`, `512MB`, `1.5G` or plain bytes.
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a size (e.g. 8GB, 512MiB)"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" => 1e12,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?} (B, KB, MB, GB, TB, KiB, MiB, GiB)")),
+    };
+    Ok((value * scale) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fewest_micro_batches_that_fit_are_chosen() {
+        // 1 GB per sequence plus 1 GB fixed
+        let estimate = |m: usize| 1_000_000_000 * (m as u64 + 1);
+        assert_eq!(split(8, 100_000_000_000, estimate).micro_batches, 1);
+        assert_eq!(split(8, 8_000_000_000, estimate).micro_batches, 2); // 5 GB
+        assert_eq!(split(8, 4_000_000_000, estimate).micro_batches, 4); // 3 GB
+        assert_eq!(split(6, 4_000_000_000, estimate).micro_batches, 3); // 3 GB; 4 does not divide 6
+        let over = split(8, 1_000_000_000, estimate);
+        assert_eq!((over.micro_batches, over.over), (8, true));
+    }
+
+    #[test]
+    fn sizes_parse_with_units_and_bad_ones_are_named() {
+        assert_eq!(parse_size("8GB"), Ok(8_000_000_000));
+        assert_eq!(parse_size("8 GiB"), Ok(8 << 30));
+        assert_eq!(parse_size("1.5g"), Ok(1_500_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("lots").unwrap_err().contains("is not a size"));
+        assert!(parse_size("8XB").unwrap_err().contains("unknown unit"));
+    }
+}
