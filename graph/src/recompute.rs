@@ -51,6 +51,14 @@ pub enum Recompute {
 }
 
 impl Recompute {
+    /// Every mode, from the one that keeps the most activations to the one that keeps the fewest.
+    pub const ALL: [Self; 4] = [Self::None, Self::Attention, Self::Elementwise, Self::Blocks];
+
+    /// The modes that keep fewer activations than this one, the mildest first.
+    pub fn stronger(self) -> impl Iterator<Item = Self> {
+        Self::ALL.into_iter().skip_while(move |m| *m != self).skip(1)
+    }
+
     /// The name `parse` takes and manifests record.
     pub fn name(self) -> &'static str {
         match self {

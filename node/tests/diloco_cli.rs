@@ -362,3 +362,73 @@ fn a_candidate_leads_when_the_shepherd_dies_and_the_old_shepherd_steps_down() {
         p.wait_success(Duration::from_secs(90));
     }
 }
+
+/// A worker told it has 20 MB (`--free-memory`), where nanogpt-small's batch of 64
+/// needs about 80 MB, says so in its hello: the shepherd compiles it a step that
+/// accumulates gradients over micro-batches, the worker reports the split in a
+/// `micro_batches` event and contributes, and the run's losses equal those of the
+/// same worker (the same identity, so the same data) taking whole batches, to 1e-4
+/// relative after 20 steps (2 rounds of τ=10).
+#[test]
+fn a_worker_short_of_memory_trains_micro_batches_to_the_same_losses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |name: &str, worker_flags: &[&str]| -> (Vec<Value>, Vec<Value>) {
+        let d = |node: &str| dir.path().join(name).join(node);
+        let (shepherd_events, worker_events) = (d("shepherd.jsonl"), d("worker.jsonl"));
+        let mut args: Vec<String> =
+            ["--shepherd", "--min-workers", "1", "--rounds", "2", "--tau", "10"].map(String::from).to_vec();
+        args.extend(["--data".into(), corpus(), "--listen".into(), "/ip4/127.0.0.1/tcp/0".into()]);
+        args.extend(["--data-dir".into(), d("shepherd").display().to_string()]);
+        args.extend(["--events".into(), shepherd_events.display().to_string()]);
+        let mut shepherd = Proc::spawn("shepherd", &args);
+        let listening = shepherd.line_with("listening on /ip4/127.0.0.1/tcp/", Duration::from_secs(60));
+        let addr = listening.trim_start_matches("listening on ").trim().to_owned();
+        // both runs' workers share an identity, so they sample the same batches
+        std::fs::create_dir_all(d("worker")).expect("worker dir");
+        let key = dir.path().join("worker.key");
+        if key.exists() {
+            std::fs::copy(&key, d("worker").join("identity.key")).expect("copy identity");
+        }
+        let mut args: Vec<String> =
+            ["--bootstrap", &addr, "--listen", "/ip4/127.0.0.1/tcp/0"].map(String::from).to_vec();
+        args.extend(["--data-dir".into(), d("worker").display().to_string()]);
+        args.extend(["--events".into(), worker_events.display().to_string()]);
+        args.extend(worker_flags.iter().map(|f| f.to_string()));
+        let mut worker = Proc::spawn(&format!("{name} worker"), &args);
+        completed(&shepherd_events, 2, Duration::from_secs(300));
+        shepherd.wait_success(Duration::from_secs(60));
+        worker.wait_success(Duration::from_secs(60));
+        if !key.exists() {
+            std::fs::copy(d("worker").join("identity.key"), &key).expect("keep identity");
+        }
+        (events(&shepherd_events), events(&worker_events))
+    };
+    let (whole, whole_worker) = run("whole", &["--free-memory", "100GB"]);
+    let (split, split_worker) = run("split", &["--free-memory", "20MB"]);
+    let plan = |events: &[Value]| {
+        events
+            .iter()
+            .find(|e| e["event"] == "micro_batches")
+            .cloned()
+            .unwrap_or_else(|| panic!("no micro_batches: {events:?}"))
+    };
+    assert_eq!(plan(&whole_worker)["micro_batches"], 1, "{:?}", plan(&whole_worker));
+    let p = plan(&split_worker);
+    let k = p["micro_batches"].as_u64().expect("micro_batches");
+    assert!(k > 1, "{p}");
+    assert_eq!(p["micro_batch"].as_u64(), Some(64 / k), "{p}");
+    assert_eq!((p["free_bytes"].as_u64(), p["free_from"].as_str()), (Some(20_000_000), Some("flag")), "{p}");
+    assert!(p["estimate_bytes"].as_u64().is_some_and(|b| b > 0 && b <= 18_000_000), "{p}");
+    // it contributed to both rounds
+    let sent: Vec<&Value> = split_worker.iter().filter(|e| e["event"] == "contribution_sent").collect();
+    assert!(sent.len() == 2 && sent.iter().all(|e| e["accepted"] == true), "{sent:?}");
+    let losses = |events: &[Value]| -> Vec<f64> {
+        let rounds = events.iter().filter(|e| e["event"] == "round_completed");
+        rounds.flat_map(|r| [r["mean_loss"].as_f64(), r["val_loss"].as_f64()]).map(|l| l.expect("a loss")).collect()
+    };
+    let (a, b) = (losses(&whole), losses(&split));
+    assert_eq!(a.len(), 4, "{a:?}");
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-4 * x.abs(), "losses {a:?} whole vs {b:?} as {k} micro-batches");
+    }
+}

@@ -29,6 +29,9 @@ struct ArtifactRef {
   target @1 :Text;
   blob @2 :Data;            # blake3 content id, 32 bytes
   size @3 :UInt64;
+  microBatches @4 :UInt32;  # the step is grad_step + apply_step over this many micro-batches a batch (0 or 1: train_step, whole)
+  recompute @5 :Text;       # the step's recomputation when stronger than the run's (a small device); empty: the run's
+  estimateBytes @6 :UInt64; # the step's expected peak memory the shepherd planned it for (0: not planned)
 }
 
 struct ParameterRef {

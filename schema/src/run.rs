@@ -14,6 +14,16 @@ pub struct ArtifactRef {
     pub blob: [u8; 32],
     /// Size in bytes.
     pub size: u64,
+    /// Micro-batches a batch is split into (gradient accumulation: the module has
+    /// `grad_step` and `apply_step` for a micro-batch); 0 or 1: `train_step` on the
+    /// whole batch.
+    pub micro_batches: u32,
+    /// The step's recomputation when a device too small for the run's needed a
+    /// stronger one; empty: the run's.
+    pub recompute: String,
+    /// The step's expected peak memory, in bytes, that the split was planned for
+    /// (0: not planned).
+    pub estimate_bytes: u64,
 }
 
 /// One shard of parameters (or of a pseudo-gradient), stored as a blob.
@@ -203,6 +213,9 @@ impl ArtifactRef {
         b.set_target(self.target.as_str());
         b.set_blob(&self.blob[..]);
         b.set_size(self.size);
+        b.set_micro_batches(self.micro_batches);
+        b.set_recompute(self.recompute.as_str());
+        b.set_estimate_bytes(self.estimate_bytes);
     }
 
     fn read(w: &'static str, r: artifact_ref::Reader<'_>) -> Result<Self, DecodeError> {
@@ -211,6 +224,9 @@ impl ArtifactRef {
             target: codec::text(w, "target", r.get_target())?,
             blob: fixed(w, "blob", r.get_blob().map_err(|e| malformed(w, e))?)?,
             size: r.get_size(),
+            micro_batches: r.get_micro_batches(),
+            recompute: codec::text(w, "recompute", r.get_recompute())?,
+            estimate_bytes: r.get_estimate_bytes(),
         })
     }
 }

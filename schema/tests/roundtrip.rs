@@ -32,12 +32,17 @@ fn parameter() -> impl Strategy<Value = ParameterRef> {
 }
 
 fn artifact() -> impl Strategy<Value = ArtifactRef> {
-    (text(), text(), any::<[u8; 32]>(), any::<u64>()).prop_map(|(backend, target, blob, size)| ArtifactRef {
-        backend,
-        target,
-        blob,
-        size,
-    })
+    (text(), text(), any::<[u8; 32]>(), any::<u64>(), any::<u32>(), text(), any::<u64>()).prop_map(
+        |(backend, target, blob, size, micro_batches, recompute, estimate_bytes)| ArtifactRef {
+            backend,
+            target,
+            blob,
+            size,
+            micro_batches,
+            recompute,
+            estimate_bytes,
+        },
+    )
 }
 
 fn tensor() -> impl Strategy<Value = TensorSpec> {

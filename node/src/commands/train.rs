@@ -235,35 +235,11 @@ pub(crate) fn plan_micro_batches(
     };
     let preset = pcp_graph::models::preset(&model.source).is_some();
     let config = pcp_graph::StepConfig { accumulate: false, ..step_config(experiment) };
-    let estimate = |config: &pcp_graph::StepConfig, m: usize| -> u64 {
-        let built = Model::load_with_batch(&model.source, vocab_size, Some(m)).ok();
-        let step = built.and_then(|b| pcp_graph::train_step(&b.module, "main", config).ok());
-        step.map_or(u64::MAX, |s| crate::training::memory::step_bytes(&s))
-    };
-    // the run's recomputation first; if not even single sequences fit, stronger ones
-    use pcp_graph::Recompute;
-    let stronger = match config.recompute {
-        Recompute::None | Recompute::Attention => vec![Recompute::Elementwise, Recompute::Blocks],
-        Recompute::Elementwise => vec![Recompute::Blocks],
-        Recompute::Blocks => Vec::new(),
-    };
     let (split, recompute) = match free {
-        Some(free) if preset => {
-            let mut chosen = None;
-            for mode in std::iter::once(config.recompute).chain(stronger) {
-                let config = pcp_graph::StepConfig { recompute: mode, ..config.clone() };
-                let split = crate::training::memory::split(batch, free, |m| estimate(&config, m));
-                let fits = !split.over;
-                // keep the first mode's answer if none fits
-                if chosen.is_none() || fits {
-                    chosen = Some((split, mode));
-                }
-                if fits {
-                    break;
-                }
-            }
-            chosen.unwrap_or((crate::training::memory::Split::whole(batch, 0), config.recompute))
-        }
+        // the run's recomputation first; if not even single sequences fit, stronger ones
+        Some(free) if preset => crate::training::memory::plan(batch, free, config.recompute, |mode, m| {
+            crate::training::memory::preset_step_bytes(&model.source, vocab_size, &config, mode, m)
+        }),
         _ => {
             let bytes = pcp_graph::train_step(&model.module, "main", &config)
                 .map_or(0, |s| crate::training::memory::step_bytes(&s));
@@ -574,7 +550,13 @@ mod tests {
             |free: u64| plan_micro_batches(&experiment, &model, 65, &MemoryArgs { free_memory: Some(free) }, &device);
         let eight = plan(8_000_000_000)?;
         assert_eq!((eight.batch, eight.free_from.as_str()), (8, "flag"));
-        assert_ne!(eight.recompute, "none", "{eight:?}");
+        // one sequence keeps 3.4 GB of activations beside 3.1 GB of state: too much for
+        // 8 GB, so attention is recomputed (the cheapest), and the batch split in four
+        assert_eq!(
+            (eight.recompute.as_str(), eight.micro_batches, eight.micro_batch),
+            ("attention", 4, 2),
+            "{eight:?}"
+        );
         assert!(eight.estimate_bytes <= 7_200_000_000, "{eight:?}");
         let five = plan(5_000_000_000)?;
         assert!(five.micro_batches > 1, "{five:?}");

@@ -41,6 +41,7 @@ use crate::training::checkpoint::{Checkpoint, Tensor};
 use crate::training::config::Experiment;
 use crate::training::data::Sampler;
 use crate::training::engine::Engine;
+use crate::training::memory::Footprint;
 use crate::training::model::Model;
 
 /// A training step and a CPU engine a standby prepares, so that it leads at once
@@ -133,7 +134,8 @@ struct Compiling {
     waiters: Vec<(InboundId, PublicKey)>,
 }
 
-type CompileResult = (String, String, Result<(BlobHash, u64, Vec<u8>), String>);
+/// A finished compile: its artifact's key, and its blob, size and expected peak.
+type CompileResult = (compile::ArtifactKey, Result<(BlobHash, u64, u64), String>);
 
 /// What a contributor of the open round sent and reported.
 #[derive(Clone, Copy, Debug, Default)]
@@ -175,8 +177,11 @@ pub(super) struct Host {
     plan: ShepherdPlan,
     step_module: Arc<pcp_graph::Module>,
     artifacts_dir: PathBuf,
-    artifacts: BTreeMap<(String, String), ArtifactRef>,
-    compiling: HashMap<(String, String), Compiling>,
+    artifacts: BTreeMap<compile::ArtifactKey, ArtifactRef>,
+    compiling: HashMap<compile::ArtifactKey, Compiling>,
+    /// A built-in model's step memory at each split, which plans a worker's from its
+    /// hello's free memory; `None`: every worker gets the whole-batch step.
+    footprint: Option<Footprint>,
     compiles: JoinSet<CompileResult>,
     /// The backend (and target) each worker announced in its hello, bounded by
     /// the peers the state machine knows plus a margin.

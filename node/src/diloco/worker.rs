@@ -62,6 +62,12 @@ pub(crate) struct WorkerArgs {
     /// Testing only: send corrupted pseudo-gradients (`nan`, or `scale` for ×1000).
     #[arg(long, hide = true, value_name = "KIND")]
     pub(crate) hostile: Option<String>,
+    /// The device memory a training step may use (e.g. 8GB) [default: on cpu, the
+    /// host's available memory; on a GPU, unknown]. Sent in the hello: the
+    /// shepherd gives a device too small for the run's batch a step that
+    /// accumulates gradients over micro-batches.
+    #[arg(long, value_name = "SIZE", value_parser = crate::training::memory::parse_size)]
+    pub(crate) free_memory: Option<u64>,
 }
 
 /// How a hostile worker corrupts its pseudo-gradient.
@@ -107,6 +113,9 @@ pub(crate) struct WorkerPlan {
     pub(crate) keep_rounds: usize,
     /// A slower device: this much longer per inner step (`sim --slow`).
     pub(crate) step_delay: Option<std::time::Duration>,
+    /// The memory a step may use, as the hello reports it (0: unknown), and
+    /// where that figure came from: `flag`, `host` or `unknown`.
+    free_memory: (u64, &'static str),
 }
 
 impl WorkerPlan {
@@ -133,6 +142,11 @@ impl WorkerPlan {
             verbose: true,
             keep_rounds: super::retention::DEFAULT_KEEP_ROUNDS,
             step_delay: None,
+            free_memory: match (args.free_memory, device) {
+                (Some(bytes), _) => (bytes, "flag"),
+                (None, Device::Cpu) => (crate::training::memory::host_available().unwrap_or(0), "host"),
+                (None, _) => (0, "unknown"),
+            },
         })
     }
 }
@@ -244,7 +258,7 @@ async fn join(plan: &WorkerPlan, node: &Node, signer: &mut Signer, peer: PeerId)
         agent: format!("pcp-node/{}", env!("CARGO_PKG_VERSION")),
         capabilities: Capabilities {
             backends: vec![Backend { name: plan.backend.clone(), targets: vec![plan.target.clone()] }],
-            free_memory_bytes: 0,
+            free_memory_bytes: plan.free_memory.0,
         },
     };
     // a hello is for whichever run the shepherd runs: bound to the zero run id
@@ -537,8 +551,11 @@ async fn train(
     let chain_file = chain_path(data_dir, run);
     let chain = load_chain(&chain_file);
     let zeros: Tensors = sizes.iter().map(|n| vec![0.0; *n]).collect();
-    let engine =
+    let mut engine =
         Engine::new(plan.device, vmfb, wire::shapes(m), zeros, None, m.state_per_param as usize, m.data.int64).await?;
+    // a device too small for the run's batch: the shepherd compiled a micro-batch step for it
+    let micro_batches = joined.artifact.micro_batches.max(1);
+    engine.accumulate(micro_batches as usize).await?;
     if let Err(e) = node.subscribe(run).await {
         tracing::warn!("subscribing to run {run}: {e}");
     }
@@ -557,6 +574,24 @@ async fn train(
         encoding_spec: encoding.spec(),
         overlap: m.overlap,
     }));
+    let recompute = if joined.artifact.recompute.is_empty() { &m.recompute } else { &joined.artifact.recompute };
+    events.emit(ev::Event::MicroBatches(ev::MicroBatches {
+        batch: u64::from(m.data.batch),
+        micro_batches: u64::from(micro_batches),
+        micro_batch: u64::from(m.data.batch / micro_batches),
+        free_bytes: plan.free_memory.0,
+        free_from: plan.free_memory.1.to_owned(),
+        estimate_bytes: joined.artifact.estimate_bytes,
+        recompute: recompute.clone(),
+    }));
+    if plan.verbose && micro_batches > 1 {
+        println!(
+            "this device ({:.2} GB free) trains each batch of {} as {micro_batches} micro-batches of {}, recompute {recompute}",
+            plan.free_memory.0 as f64 / 1e9,
+            m.data.batch,
+            m.data.batch / micro_batches,
+        );
+    }
     if plan.verbose {
         println!(
             "joined run {run} ({}): shepherd {}, {} rounds of τ={}{}, artifact for {} ({:.1} MB)",

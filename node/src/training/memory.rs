@@ -8,8 +8,16 @@
 //! activations are counted from the step's own IR (every forward value a backward
 //! op reads, so `--recompute` shows in them), and IREE's transient buffers are
 //! accounted for by a factor measured on the cpu backend (`bench/memory.sh`).
-//! When not even one sequence per micro-batch fits, `train` tries stronger
-//! recomputation (`elementwise`, then `blocks`) before giving up with a warning.
+//! When not even one sequence per micro-batch fits, stronger recomputation is
+//! tried (`attention`, `elementwise`, then `blocks`) before giving up with a
+//! warning. `train` plans for its own device; a shepherd plans for each worker
+//! from the free memory in its hello ([`Footprint`]).
+
+use std::collections::HashMap;
+
+use pcp_graph::Recompute;
+
+use crate::training::model::Model;
 
 /// Bytes per parameter a step holds besides activations: parameters, m and v
 /// (in and out), the gradient, and an accumulator (in and out).
@@ -65,6 +73,74 @@ pub(crate) fn split(batch: usize, free: u64, mut estimate: impl FnMut(usize) -> 
     last
 }
 
+/// The split and recomputation for a step of `batch` sequences in `free` bytes:
+/// the fewest micro-batches with the run's recomputation `run`; when not even
+/// one sequence fits, the mildest stronger recomputation that fits, with its
+/// fewest micro-batches; when none fits, the run's answer (marked `over`).
+/// `estimate(mode, m)` is the peak at micro-batch `m`.
+pub(crate) fn plan(
+    batch: usize,
+    free: u64,
+    run: Recompute,
+    mut estimate: impl FnMut(Recompute, usize) -> u64,
+) -> (Split, Recompute) {
+    let first = split(batch, free, |m| estimate(run, m));
+    if !first.over {
+        return (first, run);
+    }
+    for mode in run.stronger() {
+        let s = split(batch, free, |m| estimate(mode, m));
+        if !s.over {
+            return (s, mode);
+        }
+    }
+    (first, run)
+}
+
+/// The expected peak of a built-in model's step (see [`step_bytes`]) at
+/// micro-batch `m` with `recompute`; `u64::MAX` if it does not build.
+pub(crate) fn preset_step_bytes(
+    source: &str,
+    vocab: usize,
+    config: &pcp_graph::StepConfig,
+    recompute: Recompute,
+    m: usize,
+) -> u64 {
+    let config = pcp_graph::StepConfig { recompute, accumulate: false, ..config.clone() };
+    let built = Model::load_with_batch(source, vocab, Some(m)).ok();
+    let step = built.and_then(|b| pcp_graph::train_step(&b.module, "main", &config).ok());
+    step.map_or(u64::MAX, |s| step_bytes(&s))
+}
+
+/// A built-in model's expected step peak at every recomputation from the run's
+/// up and every micro-batch that divides the batch: measured once by a shepherd,
+/// which plans each worker's split from it.
+#[derive(Debug, Clone)]
+pub(crate) struct Footprint {
+    batch: usize,
+    run: Recompute,
+    bytes: HashMap<(Recompute, usize), u64>,
+}
+
+impl Footprint {
+    /// Builds the step for every (mode, micro-batch): about 20 ms each for
+    /// nanogpt-small, 0.2 s for gpt2-124m.
+    pub(crate) fn measure(batch: usize, run: Recompute, mut estimate: impl FnMut(Recompute, usize) -> u64) -> Self {
+        let mut bytes = HashMap::new();
+        for mode in std::iter::once(run).chain(run.stronger()) {
+            for m in (1..=batch).filter(|m| batch.is_multiple_of(*m)) {
+                bytes.insert((mode, m), estimate(mode, m));
+            }
+        }
+        Self { batch, run, bytes }
+    }
+
+    /// The split and recomputation for a device with `free` bytes (see [`plan`]).
+    pub(crate) fn plan(&self, free: u64) -> (Split, Recompute) {
+        plan(self.batch, free, self.run, |mode, m| self.bytes.get(&(mode, m)).copied().unwrap_or(u64::MAX))
+    }
+}
+
 /// The memory available to a step on the cpu backend: the kernel's
 /// `MemAvailable`, less what the process itself takes.
 pub(crate) fn host_available() -> Option<u64> {
@@ -108,6 +184,33 @@ mod tests {
         assert_eq!(split(6, 4_000_000_000, estimate).micro_batches, 3); // 3 GB; 4 does not divide 6
         let over = split(8, 1_000_000_000, estimate);
         assert_eq!((over.micro_batches, over.over), (8, true));
+    }
+
+    #[test]
+    fn stronger_recomputation_is_taken_only_when_one_sequence_does_not_fit() {
+        // 1 GB fixed; per sequence 4 GB kept (none), 2 (attention), 1 (elementwise), 0.5 (blocks)
+        let per = |mode: Recompute| match mode {
+            Recompute::None => 4.0,
+            Recompute::Attention => 2.0,
+            Recompute::Elementwise => 1.0,
+            Recompute::Blocks => 0.5,
+        };
+        let estimate = |mode: Recompute, m: usize| ((1.0 + per(mode) * m as f64) * 1e9) as u64;
+        let footprint = Footprint::measure(8, Recompute::None, estimate);
+        let at = |gb: f64| {
+            let (s, mode) = footprint.plan((gb * 1e9) as u64);
+            (s.micro_batches, mode, s.over)
+        };
+        assert_eq!(at(100.0), (1, Recompute::None, false));
+        assert_eq!(at(10.0), (4, Recompute::None, false)); // 9 GB budget: 2 sequences of 4 GB
+        assert_eq!(at(6.0), (8, Recompute::None, false)); // 5.4 GB budget: one sequence, 5 GB
+        assert_eq!(at(4.0), (8, Recompute::Attention, false)); // one sequence needs 5 GB kept, 3 recomputing attention
+        assert_eq!(at(3.0), (8, Recompute::Elementwise, false));
+        assert_eq!(at(2.0), (8, Recompute::Blocks, false)); // 1.8 GB budget: blocks take 1.5 GB
+        assert_eq!(at(1.0), (8, Recompute::None, true));
+        // a run that already recomputes blocks never weakens it
+        let blocks = Footprint::measure(8, Recompute::Blocks, estimate);
+        assert_eq!(blocks.plan(100e9 as u64).1, Recompute::Blocks);
     }
 
     #[test]

@@ -1,7 +1,31 @@
-//! Artifacts per (backend, target): a worker's hello asks for one, the shepherd
-//! compiles it beside its loop (a bounded number at once) and answers with the manifest.
+//! Artifacts per (backend, target, split): a worker's hello asks for one, the
+//! shepherd compiles it beside its loop (a bounded number at once) and answers
+//! with the manifest, that artifact first.
+//!
+//! A worker whose hello reports too little free memory for the run's batch gets a
+//! step that accumulates gradients over micro-batches (and, if not even one
+//! sequence fits, recomputes more activations): planned from the step's
+//! [`Footprint`](crate::training::memory::Footprint), which the shepherd measures
+//! once for a built-in model. An imported model's batch is fixed in its module:
+//! its workers all get the whole-batch step.
 
 use super::*;
+
+/// What distinguishes one artifact of a run from another: the backend, the
+/// target, the micro-batches per batch and the recomputation.
+pub(super) type ArtifactKey = (String, String, u32, &'static str);
+
+/// The step a worker with `free` bytes (0: unknown) runs: micro-batches per
+/// batch, its recomputation, and the expected peak (0: not planned).
+fn split_for(footprint: Option<&Footprint>, free: u64, run: pcp_graph::Recompute) -> (u32, pcp_graph::Recompute, u64) {
+    match footprint {
+        Some(f) if free > 0 => {
+            let (split, mode) = f.plan(free);
+            (u32::try_from(split.micro_batches).unwrap_or(1), mode, split.estimate_bytes)
+        }
+        _ => (1, run, 0),
+    }
+}
 
 impl Host {
     pub(super) async fn on_hello(&mut self, id: InboundId, key: PublicKey, hello: NodeHello) -> anyhow::Result<()> {
@@ -13,12 +37,16 @@ impl Host {
         };
         let name = backend.name.clone();
         let target = backend.targets.first().cloned().unwrap_or_default();
+        let run_mode = step_config(&self.plan.experiment).recompute;
+        let free = hello.capabilities.free_memory_bytes;
+        let (micro_batches, recompute, estimate) = split_for(self.footprint.as_ref(), free, run_mode);
         self.node.admission().know(self.run, key);
         if self.backends.len() < MAX_BACKEND_RECORDS || self.backends.contains_key(&key) {
             let shown = if target.is_empty() { name.clone() } else { format!("{name}:{target}") };
             self.backends.insert(key, shown);
         }
-        if let Some(artifact) = self.artifacts.get(&(name.clone(), target.clone())).cloned() {
+        let entry: ArtifactKey = (name.clone(), target.clone(), micro_batches, recompute.name());
+        if let Some(artifact) = self.artifacts.get(&entry).cloned() {
             let envelope = self.manifest_for(artifact);
             return self.respond(id, envelope).await;
         }
@@ -32,7 +60,6 @@ impl Host {
             Ok(t) => t,
             Err(e) => return self.refuse(id, 0, format!("the shepherd cannot compile for {name}: {e}")).await,
         };
-        let entry = (name.clone(), target.clone());
         if let Some(c) = self.compiling.get_mut(&entry) {
             c.waiters.push((id, key));
             return Ok(());
@@ -43,30 +70,73 @@ impl Host {
         if self.artifacts.len() + self.compiling.len() >= MAX_ARTIFACTS {
             return self.refuse(id, 0, format!("this run serves at most {MAX_ARTIFACTS} targets")).await;
         }
-        self.compiling.insert(entry, Compiling { waiters: vec![(id, key)] });
+        self.compiling.insert(entry.clone(), Compiling { waiters: vec![(id, key)] });
+        // the run's own step, or one built for this worker's split
+        let variant = (micro_batches > 1 || recompute != run_mode).then(|| {
+            let batch = self.manifest.data.batch as usize;
+            let config = pcp_graph::StepConfig {
+                accumulate: micro_batches > 1,
+                recompute,
+                ..step_config(&self.plan.experiment)
+            };
+            (
+                self.plan.model.source.clone(),
+                self.plan.corpus.vocab.size(),
+                batch / micro_batches.max(1) as usize,
+                config,
+            )
+        });
         let module = self.step_module.clone();
         let dir = self.artifacts_dir.clone();
         let store = self.store.clone();
-        tracing::info!("compiling train_step for {compile_target}");
+        if micro_batches > 1 || recompute != run_mode {
+            tracing::info!(
+                "compiling the step for {compile_target} as {micro_batches} micro-batches, recompute {recompute} \
+                 ({:.2} GB free, about {:.2} GB needed)",
+                free as f64 / 1e9,
+                estimate as f64 / 1e9
+            );
+        } else {
+            tracing::info!("compiling train_step for {compile_target}");
+        }
         self.events
             .emit(ev::Event::CompileStarted(ev::CompileStarted { backend: name.clone(), target: target.clone() }));
         self.compiles.spawn_blocking(move || {
-            let result =
+            let built = match variant {
+                None => Ok(module),
+                Some((source, vocab, micro, config)) => Model::load_with_batch(&source, vocab, Some(micro))
+                    .and_then(|m| {
+                        pcp_graph::train_step(&m.module, "main", &config).map_err(|e| anyhow::anyhow!("{source}: {e}"))
+                    })
+                    .map(|step| Arc::new(step.module))
+                    .map_err(|e| anyhow::anyhow!("building the micro-batch step: {e}")),
+            };
+            let result = built.map_err(|e| e.to_string()).and_then(|module| {
                 pcp_graph::compile(&module, &compile_target, Some(&dir)).map_err(|e| e.to_string()).and_then(|a| {
                     let hash = store.put_bytes(&a.vmfb).map_err(|e| e.to_string())?;
-                    Ok((hash, a.vmfb.len() as u64, a.vmfb))
-                });
-            (name, target, result)
+                    Ok((hash, a.vmfb.len() as u64, estimate))
+                })
+            });
+            (entry, result)
         });
         Ok(())
     }
 
-    pub(super) async fn on_compiled(&mut self, (name, target, result): CompileResult) -> anyhow::Result<()> {
-        let waiters = self.compiling.remove(&(name.clone(), target.clone())).map(|c| c.waiters).unwrap_or_default();
+    pub(super) async fn on_compiled(&mut self, (entry, result): CompileResult) -> anyhow::Result<()> {
+        let waiters = self.compiling.remove(&entry).map(|c| c.waiters).unwrap_or_default();
+        let (name, target, micro_batches, recompute) = entry.clone();
         match result {
-            Ok((hash, size, _)) => {
-                let artifact = ArtifactRef { backend: name.clone(), target: target.clone(), blob: hash.0, size };
-                self.artifacts.insert((name.clone(), target.clone()), artifact.clone());
+            Ok((hash, size, estimate_bytes)) => {
+                let artifact = ArtifactRef {
+                    backend: name.clone(),
+                    target: target.clone(),
+                    blob: hash.0,
+                    size,
+                    micro_batches,
+                    recompute: recompute.to_owned(),
+                    estimate_bytes,
+                };
+                self.artifacts.insert(entry, artifact.clone());
                 self.plan.retention.pin(hash);
                 self.manifest.artifacts = self.artifacts.values().cloned().collect();
                 self.events.emit(ev::Event::ArtifactPublished(ev::ArtifactPublished {
@@ -105,5 +175,28 @@ impl Host {
         manifest.artifacts.retain(|a| a != &artifact);
         manifest.artifacts.insert(0, artifact);
         self.signer.seal(self.run, self.machine.completed(), &manifest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pcp_graph::Recompute;
+
+    use super::*;
+    use crate::training::memory::preset_step_bytes;
+
+    /// The issue's case: a worker with 8 GB free joins a gpt2-124m run at batch 8.
+    #[test]
+    fn a_gpt2_worker_with_8_gb_gets_micro_batches_and_an_unknown_one_the_whole_batch() {
+        let config = step_config(&Experiment::default());
+        let footprint =
+            Footprint::measure(8, Recompute::None, |mode, m| preset_step_bytes("gpt2-124m", 65, &config, mode, m));
+        let (k, mode, estimate) = split_for(Some(&footprint), 8_000_000_000, Recompute::None);
+        assert_eq!((k, mode), (4, Recompute::Attention));
+        assert!(estimate > 3_000_000_000 && estimate <= 7_200_000_000, "{estimate}");
+        // a roomy device, one that did not say, and an imported model: the run's step
+        assert_eq!(split_for(Some(&footprint), 80_000_000_000, Recompute::None).0, 1);
+        assert_eq!(split_for(Some(&footprint), 0, Recompute::None), (1, Recompute::None, 0));
+        assert_eq!(split_for(None, 8_000_000_000, Recompute::None), (1, Recompute::None, 0));
     }
 }
