@@ -18,8 +18,10 @@
 //! * [`Recompute::Elementwise`]: attention's groups, and everything else but the
 //!   matmuls: the backward keeps the matmuls' outputs and recomputes the
 //!   elementwise work between them (LayerNorm, GELU, bias adds) from them, one
-//!   connected piece of a block at a time. It costs a re-run of the cheap ops,
-//!   never of a matmul (JAX's `checkpoint_dots` policy, plus attention).
+//!   connected piece of a block at a time. Attention's groups here also hold
+//!   the probabilities' matmul with `v`, whose output is as large as `q`. It
+//!   costs a re-run of the cheap ops and of attention, never of a matmul with
+//!   weights (JAX's `checkpoint_dots_with_no_batch_dims` policy).
 //! * [`Recompute::Blocks`]: the forward is cut wherever a single differentiable
 //!   value is alive (a transformer's residual stream between its attention and
 //!   MLP branches), and every piece between two cuts is a group. What is kept is
@@ -106,7 +108,7 @@ impl FromStr for Recompute {
 pub fn groups(f: &Function, active: &[bool], mode: Recompute) -> Vec<Vec<usize>> {
     let mut groups = match mode {
         Recompute::None => Vec::new(),
-        Recompute::Attention => attention_groups(f, active),
+        Recompute::Attention => attention_groups(f, active, false),
         Recompute::Elementwise => elementwise_groups(f, active),
         Recompute::Blocks => block_groups(f, active),
     };
@@ -120,7 +122,7 @@ pub fn groups(f: &Function, active: &[bool], mode: Recompute) -> Vec<Vec<usize>>
 /// Attention's groups, then, within each block group, the connected pieces of
 /// the ops that are neither matmuls nor in an attention group.
 fn elementwise_groups(f: &Function, active: &[bool]) -> Vec<Vec<usize>> {
-    let mut groups = attention_groups(f, active);
+    let mut groups = attention_groups(f, active, true);
     let taken: HashSet<usize> = groups.iter().flatten().copied().collect();
     let mut producer: Vec<Option<usize>> = vec![None; f.value_count()];
     for (i, op) in f.ops.iter().enumerate() {
@@ -231,9 +233,10 @@ fn block_groups(f: &Function, active: &[bool]) -> Vec<Vec<usize>> {
 }
 
 /// One group per square batched matmul (attention scores): the ops that depend
-/// on it up to the next matmul, and the ops (a mask's broadcast) whose values
-/// only those read.
-fn attention_groups(f: &Function, active: &[bool]) -> Vec<Vec<usize>> {
+/// on it up to the next matmul (`with_values`: up to the one after, the
+/// probabilities' matmul with v is in the group), and the ops (a mask's
+/// broadcast) whose values only those read.
+fn attention_groups(f: &Function, active: &[bool], with_values: bool) -> Vec<Vec<usize>> {
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); f.value_count()];
     for (i, op) in f.ops.iter().enumerate() {
         for o in &op.operands {
@@ -253,11 +256,23 @@ fn attention_groups(f: &Function, active: &[bool]) -> Vec<Vec<usize>> {
         }
         let mut members = vec![start];
         let mut values: HashSet<ValueId> = op.results.iter().copied().collect();
+        // `with_values`: the probabilities' matmul with v is in the group too (its
+        // output is what the next matmul, the projection, reads): recomputing it costs
+        // T/(12·d) of a layer's forward, and keeping it keeps as much as q. A flash
+        // attention backward keeps it, and so does `attention`.
+        let mut weighted = !with_values;
         for (i, later) in f.ops.iter().enumerate().skip(start + 1) {
-            if !is_matmul(&later.name) && later.operands.iter().any(|o| values.contains(o)) {
-                members.push(i);
-                values.extend(later.results.iter().copied());
+            if !later.operands.iter().any(|o| values.contains(o)) {
+                continue;
             }
+            if is_matmul(&later.name) {
+                if weighted || later.results.first().is_none_or(|r| f.ty(*r).rank() < 3) {
+                    continue;
+                }
+                weighted = true;
+            }
+            members.push(i);
+            values.extend(later.results.iter().copied());
         }
         // ops inside the span whose every use is in the group (the mask's broadcast)
         let end = members.last().copied().unwrap_or(start);
@@ -337,7 +352,7 @@ mod tests {
         let (f, active) = nanogpt_forward()?;
         let groups = groups(&f, &active, Recompute::Elementwise);
         let matmuls: usize = groups.iter().map(|g| g.iter().filter(|i| is_matmul(&f.ops[**i].name)).count()).sum();
-        assert_eq!(matmuls, 2, "only the two layers' attention scores");
+        assert_eq!(matmuls, 4, "only the two layers' attention scores and their matmuls with v");
         let mut seen = HashSet::new();
         for i in groups.iter().flatten() {
             assert!(seen.insert(*i), "op {i} is in two groups");

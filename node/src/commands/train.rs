@@ -90,8 +90,9 @@ pub(crate) struct TrainArgs {
 /// Flags for how much memory a step may use.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub(crate) struct MemoryArgs {
-    /// The device memory a step may use (e.g. 8GB) [default: the device's free
-    /// memory; on cpu, the host's available memory]. A batch whose step would not
+    /// The device memory a step may use (e.g. 8GB) [default: on cpu, the host's
+    /// available memory; on cuda and rocm, the GPU's free memory as nvidia-smi or
+    /// rocm-smi reports it]. A batch whose step would not
     /// fit runs as micro-batches whose gradients are accumulated.
     #[arg(long, value_name = "SIZE", value_parser = crate::training::memory::parse_size)]
     pub(crate) free_memory: Option<u64>,
@@ -228,10 +229,10 @@ pub(crate) fn plan_micro_batches(
     device: &DeviceArgs,
 ) -> anyhow::Result<ev::MicroBatches> {
     let (batch, _) = model.batch_block()?;
-    let (free, free_from) = match (memory.free_memory, device.backend.as_str()) {
+    let (free, free_from) = match (memory.free_memory, device.backend.parse::<pcp_runtime::Device>()) {
         (Some(bytes), _) => (Some(bytes), "flag"),
-        (None, "cpu") => (crate::training::memory::host_available(), "host"),
-        (None, _) => (None, "unknown"),
+        (None, Ok(d)) => crate::training::memory::device_free(d),
+        (None, Err(_)) => (None, "unknown"),
     };
     let preset = pcp_graph::models::preset(&model.source).is_some();
     let config = pcp_graph::StepConfig { accumulate: false, ..step_config(experiment) };
@@ -545,7 +546,7 @@ mod tests {
     fn gpt2_on_small_devices_gets_micro_batches_or_recomputation() -> anyhow::Result<()> {
         let experiment = Experiment { model: Some("gpt2-124m".into()), ..Experiment::default() };
         let model = Model::load_with_batch("gpt2-124m", 65, None)?;
-        let device = DeviceArgs { backend: "cuda".into(), target: None };
+        let device = DeviceArgs { backend: "vulkan".into(), target: None };
         let plan =
             |free: u64| plan_micro_batches(&experiment, &model, 65, &MemoryArgs { free_memory: Some(free) }, &device);
         let eight = plan(8_000_000_000)?;

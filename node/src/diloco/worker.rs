@@ -63,7 +63,8 @@ pub(crate) struct WorkerArgs {
     #[arg(long, hide = true, value_name = "KIND")]
     pub(crate) hostile: Option<String>,
     /// The device memory a training step may use (e.g. 8GB) [default: on cpu, the
-    /// host's available memory; on a GPU, unknown]. Sent in the hello: the
+    /// host's available memory; on cuda and rocm, the GPU's free memory as
+    /// nvidia-smi or rocm-smi reports it]. Sent in the hello: the
     /// shepherd gives a device too small for the run's batch a step that
     /// accumulates gradients over micro-batches.
     #[arg(long, value_name = "SIZE", value_parser = crate::training::memory::parse_size)]
@@ -142,10 +143,12 @@ impl WorkerPlan {
             verbose: true,
             keep_rounds: super::retention::DEFAULT_KEEP_ROUNDS,
             step_delay: None,
-            free_memory: match (args.free_memory, device) {
-                (Some(bytes), _) => (bytes, "flag"),
-                (None, Device::Cpu) => (crate::training::memory::host_available().unwrap_or(0), "host"),
-                (None, _) => (0, "unknown"),
+            free_memory: match args.free_memory {
+                Some(bytes) => (bytes, "flag"),
+                None => match crate::training::memory::device_free(device) {
+                    (Some(bytes), from) => (bytes, from),
+                    (None, from) => (0, from),
+                },
             },
         })
     }

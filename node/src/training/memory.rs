@@ -150,6 +150,90 @@ pub(crate) fn host_available() -> Option<u64> {
     Some((kb * 1024).saturating_sub(PROCESS_BYTES))
 }
 
+/// What a GPU driver's context takes from the memory the tools report free.
+const GPU_CONTEXT_BYTES: u64 = 512 << 20;
+
+/// How long a driver tool may take to answer.
+const TOOL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The memory a step may use on `device`, and where the figure came from:
+/// the host's available memory on cpu (`host`); a GPU's free memory as its
+/// driver's tool reports it (`nvidia-smi` for cuda, `rocm-smi` for rocm), less
+/// what the runtime's context takes; `unknown` for other backends, or when the
+/// tool is missing, fails or takes over 5 s.
+pub(crate) fn device_free(device: pcp_runtime::Device) -> (Option<u64>, &'static str) {
+    use pcp_runtime::Device;
+    let gpu = |tool: &'static str, args: &[&str], parse: fn(&str, usize) -> Option<u64>| {
+        let free = run_tool(tool, args).and_then(|out| parse(&out, visible_ordinal()));
+        match free {
+            Some(bytes) => (Some(bytes.saturating_sub(GPU_CONTEXT_BYTES)), tool),
+            None => (None, "unknown"),
+        }
+    };
+    match device {
+        Device::Cpu => (host_available(), "host"),
+        Device::Cuda => {
+            gpu("nvidia-smi", &["--query-gpu=memory.free", "--format=csv,noheader,nounits"], parse_nvidia_smi)
+        }
+        Device::Rocm => gpu("rocm-smi", &["--showmeminfo", "vram", "--json"], parse_rocm_smi),
+        Device::Vulkan | Device::Metal => (None, "unknown"),
+    }
+}
+
+/// The GPU this process uses, as the driver tools number them: the first of
+/// `CUDA_VISIBLE_DEVICES` or `HIP_VISIBLE_DEVICES` (set by `--device-id`), else 0.
+fn visible_ordinal() -> usize {
+    ["CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .find_map(|list| list.split(',').next().and_then(|first| first.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+/// `tool args`' stdout, if it exits successfully within [`TOOL_TIMEOUT`].
+fn run_tool(tool: &str, args: &[&str]) -> Option<String> {
+    let mut child = std::process::Command::new(tool)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    let deadline = std::time::Instant::now() + TOOL_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => break,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            _ => {
+                tracing::debug!("{tool} did not answer; the GPU's free memory is unknown");
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take()?, &mut out).ok()?;
+    Some(out)
+}
+
+/// `nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits`: one line
+/// per GPU, in MiB.
+fn parse_nvidia_smi(out: &str, ordinal: usize) -> Option<u64> {
+    let mib: u64 = out.lines().filter(|l| !l.trim().is_empty()).nth(ordinal)?.trim().parse().ok()?;
+    Some(mib << 20)
+}
+
+/// `rocm-smi --showmeminfo vram --json`: per card, the total and used bytes, as strings.
+fn parse_rocm_smi(out: &str, ordinal: usize) -> Option<u64> {
+    let json: serde_json::Value = serde_json::from_str(out).ok()?;
+    let card = json.get(format!("card{ordinal}"))?;
+    let bytes = |key: &str| card.get(key)?.as_str()?.trim().parse::<u64>().ok();
+    Some(bytes("VRAM Total Memory (B)")?.saturating_sub(bytes("VRAM Total Used Memory (B)")?))
+}
+
 /// Parses a size: `8GB`, `8GiB`, `512MB`, `1.5G` or plain bytes.
 pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
@@ -211,6 +295,23 @@ mod tests {
         // a run that already recomputes blocks never weakens it
         let blocks = Footprint::measure(8, Recompute::Blocks, estimate);
         assert_eq!(blocks.plan(100e9 as u64).1, Recompute::Blocks);
+    }
+
+    #[test]
+    fn driver_tools_free_memory_is_read_and_bad_output_is_unknown() {
+        // an 8-GPU H100 node, the third one busy
+        let nvidia = "81079\n81079\n1024\n81079\n";
+        assert_eq!(parse_nvidia_smi(nvidia, 0), Some(81079 << 20));
+        assert_eq!(parse_nvidia_smi(nvidia, 2), Some(1024 << 20));
+        assert_eq!(parse_nvidia_smi(nvidia, 8), None);
+        assert_eq!(parse_nvidia_smi("No devices were found\n", 0), None);
+        let rocm = r#"{"card0": {"VRAM Total Memory (B)": "206141652992", "VRAM Total Used Memory (B)": "294129664"}}"#;
+        assert_eq!(parse_rocm_smi(rocm, 0), Some(206_141_652_992 - 294_129_664));
+        assert_eq!(parse_rocm_smi(rocm, 1), None);
+        assert_eq!(parse_rocm_smi("not json", 0), None);
+        // a tool that is not installed answers nothing (not a panic or a hang)
+        assert_eq!(run_tool("pcp-no-such-tool", &[]), None);
+        assert_eq!(device_free(pcp_runtime::Device::Vulkan), (None, "unknown"));
     }
 
     #[test]
