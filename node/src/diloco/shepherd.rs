@@ -179,8 +179,12 @@ pub(super) struct Host {
     artifacts_dir: PathBuf,
     artifacts: BTreeMap<compile::ArtifactKey, ArtifactRef>,
     compiling: HashMap<compile::ArtifactKey, Compiling>,
-    /// A built-in model's step memory at each split, which plans a worker's from its
-    /// hello's free memory; `None`: every worker gets the whole-batch step.
+    /// The run's step's expected peak on the whole batch: a worker with this much
+    /// free (and a tenth more) gets that step without further planning.
+    whole_step_bytes: u64,
+    /// A built-in model's step memory at each split, which plans the step of a
+    /// worker with less from its hello's free memory; measured for the first such
+    /// worker.
     footprint: Option<Footprint>,
     compiles: JoinSet<CompileResult>,
     /// The backend (and target) each worker announced in its hello, bounded by

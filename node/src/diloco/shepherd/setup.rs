@@ -316,24 +316,6 @@ pub(super) async fn host_engine(
     .await
 }
 
-/// A built-in model's step memory at every split, from which each worker's is
-/// planned (see [`Footprint`]); `None` for an imported model, whose batch is
-/// fixed in its module.
-async fn footprint_of(plan: &ShepherdPlan) -> anyhow::Result<Option<Footprint>> {
-    if pcp_graph::models::preset(&plan.model.source).is_none() {
-        return Ok(None);
-    }
-    let (batch, _) = plan.model.batch_block()?;
-    let (source, vocab, config) = (plan.model.source.clone(), plan.corpus.vocab.size(), step_config(&plan.experiment));
-    let footprint = tokio::task::spawn_blocking(move || {
-        Footprint::measure(batch, config.recompute, |mode, m| {
-            crate::training::memory::preset_step_bytes(&source, vocab, &config, mode, m)
-        })
-    })
-    .await?;
-    Ok(Some(footprint))
-}
-
 impl Host {
     pub(in crate::diloco) async fn start(
         mut plan: ShepherdPlan,
@@ -381,12 +363,10 @@ impl Host {
             .map(PathBuf::from)
             .or_else(|| plan.artifacts_dir.clone())
             .unwrap_or_else(|| data_dir.join("artifacts"));
+        let whole_step_bytes = crate::training::memory::step_bytes(&step);
         let module = Arc::new(step.module);
-        let (engine, footprint) = tokio::join!(
-            host_engine(prepared_engine, &module, &artifacts_dir, &manifest, params, step.state_per_param),
-            footprint_of(&plan)
-        );
-        let (engine, footprint) = (engine?, footprint?);
+        let engine =
+            host_engine(prepared_engine, &module, &artifacts_dir, &manifest, params, step.state_per_param).await?;
 
         // providing is a DHT query that can take seconds (a dead leader is still in
         // routing tables): it runs beside the main loop, so an elected candidate leads at once
@@ -420,7 +400,8 @@ impl Host {
             artifacts_dir,
             artifacts: BTreeMap::new(),
             compiling: HashMap::new(),
-            footprint,
+            whole_step_bytes,
+            footprint: None,
             compiles: JoinSet::new(),
             backends: BTreeMap::new(),
             published: None,
