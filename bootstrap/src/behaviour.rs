@@ -85,8 +85,9 @@ impl Behaviour {
             .set_periodic_bootstrap_interval(Some(config.rebootstrap_interval));
         let store = kad::store::MemoryStore::new(peer_id);
         let mut kad = kad::Behaviour::with_config(peer_id, store, kad_config);
-        if config.bootstrap.is_empty() {
-            // a seed is the network's entry point: it must answer DHT queries
+        if config.bootstrap.is_empty() || config.dht_server {
+            // a seed is the network's entry point: it must answer DHT queries (and a
+            // candidate must be found by those it may lead)
             kad.set_mode(Some(kad::Mode::Server));
         }
 

@@ -15,6 +15,12 @@ pub struct Config {
     pub listen: Vec<Multiaddr>,
     /// Seed peers, each with a `/p2p/<peer-id>` suffix or without.
     pub bootstrap: Vec<Multiaddr>,
+    /// Answer DHT queries from the start, as a seed (no `bootstrap`) always does. Other
+    /// nodes serve the DHT only once an external address of theirs is confirmed, and
+    /// until then no peer's routing table holds them: a run's coordinator candidates
+    /// set this so that its workers and the other candidates know where to reach them
+    /// before the leader that introduced them dies.
+    pub dht_server: bool,
     /// How often to re-run the Kademlia bootstrap and re-dial lost seed peers.
     pub rebootstrap_interval: Duration,
     /// How often to retry the seeds while no peer at all is connected.
@@ -129,6 +135,7 @@ impl Config {
                 "/ip4/0.0.0.0/tcp/0".parse().expect("valid literal multiaddr"),
             ],
             bootstrap: Vec::new(),
+            dht_server: false,
             rebootstrap_interval: Duration::from_secs(60),
             recovery_interval: Duration::from_secs(2),
             ban_duration: Duration::from_secs(600),

@@ -540,3 +540,54 @@ async fn a_replayed_head_takes_none_of_its_signers_permits() -> anyhow::Result<(
     net.shutdown().await;
     Ok(())
 }
+
+/// Waits until `node`'s routing table holds `peer`.
+async fn routes_to(node: &TestNode, peer: PeerId, within: Duration) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    while !node.node.routing_peers().await?.contains(&peer) {
+        ensure!(start.elapsed() < within, "{} has no route to {peer} after {within:?}", node.peer_id());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(start.elapsed())
+}
+
+/// A node that serves the DHT from the start, as a run's coordinator candidate does,
+/// is known to a node that joins through the same seed right after it (before any
+/// AutoNAT verdict on it), and that node reaches it once the seed is gone: the leader
+/// that introduced a run's workers and candidates may die first thing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_is_reached_through_the_dht_after_the_seed_that_introduced_it_dies() -> anyhow::Result<()> {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let mut net = TestNet::new(dir.path(), quiet).await?;
+    let mut config = Config::loopback(dir.path().join("candidate"));
+    config.bootstrap = net.seed_addrs();
+    config.dht_server = true;
+    let mut candidate = TestNode::start(1, config).await?;
+    // about 50 ms here; a node waiting for AutoNAT to confirm its address (its first
+    // probe comes after about 5 s) is routed to only then
+    routes_to(&net.nodes[0], candidate.peer_id(), Duration::from_secs(2)).await?;
+    let joined = net.add().await?;
+    let known_after = routes_to(&net.nodes[joined], candidate.peer_id(), Duration::from_secs(2)).await?;
+    tracing::info!("the new node routes to the candidate {known_after:?} after joining");
+
+    net.nodes.remove(0).stop().await;
+    let worker = &net.nodes[0];
+    let key = pcp_bootstrap::load_or_create(&worker.data_dir)?;
+    let candidate_key = pcp_bootstrap::load_or_create(&candidate.data_dir)?;
+    let run = RunId([3; 32]);
+    let hb =
+        Heartbeat { run: run.0, round: 1, unix_ms: now_ms(), free_memory_bytes: 0, term: 0, follows: 0, held: None };
+    let bind = |nonce| Binding { run, round: 1, nonce, unix_ms: now_ms() };
+    let asking = tokio::spawn({
+        let (client, to, envelope) = (worker.node.clone(), candidate.peer_id(), seal(&key, bind(1), &hb));
+        async move { client.request(to, envelope).await }
+    });
+    let Event::Request { id, .. } = next_request(&mut candidate).await? else { bail!("expected a request") };
+    let answer = pcp_schema::Ack { run: run.0, round: 1, accepted: true, reason: String::new() };
+    candidate.node.respond(id, seal(&candidate_key, bind(2), &answer)).await?;
+    ensure!(asking.await??.decode::<pcp_schema::Ack>()? == answer);
+    candidate.stop().await;
+    net.shutdown().await;
+    Ok(())
+}

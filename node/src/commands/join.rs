@@ -306,13 +306,17 @@ pub(crate) struct Running {
 
 impl Running {
     pub(crate) fn start(args: &NetArgs) -> anyhow::Result<Self> {
+        Self::start_with(args, args.config())
+    }
+
+    /// Starts a node with `config` (made from `args`, then adjusted).
+    pub(crate) fn start_with(args: &NetArgs, config: Config) -> anyhow::Result<Self> {
         let identity = load_or_create(&args.data_dir)?;
-        let (node, events, event_loop): (Node, _, EventLoop) =
-            Node::new(&identity, args.config()).map_err(|e| match e {
-                // the kernel's words for the address the user typed: `address already in use`
-                StartError::Listen { addr, reason } => anyhow::Error::new(Usage(format!("--listen {addr}: {reason}"))),
-                e => e.into(),
-            })?;
+        let (node, events, event_loop): (Node, _, EventLoop) = Node::new(&identity, config).map_err(|e| match e {
+            // the kernel's words for the address the user typed: `address already in use`
+            StartError::Listen { addr, reason } => anyhow::Error::new(Usage(format!("--listen {addr}: {reason}"))),
+            e => e.into(),
+        })?;
         let log = EventLog::open(args.events.as_deref(), node.peer_id())?;
         let cancel = CancellationToken::new();
         let task = tokio::spawn(event_loop.run(cancel.clone()));
@@ -439,7 +443,11 @@ pub(crate) async fn run_node(
         Role::Candidate(..) if interactive => crate::observe::wandb::Bridge::start(None, "shepherd"),
         _ => None,
     };
-    let mut running = Running::start(args).map_err(Failure::input)?;
+    let mut config = args.config();
+    // a coordinator (or one who may become it) must be found through the DHT by the
+    // workers and candidates it may lead, reachable address confirmed or not yet
+    config.dht_server = matches!(role, Role::Shepherd(..) | Role::Candidate(..));
+    let mut running = Running::start_with(args, config).map_err(Failure::input)?;
     let events = Events::open(args.events.as_deref()).map_err(Failure::input)?;
     let (requests_tx, requests_rx) = mpsc::channel(256);
     let io = RoleIo {
