@@ -875,10 +875,14 @@ impl EventLoop {
                 tracing::debug!(%peer, "blob request not answered: {error}");
                 self.transfers.responded(request_id, Instant::now());
             }
-            request_response::Event::OutboundFailure { request_id, error, peer, .. } => {
-                // a relayed connection closed for a direct one: ask again, no strike
-                let replaced = matches!(error, request_response::OutboundFailure::ConnectionClosed)
-                    && self.swarm.is_connected(&peer);
+            request_response::Event::OutboundFailure { request_id, error, peer, connection_id } => {
+                // a relayed connection closed for a direct one: ask again, no strike (its
+                // streams end with "connection closed", or an IO error when cut mid-way)
+                let replaced = match error {
+                    request_response::OutboundFailure::ConnectionClosed => self.swarm.is_connected(&peer),
+                    request_response::OutboundFailure::Io(_) => self.nat.replaced_by_direct(&peer, connection_id),
+                    _ => false,
+                };
                 self.transfers.failed(request_id, replaced, &error);
             }
         }

@@ -292,6 +292,13 @@ impl Nat {
         self.conns.get(&id).is_some_and(|c| c.relayed)
     }
 
+    /// Whether a request to `peer` lost on connection `id` was lost to that
+    /// connection's replacement: `id` went through a relay (or is already closed)
+    /// and the peer is connected directly now.
+    pub(crate) fn replaced_by_direct(&self, peer: &PeerId, id: ConnectionId) -> bool {
+        self.has_direct(peer) && self.conns.get(&id).is_none_or(|c| c.relayed)
+    }
+
     fn has_direct(&self, peer: &PeerId) -> bool {
         self.conns.values().any(|c| c.peer == *peer && !c.relayed)
     }
@@ -812,7 +819,10 @@ mod tests {
         assert!(nat.held(&b, now));
         assert!(nat.relayed_to_close(now, |_| false).is_empty(), "busy: kept for a while");
         assert_eq!(nat.relayed_to_close(now, |_| true), vec![(b, relayed)]);
+        assert!(nat.replaced_by_direct(&b, relayed), "a request lost on the relayed connection is asked again");
+        assert!(!nat.replaced_by_direct(&b, direct), "one lost on the direct connection counts");
         nat.disconnected(relayed);
+        assert!(nat.replaced_by_direct(&b, relayed), "also once the relayed connection is gone");
         assert!(!nat.held(&b, now));
         assert_eq!(nat.peer_counts(), (1, 0));
         assert!(!nat.is_relayed_conn(relayed) && !nat.is_relayed_conn(direct));
