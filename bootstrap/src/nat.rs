@@ -173,6 +173,10 @@ pub(crate) struct Nat {
     reported_mapping: NatMapping,
     /// Peers whose relayed connection a direct one replaced, reported as punched.
     punched: std::collections::HashSet<PeerId>,
+    /// Why a hole punch attempt failed, for peers still in their wait: reported only
+    /// if no direct connection comes before the wait ends.
+    /// (With when the wait began.)
+    punch_errors: HashMap<PeerId, (String, Instant)>,
     /// Whether the relay service is on.
     relaying: bool,
 }
@@ -217,6 +221,7 @@ impl Nat {
             quic_probed: std::collections::HashSet::new(),
             reported_mapping: NatMapping::Unknown,
             punched: std::collections::HashSet::new(),
+            punch_errors: HashMap::new(),
             relaying: false,
         }
     }
@@ -235,7 +240,9 @@ impl Nat {
         now: Instant,
     ) -> bool {
         // a punch in progress: the peer was reachable only through a relay
-        let replaces = !relayed && self.punching.contains_key(&peer) && !self.has_direct(&peer);
+        // (or one whose attempt failed while the other side's dial was landing)
+        let tried = self.punching.contains_key(&peer) || self.punch_errors.contains_key(&peer);
+        let replaces = !relayed && tried && !self.has_direct(&peer);
         let remote = (!relayed).then(|| remote.clone());
         self.conns.insert(id, Conn { peer, relayed, remote, dialled });
         if relayed {
@@ -244,6 +251,7 @@ impl Nat {
             }
         } else {
             self.punching.remove(&peer);
+            self.punch_errors.remove(&peer);
             if self.has_relayed(&peer) {
                 self.upgraded.entry(peer).or_insert(now);
             }
@@ -307,22 +315,38 @@ impl Nat {
         self.conns.values().any(|c| c.peer == *peer && c.relayed)
     }
 
-    /// A hole punch to `peer` failed: its traffic goes through the relay.
-    pub(crate) fn punch_failed(&mut self, peer: &PeerId) {
+    /// A hole punch attempt to `peer` failed with `reason`: the reason to report now
+    /// (its traffic goes through the relay), or `None` while the peer's wait lasts.
+    /// The other side's dial of the same punch may still land: on loopback it wins
+    /// often enough, and its side closes the relayed connection, breaking the stream
+    /// that reports this error just before the direct connection is seen here. The
+    /// side that opened the exchange also tries its dial up to 3 times. The reason is
+    /// reported by [`Nat::expire_punches`] if no direct connection came.
+    pub(crate) fn punch_failed(&mut self, peer: &PeerId, reason: String, now: Instant) -> Option<String> {
+        if self.punch_pending(peer, now) {
+            let since = self.punching.get(peer).copied().unwrap_or(now);
+            self.punch_errors.insert(*peer, (reason, since));
+            return None;
+        }
         self.punching.remove(peer);
+        self.punch_errors.remove(peer);
+        Some(reason)
     }
 
-    /// Whether bulk requests (blob chunks) to `peer` should wait: it is reachable only
-    /// through a relay while a hole punch is tried (unless this node is behind a
-    /// symmetric NAT, where punches fail), or a direct connection just replaced its
-    /// relayed ones.
-    pub(crate) fn held(&self, peer: &PeerId, now: Instant) -> bool {
-        let punching = self.mapping() != NatMapping::Symmetric
+    /// Whether `peer` is reachable only through a relay while a hole punch is tried
+    /// (unless this node is behind a symmetric NAT, where punches fail).
+    fn punch_pending(&self, peer: &PeerId, now: Instant) -> bool {
+        self.mapping() != NatMapping::Symmetric
             && self
                 .punching
                 .get(peer)
-                .is_some_and(|since| now.duration_since(*since) < self.config.punch_wait && !self.has_direct(peer));
-        punching || (self.upgraded.contains_key(peer) && self.has_relayed(peer))
+                .is_some_and(|since| now.duration_since(*since) < self.config.punch_wait && !self.has_direct(peer))
+    }
+
+    /// Whether bulk requests (blob chunks) to `peer` should wait: a hole punch to it
+    /// is pending, or a direct connection just replaced its relayed ones.
+    pub(crate) fn held(&self, peer: &PeerId, now: Instant) -> bool {
+        self.punch_pending(peer, now) || (self.upgraded.contains_key(peer) && self.has_relayed(peer))
     }
 
     /// Peers held by [`Nat::held`].
@@ -335,15 +359,26 @@ impl Nat {
     }
 
     /// Forgets hole punches that outlived the wait (their peers' requests go through
-    /// the relay); returns the peers whose wait just ended.
-    pub(crate) fn expire_punches(&mut self, now: Instant) -> Vec<PeerId> {
+    /// the relay); returns the peers whose wait just ended, each with the error of its
+    /// failed attempt to report, if one failed (also for peers whose relayed
+    /// connection closed during the wait).
+    pub(crate) fn expire_punches(&mut self, now: Instant) -> Vec<(PeerId, Option<String>)> {
         let wait = self.config.punch_wait;
-        let over: Vec<PeerId> =
+        let mut over: Vec<PeerId> =
             self.punching.iter().filter(|(_, since)| now.duration_since(**since) >= wait).map(|(p, _)| *p).collect();
         for p in &over {
             self.punching.remove(p);
         }
-        over
+        // a relayed connection that closed during the wait: its direct one may be next
+        over.extend(
+            self.punch_errors
+                .iter()
+                .filter(|(p, (_, since))| !self.punching.contains_key(*p) && now.duration_since(*since) >= wait)
+                .map(|(p, _)| *p),
+        );
+        over.sort_unstable();
+        over.dedup();
+        over.into_iter().map(|p| (p, self.punch_errors.remove(&p).map(|(reason, _)| reason))).collect()
     }
 
     /// The relayed connections to close now: those of upgraded peers that are `idle`
@@ -829,6 +864,30 @@ mod tests {
     }
 
     #[test]
+    fn a_punch_attempt_that_failed_while_the_other_sides_dial_landed_is_reported_punched() {
+        let mut nat = Nat::new(NatConfig::default(), false);
+        let now = Instant::now();
+        let (relay, b) = (peer(), peer());
+        let via = addr(&format!("/ip4/198.18.0.1/udp/1/quic-v1/p2p/{relay}/p2p-circuit/p2p/{b}"));
+        nat.connected(ConnectionId::new_unchecked(1), b, true, (&via, true), now);
+        // the other side closed the relayed connection for its direct one, breaking our stream
+        assert_eq!(nat.punch_failed(&b, "Inbound stream error: IO error".into(), now), None);
+        nat.disconnected(ConnectionId::new_unchecked(1));
+        let direct = addr("/ip4/198.18.0.22/udp/4001/quic-v1");
+        assert!(nat.connected(ConnectionId::new_unchecked(2), b, false, (&direct, false), now), "punched");
+        assert_eq!(nat.expire_punches(now + Duration::from_secs(60)), vec![], "no failure to report");
+        // a relayed connection that closed with no direct one: its failure is reported
+        let c = peer();
+        let via = addr(&format!("/ip4/198.18.0.1/udp/1/quic-v1/p2p/{relay}/p2p-circuit/p2p/{c}"));
+        nat.connected(ConnectionId::new_unchecked(3), c, true, (&via, true), now);
+        assert_eq!(nat.punch_failed(&c, "cut".into(), now), None);
+        nat.disconnected(ConnectionId::new_unchecked(3));
+        assert_eq!(nat.expire_punches(now), vec![], "not before the wait is over");
+        let later = now + NatConfig::default().punch_wait;
+        assert_eq!(nat.expire_punches(later), vec![(c, Some("cut".to_owned()))]);
+    }
+
+    #[test]
     fn a_failed_punch_sends_requests_through_the_relay() {
         let mut nat = Nat::new(NatConfig::default(), false);
         let now = Instant::now();
@@ -836,8 +895,14 @@ mod tests {
         let via = addr(&format!("/ip4/198.18.0.1/tcp/1/p2p/{relay}/p2p-circuit/p2p/{c}"));
         nat.connected(ConnectionId::new_unchecked(7), c, true, (&via, true), now);
         assert_eq!(nat.held_peers(now), vec![c]);
-        nat.punch_failed(&c);
-        assert!(!nat.held(&c, now));
+        // a failed attempt is reported, and the requests let go, once the wait is over
+        assert_eq!(nat.punch_failed(&c, "no luck".into(), now), None);
+        assert!(nat.held(&c, now));
+        let later = now + NatConfig::default().punch_wait;
+        assert!(!nat.held(&c, later));
+        assert_eq!(nat.expire_punches(later), vec![(c, Some("no luck".to_owned()))]);
+        assert_eq!(nat.expire_punches(later), vec![], "once");
+        assert_eq!(nat.punch_failed(&c, "again".into(), later), Some("again".to_owned()), "after the wait: at once");
         // behind a symmetric NAT a punch cannot work: nothing waits for one
         let mut sym = Nat::new(NatConfig::default(), false);
         sym.observed_from(&addr("/ip4/198.18.0.1/udp/9/quic-v1"), &addr("/ip4/198.18.0.103/udp/1111/quic-v1"));

@@ -233,14 +233,18 @@ impl EventLoop {
                 }
             }
             (None, Ok(_)) => {}
-            (None, Err(e)) => {
-                self.nat.punch_failed(&peer);
-                tracing::info!(%peer, "hole punch failed: {e}; traffic goes through the relay");
-                self.emit(Event::HolePunched { peer, result: Err(e.to_string()) });
-            }
+            (None, Err(e)) => match self.nat.punch_failed(&peer, e.to_string(), Instant::now()) {
+                Some(reason) => self.report_failed_punch(peer, reason),
+                None => tracing::debug!(%peer, "hole punch attempt failed: {e}; waiting for the other side's dial"),
+            },
         }
         self.close_upgraded(Instant::now());
         self.drive_all();
+    }
+
+    fn report_failed_punch(&mut self, peer: PeerId, reason: String) {
+        tracing::info!(%peer, "hole punch failed: {reason}; traffic goes through the relay");
+        self.emit(Event::HolePunched { peer, result: Err(reason) });
     }
 
     /// The router's answer to a port mapping request.
@@ -270,8 +274,11 @@ impl EventLoop {
     pub(super) fn nat_housekeeping(&mut self, now: Instant) {
         // a failed dial-back becomes "private" once the other candidates' answers had time
         self.update_reachability();
-        for peer in self.nat.expire_punches(now) {
-            tracing::debug!(%peer, "no hole punch yet: blob requests go through the relay");
+        for (peer, failed) in self.nat.expire_punches(now) {
+            match failed {
+                Some(reason) => self.report_failed_punch(peer, reason),
+                None => tracing::debug!(%peer, "no hole punch yet: blob requests go through the relay"),
+            }
         }
         self.close_upgraded(now);
         self.listen_on_relays();
