@@ -863,13 +863,19 @@ mod tests {
         assert!(!nat.is_relayed_conn(relayed) && !nat.is_relayed_conn(direct));
     }
 
+    /// Connects `nat` to a new peer through a new relay on connection `id`.
+    fn relayed_peer(nat: &mut Nat, id: usize, now: Instant) -> PeerId {
+        let (relay, to) = (peer(), peer());
+        let via = addr(&format!("/ip4/198.18.0.1/udp/1/quic-v1/p2p/{relay}/p2p-circuit/p2p/{to}"));
+        nat.connected(ConnectionId::new_unchecked(id), to, true, (&via, true), now);
+        to
+    }
+
     #[test]
     fn a_punch_attempt_that_failed_while_the_other_sides_dial_landed_is_reported_punched() {
         let mut nat = Nat::new(NatConfig::default(), false);
         let now = Instant::now();
-        let (relay, b) = (peer(), peer());
-        let via = addr(&format!("/ip4/198.18.0.1/udp/1/quic-v1/p2p/{relay}/p2p-circuit/p2p/{b}"));
-        nat.connected(ConnectionId::new_unchecked(1), b, true, (&via, true), now);
+        let b = relayed_peer(&mut nat, 1, now);
         // the other side closed the relayed connection for its direct one, breaking our stream
         assert_eq!(nat.punch_failed(&b, "Inbound stream error: IO error".into(), now), None);
         nat.disconnected(ConnectionId::new_unchecked(1));
@@ -877,9 +883,7 @@ mod tests {
         assert!(nat.connected(ConnectionId::new_unchecked(2), b, false, (&direct, false), now), "punched");
         assert_eq!(nat.expire_punches(now + Duration::from_secs(60)), vec![], "no failure to report");
         // a relayed connection that closed with no direct one: its failure is reported
-        let c = peer();
-        let via = addr(&format!("/ip4/198.18.0.1/udp/1/quic-v1/p2p/{relay}/p2p-circuit/p2p/{c}"));
-        nat.connected(ConnectionId::new_unchecked(3), c, true, (&via, true), now);
+        let c = relayed_peer(&mut nat, 3, now);
         assert_eq!(nat.punch_failed(&c, "cut".into(), now), None);
         nat.disconnected(ConnectionId::new_unchecked(3));
         assert_eq!(nat.expire_punches(now), vec![], "not before the wait is over");
