@@ -5,6 +5,7 @@
 //! * [`outer`]: the outer optimizer.
 //! * [`aggregate`]: validating, bounding and averaging contributions.
 //! * [`compress`]: pseudo-gradient encodings for the wire (fp32, bf16, int8, sparse).
+//! * [`rating`]: how far the shepherd trusts each participant, from its screen.
 //! * [`fragments`]: Streaming DiLoCo's fragments and the parameter shards rounds are published in.
 //! * [`sparse`]: SparseLoCo's chunked top-k with error feedback, both directions.
 //! * [`shepherd`] and [`worker`]: the state machines, `(state, input, now) -> actions`.
@@ -14,6 +15,7 @@ mod bf16;
 pub mod compress;
 pub mod fragments;
 pub mod outer;
+pub mod rating;
 pub mod shepherd;
 pub mod sparse;
 pub mod worker;

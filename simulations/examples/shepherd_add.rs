@@ -109,13 +109,13 @@ fn main() -> anyhow::Result<()> {
 fn time_adds(deltas: &[(Delta, f64)], sizes: &[usize], batch: usize, threads: usize) -> f64 {
     let mut mean = RunningMean::with_batch(threads, batch);
     if let Some((d, norm)) = deltas.first() {
-        mean.add(d, 1, *norm, f64::INFINITY, sizes);
+        mean.add(d, 1.0, *norm, f64::INFINITY, sizes);
     }
     // the copies a shepherd would own, made before the clock starts
     let owned: Vec<(Delta, f64)> = deltas.to_vec();
     let started = Clock::now();
     for (d, norm) in owned {
-        mean.push(d, 1, norm, f64::INFINITY, sizes);
+        mean.push(d, 1.0, norm, f64::INFINITY, sizes);
     }
     mean.flush();
     let ms = started.elapsed_ms() / deltas.len().max(1) as f64;

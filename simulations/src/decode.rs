@@ -132,7 +132,7 @@ fn time(sizes: &[usize], encoding: Encoding) -> f64 {
             // the encoder's own message always decodes; a failure would only cost nothing
             let Ok(delta) = compress::decode_delta(b, sizes, encoding) else { return 0.0 };
             let norm = delta.validate(sizes).unwrap_or(0.0);
-            mean.push(delta, 1, norm, f64::INFINITY, sizes);
+            mean.push(delta, 1.0, norm, f64::INFINITY, sizes);
         }
         mean.flush();
         if pass > 0 {

@@ -86,6 +86,83 @@ impl Delta {
         }
     }
 
+    /// Each tensor's L2 norm and largest magnitude (of a sparse delta: of its kept
+    /// entries). Validated deltas only (finite values).
+    pub fn tensor_stats(&self) -> Vec<(f64, f32)> {
+        match self {
+            Self::Dense(t) => t.iter().map(|v| stats_of(v)).collect(),
+            Self::Sparse(s) => s.iter().map(|t| stats_of(&t.values)).collect(),
+            Self::Packed(p) => p.tensor_stats(),
+        }
+    }
+
+    /// The delta bounded one tensor at a time: every value of tensor t clipped to
+    /// ±`bounds.element[t]`, then the tensor scaled down to at most
+    /// `bounds.tensor[t]` in norm (a sparse message: its value tables, see
+    /// [`Packed::bounded`]). Returns the bounded delta, its norm, and what the
+    /// bounds changed. A delta the bounds leave alone is returned as it is.
+    pub fn bounded(self, bounds: &Bounds) -> (Self, f64, Clipping) {
+        let stats = self.tensor_stats();
+        let at = |v: &[f64], t: usize| v.get(t).copied().unwrap_or(f64::INFINITY);
+        let at32 = |v: &[f32], t: usize| v.get(t).copied().unwrap_or(f32::INFINITY);
+        let mut clipping = Clipping::default();
+        let over_clip = stats.iter().enumerate().any(|(t, (_, max))| *max > at32(&bounds.element, t));
+        // the norm of each tensor after the element clip (measured again below if any)
+        let scales = |stats: &[(f64, f32)], clipping: &mut Clipping| -> Vec<f32> {
+            stats
+                .iter()
+                .enumerate()
+                .map(|(t, (norm, _))| {
+                    let bound = at(&bounds.tensor, t);
+                    if *norm > bound {
+                        clipping.tensors += 1;
+                        (bound / norm) as f32
+                    } else {
+                        1.0
+                    }
+                })
+                .collect()
+        };
+        let clips: Vec<f32> = (0..stats.len()).map(|t| at32(&bounds.element, t)).collect();
+        match self {
+            Self::Packed(p) => {
+                let (clipped, count) = if over_clip { p.bounded(&vec![1.0; clips.len()], &clips) } else { (p, 0) };
+                clipping.elements = count;
+                let stats = clipped.tensor_stats();
+                let scales = scales(&stats, &mut clipping);
+                let p = if clipping.tensors > 0 { clipped.bounded(&scales, &vec![f32::INFINITY; scales.len()]).0 } else { clipped };
+                let norm = p.norm();
+                (Self::Packed(p), norm, clipping)
+            }
+            Self::Dense(mut t) => {
+                clip_values(t.iter_mut().map(Vec::as_mut_slice), &clips, &mut clipping);
+                let stats: Vec<(f64, f32)> = t.iter().map(|v| stats_of(v)).collect();
+                let scales = scales(&stats, &mut clipping);
+                scale_values(t.iter_mut().map(Vec::as_mut_slice), &scales);
+                let d = Self::Dense(t);
+                let norm = d.norm();
+                (d, norm, clipping)
+            }
+            Self::Sparse(mut s) => {
+                clip_values(s.iter_mut().map(|t| t.values.as_mut_slice()), &clips, &mut clipping);
+                let stats: Vec<(f64, f32)> = s.iter().map(|t| stats_of(&t.values)).collect();
+                let scales = scales(&stats, &mut clipping);
+                scale_values(s.iter_mut().map(|t| t.values.as_mut_slice()), &scales);
+                let d = Self::Sparse(s);
+                let norm = d.norm();
+                (d, norm, clipping)
+            }
+        }
+    }
+
+    /// The L2 norm of the whole delta.
+    pub fn norm(&self) -> f64 {
+        match self {
+            Self::Packed(p) => p.norm(),
+            _ => self.tensor_stats().iter().map(|(n, _)| n * n).sum::<f64>().sqrt(),
+        }
+    }
+
     /// The delta as dense tensors of `sizes` elements.
     pub fn to_dense(&self, sizes: &[usize]) -> Tensors {
         match self {
@@ -95,6 +172,65 @@ impl Delta {
                 self.add_to(&mut dense, 1.0);
                 dense
             }
+        }
+    }
+}
+
+/// Per-tensor limits on one contribution ([`Delta::bounded`]): a tensor's
+/// elements are clipped to ±`element[t]`, then the tensor is scaled down to at
+/// most `tensor[t]` in L2 norm. Missing entries are no limit.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Bounds {
+    /// Each tensor's norm bound.
+    pub tensor: Vec<f64>,
+    /// Each tensor's element clip.
+    pub element: Vec<f32>,
+}
+
+impl Bounds {
+    /// No limits.
+    pub fn none() -> Self {
+        Self::default()
+    }
+}
+
+/// What [`Delta::bounded`] changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Clipping {
+    /// Values clipped to their tensor's element clip.
+    pub elements: u64,
+    /// Tensors scaled down to their norm bound.
+    pub tensors: usize,
+}
+
+impl Clipping {
+    /// Whether the bounds changed anything.
+    pub fn any(&self) -> bool {
+        self.elements > 0 || self.tensors > 0
+    }
+}
+
+/// The L2 norm and largest magnitude of `values`.
+fn stats_of(values: &[f32]) -> (f64, f32) {
+    let norm = values.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+    (norm, values.iter().map(|v| v.abs()).fold(0.0f32, f32::max))
+}
+
+fn clip_values<'a>(tensors: impl Iterator<Item = &'a mut [f32]>, clips: &[f32], clipping: &mut Clipping) {
+    for (values, clip) in tensors.zip(clips) {
+        for v in values.iter_mut() {
+            if v.abs() > *clip {
+                *v = v.signum() * *clip;
+                clipping.elements += 1;
+            }
+        }
+    }
+}
+
+fn scale_values<'a>(tensors: impl Iterator<Item = &'a mut [f32]>, scales: &[f32]) {
+    for (values, scale) in tensors.zip(scales) {
+        if *scale < 1.0 {
+            values.iter_mut().for_each(|v| *v *= *scale);
         }
     }
 }
@@ -122,7 +258,8 @@ pub const BATCH_BYTES: usize = 128 << 20;
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunningMean {
     sum: Option<Tensors>,
-    samples: u64,
+    /// The weights added (held ones included): the mean's divisor.
+    total: f64,
     threads: usize,
     /// Most packed contributions held before they are added (0 and 1: none held).
     batch: usize,
@@ -149,27 +286,31 @@ impl RunningMean {
     /// `batch` of them (and at most [`BATCH_BYTES`]) before adding them
     /// together; a batch of 0 or 1 adds each at once.
     pub fn with_batch(threads: usize, batch: usize) -> Self {
-        Self { sum: None, samples: 0, threads, batch, pending: Vec::new(), pending_bytes: 0 }
+        Self { sum: None, total: 0.0, threads, batch, pending: Vec::new(), pending_bytes: 0 }
     }
 
-    /// Adds a validated contribution of `norm`, trained on `samples`, bounded to
-    /// `bound`, at once (after any held batch); returns whether it was scaled down.
-    pub fn add(&mut self, delta: &Delta, samples: u64, norm: f64, bound: f64, sizes: &[usize]) -> bool {
-        let (weight, scaled) = Self::weight(samples, norm, bound);
+    /// Adds a validated contribution of `norm` and `weight` (its samples, times
+    /// any trust factor), bounded to `bound`, at once (after any held batch);
+    /// returns whether it was scaled down. The weight counts in the mean's divisor
+    /// in full, the norm bound's scale only in its sum: a contribution scaled down
+    /// moves the mean less.
+    pub fn add(&mut self, delta: &Delta, weight: f64, norm: f64, bound: f64, sizes: &[usize]) -> bool {
+        let (w, scaled) = Self::weight(weight, norm, bound);
         self.flush();
         let threads = self.threads.max(1);
-        delta.add_on(self.sum_for(sizes), weight, threads);
-        self.samples += samples;
+        delta.add_on(self.sum_for(sizes), w, threads);
+        self.total += if weight.is_finite() { weight.max(0.0) } else { 0.0 };
         scaled
     }
 
     /// [`RunningMean::add`] of a contribution the mean may keep: a packed one is
     /// held in the batch and added with it (the sum is the same).
-    pub fn push(&mut self, delta: Delta, samples: u64, norm: f64, bound: f64, sizes: &[usize]) -> bool {
-        let Delta::Packed(packed) = delta else { return self.add(&delta, samples, norm, bound, sizes) };
-        let (weight, scaled) = Self::weight(samples, norm, bound);
+    pub fn push(&mut self, delta: Delta, weight: f64, norm: f64, bound: f64, sizes: &[usize]) -> bool {
+        let Delta::Packed(packed) = delta else { return self.add(&delta, weight, norm, bound, sizes) };
+        let total = if weight.is_finite() { weight.max(0.0) } else { 0.0 };
+        let (weight, scaled) = Self::weight(weight, norm, bound);
         self.sum_for(sizes);
-        self.samples += samples;
+        self.total += total;
         self.pending_bytes += packed.len_bytes();
         self.pending.push((packed, weight));
         if self.pending.len() >= self.batch || self.pending_bytes >= BATCH_BYTES {
@@ -178,10 +319,17 @@ impl RunningMean {
         scaled
     }
 
-    /// The weight of a contribution: its samples, scaled down to the bound.
-    fn weight(samples: u64, norm: f64, bound: f64) -> (f32, bool) {
-        let scale = if norm > bound { bound / norm } else { 1.0 };
-        ((scale * samples as f64) as f32, scale < 1.0)
+    /// The scale that brings `norm` down to `bound` (1: within it).
+    fn scale(norm: f64, bound: f64) -> f64 {
+        if norm > bound { bound / norm } else { 1.0 }
+    }
+
+    /// The weight a contribution is added with: its own (finite, not negative),
+    /// scaled down to the bound.
+    fn weight(weight: f64, norm: f64, bound: f64) -> (f32, bool) {
+        let weight = if weight.is_finite() { weight.max(0.0) } else { 0.0 };
+        let scale = Self::scale(norm, bound);
+        ((scale * weight) as f32, scale < 1.0)
     }
 
     /// The sum, allocated at `sizes` on first use.
@@ -202,9 +350,9 @@ impl RunningMean {
         self.pending_bytes = 0;
     }
 
-    /// How many contributions' samples were added (held ones included).
-    pub fn samples(&self) -> u64 {
-        self.samples
+    /// The weights added (held ones included): what the mean divides by.
+    pub fn total(&self) -> f64 {
+        self.total
     }
 
     /// Packed contributions held, not yet added to the sum.
@@ -216,7 +364,7 @@ impl RunningMean {
     pub fn finish(mut self) -> Option<Tensors> {
         self.flush();
         let mut sum = self.sum?;
-        let inv = 1.0 / self.samples.max(1) as f64;
+        let inv = if self.total > 0.0 { 1.0 / self.total } else { 0.0 };
         sum.iter_mut().flatten().for_each(|v| *v = (f64::from(*v) * inv) as f32);
         Some(sum)
     }
@@ -282,6 +430,24 @@ pub enum Rejection {
     /// Claims to have trained on nothing.
     #[error("no samples")]
     NoSamples,
+    /// Claims more samples than the run's manifest allows a round (τ inner steps
+    /// of batch × block tokens), or a count that is not a whole number of steps.
+    #[error("claims {claimed} samples; the run allows whole steps of {unit}, at most {max} (τ × batch × block)")]
+    Samples {
+        /// What it claimed.
+        claimed: u64,
+        /// Samples in one inner step (batch × block).
+        unit: u64,
+        /// The most a round allows.
+        max: u64,
+    },
+    /// Not among the round's best-rated contributions (`--aggregate-max`): its
+    /// screen still counts toward its rating.
+    #[error("not aggregated: the round aggregates its {max} best-rated participants")]
+    NotSelected {
+        /// The round's aggregate cap.
+        max: usize,
+    },
     /// The encoded tensors did not decode.
     #[error("undecodable: {0}")]
     Encoding(String),
@@ -477,8 +643,8 @@ mod tests {
         let (buffered, clipped) = aggregate(&[a.clone(), b.clone()], 2.0);
         assert_eq!(clipped, 1);
         let mut running = RunningMean::default();
-        assert!(!running.add(&Delta::Dense(a.delta), 3, 1.0, 2.0, &[2]));
-        assert!(running.add(&Delta::Dense(b.delta), 1, 5.0, 2.0, &[2]));
+        assert!(!running.add(&Delta::Dense(a.delta), 3.0, 1.0, 2.0, &[2]));
+        assert!(running.add(&Delta::Dense(b.delta), 1.0, 5.0, 2.0, &[2]));
         assert_eq!(running.finish(), Some(buffered));
         assert_eq!(RunningMean::default().finish(), None);
     }
@@ -529,7 +695,7 @@ mod tests {
         let bound = deltas.iter().map(|d| d.3).sum::<f64>() / deltas.len() as f64;
         let mut reference = RunningMean::with_batch(1, 1);
         for (_, r, samples, norm) in &deltas {
-            reference.add(r, *samples, *norm, bound, &sizes);
+            reference.add(r, *samples as f64, *norm, bound, &sizes);
         }
         let expected = reference.finish().expect("a mean");
         let bits =
@@ -538,11 +704,11 @@ mod tests {
             let mut mean = RunningMean::with_batch(threads, batch);
             let mut scaled = 0;
             for (d, _, samples, norm) in deltas.iter().cloned() {
-                scaled += usize::from(mean.push(d, samples, norm, bound, &sizes));
+                scaled += usize::from(mean.push(d, samples as f64, norm, bound, &sizes));
                 assert!(mean.held() < batch.max(1), "the batch is bounded");
             }
             assert!(scaled > 0 && scaled < deltas.len(), "some are scaled down to the bound");
-            assert_eq!(mean.samples(), deltas.iter().map(|d| d.2).sum::<u64>());
+            assert_eq!(mean.total(), deltas.iter().map(|d| d.2).sum::<u64>() as f64);
             let got = mean.finish().expect("a mean");
             assert!(bits(&got) == bits(&expected), "{threads} threads, batch {batch}: not the same bits");
         }

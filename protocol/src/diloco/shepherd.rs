@@ -82,7 +82,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::Tensors;
-use super::aggregate::{Accepted, Delta, Rejection, RunningMean, norm_bound, trimmed_mean};
+use super::aggregate::{Accepted, Bounds, Delta, Rejection, RunningMean, norm_bound, trimmed_mean};
+use super::rating::{Policy, Ratings};
 use super::outer::Nesterov;
 use super::sparse::{self, ErrorFeedback, Settings};
 
@@ -136,6 +137,27 @@ pub struct Config {
     /// Workers overlap rounds: time-boxed rounds, a deadline after the budget and
     /// contributions carried over one round (the module docs). `None`: lockstep.
     pub overlap: Option<Overlap>,
+    /// Samples in one inner step, batch × block, from the manifest: a contribution
+    /// may claim only whole steps of it, at most `max_steps` of them. 0: claims are
+    /// not checked (tests of other rules).
+    pub sample_unit: u64,
+    /// τ: the most inner steps a round's contribution may claim.
+    pub max_steps: u64,
+    /// Each tensor of a contribution is scaled down to this × the median norm of
+    /// that tensor in the reference contributions of its last round (infinite: off).
+    pub tensor_factor: f64,
+    /// Each value of a contribution is clipped to this × the median largest
+    /// magnitude of its tensor in those contributions (infinite: off).
+    pub element_factor: f64,
+    /// Ratings from the screen ([`Input::Score`]) set each participant's trust
+    /// factor, and rated peers' contributions are the bounds' reference. `None`:
+    /// every contribution counts by its samples alone.
+    pub rating: Option<Policy>,
+    /// At most this many contributions are aggregated a round, from the best-rated
+    /// participants; 0: all.
+    pub aggregate_max: usize,
+    /// At most this many participants a round, the best-rated workers; 0: all.
+    pub max_participants: usize,
 }
 
 /// The settings of an overlapping run ([`Config::overlap`]).
@@ -180,6 +202,13 @@ impl Default for Config {
             add_threads: 1,
             fragments: Vec::new(),
             overlap: None,
+            sample_unit: 0,
+            max_steps: 0,
+            tensor_factor: f64::INFINITY,
+            element_factor: f64::INFINITY,
+            rating: None,
+            aggregate_max: 0,
+            max_participants: 0,
         }
     }
 }
@@ -217,6 +246,18 @@ pub enum Input<P> {
     },
     /// Time passed.
     Tick,
+    /// The screen's verdict on the contribution that follows (give it just before
+    /// that [`Input::Contribution`]): it lowered the held-out loss by
+    /// `improvement` at the scale it is applied. A failed screen is an
+    /// [`Input::Malformed`] with [`Rejection::NoImprovement`] instead.
+    Score {
+        /// The worker.
+        peer: P,
+        /// The contribution's round.
+        round: u64,
+        /// The loss without it less the loss with it.
+        improvement: f64,
+    },
     /// How a contribution was made (overlap: it sets the budget and the grace;
     /// give it just before the [`Input::Contribution`] it describes, which uses
     /// it only if accepted): the inner steps the worker ran and their time (its
@@ -262,6 +303,12 @@ pub struct RoundSummary<P> {
     pub carried: Vec<P>,
     /// Overlap: the round's compute budget, if it had one.
     pub budget_ms: Option<u64>,
+    /// Contributions the per-tensor bounds changed: (peer, values clipped, tensors
+    /// scaled down).
+    pub bounded: Vec<(P, u64, usize)>,
+    /// Contributions counted at less than full trust: (peer, factor), probation or
+    /// a rating below the median.
+    pub discounted: Vec<(P, f64)>,
     /// It closed because its deadline passed (with a quorum), not because every
     /// live participant had answered.
     pub at_deadline: bool,
@@ -325,6 +372,8 @@ struct Entry {
     samples: u64,
     loss: f32,
     norm: f64,
+    /// Its weight in the mean: samples × trust factor.
+    weight: f64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -360,6 +409,21 @@ struct OpenRound<P> {
     scaled: Vec<(P, f64)>,
     /// The last bound applied.
     bound: f64,
+    /// The per-tensor bounds of this round's contributions.
+    bounds: Bounds,
+    /// The median rating of the participants that are rated, when it opened.
+    median_rating: Option<f64>,
+    /// `--aggregate-max`: the participants whose contributions are aggregated.
+    selected: Option<BTreeSet<P>>,
+    /// Per-tensor (norm, largest magnitude) of the accepted contributions that can
+    /// be the next bounds' reference (rated peers', or everyone's while none is).
+    stats: Vec<(bool, Vec<(f64, f32)>)>,
+    /// Contributions the per-tensor bounds changed.
+    bounded: Vec<(P, u64, usize)>,
+    /// Contributions counted at a trust factor below 1.
+    discounted: Vec<(P, f64)>,
+    /// The raw norms of the contributions from reference peers.
+    reference_norms: Vec<f64>,
 }
 
 /// The outer optimizer.
@@ -455,6 +519,18 @@ pub struct Shepherd<P> {
     /// Overlap: a time-boxed round and the median send of its contributions, from
     /// its settled deadline ([`Self::settle`]).
     sent_ms: Option<(u64, u64)>,
+    /// Ratings from the screen.
+    ratings: Ratings<P>,
+    /// Each worker's [`Input::Score`], until its contribution.
+    scores: BTreeMap<P, (u64, f64)>,
+    /// Each tensor's reference (median norm, median largest magnitude) from the
+    /// last round it was in.
+    tensor_ref: Vec<Option<(f64, f32)>>,
+    /// Whether the last round's norms ([`Self::norms`]) are rated peers' only: the
+    /// running bound then does not take this round's arrivals in.
+    rated_norms: bool,
+    /// When each worker joined (the ranking's seniority among unrated peers).
+    joined: BTreeMap<P, u64>,
 }
 
 /// Overlap: the last closed round, for the contributions carried over from it.
@@ -483,6 +559,7 @@ impl<P: Ord + Clone> Shepherd<P> {
             Some(s) => Outer::Sparse { lr: config.outer_lr, feedback: ErrorFeedback::new(&sizes, 1.0, s.down()) },
             None => Outer::Nesterov(Nesterov::new(config.outer_lr, config.outer_momentum, &params)),
         };
+        let ratings = Ratings::new(config.rating.unwrap_or_default());
         Self {
             config,
             sizes,
@@ -502,6 +579,11 @@ impl<P: Ord + Clone> Shepherd<P> {
             timings: BTreeMap::new(),
             step_ms: Vec::new(),
             sent_ms: None,
+            ratings,
+            scores: BTreeMap::new(),
+            tensor_ref: Vec::new(),
+            rated_norms: false,
+            joined: BTreeMap::new(),
         }
     }
 
@@ -610,6 +692,67 @@ impl<P: Ord + Clone> Shepherd<P> {
         self.finished
     }
 
+    /// The ratings the screen has set.
+    pub fn ratings(&self) -> &Ratings<P> {
+        &self.ratings
+    }
+
+    /// Whether `peer`'s contribution must be screened whatever the sampling: it is
+    /// on probation (ratings on).
+    pub fn must_screen(&self, peer: &P) -> bool {
+        self.config.rating.is_some() && self.ratings.on_probation(peer)
+    }
+
+    /// Checks a contribution's claimed samples against the manifest: whole inner
+    /// steps of `sample_unit`, at most `max_steps` of them.
+    pub fn check_samples(&self, samples: u64) -> Result<(), Rejection> {
+        if samples == 0 {
+            return Err(Rejection::NoSamples);
+        }
+        let unit = self.config.sample_unit;
+        if unit == 0 {
+            return Ok(());
+        }
+        let max = unit.checked_mul(self.config.max_steps.max(1)).unwrap_or(u64::MAX);
+        if samples > max || samples % unit != 0 {
+            return Err(Rejection::Samples { claimed: samples, unit, max });
+        }
+        Ok(())
+    }
+
+    /// A contribution to the open round as the round would apply it: bounded per
+    /// tensor, then scaled down to the norm bound in force now (what the screen
+    /// should score). `None` without an open round or for a delta of the wrong shape.
+    pub fn as_applied(&self, delta: &Delta) -> Option<Delta> {
+        let open = self.open.as_ref()?;
+        let sizes = self.round_sizes(self.completed + 1);
+        delta.validate(&sizes).ok()?;
+        let (bounded, norm, _) = delta.clone().bounded(&open.bounds);
+        let bound = self.bound_now(open, norm);
+        if norm <= bound || !bound.is_finite() {
+            return Some(bounded);
+        }
+        let mut dense = bounded.to_dense(&sizes);
+        let scale = (bound / norm) as f32;
+        dense.iter_mut().flatten().for_each(|v| *v *= scale);
+        Some(Delta::Dense(dense))
+    }
+
+    /// The global norm bound a contribution of `norm` arriving now is held to
+    /// (as [`Self::accept`] would compute it).
+    fn bound_now(&self, open: &OpenRound<P>, norm: f64) -> f64 {
+        let factor = self.config.norm_factor;
+        let mut pool = open.pool.clone();
+        if !self.rated_norms && norm.is_finite() {
+            let at = pool.partition_point(|n| n.total_cmp(&norm).is_lt());
+            pool.insert(at, norm);
+        }
+        match pool.get(pool.len().saturating_sub(1) / 2) {
+            Some(median) => factor * median,
+            None => f64::INFINITY,
+        }
+    }
+
     /// Advances the state machine.
     pub fn handle(&mut self, input: Input<P>, now_ms: u64) -> Vec<Action<P>> {
         let mut actions = Vec::new();
@@ -618,6 +761,7 @@ impl<P: Ord + Clone> Shepherd<P> {
             Input::Joined(peer) => {
                 self.earliest_seen = self.earliest_seen.min(now_ms);
                 if self.workers.insert(peer.clone(), now_ms).is_none() {
+                    self.joined.insert(peer.clone(), now_ms);
                     actions.push(Action::WorkerJoined(peer));
                 }
             }
@@ -632,23 +776,43 @@ impl<P: Ord + Clone> Shepherd<P> {
                     *seen = now_ms;
                 }
                 let timing = self.timings.remove(&peer).filter(|t| t.round == round);
+                let score = self.scores.remove(&peer).filter(|(r, _)| *r == round).map(|(_, i)| i);
                 let result = self.admit(&peer, round).and_then(|carried| {
-                    if samples == 0 {
-                        return Err(Rejection::NoSamples);
-                    }
+                    self.check_samples(samples)?;
                     // a carried contribution has its round's shape: the same without fragments
                     let sizes = self.round_sizes(self.completed + 1);
                     delta.validate(&sizes).map(|norm| (norm, carried))
                 });
                 match result {
                     Ok((norm, carried)) => {
-                        let sent_ms = timing.map(|t| now_ms.saturating_sub(t.transfer_ms));
-                        self.accept(peer, Entry { samples, loss, norm }, delta, carried, timing, sent_ms);
+                        let (factor, selected) = self.trust(&peer);
+                        if let Some(improvement) = score.filter(|_| self.config.rating.is_some()) {
+                            self.ratings.passed(&peer, round, improvement);
+                        }
+                        if !selected {
+                            let max = self.config.aggregate_max;
+                            self.reject(peer, round, Rejection::NotSelected { max }, &mut actions);
+                        } else {
+                            let sent_ms = timing.map(|t| now_ms.saturating_sub(t.transfer_ms));
+                            let weight = samples as f64 * factor;
+                            let entry = Entry { samples, loss, norm, weight };
+                            self.accept(peer, entry, delta, carried, timing, sent_ms);
+                        }
                     }
                     Err(reason) => self.reject(peer, round, reason, &mut actions),
                 }
             }
-            Input::Malformed { peer, round, reason } => self.reject(peer, round, reason, &mut actions),
+            Input::Malformed { peer, round, reason } => {
+                if matches!(reason, Rejection::NoImprovement { .. }) && self.config.rating.is_some() {
+                    self.ratings.caught(&peer, round);
+                }
+                self.reject(peer, round, reason, &mut actions);
+            }
+            Input::Score { peer, round, improvement } => {
+                if self.workers.contains_key(&peer) {
+                    self.scores.insert(peer, (round, improvement));
+                }
+            }
             Input::Timing { peer, round, steps, train_ms, transfer_ms } => {
                 if self.config.overlap.is_some() && self.workers.contains_key(&peer) {
                     self.timings.insert(peer, Timing { round, steps, train_ms, transfer_ms });
@@ -659,6 +823,24 @@ impl<P: Ord + Clone> Shepherd<P> {
         self.expire(now_ms, &mut actions);
         self.progress(now_ms, &mut actions);
         actions
+    }
+
+    /// `peer`'s trust factor in the open round, and whether the round aggregates
+    /// its contribution (`--aggregate-max`).
+    fn trust(&self, peer: &P) -> (f64, bool) {
+        let Some(open) = self.open.as_ref() else { return (1.0, true) };
+        let selected = open.selected.as_ref().is_none_or(|s| s.contains(peer));
+        let factor = match self.config.rating {
+            Some(_) => self.ratings.factor(peer, open.median_rating),
+            None => 1.0,
+        };
+        (factor, selected)
+    }
+
+    /// Whether `peer`'s contributions can be the bounds' reference: a rated peer's
+    /// (every peer's without ratings).
+    fn is_reference(&self, peer: &P) -> bool {
+        self.config.rating.is_none() || !self.ratings.on_probation(peer)
     }
 
     /// Adds a validated contribution (`carried`: the previous round's, late) to the
@@ -677,7 +859,25 @@ impl<P: Ord + Clone> Shepherd<P> {
         let no_previous = self.previous_norms(round).is_empty();
         let sizes = self.round_sizes(round).into_owned();
         let (factor, trim) = (self.config.norm_factor, self.config.trim > 0.0);
+        let reference = self.is_reference(&peer);
+        let per_tensor = self.config.tensor_factor.is_finite() || self.config.element_factor.is_finite();
+        let rated_pool = self.rated_norms;
         let Some(open) = self.open.as_mut() else { return };
+        // the per-tensor bounds, one contribution at a time; the raw statistics are
+        // the next round's reference
+        let (delta, bounded_norm) = if per_tensor {
+            open.stats.push((reference, delta.tensor_stats()));
+            let (delta, norm, clipping) = delta.bounded(&open.bounds);
+            if clipping.any() {
+                open.bounded.push((peer.clone(), clipping.elements, clipping.tensors));
+            }
+            (delta, norm)
+        } else {
+            (delta, entry.norm)
+        };
+        if entry.weight < entry.samples as f64 {
+            open.discounted.push((peer.clone(), entry.weight / entry.samples.max(1) as f64));
+        }
         if let Some(t) = timing.filter(|t| t.steps > 0) {
             open.step_ms.push(t.train_ms as f64 / t.steps as f64);
         }
@@ -685,7 +885,12 @@ impl<P: Ord + Clone> Shepherd<P> {
             open.sent_ms.push(sent);
         }
         open.norms.push(entry.norm);
-        if entry.norm.is_finite() {
+        if reference {
+            open.reference_norms.push(entry.norm);
+        }
+        // the pool is the last round's rated norms alone when it has them: the first
+        // to arrive cannot drag the bound down
+        if entry.norm.is_finite() && !rated_pool {
             let at = open.pool.partition_point(|n| n.total_cmp(&entry.norm).is_lt());
             open.pool.insert(at, entry.norm);
         }
@@ -698,6 +903,7 @@ impl<P: Ord + Clone> Shepherd<P> {
             open.answered.insert(peer.clone());
             open.accepted.insert(peer.clone(), entry.clone());
         }
+        let entry = Entry { norm: bounded_norm, ..entry };
         open.held.push((peer, entry, delta));
         // `running_bound` over the previous round's norms and this one's, kept sorted
         let waiting = no_previous && open.norms.len() < 2;
@@ -714,7 +920,7 @@ impl<P: Ord + Clone> Shepherd<P> {
     fn flush(open: &mut OpenRound<P>, bound: f64, sizes: &[usize]) {
         open.bound = bound;
         for (peer, e, delta) in std::mem::take(&mut open.held) {
-            if open.mean.push(delta, e.samples, e.norm, bound, sizes) {
+            if open.mean.push(delta, e.weight, e.norm, bound, sizes) {
                 open.scaled.push((peer, e.norm));
             }
         }
@@ -882,7 +1088,14 @@ impl<P: Ord + Clone> Shepherd<P> {
             let last = self.completed;
             let steps_end_ms = self.sent_ms.filter(|(r, _)| *r == last).zip(budget_ms).map(|((_, s), b)| s + b);
             let deadline_ms = budget_ms.map_or_else(|| now_ms + self.deadline(), |b| self.boxed_deadline(now_ms, b));
-            let participants: BTreeSet<P> = self.workers.keys().cloned().collect();
+            let participants = self.choose_participants();
+            let median_rating = self.ratings.median(participants.iter());
+            let selected = match self.config.aggregate_max {
+                0 => None,
+                max if participants.len() <= max => None,
+                max => Some(self.rank(participants.iter().cloned()).into_iter().take(max).collect()),
+            };
+            let bounds = self.bounds();
             let mut pool: Vec<f64> =
                 self.previous_norms(self.completed + 1).into_iter().filter(|n| n.is_finite()).collect();
             pool.sort_by(f64::total_cmp);
@@ -909,7 +1122,72 @@ impl<P: Ord + Clone> Shepherd<P> {
                 held: Vec::new(),
                 scaled: Vec::new(),
                 bound: f64::INFINITY,
+                bounds,
+                median_rating,
+                selected,
+                stats: Vec::new(),
+                bounded: Vec::new(),
+                discounted: Vec::new(),
+                reference_norms: Vec::new(),
             });
+        }
+    }
+
+    /// `peers` best first: rated before probation, by rating, then the earliest
+    /// joined, then by key.
+    fn rank(&self, peers: impl Iterator<Item = P>) -> Vec<P> {
+        let mut ranked: Vec<(bool, f64, u64, P)> = peers
+            .map(|p| {
+                let score = self.ratings.get(&p).map_or(0.0, |r| r.score);
+                let joined = self.joined.get(&p).copied().unwrap_or(u64::MAX);
+                (self.ratings.on_probation(&p), score, joined, p)
+            })
+            .collect();
+        ranked.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3)));
+        ranked.into_iter().map(|(_, _, _, p)| p).collect()
+    }
+
+    /// The next round's participants: every live worker, or the best-ranked
+    /// `max_participants` of them.
+    fn choose_participants(&self) -> BTreeSet<P> {
+        match self.config.max_participants {
+            max if max > 0 && self.workers.len() > max => {
+                self.rank(self.workers.keys().cloned()).into_iter().take(max).collect()
+            }
+            _ => self.workers.keys().cloned().collect(),
+        }
+    }
+
+    /// The per-tensor bounds of the next round, from each tensor's reference.
+    fn bounds(&self) -> Bounds {
+        let (tf, ef) = (self.config.tensor_factor, self.config.element_factor);
+        if !(tf.is_finite() || ef.is_finite()) {
+            return Bounds::none();
+        }
+        let tensor = self.tensor_ref.iter().map(|r| r.map_or(f64::INFINITY, |(n, _)| tf * n)).collect();
+        let element = self.tensor_ref.iter().map(|r| r.map_or(f32::INFINITY, |(_, m)| (ef * f64::from(m)) as f32)).collect();
+        Bounds { tensor, element }
+    }
+
+    /// Each tensor's reference from a closed round's statistics: the median norm
+    /// and median largest magnitude of the reference contributions (rated peers',
+    /// or everyone's if none was rated) in which the tensor was not empty.
+    fn learn_reference(&mut self, stats: &[(bool, Vec<(f64, f32)>)]) {
+        let rated = stats.iter().any(|(r, _)| *r);
+        let chosen: Vec<&Vec<(f64, f32)>> = stats.iter().filter(|(r, _)| *r || !rated).map(|(_, s)| s).collect();
+        let tensors = chosen.iter().map(|s| s.len()).max().unwrap_or(0);
+        if self.tensor_ref.len() < tensors {
+            self.tensor_ref.resize(tensors, None);
+        }
+        for t in 0..tensors {
+            let mut norms: Vec<f64> = chosen.iter().filter_map(|s| s.get(t)).map(|x| x.0).filter(|n| *n > 0.0).collect();
+            let mut maxes: Vec<f32> = chosen.iter().filter_map(|s| s.get(t)).map(|x| x.1).filter(|m| *m > 0.0).collect();
+            if norms.is_empty() || maxes.is_empty() {
+                continue;
+            }
+            norms.sort_by(f64::total_cmp);
+            maxes.sort_by(f32::total_cmp);
+            self.tensor_ref[t] = Some((norms[(norms.len() - 1) / 2], maxes[(maxes.len() - 1) / 2]));
         }
     }
 
@@ -948,7 +1226,15 @@ impl<P: Ord + Clone> Shepherd<P> {
         while self.durations.len() > self.config.deadline_window.max(1) {
             self.durations.pop_front();
         }
+        let stats = std::mem::take(&mut open.stats);
+        self.learn_reference(&stats);
+        // with ratings, the next bound's reference is the rated peers' norms alone
+        let rated = self.config.rating.is_some() && !open.reference_norms.is_empty();
+        if rated {
+            open.norms = std::mem::take(&mut open.reference_norms);
+        }
         if !open.norms.is_empty() {
+            self.rated_norms = rated;
             self.norms = open.norms.iter().copied().take(MAX_NORMS).collect();
             if self.config.fragments.len() > 1 {
                 let fragment = super::fragments::of_round(round, self.config.fragments.len());
@@ -979,6 +1265,8 @@ impl<P: Ord + Clone> Shepherd<P> {
             carried: open.carried.into_keys().collect(),
             budget_ms: open.budget_ms,
             at_deadline,
+            bounded: open.bounded,
+            discounted: open.discounted,
         }));
         if self.completed >= self.config.rounds {
             self.finished = true;
@@ -996,6 +1284,9 @@ fn median_f64(values: &[f64]) -> Option<f64> {
     sorted.sort_by(f64::total_cmp);
     sorted.get(sorted.len() / 2).copied()
 }
+
+#[cfg(test)]
+mod trust;
 
 #[cfg(test)]
 mod tests {

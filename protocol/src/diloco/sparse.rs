@@ -546,6 +546,8 @@ struct PackedTensor {
     at: usize,
     /// Every code's value.
     table: Vec<f32>,
+    /// How many kept entries hold each code.
+    counts: Vec<u64>,
 }
 
 /// Tensors at least this large are added on several threads.
@@ -599,7 +601,7 @@ impl Packed {
                 .map(|c| from_bf16(u16::from_le_bytes([c[0], c[1]])))
                 .collect();
             at += stored.len() * 2;
-            let t = PackedTensor { n, at, table: decoding_table(&stored, bits) };
+            let mut t = PackedTensor { n, at, table: decoding_table(&stored, bits), counts: Vec::new() };
             at += layout.bits_of(n, seed, index).div_ceil(8);
             counts.iter_mut().for_each(|c| *c = 0);
             // strided: the kept entries, which a stride starting late leaves one fewer
@@ -617,6 +619,7 @@ impl Packed {
                     norm += *c as f64 * f64::from(*v) * f64::from(*v);
                 }
             }
+            t.counts = counts.clone();
             tensors.push(t);
         }
         Ok(Self { bytes: bytes.to_vec(), layout, seed, tensors, norm: norm.sqrt(), non_finite })
@@ -635,6 +638,40 @@ impl Packed {
     /// The first tensor with a kept value that is NaN or infinite.
     pub fn non_finite(&self) -> Option<usize> {
         self.non_finite
+    }
+
+    /// Each tensor's L2 norm and largest kept magnitude, from its codes' counts.
+    pub fn tensor_stats(&self) -> Vec<(f64, f32)> {
+        self.tensors
+            .iter()
+            .map(|t| {
+                let kept = t.counts.iter().zip(&t.table).filter(|(c, _)| **c > 0);
+                let norm = kept.clone().map(|(c, v)| *c as f64 * f64::from(*v).powi(2)).sum::<f64>().sqrt();
+                (norm, kept.map(|(_, v)| v.abs()).fold(0.0f32, f32::max))
+            })
+            .collect()
+    }
+
+    /// The message with every kept value of tensor t clipped to ±`clips[t]` and
+    /// then multiplied by `scales[t]`: every value comes from its tensor's table
+    /// of 2^bits codes, so this rewrites the tables, not the entries. Returns the
+    /// bounded message and how many kept entries the clip changed.
+    pub fn bounded(&self, scales: &[f32], clips: &[f32]) -> (Self, u64) {
+        let mut out = self.clone();
+        let mut clipped = 0u64;
+        let mut norm = 0.0f64;
+        for (t, (scale, clip)) in out.tensors.iter_mut().zip(scales.iter().zip(clips)) {
+            for (v, c) in t.table.iter_mut().zip(&t.counts) {
+                if v.abs() > *clip {
+                    clipped += *c;
+                    *v = v.signum() * *clip;
+                }
+                *v *= *scale;
+                norm += *c as f64 * f64::from(*v).powi(2);
+            }
+        }
+        out.norm = norm.sqrt();
+        (out, clipped)
     }
 
     /// The kept entries, as [`decode_seeded`] returns them.

@@ -121,7 +121,7 @@ fn aggregate(sizes: &[usize], contributions: u32, encoding: Encoding, seed: u64)
         norms.push(norm);
         let bound = running_bound(&[], &norms, factor).unwrap_or(factor * norm);
         let started = Instant::now();
-        scaled += usize::from(mean.add(&decoded, samples, norm, bound, sizes));
+        scaled += usize::from(mean.add(&decoded, samples as f64, norm, bound, sizes));
         let add = started.elapsed().as_secs_f64();
         drop(decoded);
         drop(bytes);

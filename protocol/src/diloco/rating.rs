@@ -1,0 +1,204 @@
+//! Ratings: how far a shepherd trusts each participant, learned over rounds from
+//! its screen.
+//!
+//! A participant's rating is an exponential moving average (EMA) of the held-out
+//! loss improvement its screened contributions made, at the scale they were
+//! applied: `before − after`, the loss at the round's parameters less the loss
+//! with the bounded contribution applied alone. It sets the participant's weight
+//! in the mean, as a trust factor on its samples:
+//!
+//! * **Probation.** A key with fewer than [`Policy::probation_rounds`] screened
+//!   contributions that passed counts at [`Policy::probation_weight`], and every
+//!   one of its contributions is screened (no sampling).
+//! * **Rated.** Out of probation, its factor is its rating over the median rating
+//!   of the rated participants, at most 1: a peer whose contributions improve the
+//!   loss as much as a typical one counts in full, one that sends tiny updates
+//!   (a drag attack) counts as little as they help.
+//! * **Caught.** A contribution that fails the screen costs the peer its rating:
+//!   it is on probation again, from nothing.
+//!
+//! Ratings also rank participants where a round takes only some of them (the
+//! shepherd's `max_participants` and `aggregate_max`): rated peers first, best
+//! first. They hold a bounded number of peers ([`MAX_RATED`]); past it the least
+//! trusted go.
+//!
+//! This is the loss-delta scoring of Templar's Gauntlet with an EMA in place of
+//! OpenSkill's rating: each round gives one score per screened peer, not a
+//! ranking of peers against each other, so a moving average is the simpler fit.
+
+use std::collections::BTreeMap;
+
+/// The most peers rated at once.
+pub const MAX_RATED: usize = 65_536;
+
+/// How ratings turn into weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Policy {
+    /// Screened contributions a new key must pass before it counts in full.
+    pub probation_rounds: u32,
+    /// A key on probation's trust factor.
+    pub probation_weight: f64,
+    /// The EMA's weight on the newest score.
+    pub alpha: f64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self { probation_rounds: 3, probation_weight: 0.25, alpha: 0.5 }
+    }
+}
+
+/// One peer's record.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rating {
+    /// Screens passed since it was last caught (or joined).
+    pub passed: u32,
+    /// The EMA of its loss improvements (0 before any).
+    pub score: f64,
+    /// The round it was first rated in (its seniority).
+    pub since: u64,
+}
+
+/// Every peer's rating.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ratings<P> {
+    policy: Policy,
+    peers: BTreeMap<P, Rating>,
+}
+
+impl<P: Ord + Clone> Ratings<P> {
+    /// No one rated yet.
+    pub fn new(policy: Policy) -> Self {
+        Self { policy, peers: BTreeMap::new() }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// `peer`'s record, if it has one.
+    pub fn get(&self, peer: &P) -> Option<&Rating> {
+        self.peers.get(peer)
+    }
+
+    /// Whether `peer` is on probation (new, or caught since).
+    pub fn on_probation(&self, peer: &P) -> bool {
+        self.peers.get(peer).is_none_or(|r| r.passed < self.policy.probation_rounds)
+    }
+
+    /// `peer`'s contribution to `round` passed the screen, improving the held-out
+    /// loss by `improvement`.
+    pub fn passed(&mut self, peer: &P, round: u64, improvement: f64) {
+        let improvement = if improvement.is_finite() { improvement.max(0.0) } else { 0.0 };
+        let alpha = self.policy.alpha.clamp(0.0, 1.0);
+        self.make_room(peer);
+        let r = self.peers.entry(peer.clone()).or_insert(Rating { passed: 0, score: 0.0, since: round });
+        r.score = if r.passed == 0 { improvement } else { (1.0 - alpha) * r.score + alpha * improvement };
+        r.passed = r.passed.saturating_add(1);
+    }
+
+    /// `peer` was caught: a contribution failed the screen. Its rating is gone and
+    /// it is on probation again.
+    pub fn caught(&mut self, peer: &P, round: u64) {
+        self.make_room(peer);
+        self.peers.insert(peer.clone(), Rating { passed: 0, score: 0.0, since: round });
+    }
+
+    /// The median score of the rated peers among `among` (out of probation), if any.
+    pub fn median<'a>(&self, among: impl Iterator<Item = &'a P>) -> Option<f64>
+    where
+        P: 'a,
+    {
+        let mut scores: Vec<f64> = among
+            .filter(|p| !self.on_probation(p))
+            .filter_map(|p| self.peers.get(p).map(|r| r.score))
+            .filter(|s| s.is_finite())
+            .collect();
+        scores.sort_by(f64::total_cmp);
+        scores.get(scores.len().saturating_sub(1) / 2).copied().filter(|_| !scores.is_empty())
+    }
+
+    /// `peer`'s trust factor in (0, 1], given the rated peers' `median` score: the
+    /// probation weight on probation, else its score over the median (at most 1).
+    pub fn factor(&self, peer: &P, median: Option<f64>) -> f64 {
+        if self.on_probation(peer) {
+            return self.policy.probation_weight.clamp(0.0, 1.0);
+        }
+        let score = self.peers.get(peer).map_or(0.0, |r| r.score);
+        match median {
+            Some(m) if m > 0.0 => (score / m).clamp(0.0, 1.0),
+            _ => 1.0,
+        }
+    }
+
+    /// Keeps at most [`MAX_RATED`] records: before a new one, the least trusted goes.
+    fn make_room(&mut self, peer: &P) {
+        if self.peers.len() < MAX_RATED || self.peers.contains_key(peer) {
+            return;
+        }
+        let worst = self
+            .peers
+            .iter()
+            .min_by(|a, b| a.1.passed.cmp(&b.1.passed).then(a.1.score.total_cmp(&b.1.score)))
+            .map(|(p, _)| p.clone());
+        if let Some(worst) = worst {
+            self.peers.remove(&worst);
+        }
+    }
+
+    /// Every record, for a snapshot.
+    pub fn records(&self) -> impl Iterator<Item = (&P, &Rating)> {
+        self.peers.iter()
+    }
+
+    /// Restores records from a snapshot.
+    pub fn restore(&mut self, records: impl IntoIterator<Item = (P, Rating)>) {
+        self.peers = records.into_iter().take(MAX_RATED).collect();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_key_is_on_probation_until_it_passes_and_loses_its_rating_when_caught() {
+        let mut r = Ratings::new(Policy { probation_rounds: 2, probation_weight: 0.25, alpha: 0.5 });
+        assert!(r.on_probation(&1));
+        assert_eq!(r.factor(&1, None), 0.25);
+        r.passed(&1, 1, 0.2);
+        assert!(r.on_probation(&1));
+        r.passed(&1, 2, 0.4);
+        assert!(!r.on_probation(&1));
+        assert!((r.get(&1).expect("rated").score - 0.3).abs() < 1e-12, "the EMA of 0.2 and 0.4");
+        assert_eq!(r.factor(&1, Some(0.3)), 1.0);
+        assert!((r.factor(&1, Some(0.6)) - 0.5).abs() < 1e-12, "half the median improvement: half the weight");
+        r.caught(&1, 3);
+        assert!(r.on_probation(&1));
+        assert_eq!(r.get(&1).map(|x| (x.passed, x.score)), Some((0, 0.0)));
+    }
+
+    #[test]
+    fn the_median_is_over_rated_peers() {
+        let mut r = Ratings::new(Policy { probation_rounds: 1, ..Policy::default() });
+        r.passed(&3, 1, 0.1);
+        r.passed(&2, 2, 0.5);
+        r.passed(&4, 1, 0.5);
+        r.caught(&5, 1);
+        assert_eq!(r.median([1, 2, 3, 4].iter()), Some(0.5));
+        assert_eq!(r.median([1, 5].iter()), None, "no rated peer");
+    }
+
+    #[test]
+    fn ratings_stay_bounded() {
+        let mut r = Ratings::new(Policy::default());
+        for p in 0..(MAX_RATED as u64 + 10) {
+            r.caught(&p, 1);
+        }
+        assert_eq!(r.records().count(), MAX_RATED);
+        // a non-finite improvement counts as none
+        r.passed(&0, 2, f64::NAN);
+        assert_eq!(r.get(&0).map(|x| x.score), Some(0.0));
+    }
+}

@@ -1,0 +1,209 @@
+//! Tests of the rules against untrusted participants: claims checked against the
+//! manifest, per-tensor bounds, ratings, and the caps on a round.
+
+use super::*;
+use crate::diloco::sparse::{self, Layout, Packed};
+
+fn config() -> Config {
+    Config {
+        rounds: 5,
+        start_workers: 3,
+        initial_deadline_ms: 1000,
+        min_deadline_ms: 100,
+        heartbeat_timeout_ms: 1_000_000,
+        outer_lr: 1.0,
+        outer_momentum: 0.0,
+        sample_unit: 10,
+        max_steps: 5,
+        ..Config::default()
+    }
+}
+
+fn send(peer: u32, round: u64, samples: u64, delta: Vec<Vec<f32>>) -> Input<u32> {
+    Input::Contribution { peer, round, samples, loss: 2.0, delta: Delta::Dense(delta) }
+}
+
+fn rejection(actions: &[Action<u32>], who: u32) -> Option<Rejection> {
+    actions.iter().find_map(|a| match a {
+        Action::Rejected { peer, reason, .. } if *peer == who => Some(reason.clone()),
+        _ => None,
+    })
+}
+
+fn summary(actions: &[Action<u32>]) -> Option<RoundSummary<u32>> {
+    actions.iter().find_map(|a| match a {
+        Action::RoundCompleted(s) => Some(s.clone()),
+        _ => None,
+    })
+}
+
+/// A run of `rounds` where workers 1 and 2 send honest updates and worker 3 sends
+/// `hostile(round)` (or nothing): the parameters after each round.
+fn run(cfg: &Config, hostile: Option<&dyn Fn(u64) -> Input<u32>>) -> Vec<Tensors> {
+    let workers = if hostile.is_some() { 3 } else { 2 };
+    let mut s = Shepherd::new(Config { start_workers: workers, ..cfg.clone() }, vec![vec![0.0; 4]]);
+    for p in 1..=workers as u32 {
+        s.handle(Input::Joined(p), 0);
+    }
+    let mut after = Vec::new();
+    for r in 1..=cfg.rounds {
+        let now = r * 10;
+        s.handle(send(1, r, 50, vec![vec![0.1, 0.2, 0.1, 0.0]]), now);
+        let mut a = s.handle(send(2, r, 40, vec![vec![0.2, 0.1, 0.0, 0.1]]), now);
+        if let Some(h) = hostile {
+            a = s.handle(h(r), now);
+        }
+        assert!(summary(&a).is_some(), "round {r} closes once everyone answered");
+        after.push(s.params().clone());
+    }
+    after
+}
+
+#[test]
+fn a_claim_of_u64_max_samples_is_refused_and_the_rounds_match_the_rounds_without_it() {
+    let cfg = config();
+    let honest = run(&cfg, None);
+    for claim in [u64::MAX, 1_000_000_000_000, 51, 60] {
+        let liar = move |r| send(3, r, claim, vec![vec![-5.0, 9.0, 3.0, -1.0]]);
+        let attacked = run(&cfg, Some(&liar));
+        assert_eq!(attacked, honest, "a claim of {claim} samples moved the parameters");
+    }
+    // each refusal names the claim and the manifest's limit
+    let mut s = Shepherd::new(Config { start_workers: 1, ..config() }, vec![vec![0.0; 4]]);
+    s.handle(Input::Joined(1), 0);
+    let a = s.handle(send(1, 1, u64::MAX, vec![vec![1.0; 4]]), 1);
+    let reason = rejection(&a, 1).expect("refused");
+    assert_eq!(reason, Rejection::Samples { claimed: u64::MAX, unit: 10, max: 50 });
+    assert!(reason.to_string().contains("at most 50"), "{reason}");
+    assert_eq!(s.check_samples(30), Ok(()), "three whole steps");
+    assert!(matches!(s.check_samples(35), Err(Rejection::Samples { .. })), "not whole steps");
+    assert_eq!(s.check_samples(0), Err(Rejection::NoSamples));
+}
+
+#[test]
+fn a_contribution_concentrated_on_one_coordinate_is_clipped_to_the_rated_peers_scale() {
+    let cfg = Config { rounds: 3, tensor_factor: 2.0, element_factor: 2.0, ..config() };
+    // worker 3 puts a norm of 10 on one coordinate from round 2 (round 1 is honest: the reference)
+    let concentrate = |r| {
+        let d = if r == 1 { vec![0.1, 0.1, 0.1, 0.1] } else { vec![10.0, 0.0, 0.0, 0.0] };
+        send(3, r, 50, vec![d])
+    };
+    let attacked = run(&cfg, Some(&concentrate));
+    let honest = run(&cfg, None);
+    // element clip: 2 × the median largest magnitude (0.2): the coordinate moves by at most
+    // 0.4 × its weight of 50/140
+    let moved = (attacked[1][0][0] - attacked[0][0][0]) - (honest[1][0][0] - honest[0][0][0]);
+    assert!(moved.abs() < 0.2, "the concentrated coordinate moved by {moved}");
+    // the summary names the contribution and what was clipped
+    let mut s = Shepherd::new(Config { start_workers: 3, ..cfg.clone() }, vec![vec![0.0; 4]]);
+    for p in 1..=3 {
+        s.handle(Input::Joined(p), 0);
+    }
+    for r in 1..=2 {
+        s.handle(send(1, r, 50, vec![vec![0.1, 0.2, 0.1, 0.0]]), r);
+        s.handle(send(2, r, 40, vec![vec![0.2, 0.1, 0.0, 0.1]]), r);
+        let a = s.handle(concentrate(r), r);
+        let sum = summary(&a).expect("closes");
+        if r == 2 {
+            assert_eq!(sum.bounded, vec![(3, 1, 0)], "one value clipped, to within the tensor's bound");
+        } else {
+            assert!(sum.bounded.is_empty(), "no reference in round 1: {:?}", sum.bounded);
+        }
+    }
+}
+
+#[test]
+fn a_sparse_message_is_bounded_like_its_dense_form() {
+    let sizes = [256usize, 64];
+    let tensors: Tensors = sizes.iter().map(|n| (0..*n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 1e-2).collect()).collect();
+    let layout = Layout { chunk: 64, k: 4, bits: 2, strided: false };
+    let (bytes, _) = sparse::encode_seeded(&tensors, layout, 3);
+    let packed = Delta::Packed(Packed::check(&bytes, &sizes, layout, 3).expect("checks"));
+    let bounds = Bounds { tensor: vec![0.05, f64::INFINITY], element: vec![0.03, 0.01] };
+    let dense = Delta::Dense(packed.to_dense(&sizes));
+    let (a, na, ca) = packed.bounded(&bounds);
+    let (b, nb, cb) = dense.bounded(&bounds);
+    assert_eq!(ca.tensors, cb.tensors);
+    assert!(ca.elements > 0 && ca.elements == cb.elements, "{ca:?} {cb:?}");
+    assert!((na - nb).abs() < 1e-6, "{na} {nb}");
+    let (a, b) = (a.to_dense(&sizes), b.to_dense(&sizes));
+    for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+        assert!((x - y).abs() < 1e-6, "{x} {y}");
+    }
+    assert!(a[1].iter().all(|v| v.abs() <= 0.01 + 1e-7), "element clip");
+    assert!(na <= 0.05 + 1e-6 + a[1].iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt());
+}
+
+#[test]
+fn a_peer_caught_by_the_screen_loses_its_rating_and_probation_counts_less() {
+    let cfg = Config { rating: Some(Policy { probation_rounds: 1, probation_weight: 0.25, alpha: 0.5 }), ..config() };
+    let mut s = Shepherd::new(Config { start_workers: 2, ..cfg }, vec![vec![0.0; 4]]);
+    s.handle(Input::Joined(1), 0);
+    s.handle(Input::Joined(2), 0);
+    // round 1: 1 passes its screen, 2 is caught
+    s.handle(Input::Score { peer: 1, round: 1, improvement: 0.5 }, 1);
+    s.handle(send(1, 1, 50, vec![vec![1.0, 0.0, 0.0, 0.0]]), 1);
+    let caught = Rejection::NoImprovement { before: 1.0, after: 1.2, reversed: 0.9 };
+    let a = s.handle(Input::Malformed { peer: 2, round: 1, reason: caught }, 1);
+    assert!(summary(&a).is_some());
+    assert!(!s.ratings().on_probation(&1) && s.ratings().on_probation(&2));
+    // round 2: both send the same samples; 2 on probation counts a quarter
+    s.handle(send(1, 2, 50, vec![vec![0.0, 1.0, 0.0, 0.0]]), 2);
+    let a = s.handle(send(2, 2, 50, vec![vec![0.0, 0.0, 1.0, 0.0]]), 2);
+    let sum = summary(&a).expect("round 2");
+    assert_eq!(sum.discounted, vec![(2, 0.25)]);
+    let p = s.params();
+    assert!((p[0][1] + 0.8).abs() < 1e-6 && (p[0][2] + 0.2).abs() < 1e-6, "weights 1 and 0.25: {p:?}");
+}
+
+#[test]
+fn tiny_early_contributions_do_not_drag_the_bound_once_peers_are_rated() {
+    let policy = Policy { probation_rounds: 1, probation_weight: 0.25, alpha: 0.5 };
+    let cfg = Config { rating: Some(policy), start_workers: 4, ..config() };
+    let mut s = Shepherd::new(cfg, vec![vec![0.0; 4]]);
+    for p in 1..=4 {
+        s.handle(Input::Joined(p), 0);
+    }
+    // round 1: the honest 1 and 2 are rated; 3 and 4 stay on probation (no screen)
+    for p in [1, 2] {
+        s.handle(Input::Score { peer: p, round: 1, improvement: 0.1 }, 1);
+        s.handle(send(p, 1, 50, vec![vec![1.0, 0.0, 0.0, 0.0]]), 1);
+    }
+    s.handle(send(3, 1, 50, vec![vec![1.0, 0.0, 0.0, 0.0]]), 1);
+    assert!(summary(&s.handle(send(4, 1, 50, vec![vec![1.0, 0.0, 0.0, 0.0]]), 1)).is_some());
+    // round 2: 3 and 4 send tiny updates first; the honest ones are not scaled down
+    s.handle(send(3, 2, 50, vec![vec![1e-4, 0.0, 0.0, 0.0]]), 2);
+    s.handle(send(4, 2, 50, vec![vec![1e-4, 0.0, 0.0, 0.0]]), 2);
+    s.handle(send(1, 2, 50, vec![vec![1.0, 0.0, 0.0, 0.0]]), 2);
+    let a = s.handle(send(2, 2, 50, vec![vec![1.0, 0.0, 0.0, 0.0]]), 2);
+    let sum = summary(&a).expect("round 2");
+    assert!(sum.scaled.is_empty(), "honest contributions scaled down: {:?}", sum.scaled);
+    assert!((sum.norm_bound - 1.0).abs() < 1e-9, "the rated peers' norm: {}", sum.norm_bound);
+}
+
+#[test]
+fn rounds_take_the_best_rated_participants_and_aggregate_at_most_the_cap() {
+    let policy = Policy { probation_rounds: 1, probation_weight: 0.25, alpha: 0.5 };
+    let cfg = Config { rating: Some(policy), start_workers: 3, max_participants: 3, aggregate_max: 2, ..config() };
+    let mut s = Shepherd::new(cfg, vec![vec![0.0; 4]]);
+    for p in 1..=5 {
+        s.handle(Input::Joined(p), u64::from(p));
+    }
+    // round 1 takes the three that joined first, and aggregates the first two of them
+    let participants = |s: &Shepherd<u32>| s.open.as_ref().map(|o| o.participants.iter().copied().collect::<Vec<_>>());
+    assert_eq!(participants(&s), Some(vec![1, 2, 3]));
+    for (p, score) in [(1, 0.1), (2, 0.2)] {
+        s.handle(Input::Score { peer: p, round: 1, improvement: score }, 6);
+        s.handle(send(p, 1, 50, vec![vec![0.1; 4]]), 6);
+    }
+    // 3 is third of three: not aggregated, but its screen still rates it
+    s.handle(Input::Score { peer: 3, round: 1, improvement: 0.3 }, 6);
+    let a = s.handle(send(3, 1, 50, vec![vec![0.1; 4]]), 6);
+    assert_eq!(rejection(&a, 3), Some(Rejection::NotSelected { max: 2 }));
+    assert!(!s.ratings().on_probation(&3));
+    assert_eq!(summary(&a).expect("round 1").contributors, vec![1, 2]);
+    // round 2: the rated 1, 2 and 3 again (the newcomers wait); the best two are 3 and 2
+    assert_eq!(participants(&s), Some(vec![1, 2, 3]));
+    let a = s.handle(send(1, 2, 50, vec![vec![0.1; 4]]), 7);
+    assert_eq!(rejection(&a, 1), Some(Rejection::NotSelected { max: 2 }));
+}
