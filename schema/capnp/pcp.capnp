@@ -20,6 +20,8 @@ struct NodeHello {
   protocolVersion @1 :UInt32;
   agent @2 :Text;
   capabilities @3 :Capabilities;
+  certificate @4 :Data;     # a join certificate from the run's authorizer (pcp_protocol::admit); empty: none
+  powNonce @5 :UInt64;      # the nonce of the identity's proof of work for the run (open runs that ask one)
 }
 
 # --- runs, artifacts and parameters ----------------------------------------
@@ -90,6 +92,14 @@ struct RunManifest {
   fragments @23 :UInt32;    # Streaming DiLoCo: round r syncs fragment (r-1) mod P of P (0 or 1: the whole model)
   precision @24 :Text;      # the step's matmuls: "f32" or "bf16" (mixed: weights, optimizer, loss f32); empty: f32
   recompute @25 :Text;      # activations the backward recomputes: "none", "attention", "elementwise", "blocks"; empty: none
+  admit @26 :Text;          # who may join: "open", "allowlist" or "authorizer"; empty: open
+  authorizer @27 :Data;     # "authorizer": the key whose join certificates admit a worker, 32 bytes; else empty
+  allowlist @28 :Data;      # "allowlist": blake3 of the allowlist file, 32 bytes; else empty
+  powBits @29 :UInt32;      # "open": leading zero bits of the identity's proof of work (0: none)
+  maxParticipants @30 :UInt32; # the most participants a round (0: every live worker)
+  aggregateMax @31 :UInt32; # the most contributions aggregated a round, the best-rated (0: all)
+  probationRounds @32 :UInt32; # screens a new key passes before it counts in full
+  screenSample @33 :Float32; # a rated peer's contribution is screened with this probability once screening passes its share of the round
 }
 
 # --- rounds ----------------------------------------------------------------
@@ -109,6 +119,8 @@ struct RoundAnnouncement {
   hasUpdate @11 :Bool;      # whether `update` is set
   budgetMs @12 :UInt64;     # overlap: milliseconds of inner steps a round (0: none, tau steps)
   stepsEndUnixMs @13 :UInt64; # overlap: when the median worker's steps of this round end (0: unknown)
+  screenCommit @14 :Data;   # blake3 of the secret seed of this round's screen batch, 32 bytes; empty: none
+  screenReveal @15 :Data;   # the previous round's screen seed, 32 bytes, to audit its commit; empty: none
 }
 
 struct Contribution {

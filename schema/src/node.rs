@@ -32,6 +32,10 @@ pub struct NodeHello {
     pub agent: String,
     /// What it can run.
     pub capabilities: Capabilities,
+    /// A join certificate from the run's authorizer (empty: none).
+    pub certificate: Vec<u8>,
+    /// The nonce of its identity's proof of work for the run (0: none).
+    pub pow_nonce: u64,
 }
 
 impl Capabilities {
@@ -77,7 +81,11 @@ impl Message for NodeHello {
         root.set_peer(&self.peer[..]);
         root.set_protocol_version(self.protocol_version);
         root.set_agent(self.agent.as_str());
-        self.capabilities.write(root.init_capabilities());
+        self.capabilities.write(root.reborrow().init_capabilities());
+        if !self.certificate.is_empty() {
+            root.set_certificate(&self.certificate[..]);
+        }
+        root.set_pow_nonce(self.pow_nonce);
         codec::words(&message)
     }
 
@@ -90,6 +98,8 @@ impl Message for NodeHello {
                 protocol_version: r.get_protocol_version(),
                 agent: codec::text(W, "agent", r.get_agent())?,
                 capabilities: Capabilities::read(W, r.get_capabilities().map_err(|e| malformed(W, e))?)?,
+                certificate: r.get_certificate().map_err(|e| malformed(W, e))?.to_vec(),
+                pow_nonce: r.get_pow_nonce(),
             })
         })
     }

@@ -34,6 +34,12 @@ pub struct RoundAnnouncement {
     /// Overlap: when the median worker's steps of this round end, Unix
     /// milliseconds (0: not known): a worker training it ahead stops by then.
     pub steps_end_unix_ms: u64,
+    /// blake3 of the secret seed the shepherd screens this round's contributions
+    /// with (`pcp/screen-seed/v1` ‖ seed; zeros: no screen): revealed next round.
+    pub screen_commit: [u8; 32],
+    /// The previous round's screen seed (zeros: none), which anyone can check
+    /// against that round's commit.
+    pub screen_reveal: [u8; 32],
 }
 
 /// A sparse update blob and the parameters it applies to.
@@ -148,6 +154,12 @@ impl Message for RoundAnnouncement {
         }
         root.set_budget_ms(self.budget_ms);
         root.set_steps_end_unix_ms(self.steps_end_unix_ms);
+        if self.screen_commit != [0; 32] {
+            root.set_screen_commit(&self.screen_commit[..]);
+        }
+        if self.screen_reveal != [0; 32] {
+            root.set_screen_reveal(&self.screen_reveal[..]);
+        }
         codec::words(&message)
     }
 
@@ -181,6 +193,8 @@ impl Message for RoundAnnouncement {
                 },
                 budget_ms: r.get_budget_ms(),
                 steps_end_unix_ms: r.get_steps_end_unix_ms(),
+                screen_commit: optional_hash(W, "screenCommit", r.get_screen_commit().map_err(|e| malformed(W, e))?)?,
+                screen_reveal: optional_hash(W, "screenReveal", r.get_screen_reveal().map_err(|e| malformed(W, e))?)?,
             })
         })
     }

@@ -1,6 +1,6 @@
 //! Run manifests and the blob references they carry.
 
-use crate::codec::{self, DecodeError, MAX_CONTROL_MESSAGE, Message, fixed, list_len, malformed};
+use crate::codec::{self, DecodeError, MAX_CONTROL_MESSAGE, Message, fixed, list_len, malformed, optional_hash};
 use crate::wire::pcp_capnp::{artifact_ref, data_spec, parameter_ref, run_manifest, schedule, tensor_spec};
 
 /// A compiled training step for one (backend, target), stored as a blob.
@@ -146,6 +146,31 @@ pub struct RunManifest {
     /// `none`, `attention`, `elementwise` or `blocks` (the same values either way; less memory,
     /// more compute). Manifests from before the field read as `none`.
     pub recompute: String,
+    /// Who may join and how far the shepherd trusts them.
+    pub admission: Admission,
+}
+
+/// A run's admission and trust settings, in its signed manifest: who may join
+/// (`admit`), and the caps and screen that hold untrusted participants.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Admission {
+    /// `open`, `allowlist` or `authorizer` (manifests from before the field: `open`).
+    pub admit: String,
+    /// `authorizer`: the key whose join certificates admit a worker (zeros: none).
+    pub authorizer: [u8; 32],
+    /// `allowlist`: blake3 of the allowlist file (zeros: none).
+    pub allowlist: [u8; 32],
+    /// `open`: the leading zero bits a worker identity's proof of work must have.
+    pub pow_bits: u32,
+    /// The most participants a round (0: every live worker).
+    pub max_participants: u32,
+    /// The most contributions aggregated a round, the best-rated (0: all).
+    pub aggregate_max: u32,
+    /// Screens a new key passes before it counts in full.
+    pub probation_rounds: u32,
+    /// The probability a rated peer's contribution is screened once screening
+    /// passes its share of the round.
+    pub screen_sample: f32,
 }
 
 impl TensorSpec {
@@ -309,6 +334,19 @@ impl Message for RunManifest {
         root.set_fragments(self.fragments);
         root.set_precision(self.precision.as_str());
         root.set_recompute(self.recompute.as_str());
+        let a = &self.admission;
+        root.set_admit(a.admit.as_str());
+        if a.authorizer != [0; 32] {
+            root.set_authorizer(&a.authorizer[..]);
+        }
+        if a.allowlist != [0; 32] {
+            root.set_allowlist(&a.allowlist[..]);
+        }
+        root.set_pow_bits(a.pow_bits);
+        root.set_max_participants(a.max_participants);
+        root.set_aggregate_max(a.aggregate_max);
+        root.set_probation_rounds(a.probation_rounds);
+        root.set_screen_sample(a.screen_sample);
         codec::words(&message)
     }
 
@@ -363,6 +401,19 @@ impl Message for RunManifest {
                 recompute: match codec::text(W, "recompute", r.get_recompute())? {
                     p if p.is_empty() => "none".to_owned(),
                     p => p,
+                },
+                admission: Admission {
+                    admit: match codec::text(W, "admit", r.get_admit())? {
+                        a if a.is_empty() => "open".to_owned(),
+                        a => a,
+                    },
+                    authorizer: optional_hash(W, "authorizer", r.get_authorizer().map_err(|e| malformed(W, e))?)?,
+                    allowlist: optional_hash(W, "allowlist", r.get_allowlist().map_err(|e| malformed(W, e))?)?,
+                    pow_bits: r.get_pow_bits(),
+                    max_participants: r.get_max_participants(),
+                    aggregate_max: r.get_aggregate_max(),
+                    probation_rounds: r.get_probation_rounds(),
+                    screen_sample: r.get_screen_sample(),
                 },
             })
         })

@@ -37,7 +37,14 @@ fn every_decoder(bytes: &[u8]) -> Result<(), TestCaseError> {
 
 /// Valid encodings of each message kind, to mutate.
 fn seeds() -> Vec<Vec<u8>> {
-    let hello = NodeHello { peer: [1; 32], protocol_version: 2, agent: "pcp".into(), capabilities: Default::default() };
+    let hello = NodeHello {
+        peer: [1; 32],
+        protocol_version: 2,
+        agent: "pcp".into(),
+        capabilities: Default::default(),
+        certificate: vec![9; 136],
+        pow_nonce: 5,
+    };
     let envelope = SignedEnvelope {
         signer: [2; 32],
         kind: MessageKind::Heartbeat,

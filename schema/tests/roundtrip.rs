@@ -1,7 +1,7 @@
 //! Every wire message round-trips; hostile input fails cleanly and within its bounds.
 
 use pcp_schema::{
-    Ack, ArtifactRef, Backend, BlobRequest, BlobResponse, BlobWant, CHUNK_SIZE, Capabilities, Contribution, DataSpec,
+    Ack, Admission, ArtifactRef, Backend, BlobRequest, BlobResponse, BlobWant, CHUNK_SIZE, Capabilities, Contribution, DataSpec,
     DecodeError, Heartbeat, Held, MAX_CONTROL_MESSAGE, Message, MessageKind, NodeHello, ParameterRef,
     RoundAnnouncement, RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
 };
@@ -110,6 +110,16 @@ fn manifest(
         fragments,
         precision: ["f32", "bf16"][(fragments % 2) as usize].to_owned(),
         recompute: ["none", "attention", "blocks"][(fragments % 3) as usize].to_owned(),
+        admission: Admission {
+            admit: ["open", "allowlist", "authorizer"][(fragments % 3) as usize].to_owned(),
+            authorizer: salt,
+            allowlist: experiment,
+            pow_bits: fragments % 33,
+            max_participants: state_per_param,
+            aggregate_max: inner_steps,
+            probation_rounds: fragments,
+            screen_sample: trim,
+        },
     }
 }
 
@@ -132,8 +142,11 @@ fn roundtrip<M: Message + PartialEq + std::fmt::Debug>(m: &M) -> Result<(), Test
 
 proptest! {
     #[test]
-    fn node_hello(peer in any::<[u8; 32]>(), v in any::<u32>(), agent in text(), c in capabilities()) {
-        roundtrip(&NodeHello { peer, protocol_version: v, agent, capabilities: c })?;
+    fn node_hello(
+        peer in any::<[u8; 32]>(), v in any::<u32>(), agent in text(), c in capabilities(),
+        certificate in vec(any::<u8>(), 0..200), pow_nonce in any::<u64>(),
+    ) {
+        roundtrip(&NodeHello { peer, protocol_version: v, agent, capabilities: c, certificate, pow_nonce })?;
     }
 
     #[test]
@@ -155,11 +168,12 @@ proptest! {
         state in proptest::option::of(parameter()),
         update in proptest::option::of((parameter(), any::<[u8; 32]>())),
         (budget_ms, steps_end_unix_ms) in (any::<u64>(), any::<u64>()),
+        (screen_commit, screen_reveal) in (any::<[u8; 32]>(), any::<[u8; 32]>()),
     ) {
         let update = update.map(|(blob, base)| Update { blob, base });
         roundtrip(&RoundAnnouncement {
             run, round, parameters, deadline_unix_ms: d, participants, finished, term, state, update, budget_ms,
-            steps_end_unix_ms,
+            steps_end_unix_ms, screen_commit, screen_reveal,
         })?;
     }
 
@@ -301,9 +315,10 @@ fn list_claiming_more_elements_than_the_input_holds_is_refused() {
         (vec![[4; 32]], 5_000, [5; 32], [6; 32]),
     );
     let mut bytes = m.encode();
-    // layout: segment table, root pointer, five data words, then the pointers run, name,
-    // shepherd, artifacts: the artifacts list pointer is word 9 of the segment
-    let at = 8 + 9 * 8;
+    // layout: segment table, root pointer, the data words (the root pointer's bytes 4-5),
+    // then the pointers run, name, shepherd, artifacts: artifacts is the fourth pointer
+    let data_words = usize::from(u16::from_le_bytes([bytes[12], bytes[13]]));
+    let at = 8 + (1 + data_words + 3) * 8;
     assert_eq!(bytes[at] & 3, 1, "expected a list pointer");
     // element size 7 (inline composite), word count 2^29 - 1: about 4 GiB claimed
     bytes[at + 4..at + 8].copy_from_slice(&[0xff; 4]);
