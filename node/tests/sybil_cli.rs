@@ -214,6 +214,8 @@ async fn sybil(
         protocol_version: 1,
         agent: "sybil".into(),
         capabilities: Capabilities { backends: vec![backend], free_memory_bytes: 0 },
+        certificate: Vec::new(),
+        pow_nonce: 0,
     };
     let envelope = seal(&identity, Binding { run: RunId([0; 32]), round: 0, nonce: 1, unix_ms: now() }, &hello);
     swarm.behaviour_mut().send_request(&target, Ask::Hello(framed(&head_of(&envelope), &envelope.payload)));

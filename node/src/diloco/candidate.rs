@@ -248,6 +248,8 @@ impl Standby {
                 update: None,
                 budget_ms: 0,
                 steps_end_unix_ms: 0,
+                screen_commit: [0; 32],
+                screen_reveal: [0; 32],
             };
             fetching.spawn(async move {
                 let fetched = async {
@@ -603,6 +605,8 @@ async fn discover(
                     }],
                     free_memory_bytes: 0,
                 },
+                certificate: Vec::new(),
+                pow_nonce: 0,
             };
             let envelope = signer.seal(run.unwrap_or(RunId([0; 32])), 0, &hello);
             match node.request(peer, envelope).await {

@@ -890,6 +890,8 @@ impl Host {
             update: None,
             budget_ms: 0,
             steps_end_unix_ms: 0,
+            screen_commit: [0; 32],
+            screen_reveal: [0; 32],
         };
         self.signer.seal(self.run, self.machine.completed(), &announcement)
     }
@@ -993,6 +995,8 @@ impl Host {
             // overlap: the round's compute budget, and when the median worker's steps end
             budget_ms: self.machine.budget_ms().unwrap_or(0),
             steps_end_unix_ms: self.machine.steps_end_ms().unwrap_or(0),
+            screen_commit: [0; 32],
+            screen_reveal: [0; 32],
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.served_at_open = self.node.stats().await.map(|s| served(&s)).unwrap_or(0);
@@ -1181,6 +1185,8 @@ impl Host {
             update: None,
             budget_ms: 0,
             steps_end_unix_ms: 0,
+            screen_commit: [0; 32],
+            screen_reveal: [0; 32],
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.opened = None;

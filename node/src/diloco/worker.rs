@@ -263,6 +263,8 @@ async fn join(plan: &WorkerPlan, node: &Node, signer: &mut Signer, peer: PeerId)
             backends: vec![Backend { name: plan.backend.clone(), targets: vec![plan.target.clone()] }],
             free_memory_bytes: plan.free_memory.0,
         },
+        certificate: Vec::new(),
+        pow_nonce: 0,
     };
     // a hello is for whichever run the shepherd runs: bound to the zero run id
     let envelope = signer.seal(plan.run.unwrap_or(RunId([0; 32])), 0, &hello);
@@ -1437,6 +1439,8 @@ impl Heartbeats {
             update: None,
             budget_ms: 0,
             steps_end_unix_ms: 0,
+            screen_commit: [0; 32],
+            screen_reveal: [0; 32],
         };
         let envelope = self.signer.seal(self.run, forged.round, &forged);
         if let Err(e) = self.node.publish(self.run, envelope.encode()).await {

@@ -713,8 +713,8 @@ impl<P: Ord + Clone> Shepherd<P> {
         if unit == 0 {
             return Ok(());
         }
-        let max = unit.checked_mul(self.config.max_steps.max(1)).unwrap_or(u64::MAX);
-        if samples > max || samples % unit != 0 {
+        let max = unit.saturating_mul(self.config.max_steps.max(1));
+        if samples > max || !samples.is_multiple_of(unit) {
             return Err(Rejection::Samples { claimed: samples, unit, max });
         }
         Ok(())
