@@ -94,7 +94,7 @@ struct RunManifest {
   recompute @25 :Text;      # activations the backward recomputes: "none", "attention", "elementwise", "blocks"; empty: none
   admit @26 :Text;          # who may join: "open", "allowlist" or "authorizer"; empty: open
   authorizer @27 :Data;     # "authorizer": the key whose join certificates admit a worker, 32 bytes; else empty
-  allowlist @28 :Data;      # "allowlist": blake3 of the allowlist file, 32 bytes; else empty
+  allowlist @28 :List(Data); # "allowlist": the ed25519 keys admitted, 32 bytes each; else empty
   powBits @29 :UInt32;      # "open": leading zero bits of the identity's proof of work (0: none)
   maxParticipants @30 :UInt32; # the most participants a round (0: every live worker)
   aggregateMax @31 :UInt32; # the most contributions aggregated a round, the best-rated (0: all)

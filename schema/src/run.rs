@@ -158,8 +158,8 @@ pub struct Admission {
     pub admit: String,
     /// `authorizer`: the key whose join certificates admit a worker (zeros: none).
     pub authorizer: [u8; 32],
-    /// `allowlist`: blake3 of the allowlist file (zeros: none).
-    pub allowlist: [u8; 32],
+    /// `allowlist`: the keys admitted.
+    pub allowlist: Vec<[u8; 32]>,
     /// `open`: the leading zero bits a worker identity's proof of work must have.
     pub pow_bits: u32,
     /// The most participants a round (0: every live worker).
@@ -339,8 +339,9 @@ impl Message for RunManifest {
         if a.authorizer != [0; 32] {
             root.set_authorizer(&a.authorizer[..]);
         }
-        if a.allowlist != [0; 32] {
-            root.set_allowlist(&a.allowlist[..]);
+        let mut allowlist = root.reborrow().init_allowlist(list_len(a.allowlist.len()));
+        for (i, k) in (0..).zip(&a.allowlist) {
+            allowlist.set(i, &k[..]);
         }
         root.set_pow_bits(a.pow_bits);
         root.set_max_participants(a.max_participants);
@@ -363,6 +364,11 @@ impl Message for RunManifest {
             let mut tensors = Vec::with_capacity(list.len() as usize);
             for t in list.iter() {
                 tensors.push(TensorSpec::read(W, t)?);
+            }
+            let list = r.get_allowlist().map_err(|e| malformed(W, e))?;
+            let mut allowlist = Vec::with_capacity(list.len() as usize);
+            for k in list.iter() {
+                allowlist.push(fixed(W, "allowlist", k.map_err(|e| malformed(W, e))?)?);
             }
             let list = r.get_candidates().map_err(|e| malformed(W, e))?;
             let mut candidates = Vec::with_capacity(list.len() as usize);
@@ -408,7 +414,7 @@ impl Message for RunManifest {
                         a => a,
                     },
                     authorizer: optional_hash(W, "authorizer", r.get_authorizer().map_err(|e| malformed(W, e))?)?,
-                    allowlist: optional_hash(W, "allowlist", r.get_allowlist().map_err(|e| malformed(W, e))?)?,
+                    allowlist,
                     pow_bits: r.get_pow_bits(),
                     max_participants: r.get_max_participants(),
                     aggregate_max: r.get_aggregate_max(),

@@ -83,6 +83,7 @@ fn manifest(
     (screen, trim, overlap, fragments): (String, f32, bool, u32),
     (candidates, lease_ms, salt, experiment): (Vec<[u8; 32]>, u64, [u8; 32], [u8; 32]),
 ) -> RunManifest {
+    let allowlist: Vec<[u8; 32]> = candidates.iter().rev().copied().collect();
     RunManifest {
         run,
         name,
@@ -113,7 +114,7 @@ fn manifest(
         admission: Admission {
             admit: ["open", "allowlist", "authorizer"][(fragments % 3) as usize].to_owned(),
             authorizer: salt,
-            allowlist: experiment,
+            allowlist,
             pow_bits: fragments % 33,
             max_participants: state_per_param,
             aggregate_max: inner_steps,

@@ -128,6 +128,8 @@ pub(crate) struct SimArgs {
     lease_ms: u64,
     #[command(flatten)]
     pub(crate) retention: RetentionArgs,
+    #[command(flatten)]
+    pub(crate) trust: crate::diloco::TrustArgs,
 }
 
 /// `--worker-backend` specs: worker → (backend, target).
@@ -329,6 +331,7 @@ fn shepherd_plan(args: &SimArgs, net: &NetArgs, root: &std::path::Path) -> Resul
     );
     plan.table = true;
     plan.screen = crate::diloco::Screen::parse(&args.screen)?;
+    plan.trust = crate::diloco::Trust::from_args(&args.trust)?;
     plan.trim = args.trim;
     plan.overlap = args.overlap;
     let mut plan = plan.with_fragments(args.fragments)?;

@@ -2,10 +2,13 @@
 
 mod args;
 mod compile;
+mod screen;
 mod setup;
 mod table;
+mod trust;
 
 pub(crate) use args::{SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdPlan, parse_encoding, parse_trim};
+pub(crate) use trust::{Trust, TrustArgs};
 use setup::*;
 
 use std::collections::{BTreeMap, HashMap};

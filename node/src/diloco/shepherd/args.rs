@@ -85,6 +85,8 @@ pub(crate) struct ShepherdArgs {
     /// The leader's lease: candidates take over after this long without a heartbeat.
     #[arg(long, default_value_t = 5_000, requires = "shepherd")]
     pub(crate) lease_ms: u64,
+    #[command(flatten)]
+    pub(crate) trust: TrustArgs,
 }
 
 /// A `--candidate` value: a peer id, a hex ed25519 public key, or a path to a
@@ -180,6 +182,8 @@ pub(crate) struct ShepherdPlan {
     pub(crate) retention: Retention,
     /// A training step compiled and loaded ahead (by a standby candidate).
     pub(super) prepared: Option<Prepared>,
+    /// Who may join, and how far they are trusted.
+    pub(crate) trust: Trust,
 }
 
 impl ShepherdPlan {
@@ -256,6 +260,7 @@ impl ShepherdPlan {
             fragments: 1,
             retention: Retention::default(),
             prepared: None,
+            trust: Trust::from_args(&args.trust)?,
         }
         .with_fragments(args.fragments)
     }
@@ -294,6 +299,7 @@ impl ShepherdPlan {
             fragments: 1,
             retention: Retention::default(),
             prepared: None,
+            trust: Trust::default(),
         }
     }
 }
@@ -333,6 +339,7 @@ impl ShepherdPlan {
         let encoding = Encoding::parse(&manifest.encoding)
             .ok_or_else(|| Failure::input(anyhow::anyhow!("the run uses encoding {:?}", manifest.encoding)))?;
         let screen = Screen::parse(if manifest.screen.is_empty() { "score" } else { &manifest.screen })?;
+        let trust = Trust::from_manifest(&manifest.admission)?;
         Ok(Self {
             rounds: manifest.rounds,
             tau: u64::from(manifest.inner_steps),
@@ -355,6 +362,7 @@ impl ShepherdPlan {
             table: true,
             retention: Retention::default(),
             prepared: Some(prepared),
+            trust,
         })
     }
 }

@@ -203,7 +203,7 @@ pub(super) fn new_manifest(
         fragments: plan.fragments,
         precision: e.precision.clone(),
         recompute: e.recompute.clone(),
-        admission: pcp_schema::Admission::default(),
+        admission: plan.trust.manifest(),
     })
 }
 

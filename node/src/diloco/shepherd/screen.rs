@@ -1,0 +1,292 @@
+//! The shepherd's screen: each contribution, at the scale the round would apply
+//! it, must lower the loss on a held-out batch that no worker can compute.
+//!
+//! * **A split workers never receive.** A new run withholds the last
+//!   [`SCREEN_FRACTION`] of its corpus: workers fetch the rest (with, for a
+//!   character vocabulary, one line of any characters only the withheld part
+//!   has, so both ends build the same vocabulary), and the screen's batches come
+//!   from the withheld part. A successor, which has only what workers have,
+//!   screens on the public validation split: its batches stay secret until they
+//!   are revealed.
+//! * **Committed, then revealed.** Each round's batch is drawn with a fresh
+//!   secret seed. The round's announcement carries blake3 of it
+//!   ([`commit`]), the next round's announcement the seed itself, so anyone
+//!   holding the split can audit which batch screened a round, but no worker
+//!   knows it while it could still tune an update to it.
+//! * **A bounded cost.** Screening takes two forward passes per contribution on
+//!   the shepherd's loop. Once a round's screening has taken `share` of the last
+//!   round's duration, a rated peer's contribution is screened with the
+//!   manifest's probability only, and a contribution on probation, which must be
+//!   screened to count, is refused for the round. A rated peer caught by a
+//!   sampled screen loses its rating, so a rated attacker is caught with that
+//!   probability per bad contribution, and each catch puts it back on probation,
+//!   where every contribution is screened.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use pcp_protocol::diloco::Tensors;
+use pcp_protocol::diloco::aggregate::Delta;
+use rand::{Rng as _, SeedableRng as _};
+
+use super::Screen;
+use crate::training::data::{Batch, Sampler, Split, Tokens, Vocab};
+use crate::training::engine::Engine;
+
+/// The share of a new run's corpus the shepherd withholds for its screen.
+pub(crate) const SCREEN_FRACTION: f64 = 0.05;
+
+/// The corpus a new run publishes, and the split it withholds.
+#[derive(Debug)]
+pub(crate) struct Withheld {
+    /// What workers fetch.
+    pub(crate) public: PathBuf,
+    /// The screen's split; `None` when the corpus is too small to spare it, or not text.
+    pub(crate) split: Option<Split>,
+}
+
+/// Writes the public part of `corpus` under `dir` and tokenizes the withheld
+/// tail with `vocab`. A corpus with less than `min_tokens` to withhold, or one of
+/// token ids rather than text, is published whole.
+pub(crate) fn withhold(
+    corpus: &Path,
+    dir: &Path,
+    tokenizer: &str,
+    vocab: &Vocab,
+    min_tokens: usize,
+) -> anyhow::Result<Withheld> {
+    let whole = || Withheld { public: corpus.to_path_buf(), split: None };
+    if !matches!(tokenizer, "char" | "byte") {
+        return Ok(whole());
+    }
+    let bytes = std::fs::read(corpus).with_context(|| format!("cannot read corpus {}", corpus.display()))?;
+    let mut cut = ((bytes.len() as f64) * (1.0 - SCREEN_FRACTION)) as usize;
+    if tokenizer == "char" {
+        let text = std::str::from_utf8(&bytes).with_context(|| format!("corpus {} is not UTF-8", corpus.display()))?;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+    }
+    let (public, tail) = bytes.split_at(cut);
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let tail_path = dir.join("screen-split.txt");
+    std::fs::write(&tail_path, tail).with_context(|| format!("cannot write {}", tail_path.display()))?;
+    let tokens = Tokens::from_text_file(&tail_path, vocab)?;
+    if tokens.len() < min_tokens {
+        return Ok(whole());
+    }
+    let mut published = public.to_vec();
+    if tokenizer == "char" {
+        // the characters only the withheld part has: workers must build the same vocabulary
+        let have: std::collections::BTreeSet<char> = String::from_utf8_lossy(public).chars().collect();
+        let missing: String = String::from_utf8_lossy(tail).chars().filter(|c| !have.contains(c)).collect();
+        let missing: std::collections::BTreeSet<char> = missing.chars().collect();
+        if !missing.is_empty() {
+            published.push(b'\n');
+            published.extend(missing.into_iter().collect::<String>().into_bytes());
+        }
+    }
+    let public_path = dir.join("public-corpus.txt");
+    std::fs::write(&public_path, published).with_context(|| format!("cannot write {}", public_path.display()))?;
+    let (split, _) = tokens.split(0.0)?;
+    Ok(Withheld { public: public_path, split: Some(split) })
+}
+
+/// blake3 of a screen seed, as announcements carry it.
+pub(crate) fn commit(seed: &[u8; 32]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(b"pcp/screen-seed/v1");
+    h.update(seed);
+    *h.finalize().as_bytes()
+}
+
+/// What to do with a contribution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// Score it.
+    Screen,
+    /// Let it through unscreened (a rated peer not drawn, or `--screen norm`).
+    Skip,
+    /// Refuse it this round: it must be screened and the budget is spent.
+    OverBudget,
+}
+
+/// A screen's verdict.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Verdict {
+    /// The held-out loss at the round's parameters.
+    pub(crate) before: f32,
+    /// With the contribution applied.
+    pub(crate) after: f32,
+    /// With it applied reversed.
+    pub(crate) reversed: f32,
+}
+
+impl Verdict {
+    /// Whether it passed: it lowers the loss, and more than its opposite does (NaN fails).
+    pub(crate) fn passed(&self) -> bool {
+        self.after < self.before && self.after < self.reversed
+    }
+}
+
+/// A round's screening, for its event.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct RoundScreen {
+    /// Contributions scored.
+    pub(crate) screened: u64,
+    /// Rated contributions not drawn by the sample.
+    pub(crate) skipped: u64,
+    /// Contributions refused because they had to be screened past the budget.
+    pub(crate) over_budget: u64,
+    /// Seconds spent scoring.
+    pub(crate) seconds: f64,
+}
+
+/// The screen's state: its split, the open round's secret and batch, and the
+/// round's cost so far.
+pub(crate) struct Screener {
+    mode: Screen,
+    split: Split,
+    /// Whether `split` is withheld from workers (else the public validation split).
+    hidden: bool,
+    /// A rated peer's chance of being screened past the budget.
+    sample: f64,
+    /// The share of the last round's duration screening may take in full.
+    share: f64,
+    shape: (usize, usize),
+    rng: rand::rngs::StdRng,
+    round: u64,
+    seed: [u8; 32],
+    revealed: [u8; 32],
+    /// The round's batch and its loss at the round's parameters.
+    batch: Option<(Batch, Option<f32>)>,
+    last_round_s: Option<f64>,
+    stats: RoundScreen,
+}
+
+impl std::fmt::Debug for Screener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Screener").field("round", &self.round).field("hidden", &self.hidden).finish()
+    }
+}
+
+impl Screener {
+    /// A screen on `split` (`hidden`: withheld from workers) of batches `shape`.
+    pub(crate) fn new(mode: Screen, split: Split, hidden: bool, sample: f64, share: f64, shape: (usize, usize)) -> Self {
+        Self {
+            mode,
+            split,
+            hidden,
+            sample: sample.clamp(0.0, 1.0),
+            share: share.max(0.0),
+            shape,
+            rng: rand::rngs::StdRng::from_entropy(),
+            round: 0,
+            seed: [0; 32],
+            revealed: [0; 32],
+            batch: None,
+            last_round_s: None,
+            stats: RoundScreen::default(),
+        }
+    }
+
+    /// Whether the screen's split is withheld from workers.
+    pub(crate) fn hidden(&self) -> bool {
+        self.hidden
+    }
+
+    /// Opens `round`: a fresh secret seed. Returns what its announcement carries:
+    /// the seed's commit and the previous round's seed (zeros with `--screen norm`).
+    pub(crate) fn open(&mut self, round: u64) -> ([u8; 32], [u8; 32]) {
+        if self.mode != Screen::Score {
+            return ([0; 32], [0; 32]);
+        }
+        if self.round != 0 && self.round != round {
+            self.revealed = self.seed;
+        }
+        if self.round != round {
+            self.round = round;
+            self.seed = self.rng.r#gen();
+            self.batch = None;
+            self.stats = RoundScreen::default();
+        }
+        (commit(&self.seed), self.revealed)
+    }
+
+    /// The open round's seed (revealed with the next round).
+    pub(crate) fn seed(&self) -> [u8; 32] {
+        self.seed
+    }
+
+    /// Whether to score a contribution: `must` for one on probation.
+    pub(crate) fn decide(&mut self, must: bool) -> Decision {
+        if self.mode != Screen::Score {
+            return Decision::Skip;
+        }
+        let budget = self.last_round_s.map_or(f64::INFINITY, |s| s * self.share);
+        if self.stats.seconds < budget {
+            return Decision::Screen;
+        }
+        if must {
+            self.stats.over_budget += 1;
+            return Decision::OverBudget;
+        }
+        if self.rng.gen_bool(self.sample) {
+            return Decision::Screen;
+        }
+        self.stats.skipped += 1;
+        Decision::Skip
+    }
+
+    /// Scores `applied` (the contribution as the round applies it) at `params`.
+    pub(crate) async fn score(
+        &mut self,
+        engine: &mut Engine,
+        params: &Tensors,
+        applied: &Delta,
+    ) -> anyhow::Result<Verdict> {
+        let started = std::time::Instant::now();
+        if self.batch.is_none() {
+            let mut first = [0u8; 8];
+            first.copy_from_slice(&blake3::hash(&self.seed).as_bytes()[..8]);
+            let sampler = Sampler::new(self.split.clone(), self.shape.0, self.shape.1, u64::from_le_bytes(first))?;
+            self.batch = Some((sampler.next_batch(), None));
+        }
+        let Some((batch, before)) = self.batch.as_mut() else { anyhow::bail!("no screen batch") };
+        let before = match before {
+            Some(b) => *b,
+            None => {
+                engine.set_params(params.clone()).await.context("loading parameters to screen")?;
+                let b = engine.eval(batch).await?;
+                *before = Some(b);
+                b
+            }
+        };
+        let after = loss_moved(engine, params, applied, 1.0, batch).await?;
+        let reversed = loss_moved(engine, params, applied, -1.0, batch).await?;
+        self.stats.screened += 1;
+        self.stats.seconds += started.elapsed().as_secs_f64();
+        Ok(Verdict { before, after, reversed })
+    }
+
+    /// Closes the open round, which took `seconds`: its screening, for the event.
+    pub(crate) fn close(&mut self, seconds: f64) -> RoundScreen {
+        if seconds > 0.0 {
+            self.last_round_s = Some(seconds);
+        }
+        std::mem::take(&mut self.stats)
+    }
+
+    /// The share of a round screening may take in full.
+    pub(crate) fn share(&self) -> f64 {
+        self.share
+    }
+}
+
+/// The loss on `batch` at `params − sign × delta`.
+async fn loss_moved(engine: &mut Engine, params: &Tensors, delta: &Delta, sign: f32, batch: &Batch) -> anyhow::Result<f32> {
+    let mut moved = params.clone();
+    delta.add_to(&mut moved, -sign);
+    engine.set_params(moved).await.context("loading parameters to screen")?;
+    engine.eval(batch).await
+}

@@ -1,0 +1,215 @@
+//! Who may join a run and how far the shepherd trusts them: `--admit` and the caps,
+//! probation and bounds that hold untrusted participants, as flags, as the signed
+//! manifest records them, and as the state machine takes them.
+
+use std::collections::BTreeSet;
+
+use pcp_protocol::admit::{Admit, JoinCertificate, Proof};
+use pcp_protocol::diloco::rating::Policy;
+use pcp_protocol::{PublicKey, RunId};
+use pcp_schema::Admission;
+
+use crate::Failure;
+
+/// The trust flags of a shepherd (`pcp-node --shepherd`, `sim`).
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct TrustArgs {
+    /// Who may join: `open` (anyone; with --pow-bits, a key that solved a proof of
+    /// work), `allowlist FILE` (the hex public keys in FILE, one a line), or
+    /// `authorizer KEY` (a key holding an unexpired join certificate that KEY signed:
+    /// `pcp-node certify`). Checked at hello and at every contribution.
+    #[arg(long, num_args = 1..=2, value_names = ["MODE", "ARG"], default_values_t = ["open".to_owned()])]
+    pub(crate) admit: Vec<String>,
+    /// `--admit open`: the leading zero bits of blake3(run, key, nonce) a worker's
+    /// identity must reach (each bit doubles a key's cost; 0: none).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=32))]
+    pub(crate) pow_bits: u8,
+    /// The most participants a round, the best-rated workers first (0: every live worker).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) max_participants: u32,
+    /// The most contributions aggregated a round, the best-rated (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) aggregate_max: u32,
+    /// Screens a new key must pass before its contributions count in full.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) probation_rounds: u32,
+    /// The weight of a contribution on probation, as a share of its samples.
+    #[arg(long, default_value_t = 0.25)]
+    pub(crate) probation_weight: f64,
+    /// Once screening has taken --screen-share of a round, a rated peer's
+    /// contribution is screened with this probability (and one on probation is
+    /// refused for the round).
+    #[arg(long, default_value_t = 0.25)]
+    pub(crate) screen_sample: f32,
+    /// The share of a round (the last one's duration) screening may take in full.
+    #[arg(long, default_value_t = 0.25)]
+    pub(crate) screen_share: f64,
+    /// Each tensor of a contribution is scaled down to this × the median norm of that
+    /// tensor in rated peers' last contributions (0: off).
+    #[arg(long, default_value_t = 2.0)]
+    pub(crate) tensor_bound: f64,
+    /// Each value of a contribution is clipped to this × the median largest
+    /// magnitude of its tensor in rated peers' last contributions (0: off).
+    #[arg(long, default_value_t = 4.0)]
+    pub(crate) element_clip: f64,
+    /// The most worker identities one IPv4 address or IPv6 /64 may hold (loopback
+    /// is not counted: `sim` runs every node on it).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) max_workers_per_ip: usize,
+}
+
+impl Default for TrustArgs {
+    fn default() -> Self {
+        Self {
+            admit: vec!["open".to_owned()],
+            pow_bits: 0,
+            max_participants: 0,
+            aggregate_max: 0,
+            probation_rounds: 3,
+            probation_weight: 0.25,
+            screen_sample: 0.25,
+            screen_share: 0.25,
+            tensor_bound: 2.0,
+            element_clip: 4.0,
+            max_workers_per_ip: 4,
+        }
+    }
+}
+
+/// A run's trust settings, resolved.
+#[derive(Debug, Clone)]
+pub(crate) struct Trust {
+    pub(crate) admit: Admit,
+    pub(crate) max_participants: u32,
+    pub(crate) aggregate_max: u32,
+    pub(crate) policy: Policy,
+    pub(crate) screen_sample: f32,
+    pub(crate) screen_share: f64,
+    pub(crate) tensor_bound: f64,
+    pub(crate) element_clip: f64,
+    pub(crate) max_workers_per_ip: usize,
+}
+
+impl Default for Trust {
+    fn default() -> Self {
+        let args = TrustArgs::default();
+        Self {
+            admit: Admit::Open { pow_bits: 0 },
+            max_participants: 0,
+            aggregate_max: 0,
+            policy: Policy { probation_rounds: args.probation_rounds, probation_weight: args.probation_weight, ..Policy::default() },
+            screen_sample: args.screen_sample,
+            screen_share: args.screen_share,
+            tensor_bound: args.tensor_bound,
+            element_clip: args.element_clip,
+            max_workers_per_ip: args.max_workers_per_ip,
+        }
+    }
+}
+
+/// A key given on the command line: a peer id or 64 hex characters.
+fn parse_key(spec: &str, flag: &str) -> Result<PublicKey, Failure> {
+    if let Ok(peer) = spec.parse::<pcp_bootstrap::PeerId>()
+        && let Some(key) = pcp_bootstrap::key_of(&peer)
+    {
+        return Ok(key);
+    }
+    spec.parse::<pcp_protocol::BlobHash>()
+        .map(|h| PublicKey(h.0))
+        .map_err(|_| Failure::input(anyhow::anyhow!("{flag} {spec:?} is neither a peer id nor a hex public key")))
+}
+
+impl Trust {
+    /// Resolves the flags (reading an allowlist file).
+    pub(crate) fn from_args(args: &TrustArgs) -> Result<Self, Failure> {
+        let bad = |what: String| Failure::input(anyhow::anyhow!("--admit {}: {what}", args.admit.join(" ")));
+        let admit = match args.admit.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+            ["open"] => Admit::Open { pow_bits: args.pow_bits },
+            ["allowlist", file] => {
+                let text = std::fs::read_to_string(file).map_err(|e| bad(format!("cannot read {file}: {e}")))?;
+                let keys = pcp_protocol::admit::parse_allowlist(&text).map_err(|e| bad(format!("{file}: {e}")))?;
+                if keys.is_empty() {
+                    return Err(bad(format!("{file} lists no key")));
+                }
+                Admit::Allowlist(keys)
+            }
+            ["authorizer", key] => Admit::Authorizer(parse_key(key, "--admit authorizer")?),
+            _ => return Err(bad("expected `open`, `allowlist FILE` or `authorizer KEY`".into())),
+        };
+        if args.pow_bits > 0 && !matches!(admit, Admit::Open { .. }) {
+            return Err(bad("--pow-bits applies to `--admit open` only".into()));
+        }
+        let factor = |f: f64| if f > 0.0 { f } else { f64::INFINITY };
+        Ok(Self {
+            admit,
+            max_participants: args.max_participants,
+            aggregate_max: args.aggregate_max,
+            policy: Policy {
+                probation_rounds: args.probation_rounds,
+                probation_weight: args.probation_weight.clamp(0.0, 1.0),
+                ..Policy::default()
+            },
+            screen_sample: args.screen_sample.clamp(0.0, 1.0),
+            screen_share: args.screen_share.max(0.0),
+            tensor_bound: factor(args.tensor_bound),
+            element_clip: factor(args.element_clip),
+            max_workers_per_ip: args.max_workers_per_ip.max(1),
+        })
+    }
+
+    /// What the signed manifest records.
+    pub(crate) fn manifest(&self) -> Admission {
+        let (authorizer, allowlist, pow_bits) = match &self.admit {
+            Admit::Open { pow_bits } => ([0; 32], Vec::new(), u32::from(*pow_bits)),
+            Admit::Allowlist(keys) => ([0; 32], keys.iter().map(|k| k.0).collect(), 0),
+            Admit::Authorizer(key) => (key.0, Vec::new(), 0),
+        };
+        Admission {
+            admit: self.admit.name().to_owned(),
+            authorizer,
+            allowlist,
+            pow_bits,
+            max_participants: self.max_participants,
+            aggregate_max: self.aggregate_max,
+            probation_rounds: self.policy.probation_rounds,
+            screen_sample: self.screen_sample,
+        }
+    }
+
+    /// A successor's settings, from the run's manifest (the bounds and shares the
+    /// manifest does not record are the defaults).
+    pub(crate) fn from_manifest(a: &Admission) -> Result<Self, Failure> {
+        let admit = match a.admit.as_str() {
+            "" | "open" => Admit::Open { pow_bits: u8::try_from(a.pow_bits.min(32)).unwrap_or(32) },
+            "allowlist" => Admit::Allowlist(a.allowlist.iter().map(|k| PublicKey(*k)).collect::<BTreeSet<_>>()),
+            "authorizer" => Admit::Authorizer(PublicKey(a.authorizer)),
+            other => return Err(Failure::input(anyhow::anyhow!("the run's manifest admits {other:?}"))),
+        };
+        let defaults = Self::default();
+        Ok(Self {
+            admit,
+            max_participants: a.max_participants,
+            aggregate_max: a.aggregate_max,
+            policy: Policy { probation_rounds: a.probation_rounds, ..defaults.policy },
+            screen_sample: a.screen_sample,
+            ..defaults
+        })
+    }
+
+    /// Whether `key` may take part in `run` with the proof its hello carried
+    /// (`certificate`, `pow_nonce`), now: the one-line reason if not.
+    pub(crate) fn check(
+        &self,
+        run: &RunId,
+        key: &PublicKey,
+        certificate: &[u8],
+        pow_nonce: u64,
+        now_ms: u64,
+    ) -> Result<(), String> {
+        let certificate = match certificate {
+            [] => None,
+            bytes => Some(JoinCertificate::from_bytes(bytes).map_err(|e| format!("bad join certificate: {e}"))?),
+        };
+        self.admit.check(run, key, &Proof { certificate, pow_nonce }, now_ms).map_err(|e| e.to_string())
+    }
+}
