@@ -154,7 +154,7 @@ impl Admit {
 
 /// Leave to join one run, for one key, until an expiry, signed by the run's authorizer.
 ///
-/// The signature is ed25519 (verified strictly) over [`CERTIFICATE_DOMAIN`] ‖ the
+/// The signature is ed25519 (verified strictly) over `pcp/join-certificate/v1\0` ‖ the
 /// authorizer's key ‖ `run` ‖ `key` ‖ `expires_unix_ms` (8 bytes little-endian), so it
 /// verifies only against the authorizer that issued it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,7 +261,7 @@ fn signed_message(authorizer: &PublicKey, run: &RunId, key: &PublicKey, expires_
     m
 }
 
-/// The proof-of-work digest of `key` for `run` with `nonce`: blake3 of [`POW_DOMAIN`] ‖
+/// The proof-of-work digest of `key` for `run` with `nonce`: blake3 of `pcp/identity-pow/v1\0` ‖
 /// `run` ‖ `key` ‖ `nonce` (8 bytes little-endian).
 pub fn pow_digest(run: &RunId, key: &PublicKey, nonce: u64) -> [u8; 32] {
     let mut hasher = blake3::Hasher::new();
