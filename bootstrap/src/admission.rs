@@ -34,11 +34,20 @@
 //! most [`CONTRIBUTIONS_PER_ROUND`] per round however fast the shepherd consumes them.
 //! A permit is held while its payload is read and verified; the payload then goes on to
 //! the node's owner through the bounded event queue.
+//!
+//! A shepherd also caps the **worker identities per address** of a run
+//! ([`Admission::admit_worker`]): keys are free, addresses are not. Admission follows
+//! every open connection of a pcp peer (the request-response behaviour reports them), so
+//! it knows the address a signer is connected from: an IPv4 address, or an IPv6 /64.
+//! A worker admitted this way holds a slot of its address until it is forgotten
+//! ([`Admission::forget`], or as the longest silent beyond [`MAX_KNOWN`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use libp2p::multiaddr::Protocol;
+use libp2p::swarm::ConnectionId;
 use libp2p::{Multiaddr, PeerId};
 use pcp_protocol::{PublicKey, RunId};
 use pcp_schema::{FrameHead, MAX_FRAME_HEAD, MessageKind};
@@ -60,6 +69,8 @@ pub const ADDRESS_BUDGET: usize = 1 << 20;
 pub const CONTRIBUTIONS_PER_ROUND: usize = 2;
 /// Signers a run knows; beyond, the one heard from longest ago is forgotten.
 pub const MAX_KNOWN: usize = 4096;
+/// Open connections whose address admission remembers (the swarm holds fewer).
+const MAX_CONNECTIONS: usize = 1024;
 
 /// Bytes of contributions in flight, node-wide, for a run whose contributions are at
 /// most `max_contribution` bytes: room for 64 at once, but no more than 8 GiB unless
@@ -171,37 +182,124 @@ pub enum Refusal {
     },
 }
 
-/// The signers a run knows, the longest silent first out beyond [`MAX_KNOWN`].
+/// Why a worker was not admitted to a run ([`Admission::admit_worker`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdmitError {
+    /// The run is not served by this node.
+    #[error("worker {signer} for run {run}, which this node does not serve")]
+    NotServed {
+        /// The worker.
+        signer: PublicKey,
+        /// The run.
+        run: RunId,
+    },
+    /// No connection from the worker is open (it closed, or it never was).
+    #[error("worker {signer} has no open connection to this node")]
+    NotConnected {
+        /// The worker.
+        signer: PublicKey,
+    },
+    /// Its address already holds the run's cap of worker identities.
+    #[error("worker {signer} refused: {} already has {max_per_address} worker identities in run {run}, the most one address may have", crate::ip_limits::show_address(.address))]
+    Crowded {
+        /// The worker.
+        signer: PublicKey,
+        /// The run.
+        run: RunId,
+        /// Its address (IPv6: its /64).
+        address: IpAddr,
+        /// The cap.
+        max_per_address: usize,
+    },
+}
+
+/// When a known signer was last heard from, and the address it was admitted from.
+#[derive(Debug, Clone, Copy)]
+struct Heard {
+    at: u64,
+    /// Set by [`Admission::admit_worker`]: the address whose slot it holds.
+    address: Option<IpAddr>,
+}
+
+/// The signers a run knows, the longest silent first out beyond [`MAX_KNOWN`], and how
+/// many of them hold a slot of each address.
 #[derive(Debug, Default)]
 struct Known {
-    heard: HashMap<PublicKey, u64>,
+    heard: HashMap<PublicKey, Heard>,
     order: BTreeMap<u64, PublicKey>,
     next: u64,
+    /// Known signers per address they were admitted from (at most [`MAX_KNOWN`] entries).
+    per_address: HashMap<IpAddr, usize>,
 }
 
 impl Known {
+    /// Knows `signer`, keeping the address slot it holds.
     fn insert(&mut self, signer: PublicKey) {
-        if let Some(at) = self.heard.insert(signer, self.next) {
-            self.order.remove(&at);
+        let address = self.heard.get(&signer).and_then(|h| h.address);
+        self.insert_at(signer, address);
+    }
+
+    /// Knows `signer`, holding a slot of `address` (releasing any other it held).
+    fn insert_at(&mut self, signer: PublicKey, address: Option<IpAddr>) {
+        let heard = Heard { at: self.next, address };
+        if let Some(old) = self.heard.insert(signer, heard) {
+            self.order.remove(&old.at);
+            release_slot(&mut self.per_address, old.address);
+        }
+        if let Some(address) = address {
+            *self.per_address.entry(address).or_default() += 1;
         }
         self.order.insert(self.next, signer);
         self.next += 1;
         if self.heard.len() > MAX_KNOWN
             && let Some((_, oldest)) = self.order.pop_first()
+            && let Some(old) = self.heard.remove(&oldest)
         {
-            self.heard.remove(&oldest);
+            release_slot(&mut self.per_address, old.address);
         }
     }
 
     fn remove(&mut self, signer: &PublicKey) {
-        if let Some(at) = self.heard.remove(signer) {
-            self.order.remove(&at);
+        if let Some(old) = self.heard.remove(signer) {
+            self.order.remove(&old.at);
+            release_slot(&mut self.per_address, old.address);
         }
+    }
+
+    /// The address whose slot `signer` holds.
+    fn address(&self, signer: &PublicKey) -> Option<IpAddr> {
+        self.heard.get(signer).and_then(|h| h.address)
+    }
+
+    /// Known signers holding a slot of `address`.
+    fn at(&self, address: &IpAddr) -> usize {
+        self.per_address.get(address).copied().unwrap_or(0)
     }
 
     fn contains(&self, signer: &PublicKey) -> bool {
         self.heard.contains_key(signer)
     }
+}
+
+fn release_slot(per_address: &mut HashMap<IpAddr, usize>, address: Option<IpAddr>) {
+    if let Some(address) = address {
+        release(per_address, address, 1);
+    }
+}
+
+/// An open connection of a pcp peer, as [`Admission::connected`] saw it established.
+#[derive(Debug, Clone, Copy)]
+struct Connection {
+    key: PublicKey,
+    /// Its remote address's [`crate::ip_limits::address_key`] (a relayed connection's
+    /// is its relay's); `None` without an IP.
+    address: Option<IpAddr>,
+    /// Whether the remote IP is a loopback address.
+    loopback: bool,
+    /// Through a relay.
+    relayed: bool,
+    /// Order of establishment.
+    order: u64,
 }
 
 /// A run's open round: its participants and the permits each has had.
@@ -239,6 +337,11 @@ struct Inner {
     per_signer: HashMap<PublicKey, usize>,
     /// Per address and pool (known or not).
     per_address: HashMap<(Option<IpAddr>, bool), usize>,
+    /// Open connections of pcp peers (at most [`MAX_CONNECTIONS`]).
+    connections: HashMap<ConnectionId, Connection>,
+    connections_opened: u64,
+    /// [`Admission::count_loopback`].
+    count_loopback: bool,
 }
 
 /// The runs this node serves and who may send it what. Shared by the node's handle
@@ -315,6 +418,67 @@ impl Admission {
                 }
             }
         }
+    }
+
+    /// Admits `signer` as a worker of `run` (a run this node serves), and knows it (see
+    /// [`Self::know`]), unless the address it is connected from (an IPv4 address or an
+    /// IPv6 /64) already holds `max_per_address` of the run's admitted workers. The worker
+    /// holds a slot of that address until it is forgotten ([`Self::forget`], or as the
+    /// longest silent beyond [`MAX_KNOWN`]); admitting it again from the same address
+    /// takes no other slot, and from another address moves its slot.
+    ///
+    /// The address is that of the signer's latest open direct connection, or of its
+    /// latest relayed one if it has no direct one (a relayed connection counts under the
+    /// relay's address: a node reached only through a relay shares its cap). Loopback
+    /// addresses are not counted unless [`Self::count_loopback`] says so (`pcp-node sim`
+    /// runs every node on 127.0.0.1), nor is a connection without an IP address.
+    pub fn admit_worker(&self, run: RunId, signer: PublicKey, max_per_address: usize) -> Result<(), AdmitError> {
+        let mut inner = self.lock();
+        let count_loopback = inner.count_loopback;
+        let connection =
+            inner.connections.values().filter(|c| c.key == signer).max_by_key(|c| (!c.relayed, c.order)).copied();
+        let served = inner.runs.get_mut(&run).ok_or(AdmitError::NotServed { signer, run })?;
+        let connection = connection.ok_or(AdmitError::NotConnected { signer })?;
+        let address = connection.address.filter(|_| count_loopback || !connection.loopback);
+        if let Some(address) = address
+            && served.known.address(&signer) != Some(address)
+            && served.known.at(&address) >= max_per_address
+        {
+            return Err(AdmitError::Crowded { signer, run, address, max_per_address });
+        }
+        served.known.insert_at(signer, address);
+        Ok(())
+    }
+
+    /// Whether [`Self::admit_worker`] counts workers on loopback addresses against the cap
+    /// (by default it does not: `pcp-node sim` runs every node on 127.0.0.1).
+    pub fn count_loopback(&self, count: bool) {
+        self.lock().count_loopback = count;
+    }
+
+    /// A connection to `peer` at `remote` is established. Only pcp peers' (whose peer id
+    /// embeds an ed25519 key) are remembered, at most [`MAX_CONNECTIONS`] at once.
+    pub(crate) fn connected(&self, id: ConnectionId, peer: PeerId, remote: &Multiaddr) {
+        let Some(key) = crate::ids::key_of(&peer) else { return };
+        let ip = crate::ip_limits::ip(remote);
+        let mut inner = self.lock();
+        if inner.connections.len() >= MAX_CONNECTIONS {
+            return;
+        }
+        let connection = Connection {
+            key,
+            address: ip.map(crate::ip_limits::address_key),
+            loopback: ip.is_some_and(|ip| ip.is_loopback() || crate::ip_limits::address_key(ip).is_loopback()),
+            relayed: remote.iter().any(|p| matches!(p, Protocol::P2pCircuit)),
+            order: inner.connections_opened,
+        };
+        inner.connections_opened += 1;
+        inner.connections.insert(id, connection);
+    }
+
+    /// A connection is closed.
+    pub(crate) fn disconnected(&self, id: ConnectionId) {
+        self.lock().connections.remove(&id);
     }
 
     /// Whether `run` knows `signer`.
@@ -693,6 +857,151 @@ mod tests {
         assert_eq!(admission.known_bytes(), frame as usize);
         drop((held, heartbeat));
         assert_eq!((admission.stranger_bytes(), admission.known_bytes()), (0, 0));
+    }
+
+    /// `who` connects from `addr` on connection `id`.
+    fn connect(admission: &Admission, id: usize, who: &Identity, addr: &str) {
+        let peer = crate::ids::peer_of(&who.public()).expect("a valid key");
+        admission.connected(ConnectionId::new_unchecked(id), peer, &addr.parse().expect("a multiaddr"));
+    }
+
+    #[test]
+    fn an_address_holds_at_most_the_cap_of_a_runs_workers_until_one_is_forgotten() {
+        let admission = Admission::default();
+        let run = RunId([6; 32]);
+        let workers: Vec<Identity> = (0..5).map(identity).collect();
+        assert!(matches!(admission.admit_worker(run, workers[0].public(), 2), Err(AdmitError::NotServed { .. })));
+        admission.serve(run, 10);
+        assert_eq!(
+            admission.admit_worker(run, workers[0].public(), 2),
+            Err(AdmitError::NotConnected { signer: workers[0].public() })
+        );
+        for (i, w) in workers[..3].iter().enumerate() {
+            connect(&admission, i, w, "/ip4/203.0.113.5/udp/4001/quic-v1");
+        }
+        admission.admit_worker(run, workers[0].public(), 2).expect("the first of its address");
+        admission.admit_worker(run, workers[1].public(), 2).expect("the second");
+        admission.admit_worker(run, workers[0].public(), 2).expect("admitted again: no other slot");
+        let crowded = admission.admit_worker(run, workers[2].public(), 2);
+        assert_eq!(
+            crowded.as_ref().err().map(ToString::to_string),
+            Some(format!(
+                "worker {} refused: 203.0.113.5 already has 2 worker identities in run {run}, \
+                 the most one address may have",
+                workers[2].public()
+            ))
+        );
+        assert!(!admission.is_known(run, workers[2].public()));
+        // another run has its own count
+        let other = RunId([7; 32]);
+        admission.serve(other, 10);
+        admission.admit_worker(other, workers[2].public(), 2).expect("another run");
+        // a heartbeat (know) keeps the slot; forgetting frees it
+        admission.know(run, workers[1].public());
+        assert!(admission.admit_worker(run, workers[2].public(), 2).is_err());
+        admission.forget(run, workers[1].public());
+        admission.admit_worker(run, workers[2].public(), 2).expect("a freed slot");
+
+        // a worker that moves to another address takes its slot along
+        connect(&admission, 10, &workers[0], "/ip4/198.51.100.1/tcp/4001");
+        admission.admit_worker(run, workers[0].public(), 2).expect("its new address");
+        admission.disconnected(ConnectionId::new_unchecked(10));
+        connect(&admission, 3, &workers[3], "/ip4/203.0.113.5/tcp/4001");
+        admission.admit_worker(run, workers[3].public(), 2).expect("the slot worker 0 left");
+        // once its connections close, a worker cannot be admitted
+        admission.disconnected(ConnectionId::new_unchecked(0));
+        assert!(matches!(admission.admit_worker(run, workers[0].public(), 2), Err(AdmitError::NotConnected { .. })));
+    }
+
+    #[test]
+    fn an_ipv6_64_is_one_address_and_a_direct_connection_is_preferred_to_a_relayed_one() {
+        let admission = Admission::default();
+        let run = RunId([6; 32]);
+        admission.serve(run, 10);
+        let workers: Vec<Identity> = (0..4).map(identity).collect();
+        connect(&admission, 0, &workers[0], "/ip6/2001:db8:0:1::a/udp/4001/quic-v1");
+        connect(&admission, 1, &workers[1], "/ip6/2001:db8:0:1:ffff::b/tcp/4001");
+        connect(&admission, 2, &workers[2], "/ip6/2001:db8:0:2::a/tcp/4001");
+        admission.admit_worker(run, workers[0].public(), 1).expect("the /64's one");
+        let crowded = admission.admit_worker(run, workers[1].public(), 1);
+        assert!(
+            matches!(&crowded, Err(e @ AdmitError::Crowded { .. }) if e.to_string().contains("2001:db8:0:1::/64")),
+            "{crowded:?}"
+        );
+        admission.admit_worker(run, workers[2].public(), 1).expect("another /64");
+
+        // a worker reached through a relay counts under the relay's address, and under its
+        // own once it is connected directly too (a hole punch)
+        let relay_peer = crate::ids::peer_of(&identity(99).public()).expect("a valid key");
+        let relayed = format!("/ip4/192.0.2.50/udp/4001/quic-v1/p2p/{relay_peer}/p2p-circuit");
+        admission.disconnected(ConnectionId::new_unchecked(1));
+        connect(&admission, 3, &workers[3], &relayed);
+        connect(&admission, 4, &workers[1], &relayed);
+        admission.admit_worker(run, workers[1].public(), 1).expect("relayed: the relay's address");
+        assert!(matches!(admission.admit_worker(run, workers[3].public(), 1), Err(AdmitError::Crowded { .. })));
+        connect(&admission, 5, &workers[3], "/ip4/203.0.113.77/udp/4001/quic-v1");
+        admission.admit_worker(run, workers[3].public(), 1).expect("direct, though the relay's slot is taken");
+    }
+
+    #[test]
+    fn loopback_is_exempt_unless_counted() {
+        let admission = Admission::default();
+        let run = RunId([6; 32]);
+        admission.serve(run, 10);
+        let workers: Vec<Identity> = (0..3).map(identity).collect();
+        for (i, w) in workers.iter().enumerate() {
+            connect(&admission, i, w, "/ip4/127.0.0.1/tcp/4001");
+        }
+        connect(&admission, 9, &workers[2], "/ip6/::1/tcp/4001");
+        for w in &workers {
+            admission.admit_worker(run, w.public(), 1).expect("loopback is not counted");
+        }
+        let admission = Admission::default();
+        admission.serve(run, 10);
+        admission.count_loopback(true);
+        for (i, w) in workers.iter().enumerate() {
+            connect(&admission, i, w, "/ip4/127.0.0.1/tcp/4001");
+        }
+        admission.admit_worker(run, workers[0].public(), 2).expect("one");
+        admission.admit_worker(run, workers[1].public(), 2).expect("two");
+        let crowded = admission.admit_worker(run, workers[2].public(), 2);
+        assert!(matches!(crowded, Err(AdmitError::Crowded { max_per_address: 2, .. })), "{crowded:?}");
+        admission.forget(run, workers[0].public());
+        admission.admit_worker(run, workers[2].public(), 2).expect("a forgotten worker's slot");
+    }
+
+    #[test]
+    fn a_worker_forgotten_as_the_longest_silent_frees_its_slot() {
+        let admission = Admission::default();
+        let run = RunId([6; 32]);
+        admission.serve(run, 10);
+        admission.count_loopback(true);
+        let (first, second) = (identity(1), identity(2));
+        connect(&admission, 0, &first, "/ip4/203.0.113.5/tcp/1");
+        connect(&admission, 1, &second, "/ip4/203.0.113.5/tcp/2");
+        admission.admit_worker(run, first.public(), 1).expect("the address's one");
+        assert!(admission.admit_worker(run, second.public(), 1).is_err());
+        for i in 0..MAX_KNOWN as u64 {
+            admission.know(run, identity(1000 + i).public());
+        }
+        assert!(!admission.is_known(run, first.public()));
+        admission.admit_worker(run, second.public(), 1).expect("the slot of a worker no longer known");
+        let inner = admission.lock();
+        let known = &inner.runs[&run].known;
+        assert_eq!(known.per_address.values().sum::<usize>(), 1);
+    }
+
+    #[test]
+    fn connections_remembered_are_bounded() {
+        let admission = Admission::default();
+        for i in 0..MAX_CONNECTIONS + 10 {
+            connect(&admission, i, &identity(i as u64), "/ip4/203.0.113.5/tcp/1");
+        }
+        assert_eq!(admission.lock().connections.len(), MAX_CONNECTIONS);
+        for i in 0..MAX_CONNECTIONS + 10 {
+            admission.disconnected(ConnectionId::new_unchecked(i));
+        }
+        assert!(admission.lock().connections.is_empty());
     }
 
     #[test]

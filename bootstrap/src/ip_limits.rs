@@ -6,7 +6,9 @@
 //! and kept every other peer out. Here TCP and QUIC each have their own pending budget
 //! (a TCP flood does not starve QUIC joins), one IP may hold only a few of it, and the
 //! swarm's handshake timeout frees a silent socket's slot within seconds. Loopback is
-//! exempt from the per-IP caps: `pcp-node sim` runs many nodes on one address.
+//! exempt from the per-IP caps: `pcp-node sim` runs many nodes on one address. An IPv6
+//! address counts as its /64 ([`address_key`]): one host commonly holds a whole /64, and
+//! would otherwise have 2^64 addresses' worth of slots.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -24,9 +26,9 @@ use libp2p::{PeerId, core::ConnectedPoint};
 
 /// Handshaking inbound connections per transport (TCP, QUIC).
 pub(crate) const MAX_PENDING_PER_TRANSPORT: usize = 64;
-/// Handshaking inbound connections per remote IP and transport.
+/// Handshaking inbound connections per remote IP (IPv6: per /64) and transport.
 pub(crate) const MAX_PENDING_PER_IP: usize = 8;
-/// Established connections per remote IP (both directions).
+/// Established connections per remote IP (IPv6: per /64; both directions).
 pub(crate) const MAX_ESTABLISHED_PER_IP: usize = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -39,7 +41,8 @@ fn transport(addr: &Multiaddr) -> Transport {
     if addr.iter().any(|p| matches!(p, Protocol::QuicV1 | Protocol::Quic)) { Transport::Quic } else { Transport::Tcp }
 }
 
-fn ip(addr: &Multiaddr) -> Option<IpAddr> {
+/// The first IP address in `addr` (a relayed address's is its relay's).
+pub(crate) fn ip(addr: &Multiaddr) -> Option<IpAddr> {
     addr.iter().find_map(|p| match p {
         Protocol::Ip4(a) => Some(IpAddr::V4(a)),
         Protocol::Ip6(a) => Some(IpAddr::V6(a)),
@@ -65,18 +68,32 @@ pub(crate) fn address_of(addr: &Multiaddr) -> Option<IpAddr> {
     ip(addr).map(address_key)
 }
 
+/// The key the per-IP caps count a connection from `addr` under: its [`address_key`],
+/// or `None` for loopback (exempt) and for an address without an IP.
+fn limited(addr: &Multiaddr) -> Option<IpAddr> {
+    ip(addr).filter(|ip| !ip.is_loopback()).map(address_key).filter(|key| !key.is_loopback())
+}
+
+/// An [`address_key`] as shown in messages: an IPv6 one with its `/64`.
+pub(crate) fn show_address(key: &IpAddr) -> String {
+    match key {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("{v6}/64"),
+    }
+}
+
 /// Why a connection was refused.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Denied {
     #[error("{0:?}: {MAX_PENDING_PER_TRANSPORT} connections already handshaking")]
     Pending(Transport),
-    #[error("{1}: {MAX_PENDING_PER_IP} {0:?} connections from this address already handshaking")]
+    #[error("{}: {MAX_PENDING_PER_IP} {:?} connections from this address already handshaking", show_address(.1), .0)]
     PendingPerIp(Transport, IpAddr),
-    #[error("{0}: {MAX_ESTABLISHED_PER_IP} connections from this address already established")]
+    #[error("{}: {MAX_ESTABLISHED_PER_IP} connections from this address already established", show_address(.0))]
     EstablishedPerIp(IpAddr),
 }
 
-/// The counts, and the decisions on them.
+/// The counts, and the decisions on them. Per IP means per [`limited`] key.
 #[derive(Debug, Default)]
 pub(crate) struct IpLimits {
     pending: HashMap<ConnectionId, (Option<IpAddr>, Transport)>,
@@ -96,11 +113,11 @@ fn decrement<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: K) {
 
 impl IpLimits {
     fn pending_inbound(&mut self, id: ConnectionId, remote: &Multiaddr) -> Result<(), Denied> {
-        let (ip, transport) = (ip(remote), transport(remote));
+        let (ip, transport) = (limited(remote), transport(remote));
         if self.pending.values().filter(|(_, t)| *t == transport).count() >= MAX_PENDING_PER_TRANSPORT {
             return Err(Denied::Pending(transport));
         }
-        if let Some(ip) = ip.filter(|ip| !ip.is_loopback()) {
+        if let Some(ip) = ip {
             let n = self.pending_per_ip.entry((ip, transport)).or_default();
             if *n >= MAX_PENDING_PER_IP {
                 return Err(Denied::PendingPerIp(transport, ip));
@@ -112,16 +129,14 @@ impl IpLimits {
     }
 
     fn pending_done(&mut self, id: ConnectionId) {
-        if let Some((Some(ip), transport)) = self.pending.remove(&id)
-            && !ip.is_loopback()
-        {
+        if let Some((Some(ip), transport)) = self.pending.remove(&id) {
             decrement(&mut self.pending_per_ip, (ip, transport));
         }
     }
 
     fn established(&mut self, id: ConnectionId, remote: &Multiaddr) -> Result<(), Denied> {
         self.pending_done(id);
-        let Some(ip) = ip(remote).filter(|ip| !ip.is_loopback()) else {
+        let Some(ip) = limited(remote) else {
             return Ok(());
         };
         if self.established_per_ip.get(&ip).copied().unwrap_or(0) >= MAX_ESTABLISHED_PER_IP {
@@ -131,7 +146,7 @@ impl IpLimits {
     }
 
     fn opened(&mut self, id: ConnectionId, remote: &Multiaddr) {
-        if let Some(ip) = ip(remote).filter(|ip| !ip.is_loopback()) {
+        if let Some(ip) = limited(remote) {
             self.established.insert(id, ip);
             *self.established_per_ip.entry(ip).or_default() += 1;
         }
@@ -262,6 +277,50 @@ mod tests {
             assert!(limits.established(id, &local).is_ok());
             limits.opened(id, &local);
         }
+    }
+
+    #[test]
+    fn connections_from_one_ipv6_64_are_counted_together() {
+        let mut limits = IpLimits::default();
+        let from = |host: u32, net: u16| addr(&format!("/ip6/2001:db8:0:{net:x}::{host:x}/udp/4001/quic-v1"));
+        // every connection from another address of the same /64
+        for i in 0..MAX_ESTABLISHED_PER_IP {
+            let id = ConnectionId::new_unchecked(i);
+            assert!(limits.established(id, &from(i as u32 + 1, 1)).is_ok());
+            limits.opened(id, &from(i as u32 + 1, 1));
+        }
+        let extra = ConnectionId::new_unchecked(9999);
+        let denied = limits.established(extra, &from(0xffff, 1)).err().map(|e| e.to_string());
+        assert_eq!(
+            denied.as_deref(),
+            Some("2001:db8:0:1::/64: 64 connections from this address already established"),
+            "a fresh address of a full /64"
+        );
+        assert!(limits.established(extra, &from(1, 2)).is_ok(), "the next /64 is another address");
+        limits.closed(ConnectionId::new_unchecked(3));
+        assert!(limits.established(extra, &from(0xffff, 1)).is_ok(), "a closed connection frees its slot");
+
+        // handshakes too: one /64 holds MAX_PENDING_PER_IP of them
+        let mut limits = IpLimits::default();
+        for i in 0..MAX_PENDING_PER_IP {
+            let id = ConnectionId::new_unchecked(i);
+            assert!(limits.pending_inbound(id, &from(i as u32 + 1, 7)).is_ok());
+        }
+        let denied = limits.pending_inbound(ConnectionId::new_unchecked(100), &from(0xabc, 7));
+        assert!(matches!(denied, Err(Denied::PendingPerIp(Transport::Quic, _))), "{denied:?}");
+        limits.pending_done(ConnectionId::new_unchecked(0));
+        assert!(limits.pending_inbound(ConnectionId::new_unchecked(100), &from(0xabc, 7)).is_ok());
+
+        // IPv6 loopback is exempt, though its /64 (::) is not a loopback address
+        let mut limits = IpLimits::default();
+        let local = addr("/ip6/::1/tcp/4000");
+        for i in 0..2 * MAX_ESTABLISHED_PER_IP {
+            let id = ConnectionId::new_unchecked(i);
+            assert!(limits.pending_inbound(id, &local).is_ok());
+            assert!(limits.established(id, &local).is_ok());
+            limits.opened(id, &local);
+        }
+        assert!(limits.established_per_ip.is_empty() && limits.pending_per_ip.is_empty());
     }
 
     #[test]

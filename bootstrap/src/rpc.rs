@@ -20,6 +20,8 @@
 //! and does not tell the codec the peer, so `RpcBehaviour` wraps it and, on each
 //! established connection, leaves the peer and its address where that one clone picks
 //! them up (see [`RpcCodec`]'s `Clone`). A codec that has none refuses every frame.
+//! `RpcBehaviour` also tells [`Admission`] of every connection established and closed,
+//! so that it knows the address each worker is connected from.
 
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -219,6 +221,8 @@ impl request_response::Codec for RpcCodec {
 pub(crate) struct RpcBehaviour {
     inner: request_response::Behaviour<RpcCodec>,
     next: Arc<Mutex<Option<Remote>>>,
+    /// Told of every connection established and closed (see [`Admission::admit_worker`]).
+    admission: Arc<Admission>,
 }
 
 impl std::fmt::Debug for RpcBehaviour {
@@ -230,10 +234,10 @@ impl std::fmt::Debug for RpcBehaviour {
 impl RpcBehaviour {
     /// The protocol over [`RPC_PROTOCOL`], admitting requests through `admission`.
     pub(crate) fn new(admission: Arc<Admission>, config: request_response::Config) -> Self {
-        let codec = RpcCodec::new(admission);
+        let codec = RpcCodec::new(admission.clone());
         let next = codec.next.clone();
         let protocols = [(RPC_PROTOCOL, request_response::ProtocolSupport::Full)];
-        Self { inner: request_response::Behaviour::with_codec(codec, protocols, config), next }
+        Self { inner: request_response::Behaviour::with_codec(codec, protocols, config), next, admission }
     }
 
     /// Sends `envelope` to `peer`.
@@ -314,6 +318,13 @@ impl NetworkBehaviour for RpcBehaviour {
     }
 
     fn on_swarm_event(&mut self, event: FromSwarm) {
+        match event {
+            FromSwarm::ConnectionEstablished(e) => {
+                self.admission.connected(e.connection_id, e.peer_id, e.endpoint.get_remote_address());
+            }
+            FromSwarm::ConnectionClosed(e) => self.admission.disconnected(e.connection_id),
+            _ => {}
+        }
         self.inner.on_swarm_event(event);
     }
 

@@ -414,6 +414,37 @@ async fn signed_requests_are_verified_both_ways() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The swarm tells admission of every connection: a worker connected to the seed is
+/// admitted up to the cap of its address, and the cap counts loopback when told to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_identities_are_capped_per_address_of_their_connection() -> anyhow::Result<()> {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let net = discovered_net(dir.path(), 2).await?;
+    let admission = net.nodes[0].node.admission();
+    let run = RunId([5; 32]);
+    admission.serve(run, 10);
+    let key = |i: usize| pcp_bootstrap::key_of(&net.nodes[i].peer_id()).context("an ed25519 peer id");
+    let (first, second) = (key(1)?, key(2)?);
+    let stranger = identity(9).public();
+    ensure!(matches!(admission.admit_worker(run, stranger, 1), Err(pcp_bootstrap::AdmitError::NotConnected { .. })));
+    // loopback is exempt by default
+    admission.admit_worker(run, first, 1)?;
+    admission.admit_worker(run, second, 1)?;
+    admission.forget(run, first);
+    admission.forget(run, second);
+
+    admission.count_loopback(true);
+    admission.admit_worker(run, first, 1)?;
+    let refused = admission.admit_worker(run, second, 1).err().map(|e| e.to_string()).unwrap_or_default();
+    ensure!(refused.contains("127.0.0.1 already has 1 worker identities"), "{refused}");
+    ensure!(!admission.is_known(run, second));
+    admission.forget(run, first);
+    admission.admit_worker(run, second, 1)?;
+    net.shutdown().await;
+    Ok(())
+}
+
 /// A contribution is read only from a participant of the open round of a run the node
 /// serves, and only up to the run's size; anything else is refused after its signed head, reported once
 /// per peer with a count, and the sender's request fails.

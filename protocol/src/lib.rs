@@ -1,10 +1,12 @@
 //! pcp's protocol core: identities, signed envelopes, replay guards, content
-//! ids, the DiLoCo state machines, the shepherd election and failover.
+//! ids, admission to a run, the DiLoCo state machines, the shepherd election and
+//! failover.
 //!
 //! Pure: no sockets, no clocks, no randomness. Keys are made from bytes the caller
 //! supplies, and every time-dependent check takes `now` as an argument, so
 //! simulations are deterministic.
 
+pub mod admit;
 pub mod diloco;
 pub mod election;
 mod envelope;
