@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use pcp_bootstrap::{BlobStore, Event, InboundId, Node, PeerId, Stats};
 use pcp_protocol::diloco::Tensors;
-use pcp_protocol::diloco::aggregate::{Delta, Rejection};
+use pcp_protocol::diloco::aggregate::Rejection;
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::fragments;
 use pcp_protocol::diloco::shepherd::{self, Action, Input, LeaveReason, RoundSummary, Shepherd, Snapshot};
@@ -42,7 +42,6 @@ use crate::commands::train::{Corpus, default_corpus, step_config, validation_los
 use crate::observe::events::{self as ev, Events};
 use crate::training::checkpoint::{Checkpoint, Tensor};
 use crate::training::config::Experiment;
-use crate::training::data::Sampler;
 use crate::training::engine::Engine;
 use crate::training::memory::Footprint;
 use crate::training::model::Model;
@@ -108,28 +107,6 @@ const FAREWELL: Duration = Duration::from_secs(3);
 const MAX_COMPILES: usize = 2;
 /// Distinct (backend, target) artifacts a run serves.
 const MAX_ARTIFACTS: usize = 32;
-
-/// The loss on `batch` at `params − sign × delta`.
-async fn loss_moved(
-    engine: &mut Engine,
-    params: &Tensors,
-    delta: &Delta,
-    sign: f32,
-    batch: &crate::training::data::Batch,
-) -> anyhow::Result<f32> {
-    let mut moved = params.clone();
-    delta.add_to(&mut moved, -sign);
-    engine.set_params(moved).await.context("loading parameters to screen")?;
-    engine.eval(batch).await
-}
-
-/// The loss screen's reference for one round: the held-out loss at the round's
-/// parameters.
-#[derive(Debug, Default)]
-struct ScreenState {
-    round: u64,
-    before: f32,
-}
 
 /// A compile in progress for one (backend, target), and who waits for it.
 #[derive(Debug)]
@@ -215,8 +192,11 @@ pub(super) struct Host {
     /// The tensors of each Streaming DiLoCo fragment (one: all).
     fragments: Vec<std::ops::Range<usize>>,
     engine: Engine,
-    /// The loss screen's state for the open round.
-    screen: ScreenState,
+    /// The loss screen: its split, the open round's secret batch, its cost.
+    screener: screen::Screener,
+    /// The proof each worker's hello carried (join certificate, proof-of-work nonce),
+    /// checked again at every contribution.
+    proofs: BTreeMap<PublicKey, (Vec<u8>, u64)>,
     started: Instant,
     bytes_in: u64,
     /// Bytes each contributor of the open round sent, and says it fetched.
@@ -702,8 +682,15 @@ impl Host {
                     transfer_ms,
                 };
                 self.step(timing).await?;
-                let input = self.contribution_input(key, round, c);
-                self.screened(input).await?
+                let input = match self.admit(key) {
+                    Ok(()) => self.contribution_input(key, round, c),
+                    Err(reason) => Input::Malformed { peer: key, round, reason: Rejection::NotAdmitted(reason) },
+                };
+                let (score, input) = self.screened(input).await?;
+                if let Some(score) = score {
+                    self.step(score).await?;
+                }
+                input
             }
             Err(e) => Input::Malformed {
                 peer: key,
@@ -791,10 +778,13 @@ impl Host {
                         self.probe();
                     }
                     // a resumed (or elected) shepherd's workers come back with heartbeats, not hellos
-                    self.node.admission().know(self.run, key);
                     if !self.machine.workers().any(|w| *w == key) {
+                        if let Err(reason) = self.admit(key) {
+                            return self.refuse(id, binding.round, reason).await;
+                        }
                         self.step(Input::Joined(key)).await?;
                     }
+                    self.node.admission().know(self.run, key);
                     self.step(Input::Heartbeat(key)).await?;
                     let envelope = self.current_announcement();
                     self.respond(id, envelope).await
@@ -809,38 +799,50 @@ impl Host {
         }
     }
 
-    /// With [`Screen::Score`], a contribution Δ to the open round is evaluated alone on
-    /// the round's held-out batch: the loss at θ − Δ must be below the loss at θ, and
-    /// below the loss at θ + Δ (a sign-flipped Δ lowers the loss less than its
-    /// opposite). Random values at a typical norm raise the loss in both directions
-    /// (curvature) and are refused by the first test, −Δ by both. A round whose every
-    /// contribution is refused closes without moving the parameters.
-    async fn screened(&mut self, input: Input<PublicKey>) -> anyhow::Result<Input<PublicKey>> {
-        let Input::Contribution { peer, round, delta, .. } = &input else { return Ok(input) };
+    /// Whether `key` may take part now: the run's `--admit` with the proof its
+    /// hello carried, and the cap on worker identities per address. The one-line
+    /// reason if not.
+    fn admit(&mut self, key: PublicKey) -> Result<(), String> {
+        let (certificate, nonce) = self.proofs.get(&key).cloned().unwrap_or_default();
+        self.plan.trust.check(&self.run, &key, &certificate, nonce, wire::unix_ms())?;
+        let cap = self.plan.trust.max_workers_per_ip;
+        self.node.admission().admit_worker(self.run, key, cap).map_err(|e| e.to_string())
+    }
+
+    /// The screen, with [`Screen::Score`]: a contribution Δ, as the round would apply
+    /// it (bounded per tensor and to the norm bound), is evaluated alone on the
+    /// round's secret held-out batch ([`screen`]): the loss at θ − Δ must be below the
+    /// loss at θ, and below the loss at θ + Δ (a sign-flipped Δ lowers the loss less
+    /// than its opposite). Random values at a typical norm raise the loss in both
+    /// directions (curvature) and are refused by the first test, −Δ by both. A
+    /// passed screen goes first, as an [`Input::Score`] that rates its sender; a
+    /// contribution carried from the round before is screened too. Past the
+    /// round's screening budget, a rated peer's contribution is screened by sample
+    /// and one on probation refused.
+    async fn screened(&mut self, input: Input<PublicKey>) -> anyhow::Result<(Option<Input<PublicKey>>, Input<PublicKey>)> {
+        let Input::Contribution { peer, round, delta, samples, .. } = &input else { return Ok((None, input)) };
         let (peer, round) = (*peer, *round);
-        if self.plan.screen != Screen::Score || round != self.machine.completed() + 1 {
-            return Ok(input);
+        let open = self.machine.completed() + 1;
+        let carried = self.plan.overlap && round + 1 == open;
+        if (round != open && !carried) || self.machine.check_samples(*samples).is_err() {
+            return Ok((None, input)); // the machine names why it is refused
         }
-        let params = self.machine.params().to_vec();
-        if delta.validate(&self.round_sizes(round)).is_err() {
-            return Ok(input); // the machine names the shape or NaN
+        let Some(applied) = self.machine.as_applied(delta) else { return Ok((None, input)) };
+        match self.screener.decide(self.machine.must_screen(&peer)) {
+            screen::Decision::Skip => return Ok((None, input)),
+            screen::Decision::OverBudget => {
+                return Ok((None, Input::Malformed { peer, round, reason: Rejection::Unscreened }));
+            }
+            screen::Decision::Screen => {}
         }
-        let shape = (self.manifest.data.batch as usize, self.manifest.data.block as usize);
-        let seed = self.plan.experiment.seed ^ 0x5c0e_0000 ^ round;
-        let batch = Sampler::new(self.plan.corpus.val.clone(), shape.0, shape.1, seed)?.next_batch();
-        if self.screen.round != round {
-            self.engine.set_params(params.clone()).await.context("loading parameters to screen")?;
-            let before = self.engine.eval(&batch).await?;
-            self.screen = ScreenState { round, before };
+        let params = self.machine.params().clone();
+        let verdict = self.screener.score(&mut self.engine, &params, &applied).await?;
+        if verdict.passed() {
+            let improvement = f64::from(verdict.before - verdict.after);
+            return Ok((Some(Input::Score { peer, round, improvement }), input));
         }
-        let after = loss_moved(&mut self.engine, &params, delta, 1.0, &batch).await?;
-        let reversed = loss_moved(&mut self.engine, &params, delta, -1.0, &batch).await?;
-        let before = self.screen.before;
-        // NaN compares false: a contribution that makes the loss NaN is refused
-        if after < before && after < reversed {
-            return Ok(input);
-        }
-        Ok(Input::Malformed { peer, round, reason: Rejection::NoImprovement { before, after, reversed } })
+        let screen::Verdict { before, after, reversed } = verdict;
+        Ok((None, Input::Malformed { peer, round, reason: Rejection::NoImprovement { before, after, reversed } }))
     }
 
     /// The tensor sizes of round `round`'s pseudo-gradients: its fragment's, the
@@ -985,6 +987,8 @@ impl Host {
         let kept: Vec<BlobHash> = parameters.iter().map(|p| BlobHash(p.blob)).collect();
         self.plan.retention.advance(&self.node, &self.events, round, kept).await;
         self.traffic.clear();
+        // the screen's secret batch for this round: committed now, revealed with the next
+        let (screen_commit, screen_reveal) = self.screener.open(round);
         let announcement = RoundAnnouncement {
             run: self.run.0,
             round,
@@ -998,8 +1002,8 @@ impl Host {
             // overlap: the round's compute budget, and when the median worker's steps end
             budget_ms: self.machine.budget_ms().unwrap_or(0),
             steps_end_unix_ms: self.machine.steps_end_ms().unwrap_or(0),
-            screen_commit: [0; 32],
-            screen_reveal: [0; 32],
+            screen_commit,
+            screen_reveal,
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.served_at_open = self.node.stats().await.map(|s| served(&s)).unwrap_or(0);
@@ -1076,6 +1080,7 @@ impl Host {
             self.first_val = self.last_val;
         }
         let bytes_out = self.node.stats().await.map(|s| served(&s)).unwrap_or(0).saturating_sub(self.served_at_open);
+        self.trust_events(&summary);
         for (peer, norm) in &summary.scaled {
             let bound = summary.norm_bound;
             self.events.emit(ev::Event::ContributionClipped(ev::ContributionClipped {
@@ -1131,6 +1136,44 @@ impl Host {
         let made = made.into_iter().flatten().map(BlobHash);
         self.plan.retention.advance(&self.node, &self.events, summary.round, made).await;
         Ok(())
+    }
+
+    /// The round's trust record: contributions the per-tensor bounds changed, those
+    /// counted at less than full trust, and the screen's cost and secret.
+    fn trust_events(&mut self, summary: &RoundSummary<PublicKey>) {
+        let round = summary.round;
+        for (peer, elements, tensors) in &summary.bounded {
+            self.events.emit(ev::Event::ContributionBounded(ev::ContributionBounded {
+                round,
+                peer: peer_name(peer),
+                elements: *elements,
+                tensors: *tensors as u64,
+            }));
+        }
+        for (peer, factor) in &summary.discounted {
+            let probation = self.machine.ratings().on_probation(peer);
+            self.events.emit(ev::Event::ContributionDiscounted(ev::ContributionDiscounted {
+                round,
+                peer: peer_name(peer),
+                factor: *factor,
+                reason: if probation { "probation" } else { "rating below the median" }.to_owned(),
+            }));
+        }
+        if self.plan.screen == Screen::Score {
+            let s = self.screener.close(summary.duration_ms as f64 / 1e3);
+            let seed = self.screener.seed();
+            self.events.emit(ev::Event::ScreenRound(ev::ScreenRound {
+                round,
+                screened: s.screened,
+                skipped: s.skipped,
+                over_budget: s.over_budget,
+                seconds: s.seconds,
+                share: if summary.duration_ms > 0 { s.seconds * 1e3 / summary.duration_ms as f64 } else { 0.0 },
+                hidden: self.screener.hidden(),
+                commit: hex::encode(screen::commit(&seed)),
+                seed: hex::encode(seed),
+            }));
+        }
     }
 
     async fn validate(&mut self, params: Tensors) -> anyhow::Result<f64> {

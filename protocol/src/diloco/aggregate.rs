@@ -441,6 +441,13 @@ pub enum Rejection {
         /// The most a round allows.
         max: u64,
     },
+    /// On probation (it counts only screened) while the round's screening budget
+    /// is spent.
+    #[error("not screened: the round's screening budget is spent, and a contribution on probation counts only screened")]
+    Unscreened,
+    /// The run's admission refused its sender (`--admit`): the reason.
+    #[error("not admitted: {0}")]
+    NotAdmitted(String),
     /// Not among the round's best-rated contributions (`--aggregate-max`): its
     /// screen still counts toward its rating.
     #[error("not aggregated: the round aggregates its {max} best-rated participants")]

@@ -184,6 +184,8 @@ pub(crate) struct ShepherdPlan {
     pub(super) prepared: Option<Prepared>,
     /// Who may join, and how far they are trusted.
     pub(crate) trust: Trust,
+    /// The screen's split, withheld from the published corpus (set at start).
+    pub(super) screen_split: Option<crate::training::data::Split>,
 }
 
 impl ShepherdPlan {
@@ -261,6 +263,7 @@ impl ShepherdPlan {
             retention: Retention::default(),
             prepared: None,
             trust: Trust::from_args(&args.trust)?,
+            screen_split: None,
         }
         .with_fragments(args.fragments)
     }
@@ -300,6 +303,7 @@ impl ShepherdPlan {
             retention: Retention::default(),
             prepared: None,
             trust: Trust::default(),
+            screen_split: None,
         }
     }
 }
@@ -363,6 +367,7 @@ impl ShepherdPlan {
             retention: Retention::default(),
             prepared: Some(prepared),
             trust,
+            screen_split: None,
         })
     }
 }

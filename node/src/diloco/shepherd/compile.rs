@@ -32,6 +32,16 @@ impl Host {
         if hello.peer != key.0 {
             return self.refuse(id, 0, "the hello names another peer than its signer".into()).await;
         }
+        // who may join (`--admit`, the cap per address): checked again at every contribution
+        if self.proofs.len() >= MAX_BACKEND_RECORDS && !self.proofs.contains_key(&key) {
+            return self.refuse(id, 0, "the shepherd holds as many workers as it can".into()).await;
+        }
+        self.proofs.insert(key, (hello.certificate.clone(), hello.pow_nonce));
+        if let Err(reason) = self.admit(key) {
+            self.proofs.remove(&key);
+            tracing::info!(peer = %peer_name(&key), "hello refused: {reason}");
+            return self.refuse(id, 0, reason).await;
+        }
         let Some(backend) = hello.capabilities.backends.first() else {
             return self.refuse(id, 0, "the hello lists no backend".into()).await;
         };

@@ -71,8 +71,8 @@ pub(crate) fn withhold(
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let tail_path = dir.join("screen-split.txt");
     std::fs::write(&tail_path, tail).with_context(|| format!("cannot write {}", tail_path.display()))?;
-    let tokens = Tokens::from_text_file(&tail_path, vocab)?;
-    if tokens.len() < min_tokens {
+    let (split, _) = Tokens::from_text_file(&tail_path, vocab)?.split(0.0)?;
+    if split.len() < min_tokens {
         return Ok(whole());
     }
     let mut published = public.to_vec();
@@ -88,7 +88,6 @@ pub(crate) fn withhold(
     }
     let public_path = dir.join("public-corpus.txt");
     std::fs::write(&public_path, published).with_context(|| format!("cannot write {}", public_path.display()))?;
-    let (split, _) = tokens.split(0.0)?;
     Ok(Withheld { public: public_path, split: Some(split) })
 }
 
@@ -249,7 +248,7 @@ impl Screener {
         if self.batch.is_none() {
             let mut first = [0u8; 8];
             first.copy_from_slice(&blake3::hash(&self.seed).as_bytes()[..8]);
-            let sampler = Sampler::new(self.split.clone(), self.shape.0, self.shape.1, u64::from_le_bytes(first))?;
+            let mut sampler = Sampler::new(self.split.clone(), self.shape.0, self.shape.1, u64::from_le_bytes(first))?;
             self.batch = Some((sampler.next_batch(), None));
         }
         let Some((batch, before)) = self.batch.as_mut() else { anyhow::bail!("no screen batch") };
@@ -275,11 +274,6 @@ impl Screener {
             self.last_round_s = Some(seconds);
         }
         std::mem::take(&mut self.stats)
-    }
-
-    /// The share of a round screening may take in full.
-    pub(crate) fn share(&self) -> f64 {
-        self.share
     }
 }
 

@@ -220,7 +220,23 @@ pub(super) fn run_manifest(
     inherited: Option<RunManifest>,
 ) -> anyhow::Result<RunManifest> {
     let model_hash = *blake3::hash(plan.model.module.to_mlir().as_bytes()).as_bytes();
-    let (corpus_hash, corpus_size) = store.put_file(&plan.corpus_path)?;
+    // a new or resumed run withholds the tail of its corpus for the screen; a successor
+    // has only the public part
+    let public = if inherited.is_none() {
+        let (_, block) = plan.model.batch_block()?;
+        let e = &plan.experiment;
+        let withheld =
+            screen::withhold(&plan.corpus_path, &plan.state_dir, &e.tokenizer, &plan.corpus.vocab, 4 * (block + 1))?;
+        if withheld.split.is_some() {
+            // the shepherd validates on what workers hold, as they would
+            plan.corpus = Corpus::load(&withheld.public, &e.tokenizer, Some(plan.corpus.vocab.clone()), e.val_fraction)?;
+        }
+        plan.screen_split = withheld.split;
+        withheld.public
+    } else {
+        plan.corpus_path.clone()
+    };
+    let (corpus_hash, corpus_size) = store.put_file(&public)?;
     let params_blob = wire::params_blob(params);
     let params_hash = store.put_bytes(&params_blob)?;
     let params_ref =
@@ -278,6 +294,18 @@ pub(super) fn machine_config(
         trim: plan.trim,
         sparse: plan.encoding.sparse(),
         fragments: fragments::split(&params.iter().map(Vec::len).collect::<Vec<_>>(), plan.fragments as usize)?,
+        // claims are checked against the manifest: whole steps of batch × block, at most τ
+        sample_unit: {
+            let (batch, block) = plan.model.batch_block()?;
+            (batch * block) as u64
+        },
+        max_steps: plan.tau,
+        tensor_factor: plan.trust.tensor_bound,
+        element_factor: plan.trust.element_clip,
+        // ratings come from the screen
+        rating: (plan.screen == Screen::Score).then_some(plan.trust.policy),
+        aggregate_max: plan.trust.aggregate_max as usize,
+        max_participants: plan.trust.max_participants as usize,
         // overlapping workers: time-boxed rounds, a deadline after the budget, late
         // contributions carried over (see pcp_protocol::diloco::shepherd)
         // (announcements are gossiped when a round opens: half a second's notice)
@@ -368,6 +396,14 @@ impl Host {
         let module = Arc::new(step.module);
         let engine =
             host_engine(prepared_engine, &module, &artifacts_dir, &manifest, params, step.state_per_param).await?;
+        let shape = (manifest.data.batch as usize, manifest.data.block as usize);
+        let (split, hidden) = match plan.screen_split.take() {
+            Some(split) => (split, true),
+            None => (plan.corpus.val.clone(), false),
+        };
+        let t = &plan.trust;
+        let screener =
+            screen::Screener::new(plan.screen, split, hidden, f64::from(t.screen_sample), t.screen_share, shape);
 
         // providing is a DHT query that can take seconds (a dead leader is still in
         // routing tables): it runs beside the main loop, so an elected candidate leads at once
@@ -426,7 +462,8 @@ impl Host {
             served_at_open: 0,
             last_val: f64::NAN,
             first_val: f64::NAN,
-            screen: ScreenState::default(),
+            screener,
+            proofs: BTreeMap::new(),
             hooks,
             out: std::io::stdout(),
             plan,

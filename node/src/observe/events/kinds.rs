@@ -62,6 +62,12 @@ pub(crate) enum Event {
     ArtifactPublished(ArtifactPublished),
     CompileFailed(CompileFailed),
     ContributionRejected(ContributionRejected),
+    /// A contribution the per-tensor bounds changed (values clipped, tensors scaled down).
+    ContributionBounded(ContributionBounded),
+    /// A contribution counted at less than its samples: probation, or a rating below the median.
+    ContributionDiscounted(ContributionDiscounted),
+    /// A round's screening: its cost, and its committed (and now revealed) secret seed.
+    ScreenRound(ScreenRound),
     WorkerJoined(WorkerJoined),
     WorkerLeft(WorkerLeft),
     DeadlineExtended(DeadlineExtended),
@@ -216,6 +222,15 @@ fields! {
     ArtifactPublished { backend: String, target: String, hash: String, bytes: u64 }
     CompileFailed { backend: String, target: String, reason: String }
     ContributionRejected { round: u64, peer: String, reason: String }
+    ContributionBounded { round: u64, peer: String, elements: u64, tensors: u64 }
+    ContributionDiscounted { round: u64, peer: String, factor: f64, reason: String }
+    /// `seconds` scoring contributions, `share` of the round's; `hidden`: the batch came
+    /// from the split workers never receive; `commit` was announced with the round and
+    /// `seed` (blake3 of `pcp/screen-seed/v1` and it is `commit`) is revealed with the next.
+    ScreenRound {
+        round: u64, screened: u64, skipped: u64, over_budget: u64, seconds: f64, share: f64, hidden: bool,
+        commit: String, seed: String,
+    }
     WorkerJoined { peer: String, backend: String }
     WorkerLeft { peer: String, reason: String }
     DeadlineExtended { round: u64, deadline_unix_ms: u64 }
