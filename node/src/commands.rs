@@ -8,10 +8,12 @@
 
 pub(crate) mod bench;
 pub(crate) mod blob;
+pub(crate) mod certify;
 pub(crate) mod devices;
 pub(crate) mod generate;
 pub(crate) mod graph;
 pub(crate) mod join;
+pub(crate) mod loadtest;
 pub(crate) mod sim;
 pub(crate) mod simulate;
 pub(crate) mod status;
@@ -90,6 +92,23 @@ enum Command {
     Status(status::StatusArgs),
     /// Simulate a network of thousands of volunteers (seeded discrete events; no sockets).
     Simulate(pcp_simulations::SimulateArgs),
+    /// Sign a worker's join certificate with this node's identity (the authorizer of a
+    /// run started with `--admit authorizer KEY`).
+    Certify {
+        #[command(flatten)]
+        args: certify::CertifyArgs,
+        #[command(flatten)]
+        data_dir: join::DataDirArg,
+    },
+    /// N synthetic workers against a real shepherd (`--shepherd ADDR`): real
+    /// connections and signed contributions of the run's size, random values, a
+    /// sleep in place of compute.
+    Loadtest {
+        #[command(flatten)]
+        args: loadtest::LoadtestArgs,
+        #[command(flatten)]
+        data_dir: join::DataDirArg,
+    },
 }
 
 /// Has glibc keep the memory a node frees for its next allocation rather than hand it
@@ -130,6 +149,8 @@ fn wants_dashboard(cli: &Cli) -> Result<bool, join::Usage> {
         Some(Command::Devices) => "devices",
         Some(Command::Status(_)) => "status",
         Some(Command::Simulate(_)) => "simulate",
+        Some(Command::Loadtest { .. }) => "loadtest",
+        Some(Command::Certify { .. }) => "certify",
     };
     if !cli.tui.given() {
         return Ok(false);
@@ -159,6 +180,10 @@ fn run(cli: Cli, dashboard: bool) -> Result<(), Failure> {
         Some(Command::Simulate(args)) => {
             offline("simulate")?;
             return simulate::run(&args);
+        }
+        Some(Command::Certify { args, data_dir }) => {
+            let net = root.resolve(data_dir.into(), "certify", join::Uses::DataDir)?;
+            return certify::run(&args, &net.data_dir);
         }
         command => command,
     };
@@ -192,6 +217,10 @@ fn run(cli: Cli, dashboard: bool) -> Result<(), Failure> {
                 generate::run(args, &root.resolve(data_dir.into(), "generate", join::Uses::DataDir)?).await
             }
             Some(Command::Bench(command)) => bench::run(command, &root).await,
+            Some(Command::Loadtest { args, data_dir }) => {
+                let net = root.resolve(data_dir.into(), "loadtest", join::Uses::DataDir)?;
+                loadtest::run(args, net.data_dir.join("loadtest")).await
+            }
             Some(Command::Sim { mut args, local, .. }) => {
                 args.retention = args.retention.or(retention);
                 let net = root.resolve(local.into(), "sim", join::Uses::Local)?;
@@ -203,7 +232,7 @@ fn run(cli: Cli, dashboard: bool) -> Result<(), Failure> {
                 };
                 sim::run(args, &net, quit).await
             }
-            Some(Command::Graph(_) | Command::Devices | Command::Simulate(_)) => Ok(()),
+            Some(Command::Graph(_) | Command::Devices | Command::Simulate(_) | Command::Certify { .. }) => Ok(()),
         }
     })
 }

@@ -20,7 +20,7 @@
 mod candidate;
 mod retention;
 mod shepherd;
-mod wire;
+pub(crate) mod wire;
 mod worker;
 
 /// What a role gets from the node it runs on.
@@ -39,6 +39,6 @@ pub(crate) struct RoleIo {
 pub(crate) use candidate::{Begin, STANDBY, run as candidate_run};
 pub(crate) use retention::{Retention, RetentionArgs};
 pub(crate) use shepherd::{
-    SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, Trust, TrustArgs, parse_encoding, parse_trim,
+    SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, Trust, TrustArgs, parse_encoding, parse_key, parse_trim,
 };
-pub(crate) use worker::{Hostile, WorkerArgs, WorkerPlan, run as worker_run};
+pub(crate) use worker::{HOSTILE_KINDS, Hostile, WorkerArgs, WorkerPlan, run as worker_run};

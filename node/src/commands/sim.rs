@@ -56,9 +56,12 @@ pub(crate) struct SimArgs {
     /// Start one more worker when round ROUND opens.
     #[arg(long, value_name = "ROUND")]
     join_at: Option<u64>,
-    /// Make worker NODE hostile: `nan:NODE` sends NaN, `scale:NODE` sends its
-    /// pseudo-gradient ×1000, `flip:NODE` sends −Δ, `noise:NODE` random values at Δ's
-    /// norm (repeatable).
+    /// Make worker NODE hostile: `nan:NODE` sends NaN, `scale:NODE` its
+    /// pseudo-gradient ×1000, `flip:NODE` −Δ, `noise:NODE` random values at Δ's norm,
+    /// `inflate:NODE` noise claiming 10^12 samples, `concentrate:NODE` Δ's norm on four
+    /// coordinates, `late:NODE` −Δ after the deadline, `drag:NODE` one step's Δ × 0.01
+    /// at once, `sybil:N:NODE` N identities (NODE and N − 1 more) sending one random
+    /// direction (repeatable).
     #[arg(long, value_name = "KIND:NODE")]
     hostile: Vec<String>,
     /// Make worker NODE a slower device: MS milliseconds longer per inner step
@@ -157,10 +160,11 @@ fn parse_hostile(specs: &[String]) -> Result<BTreeMap<u32, Hostile>, Failure> {
     for spec in specs {
         let bad = || {
             Failure::input(anyhow::anyhow!(
-                "--hostile takes nan:NODE, scale:NODE, flip:NODE or noise:NODE, got {spec:?}"
+                "--hostile takes KIND:NODE, KIND one of {}, got {spec:?}",
+                crate::diloco::HOSTILE_KINDS
             ))
         };
-        let (kind, node) = spec.split_once(':').ok_or_else(bad)?;
+        let (kind, node) = spec.rsplit_once(':').ok_or_else(bad)?;
         hostile.insert(node.parse().map_err(|_| bad())?, Hostile::parse(kind).ok_or_else(bad)?);
     }
     Ok(hostile)
@@ -194,7 +198,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
         kill_at: args.kill_at.as_deref().map(parse_kill).transpose()?,
         restart_at: args.restart_at.as_deref().map(parse_kill).transpose()?,
         join_at: args.join_at,
-        next: args.nodes as u32,
+        next: 0,
     };
     let worker_args = WorkerArgs {
         backend: args.device.backend.clone(),
@@ -206,8 +210,19 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
         .into_iter()
         .map(|(n, a)| Ok((n, WorkerPlan::new(&a)?)))
         .collect::<Result<_, Failure>>()?;
-    let hostile = parse_hostile(&args.hostile)?;
+    let mut hostile = parse_hostile(&args.hostile)?;
+    // `sybil:N:NODE`: NODE and N − 1 more identities, numbered after the others
+    let mut next = args.nodes as u32;
+    for kind in hostile.clone().into_values() {
+        if let Hostile::Sybil(n) = kind {
+            for _ in 1..n {
+                hostile.insert(next, kind);
+                next += 1;
+            }
+        }
+    }
     let slow = parse_slow(&args.slow)?;
+    let churn = Churn { next, ..churn };
     // Every node gets its own directory; blobs from earlier sims are dropped, the
     // compiled artifacts kept.
     let root = net.data_dir.join("sim");
@@ -423,6 +438,11 @@ impl Cluster {
             }
         }
         for n in args.candidates as u32 + 1..args.nodes as u32 {
+            self.spawn_worker(n, 0)?;
+        }
+        // the other identities of `sybil:N:NODE` attackers
+        let extra: Vec<u32> = self.hostile.keys().copied().filter(|n| *n >= args.nodes as u32).collect();
+        for n in extra {
             self.spawn_worker(n, 0)?;
         }
         Ok(replicated)

@@ -8,7 +8,7 @@ mod table;
 mod trust;
 
 pub(crate) use args::{SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdPlan, parse_encoding, parse_trim};
-pub(crate) use trust::{Trust, TrustArgs};
+pub(crate) use trust::{Trust, TrustArgs, parse_key};
 use setup::*;
 
 use std::collections::{BTreeMap, HashMap};
@@ -1150,13 +1150,12 @@ impl Host {
                 tensors: *tensors as u64,
             }));
         }
-        for (peer, factor) in &summary.discounted {
-            let probation = self.machine.ratings().on_probation(peer);
+        for (peer, factor, probation) in &summary.discounted {
             self.events.emit(ev::Event::ContributionDiscounted(ev::ContributionDiscounted {
                 round,
                 peer: peer_name(peer),
                 factor: *factor,
-                reason: if probation { "probation" } else { "rating below the median" }.to_owned(),
+                reason: if *probation { "probation" } else { "rating below the median" }.to_owned(),
             }));
         }
         if self.plan.screen == Screen::Score {

@@ -47,6 +47,10 @@ pub(crate) struct WorkerArgs {
     /// Join this run (its id, in hex) instead of the first one the DHT knows.
     #[arg(long, value_name = "RUN_ID")]
     pub(crate) run: Option<String>,
+    /// A join certificate from the run's authorizer (`pcp-node certify` writes one),
+    /// for a run that admits only certified keys.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) certificate: Option<std::path::PathBuf>,
     /// Only route, gossip and serve blobs; never train.
     #[arg(long)]
     pub(crate) no_train: bool,
@@ -59,7 +63,8 @@ pub(crate) struct WorkerArgs {
     /// when they exit, stopped together on SIGINT or SIGTERM.
     #[arg(long, value_name = "N", conflicts_with_all = ["shepherd", "no_train", "device_id"])]
     pub(crate) scale: Option<usize>,
-    /// Testing only: send corrupted pseudo-gradients (`nan`, or `scale` for ×1000).
+    /// Testing only: send corrupted pseudo-gradients (`nan`, `scale` for ×1000, `flip`,
+    /// `noise`, `inflate`, `concentrate`, `late`, `drag`, `sybil:N`).
     #[arg(long, hide = true, value_name = "KIND")]
     pub(crate) hostile: Option<String>,
     /// The device memory a training step may use (e.g. 8GB) [default: on cpu, the
@@ -85,6 +90,20 @@ pub(crate) enum Hostile {
     /// Honest training, but also gossips round announcements it signs itself, as if
     /// it led a term.
     Forge,
+    /// Random values at the honest norm, claiming 10^12 samples.
+    Inflate,
+    /// The honest norm on four coordinates of the largest tensor, against the
+    /// honest direction.
+    Concentrate,
+    /// −Δ, sent half a second after the round's deadline (an overlapping run
+    /// carries it into the next round).
+    Late,
+    /// One inner step's Δ × 0.01, sent as soon as it is made: tiny, early and in
+    /// the honest direction, to drag the norm bound down.
+    Drag,
+    /// One of N identities sending the same random direction at the honest norm
+    /// (`sim` starts the other N − 1).
+    Sybil(u32),
 }
 
 impl Hostile {
@@ -95,10 +114,25 @@ impl Hostile {
             "flip" => Some(Self::Flip),
             "noise" => Some(Self::Noise),
             "forge" => Some(Self::Forge),
-            _ => None,
+            "inflate" => Some(Self::Inflate),
+            "concentrate" => Some(Self::Concentrate),
+            "late" => Some(Self::Late),
+            "drag" => Some(Self::Drag),
+            _ => match s.strip_prefix("sybil:").map(str::parse::<u32>) {
+                Some(Ok(n)) if n >= 1 => Some(Self::Sybil(n)),
+                _ => None,
+            },
         }
     }
+
+    /// The inner steps a round takes: one for a drag attack, else τ.
+    pub(crate) fn steps(hostile: Option<Self>, tau: u64) -> u64 {
+        if hostile == Some(Self::Drag) { tau.min(1) } else { tau }
+    }
 }
+
+/// The kinds `--hostile` takes, for its errors.
+pub(crate) const HOSTILE_KINDS: &str = "nan, scale, flip, noise, forge, inflate, concentrate, late, drag or sybil:N";
 
 /// A worker's resolved settings.
 #[derive(Debug, Clone)]
@@ -117,6 +151,8 @@ pub(crate) struct WorkerPlan {
     /// The memory a step may use, as the hello reports it (0: unknown), and
     /// where that figure came from: `flag`, `host` or `unknown`.
     free_memory: (u64, &'static str),
+    /// The join certificate the hello carries (empty: none).
+    certificate: Vec<u8>,
 }
 
 impl WorkerPlan {
@@ -130,11 +166,16 @@ impl WorkerPlan {
         };
         let hostile = match &args.hostile {
             Some(h) => Some(Hostile::parse(h).ok_or_else(|| {
-                Failure::input(anyhow::anyhow!("--hostile takes nan, scale, flip, noise or forge, got {h:?}"))
+                Failure::input(anyhow::anyhow!("--hostile takes {HOSTILE_KINDS}, got {h:?}"))
             })?),
             None => None,
         };
+        let certificate = match &args.certificate {
+            None => Vec::new(),
+            Some(path) => read_certificate(path).map_err(Failure::input)?,
+        };
         Ok(Self {
+            certificate,
             device,
             backend: device.name().to_owned(),
             target: target.target.unwrap_or_default(),
@@ -152,6 +193,19 @@ impl WorkerPlan {
             },
         })
     }
+}
+
+/// A join certificate file: its bytes, or their hex.
+fn read_certificate(path: &Path) -> anyhow::Result<Vec<u8>> {
+    let bytes = std::fs::read(path).with_context(|| format!("--certificate {}", path.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let bytes = match hex::decode(text.trim()) {
+        Ok(decoded) => decoded,
+        Err(_) => bytes,
+    };
+    pcp_protocol::admit::JoinCertificate::from_bytes(&bytes)
+        .with_context(|| format!("--certificate {}", path.display()))?;
+    Ok(bytes)
 }
 
 /// How often a worker heartbeats (and so polls for rounds).
@@ -263,12 +317,23 @@ async fn join(plan: &WorkerPlan, node: &Node, signer: &mut Signer, peer: PeerId)
             backends: vec![Backend { name: plan.backend.clone(), targets: vec![plan.target.clone()] }],
             free_memory_bytes: plan.free_memory.0,
         },
-        certificate: Vec::new(),
+        certificate: plan.certificate.clone(),
         pow_nonce: 0,
     };
     // a hello is for whichever run the shepherd runs: bound to the zero run id
     let envelope = signer.seal(plan.run.unwrap_or(RunId([0; 32])), 0, &hello);
-    let answer = node.request(peer, envelope).await.map_err(|e| JoinError::Skip(e.to_string()))?;
+    let mut answer = node.request(peer, envelope).await.map_err(|e| JoinError::Skip(e.to_string()))?;
+    // an open run that asks a proof of work of each identity: solve it, and say hello again
+    if let Some((run, bits)) = pow_asked(&answer) {
+        let me = signer.identity().public();
+        tracing::info!("run {run} asks a proof of work of {bits} bits of this identity; solving it");
+        let nonce = tokio::task::spawn_blocking(move || pcp_protocol::admit::solve_pow(&run, &me, bits, 0))
+            .await
+            .map_err(|e| JoinError::Skip(e.to_string()))?;
+        let hello = NodeHello { pow_nonce: nonce, ..hello };
+        let envelope = signer.seal(plan.run.unwrap_or(RunId([0; 32])), 0, &hello);
+        answer = node.request(peer, envelope).await.map_err(|e| JoinError::Skip(e.to_string()))?;
+    }
     match answer.kind() {
         MessageKind::RunManifest => {
             let manifest: RunManifest = answer.decode().map_err(|e| JoinError::Skip(e.to_string()))?;
@@ -304,6 +369,18 @@ async fn join(plan: &WorkerPlan, node: &Node, signer: &mut Signer, peer: PeerId)
         }
         other => Err(JoinError::Skip(format!("answered a hello with {}", other.tag()))),
     }
+}
+
+/// A shepherd's refusal that asks a proof of work: its run and the bits it needs (at
+/// most [`pcp_protocol::admit::MAX_POW_BITS`]; a run that asks more is not joined).
+fn pow_asked(answer: &pcp_protocol::Verified) -> Option<(RunId, u8)> {
+    if answer.kind() != MessageKind::Ack {
+        return None;
+    }
+    let ack: Ack = answer.decode().ok()?;
+    let (_, needed) = ack.reason.split_once("proof of work")?.1.rsplit_once("the run needs ")?;
+    let bits: u8 = needed.trim().parse().ok()?;
+    (bits <= pcp_protocol::admit::MAX_POW_BITS).then_some((RunId(ack.run), bits))
 }
 
 /// Why training on a run stopped.
@@ -698,6 +775,18 @@ struct Outgoing {
     /// The sparse entries it takes from the error feedback (given back if refused).
     sent: Option<SparseTensors>,
     trained_s: f64,
+    /// A late attacker sends only then (Unix milliseconds).
+    hold_until_ms: Option<u64>,
+}
+
+impl Outgoing {
+    /// Waits until a late attacker's send time, if any.
+    async fn hold(until_ms: Option<u64>) {
+        if let Some(until) = until_ms {
+            let wait = until.saturating_sub(wire::unix_ms());
+            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+        }
+    }
 }
 
 /// How a sent contribution fared.
@@ -999,8 +1088,10 @@ impl Trainer<'_> {
         match self.plan.hostile {
             Some(Hostile::Nan) => delta[fragment.start][0] = f32::NAN,
             Some(Hostile::Scale(k)) => delta.iter_mut().flatten().for_each(|v| *v *= k),
-            Some(Hostile::Flip) => delta.iter_mut().flatten().for_each(|v| *v = -*v),
-            Some(Hostile::Noise) => noise_like(&mut delta, r),
+            Some(Hostile::Flip | Hostile::Late) => delta.iter_mut().flatten().for_each(|v| *v = -*v),
+            Some(Hostile::Noise | Hostile::Inflate | Hostile::Sybil(_)) => noise_like(&mut delta, r),
+            Some(Hostile::Concentrate) => concentrate(&mut delta, r),
+            Some(Hostile::Drag) => delta.iter_mut().flatten().for_each(|v| *v *= 0.01),
             Some(Hostile::Forge) | None => {}
         }
         let (bytes, sent) = match self.feedback.as_mut() {
@@ -1018,7 +1109,10 @@ impl Trainer<'_> {
             run: self.run.0,
             round: r,
             inner_steps: progress.taken as u32,
-            samples: progress.taken * tokens,
+            samples: match self.plan.hostile {
+                Some(Hostile::Inflate) => 1_000_000_000_000,
+                _ => progress.taken * tokens,
+            },
             pseudo_gradient: ParameterRef {
                 name: "delta".into(),
                 shard: 0,
@@ -1034,7 +1128,8 @@ impl Trainer<'_> {
             wall_ms,
             sent_unix_ms: wire::unix_ms(),
         };
-        Outgoing { contribution, sent, trained_s }
+        let hold_until_ms = (self.plan.hostile == Some(Hostile::Late)).then(|| a.deadline_unix_ms + 500);
+        Outgoing { contribution, sent, trained_s, hold_until_ms }
     }
 
     /// After a send: a refused contribution's sparse entries go back into the error
@@ -1119,6 +1214,7 @@ impl Trainer<'_> {
                     worker::Action::Train { round: r, steps, .. } => {
                         let (params, bytes_down) = start.take().context("training before the parameters")?;
                         let mut sampler = self.sampler(r)?;
+                        let steps = Hostile::steps(self.plan.hostile, steps);
                         let mut progress = Progress::default();
                         let training = Instant::now();
                         while progress.taken < steps {
@@ -1144,6 +1240,7 @@ impl Trainer<'_> {
                         let mut out = self.outgoing(&a, &params, &end, &progress);
                         out.trained_s = training.elapsed().as_secs_f64();
                         out.contribution.bytes_down = bytes_down;
+                        Outgoing::hold(out.hold_until_ms).await;
                         let Some(delivery) = self.courier().deliver(signer, &out.contribution, key(&a)).await else {
                             return Ok(Outcome::Cancelled);
                         };
@@ -1170,6 +1267,26 @@ fn noise_like(delta: &mut Tensors, round: u64) {
     let drawn = delta.iter().flatten().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt().max(f64::MIN_POSITIVE);
     let k = (norm / drawn) as f32;
     delta.iter_mut().flatten().for_each(|v| *v *= k);
+}
+
+/// Puts the honest norm on four coordinates of the largest tensor, each against
+/// the honest value there (a hostile worker's concentrated update), seeded by the round.
+fn concentrate(delta: &mut Tensors, round: u64) {
+    use rand::{Rng, SeedableRng};
+    let norm = delta.iter().flatten().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+    let Some(largest) = (0..delta.len()).max_by_key(|i| delta[*i].len()) else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(round ^ 0x0c0c_0c0c);
+    let n = delta[largest].len();
+    let picked: Vec<(usize, f32)> = (0..4.min(n))
+        .map(|_| {
+            let i = rng.gen_range(0..n);
+            (i, delta[largest][i])
+        })
+        .collect();
+    delta.iter_mut().flatten().for_each(|v| *v = 0.0);
+    for (i, honest) in picked {
+        delta[largest][i] = -honest.signum() * (norm / 2.0) as f32;
+    }
 }
 
 /// Waits until an announcement makes a send for `current` moot (forever if the

@@ -306,9 +306,9 @@ pub struct RoundSummary<P> {
     /// Contributions the per-tensor bounds changed: (peer, values clipped, tensors
     /// scaled down).
     pub bounded: Vec<(P, u64, usize)>,
-    /// Contributions counted at less than full trust: (peer, factor), probation or
-    /// a rating below the median.
-    pub discounted: Vec<(P, f64)>,
+    /// Contributions counted at less than full trust: (peer, factor, whether it was
+    /// on probation; else its rating was below the median).
+    pub discounted: Vec<(P, f64, bool)>,
     /// It closed because its deadline passed (with a quorum), not because every
     /// live participant had answered.
     pub at_deadline: bool,
@@ -374,6 +374,8 @@ struct Entry {
     norm: f64,
     /// Its weight in the mean: samples × trust factor.
     weight: f64,
+    /// Its sender was on probation when it arrived.
+    probation: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -420,8 +422,8 @@ struct OpenRound<P> {
     stats: Vec<(bool, Vec<(f64, f32)>)>,
     /// Contributions the per-tensor bounds changed.
     bounded: Vec<(P, u64, usize)>,
-    /// Contributions counted at a trust factor below 1.
-    discounted: Vec<(P, f64)>,
+    /// Contributions counted at a trust factor below 1 (and whether on probation).
+    discounted: Vec<(P, f64, bool)>,
     /// The raw norms of the contributions from reference peers.
     reference_norms: Vec<f64>,
 }
@@ -786,6 +788,7 @@ impl<P: Ord + Clone> Shepherd<P> {
                 match result {
                     Ok((norm, carried)) => {
                         let (factor, selected) = self.trust(&peer);
+                        let probation = self.config.rating.is_some() && self.ratings.on_probation(&peer);
                         if let Some(improvement) = score.filter(|_| self.config.rating.is_some()) {
                             self.ratings.passed(&peer, round, improvement);
                         }
@@ -795,7 +798,7 @@ impl<P: Ord + Clone> Shepherd<P> {
                         } else {
                             let sent_ms = timing.map(|t| now_ms.saturating_sub(t.transfer_ms));
                             let weight = samples as f64 * factor;
-                            let entry = Entry { samples, loss, norm, weight };
+                            let entry = Entry { samples, loss, norm, weight, probation };
                             self.accept(peer, entry, delta, carried, timing, sent_ms);
                         }
                     }
@@ -876,7 +879,7 @@ impl<P: Ord + Clone> Shepherd<P> {
             (delta, entry.norm)
         };
         if entry.weight < entry.samples as f64 {
-            open.discounted.push((peer.clone(), entry.weight / entry.samples.max(1) as f64));
+            open.discounted.push((peer.clone(), entry.weight / entry.samples.max(1) as f64, entry.probation));
         }
         if let Some(t) = timing.filter(|t| t.steps > 0) {
             open.step_ms.push(t.train_ms as f64 / t.steps as f64);

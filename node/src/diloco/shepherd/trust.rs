@@ -108,7 +108,7 @@ impl Default for Trust {
 }
 
 /// A key given on the command line: a peer id or 64 hex characters.
-fn parse_key(spec: &str, flag: &str) -> Result<PublicKey, Failure> {
+pub(crate) fn parse_key(spec: &str, flag: &str) -> Result<PublicKey, Failure> {
     if let Ok(peer) = spec.parse::<pcp_bootstrap::PeerId>()
         && let Some(key) = pcp_bootstrap::key_of(&peer)
     {

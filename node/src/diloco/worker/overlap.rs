@@ -282,7 +282,7 @@ impl Host {
                     sampler: t.sampler(round)?,
                     progress: Progress::default(),
                     spent: Duration::ZERO,
-                    steps,
+                    steps: super::Hostile::steps(t.plan.hostile, steps),
                     budget: budget_ms.map(Duration::from_millis),
                     end_ms: None,
                 });
@@ -372,7 +372,9 @@ impl Host {
         let mut signer = self.signer.take().context("a second send while one is in flight")?;
         out.contribution.sent_unix_ms = wire::unix_ms();
         let (courier, tx, contribution) = (t.courier(), self.done_tx.clone(), Arc::new(out.contribution.clone()));
+        let hold = out.hold_until_ms;
         let task = tokio::spawn(async move {
+            super::Outgoing::hold(hold).await;
             let delivery = courier.deliver(&mut signer, &contribution, this).await;
             let _ = tx.send(Done::Delivered(delivery, signer)).await;
         });

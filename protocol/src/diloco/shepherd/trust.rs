@@ -151,7 +151,7 @@ fn a_peer_caught_by_the_screen_loses_its_rating_and_probation_counts_less() {
     s.handle(send(1, 2, 50, vec![vec![0.0, 1.0, 0.0, 0.0]]), 2);
     let a = s.handle(send(2, 2, 50, vec![vec![0.0, 0.0, 1.0, 0.0]]), 2);
     let sum = summary(&a).expect("round 2");
-    assert_eq!(sum.discounted, vec![(2, 0.25)]);
+    assert_eq!(sum.discounted, vec![(2, 0.25, true)]);
     let p = s.params();
     assert!((p[0][1] + 0.8).abs() < 1e-6 && (p[0][2] + 0.2).abs() < 1e-6, "weights 1 and 0.25: {p:?}");
 }
