@@ -33,8 +33,24 @@ struct Proc {
 
 impl Proc {
     fn spawn(name: &str, dir: &Path, args: &[String]) -> Self {
+        Self::start(name, dir, Command::new(env!("CARGO_BIN_EXE_pcp-node")), args)
+    }
+
+    /// [`Proc::spawn`] on CPU `cpu` alone (`taskset`), at the lowest priority with
+    /// `niced` (`nice -n 19`): separate machines, on one.
+    fn spawn_on(name: &str, dir: &Path, cpu: usize, niced: bool, args: &[String]) -> Self {
+        let mut command = Command::new("taskset");
+        command.args(["-c", &cpu.to_string()]);
+        if niced {
+            command.args(["nice", "-n", "19"]);
+        }
+        command.arg(env!("CARGO_BIN_EXE_pcp-node"));
+        Self::start(name, dir, command, args)
+    }
+
+    fn start(name: &str, dir: &Path, mut command: Command, args: &[String]) -> Self {
         let log = dir.join(format!("{name}.log"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pcp-node"))
+        let mut child = command
             .args(args)
             .env("PCP_ARTIFACT_CACHE", std::env::temp_dir().join("pcp-test-artifact-cache").join("artifacts"))
             .stdin(Stdio::null())
@@ -117,12 +133,20 @@ fn s(v: &[&str]) -> Vec<String> {
 /// A shepherd of nanogpt-small on the demo corpus listening on loopback TCP, with
 /// `extra`; returns it, its address and its events file.
 fn shepherd(dir: &Path, extra: &[&str]) -> (Proc, String, PathBuf) {
+    shepherd_on(dir, None, extra)
+}
+
+/// [`shepherd`], on CPU `cpu` alone if given.
+fn shepherd_on(dir: &Path, cpu: Option<usize>, extra: &[&str]) -> (Proc, String, PathBuf) {
     let events = dir.join("shepherd.jsonl");
     let mut args = s(&["--shepherd", "--seed", "7", "--heartbeat-timeout-ms", "3000", "--listen", "/ip4/127.0.0.1/tcp/0"]);
     args.extend(s(extra));
     args.extend(["--data".into(), corpus(), "--data-dir".into(), dir.join("shepherd").display().to_string()]);
     args.extend(["--events".into(), events.display().to_string()]);
-    let p = Proc::spawn("shepherd", dir, &args);
+    let p = match cpu {
+        Some(cpu) => Proc::spawn_on("shepherd", dir, cpu, false, &args),
+        None => Proc::spawn("shepherd", dir, &args),
+    };
     let line = p.line_with("/ip4/127.0.0.1/tcp/");
     let addr = line.split_whitespace().find(|w| w.starts_with("/ip4/127.0.0.1/tcp/")).expect("an address").to_owned();
     (p, addr, events)
@@ -130,11 +154,19 @@ fn shepherd(dir: &Path, extra: &[&str]) -> (Proc, String, PathBuf) {
 
 /// A CPU worker joining through `addr`, with `extra`.
 fn worker(dir: &Path, name: &str, addr: &str, extra: &[&str]) -> Proc {
+    worker_on(dir, name, None, addr, extra)
+}
+
+/// [`worker`], on CPU `cpu` alone if given.
+fn worker_on(dir: &Path, name: &str, cpu: Option<usize>, addr: &str, extra: &[&str]) -> Proc {
     let mut args = s(&["--bootstrap", addr, "--listen", "/ip4/127.0.0.1/tcp/0"]);
     args.extend(s(extra));
     args.extend(["--data-dir".into(), dir.join(name).display().to_string()]);
     args.extend(["--events".into(), dir.join(format!("{name}.jsonl")).display().to_string()]);
-    Proc::spawn(name, dir, &args)
+    match cpu {
+        Some(cpu) => Proc::spawn_on(name, dir, cpu, false, &args),
+        None => Proc::spawn(name, dir, &args),
+    }
 }
 
 /// The peer id of the node whose data directory is `dir` (made if new).
@@ -195,16 +227,20 @@ fn a_worker_claiming_a_trillion_samples_is_refused_and_the_run_keeps_its_loss() 
 fn forty_identities_on_one_address_neither_bloat_nor_stall_the_shepherd() {
     const ROUNDS: u64 = 9;
     let dir = tempfile::tempdir().expect("tempdir");
-    let (shepherd, addr, record) =
-        shepherd(dir.path(), &["--rounds", "9", "--tau", "20", "--min-workers", "1"]);
+    // the shepherd and the honest worker each on a core of its own, as on machines of their own
+    let (shepherd, addr, record) = shepherd_on(dir.path(), Some(0), &["--rounds", "9", "--tau", "20", "--min-workers", "1"]);
     let honest_peer = peer_of(&dir.path().join("w1"));
-    let _w1 = worker(dir.path(), "w1", &addr, &[]);
+    let _w1 = worker_on(dir.path(), "w1", Some(1), &addr, &[]);
     completed(&record, 3);
     let before_rss = process::memory(shepherd.pid(), "VmRSS:").expect("the shepherd's memory");
     let json = dir.path().join("loadtest.json");
-    let mut attack = Proc::spawn(
+    // the attackers' own compute is theirs, on their machines: here it yields the
+    // shepherd's core to it
+    let mut attack = Proc::spawn_on(
         "loadtest",
         dir.path(),
+        0,
+        true,
         &s(&["loadtest", "--shepherd", &addr, "--workers", "40", "--norm", "0.05", "--timeout-s", "280"])
             .into_iter()
             .chain(["--json".into(), json.display().to_string()])

@@ -827,7 +827,9 @@ impl Host {
         if (round != open && !carried) || self.machine.check_samples(*samples).is_err() {
             return Ok((None, input)); // the machine names why it is refused
         }
-        let Some(applied) = self.machine.as_applied(delta) else { return Ok((None, input)) };
+        if delta.validate(&self.round_sizes(self.machine.completed() + 1)).is_err() {
+            return Ok((None, input)); // the machine names the shape or NaN
+        }
         match self.screener.decide(self.machine.must_screen(&peer)) {
             screen::Decision::Skip => return Ok((None, input)),
             screen::Decision::OverBudget => {
@@ -835,14 +837,24 @@ impl Host {
             }
             screen::Decision::Screen => {}
         }
+        let Some(applied) = self.machine.as_applied(delta) else { return Ok((None, input)) };
         let params = self.machine.params().clone();
         let verdict = self.screener.score(&mut self.engine, &params, &applied).await?;
-        if verdict.passed() {
+        let min_gain = self.screener.min_gain();
+        if verdict.passed(min_gain) {
             let improvement = f64::from(verdict.before - verdict.after);
+            if !self.machine.ratings().on_probation(&peer) {
+                self.screener.rated_gain(improvement);
+            }
             return Ok((Some(Input::Score { peer, round, improvement }), input));
         }
         let screen::Verdict { before, after, reversed } = verdict;
-        Ok((None, Input::Malformed { peer, round, reason: Rejection::NoImprovement { before, after, reversed } }))
+        let reason = if after < before && after < reversed {
+            Rejection::SmallImprovement { gain: f64::from(before - after), needed: min_gain }
+        } else {
+            Rejection::NoImprovement { before, after, reversed }
+        };
+        Ok((None, Input::Malformed { peer, round, reason }))
     }
 
     /// The tensor sizes of round `round`'s pseudo-gradients: its fragment's, the

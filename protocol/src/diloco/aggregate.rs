@@ -473,6 +473,15 @@ pub enum Rejection {
         /// The loss at the parameters plus this pseudo-gradient.
         reversed: f32,
     },
+    /// Applied alone, it lowers the held-out loss, but by less than the least the
+    /// screen asks (a share of the rated peers' median improvement).
+    #[error("too small an improvement: held-out loss falls by {gain:.5}, the screen asks at least {needed:.5}")]
+    SmallImprovement {
+        /// How much it lowered the loss.
+        gain: f64,
+        /// The least the screen asked.
+        needed: f64,
+    },
 }
 
 /// Checks `delta` against the parameter sizes; returns its L2 norm.

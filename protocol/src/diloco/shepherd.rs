@@ -426,6 +426,10 @@ struct OpenRound<P> {
     discounted: Vec<(P, f64, bool)>,
     /// The raw norms of the contributions from reference peers.
     reference_norms: Vec<f64>,
+    /// Every rated participant answered: the deadline gives those on probation a grace.
+    graced: bool,
+    /// The participants rated (out of probation) when it opened.
+    rated: BTreeSet<P>,
 }
 
 /// The outer optimizer.
@@ -806,7 +810,8 @@ impl<P: Ord + Clone> Shepherd<P> {
                 }
             }
             Input::Malformed { peer, round, reason } => {
-                if matches!(reason, Rejection::NoImprovement { .. }) && self.config.rating.is_some() {
+                let caught = matches!(reason, Rejection::NoImprovement { .. } | Rejection::SmallImprovement { .. });
+                if caught && self.config.rating.is_some() {
                     self.ratings.caught(&peer, round);
                 }
                 self.reject(peer, round, reason, &mut actions);
@@ -1061,6 +1066,7 @@ impl<P: Ord + Clone> Shepherd<P> {
             return;
         }
         self.settle(now_ms);
+        self.probation_grace(now_ms);
         if let Some(open) = &self.open {
             let waiting = open.participants.iter().any(|p| self.workers.contains_key(p) && !open.answered.contains(p));
             let quorum = open.accepted.len() + open.carried.len() >= self.config.min_quorum.max(1);
@@ -1099,6 +1105,10 @@ impl<P: Ord + Clone> Shepherd<P> {
                 max => Some(self.rank(participants.iter().cloned()).into_iter().take(max).collect()),
             };
             let bounds = self.bounds();
+            let rated: BTreeSet<P> = match self.config.rating {
+                Some(_) => participants.iter().filter(|p| !self.ratings.on_probation(p)).cloned().collect(),
+                None => BTreeSet::new(),
+            };
             let mut pool: Vec<f64> =
                 self.previous_norms(self.completed + 1).into_iter().filter(|n| n.is_finite()).collect();
             pool.sort_by(f64::total_cmp);
@@ -1132,7 +1142,26 @@ impl<P: Ord + Clone> Shepherd<P> {
                 bounded: Vec::new(),
                 discounted: Vec::new(),
                 reference_norms: Vec::new(),
+                graced: false,
+                rated,
             });
+        }
+    }
+
+    /// Ratings on: once every rated live participant of the open round has answered,
+    /// those on probation have [`PROBATION_GRACE`] of the round so far to answer, not
+    /// the whole deadline: new keys cannot hold a round (forty silent Sybils would
+    /// otherwise stretch every round to its deadline).
+    fn probation_grace(&mut self, now_ms: u64) {
+        if self.config.rating.is_none() {
+            return;
+        }
+        let Some(open) = self.open.as_mut().filter(|o| !o.graced && !o.rated.is_empty()) else { return };
+        let live = |p: &&P| self.workers.contains_key(*p);
+        if open.rated.iter().filter(live).all(|p| open.answered.contains(p)) {
+            open.graced = true;
+            let grace = (now_ms.saturating_sub(open.started_ms) as f64 * PROBATION_GRACE) as u64;
+            open.deadline_ms = open.deadline_ms.min(now_ms.saturating_add(grace));
         }
     }
 
@@ -1280,6 +1309,10 @@ impl<P: Ord + Clone> Shepherd<P> {
 
 /// Norms a round keeps for the next round's bound.
 const MAX_NORMS: usize = 4096;
+
+/// Once every rated participant answered, the share of the round so far that
+/// participants on probation still have to answer ([`Shepherd::probation_grace`]).
+pub const PROBATION_GRACE: f64 = 0.25;
 
 /// The median of `values` (the upper one of an even count), if any.
 fn median_f64(values: &[f64]) -> Option<f64> {

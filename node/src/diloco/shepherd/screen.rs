@@ -122,11 +122,20 @@ pub(crate) struct Verdict {
 }
 
 impl Verdict {
-    /// Whether it passed: it lowers the loss, and more than its opposite does (NaN fails).
-    pub(crate) fn passed(&self) -> bool {
-        self.after < self.before && self.after < self.reversed
+    /// Whether it passed: it lowers the loss by at least `min_gain`, and more than its
+    /// opposite does (NaN fails).
+    pub(crate) fn passed(&self, min_gain: f64) -> bool {
+        self.after < self.before && self.after < self.reversed && f64::from(self.before - self.after) >= min_gain
     }
 }
+
+/// A contribution must improve the held-out loss by at least this share of the
+/// median improvement of the rated peers' contributions screened in the last round
+/// that screened any: random values at a small norm improve it by chance half the
+/// time (the first-order term outweighs the curvature), by almost nothing, and so
+/// does a tiny update meant to drag the norm bound down. (The last round's, not a
+/// rating's moving average: improvements shrink as training converges.)
+pub(crate) const MIN_GAIN_OF_MEDIAN: f64 = 0.1;
 
 /// A round's screening, for its event.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -161,6 +170,10 @@ pub(crate) struct Screener {
     batch: Option<(Batch, Option<f32>)>,
     last_round_s: Option<f64>,
     stats: RoundScreen,
+    /// The improvements of the rated peers' contributions that passed this round.
+    gains: Vec<f64>,
+    /// Their median in the last round that had any.
+    last_gain: Option<f64>,
 }
 
 impl std::fmt::Debug for Screener {
@@ -186,6 +199,20 @@ impl Screener {
             batch: None,
             last_round_s: None,
             stats: RoundScreen::default(),
+            gains: Vec::new(),
+            last_gain: None,
+        }
+    }
+
+    /// The least improvement a contribution must make to pass ([`MIN_GAIN_OF_MEDIAN`]).
+    pub(crate) fn min_gain(&self) -> f64 {
+        self.last_gain.map_or(0.0, |g| g * MIN_GAIN_OF_MEDIAN)
+    }
+
+    /// A rated peer's contribution passed, improving the loss by `gain`.
+    pub(crate) fn rated_gain(&mut self, gain: f64) {
+        if gain.is_finite() && self.gains.len() < 4096 {
+            self.gains.push(gain);
         }
     }
 
@@ -269,9 +296,18 @@ impl Screener {
     }
 
     /// Closes the open round, which took `seconds`: its screening, for the event.
+    /// The next round's budget is a share of this one's time less its screening (a
+    /// budget on the whole round would feed on itself: more screening, a longer
+    /// round, a larger budget).
     pub(crate) fn close(&mut self, seconds: f64) -> RoundScreen {
-        if seconds > 0.0 {
-            self.last_round_s = Some(seconds);
+        let rest = seconds - self.stats.seconds;
+        if rest > 0.0 {
+            self.last_round_s = Some(rest);
+        }
+        let mut gains = std::mem::take(&mut self.gains);
+        if !gains.is_empty() {
+            gains.sort_by(f64::total_cmp);
+            self.last_gain = Some(gains[(gains.len() - 1) / 2]);
         }
         std::mem::take(&mut self.stats)
     }

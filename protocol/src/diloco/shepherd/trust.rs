@@ -148,8 +148,8 @@ fn a_peer_caught_by_the_screen_loses_its_rating_and_probation_counts_less() {
     assert!(summary(&a).is_some());
     assert!(!s.ratings().on_probation(&1) && s.ratings().on_probation(&2));
     // round 2: both send the same samples; 2 on probation counts a quarter
-    s.handle(send(1, 2, 50, vec![vec![0.0, 1.0, 0.0, 0.0]]), 2);
-    let a = s.handle(send(2, 2, 50, vec![vec![0.0, 0.0, 1.0, 0.0]]), 2);
+    s.handle(send(2, 2, 50, vec![vec![0.0, 0.0, 1.0, 0.0]]), 2);
+    let a = s.handle(send(1, 2, 50, vec![vec![0.0, 1.0, 0.0, 0.0]]), 2);
     let sum = summary(&a).expect("round 2");
     assert_eq!(sum.discounted, vec![(2, 0.25, true)]);
     let p = s.params();
@@ -206,4 +206,27 @@ fn rounds_take_the_best_rated_participants_and_aggregate_at_most_the_cap() {
     assert_eq!(participants(&s), Some(vec![1, 2, 3]));
     let a = s.handle(send(1, 2, 50, vec![vec![0.1; 4]]), 7);
     assert_eq!(rejection(&a, 1), Some(Rejection::NotSelected { max: 2 }));
+}
+
+#[test]
+fn participants_on_probation_do_not_hold_a_round_once_the_rated_ones_answered() {
+    let policy = Policy { probation_rounds: 1, probation_weight: 0.25, alpha: 0.5 };
+    let cfg = Config { rating: Some(policy), start_workers: 2, initial_deadline_ms: 100_000, ..config() };
+    let mut s = Shepherd::new(cfg, vec![vec![0.0; 4]]);
+    s.handle(Input::Joined(1), 0);
+    s.handle(Input::Joined(2), 0);
+    // round 1 (everyone on probation): waits for both as before
+    s.handle(Input::Score { peer: 1, round: 1, improvement: 0.1 }, 10);
+    s.handle(send(1, 1, 50, vec![vec![0.1; 4]]), 10);
+    assert!(summary(&s.handle(Input::Tick, 5_000)).is_none(), "no rated participant: the deadline holds");
+    // 3 joins: on probation in round 2, and silent
+    s.handle(Input::Joined(3), 5_500);
+    s.handle(Input::Score { peer: 2, round: 1, improvement: 0.1 }, 6_000);
+    assert!(summary(&s.handle(send(2, 1, 50, vec![vec![0.1; 4]]), 6_000)).is_some());
+    // round 2 opened at 6000; the rated 1 and 2 answer at 6400: 3 has a quarter of that, 100 ms
+    s.handle(send(1, 2, 50, vec![vec![0.1; 4]]), 6_400);
+    s.handle(send(2, 2, 50, vec![vec![0.1; 4]]), 6_400);
+    assert!(summary(&s.handle(Input::Tick, 6_499)).is_none());
+    let sum = summary(&s.handle(Input::Tick, 6_500)).expect("closed at the grace, not the deadline");
+    assert_eq!((sum.excluded, sum.at_deadline), (vec![3], true));
 }
