@@ -158,6 +158,10 @@ pub struct Config {
     pub aggregate_max: usize,
     /// At most this many participants a round, the best-rated workers; 0: all.
     pub max_participants: usize,
+    /// Participants are untrusted: once half of a round's participants answered, it
+    /// waits at most `deadline_factor` × the time that took (a few that hold their
+    /// contributions back cannot stretch rounds to the deadline). Also with `rating`.
+    pub untrusted: bool,
 }
 
 /// The settings of an overlapping run ([`Config::overlap`]).
@@ -209,6 +213,7 @@ impl Default for Config {
             rating: None,
             aggregate_max: 0,
             max_participants: 0,
+            untrusted: false,
         }
     }
 }
@@ -430,6 +435,8 @@ struct OpenRound<P> {
     graced: bool,
     /// The participants rated (out of probation) when it opened.
     rated: BTreeSet<P>,
+    /// Half the participants answered: the deadline was cut to a factor of that time.
+    halved: bool,
 }
 
 /// The outer optimizer.
@@ -1144,20 +1151,40 @@ impl<P: Ord + Clone> Shepherd<P> {
                 reference_norms: Vec::new(),
                 graced: false,
                 rated,
+                halved: false,
             });
         }
     }
 
-    /// Ratings on: once every rated live participant of the open round has answered,
-    /// those on probation have [`PROBATION_GRACE`] of the round so far to answer, not
-    /// the whole deadline: new keys cannot hold a round (forty silent Sybils would
-    /// otherwise stretch every round to its deadline).
+    /// Ratings on, two rules that keep untrusted participants from holding a round
+    /// (forty silent Sybils, or a few that send only after the deadline, would
+    /// otherwise stretch every round to its deadline, ten minutes for the first):
+    ///
+    /// * once half the live participants answered, the deadline is at most
+    ///   `deadline_factor` × the time that took (and no less than the minimum);
+    /// * once every rated live participant answered, those on probation have
+    ///   [`PROBATION_GRACE`] of the round so far to answer.
+    ///
+    /// (A time-boxed round of an overlapping run settles its deadline itself.)
     fn probation_grace(&mut self, now_ms: u64) {
-        if self.config.rating.is_none() {
+        if self.config.rating.is_none() && !self.config.untrusted {
             return;
         }
-        let Some(open) = self.open.as_mut().filter(|o| !o.graced && !o.rated.is_empty()) else { return };
+        let (factor, min) = (self.config.deadline_factor, self.config.min_deadline_ms);
+        let Some(open) = self.open.as_mut() else { return };
         let live = |p: &&P| self.workers.contains_key(*p);
+        if !open.halved && open.budget_ms.is_none() {
+            let participants = open.participants.iter().filter(live).count();
+            if !open.answered.is_empty() && open.answered.len() * 2 >= participants {
+                open.halved = true;
+                let elapsed = now_ms.saturating_sub(open.started_ms);
+                let wait = ((elapsed as f64 * factor) as u64).max(min);
+                open.deadline_ms = open.deadline_ms.min(open.started_ms.saturating_add(wait));
+            }
+        }
+        if open.graced || open.rated.is_empty() {
+            return;
+        }
         if open.rated.iter().filter(live).all(|p| open.answered.contains(p)) {
             open.graced = true;
             let grace = (now_ms.saturating_sub(open.started_ms) as f64 * PROBATION_GRACE) as u64;

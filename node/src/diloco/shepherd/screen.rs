@@ -17,7 +17,8 @@
 //!   the shepherd's loop. Once a round's screening has taken `share` of the last
 //!   round's duration, a rated peer's contribution is screened with the
 //!   manifest's probability only, and a contribution on probation, which must be
-//!   screened to count, is refused for the round. A rated peer caught by a
+//!   screened to count, is refused for the round. A round screens at least
+//!   [`MIN_SCREENS`] contributions whatever its budget. A rated peer caught by a
 //!   sampled screen loses its rating, so a rated attacker is caught with that
 //!   probability per bad contribution, and each catch puts it back on probation,
 //!   where every contribution is screened.
@@ -128,6 +129,10 @@ impl Verdict {
         self.after < self.before && self.after < self.reversed && f64::from(self.before - self.after) >= min_gain
     }
 }
+
+/// Contributions a round screens whatever its budget: a small run, whose every
+/// worker is new, is screened in full however short its rounds.
+pub(crate) const MIN_SCREENS: u64 = 8;
 
 /// A contribution must improve the held-out loss by at least this share of the
 /// median improvement of the rated peers' contributions screened in the last round
@@ -250,7 +255,7 @@ impl Screener {
             return Decision::Skip;
         }
         let budget = self.last_round_s.map_or(f64::INFINITY, |s| s * self.share);
-        if self.stats.seconds < budget {
+        if self.stats.seconds < budget || self.stats.screened < MIN_SCREENS {
             return Decision::Screen;
         }
         if must {

@@ -306,6 +306,7 @@ pub(super) fn machine_config(
         rating: (plan.screen == Screen::Score).then_some(plan.trust.policy),
         aggregate_max: plan.trust.aggregate_max as usize,
         max_participants: plan.trust.max_participants as usize,
+        untrusted: true,
         // overlapping workers: time-boxed rounds, a deadline after the budget, late
         // contributions carried over (see pcp_protocol::diloco::shepherd)
         // (announcements are gossiped when a round opens: half a second's notice)

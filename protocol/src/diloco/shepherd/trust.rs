@@ -211,22 +211,39 @@ fn rounds_take_the_best_rated_participants_and_aggregate_at_most_the_cap() {
 #[test]
 fn participants_on_probation_do_not_hold_a_round_once_the_rated_ones_answered() {
     let policy = Policy { probation_rounds: 1, probation_weight: 0.25, alpha: 0.5 };
-    let cfg = Config { rating: Some(policy), start_workers: 2, initial_deadline_ms: 100_000, ..config() };
+    let long = 100_000;
+    let cfg = Config { rating: Some(policy), start_workers: 2, min_deadline_ms: long, ..config() };
     let mut s = Shepherd::new(cfg, vec![vec![0.0; 4]]);
     s.handle(Input::Joined(1), 0);
     s.handle(Input::Joined(2), 0);
-    // round 1 (everyone on probation): waits for both as before
-    s.handle(Input::Score { peer: 1, round: 1, improvement: 0.1 }, 10);
-    s.handle(send(1, 1, 50, vec![vec![0.1; 4]]), 10);
-    assert!(summary(&s.handle(Input::Tick, 5_000)).is_none(), "no rated participant: the deadline holds");
-    // 3 joins: on probation in round 2, and silent
-    s.handle(Input::Joined(3), 5_500);
-    s.handle(Input::Score { peer: 2, round: 1, improvement: 0.1 }, 6_000);
-    assert!(summary(&s.handle(send(2, 1, 50, vec![vec![0.1; 4]]), 6_000)).is_some());
-    // round 2 opened at 6000; the rated 1 and 2 answer at 6400: 3 has a quarter of that, 100 ms
-    s.handle(send(1, 2, 50, vec![vec![0.1; 4]]), 6_400);
-    s.handle(send(2, 2, 50, vec![vec![0.1; 4]]), 6_400);
-    assert!(summary(&s.handle(Input::Tick, 6_499)).is_none());
-    let sum = summary(&s.handle(Input::Tick, 6_500)).expect("closed at the grace, not the deadline");
+    // 3 joins during round 1: on probation in round 2, and silent
+    s.handle(Input::Joined(3), 5);
+    for p in [1, 2] {
+        s.handle(Input::Score { peer: p, round: 1, improvement: 0.1 }, 10);
+        s.handle(send(p, 1, 50, vec![vec![0.1; 4]]), 10);
+    }
+    assert_eq!(s.completed(), 1);
+    // round 2 opened at 10; the rated 1 and 2 answer at 410: 3 has a quarter of that, 100 ms
+    s.handle(send(1, 2, 50, vec![vec![0.1; 4]]), 410);
+    s.handle(send(2, 2, 50, vec![vec![0.1; 4]]), 410);
+    assert_eq!(s.deadline_ms(), Some(510));
+    assert!(summary(&s.handle(Input::Tick, 509)).is_none());
+    let sum = summary(&s.handle(Input::Tick, 510)).expect("closed at the grace, not the deadline");
     assert_eq!((sum.excluded, sum.at_deadline), (vec![3], true));
+}
+
+#[test]
+fn a_round_waits_no_longer_than_twice_the_time_half_its_participants_took() {
+    let policy = Policy { probation_rounds: 3, probation_weight: 0.25, alpha: 0.5 };
+    let cfg = Config { rating: Some(policy), start_workers: 4, initial_deadline_ms: 600_000, ..config() };
+    let mut s = Shepherd::new(cfg, vec![vec![0.0; 4]]);
+    for p in 1..=4 {
+        s.handle(Input::Joined(p), 0);
+    }
+    // everyone is new; 1 and 2 answer at 1000 ms, 3 and 4 hold back for the deadline
+    s.handle(send(1, 1, 50, vec![vec![0.1; 4]]), 1_000);
+    s.handle(send(2, 1, 50, vec![vec![0.1; 4]]), 1_000);
+    assert_eq!(s.deadline_ms(), Some(2_000), "twice the time half of them took, not ten minutes");
+    let sum = summary(&s.handle(Input::Tick, 2_000)).expect("closed");
+    assert_eq!(sum.excluded, vec![3, 4]);
 }
