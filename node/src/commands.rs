@@ -53,6 +53,7 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once, at start")]
 enum Command {
     /// Add blobs to the store or fetch them from the network.
     Blob(blob::BlobArgs),

@@ -39,6 +39,7 @@ pub(crate) struct RoleIo {
 pub(crate) use candidate::{Begin, STANDBY, run as candidate_run};
 pub(crate) use retention::{Retention, RetentionArgs};
 pub(crate) use shepherd::{
-    SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, Trust, TrustArgs, parse_encoding, parse_key, parse_trim,
+    SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, Trust, TrustArgs, parse_encoding, parse_key,
+    parse_trim,
 };
 pub(crate) use worker::{HOSTILE_KINDS, Hostile, WorkerArgs, WorkerPlan, run as worker_run};

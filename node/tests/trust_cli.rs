@@ -139,7 +139,8 @@ fn shepherd(dir: &Path, extra: &[&str]) -> (Proc, String, PathBuf) {
 /// [`shepherd`], on CPU `cpu` alone if given.
 fn shepherd_on(dir: &Path, cpu: Option<usize>, extra: &[&str]) -> (Proc, String, PathBuf) {
     let events = dir.join("shepherd.jsonl");
-    let mut args = s(&["--shepherd", "--seed", "7", "--heartbeat-timeout-ms", "3000", "--listen", "/ip4/127.0.0.1/tcp/0"]);
+    let mut args =
+        s(&["--shepherd", "--seed", "7", "--heartbeat-timeout-ms", "3000", "--listen", "/ip4/127.0.0.1/tcp/0"]);
     args.extend(s(extra));
     args.extend(["--data".into(), corpus(), "--data-dir".into(), dir.join("shepherd").display().to_string()]);
     args.extend(["--events".into(), events.display().to_string()]);
@@ -228,7 +229,8 @@ fn forty_identities_on_one_address_neither_bloat_nor_stall_the_shepherd() {
     const ROUNDS: u64 = 9;
     let dir = tempfile::tempdir().expect("tempdir");
     // the shepherd and the honest worker each on a core of its own, as on machines of their own
-    let (shepherd, addr, record) = shepherd_on(dir.path(), Some(0), &["--rounds", "9", "--tau", "20", "--min-workers", "1"]);
+    let (shepherd, addr, record) =
+        shepherd_on(dir.path(), Some(0), &["--rounds", "9", "--tau", "20", "--min-workers", "1"]);
     let honest_peer = peer_of(&dir.path().join("w1"));
     let _w1 = worker_on(dir.path(), "w1", Some(1), &addr, &[]);
     completed(&record, 3);
@@ -282,7 +284,10 @@ fn forty_identities_on_one_address_neither_bloat_nor_stall_the_shepherd() {
     assert!(mean <= 1.5 * before, "rounds took {mean:.2} s under attack, {before:.2} s before");
     for r in 1..=ROUNDS {
         let accepted = all.iter().any(|e| {
-            e["event"] == "contribution_received" && e["round"] == r && e["peer"] == honest_peer.as_str() && e["accepted"] == true
+            e["event"] == "contribution_received"
+                && e["round"] == r
+                && e["peer"] == honest_peer.as_str()
+                && e["accepted"] == true
         });
         assert!(accepted, "the honest worker's contribution to round {r} was not accepted");
     }
@@ -329,7 +334,9 @@ fn an_allowlisted_run_refuses_other_keys_at_hello_and_at_contribution() {
     for peer in stranger["peers"].as_array().expect("peers") {
         let peer = peer.as_str().expect("a peer id");
         let refused = wait_for(&events, "a stranger's contribution refused", |e| {
-            e["event"] == "message_rejected" && e["peer"] == peer && e["reason"].as_str().is_some_and(|r| r.contains("contribution"))
+            e["event"] == "message_rejected"
+                && e["peer"] == peer
+                && e["reason"].as_str().is_some_and(|r| r.contains("contribution"))
         });
         let reason = refused["reason"].as_str().unwrap_or_default();
         assert!(!reason.contains('\n') && reason.contains("contribution from"), "{reason:?}");

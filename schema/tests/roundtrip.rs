@@ -1,8 +1,8 @@
 //! Every wire message round-trips; hostile input fails cleanly and within its bounds.
 
 use pcp_schema::{
-    Ack, Admission, ArtifactRef, Backend, BlobRequest, BlobResponse, BlobWant, CHUNK_SIZE, Capabilities, Contribution, DataSpec,
-    DecodeError, Heartbeat, Held, MAX_CONTROL_MESSAGE, Message, MessageKind, NodeHello, ParameterRef,
+    Ack, Admission, ArtifactRef, Backend, BlobRequest, BlobResponse, BlobWant, CHUNK_SIZE, Capabilities, Contribution,
+    DataSpec, DecodeError, Heartbeat, Held, MAX_CONTROL_MESSAGE, Message, MessageKind, NodeHello, ParameterRef,
     RoundAnnouncement, RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
 };
 use pcp_schema::{FrameHead, MAX_CONTRIBUTION, MAX_FRAME_HEAD};

@@ -38,7 +38,9 @@ pub(crate) fn run(args: &CertifyArgs, data_dir: &std::path::Path) -> Result<(), 
     let certificate = JoinCertificate::issue(&authorizer, run, key, expires);
     let text = hex::encode(certificate.to_bytes());
     match &args.out {
-        Some(path) => std::fs::write(path, format!("{text}\n")).with_context(|| format!("writing {}", path.display()))?,
+        Some(path) => {
+            std::fs::write(path, format!("{text}\n")).with_context(|| format!("writing {}", path.display()))?
+        }
         None => {
             use std::io::Write as _;
             writeln!(std::io::stdout().lock(), "{text}").context("writing the certificate")?;

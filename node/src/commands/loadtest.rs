@@ -108,8 +108,10 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     for i in 0..args.workers {
         let identity = Identity::from_secret(rng.r#gen());
-        let config =
-            Config { bootstrap: vec![args.shepherd.clone()], ..Config::loopback(data_dir.join(format!("synthetic-{i}"))) };
+        let config = Config {
+            bootstrap: vec![args.shepherd.clone()],
+            ..Config::loopback(data_dir.join(format!("synthetic-{i}")))
+        };
         peers.push(pcp_bootstrap::keypair(&identity).public().to_peer_id().to_string());
         let (node, _events, event_loop): (Node, _, EventLoop) =
             Node::new(&identity, config).map_err(|e| Failure::input(anyhow::anyhow!("synthetic worker {i}: {e}")))?;

@@ -8,8 +8,8 @@ mod table;
 mod trust;
 
 pub(crate) use args::{SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdPlan, parse_encoding, parse_trim};
-pub(crate) use trust::{Trust, TrustArgs, parse_key};
 use setup::*;
+pub(crate) use trust::{Trust, TrustArgs, parse_key};
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
@@ -819,7 +819,10 @@ impl Host {
     /// contribution carried from the round before is screened too. Past the
     /// round's screening budget, a rated peer's contribution is screened by sample
     /// and one on probation refused.
-    async fn screened(&mut self, input: Input<PublicKey>) -> anyhow::Result<(Option<Input<PublicKey>>, Input<PublicKey>)> {
+    async fn screened(
+        &mut self,
+        input: Input<PublicKey>,
+    ) -> anyhow::Result<(Option<Input<PublicKey>>, Input<PublicKey>)> {
         let Input::Contribution { peer, round, delta, samples, .. } = &input else { return Ok((None, input)) };
         let (peer, round) = (*peer, *round);
         let open = self.machine.completed() + 1;

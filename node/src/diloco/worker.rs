@@ -165,9 +165,10 @@ impl WorkerPlan {
             None => None,
         };
         let hostile = match &args.hostile {
-            Some(h) => Some(Hostile::parse(h).ok_or_else(|| {
-                Failure::input(anyhow::anyhow!("--hostile takes {HOSTILE_KINDS}, got {h:?}"))
-            })?),
+            Some(h) => Some(
+                Hostile::parse(h)
+                    .ok_or_else(|| Failure::input(anyhow::anyhow!("--hostile takes {HOSTILE_KINDS}, got {h:?}")))?,
+            ),
             None => None,
         };
         let certificate = match &args.certificate {

@@ -55,6 +55,10 @@ struct Metrics {
     contribution_bytes_down: Counter,
     rejected: Family<Labels, Counter>,
     clipped: Counter,
+    bounded: Counter,
+    discounted: Counter,
+    screen_seconds: FloatGauge,
+    screen_share: FloatGauge,
     messages_rejected: Counter,
     peers: Gauge,
     workers: Gauge,
@@ -82,6 +86,10 @@ impl Metrics {
             contribution_bytes_down: Counter::default(),
             rejected: Family::default(),
             clipped: Counter::default(),
+            bounded: Counter::default(),
+            discounted: Counter::default(),
+            screen_seconds: FloatGauge::default(),
+            screen_share: FloatGauge::default(),
             messages_rejected: Counter::default(),
             peers: Gauge::default(),
             workers: Gauge::default(),
@@ -124,6 +132,22 @@ impl Metrics {
         );
         r.register("contributions_rejected", "Contributions refused, by reason", metrics.rejected.clone());
         r.register("contributions_clipped", "Contributions scaled down to the norm bound", metrics.clipped.clone());
+        r.register(
+            "contributions_bounded",
+            "Contributions the per-tensor bounds changed (values clipped, tensors scaled down)",
+            metrics.bounded.clone(),
+        );
+        r.register(
+            "contributions_discounted",
+            "Contributions counted at less than their samples (probation, or a rating below the median)",
+            metrics.discounted.clone(),
+        );
+        r.register(
+            "screen_seconds",
+            "Seconds the last round spent screening contributions",
+            metrics.screen_seconds.clone(),
+        );
+        r.register("screen_share", "The share of the last round spent screening", metrics.screen_share.clone());
         r.register("messages_rejected", "Requests refused before they were read", metrics.messages_rejected.clone());
         r.register("peers", "Connected peers", metrics.peers.clone());
         r.register("workers", "Workers the shepherd counts as live", metrics.workers.clone());
@@ -187,6 +211,16 @@ impl Metrics {
             }
             Event::ContributionClipped(_) => {
                 self.clipped.inc();
+            }
+            Event::ContributionBounded(_) => {
+                self.bounded.inc();
+            }
+            Event::ContributionDiscounted(_) => {
+                self.discounted.inc();
+            }
+            Event::ScreenRound(e) => {
+                self.screen_seconds.set(e.seconds);
+                self.screen_share.set(e.share);
             }
             Event::MessageRejected(_) => {
                 self.messages_rejected.inc();

@@ -130,7 +130,11 @@ impl Delta {
                 clipping.elements = count;
                 let stats = clipped.tensor_stats();
                 let scales = scales(&stats, &mut clipping);
-                let p = if clipping.tensors > 0 { clipped.bounded(&scales, &vec![f32::INFINITY; scales.len()]).0 } else { clipped };
+                let p = if clipping.tensors > 0 {
+                    clipped.bounded(&scales, &vec![f32::INFINITY; scales.len()]).0
+                } else {
+                    clipped
+                };
                 let norm = p.norm();
                 (Self::Packed(p), norm, clipping)
             }
@@ -443,7 +447,9 @@ pub enum Rejection {
     },
     /// On probation (it counts only screened) while the round's screening budget
     /// is spent.
-    #[error("not screened: the round's screening budget is spent, and a contribution on probation counts only screened")]
+    #[error(
+        "not screened: the round's screening budget is spent, and a contribution on probation counts only screened"
+    )]
     Unscreened,
     /// The run's admission refused its sender (`--admit`): the reason.
     #[error("not admitted: {0}")]

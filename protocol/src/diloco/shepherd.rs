@@ -83,8 +83,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::Tensors;
 use super::aggregate::{Accepted, Bounds, Delta, Rejection, RunningMean, norm_bound, trimmed_mean};
-use super::rating::{Policy, Ratings};
 use super::outer::Nesterov;
+use super::rating::{Policy, Ratings};
 use super::sparse::{self, ErrorFeedback, Settings};
 
 /// Shepherd settings.
@@ -1224,7 +1224,8 @@ impl<P: Ord + Clone> Shepherd<P> {
             return Bounds::none();
         }
         let tensor = self.tensor_ref.iter().map(|r| r.map_or(f64::INFINITY, |(n, _)| tf * n)).collect();
-        let element = self.tensor_ref.iter().map(|r| r.map_or(f32::INFINITY, |(_, m)| (ef * f64::from(m)) as f32)).collect();
+        let element =
+            self.tensor_ref.iter().map(|r| r.map_or(f32::INFINITY, |(_, m)| (ef * f64::from(m)) as f32)).collect();
         Bounds { tensor, element }
     }
 
@@ -1239,8 +1240,10 @@ impl<P: Ord + Clone> Shepherd<P> {
             self.tensor_ref.resize(tensors, None);
         }
         for t in 0..tensors {
-            let mut norms: Vec<f64> = chosen.iter().filter_map(|s| s.get(t)).map(|x| x.0).filter(|n| *n > 0.0).collect();
-            let mut maxes: Vec<f32> = chosen.iter().filter_map(|s| s.get(t)).map(|x| x.1).filter(|m| *m > 0.0).collect();
+            let mut norms: Vec<f64> =
+                chosen.iter().filter_map(|s| s.get(t)).map(|x| x.0).filter(|n| *n > 0.0).collect();
+            let mut maxes: Vec<f32> =
+                chosen.iter().filter_map(|s| s.get(t)).map(|x| x.1).filter(|m| *m > 0.0).collect();
             if norms.is_empty() || maxes.is_empty() {
                 continue;
             }

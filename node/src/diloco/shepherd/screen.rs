@@ -189,7 +189,14 @@ impl std::fmt::Debug for Screener {
 
 impl Screener {
     /// A screen on `split` (`hidden`: withheld from workers) of batches `shape`.
-    pub(crate) fn new(mode: Screen, split: Split, hidden: bool, sample: f64, share: f64, shape: (usize, usize)) -> Self {
+    pub(crate) fn new(
+        mode: Screen,
+        split: Split,
+        hidden: bool,
+        sample: f64,
+        share: f64,
+        shape: (usize, usize),
+    ) -> Self {
         Self {
             mode,
             split,
@@ -319,7 +326,13 @@ impl Screener {
 }
 
 /// The loss on `batch` at `params − sign × delta`.
-async fn loss_moved(engine: &mut Engine, params: &Tensors, delta: &Delta, sign: f32, batch: &Batch) -> anyhow::Result<f32> {
+async fn loss_moved(
+    engine: &mut Engine,
+    params: &Tensors,
+    delta: &Delta,
+    sign: f32,
+    batch: &Batch,
+) -> anyhow::Result<f32> {
     let mut moved = params.clone();
     delta.add_to(&mut moved, -sign);
     engine.set_params(moved).await.context("loading parameters to screen")?;

@@ -229,7 +229,8 @@ pub(super) fn run_manifest(
             screen::withhold(&plan.corpus_path, &plan.state_dir, &e.tokenizer, &plan.corpus.vocab, 4 * (block + 1))?;
         if withheld.split.is_some() {
             // the shepherd validates on what workers hold, as they would
-            plan.corpus = Corpus::load(&withheld.public, &e.tokenizer, Some(plan.corpus.vocab.clone()), e.val_fraction)?;
+            plan.corpus =
+                Corpus::load(&withheld.public, &e.tokenizer, Some(plan.corpus.vocab.clone()), e.val_fraction)?;
         }
         plan.screen_split = withheld.split;
         withheld.public
@@ -273,6 +274,17 @@ pub(super) fn run_manifest(
         plan.retention.pin(BlobHash(p.blob));
     }
     Ok(manifest)
+}
+
+/// The screen of a run: on the split its corpus withheld, else the public validation split.
+fn screener(plan: &mut ShepherdPlan, manifest: &RunManifest) -> screen::Screener {
+    let shape = (manifest.data.batch as usize, manifest.data.block as usize);
+    let (split, hidden) = match plan.screen_split.take() {
+        Some(split) => (split, true),
+        None => (plan.corpus.val.clone(), false),
+    };
+    let t = &plan.trust;
+    screen::Screener::new(plan.screen, split, hidden, f64::from(t.screen_sample), t.screen_share, shape)
 }
 
 /// The state machine's settings. A resumed or elected shepherd waits a moment for
@@ -397,14 +409,7 @@ impl Host {
         let module = Arc::new(step.module);
         let engine =
             host_engine(prepared_engine, &module, &artifacts_dir, &manifest, params, step.state_per_param).await?;
-        let shape = (manifest.data.batch as usize, manifest.data.block as usize);
-        let (split, hidden) = match plan.screen_split.take() {
-            Some(split) => (split, true),
-            None => (plan.corpus.val.clone(), false),
-        };
-        let t = &plan.trust;
-        let screener =
-            screen::Screener::new(plan.screen, split, hidden, f64::from(t.screen_sample), t.screen_share, shape);
+        let screener = screener(&mut plan, &manifest);
 
         // providing is a DHT query that can take seconds (a dead leader is still in
         // routing tables): it runs beside the main loop, so an elected candidate leads at once

@@ -97,7 +97,11 @@ impl Default for Trust {
             admit: Admit::Open { pow_bits: 0 },
             max_participants: 0,
             aggregate_max: 0,
-            policy: Policy { probation_rounds: args.probation_rounds, probation_weight: args.probation_weight, ..Policy::default() },
+            policy: Policy {
+                probation_rounds: args.probation_rounds,
+                probation_weight: args.probation_weight,
+                ..Policy::default()
+            },
             screen_sample: args.screen_sample,
             screen_share: args.screen_share,
             tensor_bound: args.tensor_bound,

@@ -115,7 +115,8 @@ fn a_contribution_concentrated_on_one_coordinate_is_clipped_to_the_rated_peers_s
 #[test]
 fn a_sparse_message_is_bounded_like_its_dense_form() {
     let sizes = [256usize, 64];
-    let tensors: Tensors = sizes.iter().map(|n| (0..*n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 1e-2).collect()).collect();
+    let tensors: Tensors =
+        sizes.iter().map(|n| (0..*n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 1e-2).collect()).collect();
     let layout = Layout { chunk: 64, k: 4, bits: 2, strided: false };
     let (bytes, _) = sparse::encode_seeded(&tensors, layout, 3);
     let packed = Delta::Packed(Packed::check(&bytes, &sizes, layout, 3).expect("checks"));
