@@ -95,8 +95,8 @@ pub(crate) enum Hostile {
     /// The honest norm on four coordinates of the largest tensor, against the
     /// honest direction.
     Concentrate,
-    /// −Δ, sent half a second after the round's deadline (an overlapping run
-    /// carries it into the next round).
+    /// −Δ, sent only once the next round is announced (an overlapping run carries
+    /// it into that round).
     Late,
     /// One inner step's Δ × 0.01, sent as soon as it is made: tiny, early and in
     /// the honest direction, to drag the norm bound down.
@@ -776,18 +776,8 @@ struct Outgoing {
     /// The sparse entries it takes from the error feedback (given back if refused).
     sent: Option<SparseTensors>,
     trained_s: f64,
-    /// A late attacker sends only then (Unix milliseconds).
-    hold_until_ms: Option<u64>,
-}
-
-impl Outgoing {
-    /// Waits until a late attacker's send time, if any.
-    async fn hold(until_ms: Option<u64>) {
-        if let Some(until) = until_ms {
-            let wait = until.saturating_sub(wire::unix_ms());
-            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
-        }
-    }
+    /// A late attacker's: sent only after its round closed.
+    late: bool,
 }
 
 /// How a sent contribution fared.
@@ -810,6 +800,14 @@ struct Courier {
 }
 
 impl Courier {
+    /// Waits until the round after `this` is announced, and a moment more (a late
+    /// attacker's send time).
+    async fn after_close(&self, this: Key) {
+        let mut watching = self.latest.clone();
+        newer_arrives(&mut watching, this).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
     /// Sends `contribution` to the followed leader. A send to a leader that died (or
     /// refused it unread) must not hold up the round that replaces it: an
     /// announcement that makes it moot abandons it ([`superseded`]). One lost on
@@ -1129,8 +1127,8 @@ impl Trainer<'_> {
             wall_ms,
             sent_unix_ms: wire::unix_ms(),
         };
-        let hold_until_ms = (self.plan.hostile == Some(Hostile::Late)).then(|| a.deadline_unix_ms + 500);
-        Outgoing { contribution, sent, trained_s, hold_until_ms }
+        let late = self.plan.hostile == Some(Hostile::Late);
+        Outgoing { contribution, sent, trained_s, late }
     }
 
     /// After a send: a refused contribution's sparse entries go back into the error
@@ -1241,7 +1239,9 @@ impl Trainer<'_> {
                         let mut out = self.outgoing(&a, &params, &end, &progress);
                         out.trained_s = training.elapsed().as_secs_f64();
                         out.contribution.bytes_down = bytes_down;
-                        Outgoing::hold(out.hold_until_ms).await;
+                        if out.late {
+                            self.courier().after_close(key(&a)).await;
+                        }
                         let Some(delivery) = self.courier().deliver(signer, &out.contribution, key(&a)).await else {
                             return Ok(Outcome::Cancelled);
                         };

@@ -372,9 +372,11 @@ impl Host {
         let mut signer = self.signer.take().context("a second send while one is in flight")?;
         out.contribution.sent_unix_ms = wire::unix_ms();
         let (courier, tx, contribution) = (t.courier(), self.done_tx.clone(), Arc::new(out.contribution.clone()));
-        let hold = out.hold_until_ms;
+        let late = out.late;
         let task = tokio::spawn(async move {
-            super::Outgoing::hold(hold).await;
+            if late {
+                courier.after_close(this).await;
+            }
             let delivery = courier.deliver(&mut signer, &contribution, this).await;
             let _ = tx.send(Done::Delivered(delivery, signer)).await;
         });
