@@ -347,3 +347,26 @@ fn an_allowlisted_run_refuses_other_keys_at_hello_and_at_contribution() {
         e["event"] == "contribution_received" && e["peer"] == w1.as_str() && e["accepted"] == true
     });
 }
+
+/// An open run that asks a proof of work of each identity: a worker solves it and
+/// trains; an identity without one is refused at hello, by name.
+#[test]
+fn an_open_run_asks_each_identity_a_proof_of_work() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_shepherd, addr, record) =
+        shepherd(dir.path(), &["--rounds", "30", "--tau", "5", "--min-workers", "1", "--pow-bits", "16"]);
+    let w1 = peer_of(&dir.path().join("w1"));
+    let _w1 = worker(dir.path(), "w1", &addr, &[]);
+    wait_for(&record, "a contribution of the worker that solved it", |e| {
+        e["event"] == "contribution_received" && e["peer"] == w1.as_str() && e["accepted"] == true
+    });
+    let json = dir.path().join("strangers.json");
+    let mut args = s(&["loadtest", "--shepherd", &addr, "--workers", "1", "--timeout-s", "5"]);
+    args.extend(["--json".into(), json.display().to_string()]);
+    args.extend(["--data-dir".into(), dir.path().join("strangers").display().to_string()]);
+    Proc::spawn("strangers", dir.path(), &args).wait();
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).expect("the report")).expect("json");
+    assert_eq!(report["joined"], 0, "{report}");
+    let reasons = report["refused_hello"].as_object().expect("reasons");
+    assert!(!reasons.is_empty() && reasons.keys().all(|r| r.contains("the run needs 16")), "{report}");
+}
