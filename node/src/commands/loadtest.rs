@@ -248,27 +248,7 @@ impl Synthetic {
             (run, refusal) = (RunId(ack.run), ack.reason);
         }
         *tally.lock().await.refused_heartbeat.entry(refusal).or_default() += 1;
-        let delta = vec![0u8; 1024];
-        let contribution = Contribution {
-            run: run.0,
-            round: 1,
-            inner_steps: 1,
-            samples: 1,
-            pseudo_gradient: ParameterRef {
-                name: "delta".into(),
-                shard: 0,
-                blob: *blake3::hash(&delta).as_bytes(),
-                size: delta.len() as u64,
-            },
-            loss: 3.0,
-            delta,
-            bytes_down: 0,
-            term: 1,
-            params_hash: [0; 32],
-            train_ms: 0,
-            wall_ms: 0,
-            sent_unix_ms: wire::unix_ms(),
-        };
+        let contribution = contribution(run, 1, (1, 1), vec![0u8; 1024], (1, [0; 32]), 0);
         let envelope = self.signer.seal(run, 1, &contribution);
         let reason = match self.node.request(self.shepherd, envelope).await {
             Ok(answer) => answer.decode::<Ack>().map(|a| a.reason).unwrap_or_else(|e| e.to_string()),
@@ -331,26 +311,9 @@ impl Synthetic {
                 Some(ef) => ef.compress_seeded(&delta, 1.0, a.round).0,
                 None => compress::encode(&delta, encoding),
             };
-            let contribution = Contribution {
-                run: run.0,
-                round: a.round,
-                inner_steps: tau as u32,
-                samples: tau * tokens,
-                pseudo_gradient: ParameterRef {
-                    name: "delta".into(),
-                    shard: 0,
-                    blob: *blake3::hash(&bytes).as_bytes(),
-                    size: bytes.len() as u64,
-                },
-                loss: 3.0,
-                delta: bytes,
-                bytes_down: 0,
-                term: a.term,
-                params_hash: a.parameters.first().map(|p| p.blob).unwrap_or_default(),
-                train_ms: self.args.step_ms * tau,
-                wall_ms: self.args.step_ms * tau,
-                sent_unix_ms: wire::unix_ms(),
-            };
+            let params = a.parameters.first().map(|p| p.blob).unwrap_or_default();
+            let steps = (tau, tau * tokens);
+            let contribution = contribution(run, a.round, steps, bytes, (a.term, params), self.args.step_ms * tau);
             let envelope = self.signer.seal(run, a.round, &contribution);
             let outcome = self.node.request(self.shepherd, envelope).await;
             let mut tally = tally.lock().await;
@@ -362,6 +325,38 @@ impl Synthetic {
                 Err(e) => *row.refused.entry(reason_kind(&e)).or_default() += 1,
             }
         }
+    }
+}
+
+/// A contribution to `round` of `(steps, samples)`, carrying `delta`, trained from
+/// the announcement of `(term, params hash)` in `train_ms`.
+fn contribution(
+    run: RunId,
+    round: u64,
+    (steps, samples): (u64, u64),
+    delta: Vec<u8>,
+    (term, params_hash): (u64, [u8; 32]),
+    train_ms: u64,
+) -> Contribution {
+    Contribution {
+        run: run.0,
+        round,
+        inner_steps: steps as u32,
+        samples,
+        pseudo_gradient: ParameterRef {
+            name: "delta".into(),
+            shard: 0,
+            blob: *blake3::hash(&delta).as_bytes(),
+            size: delta.len() as u64,
+        },
+        loss: 3.0,
+        delta,
+        bytes_down: 0,
+        term,
+        params_hash,
+        train_ms,
+        wall_ms: train_ms,
+        sent_unix_ms: wire::unix_ms(),
     }
 }
 

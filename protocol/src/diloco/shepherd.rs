@@ -1258,7 +1258,7 @@ impl<P: Ord + Clone> Shepherd<P> {
         let round = self.completed + 1;
         let peers: Vec<P> = open.accepted.keys().cloned().collect();
         let averaged = || open.accepted.values().chain(open.carried.values());
-        let samples: u64 = averaged().map(|e| e.samples).sum();
+        let samples: u64 = averaged().fold(0u64, |sum, e| sum.saturating_add(e.samples));
         let mean_loss = averaged().map(|e| f64::from(e.loss) * e.samples as f64).sum::<f64>() / samples.max(1) as f64;
         let previous = self.previous_norms(round);
         let sizes = self.round_sizes(round).into_owned();
