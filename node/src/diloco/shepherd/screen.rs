@@ -175,6 +175,9 @@ pub(crate) struct Screener {
     batch: Option<(Batch, Option<f32>)>,
     last_round_s: Option<f64>,
     stats: RoundScreen,
+    /// The scale the outer step applies a mean equal to a contribution at: the
+    /// outer learning rate of a dense run (at most 1), 1 for a sparse one.
+    scale: f32,
     /// The improvements of the rated peers' contributions that passed this round.
     gains: Vec<f64>,
     /// Their median in the last round that had any.
@@ -188,16 +191,17 @@ impl std::fmt::Debug for Screener {
 }
 
 impl Screener {
-    /// A screen on `split` (`hidden`: withheld from workers) of batches `shape`.
+    /// A screen on `split` (`hidden`: withheld from workers) of batches `shape`,
+    /// scoring a contribution at `scale` (see [`Screener`]'s field).
     pub(crate) fn new(
         mode: Screen,
-        split: Split,
-        hidden: bool,
-        sample: f64,
-        share: f64,
+        (split, hidden): (Split, bool),
+        (sample, share): (f64, f64),
         shape: (usize, usize),
+        scale: f32,
     ) -> Self {
         Self {
+            scale,
             mode,
             split,
             hidden,
@@ -300,8 +304,8 @@ impl Screener {
                 b
             }
         };
-        let after = loss_moved(engine, params, applied, 1.0, batch).await?;
-        let reversed = loss_moved(engine, params, applied, -1.0, batch).await?;
+        let after = loss_moved(engine, params, applied, self.scale, batch).await?;
+        let reversed = loss_moved(engine, params, applied, -self.scale, batch).await?;
         self.stats.screened += 1;
         self.stats.seconds += started.elapsed().as_secs_f64();
         Ok(Verdict { before, after, reversed })

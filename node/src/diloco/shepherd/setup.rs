@@ -284,7 +284,11 @@ fn screener(plan: &mut ShepherdPlan, manifest: &RunManifest) -> screen::Screener
         None => (plan.corpus.val.clone(), false),
     };
     let t = &plan.trust;
-    screen::Screener::new(plan.screen, split, hidden, f64::from(t.screen_sample), t.screen_share, shape)
+    // the outer step applies a mean equal to the contribution at the outer learning rate
+    // (dense); a sparse run's update is re-sparsified at the shepherd: its scale is 1
+    let scale = if plan.encoding.sparse().is_some() { 1.0 } else { (plan.experiment.outer_lr as f32).min(1.0) };
+    let sharing = (f64::from(t.screen_sample), t.screen_share);
+    screen::Screener::new(plan.screen, (split, hidden), sharing, shape, scale)
 }
 
 /// The state machine's settings. A resumed or elected shepherd waits a moment for
