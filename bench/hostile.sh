@@ -81,15 +81,17 @@ for e in ev:
         named.setdefault(key, set()).add("discounted")
     elif e["event"] in ("contribution_bounded", "contribution_clipped"):
         named.setdefault(key, set()).add("bounded")
-    # a contribution carried into the next round is named in that round's summary
-    if e["event"] in ("contribution_discounted", "contribution_bounded", "contribution_clipped") and key[0]:
-        prior = (key[0] - 1, key[1])
-        if prior not in named:
-            named[prior] = set(named[key])
+
 # a late contribution refused on arrival is named too (contribution_received's reason)
 for e in ev:
     if e["event"] == "contribution_received" and e["peer"] in hostile and not e["accepted"]:
         named.setdefault((e["round"], e["peer"]), set()).add("rejected")
+# a contribution carried into the next round is named in that round's events
+for e in ev:
+    if e["event"] == "round_completed":
+        for peer in e.get("carried", []):
+            if (e["round"], peer) in named and (e["round"] - 1, peer) not in named:
+                named[(e["round"] - 1, peer)] = set(named[(e["round"], peer)])
 kinds = {}
 for v in named.values():
     for k in v:

@@ -846,9 +846,7 @@ impl Host {
         let min_gain = self.screener.min_gain();
         if verdict.passed(min_gain) {
             let improvement = f64::from(verdict.before - verdict.after);
-            if !self.machine.ratings().on_probation(&peer) {
-                self.screener.rated_gain(improvement);
-            }
+            self.screener.passed(improvement, !self.machine.ratings().on_probation(&peer));
             return Ok((Some(Input::Score { peer, round, improvement }), input));
         }
         let screen::Verdict { before, after, reversed } = verdict;

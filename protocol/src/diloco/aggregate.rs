@@ -159,6 +159,15 @@ impl Delta {
         }
     }
 
+    /// The bytes the delta holds in memory.
+    pub fn len_bytes(&self) -> usize {
+        match self {
+            Self::Dense(t) => 4 * t.iter().map(Vec::len).sum::<usize>(),
+            Self::Sparse(s) => 8 * s.iter().map(|t| t.values.len()).sum::<usize>(),
+            Self::Packed(p) => p.len_bytes(),
+        }
+    }
+
     /// The L2 norm of the whole delta.
     pub fn norm(&self) -> f64 {
         match self {

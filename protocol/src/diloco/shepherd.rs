@@ -437,6 +437,8 @@ struct OpenRound<P> {
     rated: BTreeSet<P>,
     /// Half the participants answered: the deadline was cut to a factor of that time.
     halved: bool,
+    /// Bytes of `held`.
+    held_bytes: usize,
 }
 
 /// The outer optimizer.
@@ -877,6 +879,7 @@ impl<P: Ord + Clone> Shepherd<P> {
         let reference = self.is_reference(&peer);
         let per_tensor = self.config.tensor_factor.is_finite() || self.config.element_factor.is_finite();
         let rated_pool = self.rated_norms;
+        let untrusted = self.config.untrusted;
         let Some(open) = self.open.as_mut() else { return };
         // the per-tensor bounds, one contribution at a time; the raw statistics are
         // the next round's reference
@@ -903,9 +906,10 @@ impl<P: Ord + Clone> Shepherd<P> {
         if reference {
             open.reference_norms.push(entry.norm);
         }
-        // the pool is the last round's rated norms alone when it has them: the first
-        // to arrive cannot drag the bound down
-        if entry.norm.is_finite() && !rated_pool {
+        // the pool is the last round's rated norms alone when it has them (untrusted:
+        // the last round's norms whenever there are any): the first to arrive cannot
+        // drag the bound down
+        if entry.norm.is_finite() && !rated_pool && (no_previous || !untrusted) {
             let at = open.pool.partition_point(|n| n.total_cmp(&entry.norm).is_lt());
             open.pool.insert(at, entry.norm);
         }
@@ -919,9 +923,16 @@ impl<P: Ord + Clone> Shepherd<P> {
             open.accepted.insert(peer.clone(), entry.clone());
         }
         let entry = Entry { norm: bounded_norm, ..entry };
+        open.held_bytes += delta.len_bytes();
         open.held.push((peer, entry, delta));
-        // `running_bound` over the previous round's norms and this one's, kept sorted
-        let waiting = no_previous && open.norms.len() < 2;
+        // `running_bound` over the previous round's norms and this one's, kept sorted;
+        // without a previous round an untrusted one holds its contributions until it
+        // closes (up to FIRST_ROUND_HOLD bytes), so that a few tiny ones that arrive
+        // first cannot set the bound for the rest
+        let waiting = match untrusted {
+            true => no_previous && open.held_bytes < FIRST_ROUND_HOLD,
+            false => no_previous && open.norms.len() < 2,
+        };
         let median = open.pool.get(open.pool.len().saturating_sub(1) / 2).copied();
         if !trim
             && !waiting
@@ -934,6 +945,7 @@ impl<P: Ord + Clone> Shepherd<P> {
     /// Adds every held contribution to the sum, bounded by `bound`.
     fn flush(open: &mut OpenRound<P>, bound: f64, sizes: &[usize]) {
         open.bound = bound;
+        open.held_bytes = 0;
         for (peer, e, delta) in std::mem::take(&mut open.held) {
             if open.mean.push(delta, e.weight, e.norm, bound, sizes) {
                 open.scaled.push((peer, e.norm));
@@ -1152,6 +1164,7 @@ impl<P: Ord + Clone> Shepherd<P> {
                 graced: false,
                 rated,
                 halved: false,
+                held_bytes: 0,
             });
         }
     }
@@ -1339,6 +1352,11 @@ impl<P: Ord + Clone> Shepherd<P> {
 
 /// Norms a round keeps for the next round's bound.
 const MAX_NORMS: usize = 4096;
+
+/// The most bytes of contributions an untrusted run's first round holds until it
+/// closes (its norm bound is then the median of all of them); past it, they are
+/// bounded by the median of those held.
+pub const FIRST_ROUND_HOLD: usize = 128 << 20;
 
 /// Once every rated participant answered, the share of the round so far that
 /// participants on probation still have to answer ([`Shepherd::probation_grace`]).

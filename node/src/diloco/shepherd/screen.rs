@@ -136,7 +136,7 @@ pub(crate) const MIN_SCREENS: u64 = 8;
 
 /// A contribution must improve the held-out loss by at least this share of the
 /// median improvement of the rated peers' contributions screened in the last round
-/// that screened any: random values at a small norm improve it by chance half the
+/// that screened any (of every passed contribution's, before any peer is rated): random values at a small norm improve it by chance half the
 /// time (the first-order term outweighs the curvature), by almost nothing, and so
 /// does a tiny update meant to drag the norm bound down. (The last round's, not a
 /// rating's moving average: improvements shrink as training converges.)
@@ -178,9 +178,10 @@ pub(crate) struct Screener {
     /// The scale the outer step applies a mean equal to a contribution at: the
     /// outer learning rate of a dense run (at most 1), 1 for a sparse one.
     scale: f32,
-    /// The improvements of the rated peers' contributions that passed this round.
-    gains: Vec<f64>,
-    /// Their median in the last round that had any.
+    /// The improvements of the contributions that passed this round: (gain, rated).
+    gains: Vec<(f64, bool)>,
+    /// The median of the rated ones (of them all where none was rated) in the last
+    /// round that had any.
     last_gain: Option<f64>,
 }
 
@@ -225,10 +226,11 @@ impl Screener {
         self.last_gain.map_or(0.0, |g| g * MIN_GAIN_OF_MEDIAN)
     }
 
-    /// A rated peer's contribution passed, improving the loss by `gain`.
-    pub(crate) fn rated_gain(&mut self, gain: f64) {
+    /// A contribution passed, improving the loss by `gain`; `rated`: its sender is
+    /// out of probation.
+    pub(crate) fn passed(&mut self, gain: f64, rated: bool) {
         if gain.is_finite() && self.gains.len() < 4096 {
-            self.gains.push(gain);
+            self.gains.push((gain, rated));
         }
     }
 
@@ -320,7 +322,9 @@ impl Screener {
         if rest > 0.0 {
             self.last_round_s = Some(rest);
         }
-        let mut gains = std::mem::take(&mut self.gains);
+        let gains = std::mem::take(&mut self.gains);
+        let rated = gains.iter().any(|(_, r)| *r);
+        let mut gains: Vec<f64> = gains.into_iter().filter(|(_, r)| *r || !rated).map(|(g, _)| g).collect();
         if !gains.is_empty() {
             gains.sort_by(f64::total_cmp);
             self.last_gain = Some(gains[(gains.len() - 1) / 2]);
