@@ -1174,7 +1174,9 @@ impl<P: Ord + Clone> Shepherd<P> {
     /// otherwise stretch every round to its deadline, ten minutes for the first):
     ///
     /// * once half the live participants answered, the deadline is at most
-    ///   `deadline_factor` × the time that took (and no less than the minimum);
+    ///   `deadline_factor` × the time that took (and no less than the minimum; in
+    ///   a run's first round, whose time includes compiling each worker's step,
+    ///   no less than a tenth of the initial deadline);
     /// * once every rated live participant answered, those on probation have
     ///   [`PROBATION_GRACE`] of the round so far to answer.
     ///
@@ -1183,7 +1185,12 @@ impl<P: Ord + Clone> Shepherd<P> {
         if self.config.rating.is_none() && !self.config.untrusted {
             return;
         }
-        let (factor, min) = (self.config.deadline_factor, self.config.min_deadline_ms);
+        let first = self.durations.is_empty();
+        let min = match first {
+            true => self.config.min_deadline_ms.max(self.config.initial_deadline_ms / 10),
+            false => self.config.min_deadline_ms,
+        };
+        let factor = self.config.deadline_factor;
         let Some(open) = self.open.as_mut() else { return };
         let live = |p: &&P| self.workers.contains_key(*p);
         if !open.halved && open.budget_ms.is_none() {

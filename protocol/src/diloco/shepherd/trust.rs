@@ -236,7 +236,8 @@ fn participants_on_probation_do_not_hold_a_round_once_the_rated_ones_answered() 
 #[test]
 fn a_round_waits_no_longer_than_twice_the_time_half_its_participants_took() {
     let policy = Policy { probation_rounds: 3, probation_weight: 0.25, alpha: 0.5 };
-    let cfg = Config { rating: Some(policy), start_workers: 4, initial_deadline_ms: 600_000, ..config() };
+    // a first round waits at least a tenth of its initial deadline (compiles): 2 s here
+    let cfg = Config { rating: Some(policy), start_workers: 4, initial_deadline_ms: 20_000, ..config() };
     let mut s = Shepherd::new(cfg, vec![vec![0.0; 4]]);
     for p in 1..=4 {
         s.handle(Input::Joined(p), 0);
