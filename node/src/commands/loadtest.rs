@@ -242,9 +242,19 @@ impl Synthetic {
                 follows: 0,
                 held: None,
             };
-            let envelope = self.signer.seal(run, 0, &hb);
-            let answer = self.node.request(self.shepherd, envelope).await?;
-            let ack: Ack = answer.decode()?;
+            // the connection may still be opening: a few tries
+            let mut answer = None;
+            for _ in 0..20 {
+                let envelope = self.signer.seal(run, 0, &hb);
+                match self.node.request(self.shepherd, envelope).await {
+                    Ok(a) => {
+                        answer = Some(a);
+                        break;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                }
+            }
+            let ack: Ack = answer.context("the shepherd never answered a heartbeat")?.decode()?;
             (run, refusal) = (RunId(ack.run), ack.reason);
         }
         *tally.lock().await.refused_heartbeat.entry(refusal).or_default() += 1;
