@@ -198,6 +198,9 @@ impl WorkerPlan {
 
 /// A join certificate file: its bytes, or their hex.
 fn read_certificate(path: &Path) -> anyhow::Result<Vec<u8>> {
+    // a certificate is 136 bytes (272 in hex): anything much larger is not one
+    let len = std::fs::metadata(path).with_context(|| format!("--certificate {}", path.display()))?.len();
+    anyhow::ensure!(len <= 4096, "--certificate {}: {len} bytes is no join certificate", path.display());
     let bytes = std::fs::read(path).with_context(|| format!("--certificate {}", path.display()))?;
     let text = String::from_utf8_lossy(&bytes);
     let bytes = match hex::decode(text.trim()) {

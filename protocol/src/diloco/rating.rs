@@ -151,11 +151,6 @@ impl<P: Ord + Clone> Ratings<P> {
     pub fn records(&self) -> impl Iterator<Item = (&P, &Rating)> {
         self.peers.iter()
     }
-
-    /// Restores records from a snapshot.
-    pub fn restore(&mut self, records: impl IntoIterator<Item = (P, Rating)>) {
-        self.peers = records.into_iter().take(MAX_RATED).collect();
-    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,12 @@ use pcp_schema::Admission;
 
 use crate::Failure;
 
+/// The most keys an allowlist may hold: they travel in the run manifest, a control
+/// message of at most 256 KiB (34 bytes a key).
+const MAX_ALLOWLIST_KEYS: usize = 4096;
+/// The largest allowlist file read (comments included).
+const MAX_ALLOWLIST_BYTES: u64 = 4 << 20;
+
 /// The trust flags of a shepherd (`pcp-node --shepherd`, `sim`).
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct TrustArgs {
@@ -130,10 +136,20 @@ impl Trust {
         let admit = match args.admit.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
             ["open"] => Admit::Open { pow_bits: args.pow_bits },
             ["allowlist", file] => {
+                let len = std::fs::metadata(file).map_err(|e| bad(format!("cannot read {file}: {e}")))?.len();
+                if len > MAX_ALLOWLIST_BYTES {
+                    return Err(bad(format!("{file} is {len} bytes, more than {MAX_ALLOWLIST_BYTES}")));
+                }
                 let text = std::fs::read_to_string(file).map_err(|e| bad(format!("cannot read {file}: {e}")))?;
                 let keys = pcp_protocol::admit::parse_allowlist(&text).map_err(|e| bad(format!("{file}: {e}")))?;
                 if keys.is_empty() {
                     return Err(bad(format!("{file} lists no key")));
+                }
+                if keys.len() > MAX_ALLOWLIST_KEYS {
+                    return Err(bad(format!(
+                        "{file} lists {} keys; the signed manifest carries at most {MAX_ALLOWLIST_KEYS} (use `authorizer`)",
+                        keys.len()
+                    )));
                 }
                 Admit::Allowlist(keys)
             }
