@@ -32,6 +32,10 @@
 
 use std::collections::BTreeMap;
 
+pub mod candidate;
+
+pub use candidate::{Candidate, HardState, Mode};
+
 use crate::PublicKey;
 use crate::election::{self, Election};
 

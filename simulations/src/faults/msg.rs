@@ -5,6 +5,7 @@ use pcp_protocol::PublicKey;
 use pcp_protocol::diloco::shepherd;
 use pcp_protocol::election::Succession;
 use pcp_protocol::failover::Replica;
+use pcp_protocol::failover::candidate::Message;
 use rand_chacha::ChaCha8Rng;
 
 use super::Rules;
@@ -33,24 +34,13 @@ pub(super) struct Follow {
     pub(super) leader: usize,
 }
 
-/// The latest lease a standby received from the leader it follows: that leader's
-/// incarnation and clock, so only that incarnation takes it as an answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct LeaseSeen {
-    pub(super) term: u64,
-    pub(super) epoch: u64,
-    pub(super) sent: u64,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Msg {
-    /// The leader's lease (to candidates every third of a lease, in answer to
-    /// heartbeats, and gossiped with a published announcement).
+    /// The leader's lease to workers (in answer to their heartbeats, and with each
+    /// announcement it publishes).
     Lease { term: u64, epoch: u64, sent: u64, announce: Option<Announce> },
-    /// A candidate answers a lease: what it holds and which lease it follows.
-    Answer { epoch: u64, sent: u64, held: Option<Replica>, follows: Follow },
-    /// A standby's heartbeat to every other candidate.
-    Heartbeat { held: Option<Replica>, follows: Follow, seen: Option<LeaseSeen> },
+    /// What candidates tell each other: leases, answers, votes.
+    Consensus(Message),
     /// A worker's heartbeat to the candidate it awaits.
     WorkerBeat {
         follows: Follow,
@@ -100,6 +90,8 @@ pub(super) enum Event {
     Mixed { round: u64, worker: u32, trained: [u8; 32] },
     /// A standby replicated a state.
     Replicated(Replica),
+    /// A leader told workers of the round after `Replica` (its base is committed).
+    Released(Replica),
     /// A worker applied a state: it trains the next round from it.
     Applied(Replica),
 }

@@ -373,6 +373,7 @@ impl World {
                     invariants::short(&trained)
                 ),
             )),
+            Event::Released(_) => Ok(()),
             Event::Replicated(r) => {
                 self.check.replicated(n, &r);
                 Ok(())
