@@ -28,7 +28,16 @@ fn envelope() -> SignedEnvelope {
     seal(
         &identity,
         binding,
-        &Heartbeat { run: [1; 32], round: 2, unix_ms: 4, free_memory_bytes: 5, term: 0, follows: 0, held: None },
+        &Heartbeat {
+            run: [1; 32],
+            round: 2,
+            unix_ms: 4,
+            free_memory_bytes: 5,
+            term: 0,
+            follows: 0,
+            held: None,
+            consensus: None,
+        },
     )
 }
 

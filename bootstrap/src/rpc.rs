@@ -351,7 +351,16 @@ mod tests {
         seal(
             identity,
             binding,
-            &Heartbeat { run: [1; 32], round: 2, unix_ms: 4, free_memory_bytes: 0, term: 0, follows: 0, held: None },
+            &Heartbeat {
+                run: [1; 32],
+                round: 2,
+                unix_ms: 4,
+                free_memory_bytes: 0,
+                term: 0,
+                follows: 0,
+                held: None,
+                consensus: None,
+            },
         )
     }
 

@@ -18,6 +18,7 @@
 //!   and releases the rest as rounds complete (see [`retention`]).
 
 mod candidate;
+mod consensus;
 mod retention;
 mod shepherd;
 pub(crate) mod wire;

@@ -1,25 +1,21 @@
-//! Who leads a run: the acting shepherd holds a lease, renewed by its signed
+//! Who may lead a run: the acting shepherd holds a lease, renewed by its signed
 //! heartbeats, and when the lease lapses the next candidate in a fixed succession
-//! takes the next term.
+//! asks for the next term.
 //!
 //! The run manifest names the creator and the other coordinator candidates. The
 //! succession is the creator first, then the others ordered by
 //! `blake3(run ‖ key)`, and **term `t` belongs to exactly one candidate**: the
 //! `(t − 1) mod n`-th. Every node computes the same succession from the manifest,
-//! so nobody votes and no claim can be contested: a lease for term `t` is valid
-//! only when signed by term `t`'s candidate. When a candidate has heard no valid
-//! lease for `lease_ms`, the term it waits for moves on by one; when that term is
-//! its own, it leads. A dead successor costs one more lease period (the term after
+//! and a lease for term `t` is valid only when signed by term `t`'s candidate.
+//! When a candidate has heard no valid lease for `lease_ms`, the term it waits for
+//! moves on by one; when that term is its own, it campaigns. A dead successor costs one more lease period (the term after
 //! it comes up), so `k` dead candidates in a row delay failover by `k + 1` leases.
 //!
-//! Why not a Raft-style vote: candidates are a handful of machines named up
-//! front, a vote needs a live majority of them (two of three candidates dead
-//! would stop the run), and a vote's extra round trips buy nothing that the fixed
-//! succession does not already give within one network partition. What it does
-//! not give is a majority's guarantee across a partition: two sides that cannot
-//! reach each other can each reach a new term. When they meet again the higher
-//! term wins, its leader's rounds stand, and the other leader steps down (the
-//! README's failure model says which rounds that can cost).
+//! A term's owner still needs votes to lead it (see
+//! [`crate::failover::candidate`]): the succession only says who may ask, so two
+//! candidates never campaign for one term and a vote needs no randomized timeout.
+//! This type is the follower's view: what workers run, and the order candidates
+//! count lapses in.
 //!
 //! Workers never claim a term. They follow the highest valid term they have seen
 //! and refuse leases (and so announcements) of lower terms, of keys that are not

@@ -15,7 +15,16 @@ fn identity(rng: &mut StdRng) -> Identity {
 }
 
 fn heartbeat(run: RunId) -> Heartbeat {
-    Heartbeat { run: run.0, round: 3, unix_ms: 1_000, free_memory_bytes: 1 << 30, term: 0, follows: 0, held: None }
+    Heartbeat {
+        run: run.0,
+        round: 3,
+        unix_ms: 1_000,
+        free_memory_bytes: 1 << 30,
+        term: 0,
+        follows: 0,
+        held: None,
+        consensus: None,
+    }
 }
 
 fn binding(run: RunId, nonce: u64, unix_ms: u64) -> Binding {

@@ -100,6 +100,7 @@ struct RunManifest {
   aggregateMax @31 :UInt32; # the most contributions aggregated a round, the best-rated (0: all)
   probationRounds @32 :UInt32; # screens a new key passes before it counts in full
   screenSample @33 :Float32; # a rated peer's contribution is screened with this probability once screening passes its share of the round
+  failover @34 :UInt8;      # how candidates agree: 0 by their count (majority from 3), 1 majority, 2 best effort
 }
 
 # --- rounds ----------------------------------------------------------------
@@ -158,6 +159,14 @@ struct Heartbeat {
   heldRound @7 :UInt64;     # the rounds it completed,
   heldParams @8 :Data;      # and its parameters hash
   hasHeld @9 :Bool;         # whether the candidate holds a state
+  # Between candidates (failover): 0 none; 1 a lease (term @4, the leader's state
+  # in held*), 2 an answer (term @4: the term it follows; held*: what it holds),
+  # 3 a vote request (term @4; held*: the campaigner's state), 4 a vote.
+  consensus @10 :UInt8;
+  sentMs @11 :UInt64;       # a lease's send time on its leader's clock, echoed by the answer
+  granted @12 :Bool;        # a vote: granted
+  pre @13 :Bool;            # a vote request or vote: a pre-vote
+  heldBlob @14 :Data;       # a lease: the blob of the leader's state (32 bytes)
 }
 
 # --- blob transfer (request-response) --------------------------------------

@@ -113,6 +113,37 @@ pub struct Heartbeat {
     pub follows: u64,
     /// A candidate's replicated state, if it holds one.
     pub held: Option<Held>,
+    /// Between candidates: a failover message (`term` and `held` are its term and
+    /// state).
+    pub consensus: Option<Consensus>,
+}
+
+/// What a failover message between candidates is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsensusKind {
+    /// The leader's lease: `held` is its state.
+    Lease,
+    /// An answer to a lease: `held` is what the answerer holds.
+    Answer,
+    /// A (pre-)vote request: `held` is the campaigner's state.
+    VoteRequest,
+    /// A (pre-)vote.
+    Vote,
+}
+
+/// A failover message's fields besides its term and state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Consensus {
+    /// Which message.
+    pub kind: ConsensusKind,
+    /// A lease's send time on its leader's clock (an answer echoes it).
+    pub sent_ms: u64,
+    /// A vote: granted.
+    pub granted: bool,
+    /// A pre-vote (request or answer).
+    pub pre: bool,
+    /// A lease: the blob holding the leader's state (zeros: none).
+    pub blob: [u8; 32],
 }
 
 /// A candidate's replicated state, as its heartbeats report it.
@@ -265,6 +296,20 @@ impl Message for Heartbeat {
             root.set_held_params(&h.params[..]);
             root.set_has_held(true);
         }
+        if let Some(c) = &self.consensus {
+            root.set_consensus(match c.kind {
+                ConsensusKind::Lease => 1,
+                ConsensusKind::Answer => 2,
+                ConsensusKind::VoteRequest => 3,
+                ConsensusKind::Vote => 4,
+            });
+            root.set_sent_ms(c.sent_ms);
+            root.set_granted(c.granted);
+            root.set_pre(c.pre);
+            if c.blob != [0; 32] {
+                root.set_held_blob(&c.blob[..]);
+            }
+        }
         codec::words(&message)
     }
 
@@ -286,6 +331,29 @@ impl Message for Heartbeat {
                         params: fixed(W, "heldParams", r.get_held_params().map_err(|e| malformed(W, e))?)?,
                     }),
                     false => None,
+                },
+                consensus: {
+                    let kind = match r.get_consensus() {
+                        0 => None,
+                        1 => Some(ConsensusKind::Lease),
+                        2 => Some(ConsensusKind::Answer),
+                        3 => Some(ConsensusKind::VoteRequest),
+                        4 => Some(ConsensusKind::Vote),
+                        k => return Err(DecodeError::Malformed { what: W, reason: format!("consensus kind {k}") }),
+                    };
+                    match kind {
+                        None => None,
+                        Some(kind) => {
+                            let blob = r.get_held_blob().map_err(|e| malformed(W, e))?;
+                            Some(Consensus {
+                                kind,
+                                sent_ms: r.get_sent_ms(),
+                                granted: r.get_granted(),
+                                pre: r.get_pre(),
+                                blob: if blob.is_empty() { [0; 32] } else { fixed(W, "heldBlob", blob)? },
+                            })
+                        }
+                    }
                 },
             })
         })

@@ -148,6 +148,9 @@ pub struct RunManifest {
     pub recompute: String,
     /// Who may join and how far the shepherd trusts them.
     pub admission: Admission,
+    /// How the candidates agree: 0 by their count (a majority from 3), 1 a
+    /// majority, 2 best effort (`--failover`).
+    pub failover: u8,
 }
 
 /// A run's admission and trust settings, in its signed manifest: who may join
@@ -328,6 +331,7 @@ impl Message for RunManifest {
             candidates.set(i, &c[..]);
         }
         root.set_lease_ms(self.lease_ms);
+        root.set_failover(self.failover);
         root.set_salt(&self.salt[..]);
         root.set_experiment(&self.experiment[..]);
         root.set_overlap(self.overlap);
@@ -396,6 +400,7 @@ impl Message for RunManifest {
                 trim: r.get_trim(),
                 candidates,
                 lease_ms: r.get_lease_ms(),
+                failover: r.get_failover(),
                 salt: fixed(W, "salt", r.get_salt().map_err(|e| malformed(W, e))?)?,
                 experiment: fixed(W, "experiment", r.get_experiment().map_err(|e| malformed(W, e))?)?,
                 overlap: r.get_overlap(),

@@ -60,6 +60,7 @@ fn seeds() -> Vec<Vec<u8>> {
             term: 0,
             follows: 0,
             held: None,
+            consensus: None,
         }
         .encode(),
         signature: [8; 64],
@@ -67,8 +68,17 @@ fn seeds() -> Vec<Vec<u8>> {
     vec![
         hello.encode(),
         Ack { run: [1; 32], round: 3, accepted: false, reason: "late".into() }.encode(),
-        Heartbeat { run: [1; 32], round: 3, unix_ms: 9, free_memory_bytes: 10, term: 0, follows: 0, held: None }
-            .encode(),
+        Heartbeat {
+            run: [1; 32],
+            round: 3,
+            unix_ms: 9,
+            free_memory_bytes: 10,
+            term: 0,
+            follows: 0,
+            held: None,
+            consensus: None,
+        }
+        .encode(),
         BlobRequest { blob: [4; 32], want: BlobWant::Chunk(3) }.encode(),
         BlobResponse::Chunk(vec![7; 300]).encode(),
         envelope.encode(),

@@ -1,9 +1,9 @@
 //! Every wire message round-trips; hostile input fails cleanly and within its bounds.
 
 use pcp_schema::{
-    Ack, Admission, ArtifactRef, Backend, BlobRequest, BlobResponse, BlobWant, CHUNK_SIZE, Capabilities, Contribution,
-    DataSpec, DecodeError, Heartbeat, Held, MAX_CONTROL_MESSAGE, Message, MessageKind, NodeHello, ParameterRef,
-    RoundAnnouncement, RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
+    Ack, Admission, ArtifactRef, Backend, BlobRequest, BlobResponse, BlobWant, CHUNK_SIZE, Capabilities, Consensus,
+    ConsensusKind, Contribution, DataSpec, DecodeError, Heartbeat, Held, MAX_CONTROL_MESSAGE, Message, MessageKind,
+    NodeHello, ParameterRef, RoundAnnouncement, RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
 };
 use pcp_schema::{FrameHead, MAX_CONTRIBUTION, MAX_FRAME_HEAD};
 use proptest::collection::vec;
@@ -105,6 +105,7 @@ fn manifest(
         trim,
         candidates,
         lease_ms,
+        failover: 1,
         salt,
         experiment,
         overlap,
@@ -201,9 +202,17 @@ proptest! {
         run in any::<[u8; 32]>(), round in any::<u64>(), unix_ms in any::<u64>(), free in any::<u64>(),
         term in any::<u64>(), follows in any::<u64>(),
         held in proptest::option::of((any::<u64>(), any::<u64>(), any::<[u8; 32]>())),
+        consensus in proptest::option::of((0..4u8, any::<u64>(), any::<bool>(), any::<bool>(), any::<[u8; 32]>())),
     ) {
         let held = held.map(|(term, round, params)| Held { term, round, params });
-        roundtrip(&Heartbeat { run, round, unix_ms, free_memory_bytes: free, term, follows, held })?;
+        let consensus = consensus.map(|(k, sent_ms, granted, pre, blob)| Consensus {
+            kind: [ConsensusKind::Lease, ConsensusKind::Answer, ConsensusKind::VoteRequest, ConsensusKind::Vote][k as usize],
+            sent_ms,
+            granted,
+            pre,
+            blob,
+        });
+        roundtrip(&Heartbeat { run, round, unix_ms, free_memory_bytes: free, term, follows, held, consensus })?;
     }
 
     #[test]
@@ -328,7 +337,16 @@ fn list_claiming_more_elements_than_the_input_holds_is_refused() {
 
 #[test]
 fn wrong_length_key_is_refused() {
-    let m = Heartbeat { run: [1; 32], round: 0, unix_ms: 0, free_memory_bytes: 0, term: 0, follows: 0, held: None };
+    let m = Heartbeat {
+        run: [1; 32],
+        round: 0,
+        unix_ms: 0,
+        free_memory_bytes: 0,
+        term: 0,
+        follows: 0,
+        held: None,
+        consensus: None,
+    };
     let mut message = capnp::message::Builder::new_default();
     let mut root = message.init_root::<pcp_schema::wire::pcp_capnp::heartbeat::Builder<'_>>();
     root.set_run(&m.run[..31]);

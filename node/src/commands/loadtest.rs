@@ -241,6 +241,7 @@ impl Synthetic {
                 term: 0,
                 follows: 0,
                 held: None,
+                consensus: None,
             };
             // the connection may still be opening: a few tries
             let mut answer = None;
@@ -296,6 +297,7 @@ impl Synthetic {
                 term: 0,
                 follows: term,
                 held: None,
+                consensus: None,
             };
             let envelope = self.signer.seal(run, done, &hb);
             let Ok(answer) = self.node.request(self.shepherd, envelope).await else { continue };

@@ -1,31 +1,33 @@
 //! Coordinator candidates: a shepherd that may step down, and standbys that take
 //! over when the leader's lease lapses.
 //!
-//! A candidate alternates between two phases. **Leading**, it is a shepherd
-//! ([`super::shepherd`]) whose announcements carry its term and name the state blob
-//! of the last completed round. **Standby**, it heartbeats the leader it awaits
-//! (the run's [`Election`] says which), fetches each round's state blob as the
-//! announcement naming it arrives, and checks that its parameters are the ones
-//! announced. When the lease lapses and the next term is its own, it leads from
-//! the last state it replicated: the open round is reopened (workers train it
-//! again from the same parameters), so no completed round is lost or applied
-//! twice. A standby does not train: its compute is free to take over at once.
+//! A candidate alternates between two phases, and one [`Consensus`] (the
+//! protocol's [`pcp_protocol::failover::Candidate`], which the fault simulator drives too) goes
+//! through both. **Leading**, it is a shepherd ([`super::shepherd`]) that tells
+//! workers of a round once a majority of the candidates holds the state it starts
+//! from. **Standby**, it answers the leader's leases, fetches the state each lease
+//! names and checks its parameters, and votes; when its turn comes it asks for
+//! votes and, elected, leads from the state it holds: the open round is reopened
+//! (workers train it again from the same parameters), so no committed round is lost
+//! or applied twice. A standby does not train: its compute is free to take over at
+//! once.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use pcp_bootstrap::{Event, InboundId, Node, PeerId};
-use pcp_protocol::election::{self, Election, Succession};
-use pcp_protocol::failover::{self, Replica};
+use pcp_protocol::election::Succession;
+use pcp_protocol::failover::Replica;
+use pcp_protocol::failover::candidate::{Action, Input};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
-use pcp_schema::{Ack, Heartbeat, Held, MessageKind, RoundAnnouncement, RunManifest};
+use pcp_schema::{Ack, Heartbeat, MessageKind, RoundAnnouncement, RunManifest};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::RoleIo;
+use super::consensus::{Consensus, mode_of};
 use super::retention::Retention;
 use super::shepherd::{Host, LeaseKeeper, Outcome, Prepared, ShepherdHooks, ShepherdPlan};
 use super::wire::{self, LeaderState, Signer, peer_name};
@@ -35,8 +37,6 @@ use crate::training::config::Experiment;
 use crate::training::engine::Engine;
 use crate::training::model::Model;
 
-/// How often a standby heartbeats the leader it awaits.
-const HEARTBEAT: Duration = Duration::from_millis(500);
 /// Blob fetches from the leader give up after this long.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often a standby without a manifest asks the DHT for the run's leader.
@@ -68,24 +68,38 @@ pub(crate) async fn run(
         Begin::Standby(run, retention) => (None, Some(Follow::Discover(run)), retention),
     };
     let mut keeper_until_led: Option<LeaseKeeper> = None;
+    let mut consensus: Option<Box<Consensus>> = None;
     loop {
         if let Some(plan) = plan.take() {
-            let mut host =
-                Host::start(plan, node.clone(), identity.clone(), &data_dir, events.clone(), hooks.clone()).await?;
+            let mut host = Host::start(
+                plan,
+                node.clone(),
+                identity.clone(),
+                &data_dir,
+                events.clone(),
+                hooks.clone(),
+                consensus.take(),
+            )
+            .await?;
             drop(keeper_until_led.take()); // the host's own leases from here
             let outcome = host.main_loop(&mut requests, &cancel).await?;
-            retention = host.take_retention();
+            let (c, kept) = host.into_parts();
+            retention = kept;
             match outcome {
                 Outcome::Done => return Ok(()),
-                Outcome::SteppedDown { manifest, term, aside } => follow = Some(Follow::Known(manifest, term, aside)),
+                Outcome::SteppedDown { manifest, term, state } => {
+                    consensus = Some(c);
+                    follow = Some(Follow::Known(manifest, term, state));
+                }
             }
         }
         let Some(how) = follow.take() else { return Ok(()) };
-        let mut standby =
-            match Standby::start(how, &node, &mut signer, &data_dir, &events, &mut requests, &cancel).await? {
-                Some(s) => s,
-                None => return Ok(()),
-            };
+        let start =
+            Standby::start(how, &node, &mut signer, &data_dir, &events, &mut requests, &cancel, consensus.take());
+        let mut standby = match start.await? {
+            Some(s) => s,
+            None => return Ok(()),
+        };
         standby.hooks = hooks.clone();
         standby.keep(std::mem::take(&mut retention));
         if let Some(tx) = &standby.hooks.replicated {
@@ -94,18 +108,19 @@ pub(crate) async fn run(
         match standby.run(&mut signer, &mut requests, &cancel).await? {
             Standing::Elected(term) => {
                 // leases go out at once, while the successor loads what it leads with:
-                // the next candidate must not take the term after this one meanwhile
-                let round = standby.machine.held().map_or(0, |r| r.round);
+                // the others must not elect another meanwhile
                 let lease_ms = standby.manifest.lease_ms.max(500);
                 let keeper = LeaseKeeper::spawn(
                     node.clone(),
                     Signer::new(identity.clone()),
                     standby.run,
-                    standby.machine.election(),
+                    standby.consensus.core().succession(),
                     lease_ms,
                 );
-                keeper.alive(term, round);
-                plan = Some(standby.successor(term, &data_dir).await?);
+                keeper.alive(standby.consensus.lease_heartbeat());
+                let (next, c) = standby.successor(term, &data_dir).await?;
+                plan = Some(next);
+                consensus = Some(c);
                 keeper_until_led = Some(keeper);
             }
             Standing::Over => return Ok(()),
@@ -118,10 +133,8 @@ pub(crate) async fn run(
 enum Follow {
     /// Ask the run's providers (any run's when `None`) for its manifest.
     Discover(Option<RunId>),
-    /// A leader that stepped down knows it, and the term it saw; one that stepped
-    /// aside (it lost its workers) holds its own state and awaits the next
-    /// candidate at once.
-    Known(Box<RunManifest>, u64, Option<Box<LeaderState>>),
+    /// A leader that stopped knows it, the term it saw, and its own state.
+    Known(Box<RunManifest>, u64, Box<LeaderState>),
 }
 
 /// Why a standby stopped.
@@ -143,11 +156,11 @@ struct Inheritance {
     prepared: Prepared,
 }
 
-/// A state fetch in flight: the blob, and the announcement that named it.
-type Fetched = ([u8; 32], Box<RoundAnnouncement>, anyhow::Result<LeaderState>);
+/// A state fetch in flight: the state asked for, its blob, and what came.
+type Fetched = (Replica, [u8; 32], anyhow::Result<LeaderState>);
 
-/// A standby candidate of one run: the host of [`failover::Standby`], which
-/// decides. Fetches run beside its loop, so it always hears the leases.
+/// A standby candidate of one run: the host of its [`Consensus`] while it does
+/// not lead. Fetches run beside its loop, so it always hears the leases.
 #[derive(Debug)]
 struct Standby {
     node: Node,
@@ -155,13 +168,13 @@ struct Standby {
     run: RunId,
     manifest: RunManifest,
     sizes: Vec<usize>,
-    machine: failover::Standby,
+    consensus: Box<Consensus>,
     /// Fetching and compiling what a successor needs, while standing by.
     inheritance: JoinSet<anyhow::Result<Inheritance>>,
-    /// The latest replicated state, once there is one.
+    /// The state the consensus holds, once there is one.
     state: Option<LeaderState>,
-    /// The state blob held (or being fetched), so each is fetched once.
-    blob: [u8; 32],
+    /// The state being fetched, so each is fetched once at a time.
+    fetching_state: Option<Replica>,
     fetching: JoinSet<Fetched>,
     hooks: ShepherdHooks,
     /// The state blobs of recent rounds (the run's initial parameters pinned).
@@ -171,6 +184,7 @@ struct Standby {
 impl Standby {
     /// Learns the run's manifest (unless known), checks this node is a candidate,
     /// and starts fetching what it would need to lead. `None` when cancelled.
+    #[allow(clippy::too_many_arguments)]
     async fn start(
         how: Follow,
         node: &Node,
@@ -179,10 +193,11 @@ impl Standby {
         events: &Events,
         requests: &mut mpsc::Receiver<Event>,
         cancel: &CancellationToken,
+        consensus: Option<Box<Consensus>>,
     ) -> anyhow::Result<Option<Self>> {
         let me = signer.identity().public();
-        let (manifest, term, source, aside) = match how {
-            Follow::Known(manifest, term, aside) => {
+        let (manifest, term, source, state) = match how {
+            Follow::Known(manifest, term, state) => {
                 let leader = Succession::new(
                     RunId(manifest.run),
                     PublicKey(manifest.shepherd),
@@ -190,7 +205,7 @@ impl Standby {
                 )
                 .leader(term);
                 let peer = pcp_bootstrap::peer_of(&leader).context("the leader's key is not a peer id")?;
-                (*manifest, term, peer, aside)
+                (*manifest, term, peer, Some(*state))
             }
             Follow::Discover(run) => {
                 let Some((manifest, peer)) = discover(run, node, signer, requests, cancel).await? else {
@@ -216,11 +231,22 @@ impl Standby {
                 peers.join(", ")
             );
         }
-        let now = wire::mono_ms();
-        let mut election = Election::resume(me, succession, manifest.lease_ms.max(500), term, now);
-        if aside.is_some() {
-            election.step_aside(now);
-        }
+        let lease_ms = manifest.lease_ms.max(500);
+        let mode = mode_of(manifest.failover, succession.order().len());
+        let consensus = match consensus {
+            Some(c) => c,
+            None => Box::new(Consensus::open(
+                node,
+                signer.identity(),
+                events,
+                data_dir,
+                run,
+                succession,
+                lease_ms,
+                mode,
+                None,
+            )?),
+        };
         let sizes = wire::sizes(&manifest);
         let mut inheritance = JoinSet::new();
         {
@@ -228,29 +254,12 @@ impl Standby {
             inheritance.spawn(async move { inherit(&node, &manifest, source, &data_dir).await });
         }
         let mut fetching = JoinSet::new();
-        let aside_at = aside.as_ref().map(|_| now);
-        let state = aside.map(|s| *s);
-        let held = state.as_ref().map(replica_of);
-        if state.is_none() {
-            // the run's start, fetched beside the loop: until it arrives this
+        let stood_aside = state.is_some();
+        if state.is_none() && consensus.core().held().is_none() {
+            // the run's start, fetched beside the loop: until a state arrives this
             // candidate holds nothing and never leads
             let initial = manifest.parameters.first().context("the manifest names no parameters")?.blob;
             let (node, sizes) = (node.clone(), sizes.clone());
-            let start = RoundAnnouncement {
-                run: run.0,
-                round: 1,
-                parameters: manifest.parameters.clone(),
-                deadline_unix_ms: 0,
-                participants: Vec::new(),
-                finished: false,
-                term,
-                state: None,
-                update: None,
-                budget_ms: 0,
-                steps_end_unix_ms: 0,
-                screen_commit: [0; 32],
-                screen_reveal: [0; 32],
-            };
             fetching.spawn(async move {
                 let fetched = async {
                     let params =
@@ -263,10 +272,15 @@ impl Standby {
                         durations: Vec::new(),
                         norms: Vec::new(),
                     };
-                    Ok(LeaderState { term: 0, snapshot, contributors: Vec::new(), excluded: Vec::new() })
+                    Ok(LeaderState { term: 1, snapshot, contributors: Vec::new(), excluded: Vec::new() })
                 }
                 .await;
-                (initial, Box::new(start), fetched)
+                // the manifest's initial state: term 1's, round 0
+                let state = match &fetched {
+                    Ok(s) => Replica { term: 1, round: 0, params: wire::params_hash(&s.snapshot.params).0 },
+                    Err(_) => Replica { term: 1, round: 0, params: [0; 32] },
+                };
+                (state, [0; 32], fetched)
             });
         }
         tracing::info!("standing by as a candidate of run {run} (term {term})");
@@ -274,7 +288,7 @@ impl Standby {
             run: run.to_hex(),
             term,
             peer: pcp_bootstrap::peer_of(&me).map(|p| p.to_string()),
-            aside: held.is_some(),
+            aside: stood_aside,
         }));
         Ok(Some(Self {
             node: node.clone(),
@@ -282,14 +296,10 @@ impl Standby {
             run,
             manifest,
             sizes,
-            machine: if aside_at.is_some() {
-                failover::Standby::new(election, held).set_aside(now)
-            } else {
-                failover::Standby::new(election, held)
-            },
+            consensus,
             inheritance,
             state,
-            blob: [0; 32],
+            fetching_state: None,
             fetching,
             hooks: ShepherdHooks::default(),
             retention: Retention::default(),
@@ -302,104 +312,93 @@ impl Standby {
         requests: &mut mpsc::Receiver<Event>,
         cancel: &CancellationToken,
     ) -> anyhow::Result<Standing> {
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut beat = tokio::time::interval(HEARTBEAT);
-        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut asking: JoinSet<(PublicKey, PeerId, Option<Verified>)> = JoinSet::new();
-        let mut asked: BTreeSet<PublicKey> = BTreeSet::new();
         loop {
-            tokio::select! {
+            let actions = tokio::select! {
                 () = cancel.cancelled() => return Ok(Standing::Over),
                 event = requests.recv() => match event {
                     Some(Event::Request { id, message, .. }) => self.on_request(signer, id, *message).await?,
-                    // the leader gossips each announcement as it opens a round: replicate at once
-                    Some(Event::Gossip { run, from, message }) if run == self.run => {
-                        if self.on_answer(from, &message) {
+                    // the leader gossips its announcements: a finished run ends the standby
+                    Some(Event::Gossip { run, message, .. }) if run == self.run => {
+                        if self.finished(&message) {
                             return Ok(Standing::Over);
                         }
+                        Vec::new()
                     }
-                    Some(_) => {}
+                    Some(_) => Vec::new(),
                     None => return Ok(Standing::Over),
                 },
-                _ = beat.tick() => {
-                    // the leader awaited (its answer is a lease) and the other candidates
-                    // (what each holds decides who may lead)
-                    let me = self.machine.election().me();
-                    let held = self.machine.held().map(|r| Held { term: r.term, round: r.round, params: r.params });
-                    for key in self.machine.election().succession().order().to_vec() {
-                        if key == me || asked.contains(&key) {
-                            continue;
-                        }
-                        let Some(peer) = pcp_bootstrap::peer_of(&key) else { continue };
-                        let hb = Heartbeat {
-                            run: self.run.0,
-                            round: self.machine.held().map_or(0, |r| r.round),
-                            unix_ms: wire::unix_ms(),
-                            free_memory_bytes: 0,
-                            term: 0,
-                            follows: self.machine.election().term(),
-                            held,
-                        };
-                        let envelope = signer.seal(self.run, hb.round, &hb);
-                        let node = self.node.clone();
-                        asked.insert(key);
-                        asking.spawn(async move {
-                            let answer = tokio::time::timeout(HEARTBEAT * 4, node.request(peer, envelope)).await;
-                            (key, peer, answer.ok().and_then(Result::ok))
-                        });
+                Some(done) = self.consensus.sends.join_next() => match done {
+                    Ok(sent) => self.consensus.on_answer(sent)?,
+                    Err(_) => Vec::new(),
+                },
+                Some(done) = self.fetching.join_next() => match done {
+                    Ok((state, blob, fetched)) => {
+                        let round = state.round;
+                        let actions = self.on_fetched(state, fetched)?;
+                        let kept = (blob != [0; 32]).then_some(BlobHash(blob));
+                        self.retention.advance(&self.node, &self.events, round, kept).await;
+                        actions
                     }
-                }
-                Some(done) = asking.join_next() => {
-                    if let Ok((key, peer, answer)) = done {
-                        asked.remove(&key);
-                        if let Some(answer) = answer
-                            && answer.signer() == key
-                            && self.on_answer(peer, &answer)
-                        {
-                            return Ok(Standing::Over);
-                        }
-                    } else {
-                        asked.clear();
-                    }
-                }
-                Some(done) = self.fetching.join_next() => {
-                    if let Ok((blob, a, fetched)) = done {
-                        // the round whose state it is: kept or not, it goes with that round
-                        let round = fetched.as_ref().map_or(a.round.saturating_sub(1), |s| s.snapshot.completed);
-                        if self.on_fetched(blob, &a, fetched) {
-                            // tell the leader at once: it waits for this to release the round
-                            beat.reset_immediately();
-                        }
-                        self.retention.advance(&self.node, &self.events, round, [BlobHash(blob)]).await;
-                    }
-                }
-                _ = tick.tick() => {
-                    for action in self.machine.handle(failover::Input::Tick, wire::mono_ms()) {
-                        match action {
-                            failover::Action::Election(election::Action::LeaseExpired { term, leader }) => {
-                                let peer = peer_name(&leader);
-                                tracing::warn!("run {}: the lease of term {term} lapsed", self.run);
-                                self.events.emit(ev::Event::LeaseExpired(ev::LeaseExpired { term, peer }));
-                            }
-                            failover::Action::Deferred { term, to } => {
-                                let (peer, round) = to.map_or((String::new(), 0), |(k, r)| (peer_name(&k), r.round));
-                                let mine = self.machine.held().map(|r| r.round);
-                                tracing::warn!("run {}: deferring term {term} (holding round {mine:?})", self.run);
-                                self.events.emit(ev::Event::Deferred(ev::Deferred {
-                                    term,
-                                    to: peer,
-                                    their_round: round,
-                                    round: mine,
-                                }));
-                            }
-                            failover::Action::Lead { term, .. } => return Ok(Standing::Elected(term)),
-                            _ => {}
-                        }
-                    }
-                }
+                    Err(_) => Vec::new(),
+                },
+                _ = tick.tick() => self.consensus.handle(Input::Tick)?,
+            };
+            if let Some(standing) = self.act(actions) {
+                return Ok(standing);
             }
         }
+    }
+
+    /// Carries out what the consensus decided: fetch a state, or lead.
+    fn act(&mut self, actions: Vec<Action>) -> Option<Standing> {
+        for a in actions {
+            match a {
+                Action::Fetch { state, from } => self.fetch_state(state, from),
+                Action::Held(state) => {
+                    // a new leader's term on the parameters it holds already
+                    if let Some(s) = self.state.as_mut().filter(|s| s.snapshot.completed == state.round) {
+                        s.term = state.term;
+                    }
+                }
+                Action::Elected { term, leader } => {
+                    tracing::info!("run {}: following {} in term {term}", self.run, peer_name(&leader));
+                }
+                Action::Lead { term, .. } => return Some(Standing::Elected(term)),
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// Fetches `state` from `from` (the leader whose lease named it).
+    fn fetch_state(&mut self, state: Replica, from: PublicKey) {
+        let Some(blob) = self.consensus.blob_of(&state) else {
+            tracing::debug!("run {}: no blob named for round {}'s state", self.run, state.round);
+            return;
+        };
+        if self.fetching_state == Some(state) {
+            return;
+        }
+        let Some(peer) = pcp_bootstrap::peer_of(&from) else { return };
+        self.fetching_state = Some(state);
+        let (node, sizes) = (self.node.clone(), self.sizes.clone());
+        self.fetching.spawn(async move {
+            let fetched = async {
+                let path = fetch(&node, blob, peer, "replicated state").await?;
+                wire::read_state(&read(path)?, &sizes)
+            }
+            .await;
+            (state, blob, fetched)
+        });
+    }
+
+    /// Whether a gossiped message is the leader's announcement that the run is over.
+    fn finished(&self, message: &Verified) -> bool {
+        message.kind() == MessageKind::RoundAnnouncement
+            && self.consensus.core().succession().contains(&message.signer())
+            && message.decode::<RoundAnnouncement>().is_ok_and(|a| a.run == self.run.0 && a.finished)
     }
 
     /// Keeps the blobs `retention` tracks, and never releases the run's initial
@@ -411,148 +410,93 @@ impl Standby {
         self.retention = retention;
     }
 
-    /// A lease of `term` from `from`; refused ones are recorded. Whether it is valid.
-    fn lease(&mut self, from: PublicKey, term: u64) -> bool {
-        let mut valid = true;
-        let input = failover::Input::Lease { from, term };
-        for action in self.machine.handle(input, wire::mono_ms()) {
-            if let failover::Action::Election(election::Action::Rejected { from, reason }) = action {
-                valid = false;
-                wire::lease_rejected(&self.events, "lease", &from, term, &reason);
-            }
+    /// A state fetched: checked against the state the consensus asked for (its
+    /// round and parameters), then held.
+    fn on_fetched(&mut self, state: Replica, fetched: anyhow::Result<LeaderState>) -> anyhow::Result<Vec<Action>> {
+        if self.fetching_state == Some(state) {
+            self.fetching_state = None;
         }
-        valid
-    }
-
-    /// What a leader's lease says it holds: a standby behind it defers to it.
-    fn leader_holds(&mut self, leader: PublicKey, held: Option<Held>) {
-        if let Some(h) = held {
-            let held = Some(Replica { term: h.term, round: h.round, params: h.params });
-            self.machine.handle(failover::Input::Peer { from: leader, held }, wire::mono_ms());
-        }
-    }
-
-    /// The leader's answer to a heartbeat, or its gossiped announcement or lease
-    /// (`peer` forwarded it); `true` when the run is over.
-    fn on_answer(&mut self, peer: PeerId, answer: &Verified) -> bool {
-        if answer.kind() == MessageKind::Heartbeat {
-            if let Ok(hb) = answer.decode::<Heartbeat>()
-                && hb.run == self.run.0
-                && hb.term > 0
-            {
-                self.lease(answer.signer(), hb.term);
-                self.leader_holds(answer.signer(), hb.held);
-            }
-            return false;
-        }
-        if answer.kind() != MessageKind::RoundAnnouncement {
-            return false; // another standby's ack: the awaited leader is not up yet
-        }
-        let a: RoundAnnouncement = match answer.decode() {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::debug!("undecodable announcement from {peer}: {e}");
-                return false;
-            }
-        };
-        if a.run != self.run.0 || !self.lease(answer.signer(), a.term) {
-            return false;
-        }
-        if let Some(state) = a.state.as_ref().filter(|s| s.blob != [0; 32] && s.blob != self.blob) {
-            // fetched from the signer first: the forwarder of gossip may not hold it
-            let from = pcp_bootstrap::peer_of(&answer.signer()).unwrap_or(peer);
-            self.blob = state.blob;
-            let (node, sizes, blob) = (self.node.clone(), self.sizes.clone(), state.blob);
-            let a = Box::new(a.clone());
-            self.fetching.spawn(async move {
-                let fetched = async {
-                    let path = fetch(&node, blob, from, "replicated state").await?;
-                    wire::read_state(&read(path)?, &sizes)
-                }
-                .await;
-                (blob, a, fetched)
-            });
-        }
-        a.finished
-    }
-
-    /// A state fetched: kept when its parameters are the ones announced and it is
-    /// newer than the one held.
-    /// Whether it was kept.
-    fn on_fetched(&mut self, blob: [u8; 32], a: &RoundAnnouncement, fetched: anyhow::Result<LeaderState>) -> bool {
-        let state = match fetched {
+        let mut fetched = match fetched {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!("run {}: cannot replicate the state of round {}: {e:#}", self.run, a.round);
-                if self.blob == blob {
-                    self.blob = [0; 32]; // the next announcement naming it tries again
-                }
-                return false;
+                tracing::warn!("run {}: cannot replicate the state of round {}: {e:#}", self.run, state.round);
+                return Ok(Vec::new()); // the next lease naming it asks again
             }
         };
-        let params_hash = wire::params_hash(&state.snapshot.params);
-        // an open round's announcement names the parameters the state must hold
-        if let Some(p) = a.parameters.first()
-            && !a.finished
-            && (p.blob != params_hash.0 || state.snapshot.completed + 1 != a.round)
-        {
-            tracing::warn!("run {}: the state blob of round {} does not match its announcement", self.run, a.round);
-            return false;
+        let params_hash = wire::params_hash(&fetched.snapshot.params);
+        if params_hash.0 != state.params || fetched.snapshot.completed != state.round {
+            tracing::warn!(
+                "run {}: the state blob of round {} is not the state its lease named",
+                self.run,
+                state.round
+            );
+            return Ok(Vec::new());
         }
-        let replica = replica_of(&state);
-        self.machine.handle(failover::Input::Replicated(replica), wire::mono_ms());
-        if self.machine.held() != Some(replica) {
-            return false; // older than the state held (a deposed branch's, say)
+        fetched.term = state.term;
+        let actions = self.consensus.handle(Input::Holds(state))?;
+        if self.consensus.core().held() != Some(state) {
+            return Ok(actions); // no longer wanted (a higher term's leader holds another)
         }
         self.events.emit(ev::Event::StateReplicated(ev::StateReplicated {
-            round: state.snapshot.completed,
+            round: fetched.snapshot.completed,
             term: state.term,
             params_hash: params_hash.to_hex(),
         }));
         if let Some(tx) = &self.hooks.replicated {
-            let _ = tx.try_send(Some(state.snapshot.completed));
+            let _ = tx.try_send(Some(fetched.snapshot.completed));
         }
-        self.state = Some(state);
-        true
+        self.state = Some(fetched);
+        Ok(actions)
     }
 
-    /// Answers requests while standing by: heartbeats with an ack naming the leader
-    /// awaited; a leader's lease is followed, another candidate's report of what it
-    /// holds is noted.
-    async fn on_request(&mut self, signer: &mut Signer, id: InboundId, message: Verified) -> anyhow::Result<()> {
+    /// Answers requests while standing by: another candidate's consensus message
+    /// with the consensus's answer; anything else (a worker's heartbeat) with an
+    /// ack naming the leader awaited.
+    async fn on_request(
+        &mut self,
+        signer: &mut Signer,
+        id: InboundId,
+        message: Verified,
+    ) -> anyhow::Result<Vec<Action>> {
         let key = message.signer();
-        if message.kind() == MessageKind::RoundAnnouncement {
-            // the leader pushes a round it holds back from workers until this candidate holds its state
-            self.on_answer(pcp_bootstrap::peer_of(&key).unwrap_or(PeerId::random()), &message);
-        }
         if message.kind() == MessageKind::Heartbeat
+            && self.consensus.core().succession().contains(&key)
             && let Ok(hb) = message.decode::<Heartbeat>()
-            && hb.run == self.run.0
+            && let Some((reply, actions)) = self.consensus.on_request(key, &hb)?
         {
-            if hb.term > 0 {
-                self.lease(key, hb.term);
-                self.leader_holds(key, hb.held);
-            } else {
-                let held = hb.held.map(|h| Replica { term: h.term, round: h.round, params: h.params });
-                self.machine.handle(failover::Input::Peer { from: key, held }, wire::mono_ms());
+            if let Some(reply) = reply {
+                let envelope = signer.seal(self.run, reply.round, &reply);
+                self.node.respond(id, envelope).await?;
+                return Ok(actions);
             }
+            self.ack(signer, id).await?;
+            return Ok(actions);
         }
-        let election = self.machine.election();
-        let leader = pcp_bootstrap::peer_of(&election.awaited()).map_or_else(String::new, |p| p.to_string());
-        let round = self.machine.held().map_or(0, |r| r.round);
+        self.ack(signer, id).await?;
+        Ok(Vec::new())
+    }
+
+    async fn ack(&mut self, signer: &mut Signer, id: InboundId) -> anyhow::Result<()> {
+        let core = self.consensus.core();
+        let leader = pcp_bootstrap::peer_of(&core.awaited()).map_or_else(String::new, |p| p.to_string());
+        let round = core.held().map_or(0, |r| r.round);
         let ack = Ack {
             run: self.run.0,
             round,
             accepted: false,
-            reason: format!("{STANDBY} of run {}; term {} is led by {leader}", self.run, election.term()),
+            reason: format!("{STANDBY} of run {}; term {} is led by {leader}", self.run, core.term()),
         };
         let envelope = signer.seal(self.run, round, &ack);
         self.node.respond(id, envelope).await?;
         Ok(())
     }
 
-    /// The plan to lead `term` from the replicated state.
-    async fn successor(mut self, term: u64, data_dir: &std::path::Path) -> anyhow::Result<ShepherdPlan> {
+    /// The plan to lead `term` from the state held, and the consensus that leads it.
+    async fn successor(
+        mut self,
+        term: u64,
+        data_dir: &std::path::Path,
+    ) -> anyhow::Result<(ShepherdPlan, Box<Consensus>)> {
         let inheritance = self.inheritance.join_next().await.context("the inheritance task is gone")??;
         let Inheritance { experiment, model, corpus_path, corpus, prepared } = inheritance?;
         let state = self.state.context("elected without a replicated state")?;
@@ -570,13 +514,8 @@ impl Standby {
         )
         .map_err(|e| e.into_error())?;
         plan.retention = self.retention;
-        Ok(plan)
+        Ok((plan, self.consensus))
     }
-}
-
-/// Where a replicated state stands in the run's history.
-fn replica_of(state: &LeaderState) -> Replica {
-    Replica { term: state.term, round: state.snapshot.completed, params: wire::params_hash(&state.snapshot.params).0 }
 }
 
 /// How a standby's acks begin, so workers tell them from a leader's refusals.

@@ -24,8 +24,9 @@ use pcp_protocol::diloco::aggregate::Rejection;
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::fragments;
 use pcp_protocol::diloco::shepherd::{self, Action, Input, LeaveReason, RoundSummary, Shepherd, Snapshot};
-use pcp_protocol::election::{self, Election, Succession};
-use pcp_protocol::failover::{CHECK_QUORUM_LEASES, Commit, Fence, LeaderLease, Quorum, Replica};
+use pcp_protocol::election::Succession;
+use pcp_protocol::failover::candidate::{self as consensus_core, Stop};
+use pcp_protocol::failover::{CHECK_QUORUM_LEASES, Fence, Quorum, Replica};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
 use pcp_schema::{
     Ack, ArtifactRef, Contribution, DataSpec, Heartbeat, Held, MessageKind, NodeHello, ParameterRef, RoundAnnouncement,
@@ -35,6 +36,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::consensus::Consensus;
 use super::retention::Retention;
 use super::wire::{self, LeaderState, Signer, peer_name};
 use crate::Failure;
@@ -83,9 +85,8 @@ pub(crate) enum Outcome {
         manifest: Box<RunManifest>,
         /// The higher term, or its own when it stepped aside.
         term: u64,
-        /// Its own state when it stepped aside (it lost its workers): the standby it
-        /// becomes holds it, and awaits the next candidate at once.
-        aside: Option<Box<LeaderState>>,
+        /// Its own state: the standby it becomes holds it.
+        state: Box<LeaderState>,
     },
 }
 
@@ -178,10 +179,6 @@ pub(super) struct Host {
     opened: Option<Opened>,
     /// Check-quorum over the last round's contributors.
     quorum: Quorum,
-    /// This leader's own view of its lease.
-    lease_guard: LeaderLease,
-    /// What each other candidate holds: the commit rule.
-    commit: Commit,
     /// Sends leases while the loop is busy (validation, checkpoints).
     keeper: LeaseKeeper,
     /// The highest term a worker reported following, once recorded.
@@ -213,24 +210,19 @@ pub(super) struct Host {
     first_val: f64,
     hooks: ShepherdHooks,
     out: std::io::Stdout,
-    /// Who leads the run, and in which term.
-    election: Election,
+    /// Who leads the run, in which term, and what is committed: the protocol's
+    /// candidate, which the fault simulator drives too.
+    consensus: Box<Consensus>,
     /// The state blob after the last completed round, for successors.
     state: Option<ParameterRef>,
     /// Where that state stands in the run's history.
     state_replica: Option<Replica>,
-    /// The term whose leader completed the last round: a successor's state keeps its
-    /// predecessor's term until it completes a round of its own, so that an older
-    /// state it leads from never outranks a newer one a standby holds.
-    state_term: u64,
-    /// Leases sent to the other candidates (and when, on the monotonic clock), so
-    /// that a leader of a lower term learns of this one (and this one of a higher).
-    probes: JoinSet<(PublicKey, u64, Option<Verified>)>,
-    probe_signer: Signer,
     /// Set when this shepherd saw a higher term (or stepped aside: its own).
     stepped_down: Option<u64>,
     /// Whether it stepped aside for lost workers, rather than for a higher term.
     aside: bool,
+    /// What the consensus decided while the state was being published, for the loop.
+    pending_consensus: Vec<consensus_core::Action>,
     /// DHT announcements of the run in progress.
     background: JoinSet<()>,
 }
@@ -245,14 +237,13 @@ impl std::fmt::Debug for Host {
 #[derive(Debug)]
 struct Opened {
     round: u64,
-    /// The (term, round) of the state it names: what candidates must hold first.
-    state: Option<(u64, u64)>,
+    /// The (round, parameters) of the state it names: what a majority of the
+    /// candidates must hold first.
+    state: Option<(u64, [u8; 32])>,
     envelope: SignedEnvelope,
     /// The `round_started` event, emitted on release.
     event: ev::RoundStarted,
     at: Instant,
-    /// When it opened, on the monotonic clock.
-    opened_ms: u64,
     /// The announcement itself: sealed again on release with a deadline moved by
     /// the time it waited.
     held_back: RoundAnnouncement,
@@ -269,17 +260,17 @@ const KEEPER_LIMIT_MS: u64 = 600_000;
 /// own probes once it is back.
 #[derive(Debug)]
 pub(super) struct LeaseKeeper {
-    /// (term, round, when the loop last came round).
-    busy: Arc<std::sync::Mutex<Option<(u64, u64, u64)>>>,
+    /// (the lease, when the loop last came round).
+    busy: Arc<std::sync::Mutex<Option<(Heartbeat, u64)>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl LeaseKeeper {
-    pub(super) fn spawn(node: Node, mut signer: Signer, run: RunId, election: &Election, lease_ms: u64) -> Self {
-        let busy: Arc<std::sync::Mutex<Option<(u64, u64, u64)>>> = Arc::default();
+    pub(super) fn spawn(node: Node, mut signer: Signer, run: RunId, succession: &Succession, lease_ms: u64) -> Self {
+        let busy: Arc<std::sync::Mutex<Option<(Heartbeat, u64)>>> = Arc::default();
         let me = signer.identity().public();
         let others: Vec<PeerId> =
-            election.succession().order().iter().filter(|k| **k != me).filter_map(pcp_bootstrap::peer_of).collect();
+            succession.order().iter().filter(|k| **k != me).filter_map(pcp_bootstrap::peer_of).collect();
         let watched = busy.clone();
         let task = tokio::spawn(async move {
             let period = Duration::from_millis((lease_ms / 3).max(100));
@@ -289,7 +280,7 @@ impl LeaseKeeper {
             loop {
                 tick.tick().await;
                 while sends.try_join_next().is_some() {}
-                let Some((term, round, since)) = *watched.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+                let Some((hb, since)) = watched.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
                 else {
                     continue;
                 };
@@ -298,16 +289,8 @@ impl LeaseKeeper {
                     continue; // the loop sends its own leases, or it is as good as dead
                 }
                 for peer in &others {
-                    let hb = Heartbeat {
-                        run: run.0,
-                        round,
-                        unix_ms: wire::unix_ms(),
-                        free_memory_bytes: 0,
-                        term,
-                        follows: term,
-                        held: None,
-                    };
-                    let envelope = signer.seal(run, round, &hb);
+                    let hb = Heartbeat { unix_ms: wire::unix_ms(), ..hb.clone() };
+                    let envelope = signer.seal(run, hb.round, &hb);
                     let (node, peer) = (node.clone(), *peer);
                     sends.spawn(async move {
                         let _ = tokio::time::timeout(period * 3, node.request(peer, envelope)).await;
@@ -318,13 +301,14 @@ impl LeaseKeeper {
         Self { busy, task }
     }
 
-    fn set(&self, value: Option<(u64, u64, u64)>) {
+    fn set(&self, value: Option<(Heartbeat, u64)>) {
         *self.busy.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = value;
     }
 
-    /// The loop came round, leading `term` after `round`: it may be busy from now.
-    pub(super) fn alive(&self, term: u64, round: u64) {
-        self.set(Some((term, round, wire::mono_ms())));
+    /// The loop came round, leading with `lease` (none: it does not lead): it may be
+    /// busy from now.
+    pub(super) fn alive(&self, lease: Option<Heartbeat>) {
+        self.set(lease.map(|hb| (hb, wire::mono_ms())));
     }
 }
 
@@ -352,18 +336,24 @@ impl Host {
         let blob = wire::state_blob(&state);
         let hash = self.store.put_bytes(&blob)?;
         self.state = Some(ParameterRef { name: "state".into(), shard: 0, blob: hash.0, size: blob.len() as u64 });
-        self.state_replica = Some(Replica {
+        let replica = Replica {
             term: state.term,
             round: state.snapshot.completed,
             params: wire::params_hash(&state.snapshot.params).0,
-        });
+        };
+        self.state_replica = Some(replica);
+        if self.consensus.core().is_leader() {
+            // the candidates fetch it: workers learn the round after it once a majority holds it
+            let actions = self.consensus.holds(replica, hash.0)?;
+            self.pending_consensus.extend(actions);
+        }
         Ok(())
     }
 
     /// This leader's state after its last completed round.
     fn leader_state(&self, contributors: &[PublicKey], excluded: &[PublicKey]) -> LeaderState {
         LeaderState {
-            term: self.state_term,
+            term: self.consensus.state_term(self.machine.completed()),
             snapshot: self.machine.snapshot(),
             contributors: contributors.to_vec(),
             excluded: excluded.to_vec(),
@@ -378,37 +368,30 @@ impl Host {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut gossip = tokio::time::interval(HEARTBEAT_GOSSIP);
-        let mut probe = tokio::time::interval(Duration::from_millis((self.manifest.lease_ms / 3).max(200)));
-        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut finished_at: Option<Instant> = None;
-        // a leader asserts its lease at once: a leader of another term learns of it (or
-        // this one of a higher term) within a round trip
-        self.probe();
+        self.on_consensus(Vec::new()).await?;
         self.gossip_heartbeat().await;
         loop {
             if finished_at.is_some_and(|t| t.elapsed() >= FAREWELL) {
                 break;
             }
             if self.stepped_down.is_none() {
-                self.keeper.alive(self.election.term(), self.machine.completed());
+                self.keeper.alive(self.consensus.lease_heartbeat());
             } else {
                 self.keeper.set(None);
             }
             if let Some(term) = self.stepped_down {
-                let aside = self.aside.then(|| Box::new(self.leader_state(&[], &[])));
-                return Ok(Outcome::SteppedDown { manifest: Box::new(self.manifest.clone()), term, aside });
+                // the standby it becomes holds this state (the consensus decides whose it follows)
+                let state = Box::new(self.leader_state(&[], &[]));
+                return Ok(Outcome::SteppedDown { manifest: Box::new(self.manifest.clone()), term, state });
             }
             tokio::select! {
                 () = cancel.cancelled() => break,
-                _ = probe.tick() => self.probe(),
                 Some(_) = self.background.join_next() => {}
-                Some(done) = self.probes.join_next() => {
-                    if let Ok((from, sent, Some(answer))) = done {
-                        if answer.signer() == from {
-                            // it heard this lease: its own runs from no earlier than `sent`
-                            self.lease_guard.answered(sent, wire::mono_ms());
-                        }
-                        self.on_probe_answer(from, &answer)?;
+                Some(done) = self.consensus.sends.join_next() => {
+                    if let Ok(sent) = done {
+                        let actions = self.consensus.on_answer(sent)?;
+                        self.on_consensus(actions).await?;
                     }
                 }
                 event = requests.recv() => match event {
@@ -421,9 +404,14 @@ impl Host {
                     Err(e) => tracing::warn!("compile task failed: {e}"),
                 },
                 _ = tick.tick() => {
-                    self.check_behind()?;
-                    if self.stepped_down.is_none() {
-                        self.step(Input::Tick).await?;
+                    let actions = self.consensus.handle(consensus_core::Input::Tick)?;
+                    self.on_consensus(actions).await?;
+                    if self.stepped_down.is_none() && self.consensus.core().is_leader() {
+                        // as the simulator: the round's deadlines run only while a majority
+                        // answers this leader's lease
+                        if self.consensus.may_act() {
+                            self.step(Input::Tick).await?;
+                        }
                         self.release().await;
                         self.check_quorum()?;
                     }
@@ -438,85 +426,60 @@ impl Host {
         Ok(Outcome::Done)
     }
 
-    /// Sends this leader's lease to every other candidate that is not being asked
-    /// already: a standby answers with an ack, a leader with its announcement.
-    fn probe(&mut self) {
-        let me = self.signer.identity().public();
-        let lease = Duration::from_millis(self.manifest.lease_ms.max(500));
-        for key in self.election.succession().order().to_vec() {
-            if key == me || self.probes.len() >= self.election.succession().order().len() {
-                continue;
-            }
-            let Some(peer) = pcp_bootstrap::peer_of(&key) else { continue };
-            let (round, hb) = self.lease();
-            let envelope = self.probe_signer.seal(self.run, round, &hb);
-            let node = self.node.clone();
-            let sent = wire::mono_ms();
-            self.probes.spawn(async move {
-                let answer = tokio::time::timeout(lease, node.request(peer, envelope)).await;
-                (key, sent, answer.ok().and_then(Result::ok))
-            });
-        }
-    }
-
-    /// Sends an announcement held back from workers to the other candidates (a lease
-    /// too: their answers count as answered leases).
-    fn push_to_candidates(&mut self, envelope: &SignedEnvelope) {
-        let me = self.signer.identity().public();
-        let lease = Duration::from_millis(self.manifest.lease_ms.max(500));
-        for key in self.election.succession().order().to_vec() {
-            if key == me || self.probes.len() >= 4 * self.election.succession().order().len() {
-                continue;
-            }
-            let Some(peer) = pcp_bootstrap::peer_of(&key) else { continue };
-            let (node, envelope, sent) = (self.node.clone(), envelope.clone(), wire::mono_ms());
-            self.probes.spawn(async move {
-                let answer = tokio::time::timeout(lease, node.request(peer, envelope)).await;
-                (key, sent, answer.ok().and_then(Result::ok))
-            });
-        }
-    }
-
-    /// A candidate's answer to this leader's lease: a leader of a higher term makes
-    /// this one step down.
-    fn on_probe_answer(&mut self, from: PublicKey, answer: &Verified) -> anyhow::Result<()> {
-        if answer.signer() != from || answer.kind() != MessageKind::RoundAnnouncement {
-            return Ok(()); // a standby's ack, or nothing to learn
-        }
-        let Ok(a) = answer.decode::<RoundAnnouncement>() else { return Ok(()) };
-        if a.run != self.run.0 {
-            return Ok(());
-        }
-        // a higher term makes this leader step down; a lower one is refused and recorded
-        tracing::debug!(peer = %peer_name(&from), "lease of term {} in an answer for round {}", a.term, a.round);
-        self.on_lease(from, a.term)
-    }
-
-    /// A lease of `term` from candidate `from`, seen in a probe's answer or a request.
-    fn on_lease(&mut self, from: PublicKey, term: u64) -> anyhow::Result<()> {
-        let now = wire::mono_ms();
-        for action in self.election.on_lease(from, term, now) {
+    /// Carries out what the consensus decided (and what it decided meanwhile, while
+    /// the state was published): a commit releases the open round, a stop ends
+    /// leading, another candidate's election (a resumed shepherd that did not win)
+    /// makes this one a standby.
+    async fn on_consensus(&mut self, mut actions: Vec<consensus_core::Action>) -> anyhow::Result<()> {
+        actions.splice(0..0, std::mem::take(&mut self.pending_consensus));
+        let me = self.consensus.me();
+        for action in actions {
             match action {
-                election::Action::SteppedDown { term, newer } => {
-                    let me = self.signer.identity().public();
-                    tracing::warn!("run {}: term {newer} is led by {}; stepping down", self.run, peer_name(&from));
+                consensus_core::Action::Commit(_) => self.release().await,
+                consensus_core::Action::Stopped { term, why: Stop::Newer(newer) } => {
+                    let leader = self.consensus.core().succession().leader(newer);
+                    tracing::warn!("run {}: term {newer} is led by {}; stepping down", self.run, peer_name(&leader));
                     self.events.emit(ev::Event::SteppedDown(ev::SteppedDown {
                         term,
                         peer: peer_name(&me),
                         newer,
-                        leader: peer_name(&from),
+                        leader: peer_name(&leader),
                         reason: None,
                     }));
                     self.table_line(&format!(
                         "term {term}: {} stepped down; term {newer} is led by {}",
                         peer_name(&me),
-                        peer_name(&from)
+                        peer_name(&leader)
                     ))?;
                     self.stepped_down = Some(newer);
                     self.aside = false;
                 }
-                election::Action::Rejected { from, reason } => {
-                    wire::lease_rejected(&self.events, "lease", &from, term, &reason);
+                consensus_core::Action::Stopped { term, why: Stop::Aside } => {
+                    self.stepped_down = Some(term);
+                    self.aside = true;
+                }
+                consensus_core::Action::Stopped { term, why: Stop::Behind } => {
+                    let reason = "another candidate holds a newer state (they led apart)".to_owned();
+                    tracing::warn!("run {}: {reason}; stepping aside", self.run);
+                    self.events.emit(ev::Event::SteppedDown(ev::SteppedDown {
+                        term,
+                        peer: peer_name(&me),
+                        newer: term,
+                        leader: String::new(),
+                        reason: Some(reason.clone()),
+                    }));
+                    self.table_line(&format!("term {term}: {} stepped aside: {reason}", peer_name(&me)))?;
+                    self.stepped_down = Some(term);
+                    self.aside = true;
+                }
+                consensus_core::Action::Elected { term, leader } if leader != me && self.stepped_down.is_none() => {
+                    // resumed, another candidate leads: this one stands by with its state
+                    tracing::info!("run {}: term {term} is led by {}; standing by", self.run, peer_name(&leader));
+                    self.stepped_down = Some(term);
+                    self.aside = true;
+                }
+                consensus_core::Action::Lead { term, .. } => {
+                    tracing::info!("run {}: leading term {term}", self.run);
                 }
                 _ => {}
             }
@@ -535,7 +498,7 @@ impl Host {
     fn check_quorum(&mut self) -> anyhow::Result<()> {
         let now = wire::mono_ms();
         if self.stepped_down.is_some()
-            || self.election.succession().order().len() < 2
+            || self.consensus.core().succession().order().len() < 2
             || self.machine.is_finished()
             || !self.quorum.check(now)
         {
@@ -549,34 +512,12 @@ impl Host {
         self.step_aside(reason)
     }
 
-    /// The up-to-date rule, kept after the election: a leader that learns a live
-    /// candidate holds a newer state than its own (it could not hear that candidate
-    /// when it took its term) steps aside for it instead of completing rounds from
-    /// behind; the candidates behind defer until the holder leads.
-    fn check_behind(&mut self) -> anyhow::Result<()> {
-        let now = wire::mono_ms();
-        if self.stepped_down.is_some() || self.machine.is_finished() {
-            return Ok(());
-        }
-        let Some(mine) = self.state_replica else { return Ok(()) };
-        let Some((holder, newer)) = self.commit.newer_than(&mine, now) else { return Ok(()) };
-        let reason = format!(
-            "behind: {} holds round {} of term {}, this leader round {} of term {}",
-            peer_name(&holder),
-            newer.round,
-            newer.term,
-            mine.round,
-            mine.term
-        );
-        self.step_aside(reason)
-    }
-
     fn step_aside(&mut self, reason: String) -> anyhow::Result<()> {
-        let now = wire::mono_ms();
-        let term = self.election.term();
+        let term = self.consensus.term();
         let me = self.signer.identity().public();
         tracing::warn!("run {}: {reason}; stepping aside", self.run);
-        self.election.step_aside(now);
+        let actions = self.consensus.handle(consensus_core::Input::StepAside)?;
+        self.pending_consensus.extend(actions);
         self.events.emit(ev::Event::SteppedDown(ev::SteppedDown {
             term,
             peer: peer_name(&me),
@@ -590,33 +531,21 @@ impl Host {
         Ok(())
     }
 
-    /// Releases the opened round's announcement to workers once every live
-    /// candidate holds the state it names and this leader's lease is current.
+    /// Releases the opened round's announcement to workers once a majority of the
+    /// candidates holds the state it names (the consensus committed it) and this
+    /// leader's lease is current.
     async fn release(&mut self) {
         let Some(opened) = &self.opened else { return };
-        let now = wire::mono_ms();
-        let waiting = match opened.state {
-            Some((term, round)) if round > 0 => self.commit.waiting_for(term, round, now),
-            _ => Vec::new(),
-        };
-        if !self.lease_guard.check(now) || self.state_replica.is_some_and(|m| self.commit.newer_than(&m, now).is_some())
-        {
-            return; // no lease, or behind a candidate: it steps aside at the next tick
+        if !self.consensus.may_act() {
+            return;
         }
-        if !waiting.is_empty() {
-            if !self.commit.overdue(opened.opened_ms, now) {
-                return;
-            }
-            tracing::warn!(
-                "run {}: round {} released without {} candidate(s) holding its state",
-                self.run,
-                opened.round,
-                waiting.len()
-            );
-            self.events.emit(ev::Event::CommitTimedOut(ev::CommitTimedOut {
-                round: opened.round,
-                waiting: waiting.iter().map(peer_name).collect(),
-            }));
+        let committed = self.consensus.core().committed();
+        let held = match opened.state {
+            Some((round, params)) => committed.is_some_and(|c| c.round == round && c.params == params),
+            None => committed.is_some(),
+        };
+        if !held {
+            return;
         }
         let Some(opened) = self.opened.take() else { return };
         let waited_ms = opened.at.elapsed().as_millis() as u64;
@@ -740,15 +669,18 @@ impl Host {
             },
             MessageKind::Heartbeat => match message.decode::<Heartbeat>() {
                 // a candidate: a standby following this leader, or another leader's lease
-                Ok(hb) if self.election.succession().contains(&key) => {
-                    if hb.term > 0 {
-                        tracing::debug!(peer = %peer_name(&key), "lease of term {} in a heartbeat: {hb:?}", hb.term);
-                        self.on_lease(key, hb.term)?;
-                    } else {
-                        // a standby: what it holds decides when workers learn a round
-                        let held = hb.held.map(|h| Replica { term: h.term, round: h.round, params: h.params });
-                        self.commit.heard(key, held, wire::mono_ms());
-                        self.release().await;
+                Ok(hb) if self.consensus.core().succession().contains(&key) => {
+                    if let Some((reply, actions)) = self.consensus.on_request(key, &hb)? {
+                        self.on_consensus(actions).await?;
+                        return match reply {
+                            Some(reply) => {
+                                let envelope = self.signer.seal(self.run, reply.round, &reply);
+                                self.respond(id, envelope).await
+                            }
+                            None => {
+                                self.refuse(id, binding.round, format!("{} of run {}", super::STANDBY, self.run)).await
+                            }
+                        };
                     }
                     if self.stepped_down.is_some() {
                         let reason = format!("{} of run {}: stepped down", super::STANDBY, self.run);
@@ -766,16 +698,15 @@ impl Host {
                     if hb.round <= self.machine.completed() + 1 {
                         self.quorum.heard(&key, wire::mono_ms());
                     }
-                    if hb.follows > self.election.term() && hb.follows > self.reported_term {
-                        // a worker follows a newer term: ask the candidates now (a worker's word alone
-                        // proves nothing; the new leader's signed answer does)
+                    if hb.follows > self.consensus.term() && hb.follows > self.reported_term {
+                        // a worker follows a newer term (its word alone proves nothing: the
+                        // new leader's answer to this one's lease does)
                         self.reported_term = hb.follows;
                         self.events.emit(ev::Event::HigherTermReported(ev::HigherTermReported {
-                            term: self.election.term(),
+                            term: self.consensus.term(),
                             reported: hb.follows,
                             peer: peer_name(&key),
                         }));
-                        self.probe();
                     }
                     // a resumed (or elected) shepherd's workers come back with heartbeats, not hellos
                     if !self.machine.workers().any(|w| *w == key) {
@@ -880,7 +811,7 @@ impl Host {
             _ => self.last_base.filter(|(r, _)| *r == round).map(|(_, b)| b),
         };
         if let Some(base) = base {
-            let fence = Fence { term: self.election.term(), round, params: base.0 };
+            let fence = Fence { term: self.consensus.term(), round, params: base.0 };
             if let Err(e) = fence.check(c.term, c.round, &c.params_hash) {
                 return Input::Malformed { peer: key, round, reason: Rejection::Fenced(e.to_string()) };
             }
@@ -903,7 +834,7 @@ impl Host {
             deadline_unix_ms: 0,
             participants: Vec::new(),
             finished: false,
-            term: self.election.term(),
+            term: self.consensus.term(),
             state: self.state.clone(),
             update: None,
             budget_ms: 0,
@@ -914,10 +845,11 @@ impl Host {
         self.signer.seal(self.run, self.machine.completed(), &announcement)
     }
 
-    /// This leader's heartbeat (its lease of the current term) and the round it names.
+    /// This leader's heartbeat to the run's topic (workers follow its term) and the
+    /// round it names.
     fn lease(&self) -> (u64, Heartbeat) {
         let round = self.machine.open_round().unwrap_or(self.machine.completed());
-        let term = self.election.term();
+        let term = self.consensus.term();
         (
             round,
             Heartbeat {
@@ -927,8 +859,8 @@ impl Host {
                 free_memory_bytes: 0,
                 term,
                 follows: term,
-                // what this leader holds: a standby behind it defers rather than lead from behind
                 held: self.state_replica.map(|r| Held { term: r.term, round: r.round, params: r.params }),
+                consensus: None,
             },
         )
     }
@@ -1009,7 +941,7 @@ impl Host {
             deadline_unix_ms: deadline_ms,
             participants: participants.iter().map(|p| p.0).collect(),
             finished: false,
-            term: self.election.term(),
+            term: self.consensus.term(),
             state: self.state.clone(),
             update: self.update.clone(),
             // overlap: the round's compute budget, and when the median worker's steps end
@@ -1026,17 +958,13 @@ impl Host {
             deadline_unix_ms: deadline_ms,
             params_hash: hash.to_hex(),
             participants: participants.iter().map(peer_name).collect(),
-            term: self.election.term(),
+            term: self.consensus.term(),
             waited_ms: 0,
         };
-        let state = self.state_replica.map(|r| (r.term, r.round));
-        let (at, opened_ms) = (Instant::now(), wire::mono_ms());
-        self.opened = Some(Opened { round, state, envelope: envelope.clone(), event, at, opened_ms, held_back });
+        let state = self.state_replica.map(|r| (r.round, r.params));
+        let at = Instant::now();
+        self.opened = Some(Opened { round, state, envelope, event, at, held_back });
         self.release().await;
-        if self.opened.is_some() {
-            // the candidates learn the round (and the state it names) now, not at their next heartbeat
-            self.push_to_candidates(&envelope);
-        }
         Ok(())
     }
 
@@ -1084,7 +1012,6 @@ impl Host {
         let utilization = Traffic::network(summary.contributors.iter().filter_map(|p| self.traffic.get(p)));
         self.quorum.round_completed(&summary.contributors, wire::mono_ms());
         // validation and the checkpoint hold this loop: the keeper sends the leases meanwhile
-        self.state_term = self.election.term();
         let val = self.validate(params).await?;
         let path = self.checkpoint(summary.contributors.len())?;
         self.publish_state(&summary.contributors, &summary.excluded)?;
@@ -1216,15 +1143,17 @@ impl Host {
             creator: Some(hex::encode(self.manifest.shepherd)),
             salt: Some(hex::encode(self.manifest.salt)),
             candidates: self.manifest.candidates.iter().map(hex::encode).collect(),
-            term: self.election.term(),
+            term: self.consensus.term(),
         };
         let checkpoint = Checkpoint { step: snapshot.completed, meta: serde_json::to_value(meta)?, tensors };
         checkpoint.save(&self.plan.state_dir)
     }
 
     /// The blobs this host kept and pinned, for the standby it becomes.
-    pub(super) fn take_retention(&mut self) -> Retention {
-        std::mem::take(&mut self.plan.retention)
+    /// Its consensus, which the standby it becomes goes on with, and its blobs'
+    /// retention.
+    pub(super) fn into_parts(self) -> (Box<Consensus>, Retention) {
+        (self.consensus, self.plan.retention)
     }
 
     fn finish(&mut self) -> anyhow::Result<()> {
@@ -1238,7 +1167,7 @@ impl Host {
             deadline_unix_ms: 0,
             participants: Vec::new(),
             finished: true,
-            term: self.election.term(),
+            term: self.consensus.term(),
             state: self.state.clone(),
             update: None,
             budget_ms: 0,

@@ -33,9 +33,36 @@ pub(crate) fn unix_ms() -> u64 {
 /// Milliseconds on a monotonic clock (since this process first asked): what leases
 /// are measured on, so a step of the wall clock never makes one lapse.
 pub(crate) fn mono_ms() -> u64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     // start at one lease's worth so that `now - lease` never saturates oddly
-    START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64 + 1_000_000
+    let start = *START.get_or_init(boot_ms);
+    boot_ms().saturating_sub(start) + 1_000_000
+}
+
+/// Milliseconds of `CLOCK_BOOTTIME`: monotonic, and counting the time the system
+/// was suspended (`Instant`'s clock stops then, so a laptop shepherd that slept
+/// through its lease would wake believing it still held it).
+#[cfg(target_os = "linux")]
+fn boot_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        return instant_ms();
+    }
+    (ts.tv_sec as u64).saturating_mul(1_000) + (ts.tv_nsec as u64) / 1_000_000
+}
+
+#[cfg(not(target_os = "linux"))]
+fn boot_ms() -> u64 {
+    instant_ms()
+}
+
+/// `Instant`'s milliseconds since first asked (where there is no boot clock).
+#[cfg_attr(target_os = "linux", allow(dead_code))]
+fn instant_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64
 }
 
 /// Signs messages with a nonce that never repeats for this key: a random start,
@@ -267,6 +294,7 @@ mod tests {
         let mut signer = Signer::new(Identity::from_secret([3; 32]));
         let run = RunId([1; 32]);
         let hb = pcp_schema::Heartbeat {
+            consensus: None,
             run: run.0,
             round: 0,
             unix_ms: 0,

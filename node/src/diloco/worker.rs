@@ -558,6 +558,31 @@ fn chain_path(data_dir: &Path, run: RunId) -> PathBuf {
     data_dir.join("worker").join(format!("chain-{}.json", run.to_hex()))
 }
 
+/// Where a worker keeps the highest term it has seen for `run` (a lease it
+/// followed, whether or not it trained a round of it): across a restart it never
+/// follows a lower one.
+fn term_path(data_dir: &Path, run: RunId) -> PathBuf {
+    data_dir.join("worker").join(format!("term-{}.json", run.to_hex()))
+}
+
+/// The highest term saved at `path`; 0 when absent or damaged.
+fn load_term(path: &Path) -> u64 {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["term"].as_u64())
+        .unwrap_or(0)
+}
+
+fn save_term(path: &Path, term: u64) -> anyhow::Result<()> {
+    let dir = path.parent().context("term path has no parent")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, json!({ "term": term }).to_string()).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
+    Ok(())
+}
+
 /// The highest term this worker followed and the round it last trained, saved for
 /// `run` (fencing across restarts); nothing when absent or damaged.
 fn load_chain(path: &Path) -> Chain {
@@ -635,7 +660,10 @@ async fn train(
     // what this worker trained last, and the highest term it followed: it never
     // moves back, across restarts too
     let chain_file = chain_path(data_dir, run);
-    let chain = load_chain(&chain_file);
+    let term_file = term_path(data_dir, run);
+    let mut chain = load_chain(&chain_file);
+    let seen = load_term(&term_file);
+    chain.term = chain.term.max(seen);
     let zeros: Tensors = sizes.iter().map(|n| vec![0.0; *n]).collect();
     let mut engine =
         Engine::new(plan.device, vmfb, wire::shapes(m), zeros, None, m.state_per_param as usize, m.data.int64).await?;
@@ -699,6 +727,8 @@ async fn train(
         signer: Signer::new(signer.identity().clone()),
         run,
         election: Election::resume(me, joined.succession.clone(), m.lease_ms.max(500), chain.term, wire::mono_ms()),
+        term_file,
+        saved_term: chain.term,
         heard: false,
         leader: leader_tx,
         latest: latest_tx,
@@ -1365,6 +1395,9 @@ struct Heartbeats {
     signer: Signer,
     run: RunId,
     election: Election,
+    /// Where the highest term it followed is kept, and that term.
+    term_file: PathBuf,
+    saved_term: u64,
     /// Whether a valid lease was heard yet: until then the heartbeats go to the
     /// candidate that answered the hello.
     heard: bool,
@@ -1456,6 +1489,7 @@ impl Heartbeats {
             term: 0,
             follows: self.election.term(),
             held: None,
+            consensus: None,
         };
         let envelope = self.signer.seal(self.run, round, &hb);
         let node = self.node.clone();
@@ -1480,6 +1514,13 @@ impl Heartbeats {
                     wire::lease_rejected(&self.events, what, &from, term, &reason);
                 }
                 election::Action::Elected { term, leader } => {
+                    if term > self.saved_term {
+                        // kept before it acts on the term: a restart never follows a lower one
+                        match save_term(&self.term_file, term) {
+                            Ok(()) => self.saved_term = term,
+                            Err(e) => tracing::warn!("saving the followed term: {e:#}"),
+                        }
+                    }
                     if let Some(peer) = pcp_bootstrap::peer_of(&leader) {
                         if *self.leader.borrow() != (peer, leader) {
                             self.events

@@ -37,9 +37,11 @@
 //!
 //! **Best effort** ([`Mode::BestEffort`], runs of 1 or 2 candidates): a majority
 //! of two is both, so one dead candidate would stop the run; best effort counts
-//! the majority among the candidates heard within two leases instead. It then
-//! survives a dead candidate, but not a cut between the two: each side elects
-//! itself (the README's failure model).
+//! the majority among the candidates heard within two leases instead, and a
+//! state keeps the term that produced it (a candidate that led alone and completed
+//! nothing does not outrank the other's rounds). It survives a dead candidate, but
+//! not a cut between the two: each side elects itself (the README's failure
+//! model).
 //!
 //! Time is `now_ms` of a clock that counts suspend (`CLOCK_BOOTTIME` in
 //! pcp-node): a leader that slept through its lease wakes with it expired. A tick
@@ -164,6 +166,9 @@ pub enum Stop {
     Newer(u64),
     /// Its host stepped aside ([`Input::StepAside`]).
     Aside,
+    /// Best effort: another candidate holds a newer state (the two led apart while
+    /// cut off); it steps aside so that one leads.
+    Behind,
 }
 
 /// What the host does.
@@ -248,7 +253,12 @@ pub enum Action {
 enum Role {
     Follower,
     /// Campaigning for `term` (pre-votes while `pre`), with the grants so far.
-    Campaign { term: u64, pre: bool, grants: BTreeSet<PublicKey>, asked_ms: u64 },
+    Campaign {
+        term: u64,
+        pre: bool,
+        grants: BTreeSet<PublicKey>,
+        asked_ms: u64,
+    },
     Leader(Box<Lead>),
 }
 
@@ -314,10 +324,10 @@ impl Candidate {
         held: Option<Replica>,
         now_ms: u64,
     ) -> Self {
-        let voter = hard.is_some();
         let lease_ms = lease_ms.max(1);
         // a candidate alone has nobody to wait for: it campaigns at its first tick
         let solo = succession.order() == [me];
+        let voter = hard.is_some() || solo;
         Self {
             me,
             succession,
@@ -561,16 +571,18 @@ impl Candidate {
 
     fn become_leader(&mut self, state: Replica, now_ms: u64, out: &mut Vec<Action>) {
         let term = self.hard.term;
-        let from = Replica { term, ..state };
+        // under a majority the state takes the new term (Raft's no-op entry); best
+        // effort keeps the term that produced it: a candidate that led alone (cut
+        // off, without workers) must not outrank the rounds the other one completed
+        let from = match self.mode {
+            Mode::Majority => Replica { term, ..state },
+            Mode::BestEffort => state,
+        };
         self.held = Some(from);
         self.lapsed = 0;
         self.fetching = None;
         self.following = term;
-        self.role = Role::Leader(Box::new(Lead {
-            answers: BTreeMap::new(),
-            sent_ms: now_ms,
-            committed: None,
-        }));
+        self.role = Role::Leader(Box::new(Lead { answers: BTreeMap::new(), sent_ms: now_ms, committed: None }));
         out.push(Action::Held(from));
         out.push(Action::Elected { term, leader: self.me });
         out.push(Action::Lead { term, from });
@@ -623,6 +635,16 @@ impl Candidate {
             Message::Answer { term, sent_ms, held } => {
                 if term > self.hard.term {
                     self.adopt(term, now_ms, out);
+                    return;
+                }
+                if self.mode == Mode::BestEffort
+                    && self.is_leader()
+                    && term == self.hard.term
+                    && Self::rank(held) > Self::rank(self.held)
+                {
+                    // best effort: the two led apart; the newer state's holder leads
+                    self.stop(Stop::Behind, now_ms, out);
+                    self.not_before_ms = now_ms + CHECK_QUORUM_LEASES * self.lease_ms;
                     return;
                 }
                 if let Role::Leader(l) = &mut self.role
@@ -678,7 +700,15 @@ impl Candidate {
         held.map_or((0, 0), |r| r.rank())
     }
 
-    fn vote(&mut self, from: PublicKey, term: u64, held: Option<Replica>, pre: bool, now_ms: u64, out: &mut Vec<Action>) {
+    fn vote(
+        &mut self,
+        from: PublicKey,
+        term: u64,
+        held: Option<Replica>,
+        pre: bool,
+        now_ms: u64,
+        out: &mut Vec<Action>,
+    ) {
         // a refused pre-vote names the voter's own term (the campaigner takes it only
         // when higher than its own); a refused vote the higher of the two
         let refuse = |c: &Self, out: &mut Vec<Action>| {
@@ -746,6 +776,9 @@ impl Candidate {
         self.lease_sent_ms = sent_ms;
         match self.held {
             Some(h) if h == state => {}
+            // best effort: a leader behind this candidate's state (they led apart)
+            // hears so in the answer, and steps aside
+            Some(h) if self.mode == Mode::BestEffort && h.rank() > state.rank() => {}
             // the same round and parameters: the new leader's term is taken at once
             Some(h) if h.round == state.round && h.params == state.params => {
                 self.held = Some(state);

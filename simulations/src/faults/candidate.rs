@@ -76,7 +76,8 @@ impl Candidate {
         let s = &ctx.setup;
         let mode = Mode::for_candidates(s.candidates);
         let Disk { hard, held, blobs } = disk.unwrap_or(Disk { hard: None, held: None, blobs: BTreeSet::new() });
-        let core = failover::Candidate::new(s.keys[ctx.me], s.succession.clone(), s.lease_ms, mode, hard, held, ctx.now);
+        let core =
+            failover::Candidate::new(s.keys[ctx.me], s.succession.clone(), s.lease_ms, mode, hard, held, ctx.now);
         Self { core, leader: None, hard, blobs }
     }
 
@@ -134,8 +135,12 @@ impl Candidate {
                 }
                 Action::Stopped { term, why } => {
                     let why = match why {
-                        Stop::Newer(t) => format!("term {t} is {}'s", ctx.setup.name(ctx.setup.index(&self.core.succession().leader(t)))),
+                        Stop::Newer(t) => format!(
+                            "term {t} is {}'s",
+                            ctx.setup.name(ctx.setup.index(&self.core.succession().leader(t)))
+                        ),
                         Stop::Aside => "it lost its workers".to_owned(),
+                        Stop::Behind => "the other candidate holds a newer state".to_owned(),
                     };
                     ctx.log(format!("{} stops leading term {term}: {why}", ctx.name()));
                     self.leader = None;

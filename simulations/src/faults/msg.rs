@@ -91,6 +91,7 @@ pub(super) enum Event {
     /// A standby replicated a state.
     Replicated(Replica),
     /// A leader told workers of the round after `Replica` (its base is committed).
+    #[allow(dead_code, reason = "the invariants read it")]
     Released(Replica),
     /// A worker applied a state: it trains the next round from it.
     Applied(Replica),

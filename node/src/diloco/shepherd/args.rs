@@ -85,6 +85,14 @@ pub(crate) struct ShepherdArgs {
     /// The leader's lease: candidates take over after this long without a heartbeat.
     #[arg(long, default_value_t = 5_000, requires = "shepherd")]
     pub(crate) lease_ms: u64,
+    /// How the candidates agree on a leader and on each round. `majority` (the
+    /// default from 3 candidates): a majority of all the candidates elects, holds
+    /// the lease and commits a round, so no single fault forks the run or loses a
+    /// released round. `best-effort` (the default with 1 or 2): a majority of the
+    /// candidates still heard, so one of two may die, but a cut between them makes
+    /// two leaders (README: "Shepherd failover").
+    #[arg(long, value_parser = ["majority", "best-effort"], requires = "shepherd")]
+    pub(crate) failover: Option<String>,
     #[command(flatten)]
     pub(crate) trust: TrustArgs,
 }
@@ -165,6 +173,8 @@ pub(crate) struct ShepherdPlan {
     pub(crate) candidates: Vec<PublicKey>,
     /// The leader's lease.
     pub(crate) lease_ms: u64,
+    /// The manifest's failover mode (see [`RunManifest::failover`]).
+    pub(crate) failover: u8,
     /// Where compiled artifacts are cached [default: `<data-dir>/artifacts`].
     pub(crate) artifacts_dir: Option<PathBuf>,
     /// Print the round table on stdout.
@@ -254,6 +264,11 @@ impl ShepherdPlan {
             state_dir,
             candidates,
             lease_ms: args.lease_ms.max(500),
+            failover: match args.failover.as_deref() {
+                Some("majority") => 1,
+                Some("best-effort") => 2,
+                _ => 0,
+            },
             artifacts_dir: None,
             table: true,
             screen: Screen::parse(&args.screen)?,
@@ -294,6 +309,7 @@ impl ShepherdPlan {
             state_dir,
             candidates: Vec::new(),
             lease_ms: 5_000,
+            failover: 0,
             artifacts_dir: None,
             table: true,
             screen: Screen::Score,
@@ -356,6 +372,7 @@ impl ShepherdPlan {
             heartbeat_timeout_ms: 10_000,
             candidates: manifest.candidates.iter().map(|k| PublicKey(*k)).collect(),
             lease_ms: manifest.lease_ms,
+            failover: manifest.failover,
             screen,
             trim: f64::from(manifest.trim),
             overlap: manifest.overlap,

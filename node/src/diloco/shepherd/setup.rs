@@ -197,6 +197,7 @@ pub(super) fn new_manifest(
         trim: plan.trim as f32,
         candidates: Vec::new(),
         lease_ms: plan.lease_ms,
+        failover: plan.failover,
         salt: [0; 32],
         experiment: [0; 32],
         overlap: plan.overlap,
@@ -370,6 +371,7 @@ impl Host {
         data_dir: &Path,
         events: Events,
         hooks: ShepherdHooks,
+        consensus: Option<Box<Consensus>>,
     ) -> anyhow::Result<Self> {
         let store = BlobStore::open(data_dir)?;
         let (step, prepared_engine) = match plan.prepared.take() {
@@ -387,11 +389,60 @@ impl Host {
         let identity_of_run = (run, creator, &candidates[..], salt);
         let manifest = run_manifest(&store, &mut plan, &step, &params, identity_of_run, inherited)?;
         let succession = Succession::new(run, creator, &candidates);
-        let election = Election::resume(me, succession, manifest.lease_ms.max(500), term, wire::mono_ms());
         let config = machine_config(&plan, &params, contributors)?;
         let machine = match snapshot {
             Some(s) => Shepherd::resume(config, s),
             None => Shepherd::new(config, params.clone()),
+        };
+        let lease_ms = manifest.lease_ms.max(500);
+        let mut pending_consensus = Vec::new();
+        let consensus = match consensus {
+            // elected: it leads already
+            Some(c) => c,
+            None => {
+                let mode = super::super::consensus::mode_of(manifest.failover, succession.order().len());
+                let state = LeaderState {
+                    term: term.max(1),
+                    snapshot: machine.snapshot(),
+                    contributors: Vec::new(),
+                    excluded: Vec::new(),
+                };
+                let blob = store.put_bytes(&wire::state_blob(&state))?.0;
+                let held = Replica {
+                    term: term.max(1),
+                    round: machine.completed(),
+                    params: wire::params_hash(machine.params()).0,
+                };
+                let (c, actions) = if matches!(plan.start, Start::New) {
+                    Consensus::create(
+                        &node,
+                        &identity,
+                        &events,
+                        data_dir,
+                        run,
+                        succession.clone(),
+                        lease_ms,
+                        mode,
+                        (held, blob),
+                    )?
+                } else {
+                    // resumed: it leads again once the candidates elect it (at once when alone)
+                    let c = Consensus::open(
+                        &node,
+                        &identity,
+                        &events,
+                        data_dir,
+                        run,
+                        succession.clone(),
+                        lease_ms,
+                        mode,
+                        Some((held, blob)),
+                    )?;
+                    (c, Vec::new())
+                };
+                pending_consensus = actions;
+                Box::new(c)
+            }
         };
         let sizes = wire::sizes(&manifest);
         let shards = wire::shard_ranges(&manifest)?;
@@ -428,13 +479,7 @@ impl Host {
         }
         node.subscribe(run).await?;
         let resumed_at = machine.completed();
-        let probe_signer = Signer::new(identity.clone());
-        let lease_ms = manifest.lease_ms.max(500);
-        let state_term = match &plan.start {
-            Start::Succeed { state, .. } => state.term,
-            _ => election.term(),
-        };
-        let keeper = LeaseKeeper::spawn(node.clone(), Signer::new(identity.clone()), run, &election, lease_ms);
+        let keeper = LeaseKeeper::spawn(node.clone(), Signer::new(identity.clone()), run, &succession, lease_ms);
         let mut host = Self {
             node,
             store,
@@ -455,8 +500,6 @@ impl Host {
             opened: None,
             // three leases, and never less than the time a silent worker is dropped after
             quorum: Quorum::new((CHECK_QUORUM_LEASES * lease_ms).max(plan.heartbeat_timeout_ms), wire::mono_ms()),
-            lease_guard: LeaderLease::new(lease_ms),
-            commit: Commit::new(lease_ms),
             keeper,
             reported_term: 0,
             sizes,
@@ -477,14 +520,12 @@ impl Host {
             hooks,
             out: std::io::stdout(),
             plan,
-            election,
+            consensus,
             state: None,
             state_replica: None,
-            state_term,
-            probes: JoinSet::new(),
-            probe_signer,
             stepped_down: None,
             aside: false,
+            pending_consensus,
             background,
         };
         host.started(resumed_at).await?;
@@ -513,6 +554,8 @@ impl Host {
             overlap: self.plan.overlap,
             precision: self.manifest.precision.clone(),
             recompute: self.manifest.recompute.clone(),
+            failover: self.consensus.core().mode().name().to_owned(),
+            candidates: self.consensus.core().succession().order().len() as u64,
         }));
         if matches!(self.plan.start, Start::Resume(_)) {
             self.events.emit(ev::Event::Resumed(ev::Resumed { round: resumed_at, params_hash: params_hash.to_hex() }));
@@ -524,15 +567,15 @@ impl Host {
             self.quorum.round_completed(&state.contributors, wire::mono_ms());
             self.events.emit(ev::Event::ShepherdElected(ev::ShepherdElected {
                 term,
-                peer: peer_name(&self.election.me()),
+                peer: peer_name(&self.consensus.me()),
                 round: resumed_at,
                 params_hash: params_hash.to_hex(),
             }));
-            let lapsed = self.election.succession().leader(term.saturating_sub(1));
+            let lapsed = self.consensus.core().succession().leader(term.saturating_sub(1));
             self.table_line(&format!("term {}: the lease of {} expired", term - 1, peer_name(&lapsed)))?;
             self.table_line(&format!(
                 "term {term}: {} elected; resumes after round {resumed_at} from parameters {params_hash}",
-                peer_name(&self.election.me())
+                peer_name(&self.consensus.me())
             ))?;
         }
         Ok(())

@@ -78,6 +78,7 @@ pub(crate) enum Event {
     BlobsReleased(BlobsReleased),
     // a candidate
     Standby(Standby),
+    Campaign(Campaign),
     Deferred(Deferred),
     StateReplicated(StateReplicated),
     // a worker
@@ -200,6 +201,13 @@ fields! {
         precision: String,
         /// Activations the backward recomputes: `none`, `attention`, `elementwise` or `blocks`.
         recompute: String,
+        /// How the candidates agree: `majority`, or `best-effort` (1–2 candidates, or
+        /// `--failover best-effort`).
+        #[serde(default)]
+        failover: String,
+        /// The coordinator candidates, this one included.
+        #[serde(default)]
+        candidates: u64,
     }
     Resumed { round: u64, params_hash: String }
     ShepherdElected { term: u64, peer: String, round: u64, params_hash: String }
@@ -260,6 +268,8 @@ fields! {
     }
     BlobsReleased { round: u64, count: u64, bytes: u64, deferred: u64, failed: u64 }
     Standby { run: String, term: u64, peer: Option<String>, aside: bool }
+    /// A candidate whose turn came asks the others for votes (`pre`: pre-votes first).
+    Campaign { term: u64, pre: bool }
     Deferred { term: u64, to: String, their_round: u64, round: Option<u64> }
     StateReplicated { round: u64, term: u64, params_hash: String }
     RunJoined {

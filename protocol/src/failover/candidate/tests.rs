@@ -122,7 +122,9 @@ impl Cluster {
 
     /// The node leading the highest term, if any.
     fn leader(&self) -> Option<usize> {
-        (0..self.nodes.len()).filter(|i| self.up[*i] && self.nodes[*i].is_leader()).max_by_key(|i| self.nodes[*i].term())
+        (0..self.nodes.len())
+            .filter(|i| self.up[*i] && self.nodes[*i].is_leader())
+            .max_by_key(|i| self.nodes[*i].term())
     }
 
     /// The leader `i` completes `round` with parameters `tag`.
@@ -326,12 +328,14 @@ fn a_stalled_follower_does_not_campaign_on_waking() {
 
 #[test]
 fn a_lone_candidate_resumes_at_once() {
-    let succession = Succession::new(RunId([3; 32]), key(0), &[]);
-    let hard = Some(HardState { term: 4, voted_for: Some(key(0)) });
-    let mut c = Candidate::new(key(0), succession, LEASE, Mode::BestEffort, hard, Some(state(4, 7, 7)), 10_000);
-    let actions = c.handle(Input::Tick, 10_100);
-    assert!(actions.contains(&Action::Lead { term: 5, from: state(5, 7, 7) }), "{actions:?}");
-    assert!(actions.contains(&Action::Commit(state(5, 7, 7))));
+    for (mode, from) in [(Mode::Majority, state(5, 7, 7)), (Mode::BestEffort, state(4, 7, 7))] {
+        let succession = Succession::new(RunId([3; 32]), key(0), &[]);
+        let hard = Some(HardState { term: 4, voted_for: Some(key(0)) });
+        let mut c = Candidate::new(key(0), succession, LEASE, mode, hard, Some(state(4, 7, 7)), 10_000);
+        let actions = c.handle(Input::Tick, 10_100);
+        assert!(actions.contains(&Action::Lead { term: 5, from }), "{mode:?}: {actions:?}");
+        assert!(actions.contains(&Action::Commit(from)), "{mode:?}");
+    }
 }
 
 #[test]
