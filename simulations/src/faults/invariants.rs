@@ -70,7 +70,10 @@ pub(super) struct Checker {
     last: BTreeMap<usize, u64>,
     /// Every applied state, by round: one history.
     history: BTreeMap<u64, [u8; 32]>,
-    /// Every state each candidate replicated, until it loses its disk.
+    /// Every base released to workers, with the lowest term that released it.
+    released: Vec<(Replica, u64)>,
+    /// Every state each candidate replicated, until it loses its disk (to say
+    /// who held a state (c) finds lost).
     replicated: Vec<(usize, Replica)>,
 }
 
@@ -169,9 +172,34 @@ impl Checker {
         self.last.remove(&n);
     }
 
-    /// (c): the leader of the newest term (named `name`) completed `state`: every
-    /// state replicated to a standby (that has not lost its disk since) up to its
-    /// round must be in its history, or the run has moved on without it.
+    /// (c): a leader of `term` (named `name`) released a round opening from `base`
+    /// to workers. Released bases lie on one history: each descends from those
+    /// released at earlier rounds, and those released at later rounds from it.
+    pub(super) fn released(&mut self, reg: &Registry, name: &str, base: &Replica, term: u64) -> Result<(), Broken> {
+        for (r, _) in &self.released {
+            let (earlier, later) = if r.round <= base.round { (r, base) } else { (base, r) };
+            if !reg.descends(id(later), id(earlier)) {
+                return Err((
+                    Invariant::ReleasedKept,
+                    format!(
+                        "{} released to workers is changed: {name} (term {term}) released a round from {}",
+                        describe(r),
+                        describe(base)
+                    ),
+                ));
+            }
+        }
+        match self.released.iter_mut().find(|(r, _)| id(r) == id(base)) {
+            Some((_, t)) => *t = (*t).min(term),
+            None => self.released.push((*base, term)),
+        }
+        Ok(())
+    }
+
+    /// (c): a leader (named `name`) completed `state`: every state released to
+    /// workers under its term or an earlier one, at its round or before, is in its
+    /// history (a leader of an earlier term may be stale, and what it completes is
+    /// not released: it needs no such history).
     pub(super) fn completed(
         &mut self,
         reg: &Registry,
@@ -179,19 +207,67 @@ impl Checker {
         state: &Replica,
         names: &dyn Fn(usize) -> String,
     ) -> Result<(), Broken> {
-        for (c, r) in &self.replicated {
-            if r.round <= state.round && !reg.descends(id(state), id(r)) {
+        for (r, term) in &self.released {
+            if *term <= state.term && r.round <= state.round && !reg.descends(id(state), id(r)) {
+                let holders: Vec<String> =
+                    self.replicated.iter().filter(|(_, x)| x == r).map(|(c, _)| names(*c)).collect();
+                let held = if holders.is_empty() { "no standby".into() } else { holders.join(" ") };
                 return Err((
-                    Invariant::ReplicatedKept,
+                    Invariant::ReleasedKept,
                     format!(
-                        "{} replicated to {} is lost: {name} completed {} from another history",
+                        "{} released to workers in term {term} (replicated to {held}) is lost: {name} completed {} \
+                         from another history",
                         describe(r),
-                        names(*c),
                         describe(state)
                     ),
                 ));
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A registry of two histories from the initial state `a0`: `a1`, `a2` and
+    /// `b1`, `b2`, each completed in `term`.
+    fn forked() -> (Registry, [Replica; 5]) {
+        let r = |term, round, p: u8| Replica { term, round, params: [p; 32] };
+        let [a0, a1, a2, b1, b2] = [r(1, 0, 0), r(1, 1, 1), r(2, 2, 2), r(3, 1, 11), r(3, 2, 12)];
+        let mut reg = Registry::default();
+        let snapshot = Snapshot {
+            completed: 0,
+            params: Vec::new(),
+            velocity: Vec::new(),
+            durations: Vec::new(),
+            norms: Vec::new(),
+        };
+        for (x, parent) in [(a0, None), (a1, Some(a0)), (a2, Some(a1)), (b1, Some(a0)), (b2, Some(b1))] {
+            let state =
+                State { parent: parent.map(|p| id(&p)), snapshot: snapshot.clone(), contributors: Vec::new(), at: 0 };
+            reg.insert(id(&x), state);
+        }
+        (reg, [a0, a1, a2, b1, b2])
+    }
+
+    #[test]
+    fn a_released_state_is_in_every_later_leaders_history() {
+        let (reg, [_, a1, a2, b1, b2]) = forked();
+        let names = |c: usize| format!("c{c}");
+        let mut check = Checker::default();
+        check.released(&reg, "c0", &a1, 2).expect("the first release");
+        assert!(check.completed(&reg, "c0", &a2, &names).is_ok(), "it descends");
+        // a deposed leader of term 1 completes a round nobody takes
+        let stale = Replica { term: 1, ..b2 };
+        assert!(check.completed(&reg, "c1", &stale, &names).is_ok());
+        // a leader of a later term loses it
+        let (invariant, _) = check.completed(&reg, "c2", &b2, &names).expect_err("lost");
+        assert_eq!(invariant, Invariant::ReleasedKept);
+        // or releases another history
+        let (invariant, _) = check.released(&reg, "c2", &b1, 3).expect_err("changed");
+        assert_eq!(invariant, Invariant::ReleasedKept);
+        assert!(check.released(&reg, "c2", &a2, 3).is_ok());
     }
 }

@@ -95,6 +95,32 @@ pub(super) enum Event {
     Released(Replica),
     /// A worker applied a state: it trains the next round from it.
     Applied(Replica),
+    /// A leader released a round to workers (announced it to them): the round
+    /// opens from this state, its base. Invariant (c) holds every state a leader of
+    /// the releasing term or a later one completes, at or after the base's round,
+    /// to descend from it; and all released bases lie on one history.
+    #[allow(dead_code, reason = "the majority candidate pushes it; the best-effort one releases nothing")]
+    Released(Replica),
+}
+
+/// How the run's candidates fail over, by their number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Three candidates or more: a majority of them elects, commits and grants
+    /// the lease, so the nemesis may cut candidates apart, isolate the leader and
+    /// crash a minority for good.
+    Majority,
+    /// One or two candidates: no majority survives the loss of one, so failover is
+    /// best effort and the nemesis leaves out what it cannot survive (the module
+    /// docs of `faults`).
+    BestEffort,
+}
+
+impl Mode {
+    /// The mode of a run with `candidates` candidates.
+    pub(crate) fn of(candidates: usize) -> Self {
+        if candidates >= 3 { Self::Majority } else { Self::BestEffort }
+    }
 }
 
 /// The run's fixed settings.
@@ -107,6 +133,11 @@ pub(super) struct Setup {
     pub(super) lease_ms: u64,
     pub(super) shepherd: shepherd::Config,
     pub(super) rules: Rules,
+    /// How the candidates fail over: [`Mode::Majority`] with 3 candidates or more.
+    pub(super) mode: Mode,
+    /// The shortest and longest a state blob takes to transfer, ms (drawn per
+    /// seed: 100 to 1,200 ms, or 4 to 40 s for a large model).
+    pub(super) transfer_ms: (u64, u64),
 }
 
 impl Setup {
@@ -157,10 +188,11 @@ impl Ctx<'_> {
         }
     }
 
-    /// A state blob for `to`: it takes 100 to 1,200 ms to transfer.
+    /// A state blob for `to`: it takes [`Setup::transfer_ms`] to transfer.
     pub(super) fn send_blob(&mut self, to: usize, state: Replica) {
         use rand::Rng;
-        let after = self.rng.gen_range(100..=1_200);
+        let (shortest, longest) = self.setup.transfer_ms;
+        let after = self.rng.gen_range(shortest..=longest.max(shortest));
         self.send_after(to, Msg::Blob { state }, after);
     }
 

@@ -2,7 +2,8 @@
 //! with its own delay, jitter, loss and duplication, which the nemesis cuts and
 //! degrades. Reordering comes from jitter: every copy of a message draws its own
 //! delay, so two messages on one link overtake each other when the jitter exceeds
-//! the gap between them.
+//! the gap between them. A link may also hold what is sent on it (a queued cut):
+//! the world keeps those messages and hands them back to the link when it heals.
 
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -12,6 +13,9 @@ use rand_chacha::ChaCha8Rng;
 pub(super) struct Link {
     /// Nothing gets through.
     pub(super) cut: bool,
+    /// What is sent is held until the link no longer holds it (the world keeps it
+    /// and delivers it then); a cut wins.
+    pub(super) queue: bool,
     /// Messages lost, per mille.
     pub(super) loss: u32,
     /// Messages delivered twice, per mille.
@@ -24,7 +28,7 @@ pub(super) struct Link {
 
 impl Link {
     /// A healthy link: a few milliseconds, a little jitter, nothing lost.
-    pub(super) const HEALTHY: Self = Self { cut: false, loss: 0, dup: 0, delay: 2, jitter: 18 };
+    pub(super) const HEALTHY: Self = Self { cut: false, queue: false, loss: 0, dup: 0, delay: 2, jitter: 18 };
 }
 
 /// Every link of `n` nodes.
@@ -48,6 +52,12 @@ impl Net {
     /// Every link healthy again.
     pub(super) fn heal(&mut self) {
         self.links.fill(Link::HEALTHY);
+    }
+
+    /// Whether what is sent on `from → to` now is held, not delivered or lost.
+    pub(super) fn holds(&self, from: usize, to: usize) -> bool {
+        let link = self.links[from * self.n + to];
+        link.queue && !link.cut
     }
 
     /// The delays after which the copies of a message sent now on `from → to`

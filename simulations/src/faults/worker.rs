@@ -68,6 +68,13 @@ impl WorkerNode {
         Follow { term: self.election.term(), leader: ctx.setup.index(&self.election.leader()) }
     }
 
+    /// How long a fetch waits before it asks again: a lease, or the slowest
+    /// transfer (asking again while a large state is on its way would only race
+    /// two transfers of it).
+    fn refetch_ms(ctx: &Ctx<'_>) -> u64 {
+        ctx.setup.lease_ms.max(ctx.setup.transfer_ms.1)
+    }
+
     fn index(ctx: &Ctx<'_>) -> usize {
         ctx.me - ctx.setup.candidates
     }
@@ -99,7 +106,7 @@ impl WorkerNode {
                 let Some(w) = self.work.filter(|w| w.id == id) else { return };
                 if self.machine.phase() == worker::Phase::Fetching(w.round) {
                     ctx.send(w.leader, Msg::Fetch { want: w.base });
-                    ctx.timers.push((ctx.setup.lease_ms, Timer::Refetch(id)));
+                    ctx.timers.push((Self::refetch_ms(ctx), Timer::Refetch(id)));
                 }
             }
             Timer::Resend(id) => {
@@ -172,7 +179,7 @@ impl WorkerNode {
         for act in self.machine.handle(opened, ctx.now) {
             if let worker::Action::FetchParams(_) = act {
                 ctx.send(leader, Msg::Fetch { want: a.base });
-                ctx.timers.push((ctx.setup.lease_ms, Timer::Refetch(w.id)));
+                ctx.timers.push((Self::refetch_ms(ctx), Timer::Refetch(w.id)));
             }
         }
     }

@@ -15,28 +15,28 @@ use rand_chacha::ChaCha8Rng;
 
 use super::candidate::{self, Candidate};
 use super::invariants::{self, Checker, Registry, State, id};
-use super::msg::{Ctx, Event, Msg, Setup, Timer};
-use super::nemesis::{self, Fault, Kind, STRIKE_WITHIN_MS};
+use super::msg::{Ctx, Event, Mode, Msg, Setup, Timer};
+use super::nemesis::{self, Envelope, Fault, KEPT_WORKERS, Kind, STRIKE_WITHIN_MS};
 use super::net::Net;
 use super::worker::{self, WorkerNode};
-use super::{
-    CANDIDATES, Invariant, LEASE_MS, Outcome, PROGRESS_BOUND_MS, Rule, Rules, SETTLE_MS, Violation, WORKERS,
-    params_hash,
-};
+use super::{Invariant, LEASE_MS, Outcome, Rule, Rules, SETTLE_MS, Violation, WORKERS, params_hash, progress_bound_ms};
 
 /// A node's monotonic clock: ms since its process started, at its own rate, plus
-/// the jumps it saw.
+/// the jumps it saw, less the pauses it slept through with its clock stopped.
 #[derive(Clone, Copy, Debug)]
 struct Clock {
     start: u64,
     /// Per mille of real time.
     rate: u64,
     jump: u64,
+    /// Global ms it did not count (pauses with the clock stopped; nothing reads
+    /// the clock of a paused node, so it never runs back for anyone).
+    stopped: u64,
 }
 
 impl Clock {
     fn local(&self, global: u64) -> u64 {
-        1 + self.jump + global.saturating_sub(self.start) * self.rate / 1000
+        1 + self.jump + global.saturating_sub(self.start).saturating_sub(self.stopped) * self.rate / 1000
     }
 
     /// Global ms for `local` of this clock's ms.
@@ -70,6 +70,15 @@ struct Node {
     /// When it was last cut off from every node, or suspended, until.
     reachable_since: u64,
     disk: Option<Disk>,
+    /// Crashed for good: it never restarts, and later faults on it are void.
+    gone: bool,
+    /// The last term it said it leads.
+    led: u64,
+    /// It applied a state completed after the heal (a worker).
+    fresh: bool,
+    /// It holds a state (a candidate that replicated, led or completed one), until
+    /// it loses its disk.
+    holds: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -90,6 +99,18 @@ enum Ev {
     FaultEnd(usize),
     /// A [`Kind::CrashAfterRound`] strikes.
     Strike(usize),
+}
+
+/// A message a [`Kind::Queue`] fault holds: sent by incarnation `epoch` of
+/// `from` (lost if that incarnation dies before it goes), ready to go on the link
+/// at `ready` (global ms).
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    from: usize,
+    to: usize,
+    msg: Msg,
+    epoch: u64,
+    ready: u64,
 }
 
 #[derive(Debug)]
@@ -120,11 +141,14 @@ impl Ord for Scheduled {
 pub(super) struct World {
     seed: u64,
     setup: Setup,
+    env: Envelope,
     now: u64,
     seq: u64,
     queue: BinaryHeap<Reverse<Scheduled>>,
     nodes: Vec<Node>,
     net: Net,
+    /// What held links hold, in the order it was sent.
+    held: Vec<Held>,
     faults: Vec<Fault>,
     /// Faults on the leader that found none to hit.
     skipped: Vec<bool>,
@@ -138,7 +162,19 @@ pub(super) struct World {
     log: Vec<String>,
     violation: Option<Violation>,
     healed: u64,
+    /// Invariant (d)'s bound, ms after the heal.
+    bound: u64,
     progress: Option<u64>,
+    /// When every worker up had applied a state completed after the heal.
+    caught_up: Option<u64>,
+    /// Terms taken after the heal.
+    terms_after_heal: u64,
+    /// A majority of the candidates have held a state at once: the run's first
+    /// state is committed, no longer on its creator alone.
+    first_committed: bool,
+    /// A worker applied a state past the first: the run has started (a shepherd
+    /// that resumes from the first state waits for all its start workers).
+    started: bool,
     end: u64,
     rounds: u64,
     terms: u64,
@@ -151,48 +187,80 @@ fn stream(seed: u64, stream: u64) -> ChaCha8Rng {
     r
 }
 
+/// The seed's draws of the run's shape: how many candidates (3 mostly, 5 or 2
+/// about one seed in seven each) and how long a state blob takes to transfer
+/// (100 to 1,200 ms, or for one seed in five a large model's 4 to 40 s: 500 MB
+/// on 100 Mbit/s is 40 s).
+fn shape(seed: u64) -> (usize, (u64, u64)) {
+    let mut rng = stream(seed, 4);
+    let candidates = match rng.gen_range(0..100) {
+        0..15 => 2,
+        15..30 => 5,
+        _ => 3,
+    };
+    let transfer = if rng.gen_bool(0.2) { (4_000, 40_000) } else { (100, 1_200) };
+    (candidates, transfer)
+}
+
+/// The settings of a run of `candidates` candidates and `WORKERS` workers.
+fn setup(candidates: usize, transfer_ms: (u64, u64), rules: Rules) -> Setup {
+    let n = candidates + WORKERS;
+    let keys: Vec<PublicKey> =
+        (0..n).map(|i| PublicKey([if i < candidates { 1 + i as u8 } else { 100 + i as u8 }; 32])).collect();
+    let succession = Succession::new(RunId([7; 32]), keys[0], &keys[1..candidates]);
+    let shepherd = shepherd::Config {
+        rounds: 1_000,
+        start_workers: WORKERS,
+        resume_grace_ms: LEASE_MS,
+        min_quorum: 1,
+        // a round's deadline allows for its state's slowest transfer to a worker
+        initial_deadline_ms: 6_000 + transfer_ms.1,
+        min_deadline_ms: 3_000 + transfer_ms.1,
+        max_deadline_ms: 8_000 + transfer_ms.1,
+        heartbeat_timeout_ms: 2_500,
+        norm_factor: f64::INFINITY,
+        ..shepherd::Config::default()
+    };
+    let mode = Mode::of(candidates);
+    Setup { succession, keys, candidates, lease_ms: LEASE_MS, shepherd, rules, mode, transfer_ms }
+}
+
 impl World {
     pub(super) fn new(seed: u64, rules: Rules) -> Self {
-        let n = CANDIDATES + WORKERS;
-        let keys: Vec<PublicKey> =
-            (0..n).map(|i| PublicKey([if i < CANDIDATES { 1 + i as u8 } else { 100 + i as u8 }; 32])).collect();
-        let succession = Succession::new(RunId([7; 32]), keys[0], &keys[1..CANDIDATES]);
-        let shepherd = shepherd::Config {
-            rounds: 1_000,
-            start_workers: WORKERS,
-            resume_grace_ms: LEASE_MS,
-            min_quorum: 1,
-            initial_deadline_ms: 6_000,
-            min_deadline_ms: 3_000,
-            max_deadline_ms: 8_000,
-            heartbeat_timeout_ms: 2_500,
-            norm_factor: f64::INFINITY,
-            ..shepherd::Config::default()
-        };
-        let setup = Setup { succession, keys, candidates: CANDIDATES, lease_ms: LEASE_MS, shepherd, rules };
-        let mut nemesis = stream(seed, 1);
-        let faults = nemesis::schedule(&mut nemesis, n, CANDIDATES, LEASE_MS);
+        let (candidates, transfer_ms) = shape(seed);
+        let setup = setup(candidates, transfer_ms, rules);
+        let n = setup.keys.len();
+        let env = Envelope::of(setup.mode, candidates, n, LEASE_MS);
+        let faults = nemesis::schedule(&mut stream(seed, 1), &env);
         let healed = faults.iter().map(|f| f.end).max().unwrap_or(0);
+        let bound = progress_bound_ms(candidates, transfer_ms.1);
         let mut node_rng = stream(seed, 3);
+        let drift = Envelope::drift(setup.mode);
         let nodes = (0..n)
             .map(|_| Node {
                 role: Role::Down,
                 epoch: 0,
-                clock: Clock { start: 0, rate: node_rng.gen_range(980..=1020), jump: 0 },
+                clock: Clock { start: 0, rate: node_rng.gen_range(drift.clone()), jump: 0, stopped: 0 },
                 paused_until: 0,
                 up_since: 0,
                 reachable_since: 0,
                 disk: None,
+                gone: false,
+                led: 0,
+                fresh: false,
+                holds: false,
             })
             .collect();
         let mut w = Self {
             seed,
             setup,
+            env,
             now: 0,
             seq: 0,
             queue: BinaryHeap::new(),
             nodes,
             net: Net::new(n),
+            held: Vec::new(),
             skipped: vec![false; faults.len()],
             armed: Vec::new(),
             faults,
@@ -204,14 +272,25 @@ impl World {
             log: Vec::new(),
             violation: None,
             healed,
+            bound,
             progress: None,
-            end: healed + PROGRESS_BOUND_MS + 1,
+            caught_up: None,
+            terms_after_heal: 0,
+            first_committed: false,
+            started: false,
+            // (f)'s deadline: the run ends sooner once every worker up caught up
+            end: healed + 2 * bound,
             rounds: 0,
             terms: 1,
             events: 0,
         };
         let order: Vec<String> = w.setup.succession.order().iter().map(|k| w.setup.name(w.setup.index(k))).collect();
-        w.say(format!("succession {}; faults heal at {:.3}s", order.join(" "), healed as f64 / 1e3));
+        w.say(format!(
+            "succession {}; faults heal at {:.3}s; progress bound {:.1}s",
+            order.join(" "),
+            healed as f64 / 1e3,
+            bound as f64 / 1e3
+        ));
         for i in 0..w.faults.len() {
             let f = w.faults[i];
             w.push(f.start, Ev::FaultStart(i));
@@ -243,10 +322,15 @@ impl World {
         Outcome {
             seed: self.seed,
             without,
+            candidates: self.setup.candidates,
+            best_effort: self.setup.mode == Mode::BestEffort,
+            transfer_ms: self.setup.transfer_ms,
             log: self.log,
             violation: self.violation,
             healed_ms: self.healed,
+            progress_bound_ms: self.bound,
             progress_ms: self.progress,
+            caught_up_ms: self.caught_up,
             rounds: self.rounds,
             terms: self.terms,
             events: self.events,
@@ -266,19 +350,45 @@ impl World {
             self.now = s.at;
             self.events += 1;
             self.step(s.ev);
-            if self.violation.is_some() {
-                break;
+            if self.violation.is_none() {
+                self.violation = self.overdue(self.now);
             }
-            if self.progress.is_none() && self.now > self.healed + PROGRESS_BOUND_MS {
-                let detail = format!(
-                    "no round completed after the heal at {:.3}s reached a worker within {:.0}s",
-                    self.healed as f64 / 1e3,
-                    PROGRESS_BOUND_MS as f64 / 1e3
-                );
-                self.violation = Some(Violation { invariant: Invariant::Progress, at_ms: self.now, detail });
-                break;
+            if self.violation.is_some() {
+                return;
             }
         }
+        // the run's end: whatever is still owed is overdue
+        self.violation = self.overdue(self.end.max(self.now));
+    }
+
+    /// Invariants (d) and (f) at `at`: no worker trained from a round completed
+    /// after the heal within the bound, or a worker up has not yet at the run's
+    /// last deadline.
+    fn overdue(&self, at: u64) -> Option<Violation> {
+        let heal = self.healed as f64 / 1e3;
+        if self.progress.is_none() && at > self.healed + self.bound {
+            let detail = format!(
+                "no round completed after the heal at {heal:.3}s reached a worker within {:.1}s",
+                self.bound as f64 / 1e3
+            );
+            return Some(Violation { invariant: Invariant::Progress, at_ms: at, detail });
+        }
+        if self.caught_up.is_none() && at >= self.healed + 2 * self.bound {
+            let behind: Vec<String> = self.behind().map(|w| self.setup.name(w)).collect();
+            let detail = format!(
+                "{} up but applied no state completed after the heal at {heal:.3}s within {:.1}s",
+                behind.join(" "),
+                2.0 * self.bound as f64 / 1e3
+            );
+            return Some(Violation { invariant: Invariant::WorkersCatchUp, at_ms: at, detail });
+        }
+        None
+    }
+
+    /// The workers up (not crashed for good) that have applied no state completed
+    /// after the heal.
+    fn behind(&self) -> impl Iterator<Item = usize> + '_ {
+        (self.setup.candidates..self.nodes.len()).filter(|w| !self.nodes[*w].gone && !self.nodes[*w].fresh)
     }
 
     /// Starts node `n` (at the run's start, or restarting from its disk).
@@ -286,7 +396,7 @@ impl World {
         let node = &mut self.nodes[n];
         node.epoch += 1;
         node.up_since = self.now;
-        node.clock = Clock { start: self.now, rate: node.clock.rate, jump: 0 };
+        node.clock = Clock { start: self.now, rate: node.clock.rate, jump: 0, stopped: 0 };
         let disk = node.disk.take();
         let candidate = self.setup.is_candidate(n);
         self.handle(n, |role, ctx| {
@@ -327,9 +437,14 @@ impl World {
         let Ctx { sends, timers, events, .. } = ctx;
         let (clock, epoch) = (node.clock, node.epoch);
         for (to, msg, after) in sends {
+            let ready = self.now + clock.global(after);
+            if self.net.holds(n, to) {
+                self.held.push(Held { from: n, to, msg, epoch, ready });
+                continue;
+            }
             for delay in self.net.deliveries(n, to, &mut self.net_rng).into_iter().flatten() {
                 let sender = (after > 0).then_some(epoch);
-                self.push(self.now + clock.global(after) + delay, Ev::Deliver { from: n, to, msg, sender });
+                self.push(ready + delay, Ev::Deliver { from: n, to, msg, sender });
             }
         }
         for (after, timer) in timers {
@@ -340,6 +455,30 @@ impl World {
         }
     }
 
+    /// Hands what links no longer hold back to them, in the order it was sent, each
+    /// after its link's delay from now (and never before what was sent before it on
+    /// that link). Its sender must still be the incarnation that sent it.
+    fn release_held(&mut self) {
+        let (go, keep): (Vec<Held>, Vec<Held>) =
+            std::mem::take(&mut self.held).into_iter().partition(|h| !self.net.holds(h.from, h.to));
+        self.held = keep;
+        let mut last: Vec<((usize, usize), u64)> = Vec::new();
+        for h in go {
+            for delay in self.net.deliveries(h.from, h.to, &mut self.net_rng).into_iter().flatten() {
+                let mut at = self.now.max(h.ready) + delay;
+                match last.iter_mut().find(|(link, _)| *link == (h.from, h.to)) {
+                    Some((_, prev)) => {
+                        at = at.max(*prev);
+                        *prev = at;
+                    }
+                    None => last.push(((h.from, h.to), at)),
+                }
+                let ev = Ev::Deliver { from: h.from, to: h.to, msg: h.msg, sender: Some(h.epoch) };
+                self.push(at, ev);
+            }
+        }
+    }
+
     fn record(&mut self, n: usize, e: Event) {
         let name = self.setup.name(n);
         let broken = match e {
@@ -347,10 +486,7 @@ impl World {
                 self.say(line);
                 Ok(())
             }
-            Event::Leads(term) => {
-                self.terms = self.terms.max(term);
-                Ok(())
-            }
+            Event::Leads(term) => self.leads(n, term),
             Event::Completed(x) => {
                 for i in std::mem::take(&mut self.armed) {
                     if let Kind::CrashAfterRound { delay, .. } = self.faults[i].kind {
@@ -358,13 +494,9 @@ impl World {
                     }
                 }
                 self.rounds = self.rounds.max(x.round);
+                self.holds(n);
                 let setup = &self.setup;
-                // only the newest term's rounds make the history: a deposed leader's are discarded
-                if x.term >= self.terms {
-                    self.check.completed(&self.reg, &name, &x, &|c| setup.name(c))
-                } else {
-                    Ok(())
-                }
+                self.check.completed(&self.reg, &name, &x, &|c| setup.name(c))
             }
             Event::Mixed { round, worker, trained } => Err((
                 Invariant::OneHistory,
@@ -375,23 +507,67 @@ impl World {
             )),
             Event::Released(_) => Ok(()),
             Event::Replicated(r) => {
+                self.holds(n);
                 self.check.replicated(n, &r);
                 Ok(())
             }
-            Event::Applied(r) => {
-                let after_heal = self.reg.get(&id(&r)).is_some_and(|s| s.at > self.healed);
-                if after_heal && self.progress.is_none() {
-                    self.progress = Some(self.now);
-                    self.end = self.now + SETTLE_MS;
-                }
-                self.check.applied(&self.reg, n, &name, &r)
+            Event::Released(base) => {
+                let term = self.nodes[n].led;
+                self.check.released(&self.reg, &name, &base, term)
             }
+            Event::Applied(r) => self.applied(n, &name, &r),
         };
         if let Err((invariant, detail)) = broken
             && self.violation.is_none()
         {
             self.violation = Some(Violation { invariant, at_ms: self.now, detail });
         }
+    }
+
+    /// Candidate `n` holds a state.
+    fn holds(&mut self, n: usize) {
+        self.nodes[n].holds = true;
+        let holders = self.nodes[..self.setup.candidates].iter().filter(|c| c.holds).count();
+        self.first_committed |= holders > self.setup.candidates / 2;
+    }
+
+    /// (e): node `n` leads `term`; after the heal, at most 2 × candidates + 2 terms.
+    fn leads(&mut self, n: usize, term: u64) -> Result<(), invariants::Broken> {
+        self.terms = self.terms.max(term);
+        self.nodes[n].led = term;
+        self.holds(n);
+        if self.now <= self.healed {
+            return Ok(());
+        }
+        self.terms_after_heal += 1;
+        let most = 2 * self.setup.candidates as u64 + 2;
+        if self.terms_after_heal <= most {
+            return Ok(());
+        }
+        Err((
+            Invariant::TermChurn,
+            format!(
+                "{} takes term {term}: {} terms taken since the heal at {:.3}s, at most {most} allowed",
+                self.setup.name(n),
+                self.terms_after_heal,
+                self.healed as f64 / 1e3
+            ),
+        ))
+    }
+
+    /// Worker `n` applied `r`: (a) and (b), and the progress (d) and (f) wait for.
+    fn applied(&mut self, n: usize, name: &str, r: &Replica) -> Result<(), invariants::Broken> {
+        self.started |= r.round > 0;
+        let after_heal = self.reg.get(&id(r)).is_some_and(|s| s.at > self.healed);
+        if after_heal {
+            self.progress.get_or_insert(self.now);
+            self.nodes[n].fresh = true;
+            if self.caught_up.is_none() && self.behind().next().is_none() {
+                self.caught_up = Some(self.now);
+                self.end = self.end.min(self.now + SETTLE_MS);
+            }
+        }
+        self.check.applied(&self.reg, n, name, r)
     }
 
     fn step(&mut self, ev: Ev) {
@@ -435,39 +611,86 @@ impl World {
         }
     }
 
-    /// Whether candidate `c` holds what the run committed: it is up, awake and
-    /// reachable, and has been for three leases (the leader waits for it before it
-    /// tells workers of a round).
+    /// Whether candidate `c` holds what the run committed: it holds a state, is
+    /// up, awake and reachable, and has been for three leases and the slowest
+    /// transfer (the leader waits for it before it tells workers of a round).
     fn settled(&self, c: usize) -> bool {
         let node = &self.nodes[c];
         let isolated = self.active.iter().any(|f| f.kind == Kind::Isolate { node: c });
-        !matches!(node.role, Role::Down)
+        let since = node.up_since.max(node.reachable_since);
+        node.holds
+            && !matches!(node.role, Role::Down)
             && node.paused_until <= self.now
             && !isolated
-            // the nodes that started the run hold its first state from the start
-            && (node.up_since.max(node.reachable_since) == 0
-                || self.now >= node.up_since.max(node.reachable_since) + 3 * LEASE_MS)
+            && self.now >= since + 3 * LEASE_MS + self.setup.transfer_ms.1
     }
 
-    /// Why the run could not survive `kind` now, if it could not: the leader is
-    /// never cut off from the other candidates, and a candidate is crashed, paused
-    /// or cut off only while another holds what the run committed (see the module
-    /// docs).
+    /// Whether the crash `kind` loses its node for good: one so marked, or in a
+    /// majority run a candidate without its disk (its identity key was on it).
+    fn for_good(&self, kind: Kind) -> bool {
+        match kind {
+            Kind::Crash { node, disk, permanent } => {
+                permanent || (self.setup.mode == Mode::Majority && self.setup.is_candidate(node) && !disk)
+            }
+            _ => false,
+        }
+    }
+
+    /// Why the run could not survive `kind` now, if it could not. A node crashed for
+    /// good takes no more faults; a majority of the candidates and two workers
+    /// outlive the run. In a best-effort run the leader is never cut off from the
+    /// other candidates, and a candidate is crashed, paused or cut off only while
+    /// another holds what the run committed (see the module docs).
     fn unsurvivable(&self, kind: Kind) -> Option<&'static str> {
+        if kind.node().is_some_and(|n| self.nodes[n].gone) {
+            return Some("it is gone for good");
+        }
+        if let Kind::Crash { node, .. } = kind
+            && matches!(self.nodes[node].role, Role::Down)
+        {
+            return Some("it is down already");
+        }
+        if let Kind::Crash { node, .. } = kind
+            && self.for_good(kind)
+            && self.setup.is_candidate(node)
+            && !self.first_committed
+        {
+            return Some("the run's first state is on no majority of the candidates yet");
+        }
+        if self.for_good(kind) {
+            let gone = |nodes: std::ops::Range<usize>| nodes.filter(|n| self.nodes[*n].gone).count();
+            let (c, n) = (self.setup.candidates, self.nodes.len());
+            match kind.node() {
+                Some(x) if x < c && gone(0..c) >= self.env.lost_candidates() => {
+                    return Some("a majority of the candidates outlives the run");
+                }
+                Some(x) if x >= c && n - c - gone(c..n) <= KEPT_WORKERS => {
+                    return Some("two workers outlive the run");
+                }
+                Some(x) if x >= c && !self.started => {
+                    return Some("the run has not started: its first round waits for every worker");
+                }
+                _ => {}
+            }
+        }
+        if self.setup.mode == Mode::Majority {
+            return None;
+        }
         let hit = match kind {
             Kind::Isolate { node } if self.leader() == Some(node) => {
                 return Some("the leader is never cut off from the other candidates");
             }
-            Kind::Crash { node, .. } | Kind::Pause { node } | Kind::Isolate { node } => node,
+            Kind::Crash { node, .. } | Kind::Pause { node, .. } | Kind::Isolate { node } => node,
             _ => return None,
         };
-        let other = (0..CANDIDATES).any(|c| c != hit && self.settled(c));
-        (hit < CANDIDATES && !other).then_some("no other candidate has been up and reachable for three leases")
+        let other = (0..self.setup.candidates).any(|c| c != hit && self.settled(c));
+        (self.setup.is_candidate(hit) && !other)
+            .then_some("no other candidate has been up and reachable for three leases")
     }
 
     /// The candidate leading the highest term, if one is up.
     fn leader(&self) -> Option<usize> {
-        (0..CANDIDATES)
+        (0..self.setup.candidates)
             .filter_map(|c| match &self.nodes[c].role {
                 Role::Candidate(k) if k.term().1 => Some((k.term().0, c)),
                 _ => None,
@@ -479,12 +702,15 @@ impl World {
     /// A crash waiting for a round strikes whoever leads now.
     fn strike(&mut self, i: usize) {
         let Kind::CrashAfterRound { disk, .. } = self.faults[i].kind else { return };
+        if self.skipped[i] {
+            return;
+        }
         self.armed.retain(|a| *a != i);
         let Some(leader) = self.leader().filter(|l| self.nodes[*l].paused_until <= self.now) else {
             self.skipped[i] = true;
             return;
         };
-        self.faults[i].kind = Kind::Crash { node: leader, disk };
+        self.faults[i].kind = Kind::Crash { node: leader, disk, permanent: false };
         self.fault(i, true);
     }
 
@@ -503,7 +729,7 @@ impl World {
             // it hits whoever leads now: no leader, or one already down or paused, and it is void
             let leader = self.leader().filter(|l| self.nodes[*l].paused_until <= self.now);
             match leader {
-                Some(l) => self.faults[i].kind = self.faults[i].kind.on(l),
+                Some(l) => self.faults[i].kind = self.faults[i].kind.on(l, self.setup.candidates),
                 None => {
                     self.skipped[i] = true;
                     return;
@@ -512,8 +738,7 @@ impl World {
         }
         if starts && let Some(why) = self.unsurvivable(self.faults[i].kind) {
             self.skipped[i] = true;
-            let setup = &self.setup;
-            let line = nemesis::describe(&self.faults[i], self.nodes.len(), &|x| setup.name(x));
+            let line = self.describe(&self.faults[i]);
             self.say(format!("nemesis: spares the run \"{line}\": {why}"));
             return;
         }
@@ -521,58 +746,145 @@ impl World {
             return;
         }
         let f = self.faults[i];
-        let n = self.nodes.len();
-        if starts && !self.skipped[i] {
-            let setup = &self.setup;
-            let line = nemesis::describe(&f, n, &|x| setup.name(x));
-            let until = if f.end > f.start { format!(" until {:.3}s", f.end as f64 / 1e3) } else { String::new() };
-            let role = match f.kind {
-                Kind::Crash { node, .. } | Kind::Pause { node } => match &self.nodes[node].role {
-                    Role::Candidate(c) if c.term().1 => format!(" (the leader of term {})", c.term().0),
-                    _ => String::new(),
-                },
-                _ => String::new(),
-            };
-            self.say(format!("nemesis: {line}{role}{until}"));
+        if starts {
+            self.announce(&f);
         }
         match f.kind {
-            Kind::Crash { node, disk } if starts => {
-                let dying = std::mem::replace(&mut self.nodes[node].role, Role::Down);
-                self.nodes[node].epoch += 1;
-                self.nodes[node].disk = match dying {
-                    Role::Candidate(c) if disk => Some(Disk::Candidate(c.disk())),
-                    Role::Worker(w) if disk => Some(Disk::Worker(w.disk())),
-                    _ => None,
-                };
-                if !disk {
-                    // what it replicated or applied is gone: a new node comes back
-                    self.check.forget(node);
+            Kind::Crash { node, disk, .. } if starts => self.crash(node, disk, self.for_good(f.kind)),
+            Kind::Crash { node, disk, .. } => {
+                let name = self.setup.name(node);
+                if self.nodes[node].gone {
+                    self.say(format!("{name} stays down for good"));
+                } else {
+                    self.say(format!("{name} restarts {}", if disk { "from its disk" } else { "with an empty disk" }));
+                    self.start(node, None);
                 }
             }
-            Kind::Crash { node, disk } => {
-                let name = self.setup.name(node);
-                self.say(format!("{name} restarts {}", if disk { "from its disk" } else { "with an empty disk" }));
-                self.start(node, None);
+            Kind::Pause { node, frozen } if starts => {
+                self.nodes[node].paused_until = f.end;
+                if frozen {
+                    self.nodes[node].clock.stopped += f.end - f.start;
+                }
             }
-            Kind::Pause { node } if starts => self.nodes[node].paused_until = f.end,
             Kind::Jump { node, ms } if starts => self.nodes[node].clock.jump += ms,
             // a process that was suspended has to catch up like one that restarted
-            Kind::Pause { node } => self.nodes[node].reachable_since = self.now,
+            Kind::Pause { node, .. } => self.nodes[node].reachable_since = self.now,
             Kind::Jump { .. } => {}
-            _ => {
-                if starts {
-                    self.active.push(f);
-                } else {
-                    self.active.retain(|a| *a != f);
-                    if let Kind::Isolate { node } = f.kind {
-                        self.nodes[node].reachable_since = self.now;
-                    }
-                    let setup = &self.setup;
-                    let line = nemesis::describe(&f, n, &|x| setup.name(x));
-                    self.say(format!("heals: {line}"));
-                }
-                nemesis::apply(&mut self.net, n, &self.active);
-            }
+            _ => self.link_fault(f, starts),
         }
+    }
+
+    /// Says that fault `f` starts.
+    fn announce(&mut self, f: &Fault) {
+        let line = self.describe(f);
+        let until = if f.end > f.start { format!(" until {:.3}s", f.end as f64 / 1e3) } else { String::new() };
+        let role = match f.kind {
+            Kind::Crash { node, .. } | Kind::Pause { node, .. } => match &self.nodes[node].role {
+                Role::Candidate(c) if c.term().1 => format!(" (the leader of term {})", c.term().0),
+                _ => String::new(),
+            },
+            _ => String::new(),
+        };
+        self.say(format!("nemesis: {line}{role}{until}"));
+    }
+
+    fn describe(&self, f: &Fault) -> String {
+        let setup = &self.setup;
+        nemesis::describe(f, self.nodes.len(), &|x| setup.name(x))
+    }
+
+    /// Node `node` dies, keeping its disk or not, for good or to restart.
+    fn crash(&mut self, node: usize, disk: bool, for_good: bool) {
+        let dying = std::mem::replace(&mut self.nodes[node].role, Role::Down);
+        self.nodes[node].epoch += 1;
+        self.nodes[node].gone = for_good;
+        self.nodes[node].disk = match dying {
+            Role::Candidate(c) if disk => Some(Disk::Candidate(c.disk())),
+            Role::Worker(w) if disk => Some(Disk::Worker(w.disk())),
+            _ => None,
+        };
+        if !disk {
+            // what it replicated or applied is gone: a new node comes back
+            self.nodes[node].holds = false;
+            self.check.forget(node);
+        }
+    }
+
+    /// A link fault `f` starts or ends: the links as the active faults leave them,
+    /// and what held links no longer hold handed back to them.
+    fn link_fault(&mut self, f: Fault, starts: bool) {
+        if starts {
+            self.active.push(f);
+        } else {
+            self.active.retain(|a| *a != f);
+            if let Kind::Isolate { node } = f.kind {
+                self.nodes[node].reachable_since = self.now;
+            }
+            let line = self.describe(&f);
+            self.say(format!("heals: {line}"));
+        }
+        nemesis::apply(&mut self.net, self.nodes.len(), &self.active);
+        self.release_held();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clock_that_stopped_wakes_where_it_stopped() {
+        let mut clock = Clock { start: 1_000, rate: 1_000, jump: 0, stopped: 0 };
+        let asleep = clock.local(5_000);
+        // a pause from 5 s to 9 s that the clock counts: it jumps on waking
+        assert_eq!(clock.local(9_000), asleep + 4_000);
+        // one that stopped it
+        clock.stopped += 4_000;
+        assert_eq!(clock.local(9_000), asleep);
+        assert_eq!(clock.local(9_500), asleep + 500);
+    }
+
+    /// A seed's candidates and transfer times.
+    type Shape = (usize, (u64, u64));
+
+    #[test]
+    fn seeds_draw_their_shape() {
+        let shapes: Vec<Shape> = (0..2_000).map(shape).collect();
+        let share = |f: &dyn Fn(&Shape) -> bool| shapes.iter().filter(|s| f(s)).count() * 100 / 2_000;
+        assert!((10..20).contains(&share(&|s| s.0 == 2)), "{}", share(&|s| s.0 == 2));
+        assert!((10..20).contains(&share(&|s| s.0 == 5)));
+        assert!((15..25).contains(&share(&|s| s.1 == (4_000, 40_000))));
+        assert_eq!(Mode::of(2), Mode::BestEffort);
+        assert_eq!(Mode::of(3), Mode::Majority);
+    }
+
+    #[test]
+    fn what_a_queued_cut_holds_goes_in_order_when_it_heals() {
+        let mut w = World::new(1, Rules::without(None));
+        let f = Fault { start: 0, end: 5_000, kind: Kind::Queue { from: 0, to: 1, both: false } };
+        w.link_fault(f, true);
+        assert!(w.net.holds(0, 1) && !w.net.holds(1, 0));
+        let msgs: Vec<Msg> =
+            (0..20).map(|i| Msg::Relay { follows: super::super::msg::Follow { term: i, leader: 0 } }).collect();
+        for (i, msg) in msgs.iter().enumerate() {
+            w.now = 100 * i as u64;
+            w.handle(0, |_, ctx| ctx.send(1, *msg));
+        }
+        assert_eq!(w.held.len(), 20);
+        assert!(w.queue.iter().all(|Reverse(s)| !matches!(s.ev, Ev::Deliver { .. })), "nothing went");
+        w.now = 5_000;
+        w.link_fault(f, false);
+        assert!(w.held.is_empty());
+        let mut delivered: Vec<(u64, u64, Msg)> = w
+            .queue
+            .iter()
+            .filter_map(|Reverse(s)| match s.ev {
+                Ev::Deliver { from: 0, to: 1, msg, sender: Some(0) } => Some((s.at, s.seq, msg)),
+                _ => None,
+            })
+            .collect();
+        delivered.sort_by_key(|(at, seq, _)| (*at, *seq));
+        assert!(delivered.iter().all(|(at, _, _)| *at >= 5_000));
+        assert_eq!(delivered.into_iter().map(|(_, _, m)| m).collect::<Vec<_>>(), msgs);
     }
 }
