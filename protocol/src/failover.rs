@@ -67,6 +67,9 @@ pub struct Quorum {
     window_ms: u64,
     /// The last completed round's contributors, and when each was last heard.
     expected: BTreeMap<PublicKey, u64>,
+    /// Other workers following this leader, and when each was last heard: they
+    /// stand in for contributors gone for good (bounded by [`Quorum::OTHERS`]).
+    others: BTreeMap<PublicKey, u64>,
     /// When the current set was installed: no verdict for a window after.
     since_ms: u64,
     /// The previous [`Quorum::check`]: a check long after it restarts the window.
@@ -76,8 +79,17 @@ pub struct Quorum {
 impl Quorum {
     /// A quorum check over `window_ms` (at least [`CHECK_QUORUM_LEASES`] leases).
     pub fn new(window_ms: u64, now_ms: u64) -> Self {
-        Self { window_ms: window_ms.max(1), expected: BTreeMap::new(), since_ms: now_ms, checked_ms: now_ms }
+        Self {
+            window_ms: window_ms.max(1),
+            expected: BTreeMap::new(),
+            others: BTreeMap::new(),
+            since_ms: now_ms,
+            checked_ms: now_ms,
+        }
     }
+
+    /// The most other workers it remembers.
+    pub const OTHERS: usize = 4096;
 
     /// A round completed with `contributors`: they are the quorum from now on.
     pub fn round_completed(&mut self, contributors: &[PublicKey], now_ms: u64) {
@@ -96,14 +108,25 @@ impl Quorum {
     pub fn heard(&mut self, peer: &PublicKey, now_ms: u64) {
         if let Some(at) = self.expected.get_mut(peer) {
             *at = (*at).max(now_ms);
+            return;
+        }
+        self.others.insert(*peer, now_ms);
+        if self.others.len() > Self::OTHERS {
+            // the one heard longest ago goes
+            let oldest = self.others.iter().min_by_key(|(_, at)| **at).map(|(k, _)| *k);
+            if let Some(k) = oldest {
+                self.others.remove(&k);
+            }
         }
     }
 
-    /// How many of the expected contributors were heard within the window, of how
-    /// many.
+    /// How many workers following this leader were heard within the window (the
+    /// expected contributors, and others in place of those gone), of how many
+    /// contributors the last round had.
     pub fn heard_of(&self, now_ms: u64) -> (usize, usize) {
-        let heard = self.expected.values().filter(|at| now_ms.saturating_sub(**at) < self.window_ms).count();
-        (heard, self.expected.len())
+        let fresh = |at: &&u64| now_ms.saturating_sub(**at) < self.window_ms;
+        let heard = self.expected.values().filter(fresh).count() + self.others.values().filter(fresh).count();
+        (heard.min(self.expected.len()), self.expected.len())
     }
 
     /// [`Self::lost`], as the leader's loop asks it on every tick: a tick that comes
@@ -279,10 +302,16 @@ mod tests {
         }
         for t in (20_500..=30_000).step_by(500) {
             q.heard(&key(10), t);
-            q.heard(&key(99), t); // not one of the round's contributors
         }
         assert!(q.lost(30_000), "one of three heard");
         assert_eq!(q.heard_of(30_000), (1, 3));
+        // another worker following this leader stands in for a contributor gone for good
+        for t in (30_500..=31_000).step_by(500) {
+            q.heard(&key(10), t);
+            q.heard(&key(99), t);
+        }
+        assert!(!q.lost(31_000), "two heard, one of them not a contributor");
+        assert_eq!(q.heard_of(31_000), (2, 3));
         // a loop that was busy does not judge on waking: the heartbeats it queued come next
         let mut q = Quorum::new(window, 0);
         q.round_completed(&workers, 1000);

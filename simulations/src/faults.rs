@@ -192,34 +192,34 @@ pub fn progress_bound_ms(candidates: usize, slowest_transfer_ms: u64) -> u64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Rule {
-    /// Candidates ignore what other candidates hold: a candidate behind may lead,
-    /// and a leader behind does not step aside.
+    /// Voters ignore what the campaigner holds: a candidate behind a committed
+    /// round may be elected.
     UpToDate,
+    /// A new leader's state keeps the term that produced it instead of taking the
+    /// new term when a majority holds it (Raft's figure 8).
+    CommitTerm,
     /// Leaders never step aside for want of workers.
     CheckQuorum,
-    /// Leaders act whatever their lease says.
+    /// Leaders run their rounds' deadlines whatever their lease says.
     LeaderLease,
     /// Leaders take contributions of any term and parameters (round numbers still checked).
     Fence,
-    /// Leaders tell workers of a round before the candidates hold it.
+    /// Leaders tell workers of a round before a majority of the candidates holds it.
     Commit,
     /// Workers follow any valid announcement, even one that moves them back.
     Chain,
-    /// A leader behind a live candidate's newer state leads on instead of stepping
-    /// aside for it.
-    StepAsideBehind,
 }
 
 impl fmt::Display for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::UpToDate => "up-to-date",
+            Self::CommitTerm => "commit-term",
             Self::CheckQuorum => "check-quorum",
             Self::LeaderLease => "leader-lease",
             Self::Fence => "fence",
             Self::Commit => "commit",
             Self::Chain => "chain",
-            Self::StepAsideBehind => "step-aside-behind",
         })
     }
 }
@@ -227,13 +227,13 @@ impl fmt::Display for Rule {
 /// Which rules the simulated nodes follow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Rules {
-    up_to_date: bool,
+    pub(crate) up_to_date: bool,
+    pub(crate) commit_term: bool,
     check_quorum: bool,
     leader_lease: bool,
     fence: bool,
     commit: bool,
     chain: bool,
-    step_aside_behind: bool,
 }
 
 impl Rules {
@@ -241,12 +241,12 @@ impl Rules {
         let on = |r: Rule| rule != Some(r);
         Self {
             up_to_date: on(Rule::UpToDate),
+            commit_term: on(Rule::CommitTerm),
             check_quorum: on(Rule::CheckQuorum),
             leader_lease: on(Rule::LeaderLease),
             fence: on(Rule::Fence),
             commit: on(Rule::Commit),
             chain: on(Rule::Chain),
-            step_aside_behind: on(Rule::StepAsideBehind) && on(Rule::UpToDate),
         }
     }
 }

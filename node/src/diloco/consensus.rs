@@ -162,14 +162,19 @@ impl Consensus {
             (Some(_), _) => None,
             (None, held) => held,
         };
-        let hard = match (record, &held) {
-            (Some(r), Some(_)) => Some(HardState { term: r.term, voted_for: r.voted_for.map(PublicKey) }),
-            // a record without the state it held: not a voter yet
-            _ => None,
-        };
+        let hard = record.map(|r| HardState { term: r.term, voted_for: r.voted_for.map(PublicKey) });
+        // a record of a state this node no longer has: it may not vote until it holds
+        // a leader's state again
+        let lost = record.is_some_and(|r| r.held.is_some()) && held.is_none();
         let now = wire::mono_ms();
         let core =
             failover::Candidate::new(identity.public(), succession, lease_ms, mode, hard, held.map(|(h, _)| h), now);
+        let core = if lost { core.lost_state() } else { core };
+        if lost {
+            tracing::warn!(
+                "run {run}: the state this candidate held is gone; it votes again once it holds the leader's"
+            );
+        }
         let mut c = Self::with(core, node, identity, events, path, run, lease_ms);
         if let Some((h, blob)) = held {
             c.blobs.insert((h.round, h.params), blob);

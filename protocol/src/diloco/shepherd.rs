@@ -1092,8 +1092,16 @@ impl<P: Ord + Clone> Shepherd<P> {
             // everyone answered: close, even with every contribution rejected (the
             // round then leaves the parameters as they were and the run goes on)
             let everyone = !waiting && !open.answered.is_empty();
+            // every participant left before answering, and others are here: the round
+            // opens again for them (extending it would wait for the gone forever)
+            let orphaned = open.answered.is_empty()
+                && open.carried.is_empty()
+                && !open.participants.iter().any(|p| self.workers.contains_key(p))
+                && !self.workers.is_empty();
             if everyone || now_ms >= open.deadline_ms && quorum {
                 self.close(now_ms, !everyone, actions);
+            } else if orphaned && now_ms >= open.deadline_ms {
+                self.open = None;
             } else if now_ms >= open.deadline_ms {
                 let extended = now_ms + self.deadline();
                 let round = self.completed + 1;

@@ -37,7 +37,8 @@
 //!
 //! **Best effort** ([`Mode::BestEffort`], runs of 1 or 2 candidates): a majority
 //! of two is both, so one dead candidate would stop the run; best effort counts
-//! the majority among the candidates heard within two leases instead, and a
+//! the majority among the candidates heard within [`BEST_EFFORT_DEAD_LEASES`]
+//! leases instead, and a
 //! state keeps the term that produced it (a candidate that led alone and completed
 //! nothing does not outrank the other's rounds). It survives a dead candidate, but
 //! not a cut between the two: each side elects itself (the README's failure
@@ -54,12 +55,18 @@ use super::{CHECK_QUORUM_LEASES, LEASE_MARGIN_DIVISOR, Replica};
 use crate::PublicKey;
 use crate::election::{Rejection, Succession};
 
+/// Best effort counts a candidate unheard for this many leases as dead: a lossy
+/// link between two live ones (a third of the messages lost for seconds) must not
+/// make each count alone.
+pub const BEST_EFFORT_DEAD_LEASES: u64 = 4;
+
 /// How a run's candidates agree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// A majority of all the run's candidates elects, holds the lease and commits.
     Majority,
-    /// A majority of the candidates heard within two leases (runs of 1–2).
+    /// A majority of the candidates heard within [`BEST_EFFORT_DEAD_LEASES`] leases
+    /// (runs of 1–2).
     BestEffort,
 }
 
@@ -85,6 +92,18 @@ pub struct HardState {
     pub term: u64,
     /// Whom it voted for in `term`.
     pub voted_for: Option<PublicKey>,
+}
+
+/// A rule the fault simulator can leave out, to check that its invariants catch
+/// the absence (`pcp-node simulate --faults --faults-without RULE`). Nothing else
+/// should.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeftOut {
+    /// Voters grant whatever state the campaigner holds.
+    UpToDate,
+    /// A new leader's state keeps the term that produced it (Raft's figure 8).
+    CommitTerm,
 }
 
 /// What candidates send each other.
@@ -283,9 +302,10 @@ pub struct Candidate {
     hard: HardState,
     role: Role,
     held: Option<Replica>,
-    /// Whether it may vote: it kept its hard state, or replicated a leader's state
-    /// since it started (a candidate that lost its disk must not vote a state it
-    /// helped commit out of existence).
+    /// Whether it may vote: true unless its host says it lost the state it held
+    /// ([`Candidate::lost_state`]), until it holds a leader's state again (a
+    /// candidate that lost its disk must not vote a state it helped commit out of
+    /// existence).
     voter: bool,
     /// When a valid lease of the followed term was last heard (or the wait restarted).
     heard_ms: u64,
@@ -308,13 +328,14 @@ pub struct Candidate {
     lease_sent_ms: u64,
     /// The term whose leader it last heard (reported once as elected).
     following: u64,
+    /// Rules left out (the fault simulator's checks only).
+    left_out: Option<LeftOut>,
 }
 
 impl Candidate {
-    /// A candidate starting at `now_ms`: `hard` as persisted (`None` on a fresh
-    /// disk: it may vote only once it replicated a leader's state), holding `held`.
-    /// The run's creator starting a new run is term 1's leader: use
-    /// [`Candidate::create`].
+    /// A candidate starting at `now_ms`: `hard` as persisted (`None`: a new
+    /// candidate, which has voted in no term), holding `held`. The run's creator
+    /// starting a new run is term 1's leader: use [`Candidate::create`].
     pub fn new(
         me: PublicKey,
         succession: Succession,
@@ -327,7 +348,7 @@ impl Candidate {
         let lease_ms = lease_ms.max(1);
         // a candidate alone has nobody to wait for: it campaigns at its first tick
         let solo = succession.order() == [me];
-        let voter = hard.is_some() || solo;
+        let voter = true;
         Self {
             me,
             succession,
@@ -347,7 +368,15 @@ impl Candidate {
             fetching: None,
             lease_sent_ms: 0,
             following: 0,
+            left_out: None,
         }
+    }
+
+    /// Leaves `rule` out: for the fault simulator only.
+    #[doc(hidden)]
+    pub fn leave_out(mut self, rule: LeftOut) -> Self {
+        self.left_out = Some(rule);
+        self
     }
 
     /// The creator of a new run: term 1's leader from the initial state, which the
@@ -372,6 +401,16 @@ impl Candidate {
         }
         out.push(Action::Commit(initial));
         (c, out)
+    }
+
+    /// This candidate kept its term and vote but lost the state it held (its disk
+    /// was restored without the state's blob, say): it holds nothing, and may not
+    /// vote until it holds a leader's state again, or a majority could elect a
+    /// candidate behind a round it helped commit.
+    pub fn lost_state(mut self) -> Self {
+        self.voter = self.succession.order() == [self.me];
+        self.held = None;
+        self
     }
 
     /// This candidate's key.
@@ -456,7 +495,7 @@ impl Candidate {
         let n = match self.mode {
             Mode::Majority => self.succession.order().len(),
             Mode::BestEffort => {
-                let live = 2 * self.lease_ms;
+                let live = BEST_EFFORT_DEAD_LEASES * self.lease_ms;
                 1 + self
                     .succession
                     .order()
@@ -497,6 +536,12 @@ impl Candidate {
     fn tick(&mut self, now_ms: u64, out: &mut Vec<Action>) {
         let stalled = now_ms.saturating_sub(self.ticked_ms) > self.lease_ms / 2;
         self.ticked_ms = now_ms;
+        if stalled {
+            // not listening meanwhile: the others' messages are queued, not missing
+            for at in self.seen.values_mut() {
+                *at = (*at).max(now_ms.saturating_sub(self.lease_ms));
+            }
+        }
         if let Role::Leader(l) = &self.role {
             // a leader that lost its majority stops acting (see `may_act`) but keeps
             // its term: a higher one reaches it once the cut heals
@@ -575,8 +620,8 @@ impl Candidate {
         // effort keeps the term that produced it: a candidate that led alone (cut
         // off, without workers) must not outrank the rounds the other one completed
         let from = match self.mode {
-            Mode::Majority => Replica { term, ..state },
-            Mode::BestEffort => state,
+            Mode::Majority if self.left_out != Some(LeftOut::CommitTerm) => Replica { term, ..state },
+            _ => state,
         };
         self.held = Some(from);
         self.lapsed = 0;
@@ -719,7 +764,12 @@ impl Candidate {
             out.push(Action::Rejected { from, reason: Rejection::NotTheirTurn { term } });
             return refuse(self, out);
         }
-        if term < self.hard.term || !self.voter || Self::rank(held) < Self::rank(self.held) {
+        // a candidate that lost its disk votes once it holds a leader's state again (under
+        // a majority it could vote a committed round out of existence); best effort has
+        // no such guarantee to keep, and a live candidate holding nothing would block
+        let abstains = !self.voter && self.mode == Mode::Majority;
+        let behind = Self::rank(held) < Self::rank(self.held) && self.left_out != Some(LeftOut::UpToDate);
+        if term < self.hard.term || abstains || behind {
             return refuse(self, out);
         }
         if pre {

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use pcp_protocol::diloco::aggregate::Delta;
 use pcp_protocol::diloco::shepherd::{self, Shepherd};
-use pcp_protocol::failover::candidate::{Action, Input, Stop};
-use pcp_protocol::failover::{self, CHECK_QUORUM_LEASES, Fence, HardState, Mode, Quorum, Replica};
+use pcp_protocol::failover::candidate::{Action, Input, LeftOut, Stop};
+use pcp_protocol::failover::{self, CHECK_QUORUM_LEASES, Fence, HardState, Quorum, Replica};
 
 use super::invariants::{StateId, describe, id};
 use super::msg::{Announce, Ctx, Event, Follow, Msg, Timer};
@@ -48,9 +48,6 @@ struct Leader {
     pending: Option<Announce>,
     /// The last announcement workers were told.
     published: Option<Announce>,
-    /// Inputs held while the leader may not act, each contribution with the
-    /// parameters it was trained from.
-    queue: Vec<(shepherd::Input<u32>, Option<[u8; 32]>)>,
     /// What each contribution to the open round the shepherd took was trained from.
     trained: BTreeMap<u32, [u8; 32]>,
 }
@@ -63,9 +60,10 @@ impl Candidate {
     /// The run's creator at the start: term 1's leader, from the initial state.
     pub(super) fn creator(initial: Replica, ctx: &mut Ctx<'_>) -> Self {
         let s = &ctx.setup;
-        let mode = Mode::for_candidates(s.candidates);
+        let mode = s.mode;
         let (core, actions) =
             failover::Candidate::create(s.keys[ctx.me], s.succession.clone(), s.lease_ms, mode, initial, ctx.now);
+        let core = Self::without(core, ctx);
         let mut c = Self { core, leader: None, hard: None, blobs: BTreeSet::from([id(&initial)]) };
         c.apply(actions, ctx);
         c
@@ -74,11 +72,21 @@ impl Candidate {
     /// A candidate starting (or restarting) with `disk`, if it kept one.
     pub(super) fn start(disk: Option<Disk>, ctx: &mut Ctx<'_>) -> Self {
         let s = &ctx.setup;
-        let mode = Mode::for_candidates(s.candidates);
+        let mode = s.mode;
         let Disk { hard, held, blobs } = disk.unwrap_or(Disk { hard: None, held: None, blobs: BTreeSet::new() });
         let core =
             failover::Candidate::new(s.keys[ctx.me], s.succession.clone(), s.lease_ms, mode, hard, held, ctx.now);
-        Self { core, leader: None, hard, blobs }
+        Self { core: Self::without(core, ctx), leader: None, hard, blobs }
+    }
+
+    /// The core without the rules the run leaves out.
+    fn without(core: failover::Candidate, ctx: &Ctx<'_>) -> failover::Candidate {
+        let rules = ctx.rules();
+        match (rules.up_to_date, rules.commit_term) {
+            (false, _) => core.leave_out(LeftOut::UpToDate),
+            (_, false) => core.leave_out(LeftOut::CommitTerm),
+            _ => core,
+        }
     }
 
     /// What survives a crash with the disk.
@@ -174,7 +182,6 @@ impl Candidate {
             fence: None,
             pending: None,
             published: None,
-            queue: Vec::new(),
             trained: BTreeMap::new(),
         };
         leader.feed(shepherd::Input::Tick, None, &mut self.core, ctx, &mut self.blobs);
@@ -267,9 +274,11 @@ impl Candidate {
 }
 
 impl Leader {
-    /// Hands `input` (a contribution: trained from `trained`) to the shepherd, or
-    /// holds it while the core says the leader may not act. The state the shepherd
-    /// completed, if it did.
+    /// Hands `input` (a contribution: trained from `trained`) to the shepherd. As
+    /// pcp-node: the round's deadlines run (a tick) only while a majority answers
+    /// this leader's lease; what workers send is always taken (a round completed
+    /// meanwhile is told to workers only once a majority holds it). The state the
+    /// shepherd completed, if it did.
     fn feed(
         &mut self,
         input: shepherd::Input<u32>,
@@ -279,17 +288,10 @@ impl Leader {
         blobs: &mut BTreeSet<StateId>,
     ) -> Option<Replica> {
         let may_act = core.may_act(ctx.now) || !ctx.rules().leader_lease;
-        if !may_act {
-            if !matches!(input, shepherd::Input::Tick) {
-                self.queue.push((input, trained));
-            }
+        if !may_act && matches!(input, shepherd::Input::Tick) {
             return None;
         }
-        let mut done = None;
-        for (held, from) in std::mem::take(&mut self.queue) {
-            done = self.run(held, from, ctx, blobs).or(done);
-        }
-        self.run(input, trained, ctx, blobs).or(done)
+        self.run(input, trained, ctx, blobs)
     }
 
     fn run(
@@ -363,6 +365,8 @@ impl Leader {
         }
         self.pending = None;
         self.published = Some(a);
+        let who: Vec<String> = (0..64).filter(|w| a.participants & (1 << w) != 0).map(|w| format!("w{w}")).collect();
+        ctx.log(format!("{} releases round {} to {}", ctx.name(), a.round, who.join(" ")));
         ctx.events.push(Event::Released(a.base));
         let msg = Msg::Lease { term: self.term, epoch: ctx.epoch, sent: ctx.now, announce: Some(a) };
         for n in ctx.setup.candidates..ctx.setup.keys.len() {

@@ -90,38 +90,19 @@ pub(super) enum Event {
     Mixed { round: u64, worker: u32, trained: [u8; 32] },
     /// A standby replicated a state.
     Replicated(Replica),
-    /// A leader told workers of the round after `Replica` (its base is committed).
-    #[allow(dead_code, reason = "the invariants read it")]
-    Released(Replica),
     /// A worker applied a state: it trains the next round from it.
     Applied(Replica),
     /// A leader released a round to workers (announced it to them): the round
     /// opens from this state, its base. Invariant (c) holds every state a leader of
     /// the releasing term or a later one completes, at or after the base's round,
     /// to descend from it; and all released bases lie on one history.
-    #[allow(dead_code, reason = "the majority candidate pushes it; the best-effort one releases nothing")]
     Released(Replica),
 }
 
-/// How the run's candidates fail over, by their number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// Three candidates or more: a majority of them elects, commits and grants
-    /// the lease, so the nemesis may cut candidates apart, isolate the leader and
-    /// crash a minority for good.
-    Majority,
-    /// One or two candidates: no majority survives the loss of one, so failover is
-    /// best effort and the nemesis leaves out what it cannot survive (the module
-    /// docs of `faults`).
-    BestEffort,
-}
-
-impl Mode {
-    /// The mode of a run with `candidates` candidates.
-    pub(crate) fn of(candidates: usize) -> Self {
-        if candidates >= 3 { Self::Majority } else { Self::BestEffort }
-    }
-}
+/// How the run's candidates fail over: the protocol's [`Mode`] for their number
+/// (majority from three; best effort with one or two, where the nemesis leaves out
+/// what no design survives, see the module docs of `faults`).
+pub(crate) use pcp_protocol::failover::Mode;
 
 /// The run's fixed settings.
 #[derive(Clone, Debug)]

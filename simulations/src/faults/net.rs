@@ -54,6 +54,12 @@ impl Net {
         self.links.fill(Link::HEALTHY);
     }
 
+    /// Whether nothing sent on `from → to` now arrives (it is cut or held).
+    pub(super) fn blocked(&self, from: usize, to: usize) -> bool {
+        let link = self.links[from * self.n + to];
+        link.cut || link.queue
+    }
+
     /// Whether what is sent on `from → to` now is held, not delivered or lost.
     pub(super) fn holds(&self, from: usize, to: usize) -> bool {
         let link = self.links[from * self.n + to];

@@ -221,7 +221,7 @@ fn setup(candidates: usize, transfer_ms: (u64, u64), rules: Rules) -> Setup {
         norm_factor: f64::INFINITY,
         ..shepherd::Config::default()
     };
-    let mode = Mode::of(candidates);
+    let mode = Mode::for_candidates(candidates);
     Setup { succession, keys, candidates, lease_ms: LEASE_MS, shepherd, rules, mode, transfer_ms }
 }
 
@@ -505,7 +505,6 @@ impl World {
                     invariants::short(&trained)
                 ),
             )),
-            Event::Released(_) => Ok(()),
             Event::Replicated(r) => {
                 self.holds(n);
                 self.check.replicated(n, &r);
@@ -616,13 +615,19 @@ impl World {
     /// transfer (the leader waits for it before it tells workers of a round).
     fn settled(&self, c: usize) -> bool {
         let node = &self.nodes[c];
-        let isolated = self.active.iter().any(|f| f.kind == Kind::Isolate { node: c });
+        let isolated = self.active.iter().any(|f| f.kind == Kind::Isolate { node: c }) || !self.connected(c);
         let since = node.up_since.max(node.reachable_since);
         node.holds
             && !matches!(node.role, Role::Down)
             && node.paused_until <= self.now
             && !isolated
             && self.now >= since + 3 * LEASE_MS + self.setup.transfer_ms.1
+    }
+
+    /// Whether candidate `c` reaches every other candidate both ways (no cut, split,
+    /// partition or queue between them).
+    fn connected(&self, c: usize) -> bool {
+        (0..self.setup.candidates).filter(|o| *o != c).all(|o| !self.net.blocked(c, o) && !self.net.blocked(o, c))
     }
 
     /// Whether the crash `kind` loses its node for good: one so marked, or in a
@@ -813,6 +818,7 @@ impl World {
     /// A link fault `f` starts or ends: the links as the active faults leave them,
     /// and what held links no longer hold handed back to them.
     fn link_fault(&mut self, f: Fault, starts: bool) {
+        let cut_off: Vec<usize> = (0..self.setup.candidates).filter(|c| !self.connected(*c)).collect();
         if starts {
             self.active.push(f);
         } else {
@@ -824,6 +830,12 @@ impl World {
             self.say(format!("heals: {line}"));
         }
         nemesis::apply(&mut self.net, self.nodes.len(), &self.active);
+        for c in cut_off {
+            if self.connected(c) {
+                // reachable again: it catches up like a candidate that restarted
+                self.nodes[c].reachable_since = self.now;
+            }
+        }
         self.release_held();
     }
 }
@@ -854,8 +866,8 @@ mod tests {
         assert!((10..20).contains(&share(&|s| s.0 == 2)), "{}", share(&|s| s.0 == 2));
         assert!((10..20).contains(&share(&|s| s.0 == 5)));
         assert!((15..25).contains(&share(&|s| s.1 == (4_000, 40_000))));
-        assert_eq!(Mode::of(2), Mode::BestEffort);
-        assert_eq!(Mode::of(3), Mode::Majority);
+        assert_eq!(Mode::for_candidates(2), Mode::BestEffort);
+        assert_eq!(Mode::for_candidates(3), Mode::Majority);
     }
 
     #[test]

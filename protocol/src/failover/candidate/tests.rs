@@ -282,8 +282,9 @@ fn a_candidate_without_its_disk_does_not_vote() {
     // c1 loses its disk, c0 dies; c2 returns
     c.crash(0);
     c.crash(1);
-    c.disk[1] = None;
-    c.restart(1, Some(state(1, 0, 0)));
+    let n = &c.nodes[1];
+    c.nodes[1] = Candidate::new(n.me(), n.succession().clone(), LEASE, n.mode(), c.disk[1], None, c.now).lost_state();
+    c.up[1] = true;
     c.isolate(2, false);
     c.run(10 * LEASE);
     assert_eq!(c.leader(), None, "nobody may lead past round 1 without it");
