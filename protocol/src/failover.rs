@@ -74,6 +74,9 @@ pub struct Quorum {
     since_ms: u64,
     /// The previous [`Quorum::check`]: a check long after it restarts the window.
     checked_ms: u64,
+    /// Workers enough to close a round: a leader that hears this many is not cut
+    /// off, whatever became of the rest of its last round's contributors.
+    needed: usize,
 }
 
 impl Quorum {
@@ -85,7 +88,17 @@ impl Quorum {
             others: BTreeMap::new(),
             since_ms: now_ms,
             checked_ms: now_ms,
+            needed: usize::MAX,
         }
+    }
+
+    /// A leader that hears `needed` workers (what closes a round: the shepherd's
+    /// minimum quorum, at least one) keeps its term even when that is no majority
+    /// of its last round's contributors: some of them may be gone for good, and
+    /// every candidate would hear as few (terms would churn, rounds never close).
+    pub fn needing(mut self, needed: usize) -> Self {
+        self.needed = needed.max(1);
+        self
     }
 
     /// The most other workers it remembers.
@@ -145,11 +158,12 @@ impl Quorum {
     }
 
     /// Whether the leader lost its quorum: it heard from no majority of its last
-    /// round's contributors within the window (never before a round completed, nor
-    /// within a window of the first).
+    /// round's contributors within the window, nor from as many workers as close a
+    /// round ([`Quorum::needing`]) (never before a round completed, nor within a
+    /// window of the first).
     pub fn lost(&self, now_ms: u64) -> bool {
         let (heard, of) = self.heard_of(now_ms);
-        of > 0 && now_ms.saturating_sub(self.since_ms) >= self.window_ms && heard < of / 2 + 1
+        of > 0 && now_ms.saturating_sub(self.since_ms) >= self.window_ms && heard < (of / 2 + 1).min(self.needed)
     }
 }
 

@@ -692,6 +692,11 @@ impl<P: Ord + Clone> Shepherd<P> {
         self.open.as_ref().map(|_| self.completed + 1)
     }
 
+    /// Its settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// Rounds completed.
     pub fn completed(&self) -> u64 {
         self.completed

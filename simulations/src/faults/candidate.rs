@@ -167,7 +167,7 @@ impl Candidate {
         let shepherd = Shepherd::resume(ctx.setup.shepherd.clone(), state.snapshot.clone());
         // as pcp-node: the window is three leases, and at least the heartbeat timeout
         let window = (CHECK_QUORUM_LEASES * ctx.setup.lease_ms).max(ctx.setup.shepherd.heartbeat_timeout_ms);
-        let mut quorum = Quorum::new(window, ctx.now);
+        let mut quorum = Quorum::new(window, ctx.now).needing(ctx.setup.shepherd.min_quorum);
         let contributors: Vec<_> =
             state.contributors.iter().map(|w| ctx.setup.keys[ctx.setup.candidates + *w as usize]).collect();
         quorum.round_completed(&contributors, ctx.now);

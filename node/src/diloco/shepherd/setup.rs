@@ -479,6 +479,7 @@ impl Host {
         }
         node.subscribe(run).await?;
         let resumed_at = machine.completed();
+        let min_quorum = machine.config().min_quorum;
         let keeper = LeaseKeeper::spawn(node.clone(), Signer::new(identity.clone()), run, &succession, lease_ms);
         let mut host = Self {
             node,
@@ -499,7 +500,8 @@ impl Host {
             published: None,
             opened: None,
             // three leases, and never less than the time a silent worker is dropped after
-            quorum: Quorum::new((CHECK_QUORUM_LEASES * lease_ms).max(plan.heartbeat_timeout_ms), wire::mono_ms()),
+            quorum: Quorum::new((CHECK_QUORUM_LEASES * lease_ms).max(plan.heartbeat_timeout_ms), wire::mono_ms())
+                .needing(min_quorum),
             keeper,
             reported_term: 0,
             sizes,
