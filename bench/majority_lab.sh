@@ -28,7 +28,7 @@ for _ in $(seq "$LOAD"); do
   yes > /dev/null &
   pids+=($!)
 done
-echo "load: $LOAD busy loops on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)); node: ${PCP_NODE:-this workspace's}"
+echo "load: $LOAD busy loops on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)); node: ${PCP_NODE:-the workspace build}"
 declare -A pass fail
 failed_runs=0
 for i in $(seq "$RUNS"); do
@@ -40,7 +40,8 @@ for i in $(seq "$RUNS"); do
   else
     failed_runs=$((failed_runs + 1))
     echo "run $i/$RUNS: FAILED after $(( $(date +%s) - start )) s; log: $log"
-    grep -E "panicked at|^  |assert" "$log" | grep -vE "^\s+[+-] *[0-9.]+ s " | head -15 || true
+    # each panic and its message (up to the backtrace)
+    awk '/panicked at/ {p = 1; n = 0} /^stack backtrace|^note: / {p = 0} p && n++ < 16 {print "    " $0}' "$log"
   fi
   # each test's verdict, from libtest's lines (`test NAME ... ok` / `... FAILED`)
   while read -r name verdict; do
