@@ -63,8 +63,7 @@ const NODES: usize = CANDIDATES.len() + WORKERS.len();
 
 /// Node `name`'s number in the lab.
 fn node(name: &str) -> usize {
-    let all = CANDIDATES.iter().chain(&WORKERS);
-    1 + all.clone().position(|n| *n == name).unwrap_or_else(|| panic!("no node {name}"))
+    1 + CANDIDATES.iter().chain(&WORKERS).position(|n| *n == name).unwrap_or_else(|| panic!("no node {name}"))
 }
 
 /// A run with three candidates and three workers in a lab, round 2 completed and
@@ -80,6 +79,8 @@ struct Cluster<'a> {
 }
 
 impl<'a> Cluster<'a> {
+    /// Starts `s`, then `c1` and `c2` once each stands by, then the workers, and
+    /// waits until round 2 is complete and both standbys hold its state.
     fn start(lab: &'a Lab, dir: &'a Path) -> Self {
         let net = Net { dir, lab: Some(lab) };
         let started = now();
