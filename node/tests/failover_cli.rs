@@ -5,241 +5,29 @@
 //! `PCP_REQUIRE_NETNS=1`, as in `scripts/test.sh`), and cut links by dropping
 //! packets while the processes run.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::Value;
 
+#[path = "support/chain.rs"]
+mod chain;
 #[path = "support/cluster.rs"]
+#[allow(dead_code, reason = "shared with majority_cli.rs")]
 mod cluster;
 #[path = "support/common.rs"]
 mod common;
 #[path = "support/namespaces.rs"]
 mod namespaces;
+#[path = "support/net.rs"]
+mod net;
 #[path = "support/netns.rs"]
 mod netns;
 
-use cluster::{Proc, events, find, now, pcp_node, shepherd_args, t, wait_for, wait_unless};
+use chain::{Applied, applied, chain, hash, one_base_a_round, one_chain, round};
+use cluster::{find, now, shepherd_args, t, wait_for, wait_unless};
+use net::{LONG, Net, SETUP, serial, workdir};
 use netns::Lab;
-
-/// Starting a node: joining, fetching the model, compiling (cached) and loading it.
-const SETUP: Duration = Duration::from_secs(180);
-/// A few rounds of τ=10 on two shared cores.
-const LONG: Duration = Duration::from_secs(150);
-
-/// Where a test's nodes run: on loopback, or node `i` in namespace `i` of a lab.
-struct Net<'a> {
-    dir: &'a Path,
-    lab: Option<&'a Lab>,
-}
-
-impl Net<'_> {
-    fn events(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("{name}.jsonl"))
-    }
-
-    fn data(&self, name: &str) -> String {
-        self.dir.join(name).display().to_string()
-    }
-
-    /// `pcp-node ARGS` as node `i` (ignored on loopback), listening on TCP at its
-    /// address, with data directory and events named `name`.
-    fn start(&self, i: usize, name: &str, args: &[&str]) -> Proc {
-        let (command, host) = match self.lab {
-            Some(lab) => (lab.cmd(i, pcp_node()), lab.addr(i).to_string()),
-            None => (Command::new(pcp_node()), "127.0.0.1".to_owned()),
-        };
-        let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        args.extend(["--listen".into(), format!("/ip4/{host}/tcp/0"), "--data-dir".into(), self.data(name)]);
-        args.extend(["--events".into(), self.events(name).display().to_string()]);
-        Proc::spawn(name, command, &args, &self.dir.join(format!("{name}.log")))
-    }
-
-    /// The node's peer id and dialable address (with `/p2p/`), once it listens.
-    fn address(&self, name: &str) -> (String, String) {
-        let e = wait_for(&self.events(name), &format!("{name} to listen"), SETUP, |e| e["event"] == "listening");
-        let (addr, peer) = (e["addr"].as_str().expect("addr"), e["peer"].as_str().expect("peer"));
-        (peer.to_owned(), format!("{addr}/p2p/{peer}"))
-    }
-
-    fn run_id(&self, shepherd: &str) -> String {
-        let e = wait_for(&self.events(shepherd), "the run to start", SETUP, |e| e["event"] == "run_started");
-        e["run"].as_str().expect("run id").to_owned()
-    }
-
-    /// Waits until the events of `name` hold a completed round `>= round`.
-    fn completed(&self, name: &str, round: u64, timeout: Duration) -> Value {
-        wait_for(&self.events(name), &format!("round {round} to complete"), timeout, |e| {
-            e["event"] == "round_completed" && e["round"].as_u64().is_some_and(|r| r >= round)
-        })
-    }
-}
-
-/// Held by each test: one at a time, so that two clusters do not share the two
-/// cores and the lease timings stay those of one cluster.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The test's directory: data directories, events and logs; kept (and named on
-/// stderr) when `PCP_KEEP_TEST_DIR=1`, to read after a failure.
-fn workdir() -> tempfile::TempDir {
-    let keep = std::env::var("PCP_KEEP_TEST_DIR").is_ok_and(|v| v == "1");
-    let dir = tempfile::Builder::new().prefix("pcp-failover-").disable_cleanup(keep).tempdir().expect("tempdir");
-    if keep {
-        eprintln!("keeping {}", dir.path().display());
-    }
-    dir
-}
-
-fn round(e: &Value) -> u64 {
-    e["round"].as_u64().unwrap_or_else(|| panic!("no round in {e}"))
-}
-
-fn hash(e: &Value) -> String {
-    e["params_hash"].as_str().unwrap_or_else(|| panic!("no params_hash in {e}")).to_owned()
-}
-
-fn short(h: &str) -> &str {
-    &h[..h.len().min(12)]
-}
-
-/// The rounds `leaders` (name, events) completed, by number, with their result
-/// and who completed it; panics unless each number has one result and every
-/// completed round started from the previous round's result.
-fn chain(leaders: &[(&str, PathBuf)]) -> BTreeMap<u64, (String, String)> {
-    let mut results: BTreeMap<u64, (String, String)> = BTreeMap::new();
-    for (name, path) in leaders {
-        for e in find(path, "round_completed") {
-            let (r, h) = (round(&e), hash(&e));
-            if let Some((first, by)) = results.get(&r) {
-                assert!(
-                    *first == h,
-                    "round {r} completed twice with different parameters: {} by {by}, {} by {name}",
-                    short(first),
-                    short(&h)
-                );
-            } else {
-                results.insert(r, (h, name.to_string()));
-            }
-        }
-    }
-    for (name, path) in leaders {
-        let all = events(path);
-        for (k, e) in all.iter().enumerate().filter(|(_, e)| e["event"] == "round_completed") {
-            let r = round(e);
-            let start = all[..k]
-                .iter()
-                .rev()
-                .find(|s| s["event"] == "round_started" && s["round"] == r)
-                .unwrap_or_else(|| panic!("{name} completed round {r} without starting it"));
-            if r == 1 {
-                continue;
-            }
-            let (previous, by) = results
-                .get(&(r - 1))
-                .unwrap_or_else(|| panic!("{name} completed round {r}, but no leader completed round {}", r - 1));
-            let base = hash(start);
-            assert!(
-                base == *previous,
-                "{name}'s round {r} started from {}, not from round {}'s result {} (completed by {by})",
-                short(&base),
-                r - 1,
-                short(previous)
-            );
-        }
-    }
-    results
-}
-
-/// A leader's round that workers applied: it accepted a worker's contribution to it.
-#[derive(Debug)]
-struct Applied {
-    leader: String,
-    round: u64,
-    /// The parameters the round started from.
-    base: String,
-    /// Its result, if the leader completed it.
-    result: Option<String>,
-}
-
-/// The rounds of `leaders` into which one of `workers` (peer ids) contributed.
-fn applied(leaders: &[(&str, PathBuf)], workers: &[String]) -> Vec<Applied> {
-    let mut out = Vec::new();
-    for (name, path) in leaders {
-        let all = events(path);
-        let mut seen = BTreeSet::new();
-        for (k, e) in all.iter().enumerate() {
-            let accepted = e["event"] == "contribution_received"
-                && e["accepted"] == true
-                && workers.iter().any(|w| e["peer"] == w.as_str());
-            if !accepted || !seen.insert(round(e)) {
-                continue;
-            }
-            let r = round(e);
-            let start = all[..k]
-                .iter()
-                .rev()
-                .find(|s| s["event"] == "round_started" && s["round"] == r)
-                .unwrap_or_else(|| panic!("{name} accepted a contribution to round {r} without starting it"));
-            let result = all[k..].iter().find(|c| c["event"] == "round_completed" && c["round"] == r).map(hash);
-            out.push(Applied { leader: name.to_string(), round: r, base: hash(start), result });
-        }
-    }
-    out.sort_by_key(|a| a.round);
-    out
-}
-
-/// Panics unless the rounds workers trained form one chain: each round number
-/// trained from one set of parameters, the result of the round before it that they
-/// trained (whoever led it). A round completed twice is allowed when workers
-/// trained on from one result only (a deposed leader's round, discarded as the
-/// README's failure model says); it is reported.
-fn one_chain(applied: &[Applied]) {
-    let listing = || {
-        applied
-            .iter()
-            .map(|a| {
-                let result = a.result.as_deref().map_or("-", short);
-                format!("  round {} by {}: {} -> {}", a.round, a.leader, short(&a.base), result)
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    let mut by_round: BTreeMap<u64, (BTreeSet<&str>, BTreeSet<&str>)> = BTreeMap::new();
-    for a in applied {
-        let (bases, results) = by_round.entry(a.round).or_default();
-        bases.insert(&a.base);
-        results.extend(a.result.as_deref());
-    }
-    for (r, (bases, results)) in &by_round {
-        assert_eq!(bases.len(), 1, "workers trained round {r} from different parameters:\n{}", listing());
-        if results.len() > 1 {
-            eprintln!(
-                "round {r} completed with {} results; workers trained on from one:\n{}",
-                results.len(),
-                listing()
-            );
-        }
-        if *r == 1 {
-            continue;
-        }
-        let base = bases.first().expect("one base");
-        match by_round.get(&(r - 1)) {
-            Some((_, previous)) if previous.contains(base) => {}
-            Some(_) => panic!(
-                "workers trained round {r} from parameters no round {} they trained ended with:\n{}",
-                r - 1,
-                listing()
-            ),
-            None => panic!("workers trained round {r} but not round {}:\n{}", r - 1, listing()),
-        }
-    }
-}
 
 /// The lab does what the tests below rely on: nodes reach each other, a cut drops
 /// what it names and nothing else, and a heal restores it.
@@ -349,30 +137,10 @@ fn a_late_standby_does_not_stall(net: &Net, lease_ms: &str, before_b: impl FnOnc
     chain(&[("a", net.events("a")), ("b", net.events("b"))]);
 }
 
-/// Where workers' own events name the parameters a round they trained started
-/// from (`params_hash` in `round_announced` or `contribution_sent`; today's
-/// workers name none, and [`applied`] reads the leaders' events instead), panics
-/// unless each round number has one.
-fn one_base_a_round(workers: &[PathBuf]) {
-    let mut bases: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
-    for path in workers {
-        for e in events(path) {
-            if (e["event"] == "round_announced" || e["event"] == "contribution_sent")
-                && let (Some(r), Some(h)) = (e["round"].as_u64(), e["params_hash"].as_str())
-            {
-                bases.entry(r).or_default().insert(h.to_owned());
-            }
-        }
-    }
-    for (r, hashes) in bases {
-        assert_eq!(hashes.len(), 1, "workers trained round {r} from different parameters: {hashes:?}");
-    }
-}
-
 #[test]
 fn a_standby_started_late_does_not_stall_a_healthy_run() {
     let _serial = serial();
-    let dir = workdir();
+    let dir = workdir("pcp-failover-");
     a_late_standby_does_not_stall(&Net { dir: dir.path(), lab: None }, "500", || {});
 }
 
@@ -385,7 +153,7 @@ fn a_standby_started_late_does_not_stall_a_healthy_run() {
 #[test]
 fn a_standby_started_late_on_a_slow_link_does_not_stall_a_healthy_run() {
     let _serial = serial();
-    let dir = workdir();
+    let dir = workdir("pcp-failover-");
     let Some(lab) = Lab::for_test(3) else { return };
     a_late_standby_does_not_stall(&Net { dir: dir.path(), lab: Some(&lab) }, "8000", || lab.slow_down(3, "2mbit"));
 }
@@ -393,7 +161,7 @@ fn a_standby_started_late_on_a_slow_link_does_not_stall_a_healthy_run() {
 #[test]
 fn a_leader_cut_off_from_its_workers_is_replaced() {
     let _serial = serial();
-    let dir = workdir();
+    let dir = workdir("pcp-failover-");
     let Some(lab) = Lab::for_test(4) else { return };
     let net = Net { dir: dir.path(), lab: Some(&lab) };
     let lease = Duration::from_millis(2000);
@@ -455,7 +223,7 @@ fn a_leader_cut_off_from_its_workers_is_replaced() {
 #[test]
 fn cutting_the_link_between_two_candidates_never_gives_two_leaders_whose_rounds_workers_apply() {
     let _serial = serial();
-    let dir = workdir();
+    let dir = workdir("pcp-failover-");
     let Some(lab) = Lab::for_test(4) else { return };
     let net = Net { dir: dir.path(), lab: Some(&lab) };
     std::fs::create_dir_all(net.data("c")).expect("candidate dir");

@@ -40,6 +40,11 @@ impl Proc {
         Self { child, name: name.to_owned(), log: log.to_owned() }
     }
 
+    /// The process id (of `pcp-node` itself: `ip netns exec` execs it).
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
