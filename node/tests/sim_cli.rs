@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use pcp_protocol::failover::candidate::Action;
+use pcp_protocol::failover::candidate::trace::{Start, Step, Trace};
 use serde_json::Value;
 
 #[path = "support/common.rs"]
@@ -218,8 +220,19 @@ fn simulate_counts_an_exported_model() {
 
 #[test]
 fn a_candidate_takes_over_a_killed_shepherd_and_the_run_ends_as_without_the_kill() {
-    let flags = ["--nodes", "6", "--candidates", "2"];
-    let killed = sim_rounds(8, &[&flags[..], &["--kill-shepherd-at", "3"]].concat());
+    // three candidates: a majority elects the successor and commits each round
+    let flags = ["--nodes", "7", "--candidates", "3"];
+    let (killed, traces) = sim_traced(8, &[&flags[..], &["--kill-shepherd-at", "3"]].concat());
+    // each candidate's run, as the node recorded it, replays exactly through the
+    // protocol's candidate (the type the fault simulator drives)
+    assert!(traces.len() >= 3, "{} recordings", traces.len());
+    for (path, trace) in &traces {
+        if let Err(e) = trace.replay() {
+            panic!("{}: the recorded candidate diverged on replay: {e}", path.display());
+        }
+    }
+    let leads = traces.iter().flat_map(|(_, t)| &t.steps).flat_map(|s| &s.actions);
+    assert!(leads.filter(|a| matches!(a, Action::Lead { .. })).count() >= 1, "a standby's election is recorded");
     let rounds: Vec<&Value> = killed.iter().filter(|e| e["event"] == "round_completed").collect();
     let numbers: Vec<u64> = rounds.iter().map(|r| r["round"].as_u64().expect("round")).collect();
     assert_eq!(numbers, (1..=8).collect::<Vec<_>>(), "every round completed exactly once");
@@ -280,6 +293,43 @@ fn sparse_runs_send_a_hundredth_and_fetch_a_twentieth_at_the_loss_of_fp32() {
 
 /// Runs `pcp-node sim` with `extra` flags; returns the shepherd's events and each
 /// worker's (`<data-dir>/sim/worker-N/events.jsonl`), by worker number.
+/// Runs `pcp-node sim` with `extra` flags and `PCP_CONSENSUS_TRACE=1`; returns its
+/// events and each candidate's recorded run (`<data-dir>/consensus/<run>.trace.jsonl`).
+fn sim_traced(rounds: u64, extra: &[&str]) -> (Vec<Value>, Vec<(std::path::PathBuf, Trace)>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ev = dir.path().join("events.jsonl");
+    let rounds = rounds.to_string();
+    let out = pcp_node()
+        .env("PCP_CONSENSUS_TRACE", "1")
+        .args(["sim", "--rounds", &rounds, "--tau", "20", "--data", &corpus()])
+        .args(extra)
+        .args(["--events", ev.to_str().expect("utf8"), "--data-dir", dir.path().to_str().expect("utf8")])
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let events: Vec<Value> =
+        std::fs::read_to_string(&ev).expect("events").lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    let mut traces = Vec::new();
+    let mut dirs = vec![dir.path().to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).expect("a data directory").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.to_string_lossy().ends_with(".trace.jsonl") {
+                let text = std::fs::read_to_string(&path).expect("a recording");
+                let mut lines = text.lines();
+                let head: Value = serde_json::from_str(lines.next().expect("a start line")).expect("json");
+                let start: Start = serde_json::from_value(head["start"].clone()).expect("a start");
+                let started: Vec<Action> = serde_json::from_value(head["started"].clone()).expect("its actions");
+                let steps: Vec<Step> = lines.map(|l| serde_json::from_str(l).expect("a step")).collect();
+                traces.push((path, Trace { start, started, steps }));
+            }
+        }
+    }
+    (events, traces)
+}
+
 fn sim_with_workers(rounds: u64, extra: &[&str]) -> (Vec<Value>, Vec<Vec<Value>>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let ev = dir.path().join("events.jsonl");

@@ -87,6 +87,11 @@ impl Succession {
         self.order.contains(key)
     }
 
+    /// A succession in `order` as another node computed it (a recorded trace's).
+    pub fn from_order(order: Vec<PublicKey>) -> Self {
+        Self { order }
+    }
+
     /// The candidates, in order.
     pub fn order(&self) -> &[PublicKey] {
         &self.order
@@ -94,7 +99,7 @@ impl Succession {
 }
 
 /// Why a lease (and so an announcement under it) is refused.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum Rejection {
     /// The signer is not one of the run's candidates.
     #[error("signed by a key that is not a candidate of the run")]

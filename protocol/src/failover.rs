@@ -37,7 +37,7 @@ pub const LEASE_MARGIN_DIVISOR: u64 = 4;
 /// A candidate's state, by its place in the run's history: the term of the leader
 /// that last committed it (a new leader takes the state it leads from into its
 /// own term), the rounds it completed, and its parameters hash.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Replica {
     /// The term whose leader last committed it (or completed it, until then).
     pub term: u64,

@@ -12,7 +12,7 @@ pub struct Identity {
 }
 
 /// A node's ed25519 public key.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct PublicKey(pub [u8; 32]);
 
 impl Identity {

@@ -378,6 +378,12 @@ pub fn simulate(seed: u64, without: Option<Rule>) -> Outcome {
     World::new(seed, Rules::without(without)).run(without)
 }
 
+/// [`simulate`], with every candidate's run recorded (one recording per start of
+/// a candidate): what [`pcp_protocol::failover::candidate::trace::replay`] replays.
+pub fn simulate_traced(seed: u64) -> (Outcome, Vec<pcp_protocol::failover::candidate::trace::Trace>) {
+    World::new(seed, Rules::without(None)).traced().run_traced(None)
+}
+
 /// The parameters hash: blake3 of the f32 bytes.
 fn params_hash(params: &Tensors) -> [u8; 32] {
     let mut h = blake3::Hasher::new();

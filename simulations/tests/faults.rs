@@ -4,7 +4,9 @@
 //! leave out is caught within those seeds.
 
 use clap::Parser;
-use pcp_simulations::faults::{Invariant, Outcome, Rule, simulate};
+use pcp_protocol::failover::candidate::Action;
+use pcp_protocol::failover::candidate::trace::Trace;
+use pcp_simulations::faults::{Invariant, Outcome, Rule, simulate, simulate_traced};
 use pcp_simulations::{Error, SimulateArgs};
 
 /// The seeds CI runs.
@@ -144,4 +146,28 @@ fn the_command_prints_the_run_and_names_a_broken_invariant() {
     assert!(!message.contains('\n'), "one line: {message}");
     let text = String::from_utf8(out).expect("utf-8");
     assert!(text.contains("without the commit rule") && text.ends_with(&format!("{message}\n")), "{text}");
+}
+
+/// Every candidate a seeded run started, replayed from its recording (through JSON,
+/// as pcp-node writes its own with `PCP_CONSENSUS_TRACE=1`) through a fresh
+/// protocol candidate, does exactly what it did: the simulator's candidates are
+/// the protocol's, driven only through their inputs.
+#[test]
+fn recorded_candidates_replay_exactly() {
+    for seed in [7, 19423, 701] {
+        let (outcome, traces) = simulate_traced(seed);
+        assert!(outcome.violation.is_none(), "seed {seed}: {:?}", outcome.violation);
+        assert!(traces.len() >= outcome.candidates, "seed {seed}: {} recordings", traces.len());
+        for t in &traces {
+            let json = serde_json::to_string(t).expect("a trace serializes");
+            let back: Trace = serde_json::from_str(&json).expect("a trace parses");
+            assert_eq!(&back, t);
+            if let Err(e) = back.replay() {
+                panic!("seed {seed}: the candidate of {:?} diverged: {e}", t.start.me);
+            }
+        }
+        let commits = traces.iter().flat_map(|t| &t.steps).flat_map(|s| &s.actions);
+        let committed = commits.filter(|a| matches!(a, Action::Commit(_))).count();
+        assert!(committed >= 1, "seed {seed}: no commit recorded");
+    }
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use pcp_bootstrap::Node;
+use pcp_protocol::failover::candidate::trace::{Start, Step};
 use pcp_protocol::failover::candidate::{Action, Input, Message};
 use pcp_protocol::failover::{self, HardState, Mode, Replica};
 use pcp_protocol::{PublicKey, RunId, Verified};
@@ -24,6 +25,9 @@ use crate::observe::events::{self as ev, Events};
 
 /// The blobs of states it remembers (leases name them; a fetch needs them).
 const BLOBS_KEPT: usize = 16;
+/// The most a recording (`PCP_CONSENSUS_TRACE=1`) grows to; it stops there.
+const TRACE_LIMIT: u64 = 256 << 20;
+
 /// Requests in flight to one candidate at most: a candidate cut off does not pile
 /// up streams (a connection takes 8 at once) that all land when the cut heals; the
 /// candidate sends its leases and vote requests again anyway.
@@ -113,6 +117,52 @@ pub(crate) struct Consensus {
     /// How long a request waits for its answer: half a lease (a lease goes out
     /// every third of one).
     timeout: Duration,
+    /// With `PCP_CONSENSUS_TRACE=1`: its run recorded, as JSON lines next to its
+    /// record (the start, then every input with its actions), for
+    /// [`pcp_protocol::failover::candidate::trace::replay`].
+    trace: Option<TraceFile>,
+}
+
+/// A recording being written, and its size so far.
+#[derive(Debug)]
+struct TraceFile {
+    out: std::io::BufWriter<std::fs::File>,
+    bytes: u64,
+}
+
+impl TraceFile {
+    /// Starts `<record>.trace.jsonl` with the start and what it did, when
+    /// `PCP_CONSENSUS_TRACE=1`; a recording that cannot be written is skipped.
+    fn begin(record: &Path, start: &Start, started: &[Action]) -> Option<Self> {
+        if std::env::var_os("PCP_CONSENSUS_TRACE").is_none_or(|v| v != "1") {
+            return None;
+        }
+        let path = record.with_extension("trace.jsonl");
+        let opened = path.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| std::fs::File::create(&path));
+        match opened {
+            Ok(f) => {
+                let mut t = Self { out: std::io::BufWriter::new(f), bytes: 0 };
+                t.line(&serde_json::json!({ "start": start, "started": started }));
+                Some(t)
+            }
+            Err(e) => {
+                tracing::warn!("not recording the consensus in {}: {e}", path.display());
+                None
+            }
+        }
+    }
+
+    fn line(&mut self, value: &impl serde::Serialize) {
+        use std::io::Write as _;
+        if self.bytes > TRACE_LIMIT {
+            return;
+        }
+        let Ok(mut line) = serde_json::to_vec(value) else { return };
+        line.push(b'\n');
+        self.bytes += line.len() as u64;
+        // flushed at once: a process killed with -9 keeps what it did
+        let _ = self.out.write_all(&line).and_then(|()| self.out.flush());
+    }
 }
 
 impl Consensus {
@@ -166,16 +216,27 @@ impl Consensus {
         // a record of a state this node no longer has: it may not vote until it holds
         // a leader's state again
         let lost = record.is_some_and(|r| r.held.is_some()) && held.is_none();
-        let now = wire::mono_ms();
-        let core =
-            failover::Candidate::new(identity.public(), succession, lease_ms, mode, hard, held.map(|(h, _)| h), now);
-        let core = if lost { core.lost_state() } else { core };
+        let start = Start {
+            me: identity.public(),
+            order: succession.order().to_vec(),
+            lease_ms,
+            mode,
+            hard,
+            held: held.map(|(h, _)| h),
+            now_ms: wire::mono_ms(),
+            created: None,
+            lost_state: lost,
+            left_out: None,
+        };
+        let (core, started) = start.candidate();
         if lost {
             tracing::warn!(
                 "run {run}: the state this candidate held is gone; it votes again once it holds the leader's"
             );
         }
+        let trace = TraceFile::begin(&path, &start, &started);
         let mut c = Self::with(core, node, identity, events, path, run, lease_ms);
+        c.trace = trace;
         if let Some((h, blob)) = held {
             c.blobs.insert((h.round, h.params), blob);
         }
@@ -198,9 +259,22 @@ impl Consensus {
         initial: (Replica, [u8; 32]),
     ) -> anyhow::Result<(Self, Vec<Action>)> {
         let path = Self::path(data_dir, run);
-        let (core, actions) =
-            failover::Candidate::create(identity.public(), succession, lease_ms, mode, initial.0, wire::mono_ms());
+        let start = Start {
+            me: identity.public(),
+            order: succession.order().to_vec(),
+            lease_ms,
+            mode,
+            hard: None,
+            held: None,
+            now_ms: wire::mono_ms(),
+            created: Some(initial.0),
+            lost_state: false,
+            left_out: None,
+        };
+        let (core, actions) = start.candidate();
+        let trace = TraceFile::begin(&path, &start, &actions);
         let mut c = Self::with(core, node, identity, events, path, run, lease_ms);
+        c.trace = trace;
         c.blobs.insert((initial.0.round, initial.0.params), initial.1);
         let rest = c.process(actions)?;
         Ok((c, rest))
@@ -227,6 +301,7 @@ impl Consensus {
             sends: JoinSet::new(),
             in_flight: BTreeMap::new(),
             timeout: Duration::from_millis((lease_ms / 2).max(250)),
+            trace: None,
         }
     }
 
@@ -289,8 +364,18 @@ impl Consensus {
     /// Feeds `input`; persists and sends what it decides; returns the rest for the
     /// role to carry out.
     pub(crate) fn handle(&mut self, input: Input) -> anyhow::Result<Vec<Action>> {
-        let actions = self.core.handle(input, wire::mono_ms());
+        let actions = self.step(input);
         self.process(actions)
+    }
+
+    /// One input to the candidate, recorded when tracing.
+    fn step(&mut self, input: Input) -> Vec<Action> {
+        let now_ms = wire::mono_ms();
+        let actions = self.core.handle(input, now_ms);
+        if let Some(t) = &mut self.trace {
+            t.line(&Step { now_ms, input, actions: actions.clone() });
+        }
+        actions
     }
 
     /// The leader completed a round: its state, in `blob`, goes to the candidates.
@@ -448,7 +533,7 @@ impl Consensus {
             return Ok(None);
         }
         let Some(msg) = self.message(hb) else { return Ok(None) };
-        let actions = self.core.handle(Input::Message { from, msg }, wire::mono_ms());
+        let actions = self.step(Input::Message { from, msg });
         // the first message back to `from` is the answer; the rest go as requests
         let mut reply = None;
         let mut others = Vec::new();

@@ -61,7 +61,7 @@ use crate::election::{Rejection, Succession};
 pub const BEST_EFFORT_DEAD_LEASES: u64 = 4;
 
 /// How a run's candidates agree.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Mode {
     /// A majority of all the run's candidates elects, holds the lease and commits.
     Majority,
@@ -86,7 +86,7 @@ impl Mode {
 }
 
 /// What a candidate persists before it sends anything after a change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct HardState {
     /// The highest term it took or followed.
     pub term: u64,
@@ -98,7 +98,7 @@ pub struct HardState {
 /// the absence (`pcp-node simulate --faults --faults-without RULE`). Nothing else
 /// should.
 #[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum LeftOut {
     /// Voters grant whatever state the campaigner holds.
     UpToDate,
@@ -107,7 +107,7 @@ pub enum LeftOut {
 }
 
 /// What candidates send each other.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Message {
     /// The leader of `term` holds `state` (every candidate is to hold it too).
     Lease {
@@ -160,7 +160,7 @@ impl Message {
 }
 
 /// What a candidate is told.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Input {
     /// Time passes (a host ticks at least every lease / 5).
     Tick,
@@ -179,7 +179,7 @@ pub enum Input {
 }
 
 /// Why a candidate does not lead any more.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Stop {
     /// It saw `newer`, a higher term.
     Newer(u64),
@@ -191,7 +191,7 @@ pub enum Stop {
 }
 
 /// What the host does.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Action {
     /// Write this before sending anything that follows it.
     Persist(HardState),
@@ -882,6 +882,8 @@ impl Candidate {
         }
     }
 }
+
+pub mod trace;
 
 #[cfg(test)]
 mod tests;

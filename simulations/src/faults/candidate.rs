@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use pcp_protocol::diloco::aggregate::Delta;
 use pcp_protocol::diloco::shepherd::{self, Shepherd};
+use pcp_protocol::failover::candidate::trace::{Start, Step, Trace};
 use pcp_protocol::failover::candidate::{Action, Input, LeftOut, Stop};
 use pcp_protocol::failover::{self, CHECK_QUORUM_LEASES, Fence, HardState, Quorum, Replica};
 
@@ -33,6 +34,8 @@ pub(super) struct Candidate {
     hard: Option<HardState>,
     /// The states it can serve.
     blobs: BTreeSet<StateId>,
+    /// Its run, recorded when the setup traces.
+    trace: Option<Box<Trace>>,
 }
 
 #[derive(Debug)]
@@ -59,34 +62,59 @@ fn delta_of(d: [f32; 4]) -> Delta {
 impl Candidate {
     /// The run's creator at the start: term 1's leader, from the initial state.
     pub(super) fn creator(initial: Replica, ctx: &mut Ctx<'_>) -> Self {
-        let s = &ctx.setup;
-        let mode = s.mode;
-        let (core, actions) =
-            failover::Candidate::create(s.keys[ctx.me], s.succession.clone(), s.lease_ms, mode, initial, ctx.now);
-        let core = Self::without(core, ctx);
-        let mut c = Self { core, leader: None, hard: None, blobs: BTreeSet::from([id(&initial)]) };
+        let start = Self::describe(None, None, Some(initial), ctx);
+        let blobs = BTreeSet::from([id(&initial)]);
+        let mut c = Self { core: start.candidate().0, leader: None, hard: None, blobs, trace: None };
+        let actions = c.begin(start, ctx);
         c.apply(actions, ctx);
         c
     }
 
     /// A candidate starting (or restarting) with `disk`, if it kept one.
     pub(super) fn start(disk: Option<Disk>, ctx: &mut Ctx<'_>) -> Self {
-        let s = &ctx.setup;
-        let mode = s.mode;
         let Disk { hard, held, blobs } = disk.unwrap_or(Disk { hard: None, held: None, blobs: BTreeSet::new() });
-        let core =
-            failover::Candidate::new(s.keys[ctx.me], s.succession.clone(), s.lease_ms, mode, hard, held, ctx.now);
-        Self { core: Self::without(core, ctx), leader: None, hard, blobs }
+        let start = Self::describe(hard, held, None, ctx);
+        let mut c = Self { core: start.candidate().0, leader: None, hard, blobs, trace: None };
+        let actions = c.begin(start, ctx);
+        c.apply(actions, ctx);
+        c
     }
 
-    /// The core without the rules the run leaves out.
-    fn without(core: failover::Candidate, ctx: &Ctx<'_>) -> failover::Candidate {
+    /// How this candidate starts, as pcp-node's would (the rules the run leaves out too).
+    fn describe(hard: Option<HardState>, held: Option<Replica>, created: Option<Replica>, ctx: &Ctx<'_>) -> Start {
+        let s = &ctx.setup;
         let rules = ctx.rules();
-        match (rules.up_to_date, rules.commit_term) {
-            (false, _) => core.leave_out(LeftOut::UpToDate),
-            (_, false) => core.leave_out(LeftOut::CommitTerm),
-            _ => core,
+        let left_out = match (rules.up_to_date, rules.commit_term) {
+            (false, _) => Some(LeftOut::UpToDate),
+            (_, false) => Some(LeftOut::CommitTerm),
+            _ => None,
+        };
+        Start {
+            me: s.keys[ctx.me],
+            order: s.succession.order().to_vec(),
+            lease_ms: s.lease_ms,
+            mode: s.mode,
+            hard,
+            held,
+            now_ms: ctx.now,
+            created,
+            lost_state: false,
+            left_out,
         }
+    }
+
+    /// Builds the core from `start`, recording when the run traces; what it did on
+    /// starting.
+    fn begin(&mut self, start: Start, ctx: &Ctx<'_>) -> Vec<Action> {
+        let (core, actions, trace) = Trace::begin(start);
+        self.core = core;
+        self.trace = ctx.setup.trace.then(|| Box::new(trace));
+        actions
+    }
+
+    /// Its recorded run, once (when the run traces).
+    pub(super) fn take_trace(&mut self) -> Option<Trace> {
+        self.trace.take().map(|t| *t)
     }
 
     /// What survives a crash with the disk.
@@ -104,9 +132,13 @@ impl Candidate {
         Follow { term, leader: ctx.setup.index(&leader) }
     }
 
-    /// Hands `input` to the core and carries out what it decides.
+    /// Hands `input` to the core (recording it when the run traces) and carries
+    /// out what it decides.
     fn core(&mut self, input: Input, ctx: &mut Ctx<'_>) {
         let actions = self.core.handle(input, ctx.now);
+        if let Some(t) = &mut self.trace {
+            t.steps.push(Step { now_ms: ctx.now, input, actions: actions.clone() });
+        }
         self.apply(actions, ctx);
     }
 

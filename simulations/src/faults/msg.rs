@@ -119,6 +119,8 @@ pub(super) struct Setup {
     /// The shortest and longest a state blob takes to transfer, ms (drawn per
     /// seed: 100 to 1,200 ms, or 4 to 40 s for a large model).
     pub(super) transfer_ms: (u64, u64),
+    /// Candidates record their runs ([`pcp_protocol::failover::candidate::trace`]).
+    pub(super) trace: bool,
 }
 
 impl Setup {

@@ -139,6 +139,8 @@ impl Ord for Scheduled {
 
 #[derive(Debug)]
 pub(super) struct World {
+    /// The recorded runs of candidates that crashed (when the setup traces).
+    traces: Vec<pcp_protocol::failover::candidate::trace::Trace>,
     seed: u64,
     setup: Setup,
     env: Envelope,
@@ -222,7 +224,7 @@ fn setup(candidates: usize, transfer_ms: (u64, u64), rules: Rules) -> Setup {
         ..shepherd::Config::default()
     };
     let mode = Mode::for_candidates(candidates);
-    Setup { succession, keys, candidates, lease_ms: LEASE_MS, shepherd, rules, mode, transfer_ms }
+    Setup { succession, keys, candidates, lease_ms: LEASE_MS, shepherd, rules, mode, transfer_ms, trace: false }
 }
 
 impl World {
@@ -252,6 +254,7 @@ impl World {
             })
             .collect();
         let mut w = Self {
+            traces: Vec::new(),
             seed,
             setup,
             env,
@@ -316,9 +319,34 @@ impl World {
         (replica, State { parent: None, snapshot, contributors: Vec::new(), at: 0 })
     }
 
+    /// Candidates record their runs.
+    pub(super) fn traced(mut self) -> Self {
+        self.setup.trace = true;
+        self
+    }
+
+    /// [`Self::run`], and every candidate's recorded run (one per start).
+    pub(super) fn run_traced(
+        mut self,
+        without: Option<Rule>,
+    ) -> (Outcome, Vec<pcp_protocol::failover::candidate::trace::Trace>) {
+        self.events_loop();
+        let mut traces = std::mem::take(&mut self.traces);
+        for node in &mut self.nodes {
+            if let Role::Candidate(c) = &mut node.role {
+                traces.extend(c.take_trace());
+            }
+        }
+        (self.outcome(without), traces)
+    }
+
     /// Runs the schedule to its end, or to the first broken invariant.
     pub(super) fn run(mut self, without: Option<Rule>) -> Outcome {
         self.events_loop();
+        self.outcome(without)
+    }
+
+    fn outcome(self, without: Option<Rule>) -> Outcome {
         Outcome {
             seed: self.seed,
             without,
@@ -800,7 +828,10 @@ impl World {
 
     /// Node `node` dies, keeping its disk or not, for good or to restart.
     fn crash(&mut self, node: usize, disk: bool, for_good: bool) {
-        let dying = std::mem::replace(&mut self.nodes[node].role, Role::Down);
+        let mut dying = std::mem::replace(&mut self.nodes[node].role, Role::Down);
+        if let Role::Candidate(c) = &mut dying {
+            self.traces.extend(c.take_trace());
+        }
         self.nodes[node].epoch += 1;
         self.nodes[node].gone = for_good;
         self.nodes[node].disk = match dying {

@@ -112,7 +112,7 @@ impl Cluster {
                     Delivery::Holds(s) => self.input(to, Input::Holds(s)),
                 }
             }
-            if self.now % 100 == 0 {
+            if self.now.is_multiple_of(100) {
                 for i in 0..self.nodes.len() {
                     self.input(i, Input::Tick);
                 }
