@@ -3,10 +3,12 @@
 //! naming the first broken invariant.
 //!
 //! Coordinator candidates and four workers run pcp's real rules, composed as
-//! pcp-node composes them: the [`election`](pcp_protocol::election), the
-//! [`failover`](pcp_protocol::failover) rules (up-to-date succession,
-//! check-quorum, the leader lease, fencing, commit, step-aside-behind, workers never
-//! moving back) and the [`Shepherd`](pcp_protocol::diloco::shepherd::Shepherd)
+//! pcp-node composes them: the protocol's candidate
+//! ([`Candidate`](pcp_protocol::failover::Candidate): votes, the majority's lease
+//! and commit), the [`failover`](pcp_protocol::failover) rules around it
+//! (check-quorum, fencing, workers never moving back), the
+//! [`election`](pcp_protocol::election) workers follow, and the
+//! [`Shepherd`](pcp_protocol::diloco::shepherd::Shepherd)
 //! and [`Worker`](pcp_protocol::diloco::worker::Worker) round machines. The
 //! network, the clocks, the compute and the faults are simulated: no wall clock,
 //! no threads, every draw from the seed (ChaCha8 streams for the run's shape, the
@@ -39,24 +41,20 @@
 //! their bytes; each pseudo-gradient is fresh noise, so a round completed twice
 //! gives two states and the invariants can tell their histories apart.
 //!
-//! How the nodes compose the rules (what pcp-node does, or must do):
-//! * the leader runs the [`Shepherd`](pcp_protocol::diloco::shepherd::Shepherd)
-//!   only while [`LeaderLease::check`](pcp_protocol::failover::LeaderLease::check)
-//!   lets it act and no live candidate holds a newer state (it steps aside for one
-//!   that does: step-aside-behind); meanwhile
-//!   inputs wait. It checks each contribution against its
-//!   [`Fence`](pcp_protocol::failover::Fence), tells candidates of a round at once
-//!   and workers once [`Commit`](pcp_protocol::failover::Commit) says every live
-//!   candidate holds its state, or after
-//!   [`COMMIT_WAIT_LEASES`](pcp_protocol::failover::COMMIT_WAIT_LEASES), and steps
-//!   aside when [`Quorum::check`](pcp_protocol::failover::Quorum::check) says it
-//!   lost its workers (a window of three leases, at least the heartbeat timeout).
-//!   A candidate's answer to a lease names the lease's sender incarnation, so a
-//!   restarted leader (whose clock starts again) takes no answer to its previous
-//!   life's leases.
-//! * a standby ([`Standby`](pcp_protocol::failover::Standby)) fetches a newer
-//!   state announced by the leader it follows, and nothing else, and tells the
-//!   candidates at once when it holds it.
+//! How the nodes compose the rules (what pcp-node does):
+//! * a candidate is the protocol's [`Candidate`](pcp_protocol::failover::Candidate),
+//!   built from a [`Start`](pcp_protocol::failover::candidate::trace::Start) as
+//!   pcp-node builds its own; its messages travel as simulated messages and the
+//!   state blobs it asks for are fetched from the candidate its lease named.
+//! * while it leads, it runs the
+//!   [`Shepherd`](pcp_protocol::diloco::shepherd::Shepherd): the round's deadlines
+//!   run only while a majority answers its lease (`may_act`), contributions are
+//!   checked against its [`Fence`](pcp_protocol::failover::Fence) and always
+//!   taken, a completed round's state goes to the candidates at once and its
+//!   successor round to workers only once the candidate commits that state, and
+//!   it steps aside when [`Quorum::check`](pcp_protocol::failover::Quorum::check)
+//!   says it hears too few workers to close a round (a window of three leases, at
+//!   least the heartbeat timeout).
 //! * a worker trains a round only if
 //!   [`Chain::admits`](pcp_protocol::failover::Chain::admits) it, takes an
 //!   announcement that reopens its round (a new leader, or its leader restarted)

@@ -1379,7 +1379,7 @@ const MAX_NORMS: usize = 4096;
 pub const FIRST_ROUND_HOLD: usize = 128 << 20;
 
 /// Once every rated participant answered, the share of the round so far that
-/// participants on probation still have to answer ([`Shepherd::probation_grace`]).
+/// participants on probation still have to answer (see `Shepherd::probation_grace`).
 pub const PROBATION_GRACE: f64 = 0.25;
 
 /// The median of `values` (the upper one of an even count), if any.

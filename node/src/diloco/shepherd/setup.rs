@@ -363,6 +363,37 @@ pub(super) async fn host_engine(
     .await
 }
 
+/// The consensus a leader starts with: an elected candidate's (it leads already),
+/// a new run's creator's (term 1's leader), or a resumed shepherd's (it leads again
+/// once the candidates elect it; at once when alone); and what it decided.
+fn open_consensus(
+    elected: Option<Box<Consensus>>,
+    (node, identity, events, data_dir): (&Node, &pcp_protocol::Identity, &Events, &Path),
+    start: &Start,
+    manifest: &RunManifest,
+    store: &BlobStore,
+    machine: &Shepherd<PublicKey>,
+    (run, succession, term): (RunId, &Succession, u64),
+) -> anyhow::Result<(Box<Consensus>, Vec<pcp_protocol::failover::candidate::Action>)> {
+    if let Some(c) = elected {
+        return Ok((c, Vec::new()));
+    }
+    let lease_ms = manifest.lease_ms.max(500);
+    let mode = super::super::consensus::mode_of(manifest.failover, succession.order().len());
+    let state =
+        LeaderState { term: term.max(1), snapshot: machine.snapshot(), contributors: Vec::new(), excluded: Vec::new() };
+    let blob = store.put_bytes(&wire::state_blob(&state))?.0;
+    let held = Replica { term: term.max(1), round: machine.completed(), params: wire::params_hash(machine.params()).0 };
+    let succession = succession.clone();
+    if matches!(start, Start::New) {
+        let (c, actions) =
+            Consensus::create(node, identity, events, data_dir, run, succession, lease_ms, mode, (held, blob))?;
+        return Ok((Box::new(c), actions));
+    }
+    let c = Consensus::open(node, identity, events, data_dir, run, succession, lease_ms, mode, Some((held, blob)))?;
+    Ok((Box::new(c), Vec::new()))
+}
+
 impl Host {
     pub(in crate::diloco) async fn start(
         mut plan: ShepherdPlan,
@@ -395,55 +426,9 @@ impl Host {
             None => Shepherd::new(config, params.clone()),
         };
         let lease_ms = manifest.lease_ms.max(500);
-        let mut pending_consensus = Vec::new();
-        let consensus = match consensus {
-            // elected: it leads already
-            Some(c) => c,
-            None => {
-                let mode = super::super::consensus::mode_of(manifest.failover, succession.order().len());
-                let state = LeaderState {
-                    term: term.max(1),
-                    snapshot: machine.snapshot(),
-                    contributors: Vec::new(),
-                    excluded: Vec::new(),
-                };
-                let blob = store.put_bytes(&wire::state_blob(&state))?.0;
-                let held = Replica {
-                    term: term.max(1),
-                    round: machine.completed(),
-                    params: wire::params_hash(machine.params()).0,
-                };
-                let (c, actions) = if matches!(plan.start, Start::New) {
-                    Consensus::create(
-                        &node,
-                        &identity,
-                        &events,
-                        data_dir,
-                        run,
-                        succession.clone(),
-                        lease_ms,
-                        mode,
-                        (held, blob),
-                    )?
-                } else {
-                    // resumed: it leads again once the candidates elect it (at once when alone)
-                    let c = Consensus::open(
-                        &node,
-                        &identity,
-                        &events,
-                        data_dir,
-                        run,
-                        succession.clone(),
-                        lease_ms,
-                        mode,
-                        Some((held, blob)),
-                    )?;
-                    (c, Vec::new())
-                };
-                pending_consensus = actions;
-                Box::new(c)
-            }
-        };
+        let io = (&node, &identity, &events, data_dir);
+        let (consensus, pending_consensus) =
+            open_consensus(consensus, io, &plan.start, &manifest, &store, &machine, (run, &succession, term))?;
         let sizes = wire::sizes(&manifest);
         let shards = wire::shard_ranges(&manifest)?;
         let fragments = fragments::split(&sizes, manifest.fragments.max(1) as usize)?;
