@@ -361,6 +361,11 @@ impl Standby {
                     if let Some(s) = self.state.as_mut().filter(|s| s.snapshot.completed == state.round) {
                         s.term = state.term;
                     }
+                    if state.round >= self.manifest.rounds {
+                        // the leader completed the last round: nothing is left to lead
+                        tracing::info!("run {}: the last round's state is held; the run is over", self.run);
+                        return Some(Standing::Over);
+                    }
                 }
                 Action::Elected { term, leader } => {
                     tracing::info!("run {}: following {} in term {term}", self.run, peer_name(&leader));

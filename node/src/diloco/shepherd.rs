@@ -223,6 +223,8 @@ pub(super) struct Host {
     aside: bool,
     /// What the consensus decided while the state was being published, for the loop.
     pending_consensus: Vec<consensus_core::Action>,
+    /// The term it started in (a resumed shepherd's, from its checkpoint).
+    resumed_term: u64,
     /// DHT announcements of the run in progress.
     background: JoinSet<()>,
 }
@@ -473,10 +475,23 @@ impl Host {
                     self.aside = true;
                 }
                 consensus_core::Action::Elected { term, leader } if leader != me && self.stepped_down.is_none() => {
-                    // resumed, another candidate leads: this one stands by with its state
-                    tracing::info!("run {}: term {term} is led by {}; standing by", self.run, peer_name(&leader));
+                    // resumed while another candidate leads: this one stands by with its state
+                    let resumed = self.resumed_term;
+                    tracing::warn!("run {}: term {term} is led by {}; standing by", self.run, peer_name(&leader));
+                    self.events.emit(ev::Event::SteppedDown(ev::SteppedDown {
+                        term: resumed,
+                        peer: peer_name(&me),
+                        newer: term,
+                        leader: peer_name(&leader),
+                        reason: Some(format!("resumed after term {resumed}; term {term} is led by another")),
+                    }));
+                    self.table_line(&format!(
+                        "term {resumed}: {} stepped down; term {term} is led by {}",
+                        peer_name(&me),
+                        peer_name(&leader)
+                    ))?;
                     self.stepped_down = Some(term);
-                    self.aside = true;
+                    self.aside = false;
                 }
                 consensus_core::Action::Lead { term, .. } => {
                     tracing::info!("run {}: leading term {term}", self.run);

@@ -346,9 +346,6 @@ impl Candidate {
         now_ms: u64,
     ) -> Self {
         let lease_ms = lease_ms.max(1);
-        // a candidate alone has nobody to wait for: it campaigns at its first tick
-        let solo = succession.order() == [me];
-        let voter = true;
         Self {
             me,
             succession,
@@ -357,8 +354,8 @@ impl Candidate {
             hard: hard.unwrap_or_default(),
             role: Role::Follower,
             held,
-            voter,
-            heard_ms: if solo { now_ms.saturating_sub(lease_ms) } else { now_ms },
+            voter: true,
+            heard_ms: now_ms,
             leader_heard_ms: None,
             lapsed: 0,
             reported: 0,
@@ -549,6 +546,17 @@ impl Candidate {
                 self.send_leases(now_ms, out);
             }
             self.try_commit(now_ms, out);
+            return;
+        }
+        if let Some(state) = self.held.filter(|_| self.succession.order() == [self.me]) {
+            // alone: nobody else can take its term, so it leads that term again at once
+            // (a resumed shepherd keeps the term its workers follow)
+            let hard = HardState { term: self.hard.term.max(1), voted_for: Some(self.me) };
+            if hard != self.hard {
+                self.hard = hard;
+                out.push(Action::Persist(hard));
+            }
+            self.become_leader(state, now_ms, out);
             return;
         }
         if stalled {
@@ -819,7 +827,6 @@ impl Candidate {
             self.following = term;
             out.push(Action::Elected { term, leader: from });
         }
-        self.reported = self.reported.max(term);
         self.heard_ms = now_ms;
         self.leader_heard_ms = Some(now_ms);
         self.lapsed = 0;

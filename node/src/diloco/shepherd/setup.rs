@@ -513,6 +513,7 @@ impl Host {
             stepped_down: None,
             aside: false,
             pending_consensus,
+            resumed_term: term,
             background,
         };
         host.started(resumed_at).await?;
