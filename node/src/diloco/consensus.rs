@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use pcp_bootstrap::Node;
+use pcp_protocol::election::Succession;
 use pcp_protocol::failover::candidate::trace::{Start, Step};
 use pcp_protocol::failover::candidate::{Action, Input, Message};
 use pcp_protocol::failover::{self, HardState, Mode, Replica};
@@ -92,6 +93,23 @@ pub(crate) fn mode_of(failover: u8, candidates: usize) -> Mode {
         1 => Mode::Majority,
         2 => Mode::BestEffort,
         _ => Mode::for_candidates(candidates),
+    }
+}
+
+/// How a candidate of `succession` starts now: new, holding nothing (the callers
+/// fill in what they kept).
+fn start_of(identity: &pcp_protocol::Identity, succession: &Succession, lease_ms: u64, mode: Mode) -> Start {
+    Start {
+        me: identity.public(),
+        order: succession.order().to_vec(),
+        lease_ms,
+        mode,
+        hard: None,
+        held: None,
+        now_ms: wire::mono_ms(),
+        created: None,
+        lost_state: false,
+        left_out: None,
     }
 }
 
@@ -196,7 +214,7 @@ impl Consensus {
         events: &Events,
         data_dir: &Path,
         run: RunId,
-        succession: pcp_protocol::election::Succession,
+        succession: Succession,
         lease_ms: u64,
         mode: Mode,
         held: Option<(Replica, [u8; 32])>,
@@ -217,16 +235,10 @@ impl Consensus {
         // a leader's state again
         let lost = record.is_some_and(|r| r.held.is_some()) && held.is_none();
         let start = Start {
-            me: identity.public(),
-            order: succession.order().to_vec(),
-            lease_ms,
-            mode,
             hard,
             held: held.map(|(h, _)| h),
-            now_ms: wire::mono_ms(),
-            created: None,
             lost_state: lost,
-            left_out: None,
+            ..start_of(identity, &succession, lease_ms, mode)
         };
         let (core, started) = start.candidate();
         if lost {
@@ -253,24 +265,13 @@ impl Consensus {
         events: &Events,
         data_dir: &Path,
         run: RunId,
-        succession: pcp_protocol::election::Succession,
+        succession: Succession,
         lease_ms: u64,
         mode: Mode,
         initial: (Replica, [u8; 32]),
     ) -> anyhow::Result<(Self, Vec<Action>)> {
         let path = Self::path(data_dir, run);
-        let start = Start {
-            me: identity.public(),
-            order: succession.order().to_vec(),
-            lease_ms,
-            mode,
-            hard: None,
-            held: None,
-            now_ms: wire::mono_ms(),
-            created: Some(initial.0),
-            lost_state: false,
-            left_out: None,
-        };
+        let start = Start { created: Some(initial.0), ..start_of(identity, &succession, lease_ms, mode) };
         let (core, actions) = start.candidate();
         let trace = TraceFile::begin(&path, &start, &actions);
         let mut c = Self::with(core, node, identity, events, path, run, lease_ms);

@@ -461,18 +461,7 @@ impl Host {
                     self.aside = true;
                 }
                 consensus_core::Action::Stopped { term, why: Stop::Behind } => {
-                    let reason = "another candidate holds a newer state (they led apart)".to_owned();
-                    tracing::warn!("run {}: {reason}; stepping aside", self.run);
-                    self.events.emit(ev::Event::SteppedDown(ev::SteppedDown {
-                        term,
-                        peer: peer_name(&me),
-                        newer: term,
-                        leader: String::new(),
-                        reason: Some(reason.clone()),
-                    }));
-                    self.table_line(&format!("term {term}: {} stepped aside: {reason}", peer_name(&me)))?;
-                    self.stepped_down = Some(term);
-                    self.aside = true;
+                    self.stood_aside(term, "another candidate holds a newer state (they led apart)")?;
                 }
                 consensus_core::Action::Elected { term, leader } if leader != me && self.stepped_down.is_none() => {
                     // resumed while another candidate leads: this one stands by with its state
@@ -529,10 +518,16 @@ impl Host {
 
     fn step_aside(&mut self, reason: String) -> anyhow::Result<()> {
         let term = self.consensus.term();
-        let me = self.signer.identity().public();
-        tracing::warn!("run {}: {reason}; stepping aside", self.run);
         let actions = self.consensus.handle(consensus_core::Input::StepAside)?;
         self.pending_consensus.extend(actions);
+        self.stood_aside(term, &reason)
+    }
+
+    /// This leader gave up `term` for `reason` (no higher term): the event, the
+    /// table's line, and the standby it becomes.
+    fn stood_aside(&mut self, term: u64, reason: &str) -> anyhow::Result<()> {
+        let me = self.signer.identity().public();
+        tracing::warn!("run {}: {reason}; stepping aside", self.run);
         self.events.emit(ev::Event::SteppedDown(ev::SteppedDown {
             term,
             peer: peer_name(&me),
