@@ -34,7 +34,16 @@
 //! other candidates every third of a lease; standbys heartbeat every candidate,
 //! and workers the candidate they await, every half lease. Every message carries
 //! the lease its sender follows (a signed lease is valid from whoever relays it),
-//! so a stale leader learns of a newer term from anyone. Nothing arrives of a
+//! so a stale leader learns of a newer term from anyone. Gossip: a leader's
+//! announcements reach workers both in answer to their heartbeats and through
+//! gossipsub, as in pcp-node: a worker that takes an announcement (its election
+//! takes the lease, and it is newer than what the worker has) forwards the leader's
+//! signed lease unchanged, once (it remembers the last eight it forwarded), to two
+//! other workers drawn from its rng, each an ordinary message on the links (cuts,
+//! queued cuts, loss, duplicates and delay apply); a worker takes a forwarded one
+//! as a lease from the leader that signed it, and refuses a stale one (a deposed
+//! leader's, however late it comes) without a word. So copies arrive late,
+//! twice, out of order, and from a leader long deposed. Nothing arrives of a
 //! state blob whose sender dies while sending it, and a worker asks again for one
 //! after a lease or the slowest transfer, whichever is longer; τ inner steps take
 //! 1.2 to 2 s. Parameters are one tensor of 4 f32, identified by the blake3 of

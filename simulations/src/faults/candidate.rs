@@ -300,7 +300,7 @@ impl Candidate {
                     l.publish(&self.core, ctx);
                 }
             }
-            Msg::Lease { .. } | Msg::Relay { .. } => {}
+            Msg::Lease { .. } | Msg::Gossip { .. } | Msg::Relay { .. } => {}
         }
     }
 }

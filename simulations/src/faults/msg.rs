@@ -39,6 +39,10 @@ pub(super) enum Msg {
     /// The leader's lease to workers (in answer to their heartbeats, and with each
     /// announcement it publishes).
     Lease { term: u64, epoch: u64, sent: u64, announce: Option<Announce> },
+    /// A worker forwarding an announcement it took (gossip, as gossipsub does in
+    /// pcp-node): the lease `origin` signed, carried unchanged (a signed lease is
+    /// valid from whoever relays it), taken as a lease from `origin`.
+    Gossip { origin: usize, term: u64, epoch: u64, sent: u64, announce: Announce },
     /// What candidates tell each other: leases, answers, votes.
     Consensus(Message),
     /// A worker's heartbeat to the candidate it awaits.

@@ -1,6 +1,8 @@
 //! A worker, composed as pcp-node composes it: it follows the highest valid term
 //! ([`Election`] as a follower), trains a round only if [`Chain::admits`] it, runs
-//! the protocol's [`Worker`] machine, and keeps its term and chain on disk.
+//! the protocol's [`Worker`] machine, and keeps its term and chain on disk. An
+//! announcement it takes it forwards once to [`GOSSIP_FANOUT`] other workers
+//! (gossip), who take it as a lease from the leader that signed it.
 
 use pcp_protocol::diloco::worker::{self, Worker};
 use pcp_protocol::election::{self, Election};
@@ -36,7 +38,15 @@ pub(super) struct WorkerNode {
     machine: Worker,
     work: Option<Work>,
     next_id: u64,
+    /// The announcements it last forwarded, newest last (at most
+    /// [`GOSSIP_MEMORY`]): it forwards each once.
+    gossiped: Vec<Announce>,
 }
+
+/// How many other workers a worker forwards an announcement it took to.
+pub(super) const GOSSIP_FANOUT: usize = 2;
+/// How many forwarded announcements a worker remembers.
+const GOSSIP_MEMORY: usize = 8;
 
 /// Inner steps per round (the machine's τ; their time is the simulated compute).
 const TAU: u64 = 20;
@@ -57,7 +67,14 @@ impl WorkerNode {
             Some(d) => (Election::resume(key, s.succession.clone(), s.lease_ms, d.term, ctx.now), d.chain),
             None => (Election::new(key, s.succession.clone(), s.lease_ms, ctx.now), Chain::default()),
         };
-        Self { election, chain, machine: Worker::new(key.0.to_vec(), 1, TAU), work: None, next_id: 0 }
+        Self {
+            election,
+            chain,
+            machine: Worker::new(key.0.to_vec(), 1, TAU),
+            work: None,
+            next_id: 0,
+            gossiped: Vec::new(),
+        }
     }
 
     pub(super) fn disk(&self) -> Disk {
@@ -128,15 +145,19 @@ impl WorkerNode {
 
     pub(super) fn on_msg(&mut self, from: usize, msg: Msg, ctx: &mut Ctx<'_>) {
         match msg {
-            Msg::Lease { term, announce, .. } => {
-                let actions = self.election.on_lease(ctx.setup.keys[from], term, ctx.now);
-                if actions.iter().any(|a| matches!(a, election::Action::Rejected { .. })) {
+            Msg::Lease { term, epoch, sent, announce } => {
+                if !self.lease(from, term, ctx) {
                     ctx.send(from, Msg::Relay { follows: self.follows(ctx) });
                     return;
                 }
-                if let Some(a) = announce.filter(|a| a.term == term) {
-                    self.announced(from, a, ctx);
+                if let Some(a) = announce.filter(|a| a.term == term)
+                    && self.announced(from, a, ctx)
+                {
+                    self.gossip(Msg::Gossip { origin: from, term, epoch, sent, announce: a }, ctx);
                 }
+            }
+            Msg::Gossip { origin, term, announce, .. } if ctx.setup.is_candidate(origin) => {
+                self.forwarded(origin, term, announce, msg, ctx);
             }
             Msg::Relay { follows: f } if f.term > self.election.term() && ctx.setup.is_candidate(f.leader) => {
                 self.election.on_lease(ctx.setup.keys[f.leader], f.term, ctx.now);
@@ -146,23 +167,58 @@ impl WorkerNode {
         }
     }
 
-    /// A valid announcement from `leader`.
-    fn announced(&mut self, leader: usize, a: Announce, ctx: &mut Ctx<'_>) {
+    /// Candidate `leader`'s lease of `term` (from it, or forwarded): whether the
+    /// election takes it.
+    fn lease(&mut self, leader: usize, term: u64, ctx: &Ctx<'_>) -> bool {
+        let actions = self.election.on_lease(ctx.setup.keys[leader], term, ctx.now);
+        !actions.iter().any(|a| matches!(a, election::Action::Rejected { .. }))
+    }
+
+    /// `origin`'s lease of `term` with announcement `a`, forwarded by another worker
+    /// as `msg`: taken as a lease from `origin`; a stale one is refused without a
+    /// word (the relay is not the stale leader, and the leader is not listening).
+    fn forwarded(&mut self, origin: usize, term: u64, a: Announce, msg: Msg, ctx: &mut Ctx<'_>) {
+        if self.lease(origin, term, ctx) && a.term == term && self.announced(origin, a, ctx) {
+            self.gossip(msg, ctx);
+        }
+    }
+
+    /// Forwards `msg` (a [`Msg::Gossip`]) to [`GOSSIP_FANOUT`] other workers drawn
+    /// from the node's rng, unless it forwarded its announcement already.
+    fn gossip(&mut self, msg: Msg, ctx: &mut Ctx<'_>) {
+        let Msg::Gossip { announce, .. } = msg else { return };
+        if self.gossiped.contains(&announce) {
+            return;
+        }
+        if self.gossiped.len() == GOSSIP_MEMORY {
+            self.gossiped.remove(0);
+        }
+        self.gossiped.push(announce);
+        let mut others: Vec<usize> = (ctx.setup.candidates..ctx.setup.keys.len()).filter(|n| *n != ctx.me).collect();
+        for _ in 0..GOSSIP_FANOUT.min(others.len()) {
+            let to = others.swap_remove(ctx.rng.gen_range(0..others.len()));
+            ctx.send(to, msg);
+        }
+    }
+
+    /// A valid announcement from `leader`: whether the worker takes it (it is newer
+    /// than its work, and its chain admits it).
+    fn announced(&mut self, leader: usize, a: Announce, ctx: &mut Ctx<'_>) -> bool {
         let participant = a.participants & (1 << Self::index(ctx)) != 0;
         if let Some(w) = self.work
             && (w.term > a.term
                 || w.term == a.term && (w.round > a.round || w.round == a.round && w.opened == a.opened))
         {
-            return;
+            return false;
         }
         if ctx.rules().chain && self.chain.admits(a.term, a.round, &a.base.params).is_err() {
-            return;
+            return false;
         }
         // a newer round, or the round reopened by a newer term: what it was doing is moot
         self.work = None;
         self.machine = Worker::new(ctx.setup.keys[ctx.me].0.to_vec(), 1, TAU);
         if !participant {
-            return;
+            return true;
         }
         self.next_id += 1;
         let w = Work {
@@ -182,6 +238,7 @@ impl WorkerNode {
                 ctx.timers.push((Self::refetch_ms(ctx), Timer::Refetch(w.id)));
             }
         }
+        true
     }
 
     /// The parameters of the work's round arrived.

@@ -901,6 +901,54 @@ mod tests {
         assert_eq!(Mode::for_candidates(3), Mode::Majority);
     }
 
+    /// Delivers `msg` from `from` to worker `to` at once: what it sends back.
+    fn to_worker(w: &mut World, from: usize, to: usize, msg: Msg) -> Vec<(usize, Msg)> {
+        let mut sent = Vec::new();
+        w.handle(to, |role, ctx| {
+            if let Role::Worker(worker) = role {
+                worker.on_msg(from, msg, ctx);
+            }
+            sent = ctx.sends.iter().map(|(to, msg, _)| (*to, *msg)).collect();
+        });
+        sent
+    }
+
+    /// Gossip: a worker forwards an announcement it takes, once, to two other
+    /// workers, as its signer's, and takes a forwarded one as a lease from its
+    /// signer; a deposed leader's announcement forwarded late is refused without a
+    /// word (a lease straight from that leader is answered with the newer term).
+    #[test]
+    fn a_forwarded_stale_announcement_is_refused() {
+        use super::super::msg::Announce;
+        use super::super::worker::GOSSIP_FANOUT;
+        let mut w = World::new(1, Rules::without(None));
+        let c = w.setup.candidates;
+        let (me, relay) = (c, c + 1);
+        w.start(me, None);
+        let leader = |term: u64| w.setup.index(&w.setup.succession.leader(term));
+        let (deposed, current) = (leader(1), leader(2));
+        let (base, _) = World::initial();
+        let announce = |term| Announce { term, round: 1, base, participants: 0b1111, opened: (1, 10) };
+        let gossip = |origin, term| Msg::Gossip { origin, term, epoch: 1, sent: 10, announce: announce(term) };
+
+        // the worker follows term 2
+        let lease = Msg::Lease { term: 2, epoch: 1, sent: 5, announce: None };
+        assert!(to_worker(&mut w, current, me, lease).is_empty());
+        // term 1's announcement, forwarded: refused, no answer, not forwarded
+        assert!(to_worker(&mut w, relay, me, gossip(deposed, 1)).is_empty());
+        // term 2's: taken from its signer (the fetch goes to it), forwarded to two others
+        let sent = to_worker(&mut w, relay, me, gossip(current, 2));
+        assert!(sent.contains(&(current, Msg::Fetch { want: base })), "{sent:?}");
+        let forwards: Vec<usize> = sent.iter().filter(|(_, m)| *m == gossip(current, 2)).map(|(to, _)| *to).collect();
+        assert_eq!(forwards.len(), GOSSIP_FANOUT, "{sent:?}");
+        assert!(forwards.iter().all(|to| *to >= c && *to != me) && forwards[0] != forwards[1], "{forwards:?}");
+        // once only
+        assert!(to_worker(&mut w, relay + 1, me, gossip(current, 2)).is_empty());
+        // the deposed leader's own lease is answered with the term the worker follows
+        let stale = Msg::Lease { term: 1, epoch: 1, sent: 10, announce: Some(announce(1)) };
+        assert!(matches!(to_worker(&mut w, deposed, me, stale)[..], [(to, Msg::Relay { .. })] if to == deposed));
+    }
+
     #[test]
     fn what_a_queued_cut_holds_goes_in_order_when_it_heals() {
         let mut w = World::new(1, Rules::without(None));
