@@ -12,6 +12,8 @@ use serde_json::Value;
 
 #[path = "support/common.rs"]
 mod common;
+#[path = "support/serial.rs"]
+mod serial;
 use common::corpus;
 
 /// A child process killed (SIGKILL) when dropped, with its stdout lines on a channel.
@@ -151,6 +153,7 @@ fn peer_id(proc: &Proc) -> String {
 
 #[test]
 fn shepherd_and_workers_survive_kills_joins_and_restarts() {
+    let _serial = serial::serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let d = |name: &str| dir.path().join(name).display().to_string();
     let shepherd_events = dir.path().join("shepherd.jsonl");
@@ -258,6 +261,7 @@ fn find(path: &Path, name: &str) -> Vec<Value> {
 
 #[test]
 fn a_candidate_leads_when_the_shepherd_dies_and_the_old_shepherd_steps_down() {
+    let _serial = serial::serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let d = |name: &str| dir.path().join(name).display().to_string();
     let ev = |name: &str| dir.path().join(format!("{name}.jsonl"));
@@ -373,6 +377,7 @@ fn a_candidate_leads_when_the_shepherd_dies_and_the_old_shepherd_steps_down() {
 /// relative after 20 steps (2 rounds of τ=10).
 #[test]
 fn a_worker_short_of_memory_trains_micro_batches_to_the_same_losses() {
+    let _serial = serial::serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let run = |name: &str, worker_flags: &[&str]| -> (Vec<Value>, Vec<Value>) {
         let d = |node: &str| dir.path().join(name).join(node);

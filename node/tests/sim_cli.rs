@@ -9,6 +9,8 @@ use serde_json::Value;
 
 #[path = "support/common.rs"]
 mod common;
+#[path = "support/serial.rs"]
+mod serial;
 use common::corpus;
 
 /// `pcp-node` with the artifact cache the tests share.
@@ -20,6 +22,7 @@ fn pcp_node() -> Command {
 
 #[test]
 fn workers_train_die_and_join() {
+    let _serial = serial::serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let ev = dir.path().join("events.jsonl");
     let out = pcp_node()
@@ -92,6 +95,7 @@ fn final_val(events: &[Value]) -> f64 {
 
 #[test]
 fn hostile_workers_are_rejected_or_bounded() {
+    let _serial = serial::serial();
     // the norm bound alone (the loss screen would reject the x1000 worker outright)
     let events = sim(&["--nodes", "5", "--hostile", "nan:1", "--hostile", "scale:2", "--screen", "norm"]);
     let rejected: Vec<&Value> = events.iter().filter(|e| e["event"] == "contribution_rejected").collect();
@@ -132,6 +136,7 @@ fn hostile_workers_are_rejected_or_bounded() {
 /// was at most 2.8% above the two honest workers' alone.
 #[test]
 fn sign_flipped_and_noise_contributions_are_screened_out() {
+    let _serial = serial::serial();
     let events = sim_rounds(6, &["--nodes", "5", "--hostile", "flip:1", "--hostile", "noise:2"]);
     let (flip, noise) = (worker_peer(&events, 1), worker_peer(&events, 2));
     let rejected: Vec<&Value> = events.iter().filter(|e| e["event"] == "contribution_rejected").collect();
@@ -163,6 +168,7 @@ fn sign_flipped_and_noise_contributions_are_screened_out() {
 /// loss from falling; a fraction outside [0, 0.5) is refused by the parser.
 #[test]
 fn a_trimmed_mean_outvotes_extreme_coordinates() {
+    let _serial = serial::serial();
     let events =
         sim(&["--nodes", "5", "--hostile", "scale:1", "--hostile", "flip:2", "--screen", "norm", "--trim", "0.25"]);
     let rounds: Vec<&Value> = events.iter().filter(|e| e["event"] == "round_completed").collect();
@@ -183,6 +189,7 @@ fn a_trimmed_mean_outvotes_extreme_coordinates() {
 /// one line and exit code 2.
 #[test]
 fn simulate_counts_an_exported_model() {
+    let _serial = serial::serial();
     let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/models/nanogpt_small.mlir");
     if !model.exists() {
         // ../shared is part of every checkout this project runs in; say so loudly if not.
@@ -220,6 +227,7 @@ fn simulate_counts_an_exported_model() {
 
 #[test]
 fn a_candidate_takes_over_a_killed_shepherd_and_the_run_ends_as_without_the_kill() {
+    let _serial = serial::serial();
     // three candidates: a majority elects the successor and commits each round
     let flags = ["--nodes", "7", "--candidates", "3"];
     let (killed, traces) = sim_traced(8, &[&flags[..], &["--kill-shepherd-at", "3"]].concat());
@@ -269,6 +277,7 @@ fn traffic(events: &[Value]) -> Vec<(u64, u64, u64)> {
 
 #[test]
 fn sparse_runs_send_a_hundredth_and_fetch_a_twentieth_at_the_loss_of_fp32() {
+    let _serial = serial::serial();
     let run = |encoding: &str| sim_rounds(6, &["--nodes", "4", "--encoding", encoding]);
     let (dense, sparse) = (run("fp32"), run("sparse"));
     let dense_up = traffic(&dense).iter().map(|t| t.1).max().expect("fp32 contributions");
@@ -354,6 +363,7 @@ fn sim_with_workers(rounds: u64, extra: &[&str]) -> (Vec<Value>, Vec<Vec<Value>>
 
 #[test]
 fn overlapped_workers_train_while_rounds_sync_and_report_utilization() {
+    let _serial = serial::serial();
     let (lockstep, _) = sim_with_workers(5, &["--nodes", "4", "--encoding", "sparse"]);
     let (overlap, workers) = sim_with_workers(5, &["--nodes", "4", "--encoding", "sparse", "--overlap"]);
     assert!(overlap.iter().any(|e| e["event"] == "run_started" && e["overlap"] == true));
@@ -382,6 +392,7 @@ fn overlapped_workers_train_while_rounds_sync_and_report_utilization() {
 
 #[test]
 fn an_overlapped_worker_killed_mid_overlap_rejoins_and_contributes() {
+    let _serial = serial::serial();
     let (shepherd, workers) = sim_with_workers(
         10,
         &["--nodes", "4", "--encoding", "sparse", "--overlap", "--kill-at", "3:1", "--restart-at", "4:1"],
@@ -410,6 +421,7 @@ fn an_overlapped_worker_killed_mid_overlap_rejoins_and_contributes() {
 
 #[test]
 fn a_slow_worker_in_an_overlapped_run_is_time_boxed_and_carried_not_waited_for() {
+    let _serial = serial::serial();
     // worker 3 takes 150 ms longer per inner step: the shepherd's rounds are time-boxed
     // (a budget from the median worker's step time, announced with each round), and
     // what worker 3 sends after its round closed is carried into the next one
@@ -451,6 +463,7 @@ fn fetches(events: &[Value]) -> Vec<(u64, String, u64, u64, u64)> {
 
 #[test]
 fn fragments_sync_a_part_per_round_and_workers_fetch_only_changed_shards() {
+    let _serial = serial::serial();
     // DiLoCo: 4 rounds of τ=20; Streaming DiLoCo with 2 fragments: 8 syncs of 10 steps
     let (dense, _) = sim_with_workers(4, &["--nodes", "4"]);
     let (streaming, workers) = sim_with_workers(4, &["--nodes", "4", "--fragments", "2", "--join-at", "6"]);
