@@ -300,24 +300,29 @@ fn sparse_runs_send_a_hundredth_and_fetch_a_twentieth_at_the_loss_of_fp32() {
     assert!(s <= d * 1.06, "sparse val loss {s} vs fp32 {d}");
 }
 
-/// Runs `pcp-node sim` with `extra` flags; returns the shepherd's events and each
-/// worker's (`<data-dir>/sim/worker-N/events.jsonl`), by worker number.
-/// Runs `pcp-node sim` with `extra` flags and `PCP_CONSENSUS_TRACE=1`; returns its
-/// events and each candidate's recorded run (`<data-dir>/consensus/<run>.trace.jsonl`).
-fn sim_traced(rounds: u64, extra: &[&str]) -> (Vec<Value>, Vec<(std::path::PathBuf, Trace)>) {
+/// Runs `pcp-node sim --rounds ROUNDS --tau 20` with `extra` flags and `env` in a
+/// new data directory; returns the directory and the shepherd's events.
+fn run_sim(rounds: u64, extra: &[&str], env: &[(&str, &str)]) -> (tempfile::TempDir, Vec<Value>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let ev = dir.path().join("events.jsonl");
     let rounds = rounds.to_string();
     let out = pcp_node()
-        .env("PCP_CONSENSUS_TRACE", "1")
+        .envs(env.iter().copied())
         .args(["sim", "--rounds", &rounds, "--tau", "20", "--data", &corpus()])
         .args(extra)
         .args(["--events", ev.to_str().expect("utf8"), "--data-dir", dir.path().to_str().expect("utf8")])
         .output()
         .expect("runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let events: Vec<Value> =
+    let events =
         std::fs::read_to_string(&ev).expect("events").lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    (dir, events)
+}
+
+/// Runs `pcp-node sim` with `extra` flags and `PCP_CONSENSUS_TRACE=1`; returns its
+/// events and each candidate's recorded run (`<data-dir>/consensus/<run>.trace.jsonl`).
+fn sim_traced(rounds: u64, extra: &[&str]) -> (Vec<Value>, Vec<(std::path::PathBuf, Trace)>) {
+    let (dir, events) = run_sim(rounds, extra, &[("PCP_CONSENSUS_TRACE", "1")]);
     let mut traces = Vec::new();
     let mut dirs = vec![dir.path().to_path_buf()];
     while let Some(d) = dirs.pop() {
@@ -339,17 +344,10 @@ fn sim_traced(rounds: u64, extra: &[&str]) -> (Vec<Value>, Vec<(std::path::PathB
     (events, traces)
 }
 
+/// Runs `pcp-node sim` with `extra` flags; returns the shepherd's events and each
+/// worker's (`<data-dir>/sim/worker-N/events.jsonl`), by worker number.
 fn sim_with_workers(rounds: u64, extra: &[&str]) -> (Vec<Value>, Vec<Vec<Value>>) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let ev = dir.path().join("events.jsonl");
-    let rounds = rounds.to_string();
-    let out = pcp_node()
-        .args(["sim", "--rounds", &rounds, "--tau", "20", "--data", &corpus()])
-        .args(extra)
-        .args(["--events", ev.to_str().expect("utf8"), "--data-dir", dir.path().to_str().expect("utf8")])
-        .output()
-        .expect("runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (dir, events) = run_sim(rounds, extra, &[]);
     let read = |path: &std::path::Path| -> Vec<Value> {
         std::fs::read_to_string(path)
             .unwrap_or_default()
@@ -358,7 +356,7 @@ fn sim_with_workers(rounds: u64, extra: &[&str]) -> (Vec<Value>, Vec<Vec<Value>>
             .collect()
     };
     let workers = (1..=8).map(|n| read(&dir.path().join(format!("sim/worker-{n}/events.jsonl")))).collect();
-    (read(&ev), workers)
+    (events, workers)
 }
 
 #[test]
