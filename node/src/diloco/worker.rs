@@ -565,10 +565,12 @@ fn term_path(data_dir: &Path, run: RunId) -> PathBuf {
     data_dir.join("worker").join(format!("term-{}.json", run.to_hex()))
 }
 
-/// The highest term saved at `path`; 0 when absent or damaged.
+/// The highest term saved at `path`; 0 when absent, damaged or longer than a
+/// record (4 KiB).
 fn load_term(path: &Path) -> u64 {
     std::fs::read(path)
         .ok()
+        .filter(|b| b.len() <= 4096)
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .and_then(|v| v["term"].as_u64())
         .unwrap_or(0)
@@ -1632,6 +1634,21 @@ mod tests {
         assert!(back.admits(5, 17, &[8; 32]).is_err(), "the same round from other parameters too");
         std::fs::write(&path, b"{\"term\": 1}").expect("writes");
         assert_eq!(load_chain(&path), Chain::default(), "a damaged file is ignored, not fatal");
+    }
+
+    /// A worker keeps the highest term it has seen (a lease, whether or not it
+    /// trained a round of it); a damaged or oversized file reads as none.
+    #[test]
+    fn the_highest_term_seen_survives_a_restart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = term_path(dir.path(), RunId([3; 32]));
+        assert_eq!(load_term(&path), 0, "nothing saved");
+        save_term(&path, 7).expect("saves");
+        assert_eq!(load_term(&path), 7);
+        std::fs::write(&path, b"not json").expect("writes");
+        assert_eq!(load_term(&path), 0, "damage is ignored");
+        std::fs::write(&path, vec![b' '; 5000]).expect("writes");
+        assert_eq!(load_term(&path), 0, "an oversized file is not read");
     }
 
     #[test]
