@@ -27,7 +27,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::RoleIo;
-use super::consensus::{Consensus, mode_of};
+use super::consensus::{Consensus, Seat, mode_of};
 use super::retention::Retention;
 use super::shepherd::{Host, LeaseKeeper, Outcome, Prepared, ShepherdHooks, ShepherdPlan};
 use super::wire::{self, LeaderState, Signer, peer_name};
@@ -235,17 +235,11 @@ impl Standby {
         let mode = mode_of(manifest.failover, succession.order().len());
         let consensus = match consensus {
             Some(c) => c,
-            None => Box::new(Consensus::open(
-                node,
-                signer.identity(),
-                events,
-                data_dir,
-                run,
-                succession,
-                lease_ms,
-                mode,
-                None,
-            )?),
+            None => {
+                let identity = signer.identity();
+                let seat = Seat { node, identity, events, data_dir, run, succession, lease_ms, mode };
+                Box::new(Consensus::open(seat, None)?)
+            }
         };
         let sizes = wire::sizes(&manifest);
         let mut inheritance = JoinSet::new();

@@ -113,6 +113,20 @@ fn start_of(identity: &pcp_protocol::Identity, succession: &Succession, lease_ms
     }
 }
 
+/// Where a candidate sits: its node and identity, where it records, and the
+/// run's candidates, lease and mode.
+#[derive(Debug)]
+pub(crate) struct Seat<'a> {
+    pub(crate) node: &'a Node,
+    pub(crate) identity: &'a pcp_protocol::Identity,
+    pub(crate) events: &'a Events,
+    pub(crate) data_dir: &'a Path,
+    pub(crate) run: RunId,
+    pub(crate) succession: Succession,
+    pub(crate) lease_ms: u64,
+    pub(crate) mode: Mode,
+}
+
 /// A request in flight to another candidate, and its answer.
 type Sent = (PublicKey, Option<Verified>);
 
@@ -207,18 +221,8 @@ impl Consensus {
     /// the record `data_dir` keeps of it, if any; `held` is the state it holds and
     /// its blob, when its host has it. A record whose held state the host no longer
     /// has makes it a new candidate: it may vote once it holds a leader's state.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn open(
-        node: &Node,
-        identity: &pcp_protocol::Identity,
-        events: &Events,
-        data_dir: &Path,
-        run: RunId,
-        succession: Succession,
-        lease_ms: u64,
-        mode: Mode,
-        held: Option<(Replica, [u8; 32])>,
-    ) -> anyhow::Result<Self> {
+    pub(crate) fn open(seat: Seat<'_>, held: Option<(Replica, [u8; 32])>) -> anyhow::Result<Self> {
+        let Seat { node, identity, events, data_dir, run, succession, lease_ms, mode } = seat;
         let path = Self::path(data_dir, run);
         let record = Self::read(&path)?;
         let held = match (record.and_then(|r| r.held), held) {
@@ -258,18 +262,8 @@ impl Consensus {
     }
 
     /// The creator of a new run: term 1's leader, from the initial state in `blob`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn create(
-        node: &Node,
-        identity: &pcp_protocol::Identity,
-        events: &Events,
-        data_dir: &Path,
-        run: RunId,
-        succession: Succession,
-        lease_ms: u64,
-        mode: Mode,
-        initial: (Replica, [u8; 32]),
-    ) -> anyhow::Result<(Self, Vec<Action>)> {
+    pub(crate) fn create(seat: Seat<'_>, initial: (Replica, [u8; 32])) -> anyhow::Result<(Self, Vec<Action>)> {
+        let Seat { node, identity, events, data_dir, run, succession, lease_ms, mode } = seat;
         let path = Self::path(data_dir, run);
         let start = Start { created: Some(initial.0), ..start_of(identity, &succession, lease_ms, mode) };
         let (core, actions) = start.candidate();

@@ -36,7 +36,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::consensus::Consensus;
+use super::consensus::{Consensus, Seat};
 use super::retention::Retention;
 use super::wire::{self, LeaderState, Signer, peer_name};
 use crate::Failure;

@@ -384,13 +384,12 @@ fn open_consensus(
         LeaderState { term: term.max(1), snapshot: machine.snapshot(), contributors: Vec::new(), excluded: Vec::new() };
     let blob = store.put_bytes(&wire::state_blob(&state))?.0;
     let held = Replica { term: term.max(1), round: machine.completed(), params: wire::params_hash(machine.params()).0 };
-    let succession = succession.clone();
+    let seat = Seat { node, identity, events, data_dir, run, succession: succession.clone(), lease_ms, mode };
     if matches!(start, Start::New) {
-        let (c, actions) =
-            Consensus::create(node, identity, events, data_dir, run, succession, lease_ms, mode, (held, blob))?;
+        let (c, actions) = Consensus::create(seat, (held, blob))?;
         return Ok((Box::new(c), actions));
     }
-    let c = Consensus::open(node, identity, events, data_dir, run, succession, lease_ms, mode, Some((held, blob)))?;
+    let c = Consensus::open(seat, Some((held, blob)))?;
     Ok((Box::new(c), Vec::new()))
 }
 
