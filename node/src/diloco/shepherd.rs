@@ -785,13 +785,15 @@ impl Host {
         let params = self.machine.params().clone();
         let verdict = self.screener.score(&mut self.engine, &params, &applied).await?;
         let min_gain = self.screener.min_gain();
+        let improvement = f64::from(verdict.before - verdict.after);
+        if verdict.improves() {
+            self.screener.improved(improvement, !self.machine.ratings().on_probation(&peer));
+        }
         if verdict.passed(min_gain) {
-            let improvement = f64::from(verdict.before - verdict.after);
-            self.screener.passed(improvement, !self.machine.ratings().on_probation(&peer));
             return Ok((Some(Input::Score { peer, round, improvement }), input));
         }
         let screen::Verdict { before, after, reversed } = verdict;
-        let reason = if after < before && after < reversed {
+        let reason = if verdict.improves() {
             Rejection::SmallImprovement { gain: f64::from(before - after), needed: min_gain }
         } else {
             Rejection::NoImprovement { before, after, reversed }

@@ -126,7 +126,12 @@ impl Verdict {
     /// Whether it passed: it lowers the loss by at least `min_gain`, and more than its
     /// opposite does (NaN fails).
     pub(crate) fn passed(&self, min_gain: f64) -> bool {
-        self.after < self.before && self.after < self.reversed && f64::from(self.before - self.after) >= min_gain
+        self.improves() && f64::from(self.before - self.after) >= min_gain
+    }
+
+    /// Whether it lowers the loss, and more than its opposite does (NaN does not).
+    pub(crate) fn improves(&self) -> bool {
+        self.after < self.before && self.after < self.reversed
     }
 }
 
@@ -135,11 +140,13 @@ impl Verdict {
 pub(crate) const MIN_SCREENS: u64 = 8;
 
 /// A contribution must improve the held-out loss by at least this share of the
-/// median improvement of the rated peers' contributions screened in the last round
-/// that screened any (of every passed contribution's, before any peer is rated): random values at a small norm improve it by chance half the
-/// time (the first-order term outweighs the curvature), by almost nothing, and so
-/// does a tiny update meant to drag the norm bound down. (The last round's, not a
-/// rating's moving average: improvements shrink as training converges.)
+/// median improvement in the last round that screened any: of the rated peers'
+/// contributions that lowered the loss (of all such contributions before any peer
+/// is rated), whether or not they cleared the bar. Random values at a small norm
+/// improve it by chance half the time (the first-order term outweighs the
+/// curvature), by almost nothing, and so does a tiny update meant to drag the norm
+/// bound down. (The last round's, not a rating's moving average: improvements
+/// shrink as training converges.)
 pub(crate) const MIN_GAIN_OF_MEDIAN: f64 = 0.1;
 
 /// A round's screening, for its event.
@@ -178,11 +185,7 @@ pub(crate) struct Screener {
     /// The scale the outer step applies a mean equal to a contribution at: the
     /// outer learning rate of a dense run (at most 1), 1 for a sparse one.
     scale: f32,
-    /// The improvements of the contributions that passed this round: (gain, rated).
-    gains: Vec<(f64, bool)>,
-    /// The median of the rated ones (of them all where none was rated) in the last
-    /// round that had any.
-    last_gain: Option<f64>,
+    bar: GainBar,
 }
 
 impl std::fmt::Debug for Screener {
@@ -216,22 +219,20 @@ impl Screener {
             batch: None,
             last_round_s: None,
             stats: RoundScreen::default(),
-            gains: Vec::new(),
-            last_gain: None,
+            bar: GainBar::default(),
         }
     }
 
     /// The least improvement a contribution must make to pass ([`MIN_GAIN_OF_MEDIAN`]).
     pub(crate) fn min_gain(&self) -> f64 {
-        self.last_gain.map_or(0.0, |g| g * MIN_GAIN_OF_MEDIAN)
+        self.bar.min_gain()
     }
 
-    /// A contribution passed, improving the loss by `gain`; `rated`: its sender is
-    /// out of probation.
-    pub(crate) fn passed(&mut self, gain: f64, rated: bool) {
-        if gain.is_finite() && self.gains.len() < 4096 {
-            self.gains.push((gain, rated));
-        }
+    /// A contribution lowered the loss by `gain`, and more than its opposite did,
+    /// whether or not it cleared [`Screener::min_gain`]; `rated`: its sender is out
+    /// of probation.
+    pub(crate) fn improved(&mut self, gain: f64, rated: bool) {
+        self.bar.improved(gain, rated);
     }
 
     /// Whether the screen's split is withheld from workers.
@@ -322,14 +323,46 @@ impl Screener {
         if rest > 0.0 {
             self.last_round_s = Some(rest);
         }
+        self.bar.close();
+        std::mem::take(&mut self.stats)
+    }
+}
+
+/// The least improvement the screen asks ([`MIN_GAIN_OF_MEDIAN`]): the gains of the
+/// open round, and the median of the last round that had any.
+#[derive(Clone, Debug, Default)]
+struct GainBar {
+    /// The improvements of the contributions that lowered the loss this round,
+    /// passed or refused as too small: (gain, rated).
+    gains: Vec<(f64, bool)>,
+    /// The median of the rated ones (of them all where none was rated) in the last
+    /// round that had any.
+    last: Option<f64>,
+}
+
+impl GainBar {
+    fn min_gain(&self) -> f64 {
+        self.last.map_or(0.0, |g| g * MIN_GAIN_OF_MEDIAN)
+    }
+
+    /// Gains refused as too small count too: were only passed ones counted, a round
+    /// whose honest gains all fell below a bar set by a larger earlier round
+    /// (improvements shrink as a run converges, and each round's batch differs)
+    /// would leave the bar where it was, and every later round would be refused.
+    fn improved(&mut self, gain: f64, rated: bool) {
+        if gain.is_finite() && gain > 0.0 && self.gains.len() < 4096 {
+            self.gains.push((gain, rated));
+        }
+    }
+
+    fn close(&mut self) {
         let gains = std::mem::take(&mut self.gains);
         let rated = gains.iter().any(|(_, r)| *r);
         let mut gains: Vec<f64> = gains.into_iter().filter(|(_, r)| *r || !rated).map(|(g, _)| g).collect();
         if !gains.is_empty() {
             gains.sort_by(f64::total_cmp);
-            self.last_gain = Some(gains[(gains.len() - 1) / 2]);
+            self.last = Some(gains[(gains.len() - 1) / 2]);
         }
-        std::mem::take(&mut self.stats)
     }
 }
 
@@ -345,4 +378,42 @@ async fn loss_moved(
     delta.add_to(&mut moved, -sign);
     engine.set_params(moved).await.context("loading parameters to screen")?;
     engine.eval(batch).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bar_follows_shrinking_gains_down_instead_of_refusing_every_later_round() {
+        let mut bar = GainBar::default();
+        assert_eq!(bar.min_gain(), 0.0, "the first round asks nothing");
+        bar.improved(0.6, false);
+        bar.improved(0.5, false);
+        bar.close();
+        assert!((bar.min_gain() - 0.05).abs() < 1e-12, "{}", bar.min_gain());
+        // converged: every gain falls below the bar and is refused, yet it counts
+        bar.improved(0.02, false);
+        bar.improved(0.03, false);
+        bar.close();
+        assert!((bar.min_gain() - 0.002).abs() < 1e-12, "the next round asks a tenth of 0.02: {}", bar.min_gain());
+        // a round with no improvement leaves the bar where it is
+        bar.close();
+        assert!((bar.min_gain() - 0.002).abs() < 1e-12);
+    }
+
+    #[test]
+    fn rated_gains_set_the_bar_and_probation_cannot_drag_it_down() {
+        let mut bar = GainBar::default();
+        bar.improved(1.0, true);
+        for _ in 0..10 {
+            bar.improved(1e-9, false);
+        }
+        bar.close();
+        assert!((bar.min_gain() - 0.1).abs() < 1e-12, "{}", bar.min_gain());
+        bar.improved(f64::NAN, true);
+        bar.improved(-1.0, true);
+        bar.close();
+        assert!((bar.min_gain() - 0.1).abs() < 1e-12, "NaN and losses are not gains");
+    }
 }
