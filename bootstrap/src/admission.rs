@@ -68,9 +68,9 @@ pub const ADDRESS_BUDGET: usize = 1 << 20;
 /// Contribution permits per participant per round: its contribution, and one retry.
 pub const CONTRIBUTIONS_PER_ROUND: usize = 2;
 /// Signers a run knows; beyond, the one heard from longest ago is forgotten.
-pub const MAX_KNOWN: usize = 4096;
+pub const MAX_KNOWN: usize = 16_384;
 /// Open connections whose address admission remembers (the swarm holds fewer).
-const MAX_CONNECTIONS: usize = 1024;
+const MAX_CONNECTIONS: usize = 20_000;
 
 /// Bytes of contributions in flight, node-wide, for a run whose contributions are at
 /// most `max_contribution` bytes: room for 64 at once, but no more than 8 GiB unless
@@ -326,6 +326,8 @@ const MAX_REFUSING_PEERS: usize = 256;
 
 #[derive(Debug, Default)]
 struct Inner {
+    /// Contributions waiting in [`Admission::wait_for_room`].
+    waiting: usize,
     runs: HashMap<RunId, Served>,
     /// Refusals not yet reported, per sending peer (`None`: unknown).
     refusals: HashMap<Option<PeerId>, (u64, String)>,
@@ -350,6 +352,9 @@ struct Inner {
 #[derive(Debug, Default)]
 pub struct Admission {
     inner: Mutex<Inner>,
+    /// Told when a contribution's permit is given back: contributions that found the
+    /// budget full wait for it (see [`Admission::wait_for_room`]).
+    freed: tokio::sync::Notify,
 }
 
 impl Admission {
@@ -515,6 +520,43 @@ impl Admission {
         self.lock().known_bytes
     }
 
+    /// [`Admission::permit`], waiting up to `wait` while the run's contributions in
+    /// flight fill its budget ([`Refusal::Full`]) instead of refusing at once: the
+    /// sender's stream holds only its head meanwhile (its payload waits in the
+    /// transport's flow control), so a burst of participants is read as fast as the
+    /// node consumes it rather than partly refused. Every other refusal is at once.
+    pub(crate) async fn wait_for_room(
+        self: &Arc<Self>,
+        head: &FrameHead,
+        signer: PublicKey,
+        from: &Remote,
+        wait: std::time::Duration,
+    ) -> Result<Permit, Refusal> {
+        let until = tokio::time::Instant::now() + wait;
+        let _waiting = Waiting::new(self);
+        loop {
+            // registered before the check, so a permit given back in between is not missed
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            match self.permit(head, signer, from) {
+                Err(Refusal::Full { .. }) if tokio::time::Instant::now() < until => {
+                    if tokio::time::timeout_at(until, freed).await.is_err() {
+                        return self.permit(head, signer, from);
+                    }
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// Contributions being read now or waiting for room to be read: a shepherd does
+    /// not close a round at its deadline while one is on its way.
+    pub fn receiving(&self) -> usize {
+        let inner = self.lock();
+        inner.contributing.len() + inner.waiting
+    }
+
     /// Whether the payload `head` announces, signed by `signer` (whose signature on the
     /// head has been verified) and sent by `from`, may be read; the permit holds its
     /// share of the allowances until it is dropped.
@@ -617,6 +659,23 @@ fn release<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: K, n: usiz
     }
 }
 
+/// Counts a contribution waiting for room while it lives.
+struct Waiting<'a>(&'a Admission);
+
+impl<'a> Waiting<'a> {
+    fn new(admission: &'a Admission) -> Self {
+        admission.lock().waiting += 1;
+        Self(admission)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.0.lock();
+        inner.waiting = inner.waiting.saturating_sub(1);
+    }
+}
+
 /// Leave to read one request's payload; returns its share of the allowances when
 /// dropped (a contribution's permit for its round is spent for good).
 #[derive(Debug)]
@@ -642,6 +701,8 @@ impl Drop for Permit {
             Share::Contribution { signer, len } => {
                 inner.contribution_bytes -= len;
                 inner.contributing.remove(&signer);
+                drop(inner);
+                self.admission.freed.notify_waiters();
             }
         }
     }
@@ -650,6 +711,7 @@ impl Drop for Permit {
 #[cfg(test)]
 mod tests {
     use std::net::{Ipv4Addr, Ipv6Addr};
+    use std::time::Duration;
 
     use pcp_protocol::Identity;
 
@@ -770,6 +832,40 @@ mod tests {
             admission.permit(&captured, worker.public(), &remote(&worker, HOME)),
             Err(Refusal::Spent { .. })
         ));
+    }
+
+    /// A burst of participants larger than the budget: the one that finds it full
+    /// waits and is read when a permit comes back, not refused; past its wait, it is.
+    #[tokio::test(start_paused = true)]
+    async fn a_contribution_waits_for_room_instead_of_being_refused() {
+        let admission = Arc::new(Admission::default());
+        let run = RunId([9; 32]);
+        admission.serve(run, 1000);
+        let workers: Vec<Identity> = (0..66).map(identity).collect();
+        let keys: Vec<PublicKey> = workers.iter().map(Identity::public).collect();
+        admission.open_round(run, 1, &keys);
+        let head = |who: &Identity| head(MessageKind::Contribution, who, run, 1, 1000);
+        let mut held: Vec<Permit> = workers[..64]
+            .iter()
+            .map(|w| admission.permit(&head(w), w.public(), &remote(w, HOME)).expect("the budget's first 64"))
+            .collect();
+        let last = &workers[64];
+        let waiting = {
+            let (admission, head, from) = (admission.clone(), head(last), remote(last, HOME));
+            let key = last.public();
+            tokio::spawn(async move { admission.wait_for_room(&head, key, &from, Duration::from_secs(60)).await })
+        };
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!waiting.is_finished(), "it waits while the budget is full");
+        assert_eq!(admission.receiving(), 65, "64 being read, one waiting");
+        held.pop();
+        let permit = waiting.await.expect("joins").expect("read once a permit came back");
+        held.push(permit);
+        // nothing comes back: refused once its wait is over
+        let other = &workers[65];
+        let (other_head, from) = (head(other), remote(other, HOME));
+        let refused = admission.wait_for_room(&other_head, other.public(), &from, Duration::from_secs(60)).await;
+        assert!(matches!(refused, Err(Refusal::Full { .. })));
     }
 
     #[test]

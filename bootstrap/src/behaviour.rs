@@ -28,8 +28,6 @@ pub const BLOB_PROTOCOL: StreamProtocol = StreamProtocol::new("/pcp/blob/1.0.0")
 /// Established connections per peer (AutoNAT dial-backs and hole punches open extra
 /// ones).
 const MAX_CONNECTIONS_PER_PEER: u32 = 8;
-/// Established connections in all.
-const MAX_CONNECTIONS: u32 = 512;
 /// Pending (handshaking) outbound connections; inbound ones are capped per transport
 /// and per address by [`IpLimits`].
 const MAX_PENDING: u32 = 64;
@@ -76,7 +74,7 @@ impl Behaviour {
         let peer_id = key.public().to_peer_id();
         let limits = connection_limits::ConnectionLimits::default()
             .with_max_established_per_peer(Some(MAX_CONNECTIONS_PER_PEER))
-            .with_max_established(Some(MAX_CONNECTIONS))
+            .with_max_established(Some(config.max_connections.max(1)))
             .with_max_pending_outgoing(Some(MAX_PENDING));
 
         let mut kad_config = kad::Config::new(KAD_PROTOCOL);

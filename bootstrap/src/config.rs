@@ -6,6 +6,11 @@ use std::time::Duration;
 use libp2p::Multiaddr;
 use pcp_schema::MAX_BLOB_SIZE;
 
+/// Established connections a node holds unless its role asks more: a worker or a
+/// router talks to its shepherd, candidates, DHT neighbours and the peers it
+/// fetches from or serves.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 512;
+
 /// How a node runs. [`Config::new`] gives production defaults.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -41,6 +46,10 @@ pub struct Config {
     pub event_queue: usize,
     /// Idle connections are closed after this long.
     pub idle_timeout: Duration,
+    /// Established connections in all ([`DEFAULT_MAX_CONNECTIONS`] for a worker or a
+    /// router; a shepherd raises it to admit its run's participants, whom the
+    /// admission caps of `crate::admission` bound per address and by run).
+    pub max_connections: u32,
     /// Agent string sent in identify.
     pub agent: String,
     /// Offer TLS 1.3 (`/tls/1.0.0`) before noise on TCP connections. With `false` TCP
@@ -143,6 +152,7 @@ impl Config {
             chunk_window: 8,
             transfer_linger: Duration::from_secs(5),
             command_queue: 64,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             event_queue: 4096,
             idle_timeout: Duration::from_secs(30),
             agent: format!("pcp-node/{}", env!("CARGO_PKG_VERSION")),

@@ -37,6 +37,7 @@ fn envelope() -> SignedEnvelope {
             follows: 0,
             held: None,
             consensus: None,
+            known: None,
         },
     )
 }

@@ -55,7 +55,7 @@ pub use admission::{Admission, AdmitError};
 pub use behaviour::{BLOB_PROTOCOL, IDENTIFY_PROTOCOL, KAD_PROTOCOL};
 pub use codec::CapnpCodec;
 pub use command::{FetchReport, Released};
-pub use config::{Config, NatConfig, RelayLimits};
+pub use config::{Config, DEFAULT_MAX_CONNECTIONS, NatConfig, RelayLimits};
 pub use error::{DialError, FetchError, GossipError, RequestError, StartError, Stopped};
 pub use event_loop::EventLoop;
 pub use events::{Event, NatMapping, NetStatus, Reachability, RelayService, Stats};

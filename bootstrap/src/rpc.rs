@@ -46,6 +46,10 @@ pub const RPC_PROTOCOL: StreamProtocol = StreamProtocol::new("/pcp/diloco/2.0.0"
 
 /// Payloads at least this large are hashed on a blocking thread, not the connection's task.
 const BLOCKING_VERIFY: usize = 1 << 20;
+/// How long a participant's contribution waits for room in the run's budget of
+/// contributions in flight before it is refused: well within the request's timeout
+/// (120 s), long enough for a burst of a thousand to be read in turn.
+const CONTRIBUTION_WAIT: std::time::Duration = std::time::Duration::from_secs(90);
 
 /// A signed envelope as the DiLoCo codec carries it.
 #[derive(Debug)]
@@ -153,7 +157,14 @@ impl RpcCodec {
     async fn request<T: AsyncRead + Unpin + Send>(&self, io: &mut T, remote: &Remote) -> Result<Verified, String> {
         let head = read_head(io).await.map_err(|e| e.to_string())?;
         let signer = signed_by(&head, remote)?;
-        let permit: Permit = self.admission.permit(&head, signer, remote).map_err(|r| r.to_string())?;
+        // a contribution that finds the budget full waits for room (within a runtime)
+        let permit: Permit = match tokio::runtime::Handle::try_current() {
+            Ok(_) if head.kind == MessageKind::Contribution => {
+                self.admission.wait_for_room(&head, signer, remote, CONTRIBUTION_WAIT).await
+            }
+            _ => self.admission.permit(&head, signer, remote),
+        }
+        .map_err(|r| r.to_string())?;
         let verified = read_verified(io, head).await.map_err(|e| e.to_string())?;
         drop(permit);
         Ok(verified)
@@ -360,6 +371,7 @@ mod tests {
                 follows: 0,
                 held: None,
                 consensus: None,
+                known: None,
             },
         )
     }

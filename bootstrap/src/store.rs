@@ -204,11 +204,54 @@ impl BlobStore {
 
     /// Adds bytes to the store.
     pub fn put_bytes(&self, bytes: &[u8]) -> Result<BlobHash, StoreError> {
-        let tmp = self.dir.join("partial").join(format!("bytes-{}.in", BlobHash::of(bytes).to_hex()));
-        fs::write(&tmp, bytes).map_err(io_err("write", &tmp))?;
-        let result = self.put_file(&tmp);
-        let _ = fs::remove_file(&tmp);
-        Ok(result?.0)
+        self.put_stream(bytes.len() as u64, &mut |w| w.write_all(bytes))
+    }
+
+    /// Adds a blob of exactly `size` bytes that `fill` writes, hashing and writing it
+    /// in one pass, never holding it whole: a shepherd's gpt2-124m state (a GB) goes
+    /// from its tensors to disk without a copy in memory. Fails, storing nothing, if
+    /// `fill` fails or writes another size.
+    pub fn put_stream(
+        &self,
+        size: u64,
+        fill: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<BlobHash, StoreError> {
+        if size > self.max_size {
+            return Err(StoreError::TooLarge { path: PathBuf::from("<stream>"), size, max: self.max_size });
+        }
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self.dir.join("partial").join(format!("stream-{}-{n}.tmp", std::process::id()));
+        let file = File::create(&tmp).map_err(io_err("create", &tmp))?;
+        let mut sink = ChunkSink {
+            file: std::io::BufWriter::with_capacity(4 * CHUNK_SIZE, file),
+            builder: OutboardBuilder::new(size),
+            chunk: Vec::with_capacity(CHUNK_SIZE),
+            written: 0,
+        };
+        let filled = fill(&mut sink).and_then(|()| sink.finish_chunk());
+        let done = filled.and_then(|()| {
+            if sink.written != size {
+                return Err(std::io::Error::other(format!("{} bytes written, {size} announced", sink.written)));
+            }
+            sink.file.flush()?;
+            sink.file.get_ref().sync_all()
+        });
+        let ChunkSink { builder, .. } = sink;
+        let finished = done.map_err(io_err("write", &tmp)).and_then(|()| {
+            builder.finish().ok_or_else(|| StoreError::Corrupt { path: tmp.clone(), reason: "size changed".into() })
+        });
+        let (outboard, hash) = match finished {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        self.write_outboard(&hash, &outboard)?;
+        let final_path = self.path(&hash);
+        fs::rename(&tmp, &final_path).map_err(io_err("rename", &final_path))?;
+        Ok(hash)
     }
 
     fn write_outboard(&self, hash: &BlobHash, outboard: &Outboard) -> Result<(), StoreError> {
@@ -546,8 +589,78 @@ impl Partial {
     }
 }
 
+/// A blob being written: its file, its outboard, the chunk being filled.
+struct ChunkSink {
+    file: std::io::BufWriter<File>,
+    builder: OutboardBuilder,
+    chunk: Vec<u8>,
+    written: u64,
+}
+
+impl ChunkSink {
+    /// Hashes the last, partial chunk.
+    fn finish_chunk(&mut self) -> std::io::Result<()> {
+        // an empty blob is one empty chunk
+        if !self.chunk.is_empty() || self.written == 0 {
+            self.builder.push(&self.chunk);
+            self.chunk.clear();
+        }
+        Ok(())
+    }
+}
+
+impl Write for ChunkSink {
+    fn write(&mut self, mut buf: &[u8]) -> std::io::Result<usize> {
+        let n = buf.len();
+        self.file.write_all(buf)?;
+        self.written += n as u64;
+        while !buf.is_empty() {
+            let take = (CHUNK_SIZE - self.chunk.len()).min(buf.len());
+            self.chunk.extend_from_slice(&buf[..take]);
+            buf = &buf[take..];
+            if self.chunk.len() == CHUNK_SIZE {
+                self.builder.push(&self.chunk);
+                self.chunk.clear();
+            }
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_streamed_blob_is_the_blob_put_whole_and_a_wrong_size_stores_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = BlobStore::open(dir.path()).expect("opens");
+        for size in [0, 1, CHUNK_SIZE - 1, CHUNK_SIZE, 3 * CHUNK_SIZE + 5] {
+            let bytes: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+            let file = dir.path().join(format!("whole-{size}"));
+            std::fs::write(&file, &bytes).expect("writes");
+            let (whole, _) = store.put_file(&file).expect("put whole");
+            // in uneven pieces
+            let streamed = store
+                .put_stream(size as u64, &mut |w| {
+                    for piece in bytes.chunks(1000) {
+                        w.write_all(piece)?;
+                    }
+                    Ok(())
+                })
+                .expect("put streamed");
+            assert_eq!(streamed, whole, "size {size}");
+            assert_eq!(std::fs::read(store.path(&streamed)).expect("reads"), bytes);
+        }
+        let partial = |store: &BlobStore| std::fs::read_dir(store.dir.join("partial")).expect("partial").count();
+        let before = partial(&store);
+        assert!(store.put_stream(10, &mut |w| w.write_all(&[1; 9])).is_err(), "a byte short");
+        assert!(store.put_stream(10, &mut |_| Err(std::io::Error::other("the writer failed"))).is_err());
+        assert_eq!(partial(&store), before, "nothing left behind");
+    }
+
     use super::*;
 
     #[test]

@@ -244,6 +244,7 @@ async fn forged_gossip_is_rejected_and_counted() -> anyhow::Result<()> {
         follows: 0,
         held: None,
         consensus: None,
+        known: None,
     };
     let bind = |nonce| Binding { run, round: 1, nonce, unix_ms: now_ms() };
     // signed by mallory but claiming alice as signer
@@ -379,6 +380,7 @@ async fn signed_requests_are_verified_both_ways() -> anyhow::Result<()> {
         follows: 0,
         held: None,
         consensus: None,
+        known: None,
     };
     let bind = |nonce| Binding { run, round: 1, nonce, unix_ms: now_ms() };
 
@@ -632,6 +634,7 @@ async fn a_candidate_is_reached_through_the_dht_after_the_seed_that_introduced_i
         follows: 0,
         held: None,
         consensus: None,
+        known: None,
     };
     let bind = |nonce| Binding { run, round: 1, nonce, unix_ms: now_ms() };
     let asking = tokio::spawn({

@@ -128,6 +128,7 @@ fn frames(attacker: &Identity) -> Vec<Vec<u8>> {
         follows: 0,
         held: None,
         consensus: None,
+        known: None,
     };
     let mut contribution_head = head_of(&seal(attacker, binding(1), &contribution));
     contribution_head.payload_len = MAX_CONTRIBUTION as u64;

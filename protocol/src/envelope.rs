@@ -201,6 +201,17 @@ impl Verified {
         }
     }
 
+    /// The blake3 hash of the signed payload: two envelopes with the same message
+    /// (a leader's announcement answered again) have the same one.
+    pub fn payload_hash(&self) -> [u8; 32] {
+        *blake3::hash(&self.envelope.payload).as_bytes()
+    }
+
+    /// The signed payload's length in bytes.
+    pub fn payload_len(&self) -> usize {
+        self.envelope.payload.len()
+    }
+
     /// Decodes the payload as `M`, which must be the kind the signer committed to.
     pub fn decode<M: Signable>(&self) -> Result<M, PayloadError> {
         if self.envelope.kind != M::KIND {

@@ -24,6 +24,7 @@ fn heartbeat(run: RunId) -> Heartbeat {
         follows: 0,
         held: None,
         consensus: None,
+        known: None,
     }
 }
 

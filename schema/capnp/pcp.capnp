@@ -167,6 +167,10 @@ struct Heartbeat {
   granted @12 :Bool;        # a vote: granted
   pre @13 :Bool;            # a vote request or vote: a pre-vote
   heldBlob @14 :Data;       # a lease: the blob of the leader's state (32 bytes)
+  # A worker's: blake3 of the round announcement it holds (its signed payload;
+  # empty: none). A leader whose current announcement it is answers with a small
+  # heartbeat of its own (term @4, and this hash) instead of the announcement.
+  known @15 :Data;
 }
 
 # --- blob transfer (request-response) --------------------------------------

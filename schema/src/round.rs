@@ -116,6 +116,10 @@ pub struct Heartbeat {
     /// Between candidates: a failover message (`term` and `held` are its term and
     /// state).
     pub consensus: Option<Consensus>,
+    /// A worker's: the blake3 hash of the round announcement's payload it holds; a
+    /// leader's answer to it: the same hash, meaning that announcement is still
+    /// current (see `known` in the schema).
+    pub known: Option<[u8; 32]>,
 }
 
 /// What a failover message between candidates is.
@@ -310,6 +314,9 @@ impl Message for Heartbeat {
                 root.set_held_blob(&c.blob[..]);
             }
         }
+        if let Some(known) = &self.known {
+            root.set_known(&known[..]);
+        }
         codec::words(&message)
     }
 
@@ -354,6 +361,10 @@ impl Message for Heartbeat {
                             })
                         }
                     }
+                },
+                known: {
+                    let known = r.get_known().map_err(|e| malformed(W, e))?;
+                    if known.is_empty() { None } else { Some(fixed(W, "known", known)?) }
                 },
             })
         })

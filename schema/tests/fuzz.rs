@@ -61,6 +61,7 @@ fn seeds() -> Vec<Vec<u8>> {
             follows: 0,
             held: None,
             consensus: None,
+            known: None,
         }
         .encode(),
         signature: [8; 64],
@@ -77,6 +78,7 @@ fn seeds() -> Vec<Vec<u8>> {
             follows: 0,
             held: None,
             consensus: None,
+            known: None,
         }
         .encode(),
         BlobRequest { blob: [4; 32], want: BlobWant::Chunk(3) }.encode(),

@@ -203,6 +203,7 @@ proptest! {
         term in any::<u64>(), follows in any::<u64>(),
         held in proptest::option::of((any::<u64>(), any::<u64>(), any::<[u8; 32]>())),
         consensus in proptest::option::of((0..4u8, any::<u64>(), any::<bool>(), any::<bool>(), any::<[u8; 32]>())),
+        known in proptest::option::of(any::<[u8; 32]>()),
     ) {
         let held = held.map(|(term, round, params)| Held { term, round, params });
         let consensus = consensus.map(|(k, sent_ms, granted, pre, blob)| Consensus {
@@ -212,7 +213,7 @@ proptest! {
             pre,
             blob,
         });
-        roundtrip(&Heartbeat { run, round, unix_ms, free_memory_bytes: free, term, follows, held, consensus })?;
+        roundtrip(&Heartbeat { run, round, unix_ms, free_memory_bytes: free, term, follows, held, consensus, known })?;
     }
 
     #[test]
@@ -346,6 +347,7 @@ fn wrong_length_key_is_refused() {
         follows: 0,
         held: None,
         consensus: None,
+        known: None,
     };
     let mut message = capnp::message::Builder::new_default();
     let mut root = message.init_root::<pcp_schema::wire::pcp_capnp::heartbeat::Builder<'_>>();

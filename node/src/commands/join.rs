@@ -277,6 +277,12 @@ pub(crate) struct NetArgs {
     pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
+/// Established connections a shepherd (or a candidate, which may become one) holds:
+/// one per participant of its run, and its DHT and candidate peers. Who may hold
+/// them is bounded by the run's admission (`--admit`, `--max-workers-per-ip`) and the
+/// per-address caps of `pcp_bootstrap`.
+pub(crate) const COORDINATOR_MAX_CONNECTIONS: u32 = 16_384;
+
 fn default_data_dir() -> PathBuf {
     std::env::var_os("HOME").map_or_else(|| PathBuf::from(".pcp"), |h| Path::new(&h).join(".pcp"))
 }
@@ -447,6 +453,10 @@ pub(crate) async fn run_node(
     // a coordinator (or one who may become it) must be found through the DHT by the
     // workers and candidates it may lead, reachable address confirmed or not yet
     config.dht_server = matches!(role, Role::Shepherd(..) | Role::Candidate(..));
+    if config.dht_server {
+        // every participant of its run holds a connection to it
+        config.max_connections = COORDINATOR_MAX_CONNECTIONS;
+    }
     let mut running = Running::start_with(args, config).map_err(Failure::input)?;
     let events = Events::open(args.events.as_deref()).map_err(Failure::input)?;
     let (requests_tx, requests_rx) = mpsc::channel(256);

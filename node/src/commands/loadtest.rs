@@ -13,14 +13,13 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use pcp_bootstrap::{Config, EventLoop, Multiaddr, Node, PeerId};
 use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::compress::{self, Encoding};
-use pcp_protocol::diloco::sparse::ErrorFeedback;
-use pcp_protocol::{Identity, PublicKey, RunId};
+use pcp_protocol::{Identity, PublicKey, RunId, Verified};
 use pcp_schema::{
     Ack, Backend, Capabilities, Contribution, Heartbeat, MessageKind, NodeHello, ParameterRef, RoundAnnouncement,
     RunManifest,
@@ -64,15 +63,39 @@ pub(crate) struct LoadtestArgs {
     /// record how the shepherd answers (a test of `--admit`).
     #[arg(long)]
     skip_hello: bool,
+    /// The shepherd's process id, on this machine: its CPU time and resident memory
+    /// are sampled and reported each round.
+    #[arg(long, value_name = "PID")]
+    shepherd_pid: Option<u32>,
+    /// Distinct random pseudo-gradients made once and sent in turn (making one of
+    /// gpt2-124m's takes a second; a worker's compute is a sleep).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    payloads: u64,
 }
 
 /// One round's outcome across the synthetic workers.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 struct RoundRow {
     round: u64,
+    /// Contributions sent to this round.
     sent: u64,
+    /// Sent while the round was open (before any worker heard of the next one).
+    on_time: u64,
+    /// Aggregated: answered accepted.
     accepted: u64,
+    /// Answered refused, by the reason's kind.
     refused: BTreeMap<String, u64>,
+    /// Not answered (a timeout or a broken connection).
+    dropped: u64,
+    /// Contribution bytes sent (the encoded pseudo-gradients).
+    bytes_up: u64,
+    /// Seconds from the first worker hearing of this round to the first hearing of
+    /// the next.
+    seconds: Option<f64>,
+    /// The shepherd's CPU seconds (user + system) in that time (`--shepherd-pid`).
+    shepherd_cpu_s: Option<f64>,
+    /// Its largest resident set in that time, bytes.
+    shepherd_rss: Option<u64>,
 }
 
 /// What every synthetic worker records.
@@ -86,6 +109,13 @@ struct Tally {
     refused_contribution: BTreeMap<String, u64>,
     /// Every synthetic worker's peer id.
     peers: Vec<String>,
+    /// When a synthetic worker first heard of each round.
+    opened: BTreeMap<u64, Instant>,
+    /// Heartbeats answered with the whole announcement, and with a small heartbeat
+    /// saying the one held is current; the answers' payload bytes.
+    announcements: u64,
+    current: u64,
+    answer_bytes: u64,
 }
 
 /// The reason's kind: its text up to the first colon or digit (so counts group).
@@ -102,28 +132,50 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
         return Err(Failure::input(anyhow::anyhow!("--shepherd {} has no /p2p/<peer id>", args.shepherd)));
     };
     let tally = Arc::new(Mutex::new(Tally::default()));
+    let payloads = Arc::new(tokio::sync::OnceCell::new());
     let mut peers = Vec::new();
     let cancel = CancellationToken::new();
     let mut tasks = JoinSet::new();
+    let sampler = args.shepherd_pid.map(|pid| tokio::spawn(sample(pid, cancel.child_token())));
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     for i in 0..args.workers {
         let identity = Identity::from_secret(rng.r#gen());
         let config = Config {
             bootstrap: vec![args.shepherd.clone()],
-            ..Config::loopback(data_dir.join(format!("synthetic-{i}")))
+            // a synthetic worker only dials: no listener, no QUIC endpoint of its own,
+            // no relay reservation or service, no hole punching
+            listen: Vec::new(),
+            nat: pcp_bootstrap::NatConfig {
+                auto_relay: false,
+                relay_service: false,
+                hole_punching: false,
+                ..pcp_bootstrap::NatConfig::default()
+            },
+            ..Config::new(data_dir.join(format!("synthetic-{i}")))
         };
         peers.push(pcp_bootstrap::keypair(&identity).public().to_peer_id().to_string());
         let (node, _events, event_loop): (Node, _, EventLoop) =
             Node::new(&identity, config).map_err(|e| Failure::input(anyhow::anyhow!("synthetic worker {i}: {e}")))?;
         let task_cancel = cancel.child_token();
         tasks.spawn(event_loop.run(task_cancel.clone()));
-        let worker = Synthetic { node, signer: Signer::new(identity), shepherd, args: args.clone(), index: i };
+        let worker = Synthetic {
+            node,
+            signer: Signer::new(identity),
+            shepherd,
+            args: args.clone(),
+            index: i,
+            payloads: payloads.clone(),
+        };
         let tally = tally.clone();
         tasks.spawn(async move {
             if let Err(e) = worker.run(tally, task_cancel).await {
                 tracing::warn!("synthetic worker {i}: {e:#}");
             }
         });
+        if i % 32 == 31 {
+            // the shepherd handshakes a few dozen connections at a time
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
     tally.lock().await.peers = peers;
     let deadline = tokio::time::sleep(Duration::from_secs(args.timeout_s));
@@ -146,9 +198,61 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
         }
     }
     cancel.cancel();
+    let samples = match sampler {
+        Some(task) => task.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
     tasks.shutdown().await;
-    let tally = tally.lock().await;
+    let mut tally = tally.lock().await;
+    tally.measure(&samples);
     report(&tally, args.json.as_deref())
+}
+
+/// One reading of the shepherd's process: when, its CPU seconds, its resident bytes.
+type Sample = (Instant, f64, u64);
+
+/// Reads `/proc/<pid>` four times a second until cancelled.
+async fn sample(pid: u32, cancel: CancellationToken) -> Vec<Sample> {
+    let mut samples = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return samples,
+            _ = tick.tick() => {}
+        }
+        if let Some(s) = read_proc(pid) {
+            samples.push(s);
+        }
+    }
+}
+
+/// The CPU seconds (user + system) and resident bytes of process `pid` now.
+fn read_proc(pid: u32) -> Option<Sample> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // after the command's closing parenthesis: state is field 3, utime 14, stime 15
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kb: u64 = status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    // USER_HZ is 100 on Linux
+    Some((Instant::now(), ticks as f64 / 100.0, rss_kb << 10))
+}
+
+impl Tally {
+    /// Each round's duration, and the shepherd's CPU and peak memory in it.
+    fn measure(&mut self, samples: &[Sample]) {
+        let opened: Vec<(u64, Instant)> = self.opened.iter().map(|(r, t)| (*r, *t)).collect();
+        for pair in opened.windows(2) {
+            let ((round, start), (_, end)) = (pair[0], pair[1]);
+            let Some(row) = self.rounds.get_mut(&round) else { continue };
+            row.seconds = Some(end.duration_since(start).as_secs_f64());
+            let within: Vec<&Sample> = samples.iter().filter(|(t, ..)| *t >= start && *t <= end).collect();
+            if let (Some(first), Some(last)) = (within.first(), within.last()) {
+                row.shepherd_cpu_s = Some(last.1 - first.1);
+                row.shepherd_rss = within.iter().map(|s| s.2).max();
+            }
+        }
+    }
 }
 
 fn report(tally: &Tally, json: Option<&std::path::Path>) -> Result<(), Failure> {
@@ -156,6 +260,12 @@ fn report(tally: &Tally, json: Option<&std::path::Path>) -> Result<(), Failure> 
     let mut out = std::io::stdout().lock();
     let write = |e: std::io::Error| Failure::from(anyhow::anyhow!("writing the report: {e}"));
     writeln!(out, "joined: {}; hellos refused: {:?}", tally.joined, tally.refused_hello).map_err(write)?;
+    writeln!(
+        out,
+        "heartbeats answered: {} with the announcement, {} with \"current\" ({} bytes of answers)",
+        tally.announcements, tally.current, tally.answer_bytes
+    )
+    .map_err(write)?;
     if !tally.refused_heartbeat.is_empty() || !tally.refused_contribution.is_empty() {
         writeln!(
             out,
@@ -164,9 +274,29 @@ fn report(tally: &Tally, json: Option<&std::path::Path>) -> Result<(), Failure> 
         )
         .map_err(write)?;
     }
-    writeln!(out, "{:>5} {:>6} {:>9}  refused", "round", "sent", "accepted").map_err(write)?;
+    writeln!(
+        out,
+        "{:>5} {:>6} {:>7} {:>9} {:>8} {:>9} {:>8} {:>12} {:>11}  refused",
+        "round", "sent", "on time", "accepted", "dropped", "MB up", "seconds", "shepherd cpu", "shepherd MB"
+    )
+    .map_err(write)?;
+    let opt = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"));
     for row in tally.rounds.values() {
-        writeln!(out, "{:>5} {:>6} {:>9}  {:?}", row.round, row.sent, row.accepted, row.refused).map_err(write)?;
+        writeln!(
+            out,
+            "{:>5} {:>6} {:>7} {:>9} {:>8} {:>9.1} {:>8} {:>12} {:>11}  {:?}",
+            row.round,
+            row.sent,
+            row.on_time,
+            row.accepted,
+            row.dropped,
+            row.bytes_up as f64 / 1e6,
+            opt(row.seconds),
+            opt(row.shepherd_cpu_s),
+            row.shepherd_rss.map_or_else(|| "-".to_owned(), |b| format!("{}", b >> 20)),
+            row.refused
+        )
+        .map_err(write)?;
     }
     if let Some(path) = json {
         let value = serde_json::json!({
@@ -175,6 +305,11 @@ fn report(tally: &Tally, json: Option<&std::path::Path>) -> Result<(), Failure> 
             "refused_heartbeat": tally.refused_heartbeat,
             "refused_contribution": tally.refused_contribution,
             "peers": tally.peers,
+            "heartbeat_answers": {
+                "announcements": tally.announcements,
+                "current": tally.current,
+                "bytes": tally.answer_bytes,
+            },
             "rounds": tally.rounds.values().collect::<Vec<_>>(),
         });
         std::fs::write(path, serde_json::to_vec_pretty(&value).map_err(|e| Failure::from(anyhow::anyhow!("{e}")))?)
@@ -190,6 +325,8 @@ struct Synthetic {
     shepherd: PeerId,
     args: LoadtestArgs,
     index: usize,
+    /// The run's pseudo-gradients, encoded: made once by the first worker to join.
+    payloads: Arc<tokio::sync::OnceCell<Vec<Vec<u8>>>>,
 }
 
 impl Synthetic {
@@ -242,6 +379,7 @@ impl Synthetic {
                 follows: 0,
                 held: None,
                 consensus: None,
+                known: None,
             };
             // the connection may still be opening: a few tries
             let mut answer = None;
@@ -278,16 +416,49 @@ impl Synthetic {
         let run = RunId(manifest.run);
         let sizes = wire::sizes(&manifest);
         let encoding = Encoding::parse_spec(&manifest.encoding).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let mut feedback = encoding.sparse().map(|s| ErrorFeedback::new(&sizes, s.decay(), s.up));
+        let (count, norm, seed) = (self.args.payloads as usize, self.args.norm, self.args.seed);
+        let payloads = self
+            .payloads
+            .get_or_try_init(|| async move {
+                tokio::task::spawn_blocking(move || make_payloads(&sizes, encoding, norm, seed, count)).await
+            })
+            .await?;
         let tokens = u64::from(manifest.data.batch) * u64::from(manifest.data.block);
         let tau = u64::from(manifest.inner_steps);
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.args.seed ^ (self.index as u64) << 20);
-        let (mut done, mut term) = (0u64, 0u64);
+        let (mut done, mut term, mut known) = (0u64, 0u64, None);
         let mut tick = tokio::time::interval(Duration::from_millis(500));
+        // a round trained (its modelled compute: a sleep), then its contribution on its
+        // way; heartbeats go on meanwhile, as a worker's do
+        let mut training: Option<(std::pin::Pin<Box<tokio::time::Sleep>>, RoundAnnouncement)> = None;
+        let mut sending: JoinSet<(u64, bool, u64, Result<Verified, String>)> = JoinSet::new();
         loop {
             tokio::select! {
                 () = cancel.cancelled() => return Ok(()),
                 _ = tick.tick() => {}
+                () = async { training.as_mut().expect("guarded").0.as_mut().await }, if training.is_some() => {
+                    let (_, a) = training.take().expect("guarded");
+                    let mut bytes = payloads[(self.index + a.round as usize) % payloads.len()].clone();
+                    if encoding.sparse().is_some() && !pcp_protocol::diloco::sparse::reseed(&mut bytes, a.round) {
+                        anyhow::bail!("the run's sparse layout is strided: its messages cannot be made ahead");
+                    }
+                    let params = a.parameters.first().map(|p| p.blob).unwrap_or_default();
+                    let steps = (tau, tau * tokens);
+                    let size = bytes.len() as u64;
+                    let c = contribution(run, a.round, steps, bytes, (a.term, params), self.args.step_ms * tau);
+                    let envelope = self.signer.seal(run, a.round, &c);
+                    drop(c);
+                    let on_time = !tally.lock().await.opened.contains_key(&(a.round + 1));
+                    let node = self.node.clone();
+                    let shepherd = self.shepherd;
+                    sending.spawn(async move {
+                        (a.round, on_time, size, node.request(shepherd, envelope).await.map_err(|e| e.to_string()))
+                    });
+                    continue;
+                }
+                Some(Ok((round, on_time, size, outcome))) = sending.join_next() => {
+                    record(&tally, round, on_time, size, outcome, self.index).await;
+                    continue;
+                }
             }
             let hb = Heartbeat {
                 run: run.0,
@@ -298,46 +469,71 @@ impl Synthetic {
                 follows: term,
                 held: None,
                 consensus: None,
+                known,
             };
             let envelope = self.signer.seal(run, done, &hb);
             let Ok(answer) = self.node.request(self.shepherd, envelope).await else { continue };
-            if answer.kind() != MessageKind::RoundAnnouncement {
-                continue;
+            {
+                let mut tally = tally.lock().await;
+                tally.answer_bytes += answer.payload_len() as u64;
+                match answer.kind() {
+                    MessageKind::RoundAnnouncement => tally.announcements += 1,
+                    MessageKind::Heartbeat => tally.current += 1,
+                    _ => {}
+                }
             }
+            if answer.kind() != MessageKind::RoundAnnouncement {
+                continue; // the announcement held is current (or a refusal)
+            }
+            known = Some(answer.payload_hash());
             let a: RoundAnnouncement = answer.decode()?;
             term = term.max(a.term);
+            tally.lock().await.opened.entry(a.round).or_insert_with(Instant::now);
             let last = if self.args.rounds > 0 { self.args.rounds } else { u64::MAX };
-            if a.finished || done >= last {
+            if a.finished || (done >= last && sending.is_empty() && training.is_none()) {
                 return Ok(());
             }
-            if a.round <= done || !a.participants.contains(&self.me().0) {
+            if a.round <= done || done >= last || !a.participants.contains(&self.me().0) {
                 continue;
             }
             done = a.round;
-            tokio::select! {
-                () = cancel.cancelled() => return Ok(()),
-                () = tokio::time::sleep(Duration::from_millis(self.args.step_ms.saturating_mul(tau))) => {}
-            }
-            let delta = random_delta(&sizes, self.args.norm, &mut rng);
-            let bytes = match feedback.as_mut() {
-                Some(ef) => ef.compress_seeded(&delta, 1.0, a.round).0,
-                None => compress::encode(&delta, encoding),
-            };
-            let params = a.parameters.first().map(|p| p.blob).unwrap_or_default();
-            let steps = (tau, tau * tokens);
-            let contribution = contribution(run, a.round, steps, bytes, (a.term, params), self.args.step_ms * tau);
-            let envelope = self.signer.seal(run, a.round, &contribution);
-            let outcome = self.node.request(self.shepherd, envelope).await;
-            let mut tally = tally.lock().await;
-            let row = tally.rounds.entry(a.round).or_insert_with(|| RoundRow { round: a.round, ..RoundRow::default() });
-            row.sent += 1;
-            match outcome.map_err(|e| e.to_string()).and_then(|v| v.decode::<Ack>().map_err(|e| e.to_string())) {
-                Ok(ack) if ack.accepted => row.accepted += 1,
-                Ok(ack) => *row.refused.entry(reason_kind(&ack.reason)).or_default() += 1,
-                Err(e) => *row.refused.entry(reason_kind(&e)).or_default() += 1,
-            }
+            let compute = Duration::from_millis(self.args.step_ms.saturating_mul(tau));
+            training = Some((Box::pin(tokio::time::sleep(compute)), a));
         }
     }
+}
+
+/// Records a contribution's answer.
+async fn record(
+    tally: &Mutex<Tally>,
+    round: u64,
+    on_time: bool,
+    size: u64,
+    outcome: Result<Verified, String>,
+    index: usize,
+) {
+    let mut tally = tally.lock().await;
+    let row = tally.rounds.entry(round).or_insert_with(|| RoundRow { round, ..RoundRow::default() });
+    row.sent += 1;
+    row.on_time += u64::from(on_time);
+    row.bytes_up += size;
+    match outcome {
+        Ok(v) => match v.decode::<Ack>() {
+            Ok(ack) if ack.accepted => row.accepted += 1,
+            Ok(ack) => *row.refused.entry(reason_kind(&ack.reason)).or_default() += 1,
+            Err(e) => *row.refused.entry(reason_kind(&e.to_string())).or_default() += 1,
+        },
+        Err(e) => {
+            row.dropped += 1;
+            tracing::debug!("synthetic worker {index}: contribution to round {round}: {e}");
+        }
+    }
+}
+
+/// `count` random pseudo-gradients of `sizes` at L2 norm `norm`, encoded.
+fn make_payloads(sizes: &[usize], encoding: Encoding, norm: f64, seed: u64, count: usize) -> Vec<Vec<u8>> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x9a71_0ad5);
+    (0..count).map(|_| compress::encode(&random_delta(sizes, norm, &mut rng), encoding)).collect()
 }
 
 /// A contribution to `round` of `(steps, samples)`, carrying `delta`, trained from

@@ -329,7 +329,7 @@ impl Run {
         checkpoint: Option<&Checkpoint>,
     ) -> anyhow::Result<Self> {
         let source = experiment.model.clone().unwrap_or_else(|| "nanogpt-small".to_owned());
-        let vocab = corpus.vocab.size();
+        let vocab = experiment.vocab(corpus.vocab.size());
         let mut model = Model::load_with_batch(&source, vocab, experiment.batch_size)?;
         let (batch, block) = model.batch_block()?;
         let micro_batches = plan_micro_batches(&experiment, &model, vocab, memory, device)?;

@@ -481,6 +481,7 @@ impl Consensus {
             follows: self.core.term(),
             held,
             consensus: Some(consensus),
+            known: None,
         }
     }
 

@@ -42,7 +42,7 @@ use super::wire::{self, LeaderState, Signer, peer_name};
 use crate::Failure;
 use crate::commands::train::{Corpus, default_corpus, step_config, validation_loss};
 use crate::observe::events::{self as ev, Events};
-use crate::training::checkpoint::{Checkpoint, Tensor};
+use crate::training::checkpoint::{Checkpoint, TensorRef, save_refs};
 use crate::training::config::Experiment;
 use crate::training::engine::Engine;
 use crate::training::memory::Footprint;
@@ -183,12 +183,16 @@ pub(super) struct Host {
     keeper: LeaseKeeper,
     /// The highest term a worker reported following, once recorded.
     reported_term: u64,
+    /// The open round and how long its deadline waited for contributions being read.
+    receiving_extension: (u64, u64),
     sizes: Vec<usize>,
     /// The tensors of each parameter shard a round is published in.
     shards: Vec<std::ops::Range<usize>>,
     /// The tensors of each Streaming DiLoCo fragment (one: all).
     fragments: Vec<std::ops::Range<usize>>,
-    engine: Engine,
+    /// The model on this host's CPU, for validation and the loss screen (none when
+    /// the run uses neither).
+    engine: Option<Engine>,
     /// The loss screen: its split, the open round's secret batch, its cost.
     screener: screen::Screener,
     /// The proof each worker's hello carried (join certificate, proof-of-work nonce),
@@ -320,6 +324,9 @@ impl Drop for LeaseKeeper {
     }
 }
 
+/// The most a round's deadline waits for contributions still being read.
+const MAX_RECEIVING_EXTENSION_MS: u64 = 60_000;
+
 /// Hellos whose backend the shepherd remembers (for `worker_joined` events).
 const MAX_BACKEND_RECORDS: usize = 4096;
 /// A contribution's bytes besides its encoded pseudo-gradient: the capnp message's
@@ -333,16 +340,17 @@ fn served(stats: &Stats) -> u64 {
 impl Host {
     /// Publishes the state after the last completed round as a blob, named by the
     /// next announcement, so candidates can take over from it.
-    fn publish_state(&mut self, contributors: &[PublicKey], excluded: &[PublicKey]) -> anyhow::Result<()> {
-        let state = self.leader_state(contributors, excluded);
-        let blob = wire::state_blob(&state);
-        let hash = self.store.put_bytes(&blob)?;
-        self.state = Some(ParameterRef { name: "state".into(), shard: 0, blob: hash.0, size: blob.len() as u64 });
-        let replica = Replica {
-            term: state.term,
-            round: state.snapshot.completed,
-            params: wire::params_hash(&state.snapshot.params).0,
-        };
+    fn publish_state(
+        &mut self,
+        contributors: &[PublicKey],
+        excluded: &[PublicKey],
+        params_hash: BlobHash,
+    ) -> anyhow::Result<()> {
+        let term = self.consensus.state_term(self.machine.completed());
+        let state = wire::StateParts::of(&self.machine, term);
+        let (hash, size) = wire::put_state(&self.store, &state, contributors, excluded)?;
+        self.state = Some(ParameterRef { name: "state".into(), shard: 0, blob: hash.0, size });
+        let replica = Replica { term, round: self.machine.completed(), params: params_hash.0 };
         self.state_replica = Some(replica);
         if self.consensus.core().is_leader() {
             // the candidates fetch it: workers learn the round after it once a majority holds it
@@ -412,6 +420,7 @@ impl Host {
                         // as the simulator: the round's deadlines run only while a majority
                         // answers this leader's lease
                         if self.consensus.may_act() {
+                            self.hold_deadline_while_receiving();
                             self.step(Input::Tick).await?;
                         }
                         self.release().await;
@@ -728,6 +737,16 @@ impl Host {
                     self.node.admission().know(self.run, key);
                     self.step(Input::Heartbeat(key)).await?;
                     let envelope = self.current_announcement();
+                    // a worker holding the current announcement hears only that it is
+                    // current, with this leader's term (its lease): a few hundred bytes
+                    // rather than the announcement, twice a second
+                    let hash = *blake3::hash(&envelope.payload).as_bytes();
+                    if hb.known == Some(hash) {
+                        let (round, lease) = self.lease();
+                        let current = Heartbeat { known: Some(hash), held: None, ..lease };
+                        let envelope = self.signer.seal(self.run, round, &current);
+                        return self.respond(id, envelope).await;
+                    }
                     self.respond(id, envelope).await
                 }
                 Err(e) => self.refuse(id, binding.round, format!("bad heartbeat: {e}")).await,
@@ -783,7 +802,8 @@ impl Host {
         }
         let Some(applied) = self.machine.as_applied(delta) else { return Ok((None, input)) };
         let params = self.machine.params().clone();
-        let verdict = self.screener.score(&mut self.engine, &params, &applied).await?;
+        let engine = self.engine.as_mut().context("the loss screen without the model on this host")?;
+        let verdict = self.screener.score(engine, &params, &applied).await?;
         let min_gain = self.screener.min_gain();
         let improvement = f64::from(verdict.before - verdict.after);
         if verdict.improves() {
@@ -873,6 +893,7 @@ impl Host {
                 follows: term,
                 held: self.state_replica.map(|r| Held { term: r.term, round: r.round, params: r.params }),
                 consensus: None,
+                known: None,
             },
         )
     }
@@ -887,6 +908,30 @@ impl Host {
     }
 
     /// Feeds the state machine and performs its actions; returns the rejections.
+    /// A round whose deadline comes while contributions are still being read (or
+    /// wait for room to be read: a burst of a thousand is read in turn) waits for
+    /// them, a second at a time, up to [`MAX_RECEIVING_EXTENSION_MS`] a round: they
+    /// were sent in time.
+    fn hold_deadline_while_receiving(&mut self) {
+        let (Some(round), Some(deadline)) = (self.machine.open_round(), self.machine.deadline_ms()) else { return };
+        let now = self.now_ms();
+        if now < deadline || self.node.admission().receiving() == 0 {
+            return;
+        }
+        let extended = match self.receiving_extension {
+            (r, ms) if r == round => ms,
+            _ => 0,
+        };
+        if extended >= MAX_RECEIVING_EXTENSION_MS {
+            return;
+        }
+        let by = now - deadline + 1000;
+        if let Some(deadline_ms) = self.machine.postpone(by) {
+            self.receiving_extension = (round, extended + by);
+            self.events.emit(ev::Event::DeadlineExtended(ev::DeadlineExtended { round, deadline_unix_ms: deadline_ms }));
+        }
+    }
+
     async fn step(&mut self, input: Input<PublicKey>) -> anyhow::Result<Vec<(PublicKey, String)>> {
         let now = self.now_ms();
         let mut rejected = Vec::new();
@@ -985,9 +1030,8 @@ impl Host {
     /// `parameters`: the whole blob first, then the shards.
     fn publish_params(&mut self) -> anyhow::Result<Vec<ParameterRef>> {
         let params = self.machine.params();
-        let blob = wire::params_blob(params);
-        let hash = self.store.put_bytes(&blob)?;
-        let mut refs = vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size: blob.len() as u64 }];
+        let (hash, size) = wire::put_params(&self.store, params)?;
+        let mut refs = vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size }];
         for (r, bytes) in wire::shard_refs(params, &self.shards) {
             self.store.put_bytes(&bytes)?;
             refs.push(r);
@@ -996,8 +1040,7 @@ impl Host {
     }
 
     async fn round_completed(&mut self, summary: RoundSummary<PublicKey>) -> anyhow::Result<()> {
-        let params = self.machine.params().clone();
-        let params_hash = wire::params_hash(&params);
+        let params_hash = wire::params_hash(self.machine.params());
         // a sparse run publishes the update: workers holding this round's parameters fetch it instead
         let update_bytes = summary.update.as_ref().map_or(0, Vec::len) as u64;
         self.update = match (&summary.update, self.round_base) {
@@ -1024,9 +1067,9 @@ impl Host {
         let utilization = Traffic::network(summary.contributors.iter().filter_map(|p| self.traffic.get(p)));
         self.quorum.round_completed(&summary.contributors, wire::mono_ms());
         // validation and the checkpoint hold this loop: the keeper sends the leases meanwhile
-        let val = self.validate(params).await?;
+        let val = self.validate().await?;
         let path = self.checkpoint(summary.contributors.len())?;
-        self.publish_state(&summary.contributors, &summary.excluded)?;
+        self.publish_state(&summary.contributors, &summary.excluded, params_hash)?;
         self.last_val = val;
         if self.first_val.is_nan() {
             self.first_val = self.last_val;
@@ -1127,20 +1170,35 @@ impl Host {
         }
     }
 
-    async fn validate(&mut self, params: Tensors) -> anyhow::Result<f64> {
-        self.engine.set_params(params).await.context("loading parameters for validation")?;
+    /// The held-out loss at `params`, or NaN with `eval_batches: 0` (a run that
+    /// does not validate: a load test's, or a model too large for the shepherd's CPU).
+    async fn validate(&mut self) -> anyhow::Result<f64> {
+        if self.plan.experiment.eval_batches == 0 {
+            return Ok(f64::NAN);
+        }
+        let params = self.machine.params().clone();
+        let engine = self.engine.as_mut().context("validation without the model on this host")?;
+        engine.set_params(params).await.context("loading parameters for validation")?;
         let shape = (self.manifest.data.batch as usize, self.manifest.data.block as usize);
         let e = &self.plan.experiment;
-        validation_loss(&self.engine, &self.plan.corpus.val, shape, e.seed, e.eval_batches).await
+        validation_loss(engine, &self.plan.corpus.val, shape, e.seed, e.eval_batches).await
     }
 
     fn checkpoint(&self, contributors: usize) -> anyhow::Result<PathBuf> {
-        let snapshot = self.machine.snapshot();
+        // borrowed, written as they go: gpt2-124m's parameters and momentum are a GB
+        let (durations, norms) = self.machine.history();
+        let specs: Vec<(String, Vec<usize>)> = self
+            .manifest
+            .tensors
+            .iter()
+            .map(|spec| (format!("velocity.{}", spec.name), spec.shape.iter().map(|d| *d as usize).collect()))
+            .collect();
         let mut tensors = Vec::new();
-        for ((p, v), spec) in snapshot.params.iter().zip(&snapshot.velocity).zip(&self.manifest.tensors) {
-            let shape: Vec<usize> = spec.shape.iter().map(|d| *d as usize).collect();
-            tensors.push(Tensor { name: spec.name.clone(), shape: shape.clone(), data: p.clone() });
-            tensors.push(Tensor { name: format!("velocity.{}", spec.name), shape, data: v.clone() });
+        for (((p, v), spec), (velocity, shape)) in
+            self.machine.params().iter().zip(self.machine.velocity()).zip(&self.manifest.tensors).zip(&specs)
+        {
+            tensors.push(TensorRef { name: &spec.name, shape, data: p });
+            tensors.push(TensorRef { name: velocity, shape, data: v });
         }
         let meta = ShepherdMeta {
             role: "shepherd".into(),
@@ -1148,17 +1206,17 @@ impl Host {
             experiment: self.plan.experiment.clone(),
             model: self.plan.model.source.clone(),
             vocab: Some(self.plan.corpus.vocab.clone()),
-            durations: snapshot.durations,
-            norms: snapshot.norms,
+            durations,
+            norms,
             contributors,
-            params_hash: wire::params_hash(&snapshot.params).to_hex(),
+            params_hash: wire::params_hash(self.machine.params()).to_hex(),
             creator: Some(hex::encode(self.manifest.shepherd)),
             salt: Some(hex::encode(self.manifest.salt)),
             candidates: self.manifest.candidates.iter().map(hex::encode).collect(),
             term: self.consensus.term(),
         };
-        let checkpoint = Checkpoint { step: snapshot.completed, meta: serde_json::to_value(meta)?, tensors };
-        checkpoint.save(&self.plan.state_dir)
+        let meta = serde_json::to_value(meta)?;
+        save_refs(&self.plan.state_dir, self.machine.completed(), &meta, &tensors)
     }
 
     /// The blobs this host kept and pinned, for the standby it becomes.

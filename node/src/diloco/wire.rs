@@ -122,26 +122,28 @@ pub(crate) fn shapes(manifest: &RunManifest) -> Vec<Vec<usize>> {
 }
 
 /// Parameters as a blob: the exact fp32 pseudo-gradient format.
-pub(crate) fn params_blob(params: &Tensors) -> Vec<u8> {
-    compress::encode(params, Encoding::F32)
+pub(crate) fn params_blob(params: &[Vec<f32>]) -> Vec<u8> {
+    let sizes: Vec<usize> = params.iter().map(Vec::len).collect();
+    let mut out = Vec::with_capacity(compress::encoded_len(&sizes, Encoding::F32));
+    compress::encode_dense_into(params, Encoding::F32, &mut out);
+    out
 }
 
 /// A round's shard blobs, each shard's tensors as an fp32 parameters blob, with the
-/// reference the announcement lists (`shard` 1, 2, …; the name says its tensors);
+/// reference the announcement lists (`shard` 1, 2, …; the name says its tensors),
+/// made one at a time as the iterator goes (a shard's bytes, not the model's);
 /// none when one shard holds every tensor (the whole blob is then the shard).
-pub(crate) fn shard_refs(params: &Tensors, shards: &[Range<usize>]) -> Vec<(ParameterRef, Vec<u8>)> {
-    if shards.len() <= 1 {
-        return Vec::new();
-    }
-    (1..)
-        .zip(shards)
-        .map(|(i, r)| {
-            let bytes = params_blob(&params[r.clone()].to_vec());
-            let blob = *blake3::hash(&bytes).as_bytes();
-            let name = format!("shard:{}-{}", r.start, r.end);
-            (ParameterRef { name, shard: i, blob, size: bytes.len() as u64 }, bytes)
-        })
-        .collect()
+pub(crate) fn shard_refs<'a>(
+    params: &'a [Vec<f32>],
+    shards: &'a [Range<usize>],
+) -> impl Iterator<Item = (ParameterRef, Vec<u8>)> + 'a {
+    let shards = if shards.len() <= 1 { &[][..] } else { shards };
+    (1..).zip(shards).map(move |(i, r)| {
+        let bytes = params_blob(&params[r.clone()]);
+        let blob = *blake3::hash(&bytes).as_bytes();
+        let name = format!("shard:{}-{}", r.start, r.end);
+        (ParameterRef { name, shard: i, blob, size: bytes.len() as u64 }, bytes)
+    })
 }
 
 /// The shard ranges of a run: its fragments' tensors, cut at the shard size
@@ -161,7 +163,11 @@ pub(crate) fn read_params(bytes: &[u8], sizes: &[usize]) -> anyhow::Result<Tenso
 
 /// The blake3 of a parameters blob: the `params_hash` in events.
 pub(crate) fn params_hash(params: &Tensors) -> BlobHash {
-    BlobHash(*blake3::hash(&params_blob(params)).as_bytes())
+    let mut hasher = blake3::Hasher::new();
+    compress::encode_dense_with(params, Encoding::F32, &mut |bytes| {
+        hasher.update(bytes);
+    });
+    BlobHash(*hasher.finalize().as_bytes())
 }
 
 /// What a successor resumes from: the leader's state after a completed round.
@@ -193,25 +199,118 @@ const STATE_MAGIC: &[u8; 8] = b"pcpstat1";
 /// A state header's size limit: peers lists of a large run fit easily.
 const MAX_STATE_HEADER: usize = 16 << 20;
 
-/// A state blob: magic, the JSON header's length (u32 LE) and header, then the
-/// parameters and the outer momentum as parameter blobs of equal size.
+/// [`state_blob_of`] of an owned state.
+#[cfg(test)]
 pub(crate) fn state_blob(state: &LeaderState) -> Vec<u8> {
     let s = &state.snapshot;
-    let header = StateHeader {
+    let parts = StateParts {
         term: state.term,
         completed: s.completed,
         durations: s.durations.clone(),
         norms: s.norms.clone(),
-        contributors: state.contributors.iter().map(|k| hex::encode(k.0)).collect(),
-        excluded: state.excluded.iter().map(|k| hex::encode(k.0)).collect(),
+        params: &s.params,
+        velocity: &s.velocity,
     };
-    let header = serde_json::to_vec(&header).unwrap_or_default();
-    let mut out = Vec::with_capacity(12 + header.len());
+    state_blob_of(&parts, &state.contributors, &state.excluded)
+}
+
+/// A leader's state by reference: what [`state_blob_of`] writes.
+pub(crate) struct StateParts<'a> {
+    pub(crate) term: u64,
+    pub(crate) completed: u64,
+    pub(crate) durations: Vec<u64>,
+    pub(crate) norms: Vec<f64>,
+    pub(crate) params: &'a [Vec<f32>],
+    pub(crate) velocity: &'a [Vec<f32>],
+}
+
+impl<'a> StateParts<'a> {
+    /// The state of `machine` at `term`, its tensors borrowed.
+    pub(crate) fn of(machine: &'a pcp_protocol::diloco::shepherd::Shepherd<PublicKey>, term: u64) -> Self {
+        let (durations, norms) = machine.history();
+        Self {
+            term,
+            completed: machine.completed(),
+            durations,
+            norms,
+            params: machine.params(),
+            velocity: machine.velocity(),
+        }
+    }
+}
+
+/// Writes `tensors` as an fp32 parameters blob to `w`.
+fn write_params(w: &mut dyn std::io::Write, tensors: &[Vec<f32>]) -> std::io::Result<()> {
+    let mut failed = Ok(());
+    compress::encode_dense_with(tensors, Encoding::F32, &mut |bytes| {
+        if failed.is_ok() {
+            failed = w.write_all(bytes);
+        }
+    });
+    failed
+}
+
+/// The byte length of `tensors`' fp32 parameters blob.
+fn params_len(tensors: &[Vec<f32>]) -> u64 {
+    compress::encoded_len(&tensors.iter().map(Vec::len).collect::<Vec<_>>(), Encoding::F32) as u64
+}
+
+/// Stores `params` as a parameters blob, written as it is encoded (no copy of the
+/// model in memory); returns its content id and size.
+pub(crate) fn put_params(store: &pcp_bootstrap::BlobStore, params: &[Vec<f32>]) -> anyhow::Result<(BlobHash, u64)> {
+    let size = params_len(params);
+    let hash = store.put_stream(size, &mut |w| write_params(w, params))?;
+    Ok((hash, size))
+}
+
+/// Stores the state blob of [`state_blob_of`], written as it is encoded; returns its
+/// content id and size.
+pub(crate) fn put_state(
+    store: &pcp_bootstrap::BlobStore,
+    state: &StateParts<'_>,
+    contributors: &[PublicKey],
+    excluded: &[PublicKey],
+) -> anyhow::Result<(BlobHash, u64)> {
+    let header = state_header(state, contributors, excluded);
+    let size = (STATE_MAGIC.len() + 4 + header.len()) as u64 + params_len(state.params) + params_len(state.velocity);
+    let hash = store.put_stream(size, &mut |w| {
+        w.write_all(STATE_MAGIC)?;
+        w.write_all(&(header.len() as u32).to_le_bytes())?;
+        w.write_all(&header)?;
+        write_params(w, state.params)?;
+        write_params(w, state.velocity)
+    })?;
+    Ok((hash, size))
+}
+
+fn state_header(state: &StateParts<'_>, contributors: &[PublicKey], excluded: &[PublicKey]) -> Vec<u8> {
+    let header = StateHeader {
+        term: state.term,
+        completed: state.completed,
+        durations: state.durations.clone(),
+        norms: state.norms.clone(),
+        contributors: contributors.iter().map(|k| hex::encode(k.0)).collect(),
+        excluded: excluded.iter().map(|k| hex::encode(k.0)).collect(),
+    };
+    serde_json::to_vec(&header).unwrap_or_default()
+}
+
+/// A state blob: magic, the JSON header's length (u32 LE) and header, then the
+/// parameters and the outer momentum as parameter blobs of equal size; written
+/// once into a buffer of its exact size (gpt2-124m's is a GB: no copy of the
+/// tensors besides the blob itself).
+#[cfg(test)]
+pub(crate) fn state_blob_of(state: &StateParts<'_>, contributors: &[PublicKey], excluded: &[PublicKey]) -> Vec<u8> {
+    let header = state_header(state, contributors, excluded);
+    let sizes = |t: &[Vec<f32>]| t.iter().map(Vec::len).collect::<Vec<_>>();
+    let tensors = compress::encoded_len(&sizes(state.params), Encoding::F32)
+        + compress::encoded_len(&sizes(state.velocity), Encoding::F32);
+    let mut out = Vec::with_capacity(STATE_MAGIC.len() + 4 + header.len() + tensors);
     out.extend_from_slice(STATE_MAGIC);
     out.extend_from_slice(&(header.len() as u32).to_le_bytes());
     out.extend_from_slice(&header);
-    out.extend_from_slice(&params_blob(&s.params));
-    out.extend_from_slice(&params_blob(&s.velocity));
+    compress::encode_dense_into(state.params, Encoding::F32, &mut out);
+    compress::encode_dense_into(state.velocity, Encoding::F32, &mut out);
     out
 }
 
@@ -280,7 +379,23 @@ mod tests {
             excluded: vec![PublicKey([2; 32])],
         };
         let blob = state_blob(&state);
-        assert_eq!(read_state(&blob, &[2, 1]).ok(), Some(state));
+        assert_eq!(read_state(&blob, &[2, 1]).ok(), Some(state.clone()));
+        // streamed into a store, it is the same blob
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = pcp_bootstrap::BlobStore::open(dir.path()).expect("a store");
+        let s = &state.snapshot;
+        let parts = StateParts {
+            term: state.term,
+            completed: s.completed,
+            durations: s.durations.clone(),
+            norms: s.norms.clone(),
+            params: &s.params,
+            velocity: &s.velocity,
+        };
+        let (hash, size) = put_state(&store, &parts, &state.contributors, &state.excluded).expect("stored");
+        assert_eq!((hash, size), (BlobHash::of(&blob), blob.len() as u64));
+        let (hash, size) = put_params(&store, &s.params).expect("stored");
+        assert_eq!((hash, size as usize), (params_hash(&s.params), params_blob(&s.params).len()));
         assert!(read_state(&blob, &[2, 2]).is_err(), "other shapes");
         assert!(read_state(&blob[..blob.len() - 4], &[2, 1]).is_err(), "truncated");
         assert!(read_state(&blob[1..], &[2, 1]).is_err(), "no magic");
@@ -295,6 +410,7 @@ mod tests {
         let run = RunId([1; 32]);
         let hb = pcp_schema::Heartbeat {
             consensus: None,
+            known: None,
             run: run.0,
             round: 0,
             unix_ms: 0,

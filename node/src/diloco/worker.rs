@@ -738,6 +738,7 @@ async fn train(
         events: events.clone(),
         gossip,
         forge: plan.hostile == Some(Hostile::Forge),
+        known: None,
     };
     let _heartbeat = AbortOnDrop(tokio::spawn(heartbeat.run()));
     let mut trainer = Trainer {
@@ -1410,6 +1411,10 @@ struct Heartbeats {
     gossip: Arc<tokio::sync::Mutex<mpsc::Receiver<Event>>>,
     /// A hostile worker's forgeries (tests).
     forge: bool,
+    /// The hash of the announcement last put in `latest` (see `known` in the
+    /// heartbeat's schema): the leader answers a heartbeat naming its current one
+    /// with a small heartbeat of its own.
+    known: Option<[u8; 32]>,
 }
 
 type Asked = (PublicKey, PeerId, Result<Verified, String>);
@@ -1492,6 +1497,7 @@ impl Heartbeats {
             follows: self.election.term(),
             held: None,
             consensus: None,
+            known: self.known,
         };
         let envelope = self.signer.seal(self.run, round, &hb);
         let node = self.node.clone();
@@ -1554,9 +1560,24 @@ impl Heartbeats {
                 if !self.lease(key, a.term, "round announcement") {
                     return Ok(None);
                 }
+                self.known = Some(v.payload_hash());
                 Ok(Some(Latest::Round(Box::new(a))))
             }
+            // the announcement this worker holds is still current: a lease, no news
+            MessageKind::Heartbeat => {
+                let hb: Heartbeat = v.decode().map_err(|e| e.to_string())?;
+                if hb.run != self.run.0 || hb.term == 0 {
+                    return Err("answered a heartbeat with another run's or a term-less heartbeat".to_owned());
+                }
+                if hb.known.is_none() || hb.known != self.known {
+                    self.known = None; // the next heartbeat asks for the announcement itself
+                    return Ok(None);
+                }
+                self.lease(key, hb.term, "heartbeat answer");
+                Ok(None)
+            }
             MessageKind::Ack => {
+                self.known = None;
                 let ack: Ack = v.decode().map_err(|e| e.to_string())?;
                 if ack.reason.starts_with(super::STANDBY) {
                     return Ok(None); // the candidate awaited does not lead yet
@@ -1576,6 +1597,7 @@ impl Heartbeats {
                 if a.run != self.run.0 || !self.lease(message.signer(), a.term, "round announcement") {
                     return None;
                 }
+                self.known = Some(message.payload_hash());
                 Some(Latest::Round(Box::new(a)))
             }
             MessageKind::Heartbeat => {

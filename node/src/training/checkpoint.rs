@@ -45,6 +45,63 @@ pub(crate) struct Checkpoint {
     pub(crate) tensors: Vec<Tensor>,
 }
 
+/// A tensor to save, borrowed: a shepherd checkpoints its parameters and momentum
+/// without copying them.
+pub(crate) struct TensorRef<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) shape: &'a [usize],
+    pub(crate) data: &'a [f32],
+}
+
+/// [`Checkpoint::save`] of borrowed tensors: written through a buffer and hashed as
+/// they go, never held whole in memory.
+pub(crate) fn save_refs(
+    dir: &Path,
+    step: u64,
+    meta: &serde_json::Value,
+    tensors: &[TensorRef<'_>],
+) -> anyhow::Result<PathBuf> {
+    use std::io::Write as _;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create checkpoint directory {}", dir.display()))?;
+    let name = format!("step-{step:08}");
+    let final_dir = dir.join(&name);
+    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let bin = tmp.join("tensors.bin");
+    let file = std::fs::File::create(&bin).with_context(|| format!("cannot write {}", bin.display()))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    let mut hasher = blake3::Hasher::new();
+    let mut entries = Vec::new();
+    let mut offset = 0u64;
+    let mut piece = Vec::with_capacity(64 << 10);
+    for t in tensors {
+        entries.push(Entry { name: t.name.to_owned(), shape: t.shape.to_vec(), offset, len: t.data.len() as u64 });
+        for values in t.data.chunks(16 << 10) {
+            piece.clear();
+            piece.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+            hasher.update(&piece);
+            out.write_all(&piece).with_context(|| format!("cannot write {}", bin.display()))?;
+        }
+        offset += 4 * t.data.len() as u64;
+    }
+    out.flush().with_context(|| format!("cannot write {}", bin.display()))?;
+    drop(out);
+    let meta =
+        Meta { version: 1, step, blake3: hasher.finalize().to_hex().to_string(), tensors: entries, meta: meta.clone() };
+    std::fs::write(tmp.join("meta.json"), serde_json::to_vec_pretty(&meta)?)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    let _ = std::fs::remove_dir_all(&final_dir);
+    std::fs::rename(&tmp, &final_dir)
+        .with_context(|| format!("cannot move checkpoint into {}", final_dir.display()))?;
+    let latest_tmp = dir.join(format!(".latest.tmp{}", std::process::id()));
+    std::fs::write(&latest_tmp, &name)?;
+    std::fs::rename(&latest_tmp, dir.join("latest"))
+        .with_context(|| format!("cannot update {}/latest", dir.display()))?;
+    prune(dir, KEEP);
+    Ok(final_dir)
+}
+
 /// How many checkpoints to keep.
 const KEEP: usize = 3;
 
@@ -56,43 +113,9 @@ impl Checkpoint {
 
     /// Saves under `dir/step-NNNNNNNN` and points `dir/latest` at it.
     pub(crate) fn save(&self, dir: &Path) -> anyhow::Result<PathBuf> {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create checkpoint directory {}", dir.display()))?;
-        let name = format!("step-{:08}", self.step);
-        let final_dir = dir.join(&name);
-        let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-        let mut bytes = Vec::new();
-        let mut entries = Vec::new();
-        for t in &self.tensors {
-            entries.push(Entry {
-                name: t.name.clone(),
-                shape: t.shape.clone(),
-                offset: bytes.len() as u64,
-                len: t.data.len() as u64,
-            });
-            bytes.extend(t.data.iter().flat_map(|v| v.to_le_bytes()));
-        }
-        let meta = Meta {
-            version: 1,
-            step: self.step,
-            blake3: blake3::hash(&bytes).to_hex().to_string(),
-            tensors: entries,
-            meta: self.meta.clone(),
-        };
-        std::fs::write(tmp.join("tensors.bin"), &bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-        std::fs::write(tmp.join("meta.json"), serde_json::to_vec_pretty(&meta)?)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        let _ = std::fs::remove_dir_all(&final_dir);
-        std::fs::rename(&tmp, &final_dir)
-            .with_context(|| format!("cannot move checkpoint into {}", final_dir.display()))?;
-        let latest_tmp = dir.join(format!(".latest.tmp{}", std::process::id()));
-        std::fs::write(&latest_tmp, &name)?;
-        std::fs::rename(&latest_tmp, dir.join("latest"))
-            .with_context(|| format!("cannot update {}/latest", dir.display()))?;
-        prune(dir, KEEP);
-        Ok(final_dir)
+        let tensors: Vec<TensorRef<'_>> =
+            self.tensors.iter().map(|t| TensorRef { name: &t.name, shape: &t.shape, data: &t.data }).collect();
+        save_refs(dir, self.step, &self.meta, &tensors)
     }
 
     /// Loads the newest checkpoint under `dir` (or `dir` itself if it is one).

@@ -57,7 +57,7 @@ pub(crate) struct Experiment {
     pub(crate) seed: u64,
     /// Evaluate every this many steps (0: never).
     pub(crate) eval_interval: u64,
-    /// Batches per evaluation.
+    /// Batches per evaluation (a shepherd's each round; 0: it does not validate).
     pub(crate) eval_batches: u64,
     /// Checkpoint every this many steps (0: only at the end).
     pub(crate) checkpoint_interval: u64,
@@ -75,6 +75,10 @@ pub(crate) struct Experiment {
     pub(crate) grad_clip: f64,
     /// Sequences per batch for the presets (their default when unset).
     pub(crate) batch_size: Option<usize>,
+    /// A preset's vocabulary, when larger than the corpus's (a load test of
+    /// gpt2-124m's shapes, 50257, on a character corpus): the extra rows are never
+    /// a target. Unset: the corpus's.
+    pub(crate) vocab_size: Option<usize>,
     /// DiLoCo inner steps per round.
     pub(crate) tau: u64,
     /// DiLoCo rounds.
@@ -123,6 +127,7 @@ impl Default for Experiment {
             weight_decay: 0.1,
             grad_clip: 1.0,
             batch_size: None,
+            vocab_size: None,
             tau: 10,
             outer_loop_steps: 100,
             outer_lr: 0.7,
@@ -137,6 +142,12 @@ impl Default for Experiment {
 }
 
 impl Experiment {
+    /// The vocabulary a preset is built with for a corpus of `corpus` tokens: the
+    /// larger of it and `vocab_size`.
+    pub(crate) fn vocab(&self, corpus: usize) -> usize {
+        self.vocab_size.map_or(corpus, |v| v.max(corpus))
+    }
+
     /// Loads `path`, logging a warning for each unknown key.
     pub(crate) fn load_warned(path: &Path) -> anyhow::Result<Self> {
         let (experiment, warnings) = Self::load(path)?;

@@ -129,6 +129,31 @@ pub fn encode(tensors: &Tensors, encoding: Encoding) -> Vec<u8> {
     }
     let sizes: Vec<usize> = tensors.iter().map(Vec::len).collect();
     let mut out = Vec::with_capacity(encoded_len(&sizes, encoding));
+    encode_dense_into(tensors, encoding, &mut out);
+    out
+}
+
+/// Appends [`encode`]'s output for a dense `encoding` to `out` (a sparse encoding
+/// appends nothing): a message built of several, sized once, without copies.
+pub fn encode_dense_into(tensors: &[Vec<f32>], encoding: Encoding, out: &mut Vec<u8>) {
+    encode_dense_with(tensors, encoding, &mut |bytes| out.extend_from_slice(bytes));
+}
+
+/// Feeds [`encode`]'s output for a dense `encoding` to `sink`, in pieces of at most
+/// 64 KiB, without building it (a hash of gpt2-124m's parameters blob without its
+/// half a GB). A sparse encoding feeds nothing.
+pub fn encode_dense_with(tensors: &[Vec<f32>], encoding: Encoding, sink: &mut dyn FnMut(&[u8])) {
+    const PIECE: usize = 64 << 10;
+    if let Encoding::Sparse(_) = encoding {
+        return;
+    }
+    let mut out: Vec<u8> = Vec::with_capacity(PIECE + 16);
+    let flush = |out: &mut Vec<u8>, sink: &mut dyn FnMut(&[u8])| {
+        if out.len() >= PIECE {
+            sink(out);
+            out.clear();
+        }
+    };
     out.extend_from_slice(MAGIC);
     out.push(1);
     out.push(encoding.tag());
@@ -136,8 +161,14 @@ pub fn encode(tensors: &Tensors, encoding: Encoding) -> Vec<u8> {
     for t in tensors {
         out.extend_from_slice(&(t.len() as u32).to_le_bytes());
         match encoding {
-            Encoding::F32 => t.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-            Encoding::Bf16 => t.iter().for_each(|v| out.extend_from_slice(&to_bf16(*v).to_le_bytes())),
+            Encoding::F32 => t.iter().for_each(|v| {
+                out.extend_from_slice(&v.to_le_bytes());
+                flush(&mut out, sink);
+            }),
+            Encoding::Bf16 => t.iter().for_each(|v| {
+                out.extend_from_slice(&to_bf16(*v).to_le_bytes());
+                flush(&mut out, sink);
+            }),
             Encoding::Sparse(_) => {}
             Encoding::Int8 => {
                 let max = t.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -146,11 +177,14 @@ pub fn encode(tensors: &Tensors, encoding: Encoding) -> Vec<u8> {
                 for v in t {
                     let q = if scale > 0.0 { (v / scale).round().clamp(-127.0, 127.0) } else { 0.0 };
                     out.push(q as i8 as u8);
+                    flush(&mut out, sink);
                 }
             }
         }
     }
-    out
+    if !out.is_empty() {
+        sink(&out);
+    }
 }
 
 /// The exact length of [`encode`]'s output for tensors of `sizes` elements: what a
@@ -254,6 +288,22 @@ mod tests {
         let bytes = encode(&t, Encoding::F32);
         assert!(bytes.len() as f64 <= 1.05 * 4.0 * 1064.0);
         assert_eq!(decode(&bytes, &[1000, 64]), Ok((t, Encoding::F32)));
+    }
+
+    #[test]
+    fn a_message_fed_in_pieces_is_the_message() {
+        let t: Tensors = vec![(0..100_000).map(|i| i as f32 * 0.25 - 7.0).collect(), vec![], vec![3.5; 9]];
+        for encoding in [Encoding::F32, Encoding::Bf16, Encoding::Int8] {
+            let mut fed = Vec::new();
+            let mut pieces = 0;
+            encode_dense_with(&t, encoding, &mut |b| {
+                assert!(b.len() <= (64 << 10) + 16);
+                pieces += 1;
+                fed.extend_from_slice(b);
+            });
+            assert_eq!(fed, encode(&t, encoding), "{encoding:?}");
+            assert!(pieces > 1, "{encoding:?} in pieces");
+        }
     }
 
     #[test]

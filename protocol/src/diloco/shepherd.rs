@@ -655,6 +655,16 @@ impl<P: Ord + Clone> Shepherd<P> {
         &self.params
     }
 
+    /// The outer optimizer's momentum: [`Shepherd::snapshot`]'s `velocity`, not copied.
+    pub fn velocity(&self) -> &Tensors {
+        self.outer.state()
+    }
+
+    /// The recent round durations and norms [`Shepherd::snapshot`] records.
+    pub fn history(&self) -> (Vec<u64>, Vec<f64>) {
+        (self.durations.iter().copied().collect(), self.norms.iter().copied().collect())
+    }
+
     /// Moves the open round's deadline `by_ms` later, and returns it: a host that
     /// held the round's announcement back (until the candidates hold the state it
     /// names) gives its workers the time it waited.

@@ -375,6 +375,22 @@ pub fn encode(tensors: &Tensors, layout: Layout) -> (Vec<u8>, SparseTensors) {
     encode_seeded(tensors, layout, 0)
 }
 
+/// Where a message's seed is: after the magic, version, chunk, k, bits and strided.
+const SEED_AT: usize = 4 + 1 + 4 + 4 + 1 + 1;
+
+/// Rebinds a top-k message to `seed` (another round), as [`encode_seeded`] with that
+/// seed would have written it: a top-k layout's entries do not depend on the seed.
+/// Returns `false`, leaving `bytes` alone, for a strided layout (whose entries it
+/// places) or bytes too short to be a message. For load tests, which send the same
+/// synthetic pseudo-gradient round after round.
+pub fn reseed(bytes: &mut [u8], seed: u64) -> bool {
+    if bytes.len() < HEADER || &bytes[..4] != MAGIC || bytes[SEED_AT - 1] != 0 {
+        return false;
+    }
+    bytes[SEED_AT..SEED_AT + 8].copy_from_slice(&seed.to_le_bytes());
+    true
+}
+
 /// Encodes what `layout` keeps of `tensors` in a message seeded `seed` (the
 /// round: it places a strided layout's entries and binds the message to it).
 pub fn encode_seeded(tensors: &Tensors, layout: Layout, seed: u64) -> (Vec<u8>, SparseTensors) {
@@ -987,6 +1003,23 @@ impl<'a> BitReader<'a> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_reseeded_top_k_message_is_the_one_encoded_with_that_seed() {
+        use super::*;
+        let t: Tensors = vec![(0..300).map(|i| ((i * 37) % 101) as f32 - 50.0).collect(), vec![1.0, -2.0, 3.0]];
+        let top_k = Layout { chunk: 64, k: 2, bits: 2, strided: false };
+        let (mut bytes, _) = encode_seeded(&t, top_k, 3);
+        assert!(reseed(&mut bytes, 9));
+        assert_eq!(bytes, encode_seeded(&t, top_k, 9).0);
+        assert!(decode_seeded(&bytes, &[300, 3], top_k, 9).is_ok());
+        let strided = Layout { strided: true, ..top_k };
+        let (mut bytes, _) = encode_seeded(&t, strided, 3);
+        let before = bytes.clone();
+        assert!(!reseed(&mut bytes, 9), "a strided message's entries depend on its seed");
+        assert_eq!(bytes, before);
+        assert!(!reseed(&mut [0u8; 8], 1), "too short");
+    }
+
     use super::*;
     use proptest::prelude::*;
 

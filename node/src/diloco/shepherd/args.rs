@@ -65,6 +65,10 @@ pub(crate) struct ShepherdArgs {
     /// Drop a worker that has not sent a heartbeat for this long.
     #[arg(long, default_value_t = 10_000, requires = "shepherd")]
     pub(crate) heartbeat_timeout_ms: u64,
+    /// Threads that add the round's contributions to its running sum (0: every
+    /// core of this machine).
+    #[arg(long, default_value_t = 0, value_name = "N", requires = "shepherd")]
+    pub(crate) aggregate_threads: usize,
     /// Continue the run checkpointed in <data-dir>/shepherd.
     #[arg(long, requires = "shepherd")]
     pub(crate) resume: bool,
@@ -166,6 +170,8 @@ pub(crate) struct ShepherdPlan {
     pub(super) min_workers: usize,
     pub(super) encoding: Encoding,
     pub(super) heartbeat_timeout_ms: u64,
+    /// Threads adding contributions (`--aggregate-threads`; at least 1).
+    pub(crate) aggregate_threads: usize,
     pub(super) start: Start,
     pub(super) state_dir: PathBuf,
     /// The other coordinator candidates (a new run's; a resumed or inherited run's
@@ -248,8 +254,8 @@ impl ShepherdPlan {
             Corpus::load(&corpus_path, &experiment.tokenizer, None, experiment.val_fraction).map_err(Failure::input)?;
         let source = experiment.model.clone().unwrap_or_else(|| "nanogpt-small".to_owned());
         experiment.model = Some(source.clone());
-        let model =
-            Model::load_with_batch(&source, corpus.vocab.size(), experiment.batch_size).map_err(Failure::input)?;
+        let model = Model::load_with_batch(&source, experiment.vocab(corpus.vocab.size()), experiment.batch_size)
+            .map_err(Failure::input)?;
         Self {
             rounds: experiment.outer_loop_steps,
             tau: experiment.tau,
@@ -260,6 +266,7 @@ impl ShepherdPlan {
             min_workers: args.min_workers.max(1),
             encoding,
             heartbeat_timeout_ms: args.heartbeat_timeout_ms.max(500),
+            aggregate_threads: aggregate_threads(args.aggregate_threads),
             start: resumed.map_or(Start::New, |c| Start::Resume(Box::new(c))),
             state_dir,
             candidates,
@@ -305,6 +312,7 @@ impl ShepherdPlan {
             min_workers,
             encoding,
             heartbeat_timeout_ms,
+            aggregate_threads: aggregate_threads(0),
             start: Start::New,
             state_dir,
             candidates: Vec::new(),
@@ -322,6 +330,11 @@ impl ShepherdPlan {
             screen_split: None,
         }
     }
+}
+
+/// `--aggregate-threads`: `n`, or every core of this machine for 0.
+pub(crate) fn aggregate_threads(n: usize) -> usize {
+    if n > 0 { n } else { std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get) }
 }
 
 impl ShepherdPlan {
@@ -370,6 +383,7 @@ impl ShepherdPlan {
             min_workers: 1,
             encoding,
             heartbeat_timeout_ms: 10_000,
+            aggregate_threads: aggregate_threads(0),
             candidates: manifest.candidates.iter().map(|k| PublicKey(*k)).collect(),
             lease_ms: manifest.lease_ms,
             failover: manifest.failover,

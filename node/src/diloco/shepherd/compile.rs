@@ -94,7 +94,7 @@ impl Host {
             };
             (
                 self.plan.model.source.clone(),
-                self.plan.corpus.vocab.size(),
+                self.plan.experiment.vocab(self.plan.corpus.vocab.size()),
                 batch / micro_batches.max(1) as usize,
                 config,
             )
@@ -141,7 +141,8 @@ impl Host {
     async fn footprint(&mut self) -> Option<&Footprint> {
         if self.footprint.is_none() && pcp_graph::models::preset(&self.plan.model.source).is_some() {
             let (batch, config) = (self.manifest.data.batch as usize, step_config(&self.plan.experiment));
-            let (source, vocab) = (self.plan.model.source.clone(), self.plan.corpus.vocab.size());
+            let (source, vocab) =
+                (self.plan.model.source.clone(), self.plan.experiment.vocab(self.plan.corpus.vocab.size()));
             let measured = tokio::task::spawn_blocking(move || {
                 Footprint::measure(batch, config.recompute, |mode, m| {
                     crate::training::memory::preset_step_bytes(&source, vocab, &config, mode, m)

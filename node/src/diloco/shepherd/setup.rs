@@ -323,6 +323,7 @@ pub(super) fn machine_config(
         rating: (plan.screen == Screen::Score).then_some(plan.trust.policy),
         aggregate_max: plan.trust.aggregate_max as usize,
         max_participants: plan.trust.max_participants as usize,
+        add_threads: plan.aggregate_threads.max(1),
         untrusted: true,
         // overlapping workers: time-boxed rounds, a deadline after the budget, late
         // contributions carried over (see pcp_protocol::diloco::shepherd)
@@ -380,9 +381,8 @@ fn open_consensus(
     }
     let lease_ms = manifest.lease_ms.max(500);
     let mode = super::super::consensus::mode_of(manifest.failover, succession.order().len());
-    let state =
-        LeaderState { term: term.max(1), snapshot: machine.snapshot(), contributors: Vec::new(), excluded: Vec::new() };
-    let blob = store.put_bytes(&wire::state_blob(&state))?.0;
+    let state = wire::StateParts::of(machine, term.max(1));
+    let blob = wire::put_state(store, &state, &[], &[])?.0.0;
     let held = Replica { term: term.max(1), round: machine.completed(), params: wire::params_hash(machine.params()).0 };
     let seat = Seat { node, identity, events, data_dir, run, succession: succession.clone(), lease_ms, mode };
     if matches!(start, Start::New) {
@@ -446,8 +446,14 @@ impl Host {
             .unwrap_or_else(|| data_dir.join("artifacts"));
         let whole_step_bytes = crate::training::memory::step_bytes(&step);
         let module = Arc::new(step.module);
-        let engine =
-            host_engine(prepared_engine, &module, &artifacts_dir, &manifest, params, step.state_per_param).await?;
+        // a shepherd that neither validates nor screens by loss runs no model itself
+        // (its engine would hold the parameters and optimizer state once more)
+        let engine = match plan.experiment.eval_batches > 0 || plan.screen == Screen::Score {
+            true => Some(
+                host_engine(prepared_engine, &module, &artifacts_dir, &manifest, params, step.state_per_param).await?,
+            ),
+            false => None,
+        };
         let screener = screener(&mut plan, &manifest);
 
         // providing is a DHT query that can take seconds (a dead leader is still in
@@ -488,6 +494,7 @@ impl Host {
                 .needing(min_quorum),
             keeper,
             reported_term: 0,
+            receiving_extension: (0, 0),
             sizes,
             shards,
             fragments,
@@ -525,7 +532,7 @@ impl Host {
         let run = self.run;
         // the dashboard, when it is up, owns stdout and shows the rounds itself
         self.plan.table &= !crate::observe::tui::owns_stdout();
-        self.publish_state(&[], &[])?;
+        self.publish_state(&[], &[], wire::params_hash(self.machine.params()))?;
         let state = self.state.as_ref().map(|s| BlobHash(s.blob));
         self.plan.retention.advance(&self.node, &self.events, resumed_at, state).await;
         let params_hash = wire::params_hash(self.machine.params());
