@@ -26,15 +26,15 @@
 //!   uploads of consecutive rounds do not share the link.
 //! * After a round closes, the shepherd spends `overhead_s` (validation,
 //!   checkpoint) before the next announcement is visible.
-//! * The shepherd decodes, validates and adds contributions on `shepherd_cores`
-//!   cores, `decode_s` each ([`crate::decode`], measured on one core): each core
-//!   takes the next contribution in the order they arrived, and a contribution
-//!   reaches its state machine once its core is done with it, so a queue at the
-//!   shepherd can make contributions late. This assumes the work spreads over the
-//!   cores: checking a sparse contribution (`sparse::Packed::check`) is
-//!   independent per contribution, and adding it splits into ranges of the sum
-//!   (`shepherd::Config::add_threads`); memory bandwidth is taken to grow with
-//!   the cores.
+//! * The shepherd's CPU is [`cpu`]: one event loop every contribution, screen,
+//!   close and heartbeat waits for, with forward passes and adds spread over
+//!   the aggregate threads, at the calibration table's costs. A contribution
+//!   reaches the state machine once the loop is done with it (so a queue makes
+//!   contributions late), and the next announcement goes out once the loop has
+//!   closed the round. A participant fetches a participants blob past
+//!   [`INLINE_PARTICIPANTS`]; workers past the connection cap never join.
+//! * In a swarm ([`Swarm::Peers`]) a worker serves a round's blob only once its
+//!   own fetch of it is done ([`fair_share_growing`]).
 //! * Overlap (`overlap`, [`Worker::with_overlap`], and the shepherd's
 //!   [`shepherd::Overlap`]): the workers' state machines decide everything, each
 //!   action carried out as it comes. `Train` runs τ steps or the round's budget
@@ -61,11 +61,12 @@
 //!   going and applies the update does).
 //! * Utilization counts the inner-step time of the contributions the shepherd
 //!   averaged, and nothing else (not steps of rounds abandoned, late or
-//!   rejected), over participants × the wall time between two closes. With
-//!   overlap a round's steps run partly before it opens (and a carried
-//!   contribution's in the round before), so one round's ratio can pass 1; the
-//!   summary's `overall_utilization` divides the compute of every round by the
-//!   participants × wall time of every round instead.
+//!   rejected), in the wall-time window it actually ran in: with overlap a
+//!   round's steps run partly before it opens, so they count in the window of
+//!   the round they ran in. A round's figure is that compute over participants ×
+//!   its window, capped at 1 (a window can hold steps of a worker that left
+//!   since); the summary's overall and steady figures are ratios of sums of them,
+//!   so neither can pass 1 ([`windowed_utilization`]).
 //! * Sparse runs: a worker that holds the previous round's parameters (it
 //!   fetched them, whether or not it finished the round) fetches only the
 //!   shepherd's update (`update_bytes`); joiners and workers that missed a
