@@ -66,7 +66,7 @@
 //!   the round they ran in. A round's figure is that compute over participants ×
 //!   its window, capped at 1 (a window can hold steps of a worker that left
 //!   since); the summary's overall and steady figures are ratios of sums of them,
-//!   so neither can pass 1 ([`windowed_utilization`]).
+//!   so neither can pass 1 (`windowed_utilization`).
 //! * Sparse runs: a worker that holds the previous round's parameters (it
 //!   fetched them, whether or not it finished the round) fetches only the
 //!   shepherd's update (`update_bytes`); joiners and workers that missed a
