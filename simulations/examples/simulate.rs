@@ -13,6 +13,10 @@ struct Cli {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let stdout = std::io::stdout();
+    if cli.args.calibrate {
+        pcp_simulations::calibrate(&cli.args, &mut stdout.lock())?;
+        return Ok(());
+    }
     pcp_simulations::run(&cli.args, &mut stdout.lock())?;
     Ok(())
 }

@@ -24,6 +24,16 @@ pub enum Strategy {
     All,
 }
 
+/// The shepherd's screen of contributions (pcp-node `--screen`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScreenMode {
+    /// Norm bounds only: no forward pass.
+    Norm,
+    /// Two forward passes per screened contribution on the shepherd's held-out batch.
+    Score,
+}
+
 /// How DiLoCo contributions reach the shepherd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -125,17 +135,52 @@ pub struct SimulateArgs {
     /// throughput is split, so a step takes workers × the step time alone.
     #[arg(long)]
     pub one_machine: bool,
-    /// Seconds the shepherd spends between closing a round and announcing the next (validation, checkpoint).
-    #[arg(long, default_value_t = 0.0)]
-    pub overhead_seconds: f64,
-    /// Seconds the shepherd spends decoding, validating and adding one contribution, one at a
-    /// time [default: measured on this machine at start-up, for the model and encoding].
+    /// Seconds the shepherd spends between closing a round and announcing the next (validation,
+    /// checkpoint), replacing the DiLoCo star's modelled close (--eval-batches forward passes and
+    /// the calibration table's cost per parameter) [default: the star models it; the other
+    /// strategies 0].
+    #[arg(long)]
+    pub overhead_seconds: Option<f64>,
+    /// Core-seconds the shepherd spends decoding, validating and adding one contribution,
+    /// spread over the aggregate threads in place of the calibration table's decode and add
+    /// [default: from the calibration table, for the model and encoding].
     #[arg(long)]
     pub decode_seconds: Option<f64>,
-    /// Cores the shepherd decodes, validates and adds contributions on, whole contributions
-    /// each (a typical GPU host has 16 or more).
-    #[arg(long, default_value_t = 16)]
-    pub shepherd_cores: usize,
+    /// Threads the shepherd adds contributions, screens and validates on (pcp-node
+    /// `--aggregate-threads`, default all its cores) [default: the cores of the machine the
+    /// calibration table was measured on]. Each contribution's signature check, hash,
+    /// decryption and decode run on its one event-loop thread whatever this says.
+    #[arg(long, visible_alias = "shepherd-cores")]
+    pub aggregate_threads: Option<usize>,
+    /// The shepherd's screen (pcp-node `--screen`): `score` runs two forward passes per
+    /// screened contribution on a held-out batch (batch × block tokens); `norm` checks norms only.
+    #[arg(long, value_enum, default_value_t = ScreenMode::Score)]
+    pub screen: ScreenMode,
+    /// Share of the last round's duration (less its screening) screening may take past the
+    /// first 8 screens of a round (pcp-node `--screen-share`).
+    #[arg(long, default_value_t = 0.25)]
+    pub screen_share: f64,
+    /// Past the budget, a rated peer's contribution is screened with this probability
+    /// (pcp-node `--screen-sample`); one on probation is refused for the round.
+    #[arg(long, default_value_t = 0.25)]
+    pub screen_sample: f64,
+    /// Screens a key must pass before it is rated (pcp-node `--probation-rounds`).
+    #[arg(long, default_value_t = 3)]
+    pub probation_rounds: u32,
+    /// Validation batches the shepherd evaluates when a round closes (pcp-node's eval_batches).
+    #[arg(long, default_value_t = 8)]
+    pub eval_batches: u64,
+    /// Connections the shepherd admits (pcp-node: 16,384); workers beyond it cannot join.
+    #[arg(long, default_value_t = 16_384)]
+    pub max_connections: usize,
+    /// The shepherd's CPU costs: read this calibration table instead of the committed one
+    /// (`simulations/calibration.json`); with --calibrate, write the new table here.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+    /// Measure the shepherd's CPU costs on this machine and write the calibration table (to
+    /// --calibration FILE, or stdout) instead of simulating.
+    #[arg(long)]
+    pub calibrate: bool,
     /// Workers overlap rounds: they train round r+1 from their own parameters while round r's
     /// contribution, the shepherd's aggregation and the update are on their way, and rebase
     /// onto the update when it arrives; a contribution may go before the update (staleness

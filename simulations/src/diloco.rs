@@ -26,15 +26,15 @@
 //!   uploads of consecutive rounds do not share the link.
 //! * After a round closes, the shepherd spends `overhead_s` (validation,
 //!   checkpoint) before the next announcement is visible.
-//! * The shepherd decodes, validates and adds contributions on `shepherd_cores`
-//!   cores, `decode_s` each ([`crate::decode`], measured on one core): each core
-//!   takes the next contribution in the order they arrived, and a contribution
-//!   reaches its state machine once its core is done with it, so a queue at the
-//!   shepherd can make contributions late. This assumes the work spreads over the
-//!   cores: checking a sparse contribution (`sparse::Packed::check`) is
-//!   independent per contribution, and adding it splits into ranges of the sum
-//!   (`shepherd::Config::add_threads`); memory bandwidth is taken to grow with
-//!   the cores.
+//! * The shepherd's CPU is [`cpu`]: one event loop every contribution, screen,
+//!   close and heartbeat waits for, with forward passes and adds spread over
+//!   the aggregate threads, at the calibration table's costs. A contribution
+//!   reaches the state machine once the loop is done with it (so a queue makes
+//!   contributions late), and the next announcement goes out once the loop has
+//!   closed the round. A participant fetches a participants blob past
+//!   [`INLINE_PARTICIPANTS`]; workers past the connection cap never join.
+//! * In a swarm ([`Swarm::Peers`]) a worker serves a round's blob only once its
+//!   own fetch of it is done ([`fair_share_growing`]).
 //! * Overlap (`overlap`, [`Worker::with_overlap`], and the shepherd's
 //!   [`shepherd::Overlap`]): the workers' state machines decide everything, each
 //!   action carried out as it comes. `Train` runs τ steps or the round's budget
@@ -61,11 +61,12 @@
 //!   going and applies the update does).
 //! * Utilization counts the inner-step time of the contributions the shepherd
 //!   averaged, and nothing else (not steps of rounds abandoned, late or
-//!   rejected), over participants × the wall time between two closes. With
-//!   overlap a round's steps run partly before it opens (and a carried
-//!   contribution's in the round before), so one round's ratio can pass 1; the
-//!   summary's `overall_utilization` divides the compute of every round by the
-//!   participants × wall time of every round instead.
+//!   rejected), in the wall-time window it actually ran in: with overlap a
+//!   round's steps run partly before it opens, so they count in the window of
+//!   the round they ran in. A round's figure is that compute over participants ×
+//!   its window, capped at 1 (a window can hold steps of a worker that left
+//!   since); the summary's overall and steady figures are ratios of sums of them,
+//!   so neither can pass 1 (`windowed_utilization`).
 //! * Sparse runs: a worker that holds the previous round's parameters (it
 //!   fetched them, whether or not it finished the round) fetches only the
 //!   shepherd's update (`update_bytes`); joiners and workers that missed a
@@ -98,9 +99,27 @@ use pcp_protocol::diloco::worker::{self, Worker};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::network::{Flow, fair_share};
+use crate::network::{Flow, fair_share, fair_share_growing};
 use crate::report::{FragmentCost, RoundStats, StrategyReport, Summary};
 use crate::world::{NodeSpec, Stream, World, rng};
+
+pub mod cpu;
+
+use cpu::{Cpu, Screened};
+pub use cpu::{CpuTotals, ScreenPolicy, ShepherdCosts};
+
+/// Participants an announcement lists inline; past them the list goes into a
+/// participants blob every participant fetches, and the announcement carries its hash
+/// (the node's rule under its 256 KiB control-message cap).
+pub const INLINE_PARTICIPANTS: usize = 4_096;
+/// Bytes of an announcement besides its participant list.
+pub const ANNOUNCEMENT_BYTES: f64 = 1_000.0;
+/// Bytes a participant takes in an announcement's list or the participants blob.
+pub const PARTICIPANT_BYTES: f64 = 32.0;
+/// Bytes of a heartbeat request.
+pub const HEARTBEAT_REQUEST_BYTES: f64 = 250.0;
+/// Bytes of a heartbeat's answer (the announcement once a round aside).
+pub const HEARTBEAT_ANSWER_BYTES: f64 = 200.0;
 
 /// What the star simulation needs besides the world.
 #[derive(Clone, Debug, PartialEq)]
@@ -120,11 +139,9 @@ pub struct StarSetup {
     /// Sparse runs: bytes of the shepherd's update, what a worker holding the previous
     /// round's parameters fetches instead of them.
     pub update_bytes: Option<f64>,
-    /// Seconds the shepherd spends decoding, validating and adding one contribution.
-    pub decode_s: f64,
-    /// Cores the shepherd decodes, validates and adds contributions on, each taking
-    /// whole contributions (1: one at a time, in the order they arrived).
-    pub shepherd_cores: usize,
+    /// The shepherd's CPU costs ([`cpu`]): its event loop, aggregate threads, screen,
+    /// close, heartbeats, cipher and connection cap.
+    pub cpu: ShepherdCosts,
     /// Workers overlap rounds ([`Worker::with_overlap`]): they train round r+1 from
     /// their own parameters while round r's contribution, aggregation and update are
     /// on their way, and rebase onto the update when it arrives; the shepherd
@@ -194,6 +211,7 @@ enum Ev {
     Decoded {
         w: u32,
         r: u64,
+        screened: Screened,
     },
     Deadline {
         r: u64,
@@ -258,8 +276,10 @@ struct Sim<'a> {
     churn: ChaCha8Rng,
     jitter: ChaCha8Rng,
     delta: ChaCha8Rng,
-    /// Seconds of inner steps per round and worker, for the rounds not closed yet.
-    compute: BTreeMap<u64, BTreeMap<u32, f64>>,
+    /// Inner steps (from, to, µs) per round and worker, for the rounds not closed yet.
+    compute: BTreeMap<u64, BTreeMap<u32, Vec<(u64, u64)>>>,
+    /// The inner steps of every contribution averaged (from, to, µs).
+    useful: Vec<(u64, u64)>,
     /// The last round closed.
     closed: u64,
     /// What happened since the last close: bytes, drops, abandons.
@@ -272,11 +292,15 @@ struct Sim<'a> {
     budgets: BTreeMap<u64, (u64, u64)>,
     /// Each open round's share of its fetched bytes served by the shepherd.
     served: BTreeMap<u64, f64>,
-    /// Overlap: compute and participant-seconds of every round, for the overall utilization.
-    totals: (f64, f64),
-    /// When each of the shepherd's cores is done with the contributions it took.
-    cores: Vec<u64>,
+    /// The shepherd's event loop and aggregate threads.
+    cpu: Cpu,
+    /// Live workers (connections held at the shepherd).
+    alive: usize,
+    /// Joins refused at the shepherd's connection cap.
+    refused: u64,
     last_close: u64,
+    /// When the shepherd's loop finished closing the last round (the next announcement goes out).
+    closed_at: u64,
     done: Vec<RoundStats>,
     finished: bool,
 }
@@ -292,6 +316,10 @@ pub fn run_star(world: World, setup: &StarSetup, progress: &mut dyn FnMut(u64)) 
         overlap: setup.overlap.then(|| shepherd::Overlap {
             notice_ms: us(world.config.poll_s) / 1000 + 500,
             ..shepherd::Overlap::new(setup.tau)
+        }),
+        rating: setup.cpu.screen.map(|s| pcp_protocol::diloco::rating::Policy {
+            probation_rounds: s.probation_rounds,
+            ..Default::default()
         }),
         fragments: if setup.fragments.len() > 1 {
             (0..setup.fragments.len()).map(|f| f..f + 1).collect()
@@ -320,9 +348,12 @@ pub fn run_star(world: World, setup: &StarSetup, progress: &mut dyn FnMut(u64)) 
         participants: Vec::new(),
         budgets: BTreeMap::new(),
         served: BTreeMap::new(),
-        totals: (0.0, 0.0),
-        cores: vec![0; setup.shepherd_cores.max(1)],
+        useful: Vec::new(),
+        cpu: Cpu::new(setup.cpu.clone(), rng(setup.seed, Stream::Screen)),
+        alive: 0,
+        refused: 0,
         last_close: 0,
+        closed_at: 0,
         done: Vec::new(),
         finished: false,
     };
@@ -348,12 +379,46 @@ pub fn run_star(world: World, setup: &StarSetup, progress: &mut dyn FnMut(u64)) 
             progress(reported as u64);
         }
     }
+    windowed_utilization(&mut sim.done, &mut sim.useful);
     let mut summary = Summary::of(&sim.done);
     if setup.overlap {
-        summary.overall_utilization = Some(sim.totals.0 / sim.totals.1.max(1e-9));
+        summary.overall_utilization = Some(summary.utilization);
     }
+    summary.shepherd = Some(crate::report::ShepherdSummary {
+        cpu: sim.cpu.totals,
+        refused_joins: sim.refused,
+        heartbeat_overload: sim.cpu.totals.peak_heartbeat_load > 1.0,
+    });
     let strategy = if setup.overlap { "diloco-star+overlap" } else { "diloco-star" };
     StrategyReport { strategy: strategy.into(), engine: "protocol".into(), rounds: sim.done, summary }
+}
+
+/// Sets each round's utilization to the inner-step time of the contributions
+/// averaged (in any round) that ran inside the round's wall-time window (from
+/// the previous close to its own), over participants × that window, at most 1
+/// (a window can hold steps of workers no longer among its participants: those
+/// of a worker that left, carried over).
+fn windowed_utilization(rounds: &mut [RoundStats], useful: &mut [(u64, u64)]) {
+    useful.sort_unstable();
+    let ends: Vec<u64> = rounds.iter().map(|r| us(r.end_s)).collect();
+    let mut compute = vec![0.0f64; rounds.len()];
+    for &(from, to) in useful.iter() {
+        // the first window ending after `from`, then the ones after it that `to` reaches
+        let mut k = ends.partition_point(|e| *e <= from);
+        while k < ends.len() {
+            let start = if k == 0 { 0 } else { ends[k - 1] };
+            let overlap = to.min(ends[k]).saturating_sub(from.max(start));
+            compute[k] += secs(overlap);
+            if to <= ends[k] {
+                break;
+            }
+            k += 1;
+        }
+    }
+    for (r, c) in rounds.iter_mut().zip(compute) {
+        let capacity = r.participants as f64 * r.wall_s;
+        r.utilization = if capacity > 0.0 { (c / capacity).min(1.0) } else { 0.0 };
+    }
 }
 
 impl Sim<'_> {
@@ -374,17 +439,17 @@ impl Sim<'_> {
         self.fragment(r).map(|f| f.fetch_bytes).or(self.setup.update_bytes)
     }
 
-    /// The shepherd's seconds per contribution to round `r`.
-    fn decode_s(&self, r: u64) -> f64 {
-        self.setup.decode_s * self.fragment(r).map_or(1.0, |f| f.work)
-    }
-
     fn push(&mut self, t: u64, ev: Ev) {
         self.seq += 1;
         self.queue.push(Reverse((t, self.seq, ev)));
     }
 
     fn join(&mut self) {
+        if self.alive >= self.setup.cpu.max_connections {
+            self.refused += 1;
+            return;
+        }
+        self.alive += 1;
         let spec = self.world.draw_node();
         let w = self.workers.len() as u32;
         let lifetime = exp_us(&mut self.churn, self.setup.churn_per_hour / 3600.0);
@@ -412,12 +477,12 @@ impl Sim<'_> {
         self.shepherd_input(Input::Joined(w), now, false);
     }
 
-    /// Worker `w` finished round `r`'s inner steps, `s` seconds of them.
-    fn computed(&mut self, r: u64, w: u32, s: f64) {
+    /// Worker `w` ran round `r`'s inner steps from `since` to `now` (µs).
+    fn computed(&mut self, r: u64, w: u32, since: u64, now: u64) {
         // overlap: a round closed may still be carried into the next
         let open = if self.setup.overlap { r >= self.closed } else { r > self.closed };
         if open {
-            *self.compute.entry(r).or_default().entry(w).or_default() += s;
+            self.compute.entry(r).or_default().entry(w).or_default().push((since, now));
         }
     }
 
@@ -516,6 +581,7 @@ impl Sim<'_> {
                 let ws = &mut self.workers[w as usize];
                 ws.alive = false;
                 ws.training = None;
+                self.alive -= 1;
                 let delay = if crash { self.setup.shepherd.heartbeat_timeout_ms.saturating_mul(1000) } else { 0 };
                 self.push(now.saturating_add(delay), Ev::Notice { w });
             }
@@ -583,7 +649,7 @@ impl Sim<'_> {
                 if send {
                     ws.busy = Some((r, arrive_us.max(now)));
                     self.push(arrive_us.max(now), Ev::Arrive { w, r });
-                    self.computed(r, w, secs(now - since));
+                    self.computed(r, w, since, now);
                 } else {
                     self.window.abandoned += 1;
                 }
@@ -597,7 +663,7 @@ impl Sim<'_> {
                 ws.machine.handle(worker::Input::Sent(r), now / 1000);
                 self.arrived(w, r, now);
             }
-            Ev::Decoded { w, r } => self.contribute(w, r, now),
+            Ev::Decoded { w, r, screened } => self.contribute(w, r, now, screened),
         }
     }
 
@@ -634,7 +700,7 @@ impl Sim<'_> {
                 };
                 ws.training = None;
                 let actions = ws.machine.handle(worker::Input::Trained(r), now / 1000);
-                self.computed(r, w, secs(now - since));
+                self.computed(r, w, since, now);
                 actions
             }
             Ev::Arrive { r, .. } => {
@@ -658,22 +724,25 @@ impl Sim<'_> {
         let cb = self.contribution_bytes(r);
         self.window.worker_bytes_out += cb;
         self.window.shepherd_bytes_in += cb;
-        let decode = us(self.decode_s(r));
-        if decode == 0 {
-            self.contribute(w, r, now);
-        } else {
-            // each core takes the next contribution in the order they arrived
-            let (core, free) = self.cores.iter().copied().enumerate().min_by_key(|(_, f)| *f).unwrap_or((0, 0));
-            let at = free.max(now) + decode;
-            if let Some(c) = self.cores.get_mut(core) {
-                *c = at;
-            }
-            self.push(at, Ev::Decoded { w, r });
-        }
+        // the node validates, then screens what is for the open round (or carried into it)
+        let open = self.shepherd.completed() + 1;
+        let screenable = !self.workers[w as usize].spec.hostile && (r == open || (self.setup.overlap && r + 1 == open));
+        let must = self.shepherd.must_screen(&w);
+        let work = self.fragment(r).map_or(1.0, |f| f.work);
+        let (at, screened) = self.cpu.contribution(now, cb, work, must, screenable);
+        self.push(at, Ev::Decoded { w, r, screened });
     }
 
-    /// Hands worker `w`'s decoded contribution for round `r` to the shepherd.
-    fn contribute(&mut self, w: u32, r: u64, now: u64) {
+    /// Hands worker `w`'s decoded and screened contribution for round `r` to the shepherd.
+    fn contribute(&mut self, w: u32, r: u64, now: u64, screened: Screened) {
+        match screened {
+            Screened::OverBudget => {
+                let reason = Rejection::Unscreened;
+                return self.shepherd_input(Input::Malformed { peer: w, round: r, reason }, now, false);
+            }
+            Screened::Passed => self.shepherd_input(Input::Score { peer: w, round: r, improvement: 0.01 }, now, false),
+            Screened::Skip => {}
+        }
         let hostile = self.workers[w as usize].spec.hostile;
         let tensor: Vec<f32> = if hostile {
             vec![f32::NAN, 0.0, 0.0, 0.0]
@@ -748,11 +817,15 @@ impl Sim<'_> {
                 Action::RoundCompleted(summary) => {
                     let r = summary.round;
                     // the inner steps of the contributions averaged, and of nothing else
-                    let trained = self.compute.get(&r);
-                    let mut compute: f64 =
-                        summary.contributors.iter().filter_map(|w| trained.and_then(|t| t.get(w))).sum();
+                    if let Some(trained) = self.compute.get(&r) {
+                        for w in &summary.contributors {
+                            self.useful.extend(trained.get(w).into_iter().flatten());
+                        }
+                    }
                     if let Some(before) = self.compute.get(&r.saturating_sub(1)) {
-                        compute += summary.carried.iter().filter_map(|w| before.get(w)).sum::<f64>();
+                        for w in &summary.carried {
+                            self.useful.extend(before.get(w).into_iter().flatten());
+                        }
                     }
                     self.closed = r;
                     if self.setup.overlap {
@@ -773,12 +846,11 @@ impl Sim<'_> {
                     let deadline = if self.setup.overlap { summary.at_deadline } else { at_deadline };
                     s.at_quorum = deadline && !summary.excluded.is_empty();
                     let p = participants.max(1) as f64;
-                    s.utilization = compute / (p * s.wall_s.max(1e-9));
-                    self.totals.0 += compute;
-                    self.totals.1 += p * s.wall_s;
+                    self.control_bytes(&mut s, participants);
                     s.worker_bytes_in /= p;
                     s.worker_bytes_out /= p;
                     self.last_close = now;
+                    self.closed_at = self.cpu.close(now, s.wall_s, self.fragment(r + 1).map_or(1.0, |f| f.work));
                     self.done.push(s);
                 }
                 Action::Finished => self.finished = true,
@@ -811,37 +883,87 @@ impl Sim<'_> {
         self.deadlines.retain(|k, _| *k + 2 >= r);
         self.push(deadline_us, Ev::Deadline { r });
         let overhead = if r > 1 { self.setup.overhead_s } else { 0.0 };
-        secs(self.now) + overhead
+        secs(self.now.max(self.closed_at)) + overhead
     }
 
-    /// The capacity serving round `r`'s blobs to `plan`'s workers (bytes/s), for
-    /// rounds whose steps take about `round_s`; records the shepherd's share.
-    fn serving(&mut self, r: u64, plan: &[(u32, f64, f64, f64)], round_s: f64) -> f64 {
+    /// When each of `fetches` (of `plan`'s workers, for round `r`, whose steps take
+    /// about `round_s`) is done. In a swarm a worker serves the round's blobs only once
+    /// its own fetch is done: the serving capacity starts at the shepherd's uplink and
+    /// grows by each such worker's uplink, less what its contribution takes of it.
+    /// Records the shepherd's share of the bytes, which go through its cipher.
+    fn serve(&mut self, r: u64, plan: &[(u32, f64, f64, f64)], round_s: f64, fetches: &[Flow]) -> Vec<f64> {
         let up = self.world.shepherd.up;
-        let capacity = match self.setup.swarm {
-            Swarm::Factor(f) => up * f.max(1.0),
+        let (fetched, share) = match self.setup.swarm {
+            Swarm::Factor(f) => (fair_share(up * f.max(1.0), fetches), 1.0 / f.max(1.0)),
             Swarm::Peers => {
                 let contribution = self.contribution_bytes(r);
-                up + plan
+                let gains: Vec<f64> = plan
                     .iter()
                     .map(|(w, ..)| {
                         let link = self.workers[*w as usize].spec.link.up;
                         (link - contribution / round_s.max(1e-3)).max(0.0)
                     })
-                    .sum::<f64>()
+                    .collect();
+                let fetched = fair_share_growing(up, fetches, &gains);
+                let total: f64 = fetches.iter().map(|f| f.bytes).sum();
+                let first = fetches.iter().map(|f| f.start).fold(f64::INFINITY, f64::min);
+                let last = fetched.iter().copied().filter(|t| t.is_finite()).fold(first, f64::max);
+                let share = if total > 0.0 { (up * (last - first).max(0.0) / total).min(1.0) } else { 1.0 };
+                (fetched, share)
             }
         };
         self.served.retain(|round, _| round + 4 > r);
-        self.served.insert(r, up / capacity.max(up));
-        capacity
+        self.served.insert(r, share);
+        let now = self.now;
+        self.cpu.cipher(now, share * fetches.iter().map(|f| f.bytes).sum::<f64>());
+        fetched
+    }
+
+    /// Bytes of round `r`'s announcement ([`INLINE_PARTICIPANTS`]): the participants
+    /// listed inline, or the participants blob's hash; and the blob's bytes each
+    /// participant fetches from the swarm past them.
+    fn announcement_bytes(participants: usize) -> (f64, f64) {
+        if participants <= INLINE_PARTICIPANTS {
+            (ANNOUNCEMENT_BYTES + PARTICIPANT_BYTES * participants as f64, 0.0)
+        } else {
+            (ANNOUNCEMENT_BYTES + PARTICIPANT_BYTES, PARTICIPANT_BYTES * participants as f64)
+        }
+    }
+
+    /// Round `r`'s announcement reaches each of `polls` (worker, heartbeat tick,
+    /// one-way latency) through the shepherd's uplink: when each worker knows the
+    /// round. Its bytes go through the shepherd's cipher, and heartbeats take their
+    /// share of the shepherd's loop from now on.
+    fn announce(&mut self, polls: &[(u32, f64, f64)], participants: usize) -> Vec<f64> {
+        let (bytes, _) = Self::announcement_bytes(participants);
+        let flows: Vec<Flow> = polls
+            .iter()
+            .map(|(w, tick, lat)| Flow { start: tick + lat, bytes, cap: self.workers[*w as usize].spec.link.down })
+            .collect();
+        let done = fair_share(self.world.shepherd.up, &flows);
+        let now = self.now;
+        self.cpu.heartbeats(self.alive, self.world.config.poll_s);
+        self.cpu.cipher(now, bytes * polls.len() as f64);
+        self.window.control_bytes_out += bytes * polls.len() as f64;
+        polls.iter().zip(done).map(|((_, _, lat), d)| d + lat).collect()
+    }
+
+    /// Adds the heartbeats of a round of `s.wall_s` to its control bytes (the
+    /// shepherd's, in and out).
+    fn control_bytes(&self, s: &mut RoundStats, _participants: u64) {
+        let poll = self.world.config.poll_s;
+        if poll > 0.0 {
+            let beats = self.alive as f64 * s.wall_s / poll;
+            s.control_bytes_in += beats * HEARTBEAT_REQUEST_BYTES;
+            s.control_bytes_out += beats * HEARTBEAT_ANSWER_BYTES;
+        }
     }
 
     /// Plans round `r`: discovery, fetch, training and upload of every participant.
     fn open(&mut self, r: u64, deadline_ms: u64, participants: &[u32]) {
         let visible = self.deadline_and_visibility(r, deadline_ms);
         let shepherd = self.world.shepherd;
-        let mut plan: Vec<(u32, f64, f64, f64)> = Vec::with_capacity(participants.len());
-        let mut fetches = Vec::with_capacity(participants.len());
+        let mut polls = Vec::with_capacity(participants.len());
         for &w in participants {
             let ws = &self.workers[w as usize];
             if !ws.alive {
@@ -850,17 +972,24 @@ impl Sim<'_> {
             let lat = self.world.latency(&ws.spec, 0, &shepherd);
             // a worker busy sending an older contribution sees the round after it
             let free = ws.busy.map_or(visible, |(_, until)| secs(until).max(visible));
-            let discover = self.world.next_poll(&ws.spec, free) + 2.0 * lat;
-            let bytes = match self.held_fetch_bytes(r) {
-                Some(update) if r > 1 && ws.held == Some(r - 1) => update,
-                _ => self.setup.params_bytes,
-            };
+            polls.push((w, self.world.next_poll(&ws.spec, free), lat));
+        }
+        let discovered = self.announce(&polls, participants.len());
+        let (_, blob) = Self::announcement_bytes(participants.len());
+        let mut plan: Vec<(u32, f64, f64, f64)> = Vec::with_capacity(polls.len());
+        let mut fetches = Vec::with_capacity(polls.len());
+        for ((w, _, lat), discover) in polls.into_iter().zip(discovered) {
+            let ws = &self.workers[w as usize];
+            let bytes = blob
+                + match self.held_fetch_bytes(r) {
+                    Some(update) if r > 1 && ws.held == Some(r - 1) => update,
+                    _ => self.setup.params_bytes,
+                };
             fetches.push(Flow { start: discover + lat, bytes, cap: ws.spec.link.down });
             plan.push((w, discover, lat, bytes));
         }
         let round_s = self.setup.tau as f64 * self.setup.step_seconds;
-        let capacity = self.serving(r, &plan, round_s);
-        let fetched = fair_share(capacity, &fetches);
+        let fetched = self.serve(r, &plan, round_s, &fetches);
         let mut uploads = Vec::with_capacity(plan.len());
         let mut trains = Vec::with_capacity(plan.len());
         for ((w, _, lat, _), done) in plan.iter().zip(&fetched) {
@@ -887,26 +1016,30 @@ impl Sim<'_> {
         // a round's steps take about the budget (τ typical steps before there is one)
         let round_s =
             self.shepherd.budget_ms().map_or(self.setup.tau as f64 * self.setup.step_seconds, |b| b as f64 / 1e3);
-        let mut plan: Vec<(u32, f64, f64, f64)> = Vec::with_capacity(participants.len());
-        let mut fetches = Vec::with_capacity(participants.len());
+        let mut polls = Vec::with_capacity(participants.len());
         for &w in participants {
             let ws = &self.workers[w as usize];
-            if !ws.alive {
-                continue;
+            if ws.alive {
+                let lat = self.world.latency(&ws.spec, 0, &shepherd);
+                polls.push((w, self.world.next_poll(&ws.spec, visible), lat));
             }
-            let lat = self.world.latency(&ws.spec, 0, &shepherd);
-            let discover = self.world.next_poll(&ws.spec, visible) + 2.0 * lat;
+        }
+        let discovered = self.announce(&polls, participants.len());
+        let (_, blob) = Self::announcement_bytes(participants.len());
+        let mut plan: Vec<(u32, f64, f64, f64)> = Vec::with_capacity(polls.len());
+        let mut fetches = Vec::with_capacity(polls.len());
+        for ((w, _, lat), discover) in polls.into_iter().zip(discovered) {
+            let ws = &self.workers[w as usize];
             // the state machine fetches one round after another: a sparse update
             // needs the round before it
             let (bytes, after) = match (self.held_fetch_bytes(r), ws.fetched) {
                 (Some(update), Some((f, done))) if r > 1 && f + 1 == r => (update, secs(done)),
                 _ => (self.setup.params_bytes, 0.0),
             };
-            fetches.push(Flow { start: (discover + lat).max(after), bytes, cap: ws.spec.link.down });
-            plan.push((w, discover, lat, bytes));
+            fetches.push(Flow { start: (discover + lat).max(after), bytes: bytes + blob, cap: ws.spec.link.down });
+            plan.push((w, discover, lat, bytes + blob));
         }
-        let capacity = self.serving(r, &plan, round_s);
-        let fetched = fair_share(capacity, &fetches);
+        let fetched = self.serve(r, &plan, round_s, &fetches);
         // uploads from when each worker's steps of round r should end
         let mut uploads = Vec::with_capacity(plan.len());
         for ((w, discover, lat, _), done) in plan.iter().zip(&fetched) {

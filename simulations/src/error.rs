@@ -23,6 +23,14 @@ pub enum Error {
     /// The report could not be encoded.
     #[error("encoding the report: {0}")]
     Json(#[from] serde_json::Error),
+    /// A calibration table could not be read.
+    #[error("calibration table {path}: {reason}")]
+    Calibration {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// The fault simulator saw an invariant broken.
     #[error("{0}")]
     Broken(crate::faults::Violation),

@@ -7,7 +7,9 @@
 //!
 //! * [`model`]: parameter counts, wire sizes and FLOPs of the model presets.
 //! * [`compute`]: step time from FLOPs and a device, or measured.
-//! * [`decode`]: the shepherd's decode, validate and add per contribution, measured.
+//! * [`calibration`]: the shepherd's CPU costs per unit of work, a committed table
+//!   (`simulate --calibrate` re-measures it).
+//! * [`decode`]: CPU-time stopwatches, and the old start-up measurement of decode, validate and add.
 //! * [`network`]: link profiles and max-min fair flows through a shared link.
 //! * [`world`]: the seeded world (links, regions, stragglers, hostile workers).
 //! * [`diloco`]: DiLoCo in a star on the real state machines, with churn.
@@ -25,6 +27,7 @@
 
 pub mod analytic;
 mod args;
+pub mod calibration;
 pub mod compute;
 pub mod decode;
 pub mod diloco;
@@ -37,11 +40,12 @@ pub mod report;
 mod run;
 pub mod world;
 
-pub use args::{SimulateArgs, Strategy, Topology, WireEncoding};
+pub use args::{ScreenMode, SimulateArgs, Strategy, Topology, WireEncoding};
+pub use calibration::Calibration;
 pub use compute::{ComputeModel, Device};
 pub use decode::DecodeCost;
 pub use error::Error;
 pub use model::{ModelPreset, ModelSpec};
 pub use network::Profile;
 pub use report::Report;
-pub use run::{run, run_faults, run_with_model, to_json};
+pub use run::{calibrate, run, run_faults, run_with_model, to_json};

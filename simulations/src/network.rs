@@ -116,6 +116,13 @@ impl Ord for Key {
 /// "virtual bytes" (the integral of λ), so a rate change costs nothing for
 /// them; a flow crosses between the two sets only when λ crosses its cap.
 pub fn fair_share(capacity: f64, flows: &[Flow]) -> Vec<f64> {
+    fair_share_growing(capacity, flows, &[])
+}
+
+/// [`fair_share`] through a link that grows by `gains[i]` bytes/s when flow `i`
+/// finishes (a swarm: a worker serves a blob once it has fetched all of it).
+pub fn fair_share_growing(capacity: f64, flows: &[Flow], gains: &[f64]) -> Vec<f64> {
+    let mut capacity = capacity;
     let n = flows.len();
     let mut finish = vec![f64::INFINITY; n];
     let mut order: Vec<usize> = (0..n).collect();
@@ -130,13 +137,13 @@ pub fn fair_share(capacity: f64, flows: &[Flow]) -> Vec<f64> {
     let mut cap_by_cap: BTreeSet<(Key, usize)> = BTreeSet::new();
     let mut capped_sum = 0.0f64;
     let (mut t, mut v) = (0.0f64, 0.0f64);
-    let lambda = |capped_sum: f64, unc: usize| {
+    let lambda = |capacity: f64, capped_sum: f64, unc: usize| {
         if unc == 0 { f64::INFINITY } else { ((capacity - capped_sum) / unc as f64).max(0.0) }
     };
     loop {
         // rebalance: caps below λ run at their cap, caps above it share
         for _ in 0..=2 * n + 2 {
-            let l = lambda(capped_sum, unc_by_cap.len());
+            let l = lambda(capacity, capped_sum, unc_by_cap.len());
             if let Some(&(Key(c), i)) = unc_by_cap.first().filter(|(Key(c), _)| *c < l) {
                 unc_by_cap.remove(&(Key(c), i));
                 unc_by_finish.remove(&(Key(target[i]), i));
@@ -164,7 +171,7 @@ pub fn fair_share(capacity: f64, flows: &[Flow]) -> Vec<f64> {
         if unc_by_cap.is_empty() {
             capped_sum = cap_by_cap.iter().map(|(Key(c), _)| c).sum();
         }
-        let l = lambda(capped_sum, unc_by_cap.len());
+        let l = lambda(capacity, capped_sum, unc_by_cap.len());
         let arrival = order.get(next_arrival).map_or(f64::INFINITY, |i| flows[*i].start);
         let capped_done = cap_by_finish.first().map_or(f64::INFINITY, |(Key(f), _)| *f);
         let unc_done = unc_by_finish
@@ -183,18 +190,23 @@ pub fn fair_share(capacity: f64, flows: &[Flow]) -> Vec<f64> {
             cap_by_cap.remove(&(Key(caps[i]), i));
             capped_sum -= caps[i];
             finish[i] = t;
+            capacity += gains.get(i).copied().unwrap_or(0.0);
         }
-        let slack = 1e-9 * v.abs() + 1e-6;
+        // (and what λ moves in time's last bits: late in a run, a step below t's
+        // precision would otherwise never finish the flow)
+        let slack = 1e-9 * v.abs() + 1e-6 + if l.is_finite() { l * (t.abs() * 1e-12 + 1e-12) } else { 0.0 };
         while let Some(&(Key(f), i)) = unc_by_finish.first().filter(|(Key(f), _)| *f <= v + slack) {
             unc_by_finish.remove(&(Key(f), i));
             unc_by_cap.remove(&(Key(caps[i]), i));
             finish[i] = t;
+            capacity += gains.get(i).copied().unwrap_or(0.0);
         }
         while let Some(&i) = order.get(next_arrival).filter(|i| flows[**i].start <= t) {
             next_arrival += 1;
             let f = flows[i];
             if f.bytes <= 0.0 {
                 finish[i] = t.max(f.start);
+                capacity += gains.get(i).copied().unwrap_or(0.0);
                 continue;
             }
             target[i] = v + f.bytes;
@@ -250,6 +262,17 @@ mod tests {
         let f = fair_share(100.0, &flows);
         assert!(close(f[1], 2.0), "{f:?}");
         assert!(close(f[0], 2.5), "{f:?}");
+    }
+
+    #[test]
+    fn a_swarm_grows_as_fetches_finish() {
+        // a 10 B/s seed; each of two fetchers serves 100 B/s once it holds the blob
+        let flows = [Flow { start: 0.0, bytes: 10.0, cap: 1e9 }, Flow { start: 0.0, bytes: 110.0, cap: 1e9 }];
+        let f = fair_share_growing(10.0, &flows, &[100.0, 100.0]);
+        // both at 5/s for 2 s; then the second alone at 110/s for its last 100 bytes
+        assert!(close(f[0], 2.0), "{f:?}");
+        assert!(close(f[1], 2.0 + 100.0 / 110.0), "{f:?}");
+        assert_eq!(fair_share_growing(10.0, &flows, &[]), fair_share(10.0, &flows));
     }
 
     #[test]

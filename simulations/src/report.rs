@@ -31,7 +31,9 @@ pub struct RoundStats {
     pub dropped_rejected: u64,
     /// Rounds a worker gave up (a newer round or its deadline came first).
     pub abandoned: u64,
-    /// Compute time of this round's participants / (participants × wall).
+    /// The inner-step time of contributions averaged (in this round or a later one)
+    /// that ran inside this round's wall-time window, over participants × the
+    /// window; at most 1.
     pub utilization: f64,
     /// Bytes into the shepherd.
     pub shepherd_bytes_in: f64,
@@ -41,6 +43,12 @@ pub struct RoundStats {
     pub worker_bytes_in: f64,
     /// Mean bytes out of a participant.
     pub worker_bytes_out: f64,
+    /// DiLoCo star: heartbeat requests into the shepherd.
+    #[serde(skip_serializing_if = "is_zero_f64")]
+    pub control_bytes_in: f64,
+    /// DiLoCo star: the announcement and heartbeat answers out of the shepherd.
+    #[serde(skip_serializing_if = "is_zero_f64")]
+    pub control_bytes_out: f64,
     /// Overlap: contributions for the round before, arrived after it closed and
     /// averaged into this one.
     #[serde(skip_serializing_if = "is_zero")]
@@ -79,15 +87,24 @@ pub struct Summary {
     pub rounds: u64,
     /// Simulated seconds until the last round closed.
     pub total_s: f64,
-    /// Mean wall-clock per round.
+    /// Mean wall-clock per round, every round (the first included).
     pub mean_round_s: f64,
-    /// Mean compute utilization.
+    /// Overall utilization: the compute counted in every round's window over the
+    /// participants × wall time of every round (see [`RoundStats::utilization`]); at most 1.
     pub utilization: f64,
-    /// Overlap: the compute of every round over the participants × wall time of
-    /// every round (a round's own ratio can pass 1 when its steps ran before it
-    /// opened; this one cannot).
+    /// The first round of the steady state: rounds before it are skipped (the first
+    /// 2, or the first 10% of the rounds when that is more, keeping at least the last).
+    pub steady_from_round: u64,
+    /// The median wall-clock of the steady rounds.
+    pub steady_round_s: f64,
+    /// [`Summary::utilization`] over the steady rounds only.
+    pub steady_utilization: f64,
+    /// Overlap: the same as `utilization` (kept for older readers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overall_utilization: Option<f64>,
+    /// DiLoCo star: what the shepherd's CPU did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shepherd: Option<ShepherdSummary>,
     /// Mean bytes into the shepherd per round.
     pub shepherd_bytes_in: f64,
     /// Mean bytes out of the shepherd per round.
@@ -117,17 +134,57 @@ pub struct Summary {
     pub peak_worker_bytes_out: f64,
 }
 
+/// The shepherd's CPU over a DiLoCo star run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ShepherdSummary {
+    /// Its event loop's work.
+    pub cpu: crate::diloco::CpuTotals,
+    /// Workers that could not join: the shepherd's connections were all taken.
+    pub refused_joins: u64,
+    /// Heartbeats alone needed more than the event loop (the simulator capped their share at 95%).
+    pub heartbeat_overload: bool,
+}
+
+/// Rounds skipped before the steady state: 2, or 10% of `n` if more, leaving at least one.
+pub fn steady_skip(n: usize) -> usize {
+    2usize.max(n / 10).min(n.saturating_sub(1))
+}
+
+/// Compute over participants × wall time of `rounds` (each round's utilization weighted).
+fn utilization(rounds: &[RoundStats]) -> f64 {
+    let (c, t) = rounds.iter().fold((0.0, 0.0), |(c, t), r| {
+        let capacity = r.participants as f64 * r.wall_s;
+        (c + r.utilization.min(1.0) * capacity, t + capacity)
+    });
+    if t > 0.0 { c / t } else { 0.0 }
+}
+
+/// The median of `values` (0 for none).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
 impl Summary {
     /// Sums and averages `rounds`.
     pub fn of(rounds: &[RoundStats]) -> Self {
         let n = rounds.len().max(1) as f64;
         let mean = |f: fn(&RoundStats) -> f64| rounds.iter().map(f).sum::<f64>() / n;
+        let steady = &rounds[steady_skip(rounds.len())..];
         Self {
             rounds: rounds.len() as u64,
             total_s: rounds.last().map_or(0.0, |r| r.end_s),
             mean_round_s: mean(|r| r.wall_s),
-            utilization: mean(|r| r.utilization),
+            utilization: utilization(rounds),
+            steady_from_round: steady.first().map_or(0, |r| r.round),
+            steady_round_s: median(steady.iter().map(|r| r.wall_s).collect()),
+            steady_utilization: utilization(steady),
             overall_utilization: None,
+            shepherd: None,
             shepherd_bytes_in: mean(|r| r.shepherd_bytes_in),
             shepherd_bytes_out: mean(|r| r.shepherd_bytes_out),
             worker_bytes_in: mean(|r| r.worker_bytes_in),
@@ -200,6 +257,10 @@ pub struct Settings {
     pub update_bytes: Option<u64>,
     /// What the shepherd spends on each contribution (decode, validate, add).
     pub decode: DecodeCost,
+    /// The shepherd's CPU costs the DiLoCo star is simulated with.
+    pub shepherd_cpu: crate::diloco::ShepherdCosts,
+    /// The machine the calibration table was measured on.
+    pub calibration_cpu: String,
     /// Step time.
     pub compute: ComputeModel,
     /// The world.
@@ -285,10 +346,12 @@ impl Report {
         )?;
         writeln!(
             out,
-            "{:<20} {:>6} {:>10} {:>6} {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}",
+            "{:<20} {:>6} {:>10} {:>6} {:>10} {:>6} {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}",
             "strategy",
             "rounds",
             "round",
+            "util",
+            "steady",
             "util",
             "shep in",
             "shep out",
@@ -301,11 +364,13 @@ impl Report {
             let m = &r.summary;
             writeln!(
                 out,
-                "{:<20} {:>6} {:>10} {:>5.1}% {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}",
+                "{:<20} {:>6} {:>10} {:>5.1}% {:>10} {:>5.1}% {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}",
                 r.strategy,
                 m.rounds,
                 seconds(m.mean_round_s),
                 100.0 * m.utilization,
+                seconds(m.steady_round_s),
+                100.0 * m.steady_utilization,
                 bytes(m.shepherd_bytes_in),
                 bytes(m.shepherd_bytes_out),
                 bytes(m.worker_bytes_in),
@@ -314,7 +379,14 @@ impl Report {
                 format!("{}/{}", m.dropped_late, m.dropped_rejected),
             )?;
         }
-        writeln!(out, "(bytes and round times are means per round; util = compute time / wall time per worker)")?;
+        writeln!(
+            out,
+            "(round: mean of every round; steady: median from round {} on, the first 2 or 10% skipped; util: compute \
+             of the contributions averaged, in the wall-time window it ran in, / (participants x wall time); bytes are \
+             means per round)",
+            self.strategies.first().map_or(0, |r| r.summary.steady_from_round)
+        )?;
+        self.write_shepherd(out)?;
         for r in &self.strategies {
             let m = &r.summary;
             let fragments = if r.strategy.starts_with("diloco-star") && s.fragments.len() > 1 {
@@ -332,18 +404,11 @@ impl Report {
         }
         for r in &self.strategies {
             let m = &r.summary;
-            if let Some(overall) = m.overall_utilization {
+            if m.overall_utilization.is_some() {
                 let last = r.rounds.last();
                 let budget =
                     last.and_then(|l| l.budget_s).map_or(String::new(), |b| format!(", last budget {}", seconds(b)));
-                writeln!(
-                    out,
-                    "{}: {:.1}% over all rounds (compute / participants x wall time), {} contributions carried over a round{}",
-                    r.strategy,
-                    100.0 * overall,
-                    m.carried,
-                    budget
-                )?;
+                writeln!(out, "{}: {} contributions carried over a round{}", r.strategy, m.carried, budget)?;
             }
         }
         if !self.sweep.is_empty() {
@@ -380,6 +445,54 @@ impl Report {
                 }
                 writeln!(out)?;
             }
+        }
+        Ok(())
+    }
+}
+
+impl Report {
+    /// The shepherd's CPU model and what it did (DiLoCo star), with its assumptions.
+    fn write_shepherd(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let s = &self.settings;
+        let c = &s.shepherd_cpu;
+        let star: Vec<&StrategyReport> = self.strategies.iter().filter(|r| r.summary.shepherd.is_some()).collect();
+        if star.is_empty() {
+            return Ok(());
+        }
+        let screen = match c.screen {
+            Some(p) => format!("screen score ({:.0}% share, {:.0}% sample)", 100.0 * p.share, 100.0 * p.sample),
+            None => "screen norm".into(),
+        };
+        writeln!(
+            out,
+            "shepherd CPU (calibration: {}; {} aggregate threads): a forward pass {} ({}), {} validation batches and {} \
+             of parameters a close, {} a heartbeat, {} connections at most",
+            s.calibration_cpu,
+            c.threads,
+            seconds(c.forward_core_s / c.threads.max(1) as f64),
+            screen,
+            c.eval_batches,
+            seconds(c.close_s),
+            seconds(c.heartbeat_s),
+            c.max_connections,
+        )?;
+        for r in star {
+            let Some(sh) = r.summary.shepherd else { continue };
+            let t = sh.cpu;
+            writeln!(
+                out,
+                "{}: shepherd loop busy {} ({} screening {} contributions, {} closing), {} refused unscreened, {} joins \
+                 refused, heartbeats {:.0}% of the loop{}",
+                r.strategy,
+                seconds(t.busy_s),
+                seconds(t.screen_s),
+                t.screened,
+                seconds(t.close_s),
+                t.over_budget,
+                sh.refused_joins,
+                100.0 * t.peak_heartbeat_load,
+                if sh.heartbeat_overload { " (OVERLOADED: modelled at 95%)" } else { "" },
+            )?;
         }
         Ok(())
     }

@@ -3,13 +3,15 @@
 
 use std::io::{IsTerminal, Write};
 
+use pcp_protocol::diloco::aggregate::DEFAULT_BATCH;
 use pcp_protocol::diloco::shepherd;
 
 use crate::analytic::{self, Setup};
-use crate::args::{SimulateArgs, Strategy, Topology};
+use crate::args::{ScreenMode, SimulateArgs, Strategy, Topology};
+use crate::calibration::Calibration;
 use crate::compute::ComputeModel;
 use crate::decode::DecodeCost;
-use crate::diloco::{StarSetup, Swarm, run_star};
+use crate::diloco::{ScreenPolicy, ShepherdCosts, StarSetup, Swarm, run_star};
 use crate::error::Error;
 use crate::model::{ModelPreset, ModelSpec};
 use crate::plot;
@@ -45,7 +47,7 @@ fn check(args: &SimulateArgs) -> Result<(), Error> {
         return bad("--stragglers, --hostile, --crash-fraction and --jitter are fractions in [0, 1]");
     }
     let finite_nonneg = [
-        args.overhead_seconds,
+        args.overhead_seconds.unwrap_or(0.0),
         args.churn_per_hour,
         args.initial_deadline_s,
         args.min_deadline_s,
@@ -59,8 +61,14 @@ fn check(args: &SimulateArgs) -> Result<(), Error> {
     if !swarm_ok || !args.straggler_slowdown.is_finite() {
         return bad("--swarm must be at least 1 and --straggler-slowdown finite");
     }
-    if args.regions == 0 || args.fragments == Some(0) || args.sweep_rounds == 0 || args.shepherd_cores == 0 {
-        return bad("--regions, --fragments, --sweep-rounds and --shepherd-cores must be at least 1");
+    if args.regions == 0 || args.fragments == Some(0) || args.sweep_rounds == 0 || args.aggregate_threads == Some(0) {
+        return bad("--regions, --fragments, --sweep-rounds and --aggregate-threads must be at least 1");
+    }
+    if !(fraction(args.screen_sample) && args.screen_share.is_finite() && args.screen_share >= 0.0) {
+        return bad("--screen-sample is a fraction in [0, 1] and --screen-share a share, at least 0");
+    }
+    if args.max_connections == 0 {
+        return bad("--max-connections must be at least 1");
     }
     if args.sweep_nodes.iter().any(|n| !(2..=1_000_000).contains(n)) {
         return bad("--sweep-nodes are between 2 and 1,000,000");
@@ -100,12 +108,66 @@ fn effective_model(args: &SimulateArgs, base: &ModelSpec) -> ModelSpec {
     ModelSpec { flops_per_step: flops, ..model }
 }
 
-/// The shepherd's cost per contribution: `--decode-seconds`, or measured once for the model.
-fn decode_cost(args: &SimulateArgs, base: &ModelSpec) -> DecodeCost {
-    match args.decode_seconds {
-        Some(s) => DecodeCost::given(s),
-        None => DecodeCost::measure(&effective_model(args, base).tensor_sizes, args.encoding.encoding()),
+/// The calibration table: `--calibration FILE`, or the committed one.
+fn table(args: &SimulateArgs) -> Result<Calibration, Error> {
+    match &args.calibration {
+        Some(path) if !args.calibrate => Calibration::load(path),
+        _ => Ok(Calibration::embedded()),
     }
+}
+
+/// The shepherd's CPU costs for the model from `table` (see [`crate::diloco::cpu`]):
+/// `--decode-seconds` replaces the table's decode and add with core-seconds spread
+/// over the aggregate threads, one contribution at a time.
+fn shepherd_costs(args: &SimulateArgs, base: &ModelSpec, table: &Calibration) -> (ShepherdCosts, DecodeCost) {
+    let model = effective_model(args, base);
+    let sizes: Vec<usize> = model.tensor_sizes.iter().map(|n| *n as usize).collect();
+    let threads = args.aggregate_threads.unwrap_or(table.cores).max(1);
+    let sparse = args.encoding.encoding().sparse().is_some();
+    let (decode_s, add_core_s, add_batch, decode) = match args.decode_seconds {
+        Some(s) => (table.ed25519_verify_s, s, 1, DecodeCost::given(s)),
+        None => {
+            let (d, a) = (table.decode_s(&sizes, args.encoding), table.add_s(&sizes, args.encoding));
+            let source = format!(
+                "measured: calibration table ({}, {} cores): decode and check {:.2} ms on the event loop, add {:.2} \
+                 ms of a core{}",
+                table.cpu,
+                table.cores,
+                d * 1e3,
+                a * 1e3,
+                if sparse { format!(" in batches of {DEFAULT_BATCH}") } else { String::new() }
+            );
+            (
+                table.ed25519_verify_s + d,
+                a,
+                if sparse { DEFAULT_BATCH } else { 1 },
+                DecodeCost { seconds: d + a, source },
+            )
+        }
+    };
+    let cipher = table.chacha20poly1305_s_per_byte;
+    let costs = ShepherdCosts {
+        threads,
+        decode_s,
+        per_byte_s: table.blake3_s_per_byte + cipher,
+        add_core_s,
+        add_batch,
+        // a forward pass is a third of a training step, on the run's batch × block
+        forward_core_s: model.flops_per_step / 3.0 / table.forward_flops_per_core,
+        screen: (args.screen == ScreenMode::Score).then_some(ScreenPolicy {
+            share: args.screen_share,
+            sample: args.screen_sample,
+            probation_rounds: args.probation_rounds,
+        }),
+        eval_batches: args.eval_batches,
+        close_s: table.close_s_per_param * model.params() as f64,
+        heartbeat_s: table.ed25519_verify_s
+            + table.ed25519_sign_s
+            + cipher * (crate::diloco::HEARTBEAT_REQUEST_BYTES + crate::diloco::HEARTBEAT_ANSWER_BYTES),
+        cipher_s_per_byte: cipher,
+        max_connections: args.max_connections,
+    };
+    (costs, decode)
 }
 
 fn settings(
@@ -113,7 +175,7 @@ fn settings(
     base: &ModelSpec,
     nodes: usize,
     rounds: u64,
-    decode: &DecodeCost,
+    (costs, decode, cpu): (&ShepherdCosts, &DecodeCost, &str),
 ) -> Result<Settings, Error> {
     let model = effective_model(args, base);
     let star = strategies(args).contains(&"diloco-star");
@@ -155,6 +217,8 @@ fn settings(
         contribution_bytes: model.encoded_bytes(encoding),
         update_bytes: encoding.sparse().map(|s| s.down().encoded_len(&sizes) as u64),
         decode: decode.clone(),
+        shepherd_cpu: costs.clone(),
+        calibration_cpu: cpu.to_owned(),
         model,
         compute,
         world,
@@ -239,10 +303,13 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
             params_bytes: settings.params_bytes as f64,
             contribution_bytes: settings.contribution_bytes as f64,
             update_bytes: settings.update_bytes.map(|u| u as f64),
-            decode_s: settings.decode.seconds,
-            shepherd_cores: args.shepherd_cores,
+            cpu: match args.overhead_seconds {
+                // a given overhead replaces the modelled close
+                Some(_) => ShepherdCosts { eval_batches: 0, close_s: 0.0, ..settings.shepherd_cpu.clone() },
+                None => settings.shepherd_cpu.clone(),
+            },
             overlap: args.overlap,
-            overhead_s: args.overhead_seconds,
+            overhead_s: args.overhead_seconds.unwrap_or(0.0),
             swarm: args.swarm.map_or(Swarm::Peers, Swarm::Factor),
             fragments,
             churn_per_hour: args.churn_per_hour,
@@ -260,7 +327,7 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
         params_bytes: settings.params_bytes as f64,
         contribution_bytes: settings.contribution_bytes as f64,
         update_bytes: settings.update_bytes.map(|u| u as f64),
-        overhead_s: args.overhead_seconds,
+        overhead_s: args.overhead_seconds.unwrap_or(0.0),
         swarm: args.swarm.unwrap_or(1.0),
         fragments: args.fragments.unwrap_or(STREAMING_FRAGMENTS),
         shepherd,
@@ -291,8 +358,10 @@ pub fn run_with_model(args: &SimulateArgs, model: &ModelSpec, out: &mut impl Wri
         return Err(Error::Invalid(format!("model {} has no parameters or no FLOPs per step", model.name)));
     }
     let names = strategies(args);
-    let decode = decode_cost(args, model);
-    let main = settings(args, model, args.nodes, args.rounds, &decode)?;
+    let table = table(args)?;
+    let (costs, decode) = shepherd_costs(args, model, &table);
+    let cpu = format!("{}, {} cores", table.cpu, table.cores);
+    let main = settings(args, model, args.nodes, args.rounds, (&costs, &decode, &cpu))?;
     let sweep_nodes: &[usize] = if args.sweep { &args.sweep_nodes } else { &[] };
     let total = names.len() as u64 * (args.rounds + sweep_nodes.len() as u64 * args.sweep_rounds);
     let bar = if std::io::stderr().is_terminal() {
@@ -316,7 +385,7 @@ pub fn run_with_model(args: &SimulateArgs, model: &ModelSpec, out: &mut impl Wri
     }
     let mut sweep = Vec::new();
     for &nodes in sweep_nodes {
-        let s = settings(args, model, nodes, args.sweep_rounds, &decode)?;
+        let s = settings(args, model, nodes, args.sweep_rounds, (&costs, &decode, &cpu))?;
         for name in &names {
             bar.set_message(format!("sweep: {name}, {nodes} nodes"));
             let mut tick = |r: u64| bar.set_position(done + r);
@@ -348,6 +417,22 @@ pub fn run_with_model(args: &SimulateArgs, model: &ModelSpec, out: &mut impl Wri
 /// The report as pretty JSON (what `report.json` holds): same seed, same bytes.
 pub fn to_json(report: &Report) -> Result<String, Error> {
     Ok(serde_json::to_string_pretty(report)? + "\n")
+}
+
+/// `simulate --calibrate`: measures the shepherd's CPU costs on this machine
+/// ([`Calibration::measure`], the node's figures copied from the committed
+/// table) and writes the table to `--calibration FILE`, or to `out`.
+pub fn calibrate(args: &SimulateArgs, out: &mut impl Write) -> Result<Calibration, Error> {
+    let table = Calibration::measure(&Calibration::embedded());
+    let json = serde_json::to_string_pretty(&table)? + "\n";
+    match &args.calibration {
+        Some(path) => {
+            std::fs::write(path, json).map_err(|source| Error::Write { path: path.clone(), source })?;
+            writeln!(out, "wrote the calibration table to {}", path.display()).map_err(Error::Table)?;
+        }
+        None => out.write_all(json.as_bytes()).map_err(Error::Table)?,
+    }
+    Ok(table)
 }
 
 /// `pcp-node simulate --faults`: runs `args.seed`'s fault schedule

@@ -17,6 +17,7 @@ pub(crate) enum Stream {
     Churn = 2,
     Jitter = 3,
     Delta = 4,
+    Screen = 5,
 }
 
 /// The generator of `stream` for `seed`.

@@ -41,7 +41,7 @@ fn same_seed_same_bytes_and_another_seed_differs() {
 fn sparse_runs_send_the_encoders_bytes_and_keep_h100s_busier_than_fp32() {
     use pcp_protocol::diloco::sparse::Settings;
     let base = "--nodes 11 --rounds 3 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 4 \
-                --decode-seconds 0.05";
+                --decode-seconds 0.05 --screen norm --overhead-seconds 0";
     let sparse = simulate(&format!("{base} --encoding sparse"));
     let fp32 = simulate(&format!("{base} --encoding fp32"));
     let settings = Settings::default();
@@ -91,7 +91,9 @@ fn the_shepherds_decode_time_queues_contributions() {
 
 #[test]
 fn the_real_shepherd_rejects_hostile_workers() {
-    let r = simulate("--nodes 101 --rounds 3 --model nanogpt-small --tau 10 --hostile 0.2 --seed 1");
+    let r = simulate(
+        "--nodes 101 --rounds 3 --model nanogpt-small --tau 10 --hostile 0.2 --seed 1 --screen norm --overhead-seconds 0",
+    );
     let star = strategy(&r, "diloco-star");
     assert_eq!(star.summary.rounds, 3);
     let rejected = star.summary.dropped_rejected;
@@ -197,13 +199,14 @@ fn bad_settings_are_named() {
 #[test]
 fn overlapped_time_boxed_rounds_keep_a_residential_planet_busy() {
     let base = "--nodes 200 --rounds 30 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 0 \
-                --encoding sparse --decode-seconds 0.04";
+                --encoding sparse --decode-seconds 0.04 --screen norm --overhead-seconds 0";
     let plain = simulate(base);
     let overlap = simulate(&format!("{base} --overlap"));
     let (p, o) = (strategy(&plain, "diloco-star"), strategy(&overlap, "diloco-star+overlap"));
     assert_eq!(o.rounds.len(), 30);
     assert!(p.summary.utilization < 0.35, "lockstep {:?}", p.summary);
-    assert!(o.summary.utilization >= 0.9, "overlap {:?}", o.summary);
+    // (round 1, every worker fetching the fp32 parameters, is not steady)
+    assert!(o.summary.steady_utilization >= 0.9, "overlap {:?}", o.summary);
     // after the first round (every worker fetches the fp32 parameters), a round lasts
     // its compute budget: the median worker's τ steps, 500 × 16.5 ms
     let later = &o.rounds[1..];
@@ -236,7 +239,7 @@ fn overlapped_time_boxed_rounds_keep_a_residential_planet_busy() {
 fn late_contributions_are_carried_over_not_dropped() {
     // 200 contributions at 100 ms on 2 cores: 10 s of decoding a round, past the budget
     let base = "--nodes 200 --rounds 12 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 1 \
-                --encoding sparse --decode-seconds 0.1 --shepherd-cores 2 --overlap";
+                --encoding sparse --decode-seconds 0.1 --shepherd-cores 2 --overlap --screen norm --overhead-seconds 0";
     let r = simulate(base);
     let o = strategy(&r, "diloco-star+overlap");
     assert_eq!(o.rounds.len(), 12);
@@ -251,7 +254,7 @@ fn overlapped_rounds_survive_churn_and_hostile_workers() {
     // workers stay 30 minutes on average; 5% send NaN
     let r = simulate(
         "--nodes 120 --rounds 25 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 4 \
-         --encoding sparse --decode-seconds 0.02 --overlap --churn-per-hour 2 --hostile 0.05",
+         --encoding sparse --decode-seconds 0.02 --overlap --churn-per-hour 2 --hostile 0.05 --screen norm --overhead-seconds 0",
     );
     let o = strategy(&r, "diloco-star+overlap");
     assert_eq!(o.summary.rounds, 25);
@@ -259,7 +262,7 @@ fn overlapped_rounds_survive_churn_and_hostile_workers() {
     let participants: Vec<u64> = o.rounds.iter().map(|r| r.participants).collect();
     assert!(participants.windows(2).any(|w| w[0] != w[1]), "workers came and went: {participants:?}");
     // the hostile workers' rounds and the joiners' first fetch count for nothing
-    assert!(o.summary.utilization > 0.8, "{:?}", o.summary);
+    assert!(o.summary.steady_utilization > 0.8, "{:?}", o.summary);
     assert!(o.summary.overall_utilization.is_some_and(|u| u > 0.4 && u <= 1.0), "{:?}", o.summary);
 }
 
@@ -288,29 +291,34 @@ fn more_shepherd_cores_shorten_the_decode_queue() {
     assert!(a.summary.mean_round_s > b.summary.mean_round_s + 5.0, "{:?} vs {:?}", a.summary, b.summary);
 }
 
+/// pcp-node serves a blob only once it holds all of it: a worker adds its uplink to
+/// the swarm only when its own fetch is done. Fetches sharing the shepherd's uplink
+/// fairly all finish together, so the swarm has nothing to serve while it matters.
 #[test]
-fn a_swarm_of_workers_serves_the_update_by_default() {
-    // 1,000 workers fetching gpt2-124m from a 10 Gbit/s shepherd
+fn a_swarm_serves_only_blobs_its_workers_completed() {
+    // 1,000 workers fetching gpt2-124m from a 1 Gbit/s shepherd
     let base = "--nodes 1000 --rounds 6 --model gpt2-124m --profile residential --shepherd-profile university \
-                --device h100 --tau 500 --seed 3 --encoding sparse --overlap --decode-seconds 0.001";
+                --device h100 --tau 500 --seed 3 --encoding sparse --overlap --decode-seconds 0.001 --screen norm \
+                --overhead-seconds 0";
     let peers = simulate(base);
     let alone = simulate(&format!("{base} --swarm 1"));
     let (p, a) = (strategy(&peers, "diloco-star+overlap"), strategy(&alone, "diloco-star+overlap"));
-    // the shepherd alone serves every byte the workers fetch; in the swarm, a share
+    // the shepherd serves (nearly) every byte either way
     let served = |s: &pcp_simulations::report::Summary| s.shepherd_bytes_out / (999.0 * s.worker_bytes_in);
     assert!(served(&a.summary) > 0.99, "{:?}", a.summary);
-    assert!(served(&p.summary) < 0.2, "{:?}", p.summary);
-    // 1,000 × 498 MB of parameters in round 1, then 19.45 MB updates, through 1.25 GB/s:
-    // the swarm's rounds are shorter and its workers busier
-    assert!(p.summary.mean_round_s * 2.0 < a.summary.mean_round_s, "{:?} vs {:?}", p.summary, a.summary);
-    assert!(p.summary.utilization > a.summary.utilization, "{:?} vs {:?}", p.summary, a.summary);
+    assert!(served(&p.summary) > 0.95, "{:?}", p.summary);
+    // 1,000 × 498 MB through 125 MB/s: round 1 takes over an hour, swarm or not
+    for s in [p, a] {
+        assert!(s.rounds[0].wall_s > 3_600.0, "{:?}", s.rounds[0]);
+    }
+    assert!((p.summary.mean_round_s / a.summary.mean_round_s - 1.0).abs() < 0.05, "{:?} vs {:?}", p.summary, a.summary);
 }
 
 #[test]
 fn fragments_sync_one_fragment_a_round_through_the_state_machines() {
     // gpt2-124m in 4 fragments: each round moves one fragment's bytes, with and without overlap
     let base = "--nodes 40 --rounds 8 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 5 \
-                --encoding sparse --decode-seconds 0.005";
+                --encoding sparse --decode-seconds 0.005 --screen norm --overhead-seconds 0";
     for overlap in ["", "--overlap"] {
         let whole = simulate(&format!("{base} {overlap}"));
         let four = simulate(&format!("{base} {overlap} --fragments 4"));

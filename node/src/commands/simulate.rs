@@ -3,7 +3,9 @@
 //! IR: its parameter tensors, the tokens of one batch, and the FLOPs of the
 //! fused training step pcp would compile for it. `--faults` runs the fault
 //! simulator of shepherd failover instead: one seeded schedule, its report on
-//! stdout, and exit code 1 with the broken invariant named.
+//! stdout, and exit code 1 with the broken invariant named. `--calibrate`
+//! measures the shepherd's CPU costs on this machine and writes the table the
+//! simulator reads (`--calibration FILE`, or stdout).
 
 use anyhow::Context as _;
 use pcp_simulations::{ModelSpec, SimulateArgs};
@@ -17,6 +19,9 @@ pub(crate) fn run(args: &SimulateArgs) -> Result<(), Failure> {
     let mut out = stdout.lock();
     if args.faults {
         return pcp_simulations::run_faults(args, &mut out).map(|_| ()).map_err(Failure::from);
+    }
+    if args.calibrate {
+        return pcp_simulations::calibrate(args, &mut out).map(|_| ()).map_err(Failure::from);
     }
     let result = if args.model.ends_with(".mlir") {
         let spec = spec_of(&args.model).map_err(Failure::input)?;

@@ -1,0 +1,328 @@
+//! The shepherd's CPU in the star simulation: one event-loop thread that
+//! everything waits for, and `threads` aggregate threads it hands parallel
+//! work to and waits on.
+//!
+//! pcp-node's shepherd handles each contribution on its event loop: the
+//! envelope's signature check, the transport's decryption and blake3 of the
+//! bytes, the decode and check (`compress::decode_delta`, `Delta::validate`),
+//! then the screen (two forward passes on the held-out batch, plus one a round
+//! for the loss before), then the state machine's add (`RunningMean::push`:
+//! dense contributions one at a time, sparse ones in batches of 32, each add
+//! split over the aggregate threads). The loop awaits the forward passes and
+//! the adds, so the simulator charges everything to one FIFO server: serial
+//! work at a core's speed, parallel work (forward passes and adds) at
+//! `threads` cores' speed. A round's close holds the loop too: the last
+//! batch's add, the validation batches' forward passes, and the parameters
+//! hashed and stored with the checkpoint and the state blob.
+//!
+//! Heartbeats (each live worker's, every `poll_s`: a signature checked, one
+//! made, ~450 bytes through the cipher) take a steady share of the loop, and
+//! every other job on it runs that much slower (the share is capped at 95%,
+//! and the report names it when it is past 100%). Each round's announcement,
+//! fanned out to its participants, and the blob bytes the shepherd itself
+//! serves go through the cipher on the loop when the round opens.
+//!
+//! The screen's budget is the node's (`node/src/diloco/shepherd/screen.rs`): a
+//! round screens its first [`MIN_SCREENS`] contributions whatever it costs;
+//! past that, screening may take `share` of the last round's duration less its
+//! screening; past the budget a rated peer's contribution is screened with
+//! probability `sample` and one on probation is refused for the round
+//! (`Rejection::Unscreened`). Whether a peer is on probation is the real state
+//! machine's ratings (`Shepherd::must_screen`).
+//!
+//! Not modelled: the shepherd's cores shared with other processes (with
+//! `pcp-node loadtest` the synthetic workers run on the shepherd's machine), and
+//! the leases and gossip a shepherd sends meanwhile.
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+/// Contributions a round screens whatever its budget (the node's `MIN_SCREENS`).
+pub const MIN_SCREENS: u64 = 8;
+/// The most of the loop heartbeats are taken to use: past it the report warns.
+const MAX_LOAD: f64 = 0.95;
+
+/// The screen's settings (pcp-node `--screen score`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ScreenPolicy {
+    /// Share of the last round's duration, less its screening, screening may take.
+    pub share: f64,
+    /// A rated peer's chance of being screened past the budget.
+    pub sample: f64,
+    /// Screens a key passes before it is rated.
+    pub probation_rounds: u32,
+}
+
+/// What the shepherd's CPU work costs in a run (from the calibration table).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ShepherdCosts {
+    /// Aggregate threads: forward passes and adds run at this many cores' speed.
+    pub threads: usize,
+    /// Event-loop seconds per contribution of the whole model: signature check, decode and check.
+    pub decode_s: f64,
+    /// Event-loop seconds per byte of a contribution: decryption and blake3.
+    pub per_byte_s: f64,
+    /// Core-seconds to add a contribution of the whole model.
+    pub add_core_s: f64,
+    /// Contributions added together (32 for sparse, 1 for dense).
+    pub add_batch: usize,
+    /// Core-seconds of one forward pass on the screen's (and a validation) batch.
+    pub forward_core_s: f64,
+    /// The screen, with `--screen score`.
+    pub screen: Option<ScreenPolicy>,
+    /// Validation batches evaluated at each close.
+    pub eval_batches: u64,
+    /// Event-loop seconds a close spends on the parameters, the checkpoint and the state blob.
+    pub close_s: f64,
+    /// Event-loop seconds per heartbeat: its signature checked, the answer's made, its bytes ciphered.
+    pub heartbeat_s: f64,
+    /// Event-loop seconds per byte through the transport's cipher.
+    pub cipher_s_per_byte: f64,
+    /// Connections the shepherd admits; workers beyond them cannot join.
+    pub max_connections: usize,
+}
+
+impl ShepherdCosts {
+    /// Free work: an infinitely fast shepherd (the analytic strategies' and old tests' view).
+    pub fn free(threads: usize) -> Self {
+        Self {
+            threads: threads.max(1),
+            decode_s: 0.0,
+            per_byte_s: 0.0,
+            add_core_s: 0.0,
+            add_batch: 1,
+            forward_core_s: 0.0,
+            screen: None,
+            eval_batches: 0,
+            close_s: 0.0,
+            heartbeat_s: 0.0,
+            cipher_s_per_byte: 0.0,
+            max_connections: usize::MAX,
+        }
+    }
+
+    /// Seconds of one forward pass on the aggregate threads.
+    fn forward_s(&self) -> f64 {
+        self.forward_core_s / self.threads.max(1) as f64
+    }
+}
+
+/// The screen's verdict on a contribution, decided when the loop takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Screened {
+    /// Not screened (norm mode, not drawn, or not screenable).
+    Skip,
+    /// Screened (and passed: honest contributions lower the loss).
+    Passed,
+    /// On probation past the budget: refused for the round.
+    OverBudget,
+}
+
+/// What the CPU did over a run, for the report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct CpuTotals {
+    /// Seconds the event loop was busy with contributions, screens and closes.
+    pub busy_s: f64,
+    /// Contributions screened.
+    pub screened: u64,
+    /// Contributions refused as on probation past the budget.
+    pub over_budget: u64,
+    /// Seconds spent screening.
+    pub screen_s: f64,
+    /// Seconds spent closing rounds.
+    pub close_s: f64,
+    /// The largest heartbeat share of the loop seen (may pass 1: the loop is overloaded).
+    pub peak_heartbeat_load: f64,
+}
+
+/// The shepherd's loop: when it is next free, and the screen's round state.
+#[derive(Debug)]
+pub struct Cpu {
+    costs: ShepherdCosts,
+    /// When the loop is free, µs.
+    free: u64,
+    /// Sparse contributions pushed and not added yet.
+    pending: usize,
+    /// Heartbeats' share of the loop.
+    load: f64,
+    /// The open round's screens and their seconds.
+    screens: (u64, f64),
+    /// The last closed round's duration less its screening, seconds.
+    last_round_s: Option<f64>,
+    rng: ChaCha8Rng,
+    /// Totals.
+    pub totals: CpuTotals,
+}
+
+fn us(s: f64) -> u64 {
+    (s.max(0.0) * 1e6).round() as u64
+}
+
+impl Cpu {
+    /// A loop free from time 0.
+    pub fn new(costs: ShepherdCosts, rng: ChaCha8Rng) -> Self {
+        Self {
+            costs,
+            free: 0,
+            pending: 0,
+            load: 0.0,
+            screens: (0, 0.0),
+            last_round_s: None,
+            rng,
+            totals: CpuTotals::default(),
+        }
+    }
+
+    /// The costs.
+    pub fn costs(&self) -> &ShepherdCosts {
+        &self.costs
+    }
+
+    /// `alive` workers heartbeat every `poll_s`: the loop's share they take from now on.
+    pub fn heartbeats(&mut self, alive: usize, poll_s: f64) {
+        let load = if poll_s > 0.0 { alive as f64 * self.costs.heartbeat_s / poll_s } else { 0.0 };
+        self.totals.peak_heartbeat_load = self.totals.peak_heartbeat_load.max(load);
+        self.load = load.min(MAX_LOAD);
+    }
+
+    /// Runs `seconds` of work on the loop from `now` (µs) on; returns when it is done.
+    fn run(&mut self, now: u64, seconds: f64) -> u64 {
+        let start = self.free.max(now);
+        let s = seconds / (1.0 - self.load);
+        self.free = start + us(s);
+        self.totals.busy_s += s;
+        self.free
+    }
+
+    /// `bytes` through the cipher on the loop (announcements, served blobs).
+    pub fn cipher(&mut self, now: u64, bytes: f64) {
+        let s = bytes * self.costs.cipher_s_per_byte;
+        if s > 0.0 {
+            self.run(now, s);
+        }
+    }
+
+    /// Whether to screen a contribution (the node's `Screener::decide`); `must`: its
+    /// sender is on probation, `screenable`: it validated and is for the open round
+    /// (or carried into it).
+    fn decide(&mut self, must: bool, screenable: bool) -> Screened {
+        let Some(policy) = self.costs.screen.filter(|_| screenable) else { return Screened::Skip };
+        let budget = self.last_round_s.map_or(f64::INFINITY, |s| s * policy.share);
+        if self.screens.1 < budget || self.screens.0 < MIN_SCREENS {
+            return Screened::Passed;
+        }
+        if must {
+            return Screened::OverBudget;
+        }
+        if self.rng.gen_bool(policy.sample.clamp(0.0, 1.0)) { Screened::Passed } else { Screened::Skip }
+    }
+
+    /// A contribution of `bytes` reached the shepherd at `now` (µs); `work` is its
+    /// share of the model (fragments). Returns when the state machine gets it and
+    /// the screen's verdict.
+    pub fn contribution(&mut self, now: u64, bytes: f64, work: f64, must: bool, screenable: bool) -> (u64, Screened) {
+        let c = &self.costs;
+        let mut s = c.decode_s * work + c.per_byte_s * bytes;
+        let verdict = self.decide(must, screenable);
+        if verdict == Screened::Passed {
+            // the loss before, once a round, then with the contribution and reversed
+            let passes = if self.screens.0 == 0 { 3.0 } else { 2.0 };
+            let screen = passes * self.costs.forward_s();
+            self.screens.0 += 1;
+            self.screens.1 += screen / (1.0 - self.load);
+            self.totals.screened += 1;
+            self.totals.screen_s += screen / (1.0 - self.load);
+            s += screen;
+        }
+        if verdict == Screened::OverBudget {
+            self.totals.over_budget += 1;
+        } else if screenable {
+            let c = &self.costs;
+            let threads = c.threads.max(1) as f64;
+            self.pending += 1;
+            if self.pending >= c.add_batch.max(1) {
+                s += self.pending as f64 * c.add_core_s * work / threads;
+                self.pending = 0;
+            }
+        }
+        (self.run(now, s), verdict)
+    }
+
+    /// A round closed at `now` (µs) after `wall_s` seconds: its last batch's add,
+    /// validation and the parameters stored. Returns when the loop is done (the next
+    /// announcement goes out then).
+    pub fn close(&mut self, now: u64, wall_s: f64, work: f64) -> u64 {
+        let c = &self.costs;
+        let threads = c.threads.max(1) as f64;
+        let s = self.pending as f64 * c.add_core_s * work / threads
+            + c.eval_batches as f64 * self.costs.forward_s()
+            + c.close_s;
+        self.pending = 0;
+        let rest = wall_s - self.screens.1;
+        if rest > 0.0 {
+            self.last_round_s = Some(rest);
+        }
+        self.screens = (0, 0.0);
+        self.totals.close_s += s / (1.0 - self.load);
+        self.run(now, s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn costs() -> ShepherdCosts {
+        ShepherdCosts {
+            decode_s: 0.01,
+            add_core_s: 0.04,
+            add_batch: 4,
+            forward_core_s: 2.0,
+            screen: Some(ScreenPolicy { share: 0.25, sample: 0.0, probation_rounds: 3 }),
+            eval_batches: 1,
+            ..ShepherdCosts::free(2)
+        }
+    }
+
+    #[test]
+    fn the_loop_serves_in_order_and_adds_in_batches_on_all_threads() {
+        let mut cpu = Cpu::new(ShepherdCosts { screen: None, ..costs() }, ChaCha8Rng::seed_from_u64(1));
+        // three decodes of 10 ms, then the fourth adds the batch: 4 × 40 ms over 2 threads
+        let done: Vec<u64> = (0..4).map(|_| cpu.contribution(0, 0.0, 1.0, false, true).0).collect();
+        assert_eq!(done, vec![10_000, 20_000, 30_000, 120_000]);
+        // a close adds what is pending and validates: one 1 s forward pass on 2 threads
+        cpu.contribution(1_000_000, 0.0, 1.0, false, true);
+        assert_eq!(cpu.close(1_010_000, 10.0, 1.0), 1_010_000 + 20_000 + 1_000_000);
+    }
+
+    #[test]
+    fn past_the_budget_probation_is_refused_and_rated_peers_skipped() {
+        let mut cpu = Cpu::new(costs(), ChaCha8Rng::seed_from_u64(1));
+        // round 1 has no budget yet: everything is screened
+        for _ in 0..10 {
+            assert_eq!(cpu.contribution(0, 0.0, 1.0, true, true).1, Screened::Passed);
+        }
+        // 21 s of screening (3 passes, then 2 a contribution, of 1 s) in a 40 s round
+        cpu.close(0, 40.0, 1.0);
+        // round 2: 8 screens whatever the budget (a quarter of 19 s)
+        let verdicts: Vec<Screened> = (0..10).map(|i| cpu.contribution(0, 0.0, 1.0, i % 2 == 0, true).1).collect();
+        assert!(verdicts[..8].iter().all(|v| *v == Screened::Passed), "{verdicts:?}");
+        assert_eq!(verdicts[8..], [Screened::OverBudget, Screened::Skip]);
+        assert_eq!(cpu.totals.over_budget, 1);
+        // hostile (unscreenable) contributions are neither screened nor added
+        assert_eq!(cpu.contribution(0, 0.0, 1.0, true, false).1, Screened::Skip);
+    }
+
+    #[test]
+    fn heartbeats_slow_the_loop() {
+        let mut cpu =
+            Cpu::new(ShepherdCosts { heartbeat_s: 1e-4, screen: None, ..costs() }, ChaCha8Rng::seed_from_u64(1));
+        // 2,500 workers every 0.5 s at 100 µs: half the loop
+        cpu.heartbeats(2_500, 0.5);
+        assert_eq!(cpu.contribution(0, 0.0, 1.0, false, true).0, 20_000);
+        cpu.heartbeats(100_000, 0.5);
+        assert!(cpu.totals.peak_heartbeat_load > 19.0);
+    }
+}
