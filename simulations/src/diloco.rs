@@ -103,10 +103,8 @@ use crate::network::{Flow, fair_share, fair_share_growing};
 use crate::report::{FragmentCost, RoundStats, StrategyReport, Summary};
 use crate::world::{NodeSpec, Stream, World, rng};
 
-pub mod cpu;
-
-use cpu::{Cpu, Screened};
-pub use cpu::{CpuTotals, ScreenPolicy, ShepherdCosts};
+use crate::cpu::{Cpu, Screened};
+pub use crate::cpu::{CpuTotals, ScreenPolicy, ShepherdCosts};
 
 /// Participants an announcement lists inline; past them the list goes into a
 /// participants blob every participant fetches, and the announcement carries its hash

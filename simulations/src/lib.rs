@@ -29,6 +29,7 @@ pub mod analytic;
 mod args;
 pub mod calibration;
 pub mod compute;
+pub mod cpu;
 pub mod decode;
 pub mod diloco;
 mod error;

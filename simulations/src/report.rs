@@ -138,7 +138,7 @@ pub struct Summary {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct ShepherdSummary {
     /// Its event loop's work.
-    pub cpu: crate::diloco::CpuTotals,
+    pub cpu: crate::cpu::CpuTotals,
     /// Workers that could not join: the shepherd's connections were all taken.
     pub refused_joins: u64,
     /// Heartbeats alone needed more than the event loop (the simulator capped their share at 95%).
@@ -258,7 +258,7 @@ pub struct Settings {
     /// What the shepherd spends on each contribution (decode, validate, add).
     pub decode: DecodeCost,
     /// The shepherd's CPU costs the DiLoCo star is simulated with.
-    pub shepherd_cpu: crate::diloco::ShepherdCosts,
+    pub shepherd_cpu: crate::cpu::ShepherdCosts,
     /// The machine the calibration table was measured on.
     pub calibration_cpu: String,
     /// Step time.

@@ -318,6 +318,9 @@ fn report(tally: &Tally, json: Option<&std::path::Path>) -> Result<(), Failure> 
     Ok(())
 }
 
+/// How long a synthetic worker waits for the answer to a hello or a heartbeat.
+const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// One synthetic worker.
 struct Synthetic {
     node: Node,
@@ -332,6 +335,15 @@ struct Synthetic {
 impl Synthetic {
     fn me(&self) -> PublicKey {
         self.signer.identity().public()
+    }
+
+    /// A hello or heartbeat to the shepherd, given up after [`ASK_TIMEOUT`] as a
+    /// worker's are (a lost answer must not stall it past the heartbeat timeout).
+    async fn ask(&self, envelope: pcp_schema::SignedEnvelope) -> anyhow::Result<Verified> {
+        match tokio::time::timeout(ASK_TIMEOUT, self.node.request(self.shepherd, envelope)).await {
+            Ok(answer) => Ok(answer?),
+            Err(_) => anyhow::bail!("no answer in {ASK_TIMEOUT:?}"),
+        }
     }
 
     /// Says hello until the shepherd answers with its manifest.
@@ -349,7 +361,7 @@ impl Synthetic {
         };
         loop {
             let envelope = self.signer.seal(RunId([0; 32]), 0, &hello);
-            match self.node.request(self.shepherd, envelope).await {
+            match self.ask(envelope).await {
                 Ok(answer) if answer.kind() == MessageKind::RunManifest => return Ok(Some(answer.decode()?)),
                 Ok(answer) => {
                     let reason = answer.decode::<Ack>().map(|a| a.reason).unwrap_or_default();
@@ -472,7 +484,7 @@ impl Synthetic {
                 known,
             };
             let envelope = self.signer.seal(run, done, &hb);
-            let Ok(answer) = self.node.request(self.shepherd, envelope).await else { continue };
+            let Ok(answer) = self.ask(envelope).await else { continue };
             {
                 let mut tally = tally.lock().await;
                 tally.answer_bytes += answer.payload_len() as u64;

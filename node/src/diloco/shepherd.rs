@@ -928,7 +928,8 @@ impl Host {
         let by = now - deadline + 1000;
         if let Some(deadline_ms) = self.machine.postpone(by) {
             self.receiving_extension = (round, extended + by);
-            self.events.emit(ev::Event::DeadlineExtended(ev::DeadlineExtended { round, deadline_unix_ms: deadline_ms }));
+            self.events
+                .emit(ev::Event::DeadlineExtended(ev::DeadlineExtended { round, deadline_unix_ms: deadline_ms }));
         }
     }
 

@@ -335,17 +335,23 @@ pub(super) fn machine_config(
 
 /// The shepherd's own engine (for validation and screening): a standby's
 /// prepared one, else the step compiled for this host's CPU.
+/// None for a shepherd that neither validates nor screens by loss: it runs no model
+/// itself (an engine would hold the parameters and optimizer state once more).
 pub(super) async fn host_engine(
+    plan: &ShepherdPlan,
     prepared: Option<Engine>,
     module: &Arc<pcp_graph::Module>,
     artifacts_dir: &Path,
     manifest: &RunManifest,
     params: Tensors,
     state_per_param: usize,
-) -> anyhow::Result<Engine> {
+) -> anyhow::Result<Option<Engine>> {
+    if plan.experiment.eval_batches == 0 && plan.screen != Screen::Score {
+        return Ok(None);
+    }
     if let Some(mut engine) = prepared {
         engine.set_params(params).await.context("loading the inherited parameters")?;
-        return Ok(engine);
+        return Ok(Some(engine));
     }
     let cpu = {
         let (module, dir) = (module.clone(), artifacts_dir.to_path_buf());
@@ -362,6 +368,7 @@ pub(super) async fn host_engine(
         manifest.data.int64,
     )
     .await
+    .map(Some)
 }
 
 /// The consensus a leader starts with: an elected candidate's (it leads already),
@@ -446,14 +453,9 @@ impl Host {
             .unwrap_or_else(|| data_dir.join("artifacts"));
         let whole_step_bytes = crate::training::memory::step_bytes(&step);
         let module = Arc::new(step.module);
-        // a shepherd that neither validates nor screens by loss runs no model itself
-        // (its engine would hold the parameters and optimizer state once more)
-        let engine = match plan.experiment.eval_batches > 0 || plan.screen == Screen::Score {
-            true => Some(
-                host_engine(prepared_engine, &module, &artifacts_dir, &manifest, params, step.state_per_param).await?,
-            ),
-            false => None,
-        };
+        let engine =
+            host_engine(&plan, prepared_engine, &module, &artifacts_dir, &manifest, params, step.state_per_param)
+                .await?;
         let screener = screener(&mut plan, &manifest);
 
         // providing is a DHT query that can take seconds (a dead leader is still in
