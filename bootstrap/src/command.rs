@@ -56,6 +56,8 @@ pub(crate) enum Command {
         envelope: SignedEnvelope,
         reply: oneshot::Sender<Result<Verified, RequestError>>,
     },
+    /// Leaves an inbound request unanswered: its stream resets now.
+    Unanswered(InboundId),
     Respond {
         id: InboundId,
         envelope: SignedEnvelope,

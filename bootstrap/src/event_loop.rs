@@ -522,6 +522,10 @@ impl EventLoop {
                 self.poll_transfers();
                 let _ = reply.send(released);
             }
+            Command::Unanswered(id) => {
+                // the channel dropped: the requester's stream resets
+                self.rpc_in.remove(&id);
+            }
             Command::Respond { id, envelope, reply } => {
                 if let Some((channel, _, _)) = self.rpc_in.remove(&id)
                     && self.swarm.behaviour_mut().rpc.send_response(channel, envelope).is_err()

@@ -157,6 +157,14 @@ impl Node {
         self.ask(|reply| Command::Respond { id, envelope, reply }).await
     }
 
+    /// Leaves an inbound request unanswered, at once: its stream resets, so the
+    /// requester learns now, not at its timeout, that no answer comes (a role too
+    /// busy to take the request). Returns `false` if the command queue is full (the
+    /// request then waits out its answer timeout).
+    pub fn leave_unanswered(&self, id: InboundId) -> bool {
+        self.commands.try_send(Command::Unanswered(id)).is_ok()
+    }
+
     /// Counters.
     pub async fn stats(&self) -> Result<Stats, Stopped> {
         self.ask(Command::Stats).await

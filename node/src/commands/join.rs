@@ -522,9 +522,13 @@ async fn pump(
                 let event = match event {
                     None => break,
                     // a full queue means the role is behind: the request is dropped and
-                    // the peer's stream resets, which it treats as a failure
-                    Some(e @ Event::Request { .. }) => {
-                        requests.try_send(e).unwrap_or_else(|_| tracing::debug!("request dropped: the role is busy"));
+                    // the peer's stream resets now, which it treats as a failure (left
+                    // waiting, it would wait out its timeout, and a worker its heartbeats)
+                    Some(Event::Request { peer, id, message }) => {
+                        if requests.try_send(Event::Request { peer, id, message }).is_err() {
+                            tracing::debug!(%peer, "request dropped: the role is busy");
+                            running.node.leave_unanswered(id);
+                        }
                         continue;
                     }
                     // gossip is logged and also handed to the role (workers check leases in it)
