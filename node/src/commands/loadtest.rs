@@ -136,6 +136,9 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
     let mut peers = Vec::new();
     let cancel = CancellationToken::new();
     let mut tasks = JoinSet::new();
+    // the swarms apart: one ends when its worker is done and drops its handle, and
+    // only the workers are counted
+    let mut loops = JoinSet::new();
     let sampler = args.shepherd_pid.map(|pid| tokio::spawn(sample(pid, cancel.child_token())));
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     for i in 0..args.workers {
@@ -157,7 +160,7 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
         let (node, _events, event_loop): (Node, _, EventLoop) =
             Node::new(&identity, config).map_err(|e| Failure::input(anyhow::anyhow!("synthetic worker {i}: {e}")))?;
         let task_cancel = cancel.child_token();
-        tasks.spawn(event_loop.run(task_cancel.clone()));
+        loops.spawn(event_loop.run(task_cancel.clone()));
         let worker = Synthetic {
             node,
             signer: Signer::new(identity),
@@ -187,7 +190,7 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
             _ = tokio::signal::ctrl_c() => break,
             done = tasks.join_next() => match done {
                 None => break,
-                // an event loop ends only when cancelled; a worker when its run is over
+                // a worker ends when its run is over
                 Some(_) => {
                     left = left.saturating_sub(1);
                     if left == 0 {
@@ -203,6 +206,7 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
         None => Vec::new(),
     };
     tasks.shutdown().await;
+    loops.shutdown().await;
     let mut tally = tally.lock().await;
     tally.measure(&samples);
     report(&tally, args.json.as_deref())
