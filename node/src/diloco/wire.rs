@@ -202,16 +202,7 @@ const MAX_STATE_HEADER: usize = 16 << 20;
 /// [`state_blob_of`] of an owned state.
 #[cfg(test)]
 pub(crate) fn state_blob(state: &LeaderState) -> Vec<u8> {
-    let s = &state.snapshot;
-    let parts = StateParts {
-        term: state.term,
-        completed: s.completed,
-        durations: s.durations.clone(),
-        norms: s.norms.clone(),
-        params: &s.params,
-        velocity: &s.velocity,
-    };
-    state_blob_of(&parts, &state.contributors, &state.excluded)
+    state_blob_of(&StateParts::of_state(state), &state.contributors, &state.excluded)
 }
 
 /// A leader's state by reference: what [`state_blob_of`] writes.
@@ -225,6 +216,20 @@ pub(crate) struct StateParts<'a> {
 }
 
 impl<'a> StateParts<'a> {
+    /// An owned state's parts.
+    #[cfg(test)]
+    pub(crate) fn of_state(state: &'a LeaderState) -> Self {
+        let s = &state.snapshot;
+        Self {
+            term: state.term,
+            completed: s.completed,
+            durations: s.durations.clone(),
+            norms: s.norms.clone(),
+            params: &s.params,
+            velocity: &s.velocity,
+        }
+    }
+
     /// The state of `machine` at `term`, its tensors borrowed.
     pub(crate) fn of(machine: &'a pcp_protocol::diloco::shepherd::Shepherd<PublicKey>, term: u64) -> Self {
         let (durations, norms) = machine.history();
@@ -384,14 +389,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = pcp_bootstrap::BlobStore::open(dir.path()).expect("a store");
         let s = &state.snapshot;
-        let parts = StateParts {
-            term: state.term,
-            completed: s.completed,
-            durations: s.durations.clone(),
-            norms: s.norms.clone(),
-            params: &s.params,
-            velocity: &s.velocity,
-        };
+        let parts = StateParts::of_state(&state);
         let (hash, size) = put_state(&store, &parts, &state.contributors, &state.excluded).expect("stored");
         assert_eq!((hash, size), (BlobHash::of(&blob), blob.len() as u64));
         let (hash, size) = put_params(&store, &s.params).expect("stored");
