@@ -14,6 +14,9 @@ cargo test --workspace --no-fail-fast
 # the GPU check's dry run on lavapipe (Vulkan on the CPU): every part but the PyTorch
 # comparison runs, and parity passes (bench/gpu_check.sh exits 1 otherwise)
 cargo build --release -p pcp-node
+# the simulator against the node: loadtest and simulate at 100 and 300 workers agree
+# within 25 % (minutes of the release binary, so after its build; see the test's docs)
+PCP_NODE="$PWD/target/release/pcp-node" cargo test -p pcp-node --test calibration_cli -- --ignored --test-threads 1
 gpu_check_out=$(mktemp -d)
 bench/gpu_check.sh --backend vulkan --out "$gpu_check_out"
 rm -rf "$gpu_check_out"

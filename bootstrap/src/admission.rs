@@ -676,6 +676,24 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// A contribution's share of its run's budget of contributions in flight, held from
+/// when its payload is read until whoever handles it drops it, so that the budget
+/// bounds the contributions read and not yet handled, not only those being read: a
+/// node busy with one contribution does not pile up more in memory, their senders wait
+/// (see [`Admission::wait_for_room`]). Its clones share it.
+#[derive(Debug, Clone)]
+pub struct Hold {
+    _permit: Arc<Permit>,
+}
+
+impl Permit {
+    /// Held on past the read if it is a contribution's ([`Hold`]); a small request's
+    /// share ends with its read.
+    pub(crate) fn hold(self) -> Option<Hold> {
+        matches!(self.share, Share::Contribution { .. }).then(|| Hold { _permit: Arc::new(self) })
+    }
+}
+
 /// Leave to read one request's payload; returns its share of the allowances when
 /// dropped (a contribution's permit for its round is spent for good).
 #[derive(Debug)]

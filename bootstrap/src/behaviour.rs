@@ -113,7 +113,7 @@ impl Behaviour {
         let rpc = RpcBehaviour::new(
             admission,
             request_response::Config::default()
-                .with_request_timeout(Duration::from_secs(120))
+                .with_request_timeout(crate::rpc::RPC_TIMEOUT)
                 .with_max_concurrent_streams(MAX_RPC_STREAMS),
         );
 

@@ -56,12 +56,11 @@ pub(crate) enum Command {
         envelope: SignedEnvelope,
         reply: oneshot::Sender<Result<Verified, RequestError>>,
     },
-    /// Leaves an inbound request unanswered: its stream resets now.
-    Unanswered(InboundId),
+    /// Answered in turn with the other commands, without a reply: a role answering
+    /// hundreds of heartbeats a second does not wait on the event loop for each.
     Respond {
         id: InboundId,
         envelope: SignedEnvelope,
-        reply: oneshot::Sender<()>,
     },
     Release {
         hashes: Vec<BlobHash>,

@@ -51,8 +51,10 @@ const RESCAN: Duration = Duration::from_secs(5);
 const BLOB_WORKERS: usize = 4;
 /// Blob jobs waiting for a thread; beyond this they run on the event loop itself.
 const BLOB_QUEUE: usize = 256;
-/// Inbound DiLoCo requests waiting for their answer.
-const MAX_RPC_INBOUND: usize = 1024;
+/// Inbound DiLoCo requests waiting for their answer, contributions aside (the run's
+/// budget of contributions in flight bounds those: see [`crate::Hold`]). A shepherd of
+/// a thousand workers has two thousand heartbeats a second to answer.
+pub(crate) const MAX_RPC_INBOUND: usize = 4096;
 /// A connection's transport handshake (TCP: security and multiplexer; QUIC: TLS) must
 /// finish within this long: a silent socket holds a pending slot no longer.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(4);
@@ -62,7 +64,7 @@ const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// Outbound DiLoCo requests in flight.
 const MAX_RPC_OUTBOUND: usize = 256;
 /// An inbound request not answered within this long is dropped.
-const RPC_ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+const RPC_ANSWER_TIMEOUT: Duration = crate::rpc::RPC_TIMEOUT;
 /// Provider lookups in flight.
 const MAX_LOOKUPS: usize = 64;
 
@@ -88,6 +90,12 @@ pub struct EventLoop {
     swarm: Swarm<Behaviour>,
     config: Config,
     commands: mpsc::Receiver<Command>,
+    /// Requests the node's user left unanswered ([`Node::leave_unanswered`]): a queue
+    /// of their own, twice [`MAX_RPC_INBOUND`], so that one is never refused (a
+    /// refused one would hold its place among those waiting for answers until its
+    /// timeout, and a shepherd busy closing a round drops hundreds of heartbeats a
+    /// second: they would fill the table and crowd out the contributions).
+    unanswered: mpsc::Receiver<InboundId>,
     events: mpsc::Sender<Event>,
     seeds: Vec<(Option<PeerId>, Multiaddr)>,
     /// When to retry each seed (same order as `seeds`).
@@ -168,7 +176,7 @@ impl EventLoop {
     pub(crate) fn new(
         identity: &Identity,
         config: Config,
-        commands: mpsc::Receiver<Command>,
+        (commands, unanswered): (mpsc::Receiver<Command>, mpsc::Receiver<InboundId>),
         events: mpsc::Sender<Event>,
         admission: Arc<Admission>,
     ) -> Result<Self, StartError> {
@@ -216,6 +224,7 @@ impl EventLoop {
         Ok(Self {
             swarm,
             commands,
+            unanswered,
             events,
             transfers: Transfers::new(store, config.transfer_linger, config.chunk_window),
             seed_retry: vec![Backoff::default(); seeds.len()],
@@ -272,6 +281,10 @@ impl EventLoop {
                     Some(c) => self.on_command(c),
                     None => break,
                 },
+                // the channel dropped: the requester's stream resets
+                Some(id) = self.unanswered.recv() => {
+                    self.rpc_in.remove(&id);
+                }
                 _ = tick.tick() => self.housekeeping(),
             }
         }
@@ -522,17 +535,12 @@ impl EventLoop {
                 self.poll_transfers();
                 let _ = reply.send(released);
             }
-            Command::Unanswered(id) => {
-                // the channel dropped: the requester's stream resets
-                self.rpc_in.remove(&id);
-            }
-            Command::Respond { id, envelope, reply } => {
+            Command::Respond { id, envelope } => {
                 if let Some((channel, _, _)) = self.rpc_in.remove(&id)
                     && self.swarm.behaviour_mut().rpc.send_response(channel, envelope).is_err()
                 {
                     tracing::debug!(%id, "answer dropped: the requester is gone");
                 }
-                let _ = reply.send(());
             }
         }
     }
@@ -700,20 +708,23 @@ impl EventLoop {
                 request_response::Message::Request { request, channel, .. } => {
                     // the codec verified it, and that `peer` signed it (see `crate::rpc`)
                     let verdict = match request {
-                        Frame::In(v) => {
+                        Frame::Request(v, hold) => {
                             let run = v.binding().run;
                             let known = self.admission.is_known(run, v.signer());
-                            self.replay.check_known(&v, run, now_ms(), known).map(|()| v).map_err(|e| e.to_string())
+                            let fresh = self.replay.check_known(&v, run, now_ms(), known);
+                            fresh.map(|()| (v, hold)).map_err(|e| e.to_string())
                         }
+                        Frame::In(_) => Err("an answer where a request belongs".to_owned()),
                         Frame::Refused(reason) => Err(reason),
                         Frame::Out(_) => Err("an unverified request".to_owned()),
                     };
                     match verdict {
-                        Ok(verified) if self.rpc_in.len() < MAX_RPC_INBOUND => {
+                        // a contribution read in full is never dropped here: its hold bounds them
+                        Ok((verified, hold)) if self.rpc_in.len() < MAX_RPC_INBOUND || hold.is_some() => {
                             let id = InboundId(self.next_inbound);
                             self.next_inbound += 1;
                             self.rpc_in.insert(id, (channel, Instant::now(), peer));
-                            if !self.emit(Event::Request { peer, id, message: Box::new(verified) }) {
+                            if !self.emit(Event::Request { peer, id, message: Box::new(verified), hold }) {
                                 self.rpc_in.remove(&id);
                             }
                         }
@@ -734,6 +745,7 @@ impl EventLoop {
                                 .map(|()| verified)
                                 .map_err(|e| e.to_string()),
                             Frame::Refused(reason) => Err(reason),
+                            Frame::Request(..) => Err("a request where an answer belongs".to_owned()),
                             Frame::Out(_) => Err("an unverified answer".to_owned()),
                         }
                         .map_err(|reason| {

@@ -136,6 +136,9 @@ pub enum Event {
         id: InboundId,
         /// The verified envelope.
         message: Box<Verified>,
+        /// A contribution's share of the run's budget of contributions in flight: drop
+        /// it once the contribution is handled (see [`crate::admission::Hold`]).
+        hold: Option<crate::admission::Hold>,
     },
 }
 

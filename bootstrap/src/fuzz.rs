@@ -85,7 +85,7 @@ fn codec() -> RpcCodec {
 fn read_rpc(bytes: &[u8]) -> (Option<Verified>, Option<Verified>) {
     let mut codec = codec();
     let verified = |frame: std::io::Result<Frame>| match frame {
-        Ok(Frame::In(verified)) => Some(verified),
+        Ok(Frame::In(verified) | Frame::Request(verified, _)) => Some(verified),
         _ => None,
     };
     let request = verified(block_on(codec.read_request(&RPC_PROTOCOL, &mut &bytes[..])));

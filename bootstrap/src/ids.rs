@@ -8,6 +8,15 @@ use pcp_protocol::PublicKey;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct InboundId(pub(crate) u64);
 
+impl InboundId {
+    /// An id that names no request of any node: for tests of code that routes
+    /// requests without a swarm.
+    #[doc(hidden)]
+    pub fn unanswerable(n: u64) -> Self {
+        Self(u64::MAX - n)
+    }
+}
+
 impl std::fmt::Display for InboundId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "#{}", self.0)

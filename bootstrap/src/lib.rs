@@ -51,7 +51,7 @@ pub mod testnet;
 mod tls;
 mod transfers;
 
-pub use admission::{Admission, AdmitError};
+pub use admission::{Admission, AdmitError, Hold};
 pub use behaviour::{BLOB_PROTOCOL, IDENTIFY_PROTOCOL, KAD_PROTOCOL};
 pub use codec::CapnpCodec;
 pub use command::{FetchReport, Released};

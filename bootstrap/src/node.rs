@@ -21,6 +21,7 @@ use crate::ids::InboundId;
 #[derive(Debug, Clone)]
 pub struct Node {
     commands: mpsc::Sender<Command>,
+    unanswered: mpsc::Sender<InboundId>,
     peer_id: PeerId,
     public: PublicKey,
     admission: Arc<Admission>,
@@ -31,10 +32,13 @@ impl Node {
     /// stream and the event loop to run.
     pub fn new(identity: &Identity, config: Config) -> Result<(Self, mpsc::Receiver<Event>, EventLoop), StartError> {
         let (tx, rx) = mpsc::channel(config.command_queue.max(1));
+        // room for every request that can be waiting: those within the cap, and contributions
+        let (unanswered, unanswered_rx) = mpsc::channel(2 * crate::event_loop::MAX_RPC_INBOUND);
         let (event_tx, event_rx) = mpsc::channel(config.event_queue.max(1));
         let admission = Arc::new(Admission::default());
-        let event_loop = EventLoop::new(identity, config, rx, event_tx, admission.clone())?;
-        let node = Self { commands: tx, peer_id: event_loop.peer_id(), public: identity.public(), admission };
+        let event_loop = EventLoop::new(identity, config, (rx, unanswered_rx), event_tx, admission.clone())?;
+        let (peer_id, public) = (event_loop.peer_id(), identity.public());
+        let node = Self { commands: tx, unanswered, peer_id, public, admission };
         Ok((node, event_rx, event_loop))
     }
 
@@ -152,17 +156,18 @@ impl Node {
     }
 
     /// Answers an inbound request (see [`Event::Request`]); an unknown or expired id
-    /// is ignored.
+    /// is ignored. Waits only for room in the node's command queue: the answer goes
+    /// out in turn with the commands before it.
     pub async fn respond(&self, id: InboundId, envelope: pcp_schema::SignedEnvelope) -> Result<(), Stopped> {
-        self.ask(|reply| Command::Respond { id, envelope, reply }).await
+        self.commands.send(Command::Respond { id, envelope }).await.map_err(|_| Stopped)
     }
 
     /// Leaves an inbound request unanswered, at once: its stream resets, so the
     /// requester learns now, not at its timeout, that no answer comes (a role too
-    /// busy to take the request). Returns `false` if the command queue is full (the
-    /// request then waits out its answer timeout).
+    /// busy to take the request). Its queue has room for every request that can be
+    /// waiting; `false` only once the node has stopped.
     pub fn leave_unanswered(&self, id: InboundId) -> bool {
-        self.commands.try_send(Command::Unanswered(id)).is_ok()
+        self.unanswered.try_send(id).is_ok()
     }
 
     /// Counters.

@@ -38,7 +38,7 @@ use libp2p::{PeerId, StreamProtocol};
 use pcp_protocol::{PublicKey, Verified};
 use pcp_schema::{FrameHead, MAX_CONTROL_MESSAGE, MAX_FRAME_HEAD, Message, MessageKind, SignedEnvelope};
 
-use crate::admission::{Admission, Permit, Remote};
+use crate::admission::{Admission, Hold, Permit, Remote};
 use crate::codec::read_growing;
 
 /// The DiLoCo request-response protocol (2.0.0: the signed head before the payload).
@@ -48,17 +48,25 @@ pub const RPC_PROTOCOL: StreamProtocol = StreamProtocol::new("/pcp/diloco/2.0.0"
 const BLOCKING_VERIFY: usize = 1 << 20;
 /// How long a participant's contribution waits for room in the run's budget of
 /// contributions in flight before it is refused: well within the request's timeout
-/// (120 s), long enough for a burst of a thousand to be read in turn.
-const CONTRIBUTION_WAIT: std::time::Duration = std::time::Duration::from_secs(90);
+/// ([`RPC_TIMEOUT`]), long enough for a burst of a thousand to be read in turn by a
+/// shepherd on two cores (it reads, checks and adds about 15 a second there while it
+/// answers two thousand heartbeats a second).
+const CONTRIBUTION_WAIT: std::time::Duration = std::time::Duration::from_secs(240);
+/// A DiLoCo request's timeout, each way: a contribution's includes its wait for room.
+/// Heartbeats and hellos carry shorter timeouts of their own.
+pub(crate) const RPC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// A signed envelope as the DiLoCo codec carries it.
 #[derive(Debug)]
 pub(crate) enum Frame {
     /// One this node sends.
     Out(SignedEnvelope),
-    /// One received and verified by the codec: its signature over its payload, and that
-    /// its signer is the peer on the other end of the connection.
+    /// An answer received and verified by the codec: its signature over its payload,
+    /// and that its signer is the peer on the other end of the connection.
     In(Verified),
+    /// A request received and verified so; a contribution with its [`Hold`] on the
+    /// run's budget.
+    Request(Verified, Option<Hold>),
     /// An answer that did not verify, and why (a request that does not fails in the codec).
     Refused(String),
 }
@@ -154,7 +162,11 @@ async fn write_envelope<T: AsyncWrite + Unpin + Send>(io: &mut T, frame: Frame) 
 
 impl RpcCodec {
     /// A request from `remote`, or why it was refused.
-    async fn request<T: AsyncRead + Unpin + Send>(&self, io: &mut T, remote: &Remote) -> Result<Verified, String> {
+    async fn request<T: AsyncRead + Unpin + Send>(
+        &self,
+        io: &mut T,
+        remote: &Remote,
+    ) -> Result<(Verified, Option<Hold>), String> {
         let head = read_head(io).await.map_err(|e| e.to_string())?;
         let signer = signed_by(&head, remote)?;
         // a contribution that finds the budget full waits for room (within a runtime)
@@ -166,8 +178,7 @@ impl RpcCodec {
         }
         .map_err(|r| r.to_string())?;
         let verified = read_verified(io, head).await.map_err(|e| e.to_string())?;
-        drop(permit);
-        Ok(verified)
+        Ok((verified, permit.hold()))
     }
 }
 
@@ -189,7 +200,10 @@ impl request_response::Codec for RpcCodec {
         let Some(remote) = self.remote else {
             return Err(refused(None, "a request on a connection whose peer is unknown".into()));
         };
-        self.request(io, &remote).await.map(Frame::In).map_err(|reason| refused(Some(remote.peer), reason))
+        match self.request(io, &remote).await {
+            Ok((verified, hold)) => Ok(Frame::Request(verified, hold)),
+            Err(reason) => Err(refused(Some(remote.peer), reason)),
+        }
     }
 
     async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Frame>
@@ -387,7 +401,7 @@ mod tests {
     fn read(codec: &RpcCodec, bytes: &[u8]) -> Result<Verified, String> {
         let mut codec = codec.clone();
         match futures::executor::block_on(codec.read_request(&RPC_PROTOCOL, &mut &bytes[..])) {
-            Ok(Frame::In(verified)) => Ok(verified),
+            Ok(Frame::Request(verified, _)) => Ok(verified),
             Ok(other) => Err(format!("not a received frame: {other:?}")),
             Err(e) => Err(e.to_string()),
         }

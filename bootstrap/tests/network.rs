@@ -390,7 +390,7 @@ async fn signed_requests_are_verified_both_ways() -> anyhow::Result<()> {
         let (client, good) = (client.clone(), good.clone());
         async move { client.request(server_peer, good).await }
     });
-    let Event::Request { peer, id, message } = next_request(&mut net.nodes[2]).await? else {
+    let Event::Request { peer, id, message, .. } = next_request(&mut net.nodes[2]).await? else {
         bail!("expected a request");
     };
     ensure!(peer == net.nodes[1].peer_id() && message.signer() == client_key.public());
@@ -575,7 +575,7 @@ async fn a_replayed_head_takes_none_of_its_signers_permits() -> anyhow::Result<(
     // the participant still has both its permits for the round: its contribution and a retry
     for (envelope, nonce) in [(first, 1), (retry, 2)] {
         let asking = send(&worker, envelope);
-        let Event::Request { peer, id, message } = next_request(&mut net.nodes[2]).await? else {
+        let Event::Request { peer, id, message, .. } = next_request(&mut net.nodes[2]).await? else {
             bail!("expected the participant's contribution {nonce} to be read");
         };
         ensure!(peer == net.nodes[1].peer_id() && message.binding().nonce == nonce);

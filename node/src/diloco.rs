@@ -19,6 +19,7 @@
 
 mod candidate;
 mod consensus;
+pub(crate) mod inbox;
 mod retention;
 mod shepherd;
 pub(crate) mod wire;

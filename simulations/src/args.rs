@@ -135,6 +135,11 @@ pub struct SimulateArgs {
     /// throughput is split, so a step takes workers × the step time alone.
     #[arg(long)]
     pub one_machine: bool,
+    /// Workers as `pcp-node loadtest`'s: a sleep stands for their compute, so they fetch
+    /// neither parameters nor updates (only announcements), and the shepherd's reading,
+    /// adding and closing set the round. The calibration test compares the two so.
+    #[arg(long)]
+    pub synthetic_workers: bool,
     /// Seconds the shepherd spends between closing a round and announcing the next (validation,
     /// checkpoint), replacing the DiLoCo star's modelled close (--eval-batches forward passes and
     /// the calibration table's cost per parameter) [default: the star models it; the other

@@ -300,9 +300,10 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
             workers,
             tau,
             step_seconds,
-            params_bytes: settings.params_bytes as f64,
+            // synthetic workers fetch no parameters and no updates
+            params_bytes: if args.synthetic_workers { 0.0 } else { settings.params_bytes as f64 },
             contribution_bytes: settings.contribution_bytes as f64,
-            update_bytes: settings.update_bytes.map(|u| u as f64),
+            update_bytes: if args.synthetic_workers { Some(0.0) } else { settings.update_bytes.map(|u| u as f64) },
             cpu: match args.overhead_seconds {
                 // a given overhead replaces the modelled close
                 Some(_) => ShepherdCosts { eval_batches: 0, close_s: 0.0, ..settings.shepherd_cpu.clone() },

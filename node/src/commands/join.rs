@@ -459,7 +459,16 @@ pub(crate) async fn run_node(
     }
     let mut running = Running::start_with(args, config).map_err(Failure::input)?;
     let events = Events::open(args.events.as_deref()).map_err(Failure::input)?;
-    let (requests_tx, requests_rx) = mpsc::channel(256);
+    let (requests_tx, inbox, single) = match role {
+        Role::Shepherd(..) | Role::Candidate(..) => {
+            let (tx, inbox) = crate::diloco::inbox::coordinator();
+            (tx, Some(inbox), None)
+        }
+        Role::Worker(..) | Role::Relay => {
+            let (tx, rx) = crate::diloco::inbox::single();
+            (tx, None, Some(rx))
+        }
+    };
     let io = RoleIo {
         node: running.node.clone(),
         identity: running.identity.clone(),
@@ -474,12 +483,14 @@ pub(crate) async fn run_node(
                 Ok(())
             }
             Role::Shepherd(plan, hooks) => {
-                crate::diloco::candidate_run(Begin::Lead(plan), io, requests_rx, hooks, role_cancel).await
+                let inbox = inbox.expect("a coordinator's");
+                crate::diloco::candidate_run(Begin::Lead(plan), io, inbox, hooks, role_cancel).await
             }
             Role::Candidate(run, hooks, retention) => {
-                crate::diloco::candidate_run(Begin::Standby(run, retention), io, requests_rx, hooks, role_cancel).await
+                let inbox = inbox.expect("a coordinator's");
+                crate::diloco::candidate_run(Begin::Standby(run, retention), io, inbox, hooks, role_cancel).await
             }
-            Role::Worker(plan) => crate::diloco::worker_run(plan, io, requests_rx, role_cancel).await,
+            Role::Worker(plan) => crate::diloco::worker_run(plan, io, single.expect("a worker's"), role_cancel).await,
         }
     };
     let result = pump(&mut running, args, interactive, (requests_tx, listening), work, cancel).await;
@@ -497,7 +508,7 @@ async fn pump(
     running: &mut Running,
     args: &NetArgs,
     interactive: bool,
-    (requests, listening): (mpsc::Sender<Event>, Option<mpsc::Sender<Multiaddr>>),
+    (requests, listening): (crate::diloco::inbox::Outbox, Option<mpsc::Sender<Multiaddr>>),
     work: impl std::future::Future<Output = anyhow::Result<()>>,
     cancel: CancellationToken,
 ) -> Result<(), Failure> {
@@ -524,8 +535,10 @@ async fn pump(
                     // a full queue means the role is behind: the request is dropped and
                     // the peer's stream resets now, which it treats as a failure (left
                     // waiting, it would wait out its timeout, and a worker its heartbeats)
-                    Some(Event::Request { peer, id, message }) => {
-                        if requests.try_send(Event::Request { peer, id, message }).is_err() {
+                    Some(request @ Event::Request { .. }) => {
+                        if let Err(dropped) = requests.try_send(request)
+                            && let Event::Request { peer, id, .. } = *dropped
+                        {
                             tracing::debug!(%peer, "request dropped: the role is busy");
                             running.node.leave_unanswered(id);
                         }

@@ -116,6 +116,24 @@ struct Tally {
     announcements: u64,
     current: u64,
     answer_bytes: u64,
+    /// Workers in their modelled compute now, and contributions sent and not yet
+    /// answered: the progress line's figures.
+    training: u64,
+    in_flight: u64,
+    /// Heartbeats that found no answer within [`ASK_TIMEOUT`].
+    unanswered: u64,
+}
+
+impl Tally {
+    /// One line of progress: who has joined, trains, waits for an answer.
+    fn progress(&self) -> String {
+        let answered: u64 = self.rounds.values().map(|r| r.sent).sum();
+        let round = self.opened.keys().next_back().copied().unwrap_or(0);
+        format!(
+            "loadtest: {} joined; round {round} heard of; {} training, {} contributions in flight, {answered} answered; {} heartbeats unanswered",
+            self.joined, self.training, self.in_flight, self.unanswered
+        )
+    }
 }
 
 /// The reason's kind: its text up to the first colon or digit (so counts group).
@@ -184,9 +202,11 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
     let deadline = tokio::time::sleep(Duration::from_secs(args.timeout_s));
     tokio::pin!(deadline);
     let mut left = args.workers;
+    let mut progress = tokio::time::interval(PROGRESS_EVERY);
     loop {
         tokio::select! {
             () = &mut deadline => break,
+            _ = progress.tick() => tracing::info!("{}", tally.lock().await.progress()),
             _ = tokio::signal::ctrl_c() => break,
             done = tasks.join_next() => match done {
                 None => break,
@@ -281,7 +301,7 @@ fn report(tally: &Tally, json: Option<&std::path::Path>) -> Result<(), Failure> 
     writeln!(
         out,
         "{:>5} {:>6} {:>7} {:>9} {:>8} {:>9} {:>8} {:>12} {:>11}  refused",
-        "round", "sent", "on time", "accepted", "dropped", "MB up", "seconds", "shepherd cpu", "shepherd MB"
+        "round", "sent", "on time", "accepted", "dropped", "MB up", "seconds", "shepherd cpu", "shepherd MiB"
     )
     .map_err(write)?;
     let opt = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"));
@@ -324,6 +344,8 @@ fn report(tally: &Tally, json: Option<&std::path::Path>) -> Result<(), Failure> 
 
 /// How long a synthetic worker waits for the answer to a hello or a heartbeat.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the loadtest prints its progress line (stderr).
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 /// One synthetic worker.
 struct Synthetic {
@@ -453,6 +475,7 @@ impl Synthetic {
                 _ = tick.tick() => {}
                 () = async { training.as_mut().expect("guarded").0.as_mut().await }, if training.is_some() => {
                     let (_, a) = training.take().expect("guarded");
+                    tally.lock().await.training -= 1;
                     let mut bytes = payloads[(self.index + a.round as usize) % payloads.len()].clone();
                     if encoding.sparse().is_some() && !pcp_protocol::diloco::sparse::reseed(&mut bytes, a.round) {
                         anyhow::bail!("the run's sparse layout is strided: its messages cannot be made ahead");
@@ -463,7 +486,11 @@ impl Synthetic {
                     let c = contribution(run, a.round, steps, bytes, (a.term, params), self.args.step_ms * tau);
                     let envelope = self.signer.seal(run, a.round, &c);
                     drop(c);
-                    let on_time = !tally.lock().await.opened.contains_key(&(a.round + 1));
+                    let on_time = {
+                        let mut tally = tally.lock().await;
+                        tally.in_flight += 1;
+                        !tally.opened.contains_key(&(a.round + 1))
+                    };
                     let node = self.node.clone();
                     let shepherd = self.shepherd;
                     sending.spawn(async move {
@@ -473,6 +500,11 @@ impl Synthetic {
                 }
                 Some(Ok((round, on_time, size, outcome))) = sending.join_next() => {
                     record(&tally, round, on_time, size, outcome, self.index).await;
+                    // its last round answered: done, whether or not it hears the run end
+                    // (a shepherd whose run is over may stop before it says so)
+                    if self.args.rounds > 0 && done >= self.args.rounds && sending.is_empty() && training.is_none() {
+                        return Ok(());
+                    }
                     continue;
                 }
             }
@@ -488,7 +520,10 @@ impl Synthetic {
                 known,
             };
             let envelope = self.signer.seal(run, done, &hb);
-            let Ok(answer) = self.ask(envelope).await else { continue };
+            let Ok(answer) = self.ask(envelope).await else {
+                tally.lock().await.unanswered += 1;
+                continue;
+            };
             {
                 let mut tally = tally.lock().await;
                 tally.answer_bytes += answer.payload_len() as u64;
@@ -507,6 +542,10 @@ impl Synthetic {
             tally.lock().await.opened.entry(a.round).or_insert_with(Instant::now);
             let last = if self.args.rounds > 0 { self.args.rounds } else { u64::MAX };
             if a.finished || (done >= last && sending.is_empty() && training.is_none()) {
+                // the answers on their way are recorded first
+                while let Some(Ok((round, on_time, size, outcome))) = sending.join_next().await {
+                    record(&tally, round, on_time, size, outcome, self.index).await;
+                }
                 return Ok(());
             }
             if a.round <= done || done >= last || !a.participants.contains(&self.me().0) {
@@ -515,6 +554,7 @@ impl Synthetic {
             done = a.round;
             let compute = Duration::from_millis(self.args.step_ms.saturating_mul(tau));
             training = Some((Box::pin(tokio::time::sleep(compute)), a));
+            tally.lock().await.training += 1;
         }
     }
 }
@@ -529,6 +569,7 @@ async fn record(
     index: usize,
 ) {
     let mut tally = tally.lock().await;
+    tally.in_flight -= 1;
     let row = tally.rounds.entry(round).or_insert_with(|| RoundRow { round, ..RoundRow::default() });
     row.sent += 1;
     row.on_time += u64::from(on_time);

@@ -22,12 +22,12 @@ use pcp_protocol::failover::Replica;
 use pcp_protocol::failover::candidate::{Action, Input};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
 use pcp_schema::{Ack, Heartbeat, MessageKind, RoundAnnouncement, RunManifest};
-use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::RoleIo;
 use super::consensus::{Consensus, Seat, mode_of};
+use super::inbox::Inbox;
 use super::retention::Retention;
 use super::shepherd::{Host, LeaseKeeper, Outcome, Prepared, ShepherdHooks, ShepherdPlan};
 use super::wire::{self, LeaderState, Signer, peer_name};
@@ -56,7 +56,7 @@ pub(crate) enum Begin {
 pub(crate) async fn run(
     begin: Begin,
     io: RoleIo,
-    mut requests: mpsc::Receiver<Event>,
+    mut requests: Inbox,
     hooks: ShepherdHooks,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -191,7 +191,7 @@ impl Standby {
         signer: &mut Signer,
         data_dir: &std::path::Path,
         events: &Events,
-        requests: &mut mpsc::Receiver<Event>,
+        requests: &mut Inbox,
         cancel: &CancellationToken,
         consensus: Option<Box<Consensus>>,
     ) -> anyhow::Result<Option<Self>> {
@@ -303,7 +303,7 @@ impl Standby {
     async fn run(
         &mut self,
         signer: &mut Signer,
-        requests: &mut mpsc::Receiver<Event>,
+        requests: &mut Inbox,
         cancel: &CancellationToken,
     ) -> anyhow::Result<Standing> {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -525,7 +525,7 @@ async fn discover(
     run: Option<RunId>,
     node: &Node,
     signer: &mut Signer,
-    requests: &mut mpsc::Receiver<Event>,
+    requests: &mut Inbox,
     cancel: &CancellationToken,
 ) -> anyhow::Result<Option<(RunManifest, PeerId)>> {
     let me = signer.identity().public();

@@ -171,8 +171,10 @@ pub(super) struct Host {
     /// The backend (and target) each worker announced in its hello, bounded by
     /// the peers the state machine knows plus a margin.
     backends: BTreeMap<PublicKey, String>,
-    /// The signed announcement of the open (or final) round, as workers see it.
-    published: Option<SignedEnvelope>,
+    /// The signed announcement of the open (or final) round, as workers see it, and
+    /// its payload's hash (a worker that names it in its heartbeat holds it). Set by
+    /// [`Shepherd::set_published`] only.
+    published: Option<(SignedEnvelope, [u8; 32])>,
     /// A round opened but not yet released to workers: it waits until every live
     /// candidate holds the state it names (the commit rule) and this leader's lease
     /// is current. Candidates see it at once, to replicate that state.
@@ -326,6 +328,11 @@ impl Drop for LeaseKeeper {
 
 /// The most a round's deadline waits for contributions still being read.
 const MAX_RECEIVING_EXTENSION_MS: u64 = 60_000;
+/// A step that holds the role this long is excused to its workers' heartbeat
+/// timeouts ([`pcp_protocol::diloco::Shepherd::excuse`]).
+const DEAF_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+/// A request that holds the role this long is logged (debug): the heartbeats behind it wait.
+const SLOW_REQUEST: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Hellos whose backend the shepherd remembers (for `worker_joined` events).
 const MAX_BACKEND_RECORDS: usize = 4096;
@@ -372,7 +379,7 @@ impl Host {
 
     pub(super) async fn main_loop(
         &mut self,
-        requests: &mut mpsc::Receiver<Event>,
+        requests: &mut super::inbox::Inbox,
         cancel: &CancellationToken,
     ) -> anyhow::Result<Outcome> {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
@@ -405,7 +412,16 @@ impl Host {
                     }
                 }
                 event = requests.recv() => match event {
-                    Some(Event::Request { peer, id, message }) => self.on_request(peer, id, *message).await?,
+                    Some(Event::Request { peer, id, message, hold }) => {
+                        // a contribution keeps its share of the budget until it is handled
+                        let (kind, started) = (message.kind(), std::time::Instant::now());
+                        self.on_request(peer, id, *message).await?;
+                        drop(hold);
+                        let took = started.elapsed();
+                        if took > SLOW_REQUEST {
+                            tracing::debug!(kind = kind.tag(), ?took, "a slow request: heartbeats wait meanwhile");
+                        }
+                    }
                     Some(_) => {}
                     None => break,
                 },
@@ -414,13 +430,13 @@ impl Host {
                     Err(e) => tracing::warn!("compile task failed: {e}"),
                 },
                 _ = tick.tick() => {
+                    self.machine.heard(requests.take_heard(), self.now_ms());
                     let actions = self.consensus.handle(consensus_core::Input::Tick)?;
                     self.on_consensus(actions).await?;
                     if self.stepped_down.is_none() && self.consensus.core().is_leader() {
                         // as the simulator: the round's deadlines run only while a majority
                         // answers this leader's lease
                         if self.consensus.may_act() {
-                            self.hold_deadline_while_receiving();
                             self.step(Input::Tick).await?;
                         }
                         self.release().await;
@@ -578,7 +594,7 @@ impl Host {
                 event.deadline_unix_ms = deadline_ms;
             }
         }
-        self.published = Some(envelope.clone());
+        self.set_published(Some(envelope.clone()));
         use pcp_schema::Message as _;
         if let Err(e) = self.node.publish(self.run, envelope.encode()).await {
             tracing::debug!("gossiping round {}: {e}", opened.round);
@@ -736,17 +752,17 @@ impl Host {
                     }
                     self.node.admission().know(self.run, key);
                     self.step(Input::Heartbeat(key)).await?;
-                    let envelope = self.current_announcement();
                     // a worker holding the current announcement hears only that it is
                     // current, with this leader's term (its lease): a few hundred bytes
                     // rather than the announcement, twice a second
-                    let hash = *blake3::hash(&envelope.payload).as_bytes();
-                    if hb.known == Some(hash) {
+                    let hash = self.published.as_ref().map(|(_, hash)| *hash);
+                    if hash.is_some() && hb.known == hash {
                         let (round, lease) = self.lease();
-                        let current = Heartbeat { known: Some(hash), held: None, ..lease };
+                        let current = Heartbeat { known: hash, held: None, ..lease };
                         let envelope = self.signer.seal(self.run, round, &current);
                         return self.respond(id, envelope).await;
                     }
+                    let envelope = self.current_announcement();
                     self.respond(id, envelope).await
                 }
                 Err(e) => self.refuse(id, binding.round, format!("bad heartbeat: {e}")).await,
@@ -854,9 +870,16 @@ impl Host {
         }
     }
 
+    fn set_published(&mut self, envelope: Option<SignedEnvelope>) {
+        self.published = envelope.map(|e| {
+            let hash = *blake3::hash(&e.payload).as_bytes();
+            (e, hash)
+        });
+    }
+
     /// The announcement of the open round, or a waiting one (round 0) before the first.
     fn current_announcement(&mut self) -> SignedEnvelope {
-        if let Some(p) = &self.published {
+        if let Some((p, _)) = &self.published {
             return p.clone();
         }
         let announcement = RoundAnnouncement {
@@ -934,9 +957,13 @@ impl Host {
     }
 
     async fn step(&mut self, input: Input<PublicKey>) -> anyhow::Result<Vec<(PublicKey, String)>> {
+        // every input may close the round at its deadline, not only the tick
+        self.hold_deadline_while_receiving();
         let now = self.now_ms();
         let mut rejected = Vec::new();
-        for action in self.machine.handle(input, now) {
+        let deaf = std::time::Instant::now();
+        let actions = self.machine.handle(input, now);
+        for action in actions {
             match action {
                 Action::OpenRound { round, deadline_ms, participants } => {
                     self.open_round(round, deadline_ms, participants).await?;
@@ -976,6 +1003,12 @@ impl Host {
                 }
                 Action::Finished => {}
             }
+        }
+        // a close (the outer step, writing the round's blobs) holds this loop for seconds:
+        // heartbeats dropped meanwhile are no worker's silence
+        let took = deaf.elapsed();
+        if took > DEAF_AFTER {
+            self.machine.excuse(took.as_millis() as u64);
         }
         Ok(rejected)
     }
@@ -1126,7 +1159,7 @@ impl Host {
             )?;
         }
         self.bytes_in = 0;
-        self.published = None;
+        self.set_published(None);
         // the round's update and state join its parameters; older rounds' blobs go
         let made = [self.update.as_ref().map(|u| u.blob.blob), self.state.as_ref().map(|s| s.blob)];
         let made = made.into_iter().flatten().map(BlobHash);
@@ -1248,7 +1281,7 @@ impl Host {
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.opened = None;
-        self.published = Some(envelope);
+        self.set_published(Some(envelope));
         self.events.emit(ev::Event::RunFinished(ev::RunFinished {
             run: None,
             rounds: round,

@@ -674,6 +674,31 @@ impl<P: Ord + Clone> Shepherd<P> {
         Some(open.deadline_ms)
     }
 
+    /// The host heard from `peers` at `now_ms` without handling their heartbeats one
+    /// by one (it was too busy to answer them): their last sightings move to
+    /// `now_ms`, with nothing else decided. Unknown peers are ignored.
+    pub fn heard(&mut self, peers: impl IntoIterator<Item = P>, now_ms: u64) {
+        for peer in peers {
+            if let Some(seen) = self.workers.get_mut(&peer) {
+                *seen = (*seen).max(now_ms);
+            }
+        }
+    }
+
+    /// The host heard no one for `ms` (it was busy with one input, closing a round
+    /// say): every worker's last sighting moves `ms` later, so that the shepherd's
+    /// own deafness is not taken for its workers' silence. A shepherd that spends
+    /// longer closing a round than the heartbeat timeout would otherwise drop every
+    /// worker of the run at the next input.
+    pub fn excuse(&mut self, ms: u64) {
+        for seen in self.workers.values_mut() {
+            *seen = seen.saturating_add(ms);
+        }
+        if self.earliest_seen != u64::MAX {
+            self.earliest_seen = self.earliest_seen.saturating_add(ms);
+        }
+    }
+
     /// Overlap: the open round's compute budget (announce it with the round: a
     /// worker stops its inner steps at τ or the budget, whichever comes first).
     /// `None`: no budget yet (before any timing) or a lockstep run.
@@ -1572,6 +1597,36 @@ mod tests {
         let a = s.handle(Input::Tick, 901);
         assert!(a.contains(&Action::WorkerLeft { peer: 2, reason: LeaveReason::Timeout }), "{a:?}");
         assert_eq!(s.workers().copied().collect::<Vec<_>>(), vec![3]);
+    }
+
+    #[test]
+    fn time_the_shepherd_was_deaf_does_not_count_against_its_workers() {
+        // timeout 500: both heartbeat at 400, then the host is busy for 2,000 ms
+        let mut s = Shepherd::new(Config { start_workers: 3, ..config() }, vec![vec![0.0, 0.0]]);
+        for p in 1..=2 {
+            s.handle(Input::Joined(p), 0);
+            s.handle(Input::Heartbeat(p), 400);
+        }
+        s.excuse(2_000);
+        assert!(s.handle(Input::Tick, 2_400).is_empty(), "seen at 400, deaf 2,000 ms: 0 ms of silence");
+        assert!(s.handle(Input::Heartbeat(1), 2_900).is_empty(), "500 ms of silence: not past the timeout");
+        let a = s.handle(Input::Tick, 2_901);
+        assert_eq!(a, vec![Action::WorkerLeft { peer: 2, reason: LeaveReason::Timeout }], "2's silence is its own");
+        assert_eq!(s.workers().copied().collect::<Vec<_>>(), vec![1]);
+    }
+
+    #[test]
+    fn heartbeats_heard_but_not_handled_keep_their_workers() {
+        // timeout 500: 1's heartbeats are only heard (a busy host), 2 is silent, 9 unknown
+        let mut s = Shepherd::new(Config { start_workers: 3, ..config() }, vec![vec![0.0, 0.0]]);
+        for p in 1..=2 {
+            s.handle(Input::Joined(p), 0);
+        }
+        s.heard([1, 9], 400);
+        let a = s.handle(Input::Tick, 501);
+        assert_eq!(a, vec![Action::WorkerLeft { peer: 2, reason: LeaveReason::Timeout }]);
+        assert_eq!(s.workers().copied().collect::<Vec<_>>(), vec![1], "9 did not join by being heard");
+        assert_eq!(s.handle(Input::Tick, 900), vec![], "heard at 400");
     }
 
     #[test]
