@@ -8,7 +8,7 @@
 # Parts, each under its own `timeout` (a hang costs that part only), about 8 minutes:
 #   devices   `pcp-node devices`
 #   parity    nanogpt-small from one seed, N steps on the backend and on cpu: every
-#             step's loss within 1e-3 relative
+#             step's loss within 1e-3 relative (bf16: 3e-2 a step, 3e-3 on average)
 #   speed     tokens/s of the training step (gpt2-124m on cuda/rocm), beside PyTorch
 #             eager and torch.compile on the same GPU when torch is installed
 #   mixed     a `sim` with one worker on the backend and one on cpu, both contributing
@@ -103,13 +103,19 @@ parity() {
     if ! train cpu "$precision" "$part-cpu"; then
         record "$part" fail "the cpu run failed: $(tail -1 "$OUT/$part-cpu.log")"; return
     fi
-    local verdict
-    verdict=$(paste <(losses "$OUT/$part-$BACKEND.jsonl") <(losses "$OUT/$part-cpu.jsonl") | awk -v n="$PARITY_STEPS" '
-        { d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) { worst = r; at = NR }
-          if (!(r <= 1e-3)) bad++; last1 = $1; last2 = $2 }
+    # f32: every step within 1e-3. bf16: every step within 3e-2 and the mean within 3e-3,
+    # since two bf16 runs differ by bf16 rounding itself: on the H100 (2026-11-27) cuda bf16
+    # against cpu bf16 was 1.4e-2 worst, 1.4e-3 mean, and cpu bf16 against cpu f32 1.8e-2, 1.5e-3
+    local verdict step_tol=1e-3 mean_tol=1e-3
+    [ "$precision" = bf16 ] && { step_tol=3e-2; mean_tol=3e-3; }
+    verdict=$(paste <(losses "$OUT/$part-$BACKEND.jsonl") <(losses "$OUT/$part-cpu.jsonl") |
+        awk -v n="$PARITY_STEPS" -v step_tol="$step_tol" -v mean_tol="$mean_tol" '
+        { d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); sum += r; if (r > worst) { worst = r; at = NR }
+          if (!(r <= step_tol)) bad++; last1 = $1; last2 = $2 }
         END { if (NR != n) { printf "fail\t%d of %d steps compared", NR, n; exit }
-              printf "%s\t%d steps, worst relative difference %.2e at step %d, last loss %.4f (%s) / %.4f (cpu)",
-                     (bad ? "fail" : "pass"), NR, worst, at, last1, "'"$BACKEND"'", last2 }')
+              if (!(sum / NR <= mean_tol)) bad++
+              printf "%s\t%d steps, worst relative difference %.2e at step %d (bound %s), mean %.2e (bound %s), last loss %.4f (%s) / %.4f (cpu)",
+                     (bad ? "fail" : "pass"), NR, worst, at, step_tol, sum / NR, mean_tol, last1, "'"$BACKEND"'", last2 }')
     record "$part" "${verdict%%$'\t'*}" "${verdict#*$'\t'} ($precision)"
 }
 
@@ -147,7 +153,7 @@ mixed() {
     local rounds both
     rounds=$(grep -c '"event":"round_completed"' "$OUT/mixed.jsonl")
     both=$(grep '"event":"round_completed"' "$OUT/mixed.jsonl" | grep -c '"contributors":2')
-    if [ "$rounds" = "$SIM_ROUNDS" ] && [ "$both" = "$rounds" ] && grep '"event":"worker_joined"' "$OUT/mixed.jsonl" | grep -q '"backend":"'"$BACKEND"'"'; then
+    if [ "$rounds" = "$SIM_ROUNDS" ] && [ "$both" = "$rounds" ] && grep '"event":"worker_joined"' "$OUT/mixed.jsonl" | grep -q '"backend":"'"$BACKEND"'[:"]'; then
         record mixed pass "$rounds rounds, a $BACKEND and a cpu worker contributed to each"
     else
         record mixed fail "$rounds of $SIM_ROUNDS rounds, $both with both workers"
@@ -175,7 +181,9 @@ profile() {
             --device="$driver" --benchmark_min_warmup_time=0 --benchmark_repetitions=1 --benchmark_min_time=1x \
             --device_profiling_mode=$mode --device_profiling_output="$OUT/step.ireeprof"
         "$tools/iree-profile" statistics "$OUT/step.ireeprof" > "$OUT/profile.txt"
-    ) > "$OUT/profile.log" 2>&1 || { record profile fail "$(grep -m1 -i error "$OUT/profile.log" || tail -1 "$OUT/profile.log")"; return; }
+    ) > "$OUT/profile.log" 2>&1 || { grep -q "HAL-native profiling is not implemented" "$OUT/profile.log" &&
+        { record profile skipped "IREE 3.13's $driver HAL has no native profiling (UNIMPLEMENTED in ${driver}_device.c)"; return; }
+        record profile fail "$(grep -m1 -i error "$OUT/profile.log" || tail -1 "$OUT/profile.log")"; return; }
     local top
     top=$(awk '/count=[0-9]+ total=/ { for (i = 1; i <= NF; i++) if ($i ~ /^total=/) { v = substr($i, 7); u = $(i + 1)
               ms = v * (u == "us" ? 1e-3 : u == "ns" ? 1e-6 : u == "s" ? 1e3 : 1); print ms "\t" $2 } }' "$OUT/profile.txt" |
@@ -218,6 +226,6 @@ awk -F'\t' -v backend="$BACKEND" -v target="$TARGET" -v secs="$(( $(date +%s) - 
     END { print "]}" }' "$RESULTS" > "$OUT/gpu_check.json"
 cat "$OUT/gpu_check.md"
 # fail on a failed part, or a skipped one other than the PyTorch comparison
-if awk -F'\t' '$2 == "fail" || ($2 == "skipped" && $1 !~ /-torch$/) { bad = 1 } END { exit !bad }' "$RESULTS"; then
+if awk -F'\t' '$2 == "fail" || ($2 == "skipped" && $1 !~ /-torch$/ && $3 !~ /no native profiling/) { bad = 1 } END { exit !bad }' "$RESULTS"; then
     exit 1
 fi

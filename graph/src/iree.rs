@@ -31,7 +31,10 @@ pub fn compiler() -> Result<&'static Compiler, String> {
 
 fn load() -> Result<Compiler, String> {
     let mut compiler = match find_library() {
-        Some(lib) => Compiler::with_library(&lib).map_err(|e| format!("{}: {e}", lib.display()))?,
+        Some(lib) => {
+            linker_beside(&lib, std::env::var_os("PATH"))?;
+            Compiler::with_library(&lib).map_err(|e| format!("{}: {e}", lib.display()))?
+        }
         None => Compiler::new().map_err(|e| first_line(&e.to_string()))?,
     };
     let mut argv = vec!["pcp-node".to_owned()];
@@ -39,6 +42,26 @@ fn load() -> Result<Compiler, String> {
     argv.extend(global_flags());
     compiler.setup_global_cl(argv).map_err(|e| e.to_string())?;
     Ok(compiler)
+}
+
+/// IREE links every executable (CPU and GPU alike) with `iree-lld`, which it looks for
+/// beside its library, then as `lld`/`ld.lld` on `PATH`. Without one, each compile fails
+/// with "failed to link executable": say so once, at load, naming the path.
+fn linker_beside(lib: &Path, path: Option<std::ffi::OsString>) -> Result<(), String> {
+    let beside = lib.with_file_name("iree-lld");
+    let on_path = || {
+        path.is_some_and(|path| {
+            std::env::split_paths(&path).any(|d| d.join("lld").is_file() || d.join("ld.lld").is_file())
+        })
+    };
+    if beside.is_file() || on_path() {
+        return Ok(());
+    }
+    Err(format!(
+        "{}: IREE's linker is missing: no {} beside it and no lld on PATH (copy iree-lld from the same iree-base-compiler wheel)",
+        lib.display(),
+        beside.display()
+    ))
 }
 
 /// `PCP_IREE_COMPILER_LIB`, else a `.venv` holding `iree-base-compiler` in the
@@ -113,4 +136,27 @@ pub(crate) fn diagnostic(error: &CompilerError) -> String {
         .map(str::to_owned)
         .unwrap_or_else(|| first_line(&text));
     line.trim_start_matches("Error:").trim().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::linker_beside;
+
+    #[test]
+    fn a_compiler_library_without_its_linker_is_one_line_naming_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let lib = dir.path().join("libIREECompiler.so");
+        let empty = tempfile::tempdir().expect("tempdir");
+        let error = linker_beside(&lib, Some(empty.path().into())).expect_err("no linker anywhere");
+        assert!(
+            error.contains("iree-lld") && error.contains(&lib.display().to_string()) && !error.contains('\n'),
+            "{error}"
+        );
+        // lld on PATH will do
+        std::fs::write(empty.path().join("ld.lld"), b"").expect("write");
+        linker_beside(&lib, Some(empty.path().into())).expect("ld.lld on PATH");
+        // and so will iree-lld beside the library
+        std::fs::write(dir.path().join("iree-lld"), b"").expect("write");
+        linker_beside(&lib, None).expect("iree-lld beside");
+    }
 }

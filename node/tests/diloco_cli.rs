@@ -373,8 +373,12 @@ fn a_candidate_leads_when_the_shepherd_dies_and_the_old_shepherd_steps_down() {
 /// needs about 80 MB, says so in its hello: the shepherd compiles it a step that
 /// accumulates gradients over micro-batches, the worker reports the split in a
 /// `micro_batches` event and contributes, and the run's losses equal those of the
-/// same worker (the same identity, so the same data) taking whole batches, to 1e-4
-/// relative after 20 steps (2 rounds of τ=10).
+/// same worker (the same identity, so the same data) taking whole batches, to 1e-3
+/// relative after 20 steps (2 rounds of τ=10). Not closer: summing a batch's gradient
+/// in k parts changes the f32 rounding, which AdamW's normalisation turns into whole
+/// step-size differences on coordinates whose gradient is near zero; CI measured
+/// 1.4e-4 (3.45054 against 3.45101 after round 1's 10 steps). A micro-batch bug
+/// (a part dropped or counted twice, a wrong scale of the loss) moves it by 1e-2.
 #[test]
 fn a_worker_short_of_memory_trains_micro_batches_to_the_same_losses() {
     let _serial = serial::serial();
@@ -436,6 +440,6 @@ fn a_worker_short_of_memory_trains_micro_batches_to_the_same_losses() {
     let (a, b) = (losses(&whole), losses(&split));
     assert_eq!(a.len(), 4, "{a:?}");
     for (x, y) in a.iter().zip(&b) {
-        assert!((x - y).abs() <= 1e-4 * x.abs(), "losses {a:?} whole vs {b:?} as {k} micro-batches");
+        assert!((x - y).abs() <= 1e-3 * x.abs(), "losses {a:?} whole vs {b:?} as {k} micro-batches");
     }
 }
