@@ -112,13 +112,13 @@ echo "$W workers of $MODEL, links ${UP} up / ${DOWN} down, τ=$TAU, $ROUNDS roun
 for s in $SETUPS; do
   flags=()
   case $s in
-    fp32) flags=(--encoding fp32) ;;
-    int8) flags=(--encoding int8) ;;
-    sparse) flags=(--encoding "$SPARSE") ;;
+    fp32) flags=(--encoding fp32 --no-overlap) ;;
+    int8) flags=(--encoding int8 --no-overlap) ;;
+    sparse) flags=(--encoding "$SPARSE" --no-overlap) ;;
     sparse+overlap) flags=(--encoding "$SPARSE" --overlap) ;;
     fp32+overlap) flags=(--encoding fp32 --overlap) ;;
     sparse+overlap+fragments) flags=(--encoding "$SPARSE" --overlap --fragments "$FRAGMENTS") ;;
-    fp32+fragments) flags=(--encoding fp32 --fragments "$FRAGMENTS") ;;
+    fp32+fragments) flags=(--encoding fp32 --no-overlap --fragments "$FRAGMENTS") ;;
     *) echo "bench/diloco_link.sh: unknown setup $s" >&2; exit 2 ;;
   esac
   echo "running $s…" >&2

@@ -46,7 +46,7 @@ flags() {
 run() { # encoding kind
   local enc=$1 kind=$2 dir="$OUT/$1-$2" nodes=6
   [ "$kind" = mixed ] && nodes=9
-  local overlap=()
+  local overlap=(--no-overlap)
   # a late contribution is carried only in an overlapping run: its baseline overlaps too
   case "$kind" in late|honest-overlap) overlap=(--overlap) ;; esac
   [ "$kind" = honest-overlap ] && kind=honest

@@ -11,6 +11,19 @@
 2. No long functions. In `node/` and `bootstrap/`, a `fn` whose body is longer
    than MAX_FN_LINES lines fails, unless it is listed in TABLES (functions that
    are tables, e.g. one arm per event).
+3. A front-door README. README.md has at most MAX_README_LINES lines; the rest
+   of the manual is the book in docs/ (mdBook layout).
+4. No dead links in the docs. Every relative markdown link in README.md and
+   docs/**/*.md names a file that exists (resolved against the linking file's
+   folder; http(s) and mailto links are not followed), and a link with a
+   `#anchor` into a markdown file (its own included) names a heading of that
+   file, by GitHub's rule (lowercase; punctuation but `-` and `_` dropped;
+   spaces to `-`; a repeated heading gets `-1`, `-2`, …). Every page
+   docs/SUMMARY.md lists exists, and it lists every docs/*.md page.
+5. Layers. No module under `node/src/diloco/` imports one under
+   `node/src/commands/`: the roles are a library the commands drive, not the
+   other way round (what both need lives in `training/`, `observe/` or the
+   library crates).
 
 Exit status 1 with one line per finding; 0 and a summary otherwise.
 """
@@ -27,6 +40,10 @@ MAX_FN_LINES = 120
 TABLES = {
     ("node/src/events.rs", "fields"),
 }
+
+MAX_README_LINES = 250
+DOCS = "docs"
+SUMMARY = "SUMMARY.md"
 
 PATH = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
 
@@ -210,15 +227,137 @@ def long_functions():
     return findings, count
 
 
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
+HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def prose(text):
+    """A markdown file's lines outside fenced code blocks, as (number, line)."""
+    fence = None
+    for n, line in enumerate(text.split("\n"), 1):
+        m = re.match(r"^ {0,3}(`{3,}|~{3,})", line)
+        if m:
+            if fence is None:
+                fence = m.group(1)[0] * 3
+            elif m.group(1).startswith(fence):
+                fence = None
+            continue
+        if fence is None:
+            yield n, line
+
+
+def anchor(heading):
+    """GitHub's anchor for a heading's text."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links keep their text
+    text = re.sub(r"<[^>]+>", "", text).replace("`", "").replace("*", "")
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def anchors(path, cache={}):
+    if path not in cache:
+        seen, out = {}, set()
+        for _, line in prose(open(path, encoding="utf-8").read()):
+            m = HEADING.match(line)
+            if m:
+                a = anchor(m.group(2))
+                out.add(a if a not in seen else f"{a}-{seen[a]}")
+                seen[a] = seen.get(a, 0) + 1
+        cache[path] = out
+    return cache[path]
+
+
+def markdown_files():
+    files = [os.path.join(ROOT, "README.md")]
+    for root, _, names in os.walk(os.path.join(ROOT, DOCS)):
+        files += [os.path.join(root, f) for f in sorted(names) if f.endswith(".md")]
+    return files
+
+
+def dead_links(files):
+    """One line per relative link whose file or heading is missing."""
+    findings, count = [], 0
+    for path in files:
+        rel = os.path.relpath(path, ROOT)
+        for n, line in prose(open(path, encoding="utf-8").read()):
+            line = re.sub(r"(`+).*?\1", "", line)  # code spans hold no links
+            for m in LINK.finditer(line):
+                link = m.group(1)
+                if not link or re.match(r"^(https?:|mailto:)", link, re.I):
+                    continue
+                count += 1
+                target, _, frag = link.partition("#")
+                dest = os.path.normpath(os.path.join(os.path.dirname(path), target)) if target else path
+                if not os.path.exists(dest):
+                    findings.append(f"{rel}:{n}: link {link}: {os.path.relpath(dest, ROOT)} does not exist")
+                elif frag and dest.endswith(".md") and frag not in anchors(dest):
+                    findings.append(f"{rel}:{n}: link {link}: {os.path.relpath(dest, ROOT)} has no heading #{frag}")
+    return findings, count
+
+
+def front_door():
+    """README.md's length and the book's table of contents."""
+    findings = []
+    readme = os.path.join(ROOT, "README.md")
+    lines = len(open(readme, encoding="utf-8").read().rstrip("\n").split("\n"))
+    if lines > MAX_README_LINES:
+        findings.append(f"README.md: {lines} lines (at most {MAX_README_LINES}; move the rest into {DOCS}/)")
+    docs = os.path.join(ROOT, DOCS)
+    summary = os.path.join(docs, SUMMARY)
+    if not os.path.exists(summary):
+        return findings + [f"{DOCS}/{SUMMARY}: missing"], lines, 0
+    listed = set()
+    for n, line in prose(open(summary, encoding="utf-8").read()):
+        m = re.match(r"^\s*[-*]\s+\[[^\]]*\]\(([^)#\s]*)[^)]*\)", line)
+        if m and m.group(1):
+            page = os.path.normpath(os.path.join(docs, m.group(1)))
+            listed.add(page)
+            if not os.path.exists(page):
+                findings.append(f"{DOCS}/{SUMMARY}:{n}: page {m.group(1)} does not exist")
+    for f in sorted(os.listdir(docs)):
+        page = os.path.join(docs, f)
+        if f.endswith(".md") and f != SUMMARY and page not in listed:
+            findings.append(f"{DOCS}/{SUMMARY}: page {f} is not listed")
+    return findings, lines, len(listed)
+
+
+# (importer's module prefix, imported module prefix) that must not meet, in the node
+LAYERS = [(("diloco",), ("commands",))]
+
+
+def layers():
+    """Imports across LAYERS, one line each."""
+    mods = modules("node")
+    out = []
+    for here, path in sorted(mods.items()):
+        with open(path, encoding="utf-8") as f:
+            text = strip(f.read())
+        for low, high in LAYERS:
+            if here[: len(low)] != low:
+                continue
+            for target in sorted(refs(text, here, mods)):
+                if target[: len(high)] == high:
+                    out.append(f"{os.path.relpath(path, ROOT)}: imports {'::'.join(('crate',) + target)} "
+                               f"(no module under node/src/{'/'.join(low)}/ imports node/src/{'/'.join(high)}/)")
+    return out
+
+
 def main():
     circle, edges = circles()
+    layered = layers()
     long, fns = long_functions()
-    for line in circle + long:
+    files = markdown_files()
+    dead, links = dead_links(files)
+    door, readme_lines, pages = front_door()
+    for line in circle + long + dead + door + layered:
         print(line)
-    if circle or long:
+    if circle or long or dead or door or layered:
         return 1
     print(f"structure: no import circles ({edges} module imports in {len(CRATES)} crates), "
-          f"no function over {MAX_FN_LINES} lines ({fns} in {', '.join(LONG_CHECKED)})")
+          f"no function over {MAX_FN_LINES} lines ({fns} in {', '.join(LONG_CHECKED)}), "
+          f"README.md {readme_lines} lines (at most {MAX_README_LINES}), "
+          f"{links} relative links in {len(files)} markdown files all resolve, "
+          f"{pages} pages in {DOCS}/{SUMMARY}, "
+          f"no import across layers ({', '.join(f'{a[0]}/ -> {b[0]}/' for a, b in LAYERS)})")
     return 0
 
 

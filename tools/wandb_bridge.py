@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """pcp -> Weights & Biases: log pcp-node's JSONL events to a wandb run.
 
-pcp-node starts this script itself when wandb is enabled (see the README's
+pcp-node starts this script itself when wandb is enabled (see docs/running-a-run.md,
 "Weights & Biases") and writes every event to its stdin, one JSON object per
 line, as `--events FILE` would. It can also follow an events file:
 

@@ -81,6 +81,14 @@ pub struct NatConfig {
     pub punch_wait: Duration,
     /// Ask the local router for a port mapping (UPnP IGD).
     pub upnp: bool,
+    /// This node's public addresses, declared by its operator (`--external-address`):
+    /// confirmed at once, without a peer's dial-back. Relay reservations are answered
+    /// with them, the DHT serves from them and identify tells peers them. A node that
+    /// no peer can test (the only public node of a network: AutoNAT asks only peers
+    /// this node dialled) or whose interface does not hold its public address (a
+    /// cloud's 1:1 NAT, a port forward) is confirmed no other way. See
+    /// [`crate::parse_external_address`].
+    pub external_addresses: Vec<Multiaddr>,
 }
 
 impl Default for NatConfig {
@@ -94,6 +102,7 @@ impl Default for NatConfig {
             hole_punching: true,
             punch_wait: Duration::from_secs(5),
             upnp: false,
+            external_addresses: Vec::new(),
         }
     }
 }

@@ -25,6 +25,17 @@ pub enum StartError {
     },
 }
 
+/// Why an address cannot be declared as this node's public address
+/// ([`crate::parse_external_address`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{addr:?} {reason}")]
+pub struct ExternalAddrError {
+    /// The address as given.
+    pub addr: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
 /// The event loop has stopped.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("the node's event loop has stopped")]

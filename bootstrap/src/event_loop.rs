@@ -264,6 +264,9 @@ impl EventLoop {
 
     /// Runs until `cancel` fires or every handle is dropped.
     pub async fn run(mut self, cancel: CancellationToken) {
+        for addr in self.config.nat.external_addresses.clone() {
+            self.declare_external(addr, "declared (--external-address)");
+        }
         self.dial_seeds(false);
         self.listen_on_relays();
         self.update_reachability();
@@ -549,7 +552,10 @@ impl EventLoop {
         match event {
             SwarmEvent::NewListenAddr { address, .. } => {
                 self.nat.listening(&address);
-                self.emit(Event::Listening { addr: address });
+                self.emit(Event::Listening { addr: address.clone() });
+                if crate::nat::listens_publicly(&address, &self.config.listen) {
+                    self.declare_external(address, "listening on a public IP address");
+                }
             }
             SwarmEvent::ConnectionEstablished { peer_id, connection_id, endpoint, num_established, .. } => {
                 self.nat_connected(peer_id, connection_id, &endpoint);

@@ -185,6 +185,12 @@ pub struct NetStatus {
     pub direct_peers: usize,
     /// Peers connected only through a relay.
     pub relayed_peers: usize,
+    /// While no relay holds a reservation of this node: the relay that last failed
+    /// one, and why (one with no public address of its own, say).
+    pub relay_problem: Option<(PeerId, String)>,
+    /// The last hole punch: the peer, and the direct connection's address or why
+    /// there is none.
+    pub last_punch: Option<(PeerId, Result<Multiaddr, String>)>,
 }
 
 /// How a NAT maps this node's listening port, from the addresses peers at different

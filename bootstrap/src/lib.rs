@@ -12,7 +12,9 @@
 //! peers, or given), and every public node relays for others within [`RelayLimits`];
 //! DCUtR hole punching turns relayed connections into direct ones where the NATs allow
 //! it, and blob requests wait briefly for the punch rather than going through a relay;
-//! UPnP port mapping is optional.
+//! UPnP port mapping is optional. A node's public address may also be declared
+//! ([`NatConfig::external_addresses`]), as the only public node of a network must:
+//! no peer can test it.
 //!
 //! Blobs are fetched in [`pcp_schema::CHUNK_SIZE`] chunks from every provider found in
 //! the DHT in parallel. Each chunk is verified against its blake3 chaining value; the
@@ -56,12 +58,13 @@ pub use behaviour::{BLOB_PROTOCOL, IDENTIFY_PROTOCOL, KAD_PROTOCOL};
 pub use codec::CapnpCodec;
 pub use command::{FetchReport, Released};
 pub use config::{Config, DEFAULT_MAX_CONNECTIONS, NatConfig, RelayLimits};
-pub use error::{DialError, FetchError, GossipError, RequestError, StartError, Stopped};
+pub use error::{DialError, ExternalAddrError, FetchError, GossipError, RequestError, StartError, Stopped};
 pub use event_loop::EventLoop;
 pub use events::{Event, NatMapping, NetStatus, Reachability, RelayService, Stats};
 pub use identity_file::{IdentityError, keypair, load_or_create};
 pub use ids::{InboundId, key_of, peer_of};
 pub use libp2p::{Multiaddr, PeerId, multiaddr};
+pub use nat::parse_external_address;
 pub use node::Node;
 pub use rpc::RPC_PROTOCOL;
 pub use store::{BlobStore, Partial, StoreError};

@@ -75,6 +75,65 @@ pub(crate) fn is_global(ip: IpAddr) -> bool {
     }
 }
 
+/// Whether an IP address is publicly routable: [`is_global`], and not in the ranges
+/// reserved for documentation (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24,
+/// 2001:db8::/32) or benchmarking (198.18.0.0/15, which labs, the NAT tests among
+/// them, use for their "internet"). A node listening on such an address takes it as
+/// its public address; in a lab `--external-address` says so.
+pub(crate) fn is_routable(ip: IpAddr) -> bool {
+    is_global(ip)
+        && match ip {
+            IpAddr::V4(v4) => {
+                let [a, b, c, _] = v4.octets();
+                !(a == 198 && (b & 0xfe) == 18
+                    || (a, b, c) == (192, 0, 2)
+                    || (a, b, c) == (198, 51, 100)
+                    || (a, b, c) == (203, 0, 113))
+            }
+            IpAddr::V6(v6) => !(v6.segments()[0] == 0x2001 && v6.segments()[1] == 0x0db8),
+        }
+}
+
+/// Whether `addr`, a new listen address, is one this node may take as its public
+/// address at once: its IP is publicly routable ([`is_routable`]) and was given
+/// explicitly among the `configured` listen addresses (not found on an interface
+/// behind `0.0.0.0`, which may sit behind a firewall the operator did not open).
+pub(crate) fn listens_publicly(addr: &Multiaddr, configured: &[Multiaddr]) -> bool {
+    let Some((ip, port, quic)) = ip_port(addr) else { return false };
+    port != 0
+        && !is_relayed(addr)
+        && is_routable(ip)
+        && configured.iter().filter_map(ip_port).any(|(c, _, q)| c == ip && q == quic)
+}
+
+/// Checks an address given as this node's public address (`--external-address`): an
+/// IP address (not `0.0.0.0` or `::`) or a DNS name, then `/tcp/PORT` or
+/// `/udp/PORT/quic-v1`, with a port other than 0, not through a relay and without a
+/// `/p2p/` suffix (the node adds its own).
+pub fn parse_external_address(text: &str) -> Result<Multiaddr, crate::error::ExternalAddrError> {
+    let fail = |reason: &str| crate::error::ExternalAddrError { addr: text.to_owned(), reason: reason.to_owned() };
+    let addr: Multiaddr = text.trim().parse().map_err(|e| fail(&format!("is not a multiaddr: {e}")))?;
+    let mut parts = addr.iter();
+    match parts.next() {
+        Some(Protocol::Ip4(ip)) if ip.is_unspecified() => return Err(fail("is no address peers can dial (0.0.0.0)")),
+        Some(Protocol::Ip6(ip)) if ip.is_unspecified() => return Err(fail("is no address peers can dial (::)")),
+        Some(Protocol::Ip4(_) | Protocol::Ip6(_) | Protocol::Dns(_) | Protocol::Dns4(_) | Protocol::Dns6(_)) => {}
+        _ => return Err(fail("must start with /ip4/, /ip6/ or /dns/, e.g. /ip4/203.0.113.7/udp/4001/quic-v1")),
+    }
+    let port = match (parts.next(), parts.next()) {
+        (Some(Protocol::Tcp(port)), None) => port,
+        (Some(Protocol::Udp(port)), Some(Protocol::QuicV1)) if parts.next().is_none() => port,
+        (_, Some(Protocol::P2p(_))) | (Some(Protocol::Udp(_)), Some(Protocol::QuicV1)) => {
+            return Err(fail("must not end in /p2p/<peer id> or go through a relay: the node adds its own id"));
+        }
+        _ => return Err(fail("must end in /tcp/PORT or /udp/PORT/quic-v1")),
+    };
+    if port == 0 {
+        return Err(fail("has port 0: give the port peers dial"));
+    }
+    Ok(addr)
+}
+
 /// The IP address and port of an address (TCP or QUIC).
 fn ip_port(addr: &Multiaddr) -> Option<(IpAddr, u16, bool)> {
     let mut ip = None;
@@ -179,6 +238,14 @@ pub(crate) struct Nat {
     punch_errors: HashMap<PeerId, (String, Instant)>,
     /// Whether the relay service is on.
     relaying: bool,
+    /// Relays whose reservation came back with no address, already logged.
+    addressless: std::collections::HashSet<PeerId>,
+    /// Why the last reservation failed, while no relay holds one.
+    relay_problem: Option<(PeerId, String)>,
+    /// The last hole punch's outcome.
+    last_punch: Option<(PeerId, Result<Multiaddr, String>)>,
+    /// Whether this node, relaying with no public address, said so.
+    warned_addressless: bool,
 }
 
 impl Nat {
@@ -223,6 +290,10 @@ impl Nat {
             punched: std::collections::HashSet::new(),
             punch_errors: HashMap::new(),
             relaying: false,
+            addressless: std::collections::HashSet::new(),
+            relay_problem: None,
+            last_punch: None,
+            warned_addressless: false,
         }
     }
 
@@ -402,6 +473,31 @@ impl Nat {
         out
     }
 
+    /// Why no hole punch to a peer came within the wait, as far as this node can tell.
+    pub(crate) fn no_punch_reason(&self) -> String {
+        let wait = self.config.punch_wait.as_secs();
+        let why = match self.mapping() {
+            NatMapping::Symmetric => {
+                "this node's NAT is symmetric (a new public port for every peer): hole punching cannot work"
+            }
+            _ if self.observed.is_empty() => {
+                "no peer has told this node the address it sees it at, so it had none to offer the punch"
+            }
+            _ => "the peer's NAT or firewall let none of the punch's packets through (a symmetric NAT?)",
+        };
+        format!("no direct connection within {wait} s of the relayed one: {why}")
+    }
+
+    /// Records a hole punch's outcome, for [`Nat::last_punch`].
+    pub(crate) fn punch_outcome(&mut self, peer: PeerId, result: Result<Multiaddr, String>) {
+        self.last_punch = Some((peer, result));
+    }
+
+    /// The last hole punch's outcome.
+    pub(crate) fn last_punch(&self) -> Option<&(PeerId, Result<Multiaddr, String>)> {
+        self.last_punch.as_ref()
+    }
+
     /// Peers connected directly, and peers connected only through a relay.
     pub(crate) fn peer_counts(&self) -> (usize, usize) {
         let mut direct = std::collections::HashSet::new();
@@ -496,15 +592,19 @@ impl Nat {
     /// dialled it at (`None` when it dialled us: we do not know where to reach it), and
     /// `listen` the addresses it says it listens on. Every pcp node offers the service
     /// (and refuses while it is not reachable), so only a peer dialled at one of its own
-    /// listen addresses, which no NAT stands in front of, is a candidate.
-    pub(crate) fn offers_relay(&mut self, peer: PeerId, dialled: Option<Multiaddr>, listen: &[Multiaddr]) {
+    /// listen addresses, which no NAT stands in front of, is a candidate; and a `seed`
+    /// of this node's (`--bootstrap`), reachable where it was dialled whatever it lists:
+    /// the one public node of a network, behind a cloud's 1:1 NAT, lists only its
+    /// private address unless its operator declared the public one, and a reservation
+    /// on it says which (see [`Nat::reservation_failed`]).
+    pub(crate) fn offers_relay(&mut self, peer: PeerId, dialled: Option<Multiaddr>, listen: &[Multiaddr], seed: bool) {
         // a given relay that refused before (it was not relaying yet) is asked again now
         for relay in self.relays.iter_mut().filter(|r| r.peer == peer && r.explicit && !r.listening) {
             relay.backoff.reset();
         }
         let Some(addr) = dialled.filter(|a| !is_relayed(a)) else { return };
         let at = ip_port(&addr);
-        if at.is_none() || !listen.iter().any(|l| !is_relayed(l) && ip_port(l) == at) {
+        if at.is_none() || !(seed || listen.iter().any(|l| !is_relayed(l) && ip_port(l) == at)) {
             return;
         }
         if !self.hop.iter().any(|c| c.peer == peer) && self.hop.len() < MAX_OBSERVERS {
@@ -554,6 +654,38 @@ impl Nat {
             }
         }
         out
+    }
+
+    /// A reservation on `relay` failed for `reason`: the reason to report (one that
+    /// came back with no address names `--external-address`) and whether to log it
+    /// loudly (the first time for that relay).
+    pub(crate) fn reservation_failed(&mut self, relay: PeerId, reason: String) -> (String, bool) {
+        let (reason, loud) = if reason.to_ascii_lowercase().contains("at least one address in reservation") {
+            let reason = format!(
+                "relay {relay} has no confirmed public address (its reservation came back with none): \
+                 start it with --external-address <its public address>"
+            );
+            (reason, self.addressless.insert(relay))
+        } else {
+            (reason, true)
+        };
+        if !self.relays.iter().any(|r| r.reserved) {
+            self.relay_problem = Some((relay, reason.clone()));
+        }
+        (reason, loud)
+    }
+
+    /// Why the last reservation failed, while no relay holds one.
+    pub(crate) fn relay_problem(&self) -> Option<&(PeerId, String)> {
+        self.relay_problem.as_ref().filter(|_| !self.relays.iter().any(|r| r.reserved))
+    }
+
+    /// Whether this node, relaying for others, should say that it has no confirmed
+    /// public address to give them (once).
+    pub(crate) fn warn_addressless_relay(&mut self) -> bool {
+        let warn = self.external.is_empty() && !self.warned_addressless;
+        self.warned_addressless |= warn;
+        warn
     }
 
     /// The relay a listen address reserves on, if it is one of ours.
@@ -798,11 +930,11 @@ mod tests {
         assert_eq!(first, vec![addr(&format!("/ip4/198.18.0.9/tcp/4001/p2p/{explicit}/p2p-circuit"))]);
         let (r1, r2) = (peer(), peer());
         let (a1, a2) = (addr("/ip4/198.18.0.1/udp/4001/quic-v1"), addr("/ip4/198.18.0.2/udp/4001/quic-v1"));
-        nat.offers_relay(r1, Some(a1.clone()), std::slice::from_ref(&a1));
-        nat.offers_relay(r2, Some(a2.clone()), std::slice::from_ref(&a2));
-        nat.offers_relay(peer(), None, &[]); // it dialled us: no address to reach it at
+        nat.offers_relay(r1, Some(a1.clone()), std::slice::from_ref(&a1), false);
+        nat.offers_relay(r2, Some(a2.clone()), std::slice::from_ref(&a2), false);
+        nat.offers_relay(peer(), None, &[], false); // it dialled us: no address to reach it at
         let natted = addr("/ip4/198.18.0.103/udp/5555/quic-v1"); // hole punched: a NAT's port
-        nat.offers_relay(peer(), Some(natted), &[addr("/ip4/192.168.3.11/udp/5555/quic-v1")]);
+        nat.offers_relay(peer(), Some(natted), &[addr("/ip4/192.168.3.11/udp/5555/quic-v1")], false);
         assert!(nat.relays_to_listen(now).is_empty(), "not private yet");
         nat.autonat_v2_failed(now);
         nat.update_reachability(now + SETTLE);
@@ -963,6 +1095,80 @@ mod tests {
             assert_eq!(is_global(ip.parse().expect("ip")), global, "{ip}");
         }
         assert!(!is_global("fd00::1".parse().expect("ip")) && is_global("2001:db8::1".parse().expect("ip")));
+    }
+
+    #[test]
+    fn an_external_address_is_checked_where_it_is_given() {
+        for ok in ["/ip4/203.0.113.7/udp/4001/quic-v1", "/ip4/203.0.113.7/tcp/4001", "/dns4/relay.example/tcp/443"] {
+            assert_eq!(parse_external_address(ok).map(|a| a.to_string()), Ok(ok.to_owned()));
+        }
+        let id = peer();
+        for (bad, says) in [
+            ("/ip4/1.2.3", "is not a multiaddr"),
+            ("/ip4/0.0.0.0/udp/4001/quic-v1", "0.0.0.0"),
+            ("/ip6/::/tcp/1", "(::)"),
+            ("/udp/4001/quic-v1", "must start with /ip4/"),
+            ("/ip4/1.2.3.4/udp/4001", "/udp/PORT/quic-v1"),
+            ("/ip4/1.2.3.4/tcp/0", "port 0"),
+            (&format!("/ip4/1.2.3.4/tcp/1/p2p/{id}"), "/p2p/"),
+            (&format!("/ip4/1.2.3.4/udp/1/quic-v1/p2p/{id}/p2p-circuit"), "relay"),
+        ] {
+            let e = parse_external_address(bad).expect_err(bad);
+            assert!(e.to_string().contains(bad) && e.to_string().contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn only_an_explicit_routable_listen_address_counts_as_public() {
+        let explicit = [addr("/ip4/8.8.4.4/udp/4001/quic-v1"), addr("/ip4/0.0.0.0/tcp/0")];
+        assert!(listens_publicly(&addr("/ip4/8.8.4.4/udp/4001/quic-v1"), &explicit));
+        assert!(!listens_publicly(&addr("/ip4/8.8.4.4/tcp/4001"), &explicit), "TCP was not given on it");
+        assert!(!listens_publicly(&addr("/ip4/9.9.9.9/tcp/4001"), &explicit), "found behind 0.0.0.0");
+        let lab = [addr("/ip4/198.18.0.1/udp/4001/quic-v1"), addr("/ip4/10.0.0.1/udp/4001/quic-v1")];
+        assert!(!listens_publicly(&lab[0], &lab), "the benchmarking range is a lab's");
+        assert!(!listens_publicly(&lab[1], &lab), "private");
+        for (ip, routable) in [("8.8.8.8", true), ("198.19.1.1", false), ("203.0.113.7", false), ("2001:db8::1", false)]
+        {
+            assert_eq!(is_routable(ip.parse().expect("ip")), routable, "{ip}");
+        }
+    }
+
+    #[test]
+    fn a_reservation_with_no_address_names_the_flag_once_per_relay() {
+        let mut nat = Nat::new(NatConfig::default(), false);
+        let (relay, other) = (peer(), peer());
+        let empty = "protocol violation: expected at least one address in reservation".to_owned();
+        let (reason, loud) = nat.reservation_failed(relay, empty.clone());
+        assert!(loud && reason.contains(&relay.to_string()) && reason.contains("--external-address"), "{reason}");
+        assert_eq!(nat.reservation_failed(relay, empty), (reason.clone(), false), "said once");
+        assert_eq!(nat.relay_problem(), Some(&(relay, reason)));
+        assert_eq!(nat.reservation_failed(other, "timed out".into()), ("timed out".to_owned(), true));
+        // a seed dialled at an address it does not list (a cloud's 1:1 NAT) is a candidate
+        let at = addr("/ip4/198.18.0.1/udp/4001/quic-v1");
+        nat.offers_relay(other, Some(at.clone()), &[addr("/ip4/10.10.0.1/udp/4001/quic-v1")], false);
+        nat.offers_relay(relay, Some(at), &[addr("/ip4/10.10.0.1/udp/4001/quic-v1")], true);
+        let now = Instant::now();
+        nat.autonat_v2_failed(now);
+        nat.update_reachability(now + SETTLE);
+        let found = nat.relays_to_listen(now);
+        assert_eq!(found, vec![addr(&format!("/ip4/198.18.0.1/udp/4001/quic-v1/p2p/{relay}/p2p-circuit"))]);
+        assert!(nat.reserved(&relay).is_some());
+        assert_eq!(nat.relay_problem(), None, "a relay holds the reservation");
+        // a relay with no confirmed address of its own says so once
+        assert!(nat.warn_addressless_relay() && !nat.warn_addressless_relay());
+    }
+
+    #[test]
+    fn a_punch_that_never_came_says_why() {
+        let mut nat = Nat::new(NatConfig::default(), false);
+        assert!(nat.no_punch_reason().contains("no peer has told this node"), "{}", nat.no_punch_reason());
+        nat.observed_from(&addr("/ip4/198.18.0.1/udp/9/quic-v1"), &addr("/ip4/198.18.0.103/udp/1111/quic-v1"));
+        assert!(nat.no_punch_reason().contains("the peer's NAT"), "{}", nat.no_punch_reason());
+        nat.observed_from(&addr("/ip4/198.18.0.2/udp/9/quic-v1"), &addr("/ip4/198.18.0.103/udp/2222/quic-v1"));
+        assert!(nat.no_punch_reason().contains("symmetric"), "{}", nat.no_punch_reason());
+        let now = Instant::now();
+        let c = relayed_peer(&mut nat, 1, now);
+        assert_eq!(nat.expire_punches(now + NatConfig::default().punch_wait), vec![(c, None)], "the caller says why");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! * **The cipher-suite order.** `libp2p-tls` always offers ChaCha20-Poly1305 first,
 //!   so two libp2p peers always pick it. On a CPU with AES instructions AES-GCM costs a
 //!   fraction of that, and blob transfer between two peers on one machine runs about
-//!   20% faster (see the README's blob benchmark). Where the CPU lacks them the order
+//!   20% faster (see the blob benchmark in docs/benchmarks.md). Where the CPU lacks them the order
 //!   stays ChaCha20 first. TLS 1.2 is never negotiated.
 //! * **Its own record layer.** rustls runs the handshake through its unbuffered API
 //!   ([`handshake`]), then hands over the traffic secrets and [`Stream`] seals and opens

@@ -1,6 +1,7 @@
 //! NAT traversal between real swarms on loopback: a reservation on a relay, a blob
 //! fetched through the relay, a relayed connection turned into a direct one by hole
-//! punching (DCUtR), and a circuit the relay cuts at its byte limit.
+//! punching (DCUtR), a circuit the relay cuts at its byte limit, and a relay whose
+//! public address is declared (`NatConfig::external_addresses`).
 //!
 //! Loopback has no NAT: every hole punch works, and nothing but the tests' own dials
 //! makes a connection relayed. `node/tests/nat_cli.rs` runs the same behind real NATs.
@@ -168,6 +169,52 @@ async fn the_relay_cuts_a_circuit_at_its_byte_limit() -> anyhow::Result<()> {
         assert_eq!(report.chunks_relayed, 0, "{report:?}");
     }
     for n in [a, b, relay] {
+        n.stop().await;
+    }
+    Ok(())
+}
+
+/// A relay whose address is declared takes it as confirmed at once: it says it is
+/// public at that address, and the reservation it grants carries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_external_address_is_confirmed_and_given_in_reservations() -> anyhow::Result<()> {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port();
+    let quic: Multiaddr = format!("/ip4/127.0.0.1/udp/{port}/quic-v1").parse()?;
+    let mut config = Config::loopback(dir.path().join("relay"));
+    config.listen = vec![quic.clone()];
+    config.nat.external_addresses = vec![quic.clone()];
+    let mut relay = TestNode::start(0, config).await?;
+    let public = wait_event(&mut relay, "reachability", Duration::from_secs(5), |e| match e {
+        Event::Reachability(r) => Some(r.clone()),
+        _ => None,
+    })
+    .await?;
+    assert_eq!(public, pcp_bootstrap::Reachability::Public(quic.clone()));
+    assert_eq!(relay.node.net_status().await?.external, vec![quic.clone()]);
+    assert_eq!(relay.node.external_addrs().await?, vec![quic.clone()]);
+
+    let relay_addr = quic.clone().with(Protocol::P2p(relay.peer_id()));
+    let mut config = Config::loopback(dir.path().join("b"));
+    config.bootstrap = vec![relay_addr.clone()];
+    config.nat.relays = vec![relay_addr.clone()];
+    let mut b = TestNode::start(1, config).await?;
+    // (a listener opened before the connection to the relay is up closes at once, and
+    // is opened again: losses that do not say the relay lacks an address)
+    let mut lost = Vec::new();
+    let addr = wait_event(&mut b, "a reservation", Duration::from_secs(20), |e| match e {
+        Event::RelayReserved { addr, .. } => Some(addr.clone()),
+        Event::RelayLost { reason, .. } => {
+            lost.push(reason.clone());
+            None
+        }
+        _ => None,
+    })
+    .await?;
+    assert!(!lost.iter().any(|r| r.contains("public address")), "the reservation carried the address: {lost:?}");
+    assert!(addr.to_string().starts_with(&relay_addr.to_string()), "{addr}");
+    for n in [b, relay] {
         n.stop().await;
     }
     Ok(())

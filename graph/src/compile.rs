@@ -21,6 +21,14 @@ pub enum CompileError {
         /// IREE's first error.
         message: String,
     },
+    /// A bf16 constant could not be rewritten for a SPIR-V backend.
+    #[error("cannot compile for {target}: {source}")]
+    Bf16Constant {
+        /// The target.
+        target: Target,
+        /// The constant, and why.
+        source: Box<iree::Bf16ConstantError>,
+    },
     /// The artifact cache could not be used.
     #[error("artifact cache {path}: {source}")]
     Cache {
@@ -47,8 +55,10 @@ pub struct Artifact {
 /// Compiles `module` for `target`, caching under `cache_dir` when given.
 ///
 /// Modules for SPIR-V backends (Vulkan, Metal) first get
-/// [`iree::legalize_for_spirv`], which emulates bf16 matmul operands in f32 (IREE
-/// 3.13's SPIR-V backend has no bf16 matmuls), or has IREE promote bf16 to f32.
+/// [`iree::legalize_for_spirv`], which emulates bf16 matmul operands and constants in
+/// f32 (IREE 3.13's SPIR-V backend has no bf16 matmuls), or has IREE promote bf16 to
+/// f32; a bf16 constant it cannot read (a missing or malformed resource) is
+/// [`CompileError::Bf16Constant`].
 ///
 /// It tries [`Target::flags`] with [`Target::tuned_flags`] first when most of the
 /// module's matmul work is in matmuls at least 128 wide (data tiling slows narrower ones
@@ -62,7 +72,9 @@ pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Re
     let text = if target.backend.is_spirv() {
         let mut spirv = module.clone();
         for f in &mut spirv.functions {
-            promote_bf16 |= !iree::legalize_for_spirv(f);
+            let emulated = iree::legalize_for_spirv(f, module.resources.as_deref())
+                .map_err(|source| CompileError::Bf16Constant { target: target.clone(), source: Box::new(source) })?;
+            promote_bf16 |= !emulated;
         }
         spirv.to_mlir()
     } else {

@@ -148,7 +148,7 @@ mod tests {
             assert!(dot.operands.iter().all(|v| train.ty(*v).element == bf16), "{dot:?}");
         }
         let mut spirv = train.clone();
-        assert!(crate::iree::legalize_for_spirv(&mut spirv));
+        assert!(crate::iree::legalize_for_spirv(&mut spirv, None)?);
         let ops = &spirv.ops;
         assert!(ops.iter().flat_map(|o| o.results.iter()).all(|r| spirv.ty(*r).element != bf16));
         assert!(ops.iter().any(|o| o.name == "stablehlo.shift_right_logical"));

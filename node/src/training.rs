@@ -5,6 +5,8 @@
 pub(crate) mod checkpoint;
 pub(crate) mod config;
 pub(crate) mod data;
+pub(crate) mod device;
 pub(crate) mod engine;
 pub(crate) mod memory;
 pub(crate) mod model;
+pub(crate) mod schedule;

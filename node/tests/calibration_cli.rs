@@ -50,7 +50,8 @@ fn loadtest_rounds(dir: &Path, workers: usize) -> (Vec<f64>, Value) {
         "--config",
         &config.display().to_string(),
         "--encoding",
-        "sparse",
+        "sparse:k=2",
+        "--no-overlap",
         "--screen",
         "norm",
         "--rounds",
@@ -93,7 +94,7 @@ fn simulated_round(dir: &Path, workers: usize) -> (f64, Value) {
     let nodes = (workers + 1).to_string();
     let run = Command::new(pcp_node())
         .args(["simulate", "--nodes", &nodes, "--rounds", &ROUNDS.to_string(), "--model", "gpt2-124m"])
-        .args(["--params", PARAMS, "--encoding", "sparse", "--tau", "2", "--step-seconds", "2"])
+        .args(["--params", PARAMS, "--encoding", "sparse:k=2", "--tau", "2", "--step-seconds", "2"])
         .args(["--profile", "loopback", "--shepherd-profile", "loopback", "--regions", "1"])
         .args(["--screen", "norm", "--eval-batches", "0", "--aggregate-threads", "2"])
         // the loadtest's workers: no fetches, no stragglers, no jitter

@@ -133,8 +133,12 @@ fn completed(path: &Path, round: u64, timeout: Duration) -> Value {
 
 /// `--shepherd` with `extra`, three workers, a 3 s heartbeat timeout and the demo corpus.
 fn shepherd_flags(extra: &[&str], listen: &str, data_dir: &str, events: &Path, resume: bool) -> Vec<String> {
+    // the lockstep fp32 rounds these tests were written for, unless `extra` names its own
+    let pinned: &[&str] =
+        if extra.contains(&"--encoding") { &["--no-overlap"] } else { &["--no-overlap", "--encoding", "fp32"] };
     let mut args: Vec<String> = ["--shepherd", "--min-workers", "3", "--heartbeat-timeout-ms", "3000"]
         .iter()
+        .chain(pinned)
         .chain(extra)
         .map(|s| s.to_string())
         .collect();
@@ -387,7 +391,9 @@ fn a_worker_short_of_memory_trains_micro_batches_to_the_same_losses() {
         let d = |node: &str| dir.path().join(name).join(node);
         let (shepherd_events, worker_events) = (d("shepherd.jsonl"), d("worker.jsonl"));
         let mut args: Vec<String> =
-            ["--shepherd", "--min-workers", "1", "--rounds", "2", "--tau", "10"].map(String::from).to_vec();
+            ["--shepherd", "--min-workers", "1", "--rounds", "2", "--tau", "10", "--encoding", "fp32", "--no-overlap"]
+                .map(String::from)
+                .to_vec();
         args.extend(["--data".into(), corpus(), "--listen".into(), "/ip4/127.0.0.1/tcp/0".into()]);
         args.extend(["--data-dir".into(), d("shepherd").display().to_string()]);
         args.extend(["--events".into(), shepherd_events.display().to_string()]);

@@ -34,8 +34,9 @@ fn a_seeded_sim_emits_the_golden_events_field_for_field() {
     let ev = dir.path().join("events.jsonl");
     let out = Command::new(env!("CARGO_BIN_EXE_pcp-node"))
         .env("PCP_ARTIFACT_CACHE", std::env::temp_dir().join("pcp-test-artifact-cache").join("artifacts"))
-        .args(["sim", "--nodes", "4", "--rounds", "3", "--tau", "10", "--seed", "7", "--encoding", "sparse"])
-        .args(["--overlap", "--kill-at", "2:1", "--join-at", "2", "--data", &corpus()])
+        // the defaults: sparse pseudo-gradients, overlapped rounds
+        .args(["sim", "--nodes", "4", "--rounds", "3", "--tau", "10", "--seed", "7"])
+        .args(["--kill-at", "2:1", "--join-at", "2", "--data", &corpus()])
         .args(["--events", ev.to_str().expect("utf8"), "--data-dir", dir.path().to_str().expect("utf8")])
         .output()
         .expect("runs");

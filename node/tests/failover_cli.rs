@@ -147,7 +147,7 @@ fn a_standby_started_late_does_not_stall_a_healthy_run() {
 /// As above, with the standby on a 2 Mbit/s downlink, where fetching each round's
 /// state (0.9 MB) takes 3.6 s. The leader's leases travel on the same connection,
 /// behind those transfers, so the lease is sized for the link (8 s, twice a
-/// state's transfer; README: a lease shorter than that cannot tell a slow link
+/// state's transfer; docs/development.md: a lease shorter than that cannot tell a slow link
 /// from a dead leader, as 0.5 s here showed: the standby took terms while the
 /// leader lived).
 #[test]

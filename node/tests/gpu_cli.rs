@@ -209,6 +209,10 @@ fn a_vulkan_worker_and_a_cpu_worker_train_together() -> anyhow::Result<()> {
         "2",
         "--screen",
         "norm",
+        // lockstep fp32 rounds: lavapipe's worker is slow, and overlapped rounds are time-boxed
+        "--encoding",
+        "fp32",
+        "--no-overlap",
         "--worker-backend",
         "1:vulkan",
         "--data-dir",

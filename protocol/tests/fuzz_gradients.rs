@@ -2,7 +2,7 @@
 //! dense `PCPG` format and the sparse `PCPS` format, on arbitrary bytes and on
 //! valid encodings with bytes overwritten. Neither may panic, allocate beyond
 //! what the expected sizes imply, or return tensors of other sizes. 4,096 cases
-//! each in CI (well under a second; see the README's time budget).
+//! each in CI (well under a second; see the time budget in docs/threat-model.md).
 
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::sparse::{self, Layout, Settings};

@@ -1,7 +1,7 @@
 //! Stable-Rust fuzzing of every wire decoder: arbitrary bytes, and valid encodings
 //! with bytes overwritten, never panic, and whatever decodes re-encodes to bytes
 //! that decode again. 4,096 cases of each test in CI (under a second; see the
-//! README's time budget).
+//! time budget in docs/threat-model.md).
 
 use pcp_schema::{
     Ack, BlobRequest, BlobResponse, BlobWant, Contribution, FrameHead, Heartbeat, Message, MessageKind, NodeHello,

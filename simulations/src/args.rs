@@ -44,9 +44,9 @@ pub enum Topology {
     Hierarchical,
 }
 
-/// Pseudo-gradient encodings on the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
+/// Pseudo-gradient encodings on the wire: `fp32`, `bf16`, `int8` or `sparse[:…]`, spelled as
+/// `pcp-node --encoding` spells them (and serialized so).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WireEncoding {
     /// 4 bytes a value.
     Fp32,
@@ -54,9 +54,10 @@ pub enum WireEncoding {
     Bf16,
     /// 1 byte a value and a scale per tensor.
     Int8,
-    /// SparseLoCo's chunked top-k with pcp's default sparse settings (`pcp-node --encoding
-    /// sparse`): workers holding the previous round's parameters fetch only the shepherd's update.
-    Sparse,
+    /// SparseLoCo's chunked top-k (`pcp-node --encoding sparse`, its defaults unless the spec
+    /// names others): workers holding the previous round's parameters fetch only the
+    /// shepherd's update.
+    Sparse(Settings),
 }
 
 impl WireEncoding {
@@ -66,8 +67,41 @@ impl WireEncoding {
             Self::Fp32 => Encoding::F32,
             Self::Bf16 => Encoding::Bf16,
             Self::Int8 => Encoding::Int8,
-            Self::Sparse => Encoding::Sparse(Settings::default()),
+            Self::Sparse(s) => Encoding::Sparse(s),
         }
+    }
+
+    /// The spelling `pcp-node --encoding` takes: a dense name, or the sparse settings in full.
+    pub fn spec(self) -> String {
+        match self {
+            Self::Sparse(s) => s.spec(),
+            dense => dense.encoding().name().to_owned(),
+        }
+    }
+}
+
+impl std::str::FromStr for WireEncoding {
+    type Err = String;
+
+    fn from_str(spec: &str) -> Result<Self, String> {
+        Ok(match Encoding::parse_spec(spec)? {
+            Encoding::F32 => Self::Fp32,
+            Encoding::Bf16 => Self::Bf16,
+            Encoding::Int8 => Self::Int8,
+            Encoding::Sparse(s) => Self::Sparse(s),
+        })
+    }
+}
+
+impl std::fmt::Display for WireEncoding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.spec())
+    }
+}
+
+impl Serialize for WireEncoding {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.spec())
     }
 }
 
@@ -105,8 +139,9 @@ pub struct SimulateArgs {
     /// Inner steps per round.
     #[arg(long, default_value_t = 500)]
     pub tau: u64,
-    /// Pseudo-gradient encoding.
-    #[arg(long, value_enum, default_value_t = WireEncoding::Fp32)]
+    /// Pseudo-gradient encoding: fp32, bf16, int8 or sparse[:chunk=N,k=N,…], as
+    /// `pcp-node --encoding` takes it.
+    #[arg(long, default_value = "fp32")]
     pub encoding: WireEncoding,
     /// Seed of everything random (with --faults: the fault schedule).
     #[arg(long, default_value_t = 0)]

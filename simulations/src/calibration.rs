@@ -204,7 +204,7 @@ fn encoding_key(e: WireEncoding) -> &'static str {
         WireEncoding::Fp32 => "fp32",
         WireEncoding::Bf16 => "bf16",
         WireEncoding::Int8 => "int8",
-        WireEncoding::Sparse => "sparse",
+        WireEncoding::Sparse(_) => "sparse",
     }
 }
 
@@ -370,12 +370,12 @@ mod tests {
         assert!(t.cpu.contains("AMD EPYC"), "{}", t.cpu);
         assert_eq!(t.cores, 2);
         let sizes = [1 << 20, 1 << 20];
-        let sparse = t.decode_s(&sizes, WireEncoding::Sparse);
+        let sparse = t.decode_s(&sizes, WireEncoding::Sparse(Settings::default()));
         let fp32 = t.decode_s(&sizes, WireEncoding::Fp32);
         assert!(sparse > 0.0 && fp32 > 0.0);
         // twice the parameters, twice the work
         let double = [1 << 20; 4];
-        assert!((t.decode_s(&double, WireEncoding::Sparse) / sparse - 2.0).abs() < 1e-9);
+        assert!((t.decode_s(&double, WireEncoding::Sparse(Settings::default())) / sparse - 2.0).abs() < 1e-9);
         assert!((t.add_s(&double, WireEncoding::Fp32) / t.add_s(&sizes, WireEncoding::Fp32) - 2.0).abs() < 1e-9);
     }
 

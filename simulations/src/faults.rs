@@ -114,7 +114,7 @@
 //!   candidates, and the leader is never isolated. Each side would lead its own
 //!   term, complete rounds (an isolated leader completes the open round with the
 //!   contributions it has) and tell its workers, and when the sides meet one
-//!   side's rounds are lost: the split brain of the README's failure model. A
+//!   side's rounds are lost: the split brain of the failure model (docs/failover.md). A
 //!   standby may be isolated: it takes a term alone, without workers, and when it
 //!   is reachable again it steps aside for the candidate that holds what the
 //!   others did meanwhile.
@@ -122,7 +122,7 @@
 //!   state and has been up, awake and reachable for three leases and the slowest
 //!   transfer (and so holds what the run committed). Otherwise the last candidate
 //!   standing commits rounds alone and, gone before the others have them, they go
-//!   on without: the run whose candidates are all dead, of the README, when the
+//!   on without: the run whose candidates are all dead, of docs/failover.md, when the
 //!   one it waits for is not the one that returns.
 //!
 //! **Invariants**, checked after every event that can break them (a worker

@@ -78,7 +78,7 @@ fn the_named_seeds_keep_the_invariants() {
 }
 
 /// Each rule of the majority the simulated nodes are made to leave out breaks an
-/// invariant within CI's seeds (README: "Shepherd failover", the rules removed):
+/// invariant within CI's seeds (docs/failover.md, the rules removed):
 /// without the up-to-date vote a candidate behind a committed round is elected
 /// and redoes it; without the commit term, Raft's figure 8; without the commit, a
 /// released round is redone. (The fence, the workers' chain, the

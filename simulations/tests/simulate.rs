@@ -193,13 +193,13 @@ fn bad_settings_are_named() {
 }
 
 /// The planet of issue 29 at 200 nodes (gpt2-124m on residential links, H100s,
-/// τ = 500, sparse, 5% stragglers 1.5–4× slower): lockstep rounds wait for the
+/// τ = 500, sparse k 2 as it was measured then, 5% stragglers 1.5–4× slower): lockstep rounds wait for the
 /// slowest straggler and link; overlapped, time-boxed rounds with late
 /// contributions carried over keep the workers busy.
 #[test]
 fn overlapped_time_boxed_rounds_keep_a_residential_planet_busy() {
     let base = "--nodes 200 --rounds 30 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 0 \
-                --encoding sparse --decode-seconds 0.04 --screen norm --overhead-seconds 0";
+                --encoding sparse:k=2 --decode-seconds 0.04 --screen norm --overhead-seconds 0";
     let plain = simulate(base);
     let overlap = simulate(&format!("{base} --overlap"));
     let (p, o) = (strategy(&plain, "diloco-star"), strategy(&overlap, "diloco-star+overlap"));

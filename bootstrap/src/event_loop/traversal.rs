@@ -30,7 +30,7 @@ impl EventLoop {
             // the direct connection came while DCUtR punched: whichever side's dial won,
             // the punch worked (DCUtR reports only the dial it made itself)
             tracing::info!(%peer, %addr, "hole punched: direct connection");
-            self.emit(Event::HolePunched { peer, result: Ok(addr.clone()) });
+            self.report_punch(peer, Ok(addr.clone()));
         }
         if relayed {
             let relay = relay_of(addr);
@@ -60,10 +60,24 @@ impl EventLoop {
         }
         if info.protocols.contains(&relay::HOP_PROTOCOL_NAME) {
             let dialled = self.nat.dialled_addr(&peer);
-            self.nat.offers_relay(peer, dialled, &info.listen_addrs);
+            let seed = self.seeds.iter().any(|(p, _)| *p == Some(peer));
+            self.nat.offers_relay(peer, dialled, &info.listen_addrs, seed);
             self.listen_on_relays();
         } else {
             self.nat.forget_relay_candidate(&peer);
+        }
+    }
+
+    /// Takes `addr` as a public address of this node, confirmed (`why`: declared with
+    /// `--external-address`, or a publicly routable listen address).
+    pub(super) fn declare_external(&mut self, addr: libp2p::Multiaddr, why: &str) {
+        if self.swarm.external_addresses().any(|a| *a == addr) {
+            return;
+        }
+        self.swarm.add_external_address(addr.clone());
+        if self.nat.confirmed(&addr) {
+            tracing::info!(%addr, "external address confirmed: {why}");
+            self.update_reachability();
         }
     }
 
@@ -117,6 +131,7 @@ impl EventLoop {
                     let reason = crate::seeds::transport_reason(&e);
                     tracing::warn!(%addr, "cannot reserve on relay: {reason}");
                     if let Some((relay, _)) = self.nat.relay_closed(&addr, now) {
+                        let (reason, _) = self.nat.reservation_failed(relay, reason);
                         self.emit(Event::RelayLost { relay, reason });
                     }
                 }
@@ -132,9 +147,12 @@ impl EventLoop {
             Err(e) => crate::seeds::cause_of(e),
         };
         let Some((relay, retry)) = self.nat.relay_closed(&addr, Instant::now()) else { return };
-        match retry {
-            Some(wait) => tracing::warn!(%addr, "relay reservation lost: {reason}; retrying in {} s", wait.as_secs()),
-            None => tracing::warn!(%addr, "relay reservation lost: {reason}"),
+        let (reason, loud) = self.nat.reservation_failed(relay, reason);
+        let retrying = retry.map(|wait| format!("; retrying in {} s", wait.as_secs())).unwrap_or_default();
+        if loud {
+            tracing::warn!(%addr, "relay reservation lost: {reason}{retrying}");
+        } else {
+            tracing::debug!(%addr, "relay reservation lost: {reason}{retrying}");
         }
         self.emit(Event::RelayLost { relay, reason });
         self.listen_on_relays();
@@ -187,6 +205,14 @@ impl EventLoop {
         let service = match event {
             relay::Event::ReservationReqAccepted { src_peer_id, renewed: false } => {
                 tracing::debug!(peer = %src_peer_id, "relaying for a peer (reservation)");
+                if self.nat.warn_addressless_relay() {
+                    tracing::warn!(
+                        peer = %src_peer_id,
+                        "relaying with no confirmed public address: reservations carry none, so peers cannot \
+                         reach {src_peer_id} through this node. No peer has dialled this node back (AutoNAT asks \
+                         only peers it dialled): start it with --external-address <its public address>"
+                    );
+                }
                 RelayService::Reservation { peer: src_peer_id, refused: None }
             }
             relay::Event::ReservationReqDenied { src_peer_id, status } => {
@@ -229,7 +255,7 @@ impl EventLoop {
             (Some(addr), _) => {
                 if self.nat.mark_punched(peer) {
                     tracing::info!(%peer, %addr, "hole punched: direct connection");
-                    self.emit(Event::HolePunched { peer, result: Ok(addr) });
+                    self.report_punch(peer, Ok(addr));
                 }
             }
             (None, Ok(_)) => {}
@@ -244,7 +270,13 @@ impl EventLoop {
 
     fn report_failed_punch(&mut self, peer: PeerId, reason: String) {
         tracing::info!(%peer, "hole punch failed: {reason}; traffic goes through the relay");
-        self.emit(Event::HolePunched { peer, result: Err(reason) });
+        self.report_punch(peer, Err(reason));
+    }
+
+    /// Reports a hole punch's outcome (the event, and [`NetStatus::last_punch`]).
+    fn report_punch(&mut self, peer: PeerId, result: Result<libp2p::Multiaddr, String>) {
+        self.nat.punch_outcome(peer, result.clone());
+        self.emit(Event::HolePunched { peer, result });
     }
 
     /// The router's answer to a port mapping request.
@@ -275,10 +307,9 @@ impl EventLoop {
         // a failed dial-back becomes "private" once the other candidates' answers had time
         self.update_reachability();
         for (peer, failed) in self.nat.expire_punches(now) {
-            match failed {
-                Some(reason) => self.report_failed_punch(peer, reason),
-                None => tracing::debug!(%peer, "no hole punch yet: blob requests go through the relay"),
-            }
+            // DCUtR reports nothing on the side whose dial failed: say why as far as known
+            let reason = failed.unwrap_or_else(|| self.nat.no_punch_reason());
+            self.report_failed_punch(peer, reason);
         }
         self.close_upgraded(now);
         self.listen_on_relays();
@@ -323,6 +354,8 @@ impl EventLoop {
             mapping: self.nat.mapping(),
             direct_peers,
             relayed_peers,
+            relay_problem: self.nat.relay_problem().cloned(),
+            last_punch: self.nat.last_punch().cloned(),
         }
     }
 }

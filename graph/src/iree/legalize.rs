@@ -9,6 +9,8 @@ mod bf16;
 mod flatten;
 mod negate;
 
+pub use bf16::Bf16ConstantError;
+
 use crate::ir::{Function, Op};
 
 /// Rewrites `f` in place into forms IREE compiles for llvm-cpu, CUDA, ROCm
@@ -44,13 +46,18 @@ pub fn legalize(f: &mut Function) {
 /// Autodiff treats a barrier as the identity, so such modules can still be
 /// differentiated.
 ///
-/// bf16 values (mixed precision's matmul operands) become f32 values rounded to
-/// bf16 ([`bf16::emulate_bf16`]); the result is false when a function's bf16 use
-/// is one that rewrite leaves alone, and the caller then asks IREE to promote bf16
-/// to f32 (`--iree-input-promote-bf16-to-f32`).
-pub fn legalize_for_spirv(f: &mut Function) -> bool {
+/// bf16 constants of every form (dense, splat, hex, and `dense_resource`, whose
+/// blobs `resources`, the module's `{-# … #-}` section, holds) become f32 constants
+/// converted to bf16 ([`bf16::widen_constants`]). Then bf16 values (mixed
+/// precision's matmul operands, those constants) become f32 values rounded to bf16
+/// ([`bf16::emulate_bf16`]); the result is `Ok(false)` when a function's bf16 use is
+/// one that rewrite leaves alone, and the caller then asks IREE to promote bf16 to
+/// f32 (`--iree-input-promote-bf16-to-f32`). A bf16 constant that cannot be read (a
+/// missing or malformed resource) is an error naming it.
+pub fn legalize_for_spirv(f: &mut Function, resources: Option<&str>) -> Result<bool, Bf16ConstantError> {
+    bf16::widen_constants(f, resources)?;
     barrier::isolate_index_producers(f);
-    bf16::emulate_bf16(f)
+    Ok(bf16::emulate_bf16(f))
 }
 
 /// Whether `op` is a single-input `stablehlo.reduce` whose body is `body`.

@@ -48,26 +48,5 @@ fn strip_backend(reason: &str, device: Device) -> String {
 /// name is checked against the backend's accepted names.
 /// Every error is a [`Usage`] error (exit code 2).
 pub(crate) fn resolve(backend: &str, target: Option<&str>) -> anyhow::Result<(Device, pcp_graph::Target)> {
-    resolve_inner(backend, target).map_err(|e| Usage(e.to_string()).into())
-}
-
-fn resolve_inner(backend: &str, target: Option<&str>) -> anyhow::Result<(Device, pcp_graph::Target)> {
-    let device: Device = backend.parse()?;
-    let kind: pcp_graph::Backend = backend.parse()?;
-    if device != Device::Cpu {
-        device.check()?;
-    } else if !device.is_available() {
-        anyhow::bail!("backend cpu is not available in this build");
-    }
-    let detected = match (target, device) {
-        (Some(t), _) if !t.trim().is_empty() => None,
-        (_, Device::Cuda | Device::Rocm) => {
-            let arch = pcp_runtime::detect_arch(device)?;
-            tracing::info!("backend {device}: detected --target {arch}");
-            Some(arch)
-        }
-        _ => None,
-    };
-    let target = pcp_graph::Target::parse(kind, detected.as_deref().or(target))?;
-    Ok((device, target))
+    crate::training::device::resolve(backend, target).map_err(|e| Usage(e.to_string()).into())
 }

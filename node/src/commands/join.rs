@@ -73,7 +73,7 @@ pub(crate) struct NetFlags {
     pub(crate) local: LocalArgs,
 }
 
-/// NAT traversal: relays, hole punching and UPnP (see README, "Behind a home router").
+/// NAT traversal: relays, hole punching and UPnP (see docs/networking.md, "Behind a home router").
 #[derive(Debug, Clone, Default, Args)]
 pub(crate) struct NatFlags {
     /// Relay to reserve a slot on, so that peers reach this node through it even when
@@ -81,6 +81,12 @@ pub(crate) struct NatFlags {
     /// a node that AutoNAT finds unreachable reserves on relays among its peers anyway
     #[arg(long = "relay", value_name = "MULTIADDR")]
     pub(crate) relay: Vec<Multiaddr>,
+    /// This node's public address (repeatable), e.g. /ip4/203.0.113.7/udp/4001/quic-v1:
+    /// taken as confirmed, given to peers and in relay reservations. Needed where no
+    /// peer can confirm it: the only public node of a network, or one behind a
+    /// cloud's 1:1 NAT or a port forward
+    #[arg(long = "external-address", value_name = "MULTIADDR", value_parser = parse_external)]
+    pub(crate) external_address: Vec<Multiaddr>,
     /// Ask the router for a port mapping (UPnP IGD); off by default
     #[arg(long)]
     pub(crate) upnp: bool,
@@ -103,6 +109,7 @@ impl NatFlags {
     /// Whether any was given (for the commands that do not join the network).
     fn given(&self) -> bool {
         !self.relay.is_empty()
+            || !self.external_address.is_empty()
             || self.upnp
             || self.no_relay_service
             || self.relay_circuit_bytes.is_some()
@@ -114,8 +121,11 @@ impl NatFlags {
     fn merge(&self, own: NatFlags) -> NatFlags {
         let mut relay = self.relay.clone();
         relay.extend(own.relay);
+        let mut external_address = self.external_address.clone();
+        external_address.extend(own.external_address);
         NatFlags {
             relay,
+            external_address,
             upnp: self.upnp || own.upnp,
             no_relay_service: self.no_relay_service || own.no_relay_service,
             relay_circuit_bytes: own.relay_circuit_bytes.or(self.relay_circuit_bytes),
@@ -129,6 +139,9 @@ impl NatFlags {
         let mut out = Vec::new();
         for addr in &self.relay {
             out.extend(["--relay".to_owned(), addr.to_string()]);
+        }
+        for addr in &self.external_address {
+            out.extend(["--external-address".to_owned(), addr.to_string()]);
         }
         if self.upnp {
             out.push("--upnp".into());
@@ -151,7 +164,12 @@ impl NatFlags {
 
     /// The swarm's NAT configuration.
     pub(crate) fn config(&self) -> pcp_bootstrap::NatConfig {
-        let mut nat = pcp_bootstrap::NatConfig { relays: self.relay.clone(), upnp: self.upnp, ..Default::default() };
+        let mut nat = pcp_bootstrap::NatConfig {
+            relays: self.relay.clone(),
+            upnp: self.upnp,
+            external_addresses: self.external_address.clone(),
+            ..Default::default()
+        };
         nat.relay_service = !self.no_relay_service;
         let limits = &mut nat.relay_limits;
         if let Some(bytes) = self.relay_circuit_bytes {
@@ -165,6 +183,11 @@ impl NatFlags {
         }
         nat
     }
+}
+
+/// An address for `--external-address` (see [`pcp_bootstrap::parse_external_address`]).
+fn parse_external(text: &str) -> Result<Multiaddr, String> {
+    pcp_bootstrap::parse_external_address(text).map_err(|e| e.to_string())
 }
 
 /// A byte count: a number with an optional unit (`B`, `KiB`, `MiB`, `GiB`, `KB`, `MB`,
@@ -230,7 +253,10 @@ impl NetFlags {
         let unused = [
             (!peers && !self.bootstrap.is_empty(), "--bootstrap"),
             (!peers && !self.listen.is_empty(), "--listen"),
-            (!peers && self.nat.given(), "--relay, --upnp, --no-relay-service and --relay-circuit-*"),
+            (
+                !peers && self.nat.given(),
+                "--relay, --external-address, --upnp, --no-relay-service and --relay-circuit-*",
+            ),
             (!data_dir && self.local.data_dir.data_dir.is_some(), "--data-dir"),
             (!events && self.local.events.events.is_some(), "--events"),
             (!events && self.local.events.metrics_addr.is_some(), "--metrics-addr"),
@@ -335,14 +361,15 @@ impl Running {
     }
 }
 
-fn print_reachability(r: &Reachability, peer: &pcp_bootstrap::PeerId) {
+fn print_reachability(r: &Reachability, peer: &pcp_bootstrap::PeerId, declared: &[Multiaddr]) {
     match r {
         Reachability::Public(addr) => {
+            let how = if declared.contains(addr) { "declared with --external-address" } else { "confirmed" };
             let mut addr = addr.clone();
             if !matches!(addr.iter().last(), Some(Protocol::P2p(_))) {
                 addr.push(Protocol::P2p(*peer));
             }
-            println!("reachability: dialable at {addr} (confirmed by a peer's dial-back)");
+            println!("reachability: dialable at {addr} ({how})");
         }
         Reachability::Private => println!(
             "reachability: NOT dialable: peers could not dial back (behind a NAT or firewall); \
@@ -520,11 +547,16 @@ async fn pump(
     }
     let mut reach_timer = Box::pin(tokio::time::sleep(REACHABILITY_WAIT));
     let mut reach_done = !say;
-    if say && args.bootstrap.is_empty() {
-        println!("reachability: seed node (no --bootstrap): no peer to dial back yet; waiting for others");
+    if say && args.bootstrap.is_empty() && args.nat.external_address.is_empty() {
+        println!(
+            "reachability: seed node (no --bootstrap): no peer to dial back yet; waiting for others \
+             (a public node that dials no one: give its public address with --external-address)"
+        );
     }
     // only an interactive node owns the process's signals; `sim` handles them itself
     let mut sigterm = if interactive { Some(terminate_signal()?) } else { None };
+    // relay losses said so far (bounded: a hostile relay's reasons are many)
+    let mut said = std::collections::HashSet::new();
     tokio::pin!(work);
     loop {
         tokio::select! {
@@ -553,10 +585,16 @@ async fn pump(
                     Some(e) => e,
                 };
                 running.log.write(&event)?;
+                if said.len() >= 64 {
+                    said.clear();
+                }
                 if let (Event::Listening { addr }, Some(tx)) = (&event, &listening) {
                     let _ = tx.try_send(addr.clone());
                 }
-                if let Some(line) = nat_line(&event, &peer) {
+                // a relay that fails the same way again and again is said once
+                if let Some(line) = nat_line(&event, &peer)
+                    && (!matches!(event, Event::RelayLost { .. }) || said.insert(line.clone()))
+                {
                     if say {
                         println!("{line}");
                     }
@@ -565,7 +603,7 @@ async fn pump(
                 match &event {
                     Event::Listening { addr } if say => println!("listening on {addr}/p2p/{peer}"),
                     Event::Reachability(r) if say && !matches!(r, Reachability::Unknown) => {
-                        print_reachability(r, &peer);
+                        print_reachability(r, &peer, &args.nat.external_address);
                         reach_done = true;
                     }
                     _ => {}

@@ -68,10 +68,11 @@ pub(crate) struct SimArgs {
     /// (repeatable), to see time-boxed rounds and carried contributions.
     #[arg(long, value_name = "NODE:MS")]
     slow: Vec<String>,
-    /// Pseudo-gradient encoding: fp32, bf16, int8, or `sparse` (SparseLoCo: chunked
-    /// top-k with error feedback, sparse updates both ways;
-    /// `sparse:chunk=4096,k=64,bits=2,decay=0.95,down=256` spells out the defaults).
-    #[arg(long, default_value = "fp32")]
+    /// Pseudo-gradient encoding: `sparse` (SparseLoCo: chunked top-k with error
+    /// feedback, sparse updates both ways;
+    /// `sparse:chunk=64,k=4,bits=2,decay=0.5,down=8,downbits=4` spells out the
+    /// defaults), fp32, bf16 or int8.
+    #[arg(long, default_value = "sparse")]
     encoding: String,
     /// f32, or bf16: the step's matmuls and attention in bf16, weights, AdamW state,
     /// pseudo-gradients and loss in f32.
@@ -82,9 +83,13 @@ pub(crate) struct SimArgs {
     #[arg(long, default_value = "none")]
     recompute: String,
     /// Workers train the next round while a round syncs, and rebase onto the
-    /// shepherd's update when it arrives.
-    #[arg(long)]
+    /// shepherd's update when it arrives. The default; `--no-overlap` runs lockstep
+    /// rounds.
+    #[arg(long, overrides_with = "no_overlap")]
     overlap: bool,
+    /// Lockstep rounds: workers wait for each round's update before training on.
+    #[arg(long, overrides_with = "overlap")]
+    no_overlap: bool,
     /// Streaming DiLoCo: P fragments by layer, one synced per round every τ/P inner
     /// steps (P × --rounds syncs).
     #[arg(long, default_value_t = 1, value_name = "P")]
@@ -348,7 +353,7 @@ fn shepherd_plan(args: &SimArgs, net: &NetArgs, root: &std::path::Path) -> Resul
     plan.screen = crate::diloco::Screen::parse(&args.screen)?;
     plan.trust = crate::diloco::Trust::from_args(&args.trust)?;
     plan.trim = args.trim;
-    plan.overlap = args.overlap;
+    plan.overlap = !args.no_overlap;
     let mut plan = plan.with_fragments(args.fragments)?;
     plan.candidates = candidates;
     plan.retention = Retention::new(args.retention.keep());

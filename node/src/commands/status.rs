@@ -102,7 +102,11 @@ fn report(status: &NetStatus, me: &pcp_bootstrap::PeerId, waited: Duration) -> V
         lines.push(format!("external: {}", with_me(addr)));
     }
     if status.relayed.is_empty() && !matches!(status.reachability, Reachability::Public(_)) {
-        lines.push("relayed: no relay reservation yet".into());
+        lines.push(match &status.relay_problem {
+            Some((relay, why)) if why.contains(&relay.to_string()) => format!("relayed: no relay reservation: {why}"),
+            Some((relay, why)) => format!("relayed: no relay reservation: relay {relay}: {why}"),
+            None => "relayed: no relay reservation yet".into(),
+        });
     }
     for addr in &status.relayed {
         lines.push(format!("relayed: {}", with_me(addr)));
@@ -111,6 +115,11 @@ fn report(status: &NetStatus, me: &pcp_bootstrap::PeerId, waited: Duration) -> V
         "peers: {} connected directly, {} only through a relay",
         status.direct_peers, status.relayed_peers
     ));
+    match &status.last_punch {
+        Some((peer, Ok(addr))) => lines.push(format!("hole punch: direct connection to {peer} at {addr}")),
+        Some((peer, Err(why))) => lines.push(format!("hole punch: to {peer} failed: {why}")),
+        None => {}
+    }
     lines
 }
 
@@ -132,11 +141,33 @@ mod tests {
             mapping: NatMapping::Symmetric,
             direct_peers: 2,
             relayed_peers: 1,
+            relay_problem: None,
+            last_punch: Some((me, Err("no direct connection within 5 s".into()))),
         };
         let lines = report(&status, &me, Duration::from_secs(3));
         assert!(lines[0].starts_with("reachability: private"), "{lines:?}");
         assert!(lines[1].contains("symmetric") && lines[1].contains("only through a relay"), "{lines:?}");
         assert_eq!(lines[2], format!("relayed: {relay}/p2p/{me}"));
         assert_eq!(lines[3], "peers: 2 connected directly, 1 only through a relay");
+        assert_eq!(lines[4], format!("hole punch: to {me} failed: no direct connection within 5 s"));
+    }
+
+    #[test]
+    fn the_report_names_a_relay_without_a_public_address() {
+        let (me, relay) = (pcp_bootstrap::PeerId::random(), pcp_bootstrap::PeerId::random());
+        let why = format!("relay {relay} has no confirmed public address: start it with --external-address");
+        let status = NetStatus {
+            reachability: Reachability::Private,
+            external: Vec::new(),
+            relayed: Vec::new(),
+            mapping: NatMapping::EndpointIndependent,
+            direct_peers: 1,
+            relayed_peers: 0,
+            relay_problem: Some((relay, why.clone())),
+            last_punch: None,
+        };
+        let lines = report(&status, &me, Duration::from_secs(3));
+        assert_eq!(lines[2], format!("relayed: no relay reservation: {why}"));
+        assert_eq!(lines.len(), 4, "{lines:?}");
     }
 }

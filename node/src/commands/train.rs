@@ -13,9 +13,12 @@ use crate::commands::join::NetArgs;
 use crate::observe::events::{self as ev, Events};
 use crate::training::checkpoint::{Checkpoint, Tensor};
 use crate::training::config::Experiment;
-use crate::training::data::{Sampler, SamplerState, Split, TokenFormat, Tokens, Vocab};
+pub(crate) use crate::training::config::step_config;
+pub(crate) use crate::training::data::{Corpus, default_corpus};
+use crate::training::data::{Sampler, SamplerState};
 use crate::training::engine::Engine;
 use crate::training::model::Model;
+pub(crate) use crate::training::schedule::{learning_rate, validation_loss};
 
 /// Flags shared by `train`, `bench` and `generate` for where to run.
 #[derive(Debug, Clone, clap::Args)]
@@ -98,87 +101,6 @@ pub(crate) struct MemoryArgs {
     pub(crate) free_memory: Option<u64>,
 }
 
-/// The corpus, tokenized and split.
-pub(crate) struct Corpus {
-    pub(crate) vocab: Vocab,
-    pub(crate) train: Split,
-    pub(crate) val: Split,
-}
-
-impl std::fmt::Debug for Corpus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Corpus").field("train", &self.train.len()).field("val", &self.val.len()).finish()
-    }
-}
-
-impl Corpus {
-    /// Reads `path` with `tokenizer`, reusing `vocab` when resuming.
-    pub(crate) fn load(path: &Path, tokenizer: &str, vocab: Option<Vocab>, val_fraction: f64) -> anyhow::Result<Self> {
-        let (vocab, tokens) = match tokenizer {
-            "char" | "byte" => {
-                let vocab = match (vocab, tokenizer) {
-                    (Some(v), _) => v,
-                    (None, "byte") => Vocab::Byte,
-                    (None, _) => {
-                        let text = std::fs::read_to_string(path)
-                            .with_context(|| format!("cannot read corpus {}", path.display()))?;
-                        Vocab::chars_of(&text)?
-                    }
-                };
-                let tokens = Tokens::from_text_file(path, &vocab)?;
-                (vocab, tokens)
-            }
-            "u16" | "bin" => {
-                let tokens = Tokens::open_bin(path, TokenFormat::Detect)?;
-                (vocab.unwrap_or(Vocab::Byte), tokens)
-            }
-            other => anyhow::bail!("unknown tokenizer {other:?}; expected char, byte or u16"),
-        };
-        let (train, val) = tokens.split(val_fraction)?;
-        Ok(Self { vocab, train, val })
-    }
-}
-
-/// The default corpus: shared/ next to the checkout, or setup's copy.
-pub(crate) fn default_corpus() -> Option<PathBuf> {
-    let candidates = ["../shared/data/tiny_shakespeare.txt", ".data/tiny_shakespeare.txt"];
-    let roots = [std::env::current_dir().ok(), std::env::current_exe().ok()];
-    roots
-        .into_iter()
-        .flatten()
-        .flat_map(|r| r.ancestors().map(Path::to_path_buf).collect::<Vec<_>>())
-        .flat_map(|dir| candidates.map(|c| dir.join(c)))
-        .find(|p| p.is_file())
-}
-
-/// Warmup, then cosine decay to `min_lr` at `total` steps; `step` is 1-based.
-pub(crate) fn learning_rate(step: u64, total: u64, peak: f64, min: f64, warmup: u64) -> f64 {
-    if warmup > 0 && step <= warmup {
-        return peak * step as f64 / warmup as f64;
-    }
-    let span = total.saturating_sub(warmup).max(1) as f64;
-    let progress = ((step - warmup) as f64 / span).min(1.0);
-    min + 0.5 * (peak - min) * (1.0 + (std::f64::consts::PI * progress).cos())
-}
-
-/// The mean loss of `engine`'s parameters over `batches` validation batches of
-/// `(batch, block)`, fixed by `seed`: `train` and the DiLoCo shepherd report the same
-/// measure.
-pub(crate) async fn validation_loss(
-    engine: &Engine,
-    val: &Split,
-    (batch, block): (usize, usize),
-    seed: u64,
-    batches: u64,
-) -> anyhow::Result<f64> {
-    let mut sampler = Sampler::new(val.clone(), batch, block, seed ^ 0x5eed_0f7a)?;
-    let mut total = 0.0;
-    for _ in 0..batches.max(1) {
-        total += f64::from(engine.eval(&sampler.next_batch()).await?);
-    }
-    Ok(total / batches.max(1) as f64)
-}
-
 /// Everything a run needs: the compiled step on a device and its data.
 pub(crate) struct Run {
     pub(crate) experiment: Experiment,
@@ -198,24 +120,6 @@ impl std::fmt::Debug for Run {
             .field("batch", &self.batch)
             .field("block", &self.block)
             .finish()
-    }
-}
-
-/// The optimizer for `experiment`.
-pub(crate) fn step_config(e: &Experiment) -> pcp_graph::StepConfig {
-    pcp_graph::StepConfig {
-        optimizer: pcp_graph::Optimizer::AdamW {
-            beta1: e.beta1,
-            beta2: e.beta2,
-            eps: e.eps,
-            weight_decay: e.weight_decay,
-        },
-        clip_norm: (e.grad_clip > 0.0).then_some(e.grad_clip),
-        // checked when the experiment was resolved; an unknown name cannot get here
-        precision: e.precision.parse().unwrap_or_default(),
-        // checked likewise
-        recompute: e.recompute.parse().unwrap_or_default(),
-        accumulate: false,
     }
 }
 

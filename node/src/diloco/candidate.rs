@@ -31,9 +31,10 @@ use super::inbox::Inbox;
 use super::retention::Retention;
 use super::shepherd::{Host, LeaseKeeper, Outcome, Prepared, ShepherdHooks, ShepherdPlan};
 use super::wire::{self, LeaderState, Signer, peer_name};
-use crate::commands::train::{Corpus, step_config};
 use crate::observe::events::{self as ev, Events};
 use crate::training::config::Experiment;
+use crate::training::config::step_config;
+use crate::training::data::Corpus;
 use crate::training::engine::Engine;
 use crate::training::model::Model;
 

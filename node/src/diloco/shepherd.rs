@@ -40,13 +40,15 @@ use super::consensus::{Consensus, Seat};
 use super::retention::Retention;
 use super::wire::{self, LeaderState, Signer, peer_name};
 use crate::Failure;
-use crate::commands::train::{Corpus, default_corpus, step_config, validation_loss};
 use crate::observe::events::{self as ev, Events};
 use crate::training::checkpoint::{Checkpoint, TensorRef, save_refs};
 use crate::training::config::Experiment;
+use crate::training::config::step_config;
+use crate::training::data::{Corpus, default_corpus};
 use crate::training::engine::Engine;
 use crate::training::memory::Footprint;
 use crate::training::model::Model;
+use crate::training::schedule::validation_loss;
 
 /// A training step and a CPU engine a standby prepares, so that it leads at once
 /// when elected.
@@ -1148,14 +1150,14 @@ impl Host {
         if self.plan.table {
             writeln!(
                 self.out.lock(),
-                "{:>5} {:>12} {:>10.4} {:>10.4} {:>8.1} {:>9.2} {:>9.2}",
+                "{:>5} {:>12} {:>10.4} {:>10.4} {:>8.1} {:>10.1} {:>10.1}",
                 summary.round,
                 summary.contributors.len(),
                 summary.mean_loss,
                 self.last_val,
                 summary.duration_ms as f64 / 1e3,
-                bytes_out as f64 / 1e6,
-                self.bytes_in as f64 / 1e6
+                self.bytes_in as f64 / 1e3,
+                bytes_out as f64 / 1e3
             )?;
         }
         self.bytes_in = 0;

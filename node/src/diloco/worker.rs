@@ -30,10 +30,11 @@ use tokio_util::sync::CancellationToken;
 use super::RoleIo;
 use super::wire::{self, Signer, peer_name};
 use crate::Failure;
-use crate::commands::train::{Corpus, learning_rate};
 use crate::observe::events::{self as ev, Events};
+use crate::training::data::Corpus;
 use crate::training::data::Sampler;
 use crate::training::engine::Engine;
+use crate::training::schedule::learning_rate;
 
 /// Flags of the worker role.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -159,7 +160,7 @@ impl WorkerPlan {
     /// Checks the flags, and that this build can run the backend.
     pub(crate) fn new(args: &WorkerArgs) -> Result<Self, Failure> {
         let (device, target) =
-            crate::commands::devices::resolve(&args.backend, args.target.as_deref()).map_err(Failure::input)?;
+            crate::training::device::resolve(&args.backend, args.target.as_deref()).map_err(Failure::input)?;
         let run = match &args.run {
             Some(r) => Some(r.parse::<RunId>().map_err(|e| Failure::input(anyhow::anyhow!("--run {r:?}: {e}")))?),
             None => None,

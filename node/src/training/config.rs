@@ -243,6 +243,24 @@ fn resolve(base: &Path, relative: &str) -> PathBuf {
     base.ancestors().map(|dir| dir.join(p)).find(|c| c.exists()).unwrap_or_else(|| p.to_owned())
 }
 
+/// The optimizer for `experiment`.
+pub(crate) fn step_config(e: &Experiment) -> pcp_graph::StepConfig {
+    pcp_graph::StepConfig {
+        optimizer: pcp_graph::Optimizer::AdamW {
+            beta1: e.beta1,
+            beta2: e.beta2,
+            eps: e.eps,
+            weight_decay: e.weight_decay,
+        },
+        clip_norm: (e.grad_clip > 0.0).then_some(e.grad_clip),
+        // checked when the experiment was resolved; an unknown name cannot get here
+        precision: e.precision.parse().unwrap_or_default(),
+        // checked likewise
+        recompute: e.recompute.parse().unwrap_or_default(),
+        accumulate: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,7 +120,7 @@ pub(crate) fn applied(leaders: &[(&str, PathBuf)], workers: &[String]) -> Vec<Ap
 /// trained from one set of parameters, the result of the round before it that they
 /// trained (whoever led it). A round completed twice is allowed when workers
 /// trained on from one result only (a deposed leader's round, discarded as the
-/// README's failure model says); it is reported.
+/// failure model of docs/failover.md says); it is reported.
 pub(crate) fn one_chain(applied: &[Applied]) {
     let listing = || {
         applied

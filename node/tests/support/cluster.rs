@@ -152,8 +152,15 @@ pub(crate) fn wait_unless(
 
 /// `--shepherd` on the demo corpus with a 3 s heartbeat timeout, and `extra`.
 pub(crate) fn shepherd_args(extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> =
-        ["--shepherd", "--heartbeat-timeout-ms", "3000"].iter().chain(extra).map(|s| s.to_string()).collect();
+    // the lockstep fp32 rounds these tests were written for, unless `extra` names its own
+    let pinned: &[&str] =
+        if extra.contains(&"--encoding") { &["--no-overlap"] } else { &["--no-overlap", "--encoding", "fp32"] };
+    let mut args: Vec<String> = ["--shepherd", "--heartbeat-timeout-ms", "3000"]
+        .iter()
+        .chain(pinned)
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect();
     args.extend(["--data".into(), corpus()]);
     args
 }

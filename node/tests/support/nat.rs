@@ -16,6 +16,13 @@
 //!   [`Mapping::Symmetric`] is `masquerade fully-random`: a random public port for
 //!   every new flow, i.e. for every destination.
 //!
+//! [`NatLab::cloud_vm`] puts a public host behind a cloud's 1:1 NAT.
+//!
+//! [`Filter::Stateful`] routers filter as the commonest home-router firewall is
+//! written: the forward and input chains drop by policy and accept what comes from
+//! the LAN and what belongs to a connection already open (`ct state
+//! established,related`), masquerading as above.
+//!
 //! Dropping unsolicited packets matters beyond realism: a packet the router drops
 //! never commits a conntrack entry, so a hole punch's first packet from the far side,
 //! arriving before the near side's own, cannot make the router pick another port for
@@ -47,6 +54,16 @@ pub(crate) enum Mapping {
     Symmetric,
 }
 
+/// How a router filters what it forwards and receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Filter {
+    /// Accept by default; drop what arrives on `wan0` unless `ct state
+    /// established,related`.
+    WanDrop,
+    /// `policy drop`; accept from the LAN; accept `ct state established,related`.
+    Stateful,
+}
+
 /// Why a lab cannot be built here, in one line.
 #[derive(Debug)]
 pub(crate) struct Unavailable(String);
@@ -70,13 +87,14 @@ pub(crate) struct NatLab {
     prefix: String,
     publics: usize,
     routers: Vec<(Mapping, usize)>,
+    filter: Filter,
     spaces: Namespaces,
 }
 
 impl NatLab {
     /// Builds a lab of `publics` public hosts and one router per entry of `routers`
-    /// (its mapping and how many hosts its LAN has).
-    pub(crate) fn new(publics: usize, routers: &[(Mapping, usize)]) -> Result<Self, Unavailable> {
+    /// (its mapping and how many hosts its LAN has), which filter as `filter` says.
+    pub(crate) fn new(publics: usize, routers: &[(Mapping, usize)], filter: Filter) -> Result<Self, Unavailable> {
         assert!(publics <= 90 && routers.len() <= 99, "at most 90 public hosts and 99 routers");
         assert!(routers.iter().all(|(_, n)| (1..=200).contains(n)), "a LAN has 1 to 200 hosts");
         for (tool, arg, package) in [("ip", "-V", "iproute2"), ("nft", "--version", "nftables")] {
@@ -95,6 +113,7 @@ impl NatLab {
             prefix: format!("pcn{:02}{pid}", lab % 100),
             publics,
             routers: routers.to_vec(),
+            filter,
             spaces: Namespaces::default(),
         };
         let inet = this.inet();
@@ -117,7 +136,12 @@ impl NatLab {
     /// The lab for a test, or `None` (after printing why) where this machine cannot
     /// build one; with `PCP_REQUIRE_NETNS=1` that is a panic instead.
     pub(crate) fn for_test(publics: usize, routers: &[(Mapping, usize)]) -> Option<Self> {
-        match Self::new(publics, routers) {
+        Self::for_test_with(publics, routers, Filter::WanDrop)
+    }
+
+    /// [`NatLab::for_test`] with routers that filter as `filter` says.
+    pub(crate) fn for_test_with(publics: usize, routers: &[(Mapping, usize)], filter: Filter) -> Option<Self> {
+        match Self::new(publics, routers, filter) {
             Ok(lab) => Some(lab),
             Err(e) if std::env::var("PCP_REQUIRE_NETNS").is_ok_and(|v| v == "1") => {
                 panic!("{e} (PCP_REQUIRE_NETNS=1)")
@@ -137,6 +161,28 @@ impl NatLab {
     pub(crate) fn public(&self, i: usize) -> Host {
         assert!((1..=self.publics).contains(&i), "public host {i} is not in this lab of {}", self.publics);
         Host { ns: format!("{}-p{i}", self.prefix), addr: Ipv4Addr::new(198, 18, 0, i as u8) }
+    }
+
+    /// Turns public host `i` into a cloud VM behind a 1:1 NAT, as most clouds rent
+    /// them: it holds only a private address, 10.10.0.`i` (returned), and
+    /// the host's public address is translated to it both ways (nftables `dnat` and
+    /// `snat`). A node there cannot see its public address among its own.
+    pub(crate) fn cloud_vm(&self, i: usize) -> Result<Host, Unavailable> {
+        let public = self.public(i);
+        let vm = Host { ns: public.ns.clone(), addr: Ipv4Addr::new(10, 10, 0, i as u8) };
+        // on `lo`: an address of the host's own that no neighbour can reach but by the NAT
+        ip(&["-n", &vm.ns, "addr", "add", &format!("{}/32", vm.addr), "dev", "lo"]).map_err(Unavailable)?;
+        let rules = format!(
+            "table ip cloud {{
+                chain pre {{ type nat hook prerouting priority dstnat; iifname \"eth0\" ip daddr {public} dnat to {vm}; }}
+                chain post {{ type nat hook postrouting priority srcnat; oifname \"eth0\" ip saddr {vm} snat to {public}; }}
+            }}",
+            public = public.addr,
+            vm = vm.addr,
+        );
+        run(&["ip", "netns", "exec", &vm.ns, "nft", &rules])
+            .map_err(|e| Unavailable(format!("no nftables NAT in this kernel (CONFIG_NFT_NAT): {e}")))?;
+        Ok(vm)
     }
 
     /// Router `r`'s namespace.
@@ -221,13 +267,17 @@ impl NatLab {
             Mapping::EndpointIndependent => "masquerade",
             Mapping::Symmetric => "masquerade fully-random",
         };
+        let filter = match self.filter {
+            Filter::WanDrop => "iifname \"wan0\" ct state established,related accept; iifname \"wan0\" drop;",
+            Filter::Stateful => {
+                "policy drop; iifname \"lo\" accept; iifname \"lan0\" accept; ct state established,related accept;"
+            }
+        };
         let rules = format!(
             "table ip home {{
                 chain nat {{ type nat hook postrouting priority srcnat; oifname \"wan0\" {masquerade}; }}
-                chain input {{ type filter hook input priority filter;
-                    iifname \"wan0\" ct state established,related accept; iifname \"wan0\" drop; }}
-                chain forward {{ type filter hook forward priority filter;
-                    iifname \"wan0\" ct state established,related accept; iifname \"wan0\" drop; }}
+                chain input {{ type filter hook input priority filter; {filter} }}
+                chain forward {{ type filter hook forward priority filter; {filter} }}
             }}"
         );
         run(&["ip", "netns", "exec", &router, "nft", &rules]).map_err(|e| {

@@ -41,8 +41,8 @@
 //! leases instead, and a
 //! state keeps the term that produced it (a candidate that led alone and completed
 //! nothing does not outrank the other's rounds). It survives a dead candidate, but
-//! not a cut between the two: each side elects itself (the README's failure
-//! model).
+//! not a cut between the two: each side elects itself (the failure
+//! model of docs/failover.md).
 //!
 //! Time is `now_ms` of a clock that counts suspend (`CLOCK_BOOTTIME` in
 //! pcp-node): a leader that slept through its lease wakes with it expired. A tick

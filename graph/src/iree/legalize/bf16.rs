@@ -1,5 +1,10 @@
 //! bf16 matmul operands emulated in f32 for SPIR-V.
 
+mod constants;
+
+pub use constants::Bf16ConstantError;
+pub(crate) use constants::widen_constants;
+
 use crate::ir::{Builder, ElementType, FloatType, Function, ValueId};
 
 /// Ops that only move bf16 values, so their results need no rounding.
@@ -18,11 +23,13 @@ const EXACT: &[&str] = &[
 /// bf16 `subgroup_mma_load_matrix` on RDNA3), computes what a bf16 backend does:
 /// the product of two bf16 values is exact in f32, and the matmul accumulates in
 /// f32 either way. A `convert` from f32 to bf16 becomes the rounding, one from
-/// bf16 to f32 the identity.
+/// bf16 to f32 the identity, and so does one of an f32 constant that holds only
+/// bf16 values (a bf16 constant [`widen_constants`] rewrote).
 ///
 /// Returns false, changing nothing, when a bf16 value is an argument or result, or
-/// is made by an op whose attributes or regions spell the type (a bf16 constant, a
-/// bf16 reduction): the caller then lets IREE promote bf16 to f32 instead.
+/// is made by an op whose attributes or regions spell the type (a bf16 constant
+/// [`widen_constants`] has not rewritten, a bf16 reduction): the caller then lets IREE
+/// promote bf16 to f32 instead.
 pub(crate) fn emulate_bf16(f: &mut Function) -> bool {
     let bf16 = ElementType::Float(FloatType::Bf16);
     let is_bf16 = |f: &Function, v: &ValueId| f.ty(*v).element == bf16;
@@ -37,10 +44,13 @@ pub(crate) fn emulate_bf16(f: &mut Function) -> bool {
         return false;
     }
     let f32 = ElementType::Float(FloatType::F32);
+    let exact_constants: Vec<ValueId> =
+        f.ops.iter().filter(|op| constants::is_bf16_exact(f, op)).flat_map(|op| op.results.clone()).collect();
     let ops = std::mem::take(&mut f.ops);
     for mut op in ops {
         let exact = EXACT.contains(&op.name.as_str())
-            || (op.name == "stablehlo.convert" && op.operands.iter().all(|v| is_bf16(f, v)));
+            || (op.name == "stablehlo.convert"
+                && op.operands.iter().all(|v| is_bf16(f, v) || exact_constants.contains(v)));
         let rounded: Vec<ValueId> = op.results.iter().copied().filter(|r| is_bf16(f, r)).collect();
         for r in &rounded {
             let t = f.ty(*r).with_element(f32.clone());

@@ -46,16 +46,21 @@ pub(crate) struct ShepherdArgs {
     /// Workers that must have joined before round 1 opens.
     #[arg(long, default_value_t = 1, requires = "shepherd")]
     pub(crate) min_workers: usize,
-    /// Pseudo-gradient encoding workers must use: fp32, bf16, int8, or `sparse`
-    /// (SparseLoCo: chunked top-k with error feedback, sparse updates both ways;
-    /// `sparse:chunk=4096,k=64,bits=2,decay=0.95,down=256` spells out the defaults).
-    #[arg(long, default_value = "fp32", requires = "shepherd")]
+    /// Pseudo-gradient encoding workers must use: `sparse` (SparseLoCo: chunked
+    /// top-k with error feedback, sparse updates both ways;
+    /// `sparse:chunk=64,k=4,bits=2,decay=0.5,down=8,downbits=4` spells out the
+    /// defaults), fp32, bf16 or int8.
+    #[arg(long, default_value = "sparse", requires = "shepherd")]
     pub(crate) encoding: String,
     /// Workers train the next round while a round's contribution, aggregation and
     /// update are on the way, and rebase onto the update when it arrives: compute
-    /// never waits for the network unless the update is a whole round late.
-    #[arg(long, requires = "shepherd")]
+    /// never waits for the network unless the update is a whole round late. The
+    /// default; `--no-overlap` runs lockstep rounds.
+    #[arg(long, overrides_with = "no_overlap", requires = "shepherd")]
     pub(crate) overlap: bool,
+    /// Lockstep rounds: workers wait for each round's update before training on.
+    #[arg(long, overrides_with = "overlap", requires = "shepherd")]
+    pub(crate) no_overlap: bool,
     /// Streaming DiLoCo: split the parameters into P fragments by layer and sync one
     /// per round, in turn, every τ/P inner steps, each with its own outer step (τ
     /// must be a multiple of P; --rounds counts rounds of τ steps, so P × --rounds
@@ -94,7 +99,7 @@ pub(crate) struct ShepherdArgs {
     /// the lease and commits a round, so no single fault forks the run or loses a
     /// released round. `best-effort` (the default with 1 or 2): a majority of the
     /// candidates still heard, so one of two may die, but a cut between them makes
-    /// two leaders (README: "Shepherd failover").
+    /// two leaders (docs/failover.md: "Shepherd failover").
     #[arg(long, value_parser = ["majority", "best-effort"], requires = "shepherd")]
     pub(crate) failover: Option<String>,
     #[command(flatten)]
@@ -280,7 +285,7 @@ impl ShepherdPlan {
             table: true,
             screen: Screen::parse(&args.screen)?,
             trim: args.trim,
-            overlap: args.overlap,
+            overlap: !args.no_overlap,
             fragments: 1,
             retention: Retention::default(),
             prepared: None,
@@ -407,7 +412,7 @@ impl ShepherdPlan {
 /// averaged sparse update has no momentum (as in SparseLoCo, error feedback
 /// stands in for it), and each kept entry is averaged with the workers that did
 /// not keep it, so it is scaled up: 3 was best of 0.7, 1, 3, 4 and 8 (the
-/// README's table; 4 and 8 diverged).
+/// table in docs/diloco.md; 4 and 8 diverged).
 pub(crate) const SPARSE_OUTER_LR: f64 = 3.0;
 
 /// Parses `--encoding`, refusing the trimmed mean for sparse runs: it needs every
@@ -416,8 +421,8 @@ pub(crate) fn parse_encoding(spec: &str, trim: f64) -> Result<Encoding, Failure>
     let encoding = Encoding::parse_spec(spec).map_err(|e| Failure::input(anyhow::anyhow!("{e}")))?;
     if encoding.sparse().is_some() && trim > 0.0 {
         return Err(Failure::input(anyhow::anyhow!(
-            "--trim cannot be used with --encoding sparse: the trimmed mean needs every contribution at once, \
-             and a sparse run adds each to one running sum"
+            "--trim cannot be used with --encoding sparse (the default; add --encoding fp32 for a trimmed mean): \
+             the trimmed mean needs every contribution at once, and a sparse run adds each to one running sum"
         )));
     }
     Ok(encoding)

@@ -19,11 +19,12 @@ impl Host {
         let mut out = self.out.lock();
         writeln!(
             out,
-            "shepherd of run {} ({}): {} rounds of τ={}, {} parameters ({:.2} MB), {} pseudo-gradients, {} screen{}{}",
+            "shepherd of run {} ({}): {} rounds of τ={}{}, {} parameters ({:.2} MB), {} pseudo-gradients, {} screen{}{}",
             self.run,
             self.manifest.name,
             self.plan.rounds,
             self.plan.tau,
+            if self.plan.overlap { " overlapped" } else { "" },
             params,
             4.0 * params as f64 / 1e6,
             self.plan.encoding.spec(),
@@ -33,8 +34,8 @@ impl Host {
         )?;
         writeln!(
             out,
-            "{:>5} {:>12} {:>10} {:>10} {:>8} {:>9} {:>9}",
-            "round", "contributors", "mean loss", "val loss", "seconds", "MB sent", "MB recv"
+            "{:>5} {:>12} {:>10} {:>10} {:>8} {:>10} {:>10}",
+            "round", "contributors", "mean loss", "val loss", "seconds", "kB up", "kB down"
         )?;
         Ok(())
     }

@@ -458,20 +458,20 @@ pub(crate) fn summary(state: &State) -> String {
             let _ = writeln!(out, "run {run}{model}: {}", state.phase);
             let _ = writeln!(
                 out,
-                "{:>5} {:>12} {:>10} {:>10} {:>8} {:>9} {:>9}",
-                "round", "contributors", "mean loss", "val loss", "seconds", "MB sent", "MB recv"
+                "{:>5} {:>12} {:>10} {:>10} {:>8} {:>10} {:>10}",
+                "round", "contributors", "mean loss", "val loss", "seconds", "kB up", "kB down"
             );
             for r in &state.rounds {
                 let _ = writeln!(
                     out,
-                    "{:>5} {:>12} {:>10.4} {:>10.4} {:>8.1} {:>9.2} {:>9.2}",
+                    "{:>5} {:>12} {:>10.4} {:>10.4} {:>8.1} {:>10.1} {:>10.1}",
                     r.round,
                     r.contributors,
                     r.mean_loss.unwrap_or(f64::NAN),
                     r.val_loss.unwrap_or(f64::NAN),
                     r.seconds.unwrap_or(f64::NAN),
-                    r.bytes_out as f64 / 1e6,
-                    r.bytes_in as f64 / 1e6
+                    r.bytes_in as f64 / 1e3,
+                    r.bytes_out as f64 / 1e3
                 );
             }
         }
@@ -584,8 +584,8 @@ mod tests {
         let text = summary(&shepherd(Mode::Shepherd));
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "run 9f3b2c1d4e5f (nanogpt-small): training round 3");
-        assert_eq!(lines[1], "round contributors  mean loss   val loss  seconds   MB sent   MB recv");
-        assert_eq!(lines[3], "    2            1     3.4000     3.4500      5.0      1.76      0.88");
+        assert_eq!(lines[1], "round contributors  mean loss   val loss  seconds      kB up    kB down");
+        assert_eq!(lines[3], "    2            1     3.4000     3.4500      5.0      880.0     1760.0");
         let text = summary(&worker());
         assert!(text.contains("round 2: 40960 tokens, mean loss 3.3000, sent 0.44 MB, rejected: norm 9.1"), "{text}");
         assert_eq!(summary(&State::new(Mode::Sim)), "");
