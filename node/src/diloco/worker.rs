@@ -1,6 +1,6 @@
 //! The worker role: the default for a node that is not a shepherd.
 
-mod overlap;
+mod host;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -13,7 +13,6 @@ use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::fragments;
 use pcp_protocol::diloco::sparse::{self, ErrorFeedback, Layout, Settings, SparseTensors};
-use pcp_protocol::diloco::worker::{self, Worker};
 use pcp_protocol::election::{self, Election, Succession};
 use pcp_protocol::failover::Chain;
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
@@ -767,7 +766,7 @@ async fn train(
         round_tx,
         clock: Clock::default(),
     };
-    if m.overlap { overlap::run(&mut trainer, signer).await } else { trainer.lockstep(signer).await }
+    host::run(&mut trainer, signer).await
 }
 
 /// An announcement's identity: round, term and deadline. A successor's reopening
@@ -979,22 +978,6 @@ impl Trainer<'_> {
     fn sampler(&self, r: u64) -> anyhow::Result<Sampler> {
         let seed = pcp_protocol::diloco::data_seed(self.m.seed, &self.me.0, r);
         Ok(Sampler::new(self.corpus.train.clone(), self.m.data.batch as usize, self.m.data.block as usize, seed)?)
-    }
-
-    /// Waits for an announcement newer than `done` and says what it asks.
-    async fn next(&mut self, done: &mut Option<Key>) -> Next {
-        tokio::select! {
-            () = self.io.cancel.cancelled() => return Next::Stop(Outcome::Cancelled),
-            changed = self.latest.changed() => if changed.is_err() {
-                return Next::Stop(Outcome::Rejoin("the heartbeat task stopped".into()));
-            },
-        }
-        let announcement = match self.latest.borrow_and_update().clone() {
-            Latest::Nothing => return Next::Skip,
-            Latest::Refused(reason) => return Next::Stop(Outcome::Rejoin(reason)),
-            Latest::Round(a) => a,
-        };
-        self.consider(announcement, done)
     }
 
     /// What `a` asks of the worker, if it is newer than `done`: the run's end, a
@@ -1209,88 +1192,6 @@ impl Trainer<'_> {
                 c.loss,
                 wire_bytes as f64 / 1e6
             );
-        }
-    }
-
-    /// Rounds one after another: fetch, train, send, wait for the next.
-    async fn lockstep(&mut self, signer: &mut Signer) -> anyhow::Result<Outcome> {
-        let mut machine = Worker::new(self.me.0.to_vec(), self.m.seed, self.tau());
-        // the last announcement handled
-        let mut done: Option<Key> = None;
-        loop {
-            let a = match self.next(&mut done).await {
-                Next::Train(a) => a,
-                Next::Skip => continue,
-                Next::Stop(outcome) => return Ok(outcome),
-            };
-            let opened =
-                worker::Input::RoundOpened { round: a.round, deadline_ms: a.deadline_unix_ms, participant: true };
-            let mut actions = machine.handle(opened, wire::unix_ms());
-            let mut start = None;
-            while let Some(action) = actions.pop() {
-                let input = match action {
-                    worker::Action::FetchParams(r) => match self.fetch_round(&a).await {
-                        Fetched::Cancelled => return Ok(Outcome::Cancelled),
-                        Fetched::Failed(reason) => {
-                            tracing::warn!("round {r}: {reason}");
-                            self.io.events.emit(ev::Event::RoundAbandoned(ev::RoundAbandoned {
-                                round: r,
-                                steps: 0,
-                                reason: Some(reason.to_string()),
-                            }));
-                            worker::Input::Failed(r)
-                        }
-                        Fetched::Got(fetched) => {
-                            self.hold(&a, &fetched).await;
-                            self.load(&a, &fetched.params).await?;
-                            start = Some((fetched.params, fetched.bytes));
-                            worker::Input::ParamsReady(r)
-                        }
-                    },
-                    worker::Action::Train { round: r, steps, .. } => {
-                        let (params, bytes_down) = start.take().context("training before the parameters")?;
-                        let mut sampler = self.sampler(r)?;
-                        let steps = Hostile::steps(self.plan.hostile, steps);
-                        let mut progress = Progress::default();
-                        let training = Instant::now();
-                        while progress.taken < steps {
-                            if self.io.cancel.is_cancelled() {
-                                return Ok(Outcome::Cancelled);
-                            }
-                            if newer_round(&self.latest, key(&a)) {
-                                break;
-                            }
-                            progress.loss_sum += f64::from(self.step(r, progress.taken, &mut sampler).await?);
-                            progress.taken += 1;
-                        }
-                        if progress.taken < steps {
-                            self.io.events.emit(ev::Event::RoundAbandoned(ev::RoundAbandoned {
-                                round: r,
-                                steps: progress.taken,
-                                reason: None,
-                            }));
-                            actions.extend(machine.handle(worker::Input::Failed(r), wire::unix_ms()));
-                            break;
-                        }
-                        let end = self.engine.params().await?;
-                        let mut out = self.outgoing(&a, &params, &end, &progress);
-                        out.trained_s = training.elapsed().as_secs_f64();
-                        out.contribution.bytes_down = bytes_down;
-                        if out.late {
-                            self.courier().after_close(key(&a)).await;
-                        }
-                        let Some(delivery) = self.courier().deliver(signer, &out.contribution, key(&a)).await else {
-                            return Ok(Outcome::Cancelled);
-                        };
-                        self.finish(out, &delivery);
-                        worker::Input::Trained(r)
-                    }
-                    worker::Action::Send(r) => worker::Input::Sent(r),
-                    // abandoning needs nothing; the overlap's actions come only with overlap
-                    _ => continue,
-                };
-                actions.extend(machine.handle(input, wire::unix_ms()));
-            }
         }
     }
 }

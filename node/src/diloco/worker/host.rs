@@ -1,10 +1,17 @@
-//! Overlapped rounds: compute never waits for the network.
+//! The worker's host: it carries out the actions of the protocol's worker state
+//! machine ([`pcp_protocol::diloco::worker::Worker`], whose docs give the rules),
+//! the same one `pcp-node simulate` drives, and feeds it what happens: the
+//! announcements, the fetches, the inner steps and the sends. Lockstep and
+//! overlapped runs go through this one loop; the manifest's `overlap` only picks
+//! the machine's mode ([`Worker::with_overlap`]).
 //!
-//! A worker in a run whose manifest says `overlap` is driven by the protocol's
-//! overlapping state machine ([`pcp_protocol::diloco::worker::Worker::with_overlap`],
-//! whose docs give the rules), the same one `pcp-node simulate --overlap` drives:
-//! this module only carries out its actions and feeds it what happens.
+//! **Lockstep** (`--no-overlap`): fetch round r's parameters, train τ steps, send,
+//! and wait for round r+1. A newer round, or a deadline passed during the fetch,
+//! abandons the round (`round_abandoned`). In a run of P fragments only the
+//! fragment round r − 1 synced is replaced by the fetched parameters, when this
+//! worker trained round r − 1; the rest keep their local progress.
 //!
+//! **Overlapped** (the default): compute never waits for the network.
 //! It sends round r's contribution and, without waiting, trains round r+1 from
 //! its own parameters θ_end(r). The send, the shepherd's aggregation, round
 //! r+1's announcement and the fetch of its parameters θ(r+1) (the sparse update,
@@ -95,8 +102,8 @@ impl Steps {
     }
 }
 
-/// The host of an overlapping worker: the state machine, and what its actions
-/// need kept (module docs).
+/// The worker's host: the state machine, and what its actions need kept (module
+/// docs).
 struct Host {
     machine: Worker,
     /// The newest announcement handed to the machine.
@@ -119,16 +126,20 @@ struct Host {
     done: mpsc::Receiver<Done>,
     /// The signer, unless a send has it.
     signer: Option<Signer>,
-    /// The contribution on its way, and its task.
-    sending: Option<(Outgoing, AbortOnDrop)>,
+    /// The contribution on its way, its task, and the epoch it was sent in.
+    sending: Option<(Outgoing, AbortOnDrop, u64)>,
+    /// Restarts so far: a send from before the last one answers a chain that is
+    /// gone, so its answer is reported but not fed to the fresh machine (whose round
+    /// of the same number is another one).
+    epoch: u64,
     /// Contributions waiting for the one on its way (one send at a time).
     queued: VecDeque<(Outgoing, Key)>,
     /// The update fetch in flight (its task is aborted with it).
     fetching: Option<AbortOnDrop>,
 }
 
-/// Runs overlapped rounds until the run ends, the worker must rejoin, or it is
-/// cancelled.
+/// Runs the run's rounds, lockstep or overlapped as its manifest says, until the
+/// run ends, the worker must rejoin, or it is cancelled.
 pub(super) async fn run(t: &mut Trainer<'_>, signer: &mut Signer) -> anyhow::Result<Outcome> {
     let (done_tx, done) = mpsc::channel(4);
     let mut host = Host {
@@ -145,6 +156,7 @@ pub(super) async fn run(t: &mut Trainer<'_>, signer: &mut Signer) -> anyhow::Res
         done,
         signer: Some(Signer::new(signer.identity().clone())),
         sending: None,
+        epoch: 0,
         queued: VecDeque::new(),
         fetching: None,
     };
@@ -154,7 +166,7 @@ pub(super) async fn run(t: &mut Trainer<'_>, signer: &mut Signer) -> anyhow::Res
 }
 
 fn fresh_machine(t: &Trainer<'_>) -> Worker {
-    Worker::new(t.me.0.to_vec(), t.m.seed, t.tau()).with_overlap(true)
+    Worker::new(t.me.0.to_vec(), t.m.seed, t.tau()).with_overlap(t.m.overlap)
 }
 
 impl Host {
@@ -240,6 +252,9 @@ impl Host {
             t.io.events.emit(Event::RoundAbandoned(RoundAbandoned { round, steps, reason: Some(reason) }));
         }
         self.machine = fresh_machine(t);
+        self.epoch += 1;
+        // what waits to be sent went to the old chain
+        self.queued.clear();
         self.clear();
     }
 
@@ -297,7 +312,15 @@ impl Host {
             Action::Rebase(r) => self.rebase(t, r).await?,
             Action::UpdateLate(r) => self.late = Some((r, Instant::now())),
             Action::Abandon(r) => {
-                let steps = self.training.as_ref().filter(|s| s.round == r).map_or(0, |s| s.progress.taken);
+                let training = self.training.as_ref().filter(|s| s.round == r);
+                let on_its_way = self.sending.as_ref().is_some_and(|(o, ..)| o.contribution.round == r)
+                    || self.queued.iter().any(|(o, _)| o.contribution.round == r);
+                if training.is_none() && on_its_way {
+                    // a lockstep machine moves on when the next round opens; the send of
+                    // this one goes on, and its answer says what became of it
+                    return Ok(Ok(None));
+                }
+                let steps = training.map_or(0, |s| s.progress.taken);
                 t.io.events.emit(Event::RoundAbandoned(RoundAbandoned {
                     round: r,
                     steps,
@@ -324,7 +347,12 @@ impl Host {
             }
             Fetched::Got(fetched) => {
                 t.hold(&a, &fetched).await;
-                t.engine.set_params(fetched.params.clone()).await?;
+                if t.m.overlap {
+                    t.engine.set_params(fetched.params.clone()).await?;
+                } else {
+                    // lockstep with fragments keeps the fragments this round did not sync
+                    t.load(&a, &fetched.params).await?;
+                }
                 self.bytes_down.insert(r, fetched.bytes);
                 self.anchors.insert(r - 1, fetched.params);
                 Ok(Ok(Some(Input::ParamsReady(r))))
@@ -380,7 +408,7 @@ impl Host {
             let delivery = courier.deliver(&mut signer, &contribution, this).await;
             let _ = tx.send(Done::Delivered(delivery, signer)).await;
         });
-        self.sending = Some((out, AbortOnDrop(task)));
+        self.sending = Some((out, AbortOnDrop(task), self.epoch));
         Ok(())
     }
 
@@ -452,7 +480,7 @@ impl Host {
     }
 
     /// A send finished: its outcome is reported, and the next queued one starts.
-    /// Returns the round sent.
+    /// Returns the round sent, unless the send is from before a restart.
     fn delivered(
         &mut self,
         t: &mut Trainer<'_>,
@@ -460,7 +488,7 @@ impl Host {
         signer: Signer,
     ) -> anyhow::Result<Option<u64>> {
         self.signer = Some(signer);
-        let Some((out, _task)) = self.sending.take() else { return Ok(None) };
+        let Some((out, _task, epoch)) = self.sending.take() else { return Ok(None) };
         let delivery = delivery.unwrap_or(Delivery {
             accepted: false,
             reason: "cancelled before the answer".into(),
@@ -469,7 +497,7 @@ impl Host {
         let r = out.contribution.round;
         t.finish(out, &delivery);
         self.next_send(t)?;
-        Ok(Some(r))
+        Ok((epoch == self.epoch).then_some(r))
     }
 
     /// Waits until every contribution trained is sent (a fetch finishing meanwhile
