@@ -41,6 +41,15 @@ fn a_seeded_sim_emits_the_golden_events_field_for_field() {
         .output()
         .expect("runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // the defaults a public run gets: sparse k 4 both ways, overlapped rounds
+    let started: Value = std::fs::read_to_string(&ev)
+        .expect("events")
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("json"))
+        .find(|e| e["event"] == "run_started")
+        .expect("run_started");
+    assert_eq!(started["overlap"], true, "{started}");
+    assert_eq!(started["encoding_spec"], "sparse:chunk=64,k=4,bits=2,decay=0.5,down=8,downbits=4", "{started}");
     let mut files = vec![ev];
     files.extend((1..=4).map(|n| dir.path().join(format!("sim/worker-{n}/events.jsonl"))));
     let got = shapes(&files);
