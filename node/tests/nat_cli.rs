@@ -176,6 +176,21 @@ impl Net<'_> {
     }
 }
 
+/// BLOB bytes of seeded noise stored in `name`'s blob store (`pcp-node blob put`,
+/// before the node starts); the bytes and their hash.
+fn put_blob(net: &Net<'_>, dir: &Path, name: &str, seed: u64) -> (Vec<u8>, String) {
+    let blob = dir.join("blob.bin");
+    let mut data = vec![0u8; BLOB];
+    rand::RngCore::fill_bytes(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed), &mut data);
+    std::fs::File::create(&blob).and_then(|mut f| f.write_all(&data)).expect("the blob file");
+    let put = Command::new(pcp_node())
+        .args(["blob", "put", &blob.display().to_string(), "--data-dir", &net.data(name)])
+        .output()
+        .expect("blob put runs");
+    assert!(put.status.success(), "blob put: {}", String::from_utf8_lossy(&put.stderr));
+    (data, String::from_utf8_lossy(&put.stdout).trim().to_owned())
+}
+
 fn events(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
 }
@@ -282,16 +297,7 @@ fn a_blob_crosses_two_nats_hole_punched_and_a_symmetric_one_through_the_relay() 
     let _p2 = net.start(&publics[1], "p2", &["--no-train", "--bootstrap", &seed]);
 
     // worker B (router 2) serves the blob once a relay holds its reservation
-    let blob = dir.path().join("blob.bin");
-    let mut data = vec![0u8; BLOB];
-    rand::RngCore::fill_bytes(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(24), &mut data);
-    std::fs::File::create(&blob).and_then(|mut f| f.write_all(&data)).expect("the blob file");
-    let put = Command::new(pcp_node())
-        .args(["blob", "put", &blob.display().to_string(), "--data-dir", &net.data("b")])
-        .output()
-        .expect("blob put runs");
-    assert!(put.status.success(), "blob put: {}", String::from_utf8_lossy(&put.stderr));
-    let hash = String::from_utf8_lossy(&put.stdout).trim().to_owned();
+    let (data, hash) = put_blob(&net, dir.path(), "b", 24);
     let _b = net.start(&lab.private(2, 1), "b", &["--no-train", "--bootstrap", &seed]);
     let b = net.peer("b");
     let reserved = net.reserved("b");
@@ -402,16 +408,7 @@ impl<'a> OnePublic<'a> {
         args.extend(seed_args);
         let seed_proc = net.start(&vm, "seed", &args);
         let seed = format!("/ip4/{}/udp/4001/quic-v1/p2p/{}", lab.public(1).addr, net.peer("seed"));
-        let blob = dir.join("blob.bin");
-        let mut data = vec![0u8; BLOB];
-        rand::RngCore::fill_bytes(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(39), &mut data);
-        std::fs::File::create(&blob).and_then(|mut f| f.write_all(&data)).expect("the blob file");
-        let put = Command::new(pcp_node())
-            .args(["blob", "put", &blob.display().to_string(), "--data-dir", &net.data("b")])
-            .output()
-            .expect("blob put runs");
-        assert!(put.status.success(), "blob put: {}", String::from_utf8_lossy(&put.stderr));
-        let hash = String::from_utf8_lossy(&put.stdout).trim().to_owned();
+        let (data, hash) = put_blob(&net, dir, "b", 39);
         let b = net.start(&lab.private(2, 1), "b", &["--no-train", "--bootstrap", &seed]);
         Self { net, _seed: seed_proc, _b: b, seed, data, hash }
     }
