@@ -217,6 +217,9 @@ const HEARTBEAT: Duration = Duration::from_millis(500);
 /// A contribution lost on the way is sent again, this many times in all, while its
 /// round is open.
 const MAX_SENDS: u32 = 8;
+/// How long a contribution's answer is still awaited once an announcement made
+/// it moot: the close that sent the announcement may also have acknowledged it.
+const ANSWER_GRACE: Duration = Duration::from_secs(1);
 /// How often a worker without a run asks the DHT again.
 const DISCOVERY_RETRY: Duration = Duration::from_secs(2);
 /// Blob fetches give up after this long.
@@ -858,10 +861,18 @@ impl Courier {
         let mut tries = 0u32;
         let answer = loop {
             let (to, to_key) = *self.leader.borrow();
+            let request = self.node.request(to, envelope);
+            tokio::pin!(request);
             let answer = tokio::select! {
                 () = self.cancel.cancelled() => return None,
-                () = superseded(&mut watching, this) => None,
-                answer = self.node.request(to, envelope) => Some((answer, to_key)),
+                answer = &mut request => Some((answer, to_key)),
+                () = superseded(&mut watching, this) => tokio::select! {
+                    // the leader's answer and the announcement its close sent race
+                    // (gossip can win): an answer already on its way still counts
+                    () = self.cancel.cancelled() => return None,
+                    answer = &mut request => Some((answer, to_key)),
+                    () = tokio::time::sleep(ANSWER_GRACE) => None,
+                },
             };
             tries += 1;
             match answer {
