@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# pcp vs the JAX and PyTorch references on one init (issue 3).
-#   bench/compare.sh [--small-steps N] [--medium-steps N] [--skip-medium]
+# pcp vs the JAX and PyTorch references on one init (issue 3), then the step at
+# scale against PyTorch SDPA (issue 40).
+#   bench/compare.sh [--small-steps N] [--medium-steps N] [--skip-medium] [--skip-step]
 # small: tokens/s (200 timed steps each) and a full run (default 1000 steps)
 # for the final validation loss; medium: tokens/s only (20 timed steps).
+# The step table: `pcp-node bench step` against bench/torch_step_memory.py with
+# PyTorch's scaled_dot_product_attention, tokens/s and peak RSS of each process,
+# at nanogpt-small, nanogpt-medium and gpt2-124m (batch 8 x 1024) in f32, and
+# gpt2-124m in bf16 against torch CPU autocast where the CPU has AVX-512 BF16.
+# pcp's step is compiled once before it is measured (the artifact cache), so its
+# peak is the step's, not the compiler's.
 # Env: PCP_NODE (default target/release/pcp-node), DATA (the corpus),
 # WORK (scratch: checkpoints, artifact cache, logs; default /tmp/pcpbench).
 set -euo pipefail
@@ -15,12 +22,14 @@ SMALL_STEPS=1000
 MEDIUM_TIMED=20
 SMALL_TIMED=200
 MEDIUM=1
+STEP=1
 SEED=1337
 while [ $# -gt 0 ]; do
     case $1 in
         --small-steps) SMALL_STEPS=$2; shift 2 ;;
         --medium-steps) MEDIUM_TIMED=$2; shift 2 ;;
         --skip-medium) MEDIUM=0; shift ;;
+        --skip-step) STEP=0; shift ;;
         *) echo "bench/compare.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -144,4 +153,50 @@ echo "batches, 'pcp val*' = pcp's final parameters on the references' batches (J
 echo "| model | pcp tok/s | JAX tok/s | torch tok/s | pcp / max | pcp val | pcp val* | JAX val | torch val | pcp vs JAX | pcp* vs JAX |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 cat "$LOG/table.md"
+
+# runs a command; prints its peak RSS in bytes (the largest of its children's)
+peak_rss() {
+    "$PY" - "$@" <<'PYEOF'
+import resource, subprocess, sys
+r = subprocess.run(sys.argv[2:], stdout=open(sys.argv[1], "w"), stderr=subprocess.STDOUT)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+sys.exit(r.returncode)
+PYEOF
+}
+
+step_row() {
+    local model=$1 steps=$2 precision=$3 name log rss torch
+    name="$model-$precision"
+    log="$LOG/step-pcp-$name.log"
+    echo "== $model $precision: pcp bench step ($steps steps, compiled first)" >&2
+    "$PCP" bench step --model "$model" --steps 1 --precision "$precision" --data "$DATA" --data-dir "$WORK" \
+        >"$LOG/step-pcp-$name-compile.log" 2>&1
+    rss=$(peak_rss "$log" "$PCP" bench step --model "$model" --steps "$steps" --precision "$precision" \
+        --data "$DATA" --data-dir "$WORK")
+    echo "== $model $precision: torch SDPA ($steps steps)" >&2
+    torch=$("$PY" bench/torch_step_memory.py --model "$model" --steps "$steps" --attention sdpa \
+        --precision "$precision")
+    "$PY" - "$model" "$precision" "$(field "tokens\/s" "$log")" "$rss" "$torch" >>"$LOG/step.md" <<'PYEOF'
+import json, sys
+model, precision, tps, rss, torch = sys.argv[1:]
+tps, rss, t = float(tps), float(rss) / 2**30, json.loads(torch)
+ttps, trss = t["tokens_per_s"], t["peak_rss_bytes"] / 2**30
+print(f"| {model} | {precision} | {tps:.0f} | {rss:.2f} | {ttps:.0f} | {trss:.2f} | {tps / ttps:.2f}× | {rss / trss:.2f}× |")
+PYEOF
+}
+
+if [ "$STEP" = 1 ]; then
+    rm -f "$LOG/step.md"
+    step_row nanogpt-small 200 f32
+    step_row nanogpt-medium "$MEDIUM_TIMED" f32
+    step_row gpt2-124m 3 f32
+    grep -q avx512_bf16 /proc/cpuinfo && step_row gpt2-124m 3 bf16
+    echo
+    echo "CPU: $(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//') ($(nproc) cores)"
+    echo "The step against PyTorch $("$PY" -c 'import torch; print(torch.__version__)') eager with scaled_dot_product_attention"
+    echo "(bf16: CPU autocast); peak RSS of each process; pcp's artifact compiled beforehand."
+    echo "| model | precision | pcp tok/s | pcp peak GiB | torch SDPA tok/s | torch peak GiB | speed | memory |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+    cat "$LOG/step.md"
+fi
 echo "logs and loss curves: $LOG"

@@ -3,7 +3,7 @@
 # profiler: which fused kernels (matmuls, softmax, layout changes…) the step spends
 # its time in.
 #
-#   bench/profile_step.sh [nanogpt-small|nanogpt-medium|MODEL.mlir] [REPETITIONS]
+#   bench/profile_step.sh [nanogpt-small|nanogpt-medium|gpt2-124m|MODEL.mlir] [REPETITIONS]
 #
 # It writes the step module with `pcp-node graph step`, compiles it with the tuned cpu
 # flags (`graph::Target::tuned_flags`: data tiling and microkernels, what pcp uses for
@@ -35,7 +35,9 @@ if [ -z "${PLAIN:-}" ]; then
     FLAGS+=(--iree-opt-data-tiling=true --iree-llvmcpu-enable-ukernels=all --iree-llvmcpu-stack-allocation-limit=65536)
 fi
 
-"$PCP_NODE" graph step "$MODEL" -o "$WORK/step.mlir" >&2
+# STEP_FLAGS: more `graph step` flags (`--attention naive`, `--recompute elementwise`, …)
+# shellcheck disable=SC2086
+"$PCP_NODE" graph step "$MODEL" ${STEP_FLAGS:-} -o "$WORK/step.mlir" >&2
 "$VENV_BIN/iree-compile" "${FLAGS[@]}" "$WORK/step.mlir" -o "$WORK/step.vmfb"
 
 # one splat input per train_step argument: small parameters, step 1, token ids 1

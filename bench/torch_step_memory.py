@@ -3,7 +3,10 @@
 bench/memory.sh: the same nanoGPT shapes as pcp's presets (vocabulary 65, the demo
 corpus's), AdamW, f32, random token ids. `--attention naive` materialises the
 [batch, heads, T, T] scores as nanoGPT's reference code does; `sdpa` uses
-PyTorch's fused scaled_dot_product_attention. Prints one JSON line.
+PyTorch's fused scaled_dot_product_attention. `--warmup N` untimed steps come first (1 by default), as pcp's `bench step` runs 3
+before it times. `--precision bf16` runs the forward
+under CPU autocast to bf16 (matmuls and SDPA in bf16, weights and AdamW in f32), the
+counterpart of pcp's `--precision bf16`. Prints one JSON line.
 
     python3 bench/torch_step_memory.py --model gpt2-124m --steps 3 --attention naive
 """
@@ -36,6 +39,8 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--batch", type=int, help="sequences per step [default: the preset's]")
     p.add_argument("--attention", default="naive", choices=["naive", "sdpa"])
+    p.add_argument("--precision", default="f32", choices=["f32", "bf16"])
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (pcp's bench step runs 3)")
     a = p.parse_args()
     n_layer, nh, d, block, batch = PRESETS[a.model]
     batch = a.batch or batch
@@ -44,21 +49,31 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     idx = torch.randint(0, VOCAB, (batch, block + 1))
     x, y = idx[:, :-1], idx[:, 1:]
-    losses, started = [], time.perf_counter()
-    for _ in range(a.steps):
+    losses = []
+
+    def step():
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            loss = model(x, y)
         loss.backward()
         opt.step()
-        losses.append(loss.item())
+        return loss.item()
+
+    for _ in range(a.warmup):
+        step()
+    started = time.perf_counter()
+    for _ in range(a.steps):
+        losses.append(step())
     seconds = time.perf_counter() - started
     print(json.dumps({
         "framework": f"pytorch {torch.__version__} eager",
         "model": a.model,
         "attention": a.attention,
+        "precision": a.precision,
         "batch": batch,
         "block": block,
         "steps": a.steps,
+        "warmup": a.warmup,
         "tokens_per_s": batch * block * a.steps / seconds,
         # ru_maxrss is in KiB on Linux
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

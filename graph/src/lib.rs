@@ -2,6 +2,8 @@
 //!
 //! * [`import`] reads a StableHLO loss module (pretty or generic form) through
 //!   IREE's parser and melior into pcp's own [`ir`].
+//! * [`attention`] fuses softmax attention into one op with a flash-style
+//!   backward that never keeps the `T × T` probabilities.
 //! * [`autodiff`] derives exact reverse-mode gradients.
 //! * [`train`] fuses forward, gradient and optimizer into `train_step`.
 //! * [`precision`] runs a forward's matmuls in bf16 (mixed precision).
@@ -14,6 +16,7 @@
 //! MLIR contexts never leave the function that creates them, so everything
 //! this crate returns is plain, `Send` Rust data.
 
+pub mod attention;
 pub mod autodiff;
 pub mod compile;
 pub mod cost;
@@ -27,6 +30,7 @@ pub mod recompute;
 pub mod target;
 pub mod train;
 
+pub use attention::{Attention, UnknownAttention};
 pub use autodiff::{GradError, Gradient, Signature, differentiate};
 pub use compile::{Artifact, CompileError, compile};
 pub use import::{ImportError, import_file, import_str};

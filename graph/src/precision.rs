@@ -78,7 +78,7 @@ pub fn mixed_precision(f: &mut Function, precision: Precision) -> usize {
         }
         f.ops.push(op);
     }
-    changed
+    changed + crate::attention::use_bf16(f)
 }
 
 fn is_f32_matmul(f: &Function, op: &Op, f32: &ElementType) -> bool {

@@ -187,7 +187,7 @@ pub fn saved_bytes(f: &Function, forward: &HashSet<ValueId>) -> u64 {
 }
 
 fn is_matmul(name: &str) -> bool {
-    matches!(name, "stablehlo.dot_general" | "stablehlo.dot")
+    matches!(name, "stablehlo.dot_general" | "stablehlo.dot" | crate::attention::OP)
 }
 
 /// Index of the last op that reads each value (`usize::MAX` for returned values).

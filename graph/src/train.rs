@@ -23,6 +23,7 @@
 //! of the micro-batches' gradients, which for equal micro-batches is the whole
 //! batch's), clipped and applied exactly as `train_step` does.
 
+use crate::attention::Attention;
 use crate::autodiff::{GradError, Signature, inline_calls, signature};
 use crate::ir::{Builder, Function, Module, TensorType, ValueId};
 use crate::precision::{Precision, mixed_precision};
@@ -82,6 +83,8 @@ pub struct StepConfig {
     pub recompute: Recompute,
     /// Also build `grad_step` and `apply_step`, for gradient accumulation.
     pub accumulate: bool,
+    /// Attention fused with a flash-style backward, or as the model writes it.
+    pub attention: Attention,
 }
 
 /// A module with `train_step`, `eval_loss` and maybe `logits`.
@@ -101,6 +104,9 @@ pub struct TrainModule {
 /// Builds the training module for `entry` of `model`.
 pub fn train_step(model: &Module, entry: &str, config: &StepConfig) -> Result<TrainModule, GradError> {
     let mut forward = inline_calls(model, entry)?;
+    if config.attention == Attention::Fused {
+        crate::attention::fuse(&mut forward);
+    }
     mixed_precision(&mut forward, config.precision);
     let sig = signature(&forward)?;
     let param_types: Vec<TensorType> = sig.params.iter().map(|(_, t)| t.clone()).collect();
@@ -148,6 +154,9 @@ pub fn train_step(model: &Module, entry: &str, config: &StepConfig) -> Result<Tr
     functions.insert(1, eval);
     if entry != "logits" && model.function("logits").is_some() {
         let mut logits = inline_calls(model, "logits")?;
+        if config.attention == Attention::Fused {
+            crate::attention::fuse(&mut logits);
+        }
         mixed_precision(&mut logits, config.precision);
         logits.eliminate_dead_code();
         functions.push(logits);

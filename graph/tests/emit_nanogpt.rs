@@ -54,6 +54,18 @@ fn describe(config: &NanoGptConfig, model: &BuiltModel) -> String {
 }
 
 fn emit(dir: &Path, name: &str, config: &NanoGptConfig, with_gradient: bool) -> anyhow::Result<()> {
+    emit_with(dir, name, config, with_gradient, false)
+}
+
+/// [`emit`]; with `naive_too`, also `NAME_naive_grad.mlir`, the gradient with
+/// attention as the model writes it (not fused).
+fn emit_with(
+    dir: &Path,
+    name: &str,
+    config: &NanoGptConfig,
+    with_gradient: bool,
+    naive_too: bool,
+) -> anyhow::Result<()> {
     let model = nanogpt(config)?;
     let path = dir.join(format!("{name}.mlir"));
     std::fs::write(&path, model.module.to_mlir())?;
@@ -71,6 +83,12 @@ fn emit(dir: &Path, name: &str, config: &NanoGptConfig, with_gradient: bool) -> 
     if with_gradient {
         let gradient = differentiate(&model.module, "main")?;
         std::fs::write(dir.join(format!("{name}_grad.mlir")), gradient.module.to_mlir())?;
+        let text = gradient.module.to_mlir();
+        assert!(text.contains("stablehlo.concatenate") == (config.block_size > 256), "strips only past 256");
+    }
+    if naive_too {
+        let naive = pcp_graph::autodiff::differentiate_with(&model.module, "main", pcp_graph::Attention::Naive)?;
+        std::fs::write(dir.join(format!("{name}_naive_grad.mlir")), naive.module.to_mlir())?;
     }
     Ok(())
 }
@@ -84,5 +102,16 @@ fn emit_nanogpt() -> anyhow::Result<()> {
     let tiny =
         NanoGptConfig { n_layer: 2, n_head: 4, n_embd: 32, block_size: 8, vocab_size: 11, batch_size: 4, bias: true };
     emit(&dir, "nanogpt_tiny", &tiny, true)?;
+    // attention at T = 1024: 8 strips of 128 rows, checked against the naive form
+    let long = NanoGptConfig {
+        n_layer: 1,
+        n_head: 2,
+        n_embd: 32,
+        block_size: 1024,
+        vocab_size: 11,
+        batch_size: 2,
+        bias: true,
+    };
+    emit_with(&dir, "nanogpt_long", &long, true, true)?;
     Ok(())
 }

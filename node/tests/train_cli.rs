@@ -264,6 +264,43 @@ fn recomputed_activations_train_to_the_same_losses() {
 }
 
 #[test]
+fn fused_attention_trains_to_the_losses_of_the_naive_form() {
+    // the fused op (probabilities recomputed from the log-sum-exp, the output divided
+    // once by the row sums) rounds differently from the naive softmax, by about 1e-7
+    // a step; 200 steps stay within 1e-4 at every step
+    let (fused, _) = step_losses("200", &["--attention", "fused"]);
+    let (naive, _) = step_losses("200", &["--attention", "naive"]);
+    assert_eq!(fused.len(), 200);
+    assert_close(&naive, &fused, 1e-4, "fused attention");
+    // PCP's exported model: a B·H batch reshaped around the softmax, a negated float mask
+    let config = shared("models/pcp_experiment_nanogpt_small.json").display().to_string();
+    let exported = |attention: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ev = dir.path().join("events.jsonl");
+        let out = pcp(&[
+            "train",
+            "--config",
+            &config,
+            "--steps",
+            "30",
+            "--eval-every",
+            "0",
+            "--attention",
+            attention,
+            "--events",
+            ev.to_str().expect("utf8"),
+            "--checkpoint-dir",
+            dir.path().join("c").to_str().expect("utf8"),
+            "--data-dir",
+            &cache_dir(),
+        ]);
+        ok(&out);
+        of_kind(&events(&ev), "step").iter().map(|s| s["loss"].as_f64().expect("loss")).collect::<Vec<f64>>()
+    };
+    assert_close(&exported("naive"), &exported("fused"), 1e-4, "fused attention, exported model");
+}
+
+#[test]
 fn a_batch_that_does_not_fit_runs_as_micro_batches_to_the_same_losses() {
     // nanogpt-small's batch of 64 needs about 80 MB; told 20 MB are free, the step
     // runs as micro-batches whose gradients are accumulated: the same losses to 1e-4

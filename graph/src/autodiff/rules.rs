@@ -68,6 +68,7 @@ const DIFFERENTIABLE: &[&str] = &[
     "stablehlo.reduce_window",
     "stablehlo.gather",
     "stablehlo.optimization_barrier",
+    crate::attention::OP,
     "chlo.square",
     "chlo.erf",
     "chlo.erfc",
@@ -126,6 +127,9 @@ pub(super) fn vjp(
     if op.name == "stablehlo.optimization_barrier" {
         // The identity on each operand (a fusion fence, not a computation).
         return Ok(g.to_vec());
+    }
+    if op.name == crate::attention::OP {
+        return crate::attention::vjp(b, op, g, active);
     }
     if op.results.len() != 1 {
         return Err(cx.unsupported(format!("{} results", op.results.len())));

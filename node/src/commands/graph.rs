@@ -33,6 +33,10 @@ pub(crate) enum GraphCommand {
         /// Where to write the differentiated module.
         #[arg(short, long)]
         output: PathBuf,
+        /// fused (one op, a flash-style backward that recomputes the probabilities) or
+        /// naive (the module's own ops, the `T × T` probabilities kept).
+        #[arg(long, default_value = "fused")]
+        attention: String,
     },
     /// Write the fused training module: `train_step`, `eval_loss` (and
     /// `logits` when the model has one).
@@ -107,9 +111,13 @@ pub(crate) struct OptimizerArgs {
     /// f32, or bf16: matmuls and attention in bf16, weights, optimizer state and loss in f32.
     #[arg(long, default_value = "f32")]
     pub(crate) precision: String,
-    /// Activations the backward recomputes instead of keeping: none, attention, elementwise or blocks.
-    #[arg(long, default_value = "none")]
+    /// Activations the backward recomputes instead of keeping: none, attention, elementwise
+    /// (the default) or blocks.
+    #[arg(long, default_value = "elementwise")]
     pub(crate) recompute: String,
+    /// fused (one op per attention, a flash-style backward) or naive (the model's ops).
+    #[arg(long, default_value = "fused")]
+    pub(crate) attention: String,
 }
 
 impl OptimizerArgs {
@@ -126,7 +134,15 @@ impl OptimizerArgs {
         };
         let precision = self.precision.parse()?;
         let recompute = self.recompute.parse()?;
-        Ok(pcp_graph::StepConfig { optimizer, clip_norm: self.clip_norm, precision, recompute, accumulate: false })
+        let attention = self.attention.parse()?;
+        Ok(pcp_graph::StepConfig {
+            optimizer,
+            clip_norm: self.clip_norm,
+            precision,
+            recompute,
+            accumulate: false,
+            attention,
+        })
     }
 }
 
@@ -151,11 +167,12 @@ pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
             writeln!(stdout, "model       {}", model.display())?;
             write!(stdout, "{report}")?;
         }
-        GraphCommand::Grad { model, entry, output } => {
+        GraphCommand::Grad { model, entry, output, attention } => {
+            let attention: pcp_graph::Attention = attention.parse().map_err(Failure::input)?;
             let start = Instant::now();
             let module = load(&model)?;
             let imported = start.elapsed();
-            let gradient = pcp_graph::differentiate(&module, &entry)
+            let gradient = pcp_graph::autodiff::differentiate_with(&module, &entry, attention)
                 .map_err(|e| Failure::input(anyhow::anyhow!("{}: {e}", model.display())))?;
             let text = gradient.module.to_mlir();
             pcp_graph::import::verify(&output.display().to_string(), &gradient.module)

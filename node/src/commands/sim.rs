@@ -79,8 +79,8 @@ pub(crate) struct SimArgs {
     #[arg(long, default_value = "f32")]
     precision: String,
     /// Activations the step's backward recomputes instead of keeping: none,
-    /// attention, elementwise or blocks.
-    #[arg(long, default_value = "none")]
+    /// attention, elementwise (the default: everything but the matmuls' outputs) or blocks.
+    #[arg(long, default_value = "elementwise")]
     recompute: String,
     /// Workers train the next round while a round syncs, and rebase onto the
     /// shepherd's update when it arrives. The default; `--no-overlap` runs lockstep

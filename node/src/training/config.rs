@@ -43,8 +43,12 @@ pub(crate) struct Experiment {
     /// attention in bf16, parameters, optimizer state and loss in f32).
     pub(crate) precision: String,
     /// Activations the backward recomputes instead of keeping: `none`,
-    /// `attention` or `blocks` (see `pcp_graph::recompute`).
+    /// `attention`, `elementwise` (the default: the matmuls' outputs kept, the
+    /// cheap ops between them recomputed) or `blocks` (see `pcp_graph::recompute`).
     pub(crate) recompute: String,
+    /// Attention: `fused` (one op, a flash-style backward; the default) or
+    /// `naive` (the model's own ops, `T × T` probabilities kept).
+    pub(crate) attention: String,
     /// Peak inner learning rate.
     pub(crate) learning_rate: f64,
     /// Floor of the cosine schedule.
@@ -111,7 +115,8 @@ impl Default for Experiment {
             sampling: "random".into(),
             dtype: "f32".into(),
             precision: "f32".into(),
-            recompute: "none".into(),
+            recompute: "elementwise".into(),
+            attention: "fused".into(),
             learning_rate: 3e-3,
             min_lr: 1e-4,
             warmup_steps: 100,
@@ -195,6 +200,16 @@ impl Experiment {
         Ok(())
     }
 
+    /// Sets the attention (`--attention`), checking its name.
+    pub(crate) fn set_attention(&mut self, attention: Option<&str>) -> anyhow::Result<()> {
+        if let Some(a) = attention {
+            self.attention = a.to_owned();
+        }
+        let parsed: pcp_graph::Attention = self.attention.parse()?;
+        self.attention = parsed.name().to_owned();
+        Ok(())
+    }
+
     /// Every key the file may use.
     fn known_keys() -> Vec<String> {
         let defaults = serde_json::to_value(Self::default()).unwrap_or_default();
@@ -258,6 +273,8 @@ pub(crate) fn step_config(e: &Experiment) -> pcp_graph::StepConfig {
         // checked likewise
         recompute: e.recompute.parse().unwrap_or_default(),
         accumulate: false,
+        // checked likewise
+        attention: e.attention.parse().unwrap_or_default(),
     }
 }
 

@@ -29,9 +29,12 @@ pub(crate) struct StepArgs {
     /// f32, or bf16: matmuls and attention in bf16, weights, AdamW state and loss in f32.
     #[arg(long, default_value = "f32")]
     precision: String,
-    /// Activations the backward recomputes: none, attention, elementwise or blocks.
-    #[arg(long, default_value = "none")]
+    /// Activations the backward recomputes: none, attention, elementwise (the default) or blocks.
+    #[arg(long, default_value = "elementwise")]
     recompute: String,
+    /// fused (one op per attention, a flash-style backward) or naive (the model's ops).
+    #[arg(long, default_value = "fused")]
+    attention: String,
     #[command(flatten)]
     memory: MemoryArgs,
     #[command(flatten)]
@@ -43,6 +46,7 @@ pub(crate) async fn run(args: StepArgs, net: &NetArgs) -> Result<(), Failure> {
         Experiment { model: Some(args.model.clone()), batch_size: args.batch, ..Experiment::default() };
     experiment.set_precision(Some(&args.precision)).map_err(Failure::input)?;
     experiment.set_recompute(Some(&args.recompute)).map_err(Failure::input)?;
+    experiment.set_attention(Some(&args.attention)).map_err(Failure::input)?;
     step(experiment, args.steps, args.data, net.data_dir.clone(), (args.device, args.memory)).await
 }
 
@@ -109,8 +113,8 @@ async fn step(
     let rss = peak_rss().map_or(f64::NAN, |b| b as f64);
     writeln!(
         out,
-        "model        {source} ({params} parameters, batch {batch} x block {block}, {} matmuls, recompute {})",
-        experiment.precision, experiment.recompute
+        "model        {source} ({params} parameters, batch {batch} x block {block}, {} matmuls, recompute {}, attention {})",
+        experiment.precision, experiment.recompute, experiment.attention
     )?;
     writeln!(
         out,

@@ -40,7 +40,7 @@ pub(crate) struct ShepherdArgs {
     #[arg(long, requires = "shepherd")]
     pub(crate) precision: Option<String>,
     /// Activations the step's backward recomputes instead of keeping: none, attention,
-    /// elementwise or blocks (recorded in the manifest) [default: none].
+    /// elementwise or blocks (recorded in the manifest) [default: elementwise].
     #[arg(long, requires = "shepherd")]
     pub(crate) recompute: Option<String>,
     /// Workers that must have joined before round 1 opens.
