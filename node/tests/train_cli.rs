@@ -142,28 +142,24 @@ fn resume_continues_with_the_same_next_loss() {
 
 #[test]
 fn pcp_experiment_config_trains_the_exported_model() {
+    let steps = exported_losses("30", &[]);
+    assert_eq!(steps.len(), 30);
+    assert!(steps[29] < steps[0], "loss went from {} to {}", steps[0], steps[29]);
+}
+
+/// The per-step losses of PCP's exported nanogpt-small, trained `steps` steps from
+/// its experiment file with `extra` flags.
+fn exported_losses(steps: &str, extra: &[&str]) -> Vec<f64> {
     let dir = tempfile::tempdir().expect("tempdir");
     let ev = dir.path().join("events.jsonl");
     let config = shared("models/pcp_experiment_nanogpt_small.json").display().to_string();
-    let out = pcp(&[
-        "train",
-        "--config",
-        &config,
-        "--steps",
-        "30",
-        "--eval-every",
-        "0",
-        "--events",
-        ev.to_str().expect("utf8"),
-        "--checkpoint-dir",
-        dir.path().join("c").to_str().expect("utf8"),
-        "--data-dir",
-        &cache_dir(),
-    ]);
-    ok(&out);
-    let steps: Vec<f64> = of_kind(&events(&ev), "step").iter().map(|s| s["loss"].as_f64().expect("loss")).collect();
-    assert_eq!(steps.len(), 30);
-    assert!(steps[29] < steps[0], "loss went from {} to {}", steps[0], steps[29]);
+    let (ev_arg, checkpoints) = (ev.to_str().expect("utf8"), dir.path().join("c"));
+    let cache = cache_dir();
+    let mut args = vec!["train", "--config", &config, "--steps", steps, "--eval-every", "0", "--events", ev_arg];
+    args.extend(["--checkpoint-dir", checkpoints.to_str().expect("utf8"), "--data-dir", &cache]);
+    args.extend_from_slice(extra);
+    ok(&pcp(&args));
+    of_kind(&events(&ev), "step").iter().map(|s| s["loss"].as_f64().expect("loss")).collect()
 }
 
 #[test]
@@ -273,30 +269,7 @@ fn fused_attention_trains_to_the_losses_of_the_naive_form() {
     assert_eq!(fused.len(), 200);
     assert_close(&naive, &fused, 1e-4, "fused attention");
     // PCP's exported model: a B·H batch reshaped around the softmax, a negated float mask
-    let config = shared("models/pcp_experiment_nanogpt_small.json").display().to_string();
-    let exported = |attention: &str| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ev = dir.path().join("events.jsonl");
-        let out = pcp(&[
-            "train",
-            "--config",
-            &config,
-            "--steps",
-            "30",
-            "--eval-every",
-            "0",
-            "--attention",
-            attention,
-            "--events",
-            ev.to_str().expect("utf8"),
-            "--checkpoint-dir",
-            dir.path().join("c").to_str().expect("utf8"),
-            "--data-dir",
-            &cache_dir(),
-        ]);
-        ok(&out);
-        of_kind(&events(&ev), "step").iter().map(|s| s["loss"].as_f64().expect("loss")).collect::<Vec<f64>>()
-    };
+    let exported = |attention: &str| exported_losses("30", &["--attention", attention]);
     assert_close(&exported("naive"), &exported("fused"), 1e-4, "fused attention, exported model");
 }
 
