@@ -58,6 +58,9 @@ fn loadtest_rounds(dir: &Path, workers: usize) -> (Vec<f64>, Value) {
         &ROUNDS.to_string(),
         "--min-workers",
         &n,
+        // one round's blobs and one checkpoint: gpt2-124m's round is 4 GB on disk
+        "--keep-rounds",
+        "1",
         "--no-tui",
         "--listen",
         "/ip4/127.0.0.1/tcp/0",
@@ -82,10 +85,30 @@ fn loadtest_rounds(dir: &Path, workers: usize) -> (Vec<f64>, Value) {
         .expect("loadtest runs");
     assert!(run.status.success(), "loadtest: {}", String::from_utf8_lossy(&run.stderr));
     let report: Value = serde_json::from_slice(&std::fs::read(&json).expect("the loadtest report")).expect("json");
+    // the shepherd's disk after the run: the initial parameters (pinned), the last
+    // round's parameters with their shards, its update and state, and one checkpoint,
+    // 3.9 GB measured; a round's blobs left behind would add 2.6 GB each
+    wait_for(&events, "the run to finish", Duration::from_secs(120), |e| e["event"] == "run_finished");
+    let disk = bytes_under(&dir.join("shepherd"));
+    let params_bytes = 4 * PARAMS.parse::<u64>().expect("a count");
+    eprintln!("{workers} workers: the shepherd's data directory holds {:.2} GB after the run", disk as f64 / 1e9);
+    assert!(disk <= 7 * params_bytes, "the shepherd kept {disk} bytes, more than 7 × the parameters' {params_bytes}");
     let rounds = report["rounds"].as_array().expect("rounds");
     let seconds = rounds.iter().skip(1).filter_map(|r| r["seconds"].as_f64()).collect::<Vec<_>>();
     assert!(seconds.len() as u64 >= ROUNDS - 2, "rounds timed: {report}");
     (seconds, report)
+}
+
+/// The bytes of the files under `dir`.
+fn bytes_under(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => bytes_under(&e.path()),
+            _ => e.metadata().map_or(0, |m| m.len()),
+        })
+        .sum()
 }
 
 /// The simulator's steady round time for the same configuration.

@@ -1,7 +1,9 @@
 //! Untrusted participants against a shepherd process, each attacker a process of
 //! its own: a worker that lies about its samples, strangers to an allowlisted run,
 //! and identities without a proof of work. (Forty identities on one address are in
-//! `sybils_cli.rs`, alone in their binary: they measure round times.)
+//! `sybils_cli.rs`, alone in their binary: they measure round times.) And the
+//! attackers' tool, `pcp-node loadtest`, which ends at once when the shepherd it
+//! watches dies.
 
 use serde_json::Value;
 
@@ -135,4 +137,30 @@ fn an_open_run_asks_each_identity_a_proof_of_work() {
     assert_eq!(report["joined"], 0, "{report}");
     let reasons = report["refused_hello"].as_object().expect("reasons");
     assert!(!reasons.is_empty() && reasons.keys().all(|r| r.contains("the run needs 16")), "{report}");
+}
+
+/// `loadtest --shepherd-pid` watches the shepherd's process: when the shepherd dies
+/// mid-run (a full disk, a crash), the loadtest writes its report and fails at once
+/// with one line naming the shepherd, rather than waiting out `--timeout-s`.
+#[test]
+fn a_loadtest_ends_at_once_when_the_shepherd_dies() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut shepherd, addr, events) = shepherd(dir.path(), &["--rounds", "30", "--tau", "5", "--min-workers", "2"]);
+    let json = dir.path().join("loadtest.json");
+    let mut args = s(&["loadtest", "--shepherd", &addr, "--workers", "2", "--step-ms", "200", "--timeout-s", "600"]);
+    args.extend(["--shepherd-pid".into(), shepherd.pid().to_string(), "--json".into(), json.display().to_string()]);
+    args.extend(["--data-dir".into(), dir.path().join("synthetic").display().to_string()]);
+    let mut loadtest = Proc::spawn("loadtest", dir.path(), &args);
+    completed(&events, 1);
+    shepherd.kill();
+    let killed = std::time::Instant::now();
+    let status = loadtest.wait();
+    let waited = killed.elapsed();
+    let stderr = loadtest.stderr();
+    assert!(!status.success(), "the loadtest succeeded without its shepherd: {stderr}");
+    assert!(waited < std::time::Duration::from_secs(60), "the loadtest took {waited:?} to notice");
+    let line = stderr.lines().find(|l| l.contains("the shepherd (pid")).unwrap_or_default();
+    assert!(line.contains(&format!("pid {}) exited", shepherd.pid())), "{stderr}");
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).expect("the report")).expect("json");
+    assert!(report["rounds"].as_array().is_some_and(|r| !r.is_empty()), "{report}");
 }

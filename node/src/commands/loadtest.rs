@@ -157,7 +157,10 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
     // the swarms apart: one ends when its worker is done and drops its handle, and
     // only the workers are counted
     let mut loops = JoinSet::new();
-    let sampler = args.shepherd_pid.map(|pid| tokio::spawn(sample(pid, cancel.child_token())));
+    // the shepherd's process, when given: sampled, and watched so that a shepherd that
+    // dies (a full disk, a crash) ends the loadtest at once rather than at --timeout-s
+    let gone = CancellationToken::new();
+    let sampler = args.shepherd_pid.map(|pid| tokio::spawn(sample(pid, cancel.child_token(), gone.clone())));
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     for i in 0..args.workers {
         let identity = Identity::from_secret(rng.r#gen());
@@ -206,6 +209,7 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
     loop {
         tokio::select! {
             () = &mut deadline => break,
+            () = gone.cancelled() => break,
             _ = progress.tick() => tracing::info!("{}", tally.lock().await.progress()),
             _ = tokio::signal::ctrl_c() => break,
             done = tasks.join_next() => match done {
@@ -229,23 +233,44 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
     loops.shutdown().await;
     let mut tally = tally.lock().await;
     tally.measure(&samples);
-    report(&tally, args.json.as_deref())
+    report(&tally, args.json.as_deref())?;
+    match args.shepherd_pid {
+        Some(pid) if gone.is_cancelled() && left > 0 => Err(Failure::from(anyhow::anyhow!(
+            "the shepherd (pid {pid}) exited while {left} of {} synthetic workers were still in its run; {}",
+            args.workers,
+            tally.progress()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// One reading of the shepherd's process: when, its CPU seconds, its resident bytes.
 type Sample = (Instant, f64, u64);
 
-/// Reads `/proc/<pid>` four times a second until cancelled.
-async fn sample(pid: u32, cancel: CancellationToken) -> Vec<Sample> {
+/// Reads `/proc/<pid>` four times a second until cancelled; cancels `gone` once the
+/// process has exited (no longer there, or a zombie with no memory) in two readings
+/// running.
+async fn sample(pid: u32, cancel: CancellationToken, gone: CancellationToken) -> Vec<Sample> {
     let mut samples = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut missed = 0;
     loop {
         tokio::select! {
             () = cancel.cancelled() => return samples,
             _ = tick.tick() => {}
         }
-        if let Some(s) = read_proc(pid) {
-            samples.push(s);
+        match read_proc(pid) {
+            Some(s) => {
+                missed = 0;
+                samples.push(s);
+            }
+            None => {
+                missed += 1;
+                if missed >= 2 {
+                    gone.cancel();
+                    return samples;
+                }
+            }
         }
     }
 }

@@ -7,7 +7,8 @@
 //! that it is fetching, goes when that transfer ends).
 //!
 //! Checkpoints are files of their own (`<state-dir>/step-*`), not blobs: deleting
-//! blobs never makes a kept checkpoint unloadable.
+//! blobs never makes a kept checkpoint unloadable. A shepherd keeps as many
+//! checkpoints as rounds ([`Retention::rounds`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,9 +21,12 @@ use crate::observe::events::{BlobsReleased, Event, Events};
 /// round's and the one before, which a worker a round behind (or a standby
 /// candidate) may still fetch.
 pub(crate) const DEFAULT_KEEP_ROUNDS: usize = 2;
-/// Blobs recorded for one round; more are kept rather than tracked (a round uses a
-/// handful: parameters, an update, a state).
-const MAX_BLOBS_PER_ROUND: usize = 64;
+/// Blobs recorded for one round; more are kept rather than tracked. A round uses its
+/// parameters, an update, a state and the parameters' shards, of up to 4 MiB or one
+/// larger tensor ([`pcp_protocol::diloco::fragments::SHARD_BYTES`]): 78 blobs for
+/// gpt2-124m, thousands for a 7B model. (At 64, gpt2-124m's state, update and last
+/// shards went untracked and stayed: 1.3 GB more on the shepherd's disk each round.)
+const MAX_BLOBS_PER_ROUND: usize = 1 << 16;
 /// Pinned blobs; more are kept but not tracked (a run pins a few, plus one artifact
 /// per target it serves).
 const MAX_PINS: usize = 1024;
@@ -31,8 +35,9 @@ const MAX_PINS: usize = 1024;
 #[derive(Debug, Clone, Copy, Default, clap::Args)]
 pub(crate) struct RetentionArgs {
     /// Keep the blobs (parameters, updates, states) of this many recent rounds and
-    /// delete older ones; the corpus, artifacts and initial parameters stay, and a
-    /// blob a peer is fetching goes when its transfer ends [default: 2]
+    /// delete older ones, and a shepherd keeps as many checkpoints; the corpus,
+    /// artifacts and initial parameters stay, and a blob a peer is fetching goes when
+    /// its transfer ends [default: 2]
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub(crate) keep_rounds: Option<u64>,
 }
@@ -55,7 +60,7 @@ pub(crate) struct Retention {
     /// Rounds kept, at least 1.
     keep: u64,
     /// The blobs each round recorded, for the rounds still kept.
-    rounds: BTreeMap<u64, Vec<BlobHash>>,
+    rounds: BTreeMap<u64, BTreeSet<BlobHash>>,
     pinned: BTreeSet<BlobHash>,
     /// The newest round recorded.
     newest: Option<u64>,
@@ -71,6 +76,11 @@ impl Retention {
     /// Keeps the blobs of the last `keep` rounds (at least 1: the current round's).
     pub(crate) fn new(keep: usize) -> Self {
         Self { keep: (keep as u64).max(1), rounds: BTreeMap::new(), pinned: BTreeSet::new(), newest: None }
+    }
+
+    /// Rounds kept (at least 1).
+    pub(crate) fn rounds(&self) -> usize {
+        usize::try_from(self.keep).unwrap_or(usize::MAX)
     }
 
     /// Never releases `hash`, whatever rounds use it.
@@ -98,7 +108,7 @@ impl Retention {
                 tracing::debug!(%hash, round, "{MAX_BLOBS_PER_ROUND} blobs recorded for the round; kept untracked");
                 continue;
             }
-            blobs.push(hash);
+            blobs.insert(hash);
         }
         let newest = self.newest.map_or(round, |n| n.max(round));
         self.newest = Some(newest);
@@ -172,6 +182,17 @@ mod tests {
     }
 
     #[test]
+    fn a_round_of_many_shards_releases_them_all() {
+        // gpt2-124m's round: parameters, ~160 shards, then the update and the state
+        let mut r = Retention::new(1);
+        let blobs: Vec<BlobHash> = (0..=200u8).map(h).collect();
+        assert!(r.round(1, blobs[..199].iter().copied()).is_empty());
+        assert!(r.round(1, blobs[199..].iter().copied()).is_empty(), "the update and state, at the close");
+        let released: BTreeSet<BlobHash> = r.round(2, [BlobHash([255; 32])]).into_iter().collect();
+        assert_eq!(released, blobs.into_iter().collect(), "every blob of round 1 goes");
+    }
+
+    #[test]
     fn a_blob_used_by_a_kept_round_or_pinned_stays() {
         let mut r = Retention::new(1);
         r.pin(h(100));
@@ -199,13 +220,15 @@ mod tests {
         let mut r = Retention::new(0);
         assert!(r.round(1, [h(1)]).is_empty(), "the current round's blobs are kept");
         assert_eq!(r.round(2, []), vec![h(1)]);
-        let many: Vec<BlobHash> = (0..=255u8).map(h).collect();
-        r.round(3, many.iter().copied());
+        let numbered = |n: u32| {
+            let mut b = [7u8; 32];
+            b[..4].copy_from_slice(&n.to_le_bytes());
+            BlobHash(b)
+        };
+        r.round(3, (0..MAX_BLOBS_PER_ROUND as u32 + 10).map(numbered));
         assert_eq!(r.round(4, []).len(), MAX_BLOBS_PER_ROUND, "the rest were never tracked, so never released");
         for n in 0..2000u32 {
-            let mut b = [0u8; 32];
-            b[..4].copy_from_slice(&n.to_le_bytes());
-            r.pin(BlobHash(b));
+            r.pin(numbered(n));
         }
         assert_eq!(r.pinned.len(), MAX_PINS);
     }

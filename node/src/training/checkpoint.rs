@@ -54,12 +54,14 @@ pub(crate) struct TensorRef<'a> {
 }
 
 /// [`Checkpoint::save`] of borrowed tensors: written through a buffer and hashed as
-/// they go, never held whole in memory.
+/// they go, never held whole in memory; then only the newest `keep` checkpoints (at
+/// least this one) stay.
 pub(crate) fn save_refs(
     dir: &Path,
     step: u64,
     meta: &serde_json::Value,
     tensors: &[TensorRef<'_>],
+    keep: usize,
 ) -> anyhow::Result<PathBuf> {
     use std::io::Write as _;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create checkpoint directory {}", dir.display()))?;
@@ -98,11 +100,11 @@ pub(crate) fn save_refs(
     std::fs::write(&latest_tmp, &name)?;
     std::fs::rename(&latest_tmp, dir.join("latest"))
         .with_context(|| format!("cannot update {}/latest", dir.display()))?;
-    prune(dir, KEEP);
+    prune(dir, keep.max(1));
     Ok(final_dir)
 }
 
-/// How many checkpoints to keep.
+/// How many checkpoints `train` keeps.
 const KEEP: usize = 3;
 
 impl Checkpoint {
@@ -115,7 +117,7 @@ impl Checkpoint {
     pub(crate) fn save(&self, dir: &Path) -> anyhow::Result<PathBuf> {
         let tensors: Vec<TensorRef<'_>> =
             self.tensors.iter().map(|t| TensorRef { name: &t.name, shape: &t.shape, data: &t.data }).collect();
-        save_refs(dir, self.step, &self.meta, &tensors)
+        save_refs(dir, self.step, &self.meta, &tensors, KEEP)
     }
 
     /// Loads the newest checkpoint under `dir` (or `dir` itself if it is one).

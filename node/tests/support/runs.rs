@@ -79,12 +79,26 @@ impl Proc {
         self.child.id()
     }
 
-    pub(crate) fn wait(&mut self) {
+    pub(crate) fn wait(&mut self) -> std::process::ExitStatus {
         let deadline = Instant::now() + LONG;
-        while self.child.try_wait().expect("wait").is_none() {
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
             assert!(Instant::now() < deadline, "{} did not exit", self.name);
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Kills the process (SIGKILL) and reaps it.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Its stderr so far.
+    pub(crate) fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 

@@ -535,8 +535,9 @@ impl Host {
         // the dashboard, when it is up, owns stdout and shows the rounds itself
         self.plan.table &= !crate::observe::tui::owns_stdout();
         self.publish_state(&[], &[], wire::params_hash(self.machine.params()))?;
+        // the state is the next round's, which its announcement names
         let state = self.state.as_ref().map(|s| BlobHash(s.blob));
-        self.plan.retention.advance(&self.node, &self.events, resumed_at, state).await;
+        self.plan.retention.advance(&self.node, &self.events, resumed_at + 1, state).await;
         let params_hash = wire::params_hash(self.machine.params());
         self.events.emit(ev::Event::RunStarted(ev::RunStarted {
             run: run.to_hex(),
