@@ -6,11 +6,21 @@
 //! frees them at the end. glibc serves blocks that large with a fresh `mmap`
 //! and returns them with `munmap`, so every step faults its working set back in
 //! page by page, and a third of the step's CPU time went to the kernel.
-//! [`HostAllocator`] keeps freed blocks of at least 1 MiB, up to 4 GiB and 64
+//! [`HostAllocator`] keeps freed blocks of at least 1 MiB, up to 16 GiB and 64
 //! blocks, and hands one back when a later request has exactly the same size and
 //! alignment, which is what a repeating step asks for. When the cache is full
 //! the oldest block goes back to the system. Smaller blocks go straight to the
 //! system allocator.
+//!
+//! A gpt2-124m step (batch 8 × 1024) frees a 3.66 GB and a 1.03 GB slab. With a
+//! 4 GiB limit the larger was never kept, and every step faulted it back in:
+//! 1.01 million page faults a step; with 16 GiB, none, and the step ran 2.6–3.5 %
+//! faster (two sessions' runs on a 2-core EPYC: zeroing a reused block costs
+//! about what the kernel's zeroing of fresh pages did, the faults themselves
+//! are what goes). A miss for a slab (256 MiB or more) first hands the whole
+//! cache back: the blocks kept are then another workload's (a validation pass
+//! between training steps, a new micro-batch size), and holding them would add
+//! their bytes to the new workload's peak.
 //!
 //! Install it in a binary:
 //!
@@ -25,7 +35,9 @@ use std::sync::{Mutex, PoisonError};
 /// Blocks smaller than this are not cached.
 const MIN_BLOCK: usize = 1 << 20;
 /// Most bytes held in the cache.
-const MAX_CACHED: usize = 4 << 30;
+const MAX_CACHED: usize = 16 << 30;
+/// A miss for a block this large empties the cache first (see the module docs).
+const SLAB: usize = 256 << 20;
 /// Most blocks held in the cache.
 const SLOTS: usize = 64;
 
@@ -98,7 +110,7 @@ impl Cache {
 }
 
 impl HostAllocator {
-    /// The allocator with pcp's limits: blocks of 1 MiB or more, at most 4 GiB cached.
+    /// The allocator with pcp's limits: blocks of 1 MiB or more, at most 16 GiB cached.
     pub const fn new() -> Self {
         Self::with_limits(MIN_BLOCK, MAX_CACHED)
     }
@@ -135,7 +147,12 @@ impl HostAllocator {
         if !self.cacheable(layout) {
             return None;
         }
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner).take(layout)
+        let taken = self.cache.lock().unwrap_or_else(PoisonError::into_inner).take(layout);
+        if taken.is_none() && layout.size() >= SLAB {
+            // the cached blocks are another workload's: back to the system before this one
+            self.release();
+        }
+        taken
     }
 }
 
@@ -268,6 +285,29 @@ mod tests {
             assert_eq!(a.cached_bytes(), 5 * MIB);
             assert_eq!(a.alloc(layout(3 * MIB)), y);
             assert_eq!(a.alloc(layout(2 * MIB)), z);
+            a.release();
+        }
+    }
+
+    #[test]
+    fn a_slab_of_another_size_first_empties_the_cache() {
+        // the pages are never touched: only address space is taken
+        let a = HostAllocator::with_limits(MIB, 4096 * MIB);
+        unsafe {
+            let (train, small) = (a.alloc(layout(SLAB)), a.alloc(layout(2 * MIB)));
+            a.dealloc(train, layout(SLAB));
+            a.dealloc(small, layout(2 * MIB));
+            assert_eq!(a.cached_bytes(), SLAB + 2 * MIB);
+            // the same slab again: a hit, the rest stays
+            let again = a.alloc(layout(SLAB));
+            assert_eq!(again, train);
+            assert_eq!(a.cached_bytes(), 2 * MIB);
+            a.dealloc(again, layout(SLAB));
+            // a slab of another size: nothing cached is this workload's
+            let eval = a.alloc(layout(SLAB + MIB));
+            assert_eq!(a.cached_bytes(), 0, "the other workload's blocks went back");
+            a.dealloc(eval, layout(SLAB + MIB));
+            assert_eq!(a.cached_bytes(), SLAB + MIB);
             a.release();
         }
     }
