@@ -8,7 +8,7 @@ use serde_json::Value;
 
 #[path = "support/common.rs"]
 mod common;
-use common::corpus;
+use common::{bytes_under, corpus};
 
 /// Runs a 3-node sim of `rounds` short rounds in `dir`; returns the shepherd's events.
 fn sim(dir: &Path, rounds: u64) -> Vec<Value> {
@@ -27,17 +27,6 @@ fn sim(dir: &Path, rounds: u64) -> Vec<Value> {
     let completed = events.iter().filter(|e| e["event"] == "round_completed").count() as u64;
     assert_eq!(completed, rounds, "the sim ran every round");
     events
-}
-
-/// Bytes of every file under `dir`.
-fn bytes_under(dir: &Path) -> u64 {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let entry = entry.expect("dir entry");
-        let meta = entry.metadata().expect("metadata");
-        total += if meta.is_dir() { bytes_under(&entry.path()) } else { meta.len() };
-    }
-    total
 }
 
 #[test]
@@ -69,7 +58,11 @@ fn thirty_rounds_leave_every_store_as_large_as_five() {
     assert!(released.iter().all(|e| e["failed"] == 0), "{released:?}");
 
     for node in ["shepherd", "worker-1", "worker-2"] {
-        let store = |dir: &Path| bytes_under(&dir.join("sim").join(node).join("blobs"));
+        let store = |dir: &Path| {
+            let blobs = dir.join("sim").join(node).join("blobs");
+            assert!(blobs.is_dir(), "no store at {}", blobs.display());
+            bytes_under(&blobs)
+        };
         let (after5, after30) = (store(five.path()), store(thirty.path()));
         eprintln!("{node}: {after5} bytes of blobs after 5 rounds, {after30} after 30");
         assert!(
