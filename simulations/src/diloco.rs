@@ -25,7 +25,9 @@
 //!   leaves or abandons) does not give its bandwidth back to the others, and
 //!   uploads of consecutive rounds do not share the link.
 //! * After a round closes, the shepherd spends `overhead_s` (validation,
-//!   checkpoint) before the next announcement is visible.
+//!   checkpoint) before the next announcement is visible. As in pcp-node, the
+//!   next round's deadline moves by the time from the closing input to the
+//!   announcement (the close on the loop plus the overhead).
 //! * The shepherd's CPU is [`cpu`]: one event loop every contribution, screen,
 //!   close and heartbeat waits for, with forward passes and adds spread over
 //!   the aggregate threads, at the calibration table's costs. A contribution
@@ -874,14 +876,23 @@ impl Sim<'_> {
     }
 
     /// Schedules round `r`'s deadline; returns when its announcement becomes
-    /// visible (after the shepherd's overhead, from round 2), seconds.
+    /// visible (after the close and the shepherd's overhead, from round 2),
+    /// seconds. As pcp-node does, the deadline moves by the time from the input
+    /// that opened the round to the announcement: workers get the whole window
+    /// however long the shepherd's close took.
     fn deadline_and_visibility(&mut self, r: u64, deadline_ms: u64) -> f64 {
+        let overhead = if r > 1 { self.setup.overhead_s } else { 0.0 };
+        let visible = secs(self.now.max(self.closed_at)) + overhead;
+        let late_ms = us(visible).saturating_sub(self.now) / 1000;
+        let deadline_ms = match late_ms {
+            0 => deadline_ms,
+            ms => self.shepherd.postpone(ms).unwrap_or(deadline_ms),
+        };
         let deadline_us = deadline_ms * 1000;
         self.deadlines.insert(r, deadline_us);
         self.deadlines.retain(|k, _| *k + 2 >= r);
         self.push(deadline_us, Ev::Deadline { r });
-        let overhead = if r > 1 { self.setup.overhead_s } else { 0.0 };
-        secs(self.now.max(self.closed_at)) + overhead
+        visible
     }
 
     /// When each of `fetches` (of `plan`'s workers, for round `r`, whose steps take

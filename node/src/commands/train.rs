@@ -145,17 +145,33 @@ pub(crate) fn plan_micro_batches(
     };
     let preset = pcp_graph::models::preset(&model.source).is_some();
     let config = pcp_graph::StepConfig { accumulate: false, ..step_config(experiment) };
-    let (split, recompute) = match free {
+    let estimate = |mode, m| crate::training::memory::preset_step_bytes(&model.source, vocab_size, &config, mode, m);
+    let (mut split, recompute) = match free {
         // the run's recomputation first; if not even single sequences fit, stronger ones
-        Some(free) if preset => crate::training::memory::plan(batch, free, config.recompute, |mode, m| {
-            crate::training::memory::preset_step_bytes(&model.source, vocab_size, &config, mode, m)
-        }),
+        Some(free) if preset => crate::training::memory::plan(batch, free, config.recompute, estimate),
         _ => {
             let bytes = pcp_graph::train_step(&model.module, "main", &config)
                 .map_or(0, |s| crate::training::memory::step_bytes(&s));
             (crate::training::memory::Split::whole(batch, bytes), config.recompute)
         }
     };
+    // on the cpu, a batch that spills the cache runs as micro-batches that stay in it
+    let mut cache_bytes = 0;
+    let on_cpu = matches!(device.backend.parse::<pcp_runtime::Device>(), Ok(pcp_runtime::Device::Cpu));
+    if let (true, Some(cache), Some(c)) =
+        (on_cpu, crate::training::memory::CpuCache::host(), pcp_graph::models::preset(&model.source))
+    {
+        let (_, block) = model.batch_block()?;
+        let widest = (4 * c.n_embd).max(vocab_size) as u64;
+        let sequence_bytes = block as u64 * widest * 4;
+        if let Some(m) = crate::training::memory::cache_micro_batch(batch, sequence_bytes, cache)
+            && m < batch / split.micro_batches
+        {
+            let estimate_bytes = estimate(recompute, m);
+            split = crate::training::memory::Split { micro_batches: batch / m, estimate_bytes, ..split };
+            cache_bytes = cache.l2;
+        }
+    }
     if split.over {
         tracing::warn!(
             "a step of {} sequences may not fit in {:.1} GB even as {} micro-batches (about {:.1} GB each)",
@@ -173,6 +189,7 @@ pub(crate) fn plan_micro_batches(
         free_bytes: free.unwrap_or(0),
         free_from: free_from.to_owned(),
         estimate_bytes: split.estimate_bytes,
+        cache_bytes,
     })
 }
 
@@ -366,7 +383,17 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
         total,
         start_step
     )?;
-    if run.micro_batches.micro_batches > 1 {
+    if run.micro_batches.cache_bytes > 0 {
+        writeln!(
+            out,
+            "{} micro-batches of {} sequences per step, recompute {}, to keep each in the cpu's {} KiB of L2: about {:.1} GB each",
+            run.micro_batches.micro_batches,
+            run.micro_batches.micro_batch,
+            run.micro_batches.recompute,
+            run.micro_batches.cache_bytes >> 10,
+            run.micro_batches.estimate_bytes as f64 / 1e9
+        )?;
+    } else if run.micro_batches.micro_batches > 1 {
         writeln!(
             out,
             "{} micro-batches of {} sequences per step, recompute {}, to fit {:.1} GB ({}): about {:.1} GB each",

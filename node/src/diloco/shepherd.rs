@@ -968,7 +968,7 @@ impl Host {
         for action in actions {
             match action {
                 Action::OpenRound { round, deadline_ms, participants } => {
-                    self.open_round(round, deadline_ms, participants).await?;
+                    self.open_round(round, deadline_ms, participants, deaf).await?;
                 }
                 Action::Rejected { peer, round, reason } => {
                     let reason = reason.to_string();
@@ -1015,7 +1015,14 @@ impl Host {
         Ok(rejected)
     }
 
-    async fn open_round(&mut self, round: u64, deadline_ms: u64, participants: Vec<PublicKey>) -> anyhow::Result<()> {
+    /// Announces round `round`, decided on the input handled from `input_at`.
+    async fn open_round(
+        &mut self,
+        round: u64,
+        deadline_ms: u64,
+        participants: Vec<PublicKey>,
+        input_at: Instant,
+    ) -> anyhow::Result<()> {
         // contribution-sized reads are for this round's participants only (see pcp_bootstrap::admission)
         self.node.admission().open_round(self.run, round, &participants);
         let parameters = self.publish_params()?;
@@ -1027,6 +1034,14 @@ impl Host {
         self.traffic.clear();
         // the screen's secret batch for this round: committed now, revealed with the next
         let (screen_commit, screen_reveal) = self.screener.open(round);
+        // the deadline was set at the input that closed the last round; the close (the
+        // outer step, the checkpoint, the state and parameter blobs: 11 s for gpt2-124m)
+        // came between, and the workers get the whole window after the announcement
+        let late_ms = input_at.elapsed().as_millis() as u64;
+        let deadline_ms = match late_ms {
+            0 => deadline_ms,
+            ms => self.machine.postpone(ms).unwrap_or(deadline_ms),
+        };
         let announcement = RoundAnnouncement {
             run: self.run.0,
             round,

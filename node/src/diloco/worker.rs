@@ -702,6 +702,7 @@ async fn train(
         free_from: plan.free_memory.1.to_owned(),
         estimate_bytes: joined.artifact.estimate_bytes,
         recompute: recompute.clone(),
+        cache_bytes: 0,
     }));
     if plan.verbose && micro_batches > 1 {
         println!(

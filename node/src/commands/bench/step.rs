@@ -116,9 +116,13 @@ async fn step(
         "model        {source} ({params} parameters, batch {batch} x block {block}, {} matmuls, recompute {}, attention {})",
         experiment.precision, experiment.recompute, experiment.attention
     )?;
+    let cache = match plan.cache_bytes {
+        0 => String::new(),
+        bytes => format!("; sized to the cpu's {} KiB of L2", bytes >> 10),
+    };
     writeln!(
         out,
-        "micro-batches {k} of {} sequences (free {:.2} GiB from {}; expected peak {:.2} GiB per micro-batch)",
+        "micro-batches {k} of {} sequences (free {:.2} GiB from {}; expected peak {:.2} GiB per micro-batch{cache})",
         batch / k,
         plan.free_bytes as f64 / GIB,
         plan.free_from,

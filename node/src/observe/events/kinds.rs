@@ -185,6 +185,10 @@ fields! {
         /// The activations the backward recomputes: the run's, or a stronger mode
         /// when not even one sequence fits without it.
         recompute: String,
+        /// The cpu's L2 bytes the micro-batch was sized to fit, when the batch was
+        /// split to keep its activations in cache rather than to fit memory; else 0.
+        #[serde(default)]
+        cache_bytes: u64,
     }
     Checkpoint {
         #[serde(skip_serializing_if = "Option::is_none")] step: Option<u64>,
