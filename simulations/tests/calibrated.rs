@@ -134,3 +134,22 @@ fn a_loopback_loadtest_is_expressible() {
     assert!(s.steady_round_s > 1.0 && s.steady_round_s < 3.0, "{s:?}");
     assert!(s.steady_utilization > 0.3, "{s:?}");
 }
+
+/// A round's deadline starts at its announcement, not at the input that closed the
+/// last round: the 300-worker calibration run (a 163 M-parameter model whose close
+/// takes 11.4 s, more than half its first round's 7.95 s) aggregates every
+/// contribution of every round. Before, round 2's deadline lapsed 4.5 s after its
+/// announcement and 296 of its 300 contributions came late.
+#[test]
+fn a_slow_close_does_not_eat_the_next_rounds_window() {
+    let (r, _) = simulate(
+        "--nodes 301 --rounds 4 --model gpt2-124m --params 163037184 --encoding sparse:k=2 --tau 2 \
+         --step-seconds 2 --profile loopback --shepherd-profile loopback --regions 1 --screen norm \
+         --eval-batches 0 --aggregate-threads 2 --synthetic-workers --stragglers 0 --jitter 0",
+    );
+    let s = &r.strategies[0];
+    assert_eq!(s.summary.rounds, 4, "{:?}", s.summary);
+    for round in &s.rounds {
+        assert_eq!((round.contributors, round.dropped_late, round.at_quorum), (300, 0, false), "{round:?}");
+    }
+}
