@@ -335,6 +335,33 @@ fn resolve_experiment(args: &TrainArgs, resumed: Option<&Checkpoint>) -> Result<
     Ok((experiment, data_path))
 }
 
+/// The line saying how a step's batch is split, if it is.
+fn write_split(out: &mut impl std::io::Write, m: &ev::MicroBatches) -> std::io::Result<()> {
+    if m.cache_bytes > 0 {
+        writeln!(
+            out,
+            "{} micro-batches of {} sequences per step, recompute {}, to keep each in the cpu's {} KiB of L2: about {:.1} GB each",
+            m.micro_batches,
+            m.micro_batch,
+            m.recompute,
+            m.cache_bytes >> 10,
+            m.estimate_bytes as f64 / 1e9
+        )?;
+    } else if m.micro_batches > 1 {
+        writeln!(
+            out,
+            "{} micro-batches of {} sequences per step, recompute {}, to fit {:.1} GB ({}): about {:.1} GB each",
+            m.micro_batches,
+            m.micro_batch,
+            m.recompute,
+            m.free_bytes as f64 / 1e9,
+            m.free_from,
+            m.estimate_bytes as f64 / 1e9
+        )?;
+    }
+    Ok(())
+}
+
 pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
     let _metrics = crate::observe::metrics::serve(net.metrics).await.map_err(Failure::input)?;
     let data_dir = net.data_dir.clone();
@@ -383,28 +410,7 @@ pub(crate) async fn run(args: TrainArgs, net: &NetArgs) -> Result<(), Failure> {
         total,
         start_step
     )?;
-    if run.micro_batches.cache_bytes > 0 {
-        writeln!(
-            out,
-            "{} micro-batches of {} sequences per step, recompute {}, to keep each in the cpu's {} KiB of L2: about {:.1} GB each",
-            run.micro_batches.micro_batches,
-            run.micro_batches.micro_batch,
-            run.micro_batches.recompute,
-            run.micro_batches.cache_bytes >> 10,
-            run.micro_batches.estimate_bytes as f64 / 1e9
-        )?;
-    } else if run.micro_batches.micro_batches > 1 {
-        writeln!(
-            out,
-            "{} micro-batches of {} sequences per step, recompute {}, to fit {:.1} GB ({}): about {:.1} GB each",
-            run.micro_batches.micro_batches,
-            run.micro_batches.micro_batch,
-            run.micro_batches.recompute,
-            run.micro_batches.free_bytes as f64 / 1e9,
-            run.micro_batches.free_from,
-            run.micro_batches.estimate_bytes as f64 / 1e9
-        )?;
-    }
+    write_split(&mut out, &run.micro_batches)?;
     let mut tokens_per_s = 0.0;
     let bar = crate::observe::progress::bar(total);
     bar.set_position(start_step);
