@@ -17,9 +17,10 @@
 //! batch whose activations spill the last-level cache runs as micro-batches
 //! whose activations fit the cores' L2 caches, when one sequence does.
 //! nanogpt-medium (64 × 128, a 32 MiB MLP activation) then runs as 16 of 4
-//! sequences; two rounds of `bench step --steps 20` on a 2-core EPYC (1 MiB L2 a
-//! core, 32 MiB L3): 4,717–5,078 tokens/s whole, 5,515–6,113 as 16 × 4, with
-//! 458 MiB peak instead of 734. gpt2-124m is left whole: one sequence's 12 MiB
+//! sequences; `bench step --steps 20` runs back to back on a 2-core EPYC (1 MiB L2
+//! a core, 32 MiB L3), recompute `elementwise`: 4,717–5,078 tokens/s whole,
+//! 5,841–6,280 as 16 × 4, with 322 MiB peak instead of 734 (`none` at 16 × 4:
+//! 5,515–6,113 and 459 MiB). gpt2-124m is left whole: one sequence's 12 MiB
 //! MLP activation fits no L2, and 8 × 1 ran 3.6% slower (215 against 223
 //! tokens/s). nanogpt-small's whole batch (2 MiB) already fits the L3.
 
