@@ -240,3 +240,18 @@ fn a_vulkan_worker_and_a_cpu_worker_train_together() -> anyhow::Result<()> {
     assert!(loss(rounds[2]) < loss(rounds[0]), "the loss falls: {rounds:?}");
     Ok(())
 }
+
+/// The presets that get IREE's data tiling keep it for the cpu, with pcp's
+/// 1 MiB matmul tiles: no dispatch of medium's or gpt2-124m's step (the widest
+/// matmuls pcp ships) asks for more stack than the tuned flags allow, so neither
+/// falls back to the plain flags (at 16 MiB tiles one of gpt2's needs 82 KiB).
+#[test]
+fn the_wide_presets_compile_for_the_cpu_with_tuned_flags_and_large_tiles() -> anyhow::Result<()> {
+    for model in ["nanogpt-medium", "gpt2-124m"] {
+        let (vmfb, report) = compile(model, "cpu", None)?;
+        assert_eq!(&vmfb[..4], b"PK\x03\x04", "{model}");
+        let flags = report.lines().find_map(|l| l.strip_prefix("flags: ")).unwrap_or_default();
+        assert!(flags.contains("--iree-opt-data-tiling=true"), "{model}: {report}");
+    }
+    Ok(())
+}
