@@ -170,7 +170,7 @@ mod tests {
     #[test]
     fn pcp_sets_the_matmul_tile_size_unless_the_experiment_does() {
         let ours = format!("--iree-llvmcpu-matmul-tile-bytes={MATMUL_TILE_BYTES}");
-        assert_eq!(with_defaults(Vec::new()), [ours.clone()]);
+        assert_eq!(with_defaults(Vec::new()), std::slice::from_ref(&ours));
         let other = vec!["--iree-llvmcpu-fail-on-out-of-bounds-stack-allocation=false".to_owned()];
         assert_eq!(with_defaults(other.clone()), [vec![ours], other].concat());
         // LLVM refuses an option given twice: the experiment's value replaces pcp's
