@@ -1,5 +1,6 @@
 //! GPU backends from the outside, on a machine without a GPU: artifacts compile
-//! for every backend, and a missing driver library is a one-line error naming it.
+//! for every backend, a missing driver library is a one-line error naming it, and
+//! the cpu keeps its tuned flags for the widest presets.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
