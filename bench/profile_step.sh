@@ -35,7 +35,7 @@ if [ -z "${PLAIN:-}" ]; then
     FLAGS+=(--iree-opt-data-tiling=true --iree-llvmcpu-enable-ukernels=all --iree-llvmcpu-stack-allocation-limit=65536)
 fi
 # the process-wide option pcp sets (`graph::iree::MATMUL_TILE_BYTES`)
-FLAGS+=(--iree-llvmcpu-matmul-tile-bytes=1048576)
+FLAGS+=(--iree-llvmcpu-matmul-tile-bytes=4194304)
 
 # STEP_FLAGS: more `graph step` flags (`--attention naive`, `--recompute elementwise`, …)
 # shellcheck disable=SC2086

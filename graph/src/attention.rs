@@ -38,6 +38,7 @@ use std::str::FromStr;
 
 pub use blocks::{expand, vjp};
 pub use fuse::fuse;
+pub(crate) use fuse::splat_value;
 
 use crate::ir::Op;
 use crate::ir::attr::lookup;

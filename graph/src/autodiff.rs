@@ -264,17 +264,18 @@ pub struct Gradient {
     pub gradient_ops: usize,
 }
 
-/// Differentiates `entry` (its attention fused, [`crate::attention`]): `@<entry>_grad` takes the forward's arguments and
+/// Differentiates `entry` (its attention and GELU fused, [`crate::attention`], [`crate::gelu`]): `@<entry>_grad` takes the forward's arguments and
 /// returns the loss, then one gradient per floating-point argument.
 pub fn differentiate(module: &Module, entry: &str) -> Result<Gradient, GradError> {
     differentiate_with(module, entry, crate::Attention::Fused)
 }
 
-/// [`differentiate`], with attention fused or as the module writes it.
+/// [`differentiate`], with attention and GELU fused or as the module writes them.
 pub fn differentiate_with(module: &Module, entry: &str, attention: crate::Attention) -> Result<Gradient, GradError> {
     let mut forward = inline_calls(module, entry)?;
     if attention == crate::Attention::Fused {
         crate::attention::fuse(&mut forward);
+        crate::gelu::fuse(&mut forward);
     }
     let signature = signature(&forward)?;
     forward.eliminate_dead_code();

@@ -17,15 +17,21 @@ static COMPILER: OnceLock<Result<Compiler, String>> = OnceLock::new();
 
 /// The largest operand tile, in bytes, that IREE's cpu code generation gives one
 /// workgroup of a data-tiled matmul (`--iree-llvmcpu-matmul-tile-bytes`, a
-/// process-wide option; IREE's default is 256 KiB). At 1 MiB, the per-core L2 of
-/// a Zen 4 EPYC, gpt2-124m's step ran 12.5% faster on one (36.1 → 31.6 s,
-/// `iree-benchmark-module`, steady steps): its `8192×768×3072` matmul took 196
-/// instead of 246 ms, since a tile of a long-`K` matmul then stays in L2 while the
-/// microkernel streams it. nanogpt-medium's micro-batch matmuls (`512×1024×256`)
-/// ran the same (1.19 ms), still in 8 tiles each for the two cores; at 2 MiB and
-/// more they run in one or two tiles, 5–10% slower, and at 16 MiB a gpt2 dispatch
-/// needs 82 KiB of stack, over the 64 KiB limit.
-pub const MATMUL_TILE_BYTES: usize = 1 << 20;
+/// process-wide option; IREE's default is 256 KiB). Steady steps of
+/// `iree-benchmark-module` on a 2-core Zen 4 EPYC (1 MiB of L2 per core):
+///
+/// | tile bytes | gpt2-124m f32 | gpt2-124m bf16 | nanogpt-medium f32 |
+/// |---|---|---|---|
+/// | 256 KiB | 36.1 s | | |
+/// | 1 MiB | 31.6–32.2 s | 20.8–21.1 s | 1.44–1.45 s |
+/// | 2 MiB | 32.0 s | 19.5–20.0 s | 1.49 s |
+/// | 4 MiB | 31.6–32.1 s | 19.4–20.1 s | 1.36–1.38 s |
+///
+/// A long-`K` matmul's tile stays in cache while the microkernel streams it;
+/// the weight gradients (`K` = the batch's 8192 tokens) gain most: gpt2's
+/// `3072×768×8192` in bf16 took 93 instead of 123 ms at 4 MiB. At 16 MiB a
+/// gpt2 dispatch needs 82 KiB of stack, over the 64 KiB limit.
+pub const MATMUL_TILE_BYTES: usize = 4 << 20;
 
 /// Process-wide compiler options (IREE reads these from its global command line,
 /// not from a session's flags): [`MATMUL_TILE_BYTES`], then

@@ -3,7 +3,8 @@
 //! * [`import`] reads a StableHLO loss module (pretty or generic form) through
 //!   IREE's parser and melior into pcp's own [`ir`].
 //! * [`attention`] fuses softmax attention into one op with a flash-style
-//!   backward that never keeps the `T × T` probabilities.
+//!   backward that never keeps the `T × T` probabilities, and [`gelu`] fuses
+//!   GELU into one op whose backward reads only its input.
 //! * [`autodiff`] derives exact reverse-mode gradients.
 //! * [`train`] fuses forward, gradient and optimizer into `train_step`.
 //! * [`precision`] runs a forward's matmuls in bf16 (mixed precision).
@@ -20,6 +21,7 @@ pub mod attention;
 pub mod autodiff;
 pub mod compile;
 pub mod cost;
+pub mod gelu;
 pub mod import;
 pub mod inspect;
 pub mod ir;

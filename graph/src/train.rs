@@ -107,6 +107,7 @@ pub fn train_step(model: &Module, entry: &str, config: &StepConfig) -> Result<Tr
     if config.attention == Attention::Fused {
         crate::attention::fuse(&mut forward);
     }
+    crate::gelu::fuse(&mut forward);
     mixed_precision(&mut forward, config.precision);
     let sig = signature(&forward)?;
     let param_types: Vec<TensorType> = sig.params.iter().map(|(_, t)| t.clone()).collect();
@@ -157,6 +158,7 @@ pub fn train_step(model: &Module, entry: &str, config: &StepConfig) -> Result<Tr
         if config.attention == Attention::Fused {
             crate::attention::fuse(&mut logits);
         }
+        crate::gelu::fuse(&mut logits);
         mixed_precision(&mut logits, config.precision);
         logits.eliminate_dead_code();
         functions.push(logits);

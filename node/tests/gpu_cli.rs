@@ -34,6 +34,11 @@ fn one_line_error(out: &Output) -> String {
 
 /// What `graph compile` produced: the VMFB and its report line.
 fn compile(model: &str, backend: &str, target: Option<&str>) -> anyhow::Result<(Vec<u8>, String)> {
+    compile_with(model, backend, target, &[])
+}
+
+/// [`compile`] with more `graph compile` flags.
+fn compile_with(model: &str, backend: &str, target: Option<&str>, more: &[&str]) -> anyhow::Result<(Vec<u8>, String)> {
     let dir = tempfile::tempdir()?;
     let out_path = dir.path().join("a.vmfb");
     let out = out_path.to_str().unwrap_or_default();
@@ -41,6 +46,7 @@ fn compile(model: &str, backend: &str, target: Option<&str>) -> anyhow::Result<(
     if let Some(t) = target {
         args.extend(["--target", t]);
     }
+    args.extend(more);
     let result = pcp(&args, &[]);
     anyhow::ensure!(
         result.status.success(),
@@ -243,16 +249,17 @@ fn a_vulkan_worker_and_a_cpu_worker_train_together() -> anyhow::Result<()> {
 }
 
 /// The presets that get IREE's data tiling keep it for the cpu, with pcp's
-/// 1 MiB matmul tiles: no dispatch of medium's or gpt2-124m's step (the widest
-/// matmuls pcp ships) asks for more stack than the tuned flags allow, so neither
-/// falls back to the plain flags (at 16 MiB tiles one of gpt2's needs 82 KiB).
+/// 4 MiB matmul tiles: no dispatch of medium's or gpt2-124m's step (the widest
+/// matmuls pcp ships), in f32 or in bf16, asks for more stack than the tuned
+/// flags allow, so none falls back to the plain flags (at 16 MiB tiles one of
+/// gpt2's needs 82 KiB).
 #[test]
 fn the_wide_presets_compile_for_the_cpu_with_tuned_flags_and_large_tiles() -> anyhow::Result<()> {
-    for model in ["nanogpt-medium", "gpt2-124m"] {
-        let (vmfb, report) = compile(model, "cpu", None)?;
-        assert_eq!(&vmfb[..4], b"PK\x03\x04", "{model}");
+    for (model, precision) in [("nanogpt-medium", "f32"), ("gpt2-124m", "f32"), ("gpt2-124m", "bf16")] {
+        let (vmfb, report) = compile_with(model, "cpu", None, &["--precision", precision])?;
+        assert_eq!(&vmfb[..4], b"PK\x03\x04", "{model} {precision}");
         let flags = report.lines().find_map(|l| l.strip_prefix("flags: ")).unwrap_or_default();
-        assert!(flags.contains("--iree-opt-data-tiling=true"), "{model}: {report}");
+        assert!(flags.contains("--iree-opt-data-tiling=true"), "{model} {precision}: {report}");
     }
     Ok(())
 }

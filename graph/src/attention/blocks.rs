@@ -85,6 +85,12 @@ struct Strips {
     element: ElementType,
 }
 
+/// A strip's probabilities for the matmuls and for the rest ([`Strips::rounded`]).
+struct Rounded {
+    narrow: ValueId,
+    wide: ValueId,
+}
+
 /// One strip of query rows `rows.0 .. rows.1` and the keys `0 .. keys` it meets.
 struct Strip {
     rows: (i64, i64),
@@ -95,10 +101,14 @@ impl Strips {
     fn new(b: &mut Builder<'_>, operands: &[ValueId], spec: Spec) -> Self {
         let (qt, kt, vt) = (b.ty(operands[0]), b.ty(operands[1]), b.ty(operands[2]));
         let nb = qt.rank() - 2;
+        // q, k and v are only ever matmul operands: in bf16, convert them once,
+        // not each strip's slice of them.
+        let bf16 = ElementType::Float(FloatType::Bf16);
+        let mut narrow = |x: ValueId| if spec.bf16 { b.convert(x, &bf16) } else { x };
         Self {
-            q: operands[0],
-            k: operands[1],
-            v: operands[2],
+            q: narrow(operands[0]),
+            k: narrow(operands[1]),
+            v: narrow(operands[2]),
             mask: operands.get(3).copied(),
             spec,
             nb,
@@ -152,6 +162,19 @@ impl Strips {
         };
         let bd = self.bdims();
         b.dot_general(lhs, rhs, &bd, &bd, &[lc], &[rc], self.element.clone())
+    }
+
+    /// Probabilities `p` as the matmuls read them (`narrow`: bf16 when the op's
+    /// matmuls are) and as the rest of the strip reads them (`wide`: the same
+    /// values in the op's type). In bf16 the row sums and `ds` read the rounded
+    /// values, so only the bf16 tensor is ever written: a strip's probabilities
+    /// are its largest tensor, and IREE fuses the rounding into the `exp`.
+    fn rounded(&self, b: &mut Builder<'_>, p: ValueId) -> Rounded {
+        if !self.spec.bf16 {
+            return Rounded { narrow: p, wide: p };
+        }
+        let narrow = b.convert(p, &ElementType::Float(FloatType::Bf16));
+        Rounded { narrow, wide: b.convert(narrow, &self.element) }
     }
 
     /// A strip's scaled, masked scores `[batch.., rows, keys]`, and its queries and keys.
@@ -229,9 +252,10 @@ impl Strips {
             let shift = self.by_row(b, max, rows, strip.keys);
             let shifted = b.sub(s, shift);
             let e = b.unary_op("stablehlo.exponential", shifted);
-            let sum = b.reduce_sum(e, &[n + 1]);
+            let e = self.rounded(b, e);
+            let sum = b.reduce_sum(e.wide, &[n + 1]);
             let v = self.rows(b, self.v, (0, strip.keys));
-            let o = self.matmul(b, e, v, n + 1, n);
+            let o = self.matmul(b, e.narrow, v, n + 1, n);
             let norm = self.by_row(b, sum, rows, self.dv);
             outs.push(b.div(o, norm));
             let log = b.unary_op("stablehlo.log", sum);
@@ -269,6 +293,7 @@ impl Strips {
             let shift = self.by_row(b, lse_rows, rows, strip.keys);
             let shifted = b.sub(s, shift);
             let p = b.unary_op("stablehlo.exponential", shifted);
+            let p = self.rounded(b, p);
             let d_o_rows = self.rows(b, d_o, strip.rows);
             let o_rows = self.rows(b, o, strip.rows);
             let v = self.rows(b, self.v, (0, strip.keys));
@@ -279,12 +304,12 @@ impl Strips {
                 let g_rows = self.rows(b, g, strip.rows);
                 delta = b.sub(delta, g_rows);
             }
-            let dv_part = self.matmul(b, p, d_o_rows, n, n);
+            let dv_part = self.matmul(b, p.narrow, d_o_rows, n, n);
             dv = accumulate(b, dv, dv_part, strip.keys);
             let dp = self.matmul(b, d_o_rows, v, n + 1, n + 1);
             let delta = self.by_row(b, delta, rows, strip.keys);
             let centered = b.sub(dp, delta);
-            let ds = b.mul(p, centered);
+            let ds = b.mul(p.wide, centered);
             let ds = if self.spec.scale == 1.0 { ds } else { b.scale(ds, self.spec.scale) };
             dq.push(self.matmul(b, ds, k, n + 1, n));
             let dk_part = self.matmul(b, ds, q, n, n);

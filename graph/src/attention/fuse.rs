@@ -283,22 +283,26 @@ impl Matcher<'_> {
         (x, 1.0)
     }
 
-    /// The value of a splat floating-point constant (possibly broadcast,
-    /// reshaped or converted).
     fn splat_value(&self, v: ValueId) -> Option<f64> {
-        let op = self.def(v)?;
-        match op.name.as_str() {
-            "stablehlo.constant" | "arith.constant" => {
-                let text = lookup(&op.props, "value")?;
-                let (literal, ty) = text.strip_prefix("dense<")?.split_once("> :")?;
-                let ty = TensorType::parse(ty.trim()).ok()?;
-                parse_float(literal.trim(), &ty.element)
-            }
-            "stablehlo.broadcast_in_dim" | "stablehlo.reshape" | "stablehlo.convert" => {
-                self.splat_value(op.operands[0])
-            }
-            _ => None,
+        splat_value(self.f, self.producers, v)
+    }
+}
+
+/// The value of a splat floating-point constant (possibly broadcast, reshaped
+/// or converted); `producers` maps each value of `f` to the op defining it.
+pub(crate) fn splat_value(f: &Function, producers: &HashMap<ValueId, usize>, v: ValueId) -> Option<f64> {
+    let op = &f.ops[*producers.get(&v)?];
+    match op.name.as_str() {
+        "stablehlo.constant" | "arith.constant" => {
+            let text = lookup(&op.props, "value")?;
+            let (literal, ty) = text.strip_prefix("dense<")?.split_once("> :")?;
+            let ty = TensorType::parse(ty.trim()).ok()?;
+            parse_float(literal.trim(), &ty.element)
         }
+        "stablehlo.broadcast_in_dim" | "stablehlo.reshape" | "stablehlo.convert" => {
+            splat_value(f, producers, op.operands[0])
+        }
+        _ => None,
     }
 }
 

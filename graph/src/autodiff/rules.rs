@@ -69,6 +69,7 @@ const DIFFERENTIABLE: &[&str] = &[
     "stablehlo.gather",
     "stablehlo.optimization_barrier",
     crate::attention::OP,
+    crate::gelu::OP,
     "chlo.square",
     "chlo.erf",
     "chlo.erfc",
@@ -135,6 +136,9 @@ pub(super) fn vjp(
         return Err(cx.unsupported(format!("{} results", op.results.len())));
     }
     let g = g[0].ok_or_else(|| cx.unsupported("missing cotangent"))?;
+    if op.name == crate::gelu::OP {
+        return Ok(vec![Some(crate::gelu::vjp(b, op.operands[0], g))]);
+    }
     let out = op.results[0];
     let x = &op.operands;
     let one = |b: &mut Builder<'_>, like| b.splat_like(1.0, like);

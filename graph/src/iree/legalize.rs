@@ -27,11 +27,13 @@ use crate::ir::{Function, Op};
 ///   otherwise turns `sum(broadcast(a) * b)` into a rank-0 `vector.contract`
 ///   and fails with "invalid accumulator/result vector shape".
 ///
-/// Fused attention ([`crate::attention`]) is lowered to StableHLO first.
+/// Fused attention ([`crate::attention`]) and GELU ([`crate::gelu`]) are lowered
+/// to StableHLO first.
 ///
 /// The rewrites are idempotent: legalizing twice changes nothing more.
 pub fn legalize(f: &mut Function) {
     crate::attention::expand(f);
+    crate::gelu::expand(f);
     negate::hoist_negations(f);
     flatten::flatten_full_reductions(f);
     f.eliminate_dead_code();

@@ -229,7 +229,7 @@ fn forward(b: &mut Builder<'_>, c: &NanoGptConfig, l: &Layout, args: &[ValueId],
         b.set_loc(Some(format!("loc(\"nanogpt.h.{i}.mlp\")")));
         let h = layer_norm(b, x, param(block.ln_2));
         let h = linear(b, h, param(block.c_fc));
-        let h = gelu(b, h);
+        let h = crate::gelu::build(b, h);
         let m = linear(b, h, param(block.mlp_proj));
         x = b.add(x, m);
     }
@@ -276,21 +276,6 @@ fn layer_norm(b: &mut Builder<'_>, x: ValueId, (w, bias): (ValueId, Option<Value
         }
         None => y,
     }
-}
-
-/// GELU, tanh approximation: `x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`, computed as
-/// `x · σ(x · (k₁ + k₂·x²))` with `k₁ = 2√(2/π)`, `k₂ = 0.044715·k₁` (the same function,
-/// since `(1 + tanh u)/2 = σ(2u)`), which leaves the backward three saved tensors (`x`,
-/// the gate and `k₁ + k₂·x²`) instead of five.
-fn gelu(b: &mut Builder<'_>, x: ValueId) -> ValueId {
-    let k1 = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
-    let x2 = b.mul(x, x);
-    let slope = b.scale(x2, 0.044715 * k1);
-    let k = b.splat_like(k1, slope);
-    let slope = b.add(slope, k);
-    let inner = b.mul(x, slope);
-    let gate = b.unary_op("stablehlo.logistic", inner);
-    b.mul(x, gate)
 }
 
 /// Causal multi-head self-attention of `x: [B·T, D]` with a fused qkv projection.
