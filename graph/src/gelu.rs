@@ -96,30 +96,7 @@ pub fn expand(f: &mut Function) -> usize {
     if !f.ops.iter().any(|op| op.name == OP) {
         return 0;
     }
-    let ops = std::mem::take(&mut f.ops);
-    let mut renamed: HashMap<ValueId, ValueId> = HashMap::new();
-    let mut count = 0;
-    for mut op in ops {
-        for o in &mut op.operands {
-            if let Some(r) = renamed.get(o) {
-                *o = *r;
-            }
-        }
-        if op.name != OP || op.operands.len() != 1 || op.results.len() != 1 {
-            f.ops.push(op);
-            continue;
-        }
-        let mut b = Builder::new(f, op.loc.clone());
-        let y = build(&mut b, op.operands[0]);
-        renamed.insert(op.results[0], y);
-        count += 1;
-    }
-    for r in &mut f.results {
-        if let Some(n) = renamed.get(r) {
-            *r = *n;
-        }
-    }
-    count
+    f.lower_ops(|b, op| (op.name == OP && op.operands.len() == 1).then(|| vec![build(b, op.operands[0])]))
 }
 
 struct Matcher<'a> {

@@ -160,6 +160,38 @@ impl Function {
         self.types[v.index()] = ty;
     }
 
+    /// Lowers ops in place: for each op, in order, `lower` may build replacement
+    /// ops with a [`Builder`] at the op's location and return the values that
+    /// stand for its results; later ops and the function's results then read
+    /// those. An op for which it returns `None` stays. Returns how many ops were
+    /// replaced.
+    pub fn lower_ops(&mut self, mut lower: impl FnMut(&mut Builder<'_>, &Op) -> Option<Vec<ValueId>>) -> usize {
+        let ops = std::mem::take(&mut self.ops);
+        let mut renamed: std::collections::HashMap<ValueId, ValueId> = std::collections::HashMap::new();
+        let mut count = 0;
+        for mut op in ops {
+            for o in &mut op.operands {
+                if let Some(r) = renamed.get(o) {
+                    *o = *r;
+                }
+            }
+            let mut b = Builder::new(self, op.loc.clone());
+            match lower(&mut b, &op) {
+                Some(values) => {
+                    renamed.extend(op.results.iter().copied().zip(values));
+                    count += 1;
+                }
+                None => self.ops.push(op),
+            }
+        }
+        for r in &mut self.results {
+            if let Some(n) = renamed.get(r) {
+                *r = *n;
+            }
+        }
+        count
+    }
+
     /// Drops ops whose results are unused and that have no side effects.
     pub fn eliminate_dead_code(&mut self) {
         let mut live = vec![false; self.types.len()];

@@ -1,8 +1,6 @@
 //! `pcp.attention` in StableHLO, strip by strip: the forward ([`expand`]) and
 //! the flash-attention backward ([`vjp`]).
 
-use std::collections::HashMap;
-
 use super::{OP, Spec};
 use crate::autodiff::GradError;
 use crate::ir::{Builder, ElementType, FloatType, Function, Op, TensorType, ValueId};
@@ -12,35 +10,11 @@ pub fn expand(f: &mut Function) -> usize {
     if !f.ops.iter().any(|op| op.name == OP) {
         return 0;
     }
-    let ops = std::mem::take(&mut f.ops);
-    let mut renamed: HashMap<ValueId, ValueId> = HashMap::new();
-    let mut count = 0;
-    for mut op in ops {
-        for o in &mut op.operands {
-            if let Some(r) = renamed.get(o) {
-                *o = *r;
-            }
-        }
-        let spec = if op.name == OP { Spec::of(&op) } else { None };
-        let Some(spec) = spec else {
-            f.ops.push(op);
-            continue;
-        };
-        let mut b = Builder::new(f, op.loc.clone());
-        let a = Strips::new(&mut b, &op.operands, spec);
-        let (o, lse) = a.forward(&mut b);
-        renamed.insert(op.results[0], o);
-        if let Some(l) = op.results.get(1) {
-            renamed.insert(*l, lse);
-        }
-        count += 1;
-    }
-    for r in &mut f.results {
-        if let Some(n) = renamed.get(r) {
-            *r = *n;
-        }
-    }
-    count
+    f.lower_ops(|b, op| {
+        let spec = if op.name == OP { Spec::of(op) } else { None }?;
+        let (o, lse) = Strips::new(b, &op.operands, spec).forward(b);
+        Some(vec![o, lse])
+    })
 }
 
 /// The cotangents of a `pcp.attention` op's `q`, `k` and `v` (and none for a
