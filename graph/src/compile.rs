@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::ir::Module;
 use crate::iree;
-use crate::target::Target;
+use crate::target::{Backend, Target};
 
 /// Why a module could not be compiled.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +54,8 @@ pub struct Artifact {
 
 /// Compiles `module` for `target`, caching under `cache_dir` when given.
 ///
-/// Modules for SPIR-V backends (Vulkan, Metal) first get
+/// Modules for CUDA and ROCm first get [`iree::legalize_for_gpu`] (converted
+/// slices as slices of one conversion). Modules for SPIR-V backends (Vulkan, Metal) first get
 /// [`iree::legalize_for_spirv`], which emulates bf16 matmul operands and constants in
 /// f32 (IREE 3.13's SPIR-V backend has no bf16 matmuls), or has IREE promote bf16 to
 /// f32; a bf16 constant it cannot read (a missing or malformed resource) is
@@ -77,6 +78,10 @@ pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Re
             promote_bf16 |= !emulated;
         }
         spirv.to_mlir()
+    } else if matches!(target.backend, Backend::Cuda | Backend::Rocm) {
+        let mut gpu = module.clone();
+        gpu.functions.iter_mut().for_each(iree::legalize_for_gpu);
+        gpu.to_mlir()
     } else {
         module.to_mlir()
     };

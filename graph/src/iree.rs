@@ -3,7 +3,7 @@
 
 mod legalize;
 
-pub use legalize::{Bf16ConstantError, legalize, legalize_for_spirv};
+pub use legalize::{Bf16ConstantError, legalize, legalize_for_gpu, legalize_for_spirv};
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -263,3 +263,20 @@ fn the_wide_presets_compile_for_the_cpu_with_tuned_flags_and_large_tiles() -> an
     }
     Ok(())
 }
+
+/// gpt2-124m's bf16 step, whose fused attention runs in strips of 128 of its
+/// 1024 rows, compiles for CUDA and ROCm. Found on the lent H200 (2026-11-28):
+/// converting each strip's slice of the output's cotangent to bf16 gave IREE
+/// 3.13 a dispatch both GPU backends refuse ("'vector.transfer_write' op write
+/// affecting operations on global resources are restricted to workgroup
+/// distributed contexts"), while nanogpt-small, one strip long, compiled.
+/// `graph::iree::legalize_for_gpu` converts such a value once, then slices it.
+#[test]
+fn gpt2_in_bf16_compiles_for_cuda_and_rocm() -> anyhow::Result<()> {
+    for (backend, target) in [("cuda", "sm_90"), ("rocm", "gfx942")] {
+        let (vmfb, report) = compile_with("gpt2-124m", backend, Some(target), &["--precision", "bf16"])?;
+        assert_eq!(&vmfb[..4], b"PK\x03\x04", "{backend}");
+        assert!(report.contains("@train_step") && report.contains("compiled in"), "{report}");
+    }
+    Ok(())
+}

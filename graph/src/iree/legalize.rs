@@ -1,13 +1,16 @@
 //! Rewrites that keep IREE 3.13's backends away from their known
 //! miscompiles and codegen failures, using exactly equivalent StableHLO.
 //!
-//! Every rewrite runs for every target: pcp compiles one module for many
-//! (backend, target) pairs, and the forms below compile on all of them.
+//! [`legalize`] runs for every target: pcp compiles one module for many
+//! (backend, target) pairs, and its forms compile on all of them. What only
+//! some backends need, and would cost the others, is applied per target when
+//! compiling: [`legalize_for_spirv`] and [`legalize_for_gpu`].
 
 mod barrier;
 mod bf16;
 mod flatten;
 mod negate;
+mod slices;
 
 pub use bf16::Bf16ConstantError;
 
@@ -63,6 +66,16 @@ pub fn legalize_for_spirv(f: &mut Function, resources: Option<&str>) -> Result<b
     bf16::widen_constants(f, resources)?;
     barrier::isolate_index_producers(f);
     Ok(bf16::emulate_bf16(f))
+}
+
+/// Rewrites `f` for IREE's CUDA and ROCm backends, after [`legalize`]: a value
+/// whose slices are converted (fused attention's strips in bf16) is converted
+/// once and then sliced ([`slices::convert_before_slicing`]); IREE's GPU
+/// backends refuse a dispatch the other form leads to. The cpu keeps that
+/// form, which is faster there.
+pub fn legalize_for_gpu(f: &mut Function) {
+    slices::convert_before_slicing(f);
+    f.eliminate_dead_code();
 }
 
 /// Whether `op` is a single-input `stablehlo.reduce` whose body is `body`.
