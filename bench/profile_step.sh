@@ -57,8 +57,17 @@ EOF
 export GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=68719476736
 "$VENV_BIN/iree-benchmark-module" --module="$WORK/step.vmfb" --function=train_step \
     --flagfile="$WORK/inputs.flags" --device=local-task --benchmark_min_warmup_time="${WARMUP:-5}" --benchmark_repetitions="$REPS" \
-    --device_profiling_mode=host-execution --device_profiling_output="$WORK/step.ireeprof" 2>&1 |
+    --device_profiling_mode=host-execution --device_profiling_output="$WORK/step.ireeprof" \
+    --device_profiling_flush_interval_ms="${FLUSH_MS:-200}" 2>&1 |
     grep -E "real_time_(mean|median)" || true
+# The profiler's buffer holds 16,384 events (gpt2-124m's step has about 4,900
+# dispatches); the periodic flush drains it. Were records still dropped, late
+# dispatches would be undercounted against the step count below: refuse.
+dropped=$("$VENV_BIN/iree-profile" summary "$WORK/step.ireeprof" | grep -oE "dropped_records=[0-9]+" | head -1 | cut -d= -f2)
+if [ "${dropped:-0}" != 0 ]; then
+    echo "error: the profile dropped $dropped records; lower FLUSH_MS (now ${FLUSH_MS:-200}) or REPETITIONS/WARMUP" >&2
+    exit 1
+fi
 "$VENV_BIN/iree-profile" statistics "$WORK/step.ireeprof" | python3 -c '
 import collections, re, sys
 unit = {"ms": 1.0, "us": 1e-3, "ns": 1e-6}
