@@ -14,8 +14,12 @@
 # dispatch and per kind of dispatch, averaged over the steps run (the profile also
 # counts the WARMUP seconds of steps, 5 by default, that steady the benchmark's
 # timing). Dispatches overlap on the two workers, so their sum exceeds the step's
-# wall time. glibc keeps freed blocks (as pcp's `HostAllocator` does), so page
-# faults do not swamp the figures.
+# wall time. glibc keeps freed blocks (as pcp's `HostAllocator` does), so only
+# the first step faults its pages in (1.6 M faults for gpt2-124m, none after);
+# with few steps that first one still weighs on the dispatches that first write
+# fresh memory (AdamW's), so take more REPETITIONS for steady figures. FLUSH_MS
+# (200 by default) is how often the profile is drained; a profile that dropped
+# records is refused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
