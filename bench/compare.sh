@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # pcp vs the JAX and PyTorch references on one init (issue 3), then the step at
 # scale against PyTorch SDPA (issue 40).
-#   bench/compare.sh [--small-steps N] [--medium-steps N] [--skip-medium] [--skip-step]
+#   bench/compare.sh [--small-steps N] [--medium-steps N] [--skip-medium] [--skip-step] [--step-rounds N]
 # small: tokens/s (200 timed steps each) and a full run (default 1000 steps)
 # for the final validation loss; medium: tokens/s only (20 timed steps).
 # The step table: `pcp-node bench step` against bench/torch_step_memory.py with
 # PyTorch's scaled_dot_product_attention, tokens/s and peak RSS of each process,
 # at nanogpt-small, nanogpt-medium and gpt2-124m (batch 8 x 1024) in f32, and
-# gpt2-124m in bf16 against torch CPU autocast where the CPU has AVX-512 BF16.
+# gpt2-124m in bf16 against torch CPU autocast where the CPU has AVX-512 BF16,
+# in N rounds (3 by default) that alternate pcp and torch; each side's median.
 # pcp's step is compiled once before it is measured (the artifact cache), so its
 # peak is the step's, not the compiler's.
 # Env: PCP_NODE (default target/release/pcp-node), DATA (the corpus),
@@ -23,6 +24,7 @@ MEDIUM_TIMED=20
 SMALL_TIMED=200
 MEDIUM=1
 STEP=1
+STEP_ROUNDS=3
 SEED=1337
 while [ $# -gt 0 ]; do
     case $1 in
@@ -30,6 +32,7 @@ while [ $# -gt 0 ]; do
         --medium-steps) MEDIUM_TIMED=$2; shift 2 ;;
         --skip-medium) MEDIUM=0; shift ;;
         --skip-step) STEP=0; shift ;;
+        --step-rounds) STEP_ROUNDS=$2; shift 2 ;;
         *) echo "bench/compare.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -165,23 +168,36 @@ PYEOF
 }
 
 step_row() {
-    local model=$1 steps=$2 precision=$3 name log rss torch
+    local model=$1 steps=$2 precision=$3 name log round rss
     name="$model-$precision"
-    log="$LOG/step-pcp-$name.log"
     echo "== $model $precision: pcp bench step ($steps steps, compiled first)" >&2
     "$PCP" bench step --model "$model" --steps 1 --precision "$precision" --data "$DATA" --data-dir "$WORK" \
         >"$LOG/step-pcp-$name-compile.log" 2>&1
-    rss=$(peak_rss "$log" "$PCP" bench step --model "$model" --steps "$steps" --precision "$precision" \
-        --data "$DATA" --data-dir "$WORK")
-    echo "== $model $precision: torch SDPA ($steps steps)" >&2
-    torch=$("$PY" bench/torch_step_memory.py --model "$model" --steps "$steps" --attention sdpa \
-        --precision "$precision")
-    "$PY" - "$model" "$precision" "$(field "tokens\/s" "$log")" "$rss" "$torch" >>"$LOG/step.md" <<'PYEOF'
-import json, sys
-model, precision, tps, rss, torch = sys.argv[1:]
-tps, rss, t = float(tps), float(rss) / 2**30, json.loads(torch)
-ttps, trss = t["tokens_per_s"], t["peak_rss_bytes"] / 2**30
-print(f"| {model} | {precision} | {tps:.0f} | {rss:.2f} | {ttps:.0f} | {trss:.2f} | {tps / ttps:.2f}× | {rss / trss:.2f}× |")
+    rm -f "$LOG/step-$name.rounds"
+    # pcp and torch take turns, so that a change in the machine's load between
+    # them weighs on both: the table has each side's median over the rounds.
+    for round in $(seq "$STEP_ROUNDS"); do
+        log="$LOG/step-pcp-$name-$round.log"
+        echo "== $model $precision, round $round of $STEP_ROUNDS: pcp bench step ($steps steps)" >&2
+        rss=$(peak_rss "$log" "$PCP" bench step --model "$model" --steps "$steps" --precision "$precision" \
+            --data "$DATA" --data-dir "$WORK")
+        echo "{\"pcp_tokens_per_s\": $(field "tokens\/s" "$log"), \"pcp_peak_rss_bytes\": $rss}" >>"$LOG/step-$name.rounds"
+        echo "== $model $precision, round $round of $STEP_ROUNDS: torch SDPA ($steps steps)" >&2
+        "$PY" bench/torch_step_memory.py --model "$model" --steps "$steps" --attention sdpa \
+            --precision "$precision" >>"$LOG/step-$name.rounds"
+    done
+    "$PY" - "$model" "$precision" "$LOG/step-$name.rounds" >>"$LOG/step.md" <<'PYEOF'
+import json, statistics, sys
+model, precision, path = sys.argv[1:]
+lines = [json.loads(l) for l in open(path)]
+pcp, torch = lines[0::2], lines[1::2]
+tps = statistics.median(r["pcp_tokens_per_s"] for r in pcp)
+ttps = statistics.median(r["tokens_per_s"] for r in torch)
+rss = max(r["pcp_peak_rss_bytes"] for r in pcp) / 2**30
+trss = max(r["peak_rss_bytes"] for r in torch) / 2**30
+ratios = sorted(p["pcp_tokens_per_s"] / t["tokens_per_s"] for p, t in zip(pcp, torch))
+spread = f"{ratios[0]:.2f}–{ratios[-1]:.2f}×" if len(ratios) > 1 else "–"
+print(f"| {model} | {precision} | {tps:.0f} | {rss:.2f} | {ttps:.0f} | {trss:.2f} | {tps / ttps:.2f}× | {spread} | {rss / trss:.2f}× |")
 PYEOF
 }
 
@@ -194,9 +210,10 @@ if [ "$STEP" = 1 ]; then
     echo
     echo "CPU: $(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//') ($(nproc) cores)"
     echo "The step against PyTorch $("$PY" -c 'import torch; print(torch.__version__)') eager with scaled_dot_product_attention"
-    echo "(bf16: CPU autocast); peak RSS of each process; pcp's artifact compiled beforehand."
-    echo "| model | precision | pcp tok/s | pcp peak GiB | torch SDPA tok/s | torch peak GiB | speed | memory |"
-    echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+    echo "(bf16: CPU autocast); $STEP_ROUNDS alternating rounds: tokens/s are each side's median, 'per round' the range"
+    echo "of the rounds' ratios, peak RSS the largest of the rounds'; pcp's artifact compiled beforehand."
+    echo "| model | precision | pcp tok/s | pcp peak GiB | torch SDPA tok/s | torch peak GiB | speed | per round | memory |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     cat "$LOG/step.md"
 fi
 echo "logs and loss curves: $LOG"

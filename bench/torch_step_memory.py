@@ -6,7 +6,9 @@ corpus's), AdamW, f32, random token ids. `--attention naive` materialises the
 PyTorch's fused scaled_dot_product_attention. `--warmup N` untimed steps come first (1 by default), as pcp's `bench step` runs 3
 before it times. `--precision bf16` runs the forward
 under CPU autocast to bf16 (matmuls and SDPA in bf16, weights and AdamW in f32), the
-counterpart of pcp's `--precision bf16`. Prints one JSON line.
+counterpart of pcp's `--precision bf16`. `--profile` also prints PyTorch's own
+per-operator CPU times of the timed steps to stderr (`torch.profiler`), the
+counterpart of pcp's `bench/profile_step.sh`. Prints one JSON line.
 
     python3 bench/torch_step_memory.py --model gpt2-124m --steps 3 --attention naive
 """
@@ -15,6 +17,7 @@ import argparse
 import json
 import math
 import resource
+import sys
 import time
 
 import torch
@@ -41,6 +44,7 @@ def main():
     p.add_argument("--attention", default="naive", choices=["naive", "sdpa"])
     p.add_argument("--precision", default="f32", choices=["f32", "bf16"])
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (pcp's bench step runs 3)")
+    p.add_argument("--profile", action="store_true", help="per-operator CPU times of the timed steps, to stderr")
     a = p.parse_args()
     n_layer, nh, d, block, batch = PRESETS[a.model]
     batch = a.batch or batch
@@ -61,10 +65,20 @@ def main():
 
     for _ in range(a.warmup):
         step()
+    profiler = None
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        profiler = profile(activities=[ProfilerActivity.CPU])
+        profiler.__enter__()
     started = time.perf_counter()
     for _ in range(a.steps):
         losses.append(step())
     seconds = time.perf_counter() - started
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60)
+        print(f"per-operator self CPU time over {a.steps} step(s):\n{table}", file=sys.stderr)
     print(json.dumps({
         "framework": f"pytorch {torch.__version__} eager",
         "model": a.model,

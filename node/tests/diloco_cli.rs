@@ -383,6 +383,11 @@ fn a_candidate_leads_when_the_shepherd_dies_and_the_old_shepherd_steps_down() {
 /// step-size differences on coordinates whose gradient is near zero; CI measured
 /// 1.4e-4 (3.45054 against 3.45101 after round 1's 10 steps). A micro-batch bug
 /// (a part dropped or counted twice, a wrong scale of the loss) moves it by 1e-2.
+/// The shepherd screens by norm only: the loss screen draws a secret batch from
+/// entropy, and with one worker its bar (a tenth of round 1's gain, which is
+/// large on a fresh model) refused round 2's honest contribution in one CI-length
+/// run (a gain of 0.0856 against a bar of 0.0881), which is not what this test is
+/// about (the screen has its own tests, in `node/src/diloco/shepherd/screen.rs`).
 #[test]
 fn a_worker_short_of_memory_trains_micro_batches_to_the_same_losses() {
     let _serial = serial::serial();
@@ -394,6 +399,7 @@ fn a_worker_short_of_memory_trains_micro_batches_to_the_same_losses() {
             ["--shepherd", "--min-workers", "1", "--rounds", "2", "--tau", "10", "--encoding", "fp32", "--no-overlap"]
                 .map(String::from)
                 .to_vec();
+        args.extend(["--screen".into(), "norm".into()]);
         args.extend(["--data".into(), corpus(), "--listen".into(), "/ip4/127.0.0.1/tcp/0".into()]);
         args.extend(["--data-dir".into(), d("shepherd").display().to_string()]);
         args.extend(["--events".into(), shepherd_events.display().to_string()]);
