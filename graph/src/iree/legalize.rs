@@ -89,6 +89,12 @@ fn is_reduce_with(op: &Op, body: &str) -> bool {
     op.name == "stablehlo.reduce" && op.operands.len() == 2 && op.results.len() == 1 && op.body_ops() == [body]
 }
 
+/// Sets a reduction's `dimensions` to `dims`.
+fn set_dimensions(props: &mut Vec<(String, String)>, dims: &[i64]) {
+    props.retain(|(k, _)| k != "dimensions");
+    props.push(("dimensions".to_owned(), crate::ir::attr::i64_array(dims)));
+}
+
 /// A new op with one operand list and one result, at `loc`.
 fn op(name: &str, operands: Vec<crate::ir::ValueId>, result: crate::ir::ValueId, loc: Option<String>) -> Op {
     Op {

@@ -1,8 +1,8 @@
 //! Sums over many rows in two stages.
 
-use super::{is_reduce_with, op};
+use super::{is_reduce_with, op, set_dimensions};
 use crate::ir::Function;
-use crate::ir::attr::{i64_array, parse_ints};
+use crate::ir::attr::parse_ints;
 
 /// Partial sums the first stage leaves; fewer than [`MIN_ROWS`], so that a
 /// second legalization leaves the result alone.
@@ -67,11 +67,6 @@ fn leading_rows(f: &Function, reduce: &crate::ir::Op) -> Option<i64> {
     let dims = parse_ints(reduce.attr("dimensions")?)?;
     let leading = dims.iter().enumerate().all(|(i, d)| *d == i as i64);
     (leading && !dims.is_empty() && dims.len() < input.rank()).then(|| input.shape[..dims.len()].iter().product())
-}
-
-fn set_dimensions(props: &mut Vec<(String, String)>, dims: &[i64]) {
-    props.retain(|(k, _)| k != "dimensions");
-    props.push(("dimensions".to_owned(), i64_array(dims)));
 }
 
 #[cfg(test)]

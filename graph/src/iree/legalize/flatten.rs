@@ -1,8 +1,7 @@
 //! Full reductions of rank ≥ 2 tensors as 1-D reductions.
 
-use super::op;
+use super::{op, set_dimensions};
 use crate::ir::Function;
-use crate::ir::attr::i64_array;
 
 /// Rewrites every single-input reduction of a rank ≥ 2 tensor to a scalar
 /// as a reshape to 1-D and a reduction over dimension 0.
@@ -20,8 +19,7 @@ pub(super) fn flatten_full_reductions(f: &mut Function) {
                 let flat = f.new_value(input.with_shape(vec![input.elements()]));
                 f.ops.push(op("stablehlo.reshape", vec![reduce.operands[0]], flat, reduce.loc.clone()));
                 reduce.operands[0] = flat;
-                reduce.props.retain(|(k, _)| k != "dimensions");
-                reduce.props.push(("dimensions".to_owned(), i64_array(&[0])));
+                set_dimensions(&mut reduce.props, &[0]);
             }
         }
         f.ops.push(reduce);
