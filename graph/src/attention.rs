@@ -11,17 +11,19 @@
 //! Autodiff treats the op as a unit ([`vjp`]), and [`expand`] lowers it to
 //! StableHLO before compilation.
 //!
-//! Both directions work in *strips* of query rows. A causal strip `i` of `s`
-//! rows only meets keys `0 .. (i+1)·s`, so the masked upper triangle is never
-//! computed: with 8 strips, 56% of the naive form's score work. Each strip's
+//! The forward works in *strips* of query rows. A causal strip `i` of `s`
+//! rows only meets keys `0 .. (i+1)·s` (and the backward's key strip `j` only
+//! rows `j·s ..`), so the masked upper triangle is never computed: with 8 strips, 56% of the naive form's score work. Each strip's
 //! softmax sees all of its row's keys at once, so no online rescaling is
 //! needed; the strip's scores are transient (IREE frees them when the strip's
 //! product with `v` is done), and only `o` and `lse = max + log Σ exp` are kept
-//! for the backward, which rebuilds `p = exp(s − lse)` strip by strip:
+//! for the backward, which rebuilds `p = exp(s − lse)` by strips of *keys*
+//! (strip `j` meets the query rows that see it), transposed, so that `dv` and
+//! `dk` contract over the long dimension of rows:
 //!
 //! ```text
-//! dv += pᵀ·do    dp = do·vᵀ    ds = p ∘ (dp − rowsum(do ∘ o)) · scale
-//! dq  = ds·k     dk += dsᵀ·q
+//! sᵀ = k_j·qᵀ    pᵀ = exp(sᵀ − lse)    dv_j = pᵀ·do    dpᵀ = v_j·doᵀ
+//! dsᵀ = pᵀ ∘ (dpᵀ − rowsum(do ∘ o)) · scale    dk_j = dsᵀ·q    dq += ds·k_j
 //! ```
 //!
 //! The op's operands are in a canonical layout, `q: [batch…, Tq, D]`,

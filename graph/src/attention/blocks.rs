@@ -1,4 +1,4 @@
-//! `pcp.attention` in StableHLO, strip by strip: the forward ([`expand`]) and
+//! `pcp.attention` in StableHLO, by strips: the forward ([`expand`]) and
 //! the flash-attention backward ([`vjp`]).
 
 use super::{OP, Spec};
@@ -204,6 +204,12 @@ impl Strips {
         b.broadcast_in_dim(x, &dims, &self.shape(&[rows, cols]))
     }
 
+    /// `x: [batch.., cols]` broadcast along a new second-to-last dimension of `rows`.
+    fn by_col(&self, b: &mut Builder<'_>, x: ValueId, rows: i64, cols: i64) -> ValueId {
+        let dims: Vec<i64> = (0..self.nb as i64).chain([self.nb as i64 + 1]).collect();
+        b.broadcast_in_dim(x, &dims, &self.shape(&[rows, cols]))
+    }
+
     /// Joins per-strip pieces along the sequence dimension.
     fn concat(&self, b: &mut Builder<'_>, parts: Vec<ValueId>) -> ValueId {
         if parts.len() == 1 {
@@ -238,7 +244,15 @@ impl Strips {
         (self.concat(b, outs), self.concat(b, lses))
     }
 
-    /// `(dq, dk, dv)` from the kept `o` and `lse`.
+    /// `(dq, dk, dv)` from the kept `o` and `lse`, by strips of *keys*: key
+    /// strip `j` meets the query rows `r0 ..` that see it (all rows unless
+    /// causal), and the strip's scores are built transposed, `sᵀ = k_j·qᵀ`
+    /// (`[batch.., keys, rows]`). Then `dv_j = pᵀ·do` and `dk_j = dsᵀ·q`
+    /// contract over the rows, a long dimension, and read `pᵀ` and `dsᵀ` as
+    /// they are; only `dq += ds·k_j`, which contracts over the strip's keys,
+    /// reads `dsᵀ` transposed. (Query strips would contract both `dv` and `dk`
+    /// over a strip's rows and transpose `p` and `ds` for them; IREE's cpu
+    /// matmuls are half as fast on a short contraction.)
     fn backward(
         &self,
         b: &mut Builder<'_>,
@@ -248,53 +262,95 @@ impl Strips {
         d_lse: Option<ValueId>,
     ) -> (ValueId, ValueId, ValueId) {
         let n = self.nb as i64;
-        let (mut dq, mut dk, mut dv) = (Vec::new(), None, None);
+        let rank = self.nb + 2;
+        // Σⱼ pᵢⱼ dpᵢⱼ = Σ_d doᵢ_d oᵢ_d (less lse's own cotangent, ∂lseᵢ/∂sᵢⱼ = pᵢⱼ)
+        let prod = b.mul(d_o, o);
+        let mut delta = b.reduce_sum(prod, &[n + 1]);
+        if let Some(g) = d_lse {
+            delta = b.sub(delta, g);
+        }
         let zero = b.splat(0.0, &TensorType::scalar(self.element.clone()));
-        let accumulate = |b: &mut Builder<'_>, acc: Option<ValueId>, part: ValueId, keys: i64| {
-            let rank = self.nb + 2;
-            let mut high = vec![0; rank];
-            high[self.nb] = self.tk - keys;
-            let padded = b.pad(part, zero, &vec![0; rank], &high, &vec![0; rank]);
-            Some(match acc {
+        let causal = self.spec.causal && self.tq == self.tk;
+        let s = self.spec.strip.clamp(1, self.tk.max(1));
+        let (mut dq, mut dk, mut dv) = (None, Vec::new(), Vec::new());
+        for k0 in (0..self.tk).step_by(s as usize) {
+            let k1 = (k0 + s).min(self.tk);
+            let keys = k1 - k0;
+            let r0 = if causal { k0 } else { 0 };
+            let rows = self.tq - r0;
+            let shape = self.shape(&[keys, rows]);
+            let q = self.rows(b, self.q, (r0, self.tq));
+            let k = self.rows(b, self.k, (k0, k1));
+            let v = self.rows(b, self.v, (k0, k1));
+            let d_o_rows = self.rows(b, d_o, (r0, self.tq));
+            let s_t = self.matmul(b, k, q, n + 1, n + 1);
+            let s_t = if self.spec.scale == 1.0 { s_t } else { b.scale(s_t, self.spec.scale) };
+            let keep = if let Some(mask) = self.mask {
+                let t = b.ty(mask);
+                let mut start = vec![0; t.rank()];
+                let mut limit = t.shape.clone();
+                start[self.nb] = r0;
+                start[self.nb + 1] = k0;
+                limit[self.nb + 1] = k1;
+                let m = b.slice(mask, &start, &limit, &vec![1; t.rank()]);
+                let mut perm: Vec<i64> = (0..rank as i64).collect();
+                perm.swap(self.nb, self.nb + 1);
+                Some(b.transpose(m, &perm))
+            } else if causal && keys > 1 {
+                // key ≤ query, i.e. k0 + key ≤ r0 + row
+                let square = TensorType::new(vec![keys, rows], ElementType::Int("i32".into()));
+                let iota = |b: &mut Builder<'_>, dim: i64| {
+                    b.op(
+                        "stablehlo.iota",
+                        &[],
+                        vec![("iota_dimension".into(), format!("{dim} : i64"))],
+                        None,
+                        square.clone(),
+                    )
+                };
+                let (key, row) = (iota(b, 0), iota(b, 1));
+                let offset = b.splat((r0 - k0) as f64, &square);
+                let query = b.add(row, offset);
+                let keep = b.compare(key, query, "LE");
+                Some(b.broadcast_in_dim(keep, &[n, n + 1], &shape))
+            } else {
+                None
+            };
+            let s_t = match keep {
+                Some(keep) => {
+                    let neg_inf = b.splat(f64::NEG_INFINITY, &TensorType::new(shape.clone(), self.element.clone()));
+                    b.select(keep, s_t, neg_inf)
+                }
+                None => s_t,
+            };
+            let lse_rows = self.rows(b, lse, (r0, self.tq));
+            let shift = self.by_col(b, lse_rows, keys, rows);
+            let shifted = b.sub(s_t, shift);
+            let p_t = b.unary_op("stablehlo.exponential", shifted);
+            let p_t = self.rounded(b, p_t);
+            dv.push(self.matmul(b, p_t.narrow, d_o_rows, n + 1, n));
+            let dp_t = self.matmul(b, v, d_o_rows, n + 1, n + 1);
+            let delta_rows = self.rows(b, delta, (r0, self.tq));
+            let delta_rows = self.by_col(b, delta_rows, keys, rows);
+            let centered = b.sub(dp_t, delta_rows);
+            let ds_t = b.mul(p_t.wide, centered);
+            let ds_t = if self.spec.scale == 1.0 { ds_t } else { b.scale(ds_t, self.spec.scale) };
+            dk.push(self.matmul(b, ds_t, q, n + 1, n));
+            let dq_part = self.matmul(b, ds_t, k, n, n);
+            let mut low = vec![0; rank];
+            low[self.nb] = r0;
+            let padded = if r0 == 0 { dq_part } else { b.pad(dq_part, zero, &low, &vec![0; rank], &vec![0; rank]) };
+            dq = Some(match dq {
                 Some(acc) => b.add(acc, padded),
                 None => padded,
-            })
-        };
-        for strip in self.strips() {
-            let rows = strip.rows.1 - strip.rows.0;
-            let (s, q, k) = self.scores(b, &strip);
-            let lse_rows = self.rows(b, lse, strip.rows);
-            let shift = self.by_row(b, lse_rows, rows, strip.keys);
-            let shifted = b.sub(s, shift);
-            let p = b.unary_op("stablehlo.exponential", shifted);
-            let p = self.rounded(b, p);
-            let d_o_rows = self.rows(b, d_o, strip.rows);
-            let o_rows = self.rows(b, o, strip.rows);
-            let v = self.rows(b, self.v, (0, strip.keys));
-            // Σⱼ pᵢⱼ dpᵢⱼ = Σ_d doᵢ_d oᵢ_d (less lse's own cotangent, ∂lseᵢ/∂sᵢⱼ = pᵢⱼ)
-            let prod = b.mul(d_o_rows, o_rows);
-            let mut delta = b.reduce_sum(prod, &[n + 1]);
-            if let Some(g) = d_lse {
-                let g_rows = self.rows(b, g, strip.rows);
-                delta = b.sub(delta, g_rows);
-            }
-            let dv_part = self.matmul(b, p.narrow, d_o_rows, n, n);
-            dv = accumulate(b, dv, dv_part, strip.keys);
-            let dp = self.matmul(b, d_o_rows, v, n + 1, n + 1);
-            let delta = self.by_row(b, delta, rows, strip.keys);
-            let centered = b.sub(dp, delta);
-            let ds = b.mul(p.wide, centered);
-            let ds = if self.spec.scale == 1.0 { ds } else { b.scale(ds, self.spec.scale) };
-            dq.push(self.matmul(b, ds, k, n + 1, n));
-            let dk_part = self.matmul(b, ds, q, n, n);
-            dk = accumulate(b, dk, dk_part, strip.keys);
+            });
         }
-        let dq = self.concat(b, dq);
-        let zeros = |b: &mut Builder<'_>, last: i64| {
-            b.splat(0.0, &TensorType::new(self.shape(&[self.tk, last]), self.element.clone()))
+        let zeros = |b: &mut Builder<'_>, t: i64, last: i64| {
+            b.splat(0.0, &TensorType::new(self.shape(&[t, last]), self.element.clone()))
         };
-        let dk = dk.unwrap_or_else(|| zeros(b, self.d));
-        let dv = dv.unwrap_or_else(|| zeros(b, self.dv));
+        let dq = dq.unwrap_or_else(|| zeros(b, self.tq, self.d));
+        let dk = if dk.is_empty() { zeros(b, self.tk, self.d) } else { self.concat(b, dk) };
+        let dv = if dv.is_empty() { zeros(b, self.tk, self.dv) } else { self.concat(b, dv) };
         (dq, dk, dv)
     }
 }
