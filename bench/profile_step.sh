@@ -36,7 +36,7 @@ done
 
 FLAGS=(--iree-hal-target-backends=llvm-cpu --iree-llvmcpu-target-cpu=host)
 if [ -z "${PLAIN:-}" ]; then
-    FLAGS+=(--iree-opt-data-tiling=true --iree-llvmcpu-enable-ukernels=mmt4d --iree-llvmcpu-stack-allocation-limit=65536)
+    FLAGS+=(--iree-opt-data-tiling=true --iree-llvmcpu-enable-ukernels=mmt4d,pack --iree-llvmcpu-stack-allocation-limit=65536)
 fi
 # the process-wide option pcp sets (`graph::iree::MATMUL_TILE_BYTES`)
 FLAGS+=(--iree-llvmcpu-matmul-tile-bytes=4194304)

@@ -307,11 +307,11 @@ impl Target {
     }
 
     /// Flags tried first, on top of [`Target::flags`], for speed. On cpu: data tiling with
-    /// IREE's `mmt4d` microkernel (matmuls become packed `mmt4d` calls), which makes
-    /// nanogpt-medium's step about 1.5× faster on an AVX-512 host. Only the `mmt4d`
-    /// microkernel: with IREE's others too (`all`: its pack and unpack microkernels), a
-    /// batched matmul with a short contraction (attention's `q·kᵀ`, 32 or 64 deep) takes
-    /// twice as long, and gpt2-124m's bf16 step 7% longer (`docs/benchmarks.md`). The stack limit of a
+    /// IREE's `mmt4d` and `pack` microkernels (matmuls become packed `mmt4d` calls), which
+    /// makes nanogpt-medium's step about 1.5× faster on an AVX-512 host. Not its `unpack`
+    /// microkernel (`all` has it): with it, a batched matmul with a short contraction
+    /// (attention's `q·kᵀ`, 32 or 64 deep) takes twice as long, nanogpt-medium's step
+    /// 9% longer and gpt2-124m's bf16 step 10% (`docs/benchmarks.md`). The stack limit of a
     /// dispatch is raised from 32 to 64 KiB (IREE's task workers have 128 KiB stacks):
     /// a tiled matmul with a fused multi-output epilogue needs about 35 KiB. A module
     /// that still does not compile with them is compiled with [`Target::flags`] alone, and so
@@ -320,7 +320,7 @@ impl Target {
         match self.backend {
             Backend::Cpu => vec![
                 "--iree-opt-data-tiling=true".into(),
-                "--iree-llvmcpu-enable-ukernels=mmt4d".into(),
+                "--iree-llvmcpu-enable-ukernels=mmt4d,pack".into(),
                 format!("--iree-llvmcpu-stack-allocation-limit={}", 64 * 1024),
             ],
             Backend::Cuda | Backend::Rocm | Backend::Vulkan | Backend::Metal => Vec::new(),

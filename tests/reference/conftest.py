@@ -41,7 +41,7 @@ def differentiate(mlir_path: pathlib.Path, out_path: pathlib.Path, entry: str = 
 # graph::Target::tuned_flags for cpu (graph/src/compile.rs)
 TUNED_CPU_FLAGS = [
     "--iree-opt-data-tiling=true",
-    "--iree-llvmcpu-enable-ukernels=mmt4d",
+    "--iree-llvmcpu-enable-ukernels=mmt4d,pack",
     "--iree-llvmcpu-stack-allocation-limit=65536",
 ]
 
