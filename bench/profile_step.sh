@@ -10,14 +10,14 @@
 # modules with mostly ≥128-wide matmuls such as nanogpt-medium; set PLAIN=1 for the
 # plain flags pcp uses for narrower ones such as nanogpt-small), runs it with
 # `iree-benchmark-module` on splat inputs with
-# `--device_profiling_mode=host-execution`, and prints `iree-profile statistics` per
-# dispatch and per kind of dispatch, averaged over the steps run (the profile also
+# `--device_profiling_mode=host-execution`, and prints each dispatch's and each kind of
+# dispatch's time, averaged over the steps run but the first (the profile also
 # counts the WARMUP seconds of steps, 5 by default, that steady the benchmark's
 # timing). Dispatches overlap on the two workers, so their sum exceeds the step's
 # wall time. glibc keeps freed blocks (as pcp's `HostAllocator` does), so only
-# the first step faults its pages in (1.6 M faults for gpt2-124m, none after);
-# with few steps that first one still weighs on the dispatches that first write
-# fresh memory (AdamW's), so take more REPETITIONS for steady figures. FLUSH_MS
+# the first step faults its pages in (1.6 M faults for gpt2-124m, none after),
+# which makes the dispatches that first write fresh memory (AdamW's) look up to 20×
+# slower: that step is left out. FLUSH_MS
 # (200 by default) is how often the profile is drained; a profile that dropped
 # records is refused.
 set -euo pipefail
@@ -72,27 +72,34 @@ if [ "${dropped:-0}" != 0 ]; then
     echo "error: the profile dropped $dropped records; lower FLUSH_MS (now ${FLUSH_MS:-200}) or REPETITIONS/WARMUP" >&2
     exit 1
 fi
-"$VENV_BIN/iree-profile" statistics "$WORK/step.ireeprof" | python3 -c '
-import collections, re, sys
-unit = {"ms": 1.0, "us": 1e-3, "ns": 1e-6}
-raw = []
+# Per dispatch event, grouped by the step (submission) it ran in. The first step
+# faults its pages in and is dropped when there are others: the figures are the
+# mean of the steady steps.
+"$VENV_BIN/iree-profile" dispatch --format=jsonl --dispatch_events "$WORK/step.ireeprof" | python3 -c '
+import collections, json, re, sys
+ms = collections.defaultdict(lambda: collections.defaultdict(float))
+count = collections.defaultdict(lambda: collections.defaultdict(int))
 for line in sys.stdin:
-    m = re.match(r"\s+host_execute (\S+)\s+count=(\d+) total=([\d.]+) (ms|us|ns)", line)
-    if m:
-        raw.append((float(m.group(3)) * unit[m.group(4)], m.group(1), int(m.group(2))))
-# every dispatch runs at least once a step: the rarest one counts the steps profiled
-steps = min(count for _, _, count in raw)
-rows = [(ms / steps, name, count // steps) for ms, name, count in raw]
+    e = json.loads(line)
+    if e.get("type") == "host_dispatch_event":
+        ms[e["key"]][e["submission_id"]] += e["duration_ns"] / 1e6
+        count[e["key"]][e["submission_id"]] += 1
+steps = sorted({s for per in ms.values() for s in per})
+if not steps:
+    sys.exit("error: the profile has no dispatch events")
+kept = steps[1:] or steps
+rows = [(sum(per[s] for s in kept) / len(kept), name, count[name][kept[-1]]) for name, per in ms.items()]
 total = sum(r[0] for r in rows)
-print(f"dispatch time per step: {total:.1f} ms (mean of {steps} steps, warmup included)")
+first = "" if kept is steps else f", the first of {len(steps)} dropped"
+print(f"dispatch time per step: {total:.1f} ms (mean of {len(kept)} steps{first})")
 kinds = collections.Counter()
-for ms, name, _ in rows:
+for t, name, _ in rows:
     kind = "layout (encode)" if name.startswith("_encoding") else re.sub(r"_\d.*", "", re.sub(r".*dispatch_\d+_", "", name))
-    kinds[kind] += ms
-for kind, ms in kinds.most_common():
-    print(f"{ms:9.1f} ms {100 * ms / total:5.1f}%  {kind}")
+    kinds[kind] += t
+for kind, t in kinds.most_common():
+    print(f"{t:9.1f} ms {100 * t / total:5.1f}%  {kind}")
 print()
-for ms, name, count in sorted(rows, reverse=True)[:25]:
-    print(f"{ms:9.1f} ms x{count:<3d} {name}")
+for t, name, n in sorted(rows, reverse=True)[:25]:
+    print(f"{t:9.1f} ms x{n:<3d} {name}")
 '
 echo "module, inputs and profile in $WORK" >&2
