@@ -287,3 +287,20 @@ fn a_batch_that_does_not_fit_runs_as_micro_batches_to_the_same_losses() {
     assert!(plan["estimate_bytes"].as_u64().is_some_and(|b| b <= 18_000_000), "{plan}");
     assert_close(&whole, &split, 1e-4, "micro-batches");
 }
+
+#[test]
+fn a_chosen_micro_batch_splits_the_batch_and_a_non_divisor_is_refused() {
+    // `--micro-batch` overrides the memory and cache rules: 4 micro-batches of 16
+    // accumulate to the losses of the whole batch of 64
+    let (whole, plan) = step_losses("20", &["--micro-batch", "64"]);
+    assert_eq!(plan["micro_batches"], 1, "{plan}");
+    let (split, plan) = step_losses("20", &["--micro-batch", "16"]);
+    assert_eq!((plan["micro_batches"].as_u64(), plan["micro_batch"].as_u64()), (Some(4), Some(16)), "{plan}");
+    assert_eq!(plan["cache_bytes"], 0, "{plan}");
+    assert_close(&whole, &split, 1e-4, "--micro-batch 16");
+    let out = pcp(&["train", "--data", &corpus(), "--steps", "1", "--micro-batch", "7", "--data-dir", &cache_dir()]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--micro-batch 7 does not divide the batch of 64 sequences"), "{stderr}");
+}

@@ -104,6 +104,11 @@ pub(crate) struct MemoryArgs {
     /// fit runs as micro-batches whose gradients are accumulated.
     #[arg(long, value_name = "SIZE", value_parser = crate::training::memory::parse_size)]
     pub(crate) free_memory: Option<u64>,
+    /// Sequences per micro-batch, a divisor of the batch: the step runs the batch
+    /// as micro-batches of this many sequences and accumulates their gradients
+    /// [default: the whole batch, or what fits the memory and, on cpu, the cache].
+    #[arg(long, value_name = "SEQUENCES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) micro_batch: Option<u64>,
 }
 
 /// Everything a run needs: the compiled step on a device and its data.
@@ -155,10 +160,20 @@ pub(crate) fn plan_micro_batches(
             (crate::training::memory::Split::whole(batch, bytes), config.recompute)
         }
     };
-    // on the cpu, a batch that spills the cache runs as micro-batches that stay in it
     let mut cache_bytes = 0;
     let on_cpu = matches!(device.backend.parse::<pcp_runtime::Device>(), Ok(pcp_runtime::Device::Cpu));
-    if let (true, Some(cache), Some(c)) =
+    if let Some(m) = memory.micro_batch {
+        let m = m as usize;
+        anyhow::ensure!(
+            m <= batch && batch.is_multiple_of(m),
+            "--micro-batch {m} does not divide the batch of {batch} sequences"
+        );
+        let estimate_bytes = if preset { estimate(recompute, m) } else { split.estimate_bytes };
+        let over = free.is_some_and(|f| estimate_bytes > f);
+        split = crate::training::memory::Split { micro_batches: batch / m, estimate_bytes, over, ..split };
+    }
+    // on the cpu, a batch that spills the cache runs as micro-batches that stay in it
+    else if let (true, Some(cache), Some(c)) =
         (on_cpu, crate::training::memory::CpuCache::host(), pcp_graph::models::preset(&model.source))
     {
         let (_, block) = model.batch_block()?;
@@ -491,7 +506,13 @@ mod tests {
         let model = Model::load_with_batch("gpt2-124m", 65, None)?;
         let device = DeviceArgs { backend: "vulkan".into(), target: None };
         let plan = |experiment: &Experiment, free: u64| {
-            plan_micro_batches(experiment, &model, 65, &MemoryArgs { free_memory: Some(free) }, &device)
+            plan_micro_batches(
+                experiment,
+                &model,
+                65,
+                &MemoryArgs { free_memory: Some(free), micro_batch: None },
+                &device,
+            )
         };
         let default = Experiment { model: Some("gpt2-124m".into()), ..Experiment::default() };
         let eight = plan(&default, 8_000_000_000)?;
