@@ -252,7 +252,8 @@ impl Strips {
     /// they are; only `dq += ds·k_j`, which contracts over the strip's keys,
     /// reads `dsᵀ` transposed. (Query strips would contract both `dv` and `dk`
     /// over a strip's rows and transpose `p` and `ds` for them; IREE's cpu
-    /// matmuls are half as fast on a short contraction.)
+    /// matmuls are half as fast on a short contraction.) An attention with a
+    /// general mask takes [`Strips::backward_by_rows`].
     fn backward(
         &self,
         b: &mut Builder<'_>,
@@ -261,6 +262,9 @@ impl Strips {
         d_o: ValueId,
         d_lse: Option<ValueId>,
     ) -> (ValueId, ValueId, ValueId) {
+        if self.mask.is_some() {
+            return self.backward_by_rows(b, o, lse, d_o, d_lse);
+        }
         let n = self.nb as i64;
         let rank = self.nb + 2;
         // Σⱼ pᵢⱼ dpᵢⱼ = Σ_d doᵢ_d oᵢ_d (less lse's own cotangent, ∂lseᵢ/∂sᵢⱼ = pᵢⱼ)
@@ -285,18 +289,7 @@ impl Strips {
             let d_o_rows = self.rows(b, d_o, (r0, self.tq));
             let s_t = self.matmul(b, k, q, n + 1, n + 1);
             let s_t = if self.spec.scale == 1.0 { s_t } else { b.scale(s_t, self.spec.scale) };
-            let keep = if let Some(mask) = self.mask {
-                let t = b.ty(mask);
-                let mut start = vec![0; t.rank()];
-                let mut limit = t.shape.clone();
-                start[self.nb] = r0;
-                start[self.nb + 1] = k0;
-                limit[self.nb + 1] = k1;
-                let m = b.slice(mask, &start, &limit, &vec![1; t.rank()]);
-                let mut perm: Vec<i64> = (0..rank as i64).collect();
-                perm.swap(self.nb, self.nb + 1);
-                Some(b.transpose(m, &perm))
-            } else if causal && keys > 1 {
+            let keep = if causal && keys > 1 {
                 // key ≤ query, i.e. k0 + key ≤ r0 + row
                 let square = TensorType::new(vec![keys, rows], ElementType::Int("i32".into()));
                 let iota = |b: &mut Builder<'_>, dim: i64| {
@@ -351,6 +344,69 @@ impl Strips {
         let dq = dq.unwrap_or_else(|| zeros(b, self.tq, self.d));
         let dk = if dk.is_empty() { zeros(b, self.tk, self.d) } else { self.concat(b, dk) };
         let dv = if dv.is_empty() { zeros(b, self.tk, self.dv) } else { self.concat(b, dv) };
+        (dq, dk, dv)
+    }
+
+    /// [`Strips::backward`] by strips of query rows, for a general mask: with
+    /// the key strips' transposed mask, IREE 3.13's SPIR-V backend fails on
+    /// PCP's exported nanogpt-small ("failed to legalize operation
+    /// 'arith.constant'", vulkan rdna3), which compiles this way.
+    fn backward_by_rows(
+        &self,
+        b: &mut Builder<'_>,
+        o: ValueId,
+        lse: ValueId,
+        d_o: ValueId,
+        d_lse: Option<ValueId>,
+    ) -> (ValueId, ValueId, ValueId) {
+        let n = self.nb as i64;
+        let (mut dq, mut dk, mut dv) = (Vec::new(), None, None);
+        let zero = b.splat(0.0, &TensorType::scalar(self.element.clone()));
+        let accumulate = |b: &mut Builder<'_>, acc: Option<ValueId>, part: ValueId, keys: i64| {
+            let rank = self.nb + 2;
+            let mut high = vec![0; rank];
+            high[self.nb] = self.tk - keys;
+            let padded = b.pad(part, zero, &vec![0; rank], &high, &vec![0; rank]);
+            Some(match acc {
+                Some(acc) => b.add(acc, padded),
+                None => padded,
+            })
+        };
+        for strip in self.strips() {
+            let rows = strip.rows.1 - strip.rows.0;
+            let (s, q, k) = self.scores(b, &strip);
+            let lse_rows = self.rows(b, lse, strip.rows);
+            let shift = self.by_row(b, lse_rows, rows, strip.keys);
+            let shifted = b.sub(s, shift);
+            let p = b.unary_op("stablehlo.exponential", shifted);
+            let p = self.rounded(b, p);
+            let d_o_rows = self.rows(b, d_o, strip.rows);
+            let o_rows = self.rows(b, o, strip.rows);
+            let v = self.rows(b, self.v, (0, strip.keys));
+            // Σⱼ pᵢⱼ dpᵢⱼ = Σ_d doᵢ_d oᵢ_d (less lse's own cotangent, ∂lseᵢ/∂sᵢⱼ = pᵢⱼ)
+            let prod = b.mul(d_o_rows, o_rows);
+            let mut delta = b.reduce_sum(prod, &[n + 1]);
+            if let Some(g) = d_lse {
+                let g_rows = self.rows(b, g, strip.rows);
+                delta = b.sub(delta, g_rows);
+            }
+            let dv_part = self.matmul(b, p.narrow, d_o_rows, n, n);
+            dv = accumulate(b, dv, dv_part, strip.keys);
+            let dp = self.matmul(b, d_o_rows, v, n + 1, n + 1);
+            let delta = self.by_row(b, delta, rows, strip.keys);
+            let centered = b.sub(dp, delta);
+            let ds = b.mul(p.wide, centered);
+            let ds = if self.spec.scale == 1.0 { ds } else { b.scale(ds, self.spec.scale) };
+            dq.push(self.matmul(b, ds, k, n + 1, n));
+            let dk_part = self.matmul(b, ds, q, n, n);
+            dk = accumulate(b, dk, dk_part, strip.keys);
+        }
+        let dq = self.concat(b, dq);
+        let zeros = |b: &mut Builder<'_>, last: i64| {
+            b.splat(0.0, &TensorType::new(self.shape(&[self.tk, last]), self.element.clone()))
+        };
+        let dk = dk.unwrap_or_else(|| zeros(b, self.d));
+        let dv = dv.unwrap_or_else(|| zeros(b, self.dv));
         (dq, dk, dv)
     }
 }
