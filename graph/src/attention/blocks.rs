@@ -170,21 +170,7 @@ impl Strips {
             Some(b.slice(mask, &start, &limit, &vec![1; t.rank()]))
         } else if self.spec.causal && strip.keys > strip.rows.0 + 1 {
             // key ≤ query, i.e. key ≤ row + the strip's first row
-            let square = TensorType::new(vec![rows, strip.keys], ElementType::Int("i32".into()));
-            let iota = |b: &mut Builder<'_>, dim: i64| {
-                b.op(
-                    "stablehlo.iota",
-                    &[],
-                    vec![("iota_dimension".into(), format!("{dim} : i64"))],
-                    None,
-                    square.clone(),
-                )
-            };
-            let (row, key) = (iota(b, 0), iota(b, 1));
-            let offset = b.splat(strip.rows.0 as f64, &square);
-            let query = b.add(row, offset);
-            let keep = b.compare(key, query, "LE");
-            Some(b.broadcast_in_dim(keep, &[n, n + 1], &shape))
+            Some(self.causal_keep(b, (rows, strip.keys), 1, strip.rows.0, &shape))
         } else {
             None
         };
@@ -196,6 +182,23 @@ impl Strips {
             None => s,
         };
         (s, q, k)
+    }
+
+    /// The causal mask of a `dims` block whose dimension `key_dim` (0 or 1)
+    /// numbers keys and the other query rows, `offset` ahead of the keys:
+    /// true where key ≤ row + offset, broadcast to `shape` (`[batch.., dims]`).
+    fn causal_keep(&self, b: &mut Builder<'_>, dims: (i64, i64), key_dim: i64, offset: i64, shape: &[i64]) -> ValueId {
+        let n = self.nb as i64;
+        let square = TensorType::new(vec![dims.0, dims.1], ElementType::Int("i32".into()));
+        let iota = |b: &mut Builder<'_>, dim: i64| {
+            b.op("stablehlo.iota", &[], vec![("iota_dimension".into(), format!("{dim} : i64"))], None, square.clone())
+        };
+        let (first, second) = (iota(b, 0), iota(b, 1));
+        let (key, row) = if key_dim == 0 { (first, second) } else { (second, first) };
+        let offset = b.splat(offset as f64, &square);
+        let query = b.add(row, offset);
+        let keep = b.compare(key, query, "LE");
+        b.broadcast_in_dim(keep, &[n, n + 1], shape)
     }
 
     /// `x: [batch.., rows]` broadcast along a last dimension of `cols`.
@@ -291,21 +294,7 @@ impl Strips {
             let s_t = if self.spec.scale == 1.0 { s_t } else { b.scale(s_t, self.spec.scale) };
             let keep = if causal && keys > 1 {
                 // key ≤ query, i.e. k0 + key ≤ r0 + row
-                let square = TensorType::new(vec![keys, rows], ElementType::Int("i32".into()));
-                let iota = |b: &mut Builder<'_>, dim: i64| {
-                    b.op(
-                        "stablehlo.iota",
-                        &[],
-                        vec![("iota_dimension".into(), format!("{dim} : i64"))],
-                        None,
-                        square.clone(),
-                    )
-                };
-                let (key, row) = (iota(b, 0), iota(b, 1));
-                let offset = b.splat((r0 - k0) as f64, &square);
-                let query = b.add(row, offset);
-                let keep = b.compare(key, query, "LE");
-                Some(b.broadcast_in_dim(keep, &[n, n + 1], &shape))
+                Some(self.causal_keep(b, (keys, rows), 0, r0 - k0, &shape))
             } else {
                 None
             };
