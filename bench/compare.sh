@@ -2,8 +2,11 @@
 # pcp vs the JAX and PyTorch references on one init (issue 3), then the step at
 # scale against PyTorch SDPA (issue 40).
 #   bench/compare.sh [--small-steps N] [--medium-steps N] [--skip-medium] [--skip-step] [--step-rounds N]
+#                    [--table-rounds N]
 # small: tokens/s (200 timed steps each) and a full run (default 1000 steps)
-# for the final validation loss; medium: tokens/s only (20 timed steps).
+# for the final validation loss; medium: tokens/s only (20 timed steps). The
+# tokens/s of that first table are each one's median over N rounds (3 by default)
+# in which pcp, JAX and torch take turns.
 # The step table: `pcp-node bench step` against bench/torch_step_memory.py with
 # PyTorch's scaled_dot_product_attention, tokens/s and peak RSS of each process,
 # at nanogpt-small, nanogpt-medium and gpt2-124m (batch 8 x 1024) in f32, and
@@ -25,6 +28,7 @@ SMALL_TIMED=200
 MEDIUM=1
 STEP=1
 STEP_ROUNDS=3
+TABLE_ROUNDS=3
 SEED=1337
 while [ $# -gt 0 ]; do
     case $1 in
@@ -33,6 +37,7 @@ while [ $# -gt 0 ]; do
         --skip-medium) MEDIUM=0; shift ;;
         --skip-step) STEP=0; shift ;;
         --step-rounds) STEP_ROUNDS=$2; shift 2 ;;
+        --table-rounds) TABLE_ROUNDS=$2; shift 2 ;;
         *) echo "bench/compare.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -84,22 +89,32 @@ init_dir() {
     echo "$dir"
 }
 
+median() { "$PY" -c 'import statistics, sys; print(statistics.median(map(float, sys.argv[1:])))' "$@"; }
+
 field() { sed -n "s/^$1 *\([0-9.eE+-]*\).*/\1/p" "$2" | tail -1; }
 
 run_model() {
     local model=$1 timed=$2 full=$3 init
     init=$(init_dir "$model")
-    echo "== nanogpt-$model: pcp bench step ($timed timed steps)" >&2
-    "$PCP" bench step --model "nanogpt-$model" --steps "$timed" --data "$DATA" --data-dir "$WORK" \
-        >"$LOG/pcp-bench-$model.log" 2>&1
-    PCP_TPS=$(field "tokens\/s" "$LOG/pcp-bench-$model.log")
-    for impl in jax torch; do
-        echo "== nanogpt-$model: $impl reference ($timed timed steps)" >&2
-        "$PY" bench/${impl}_reference.py --model "$model" --steps $((timed + 3)) --init "$init" --data "$DATA" \
-            --no-eval >"$LOG/$impl-tps-$model.log" 2>&1
+    local round pcp_tps="" jax_tps="" torch_tps=""
+    # pcp, JAX and torch take turns over the rounds; each one's median goes in the table
+    for round in $(seq "$TABLE_ROUNDS"); do
+        echo "== nanogpt-$model, round $round of $TABLE_ROUNDS: pcp bench step ($timed timed steps)" >&2
+        "$PCP" bench step --model "nanogpt-$model" --steps "$timed" --data "$DATA" --data-dir "$WORK" \
+            >"$LOG/pcp-bench-$model-$round.log" 2>&1
+        pcp_tps="$pcp_tps $(field "tokens\/s" "$LOG/pcp-bench-$model-$round.log")"
+        for impl in jax torch; do
+            echo "== nanogpt-$model, round $round of $TABLE_ROUNDS: $impl reference ($timed timed steps)" >&2
+            "$PY" bench/${impl}_reference.py --model "$model" --steps $((timed + 3)) --init "$init" --data "$DATA" \
+                --no-eval >"$LOG/$impl-tps-$model-$round.log" 2>&1
+        done
+        jax_tps="$jax_tps $(field "tokens\/s" "$LOG/jax-tps-$model-$round.log")"
+        torch_tps="$torch_tps $(field "tokens\/s" "$LOG/torch-tps-$model-$round.log")"
     done
-    JAX_TPS=$(field "tokens\/s" "$LOG/jax-tps-$model.log")
-    TORCH_TPS=$(field "tokens\/s" "$LOG/torch-tps-$model.log")
+    echo "nanogpt-$model tokens/s by round: pcp$pcp_tps; JAX$jax_tps; torch$torch_tps" >>"$LOG/rounds.txt"
+    PCP_TPS=$(median $pcp_tps)
+    JAX_TPS=$(median $jax_tps)
+    TORCH_TPS=$(median $torch_tps)
     if [ "$full" -gt 0 ]; then
         echo "== nanogpt-$model: pcp train ($full steps)" >&2
         rm -rf "$WORK/run-$model"
@@ -145,7 +160,7 @@ print(row)
 PYEOF
 }
 
-rm -f "$LOG/table.md"
+rm -f "$LOG/table.md" "$LOG/rounds.txt"
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 run_model small "$SMALL_TIMED" "$SMALL_STEPS"
 [ "$MEDIUM" = 1 ] && run_model medium "$MEDIUM_TIMED" 0
@@ -153,6 +168,8 @@ echo
 echo "load average before / after: $LOAD_BEFORE / $(cut -d' ' -f1-3 /proc/loadavg) (other processes skew tokens/s)"
 echo "tokens/s on $(nproc) cores; val loss at step $SMALL_STEPS over 8 batches: 'pcp val' on pcp's own (ChaCha8) validation"
 echo "batches, 'pcp val*' = pcp's final parameters on the references' batches (JAX and torch share NumPy-seeded batches)"
+echo "tokens/s: each one's median over $TABLE_ROUNDS alternating rounds ($LOG/rounds.txt):"
+sed 's/^/  /' "$LOG/rounds.txt"
 echo "| model | pcp tok/s | JAX tok/s | torch tok/s | pcp / max | pcp val | pcp val* | JAX val | torch val | pcp vs JAX | pcp* vs JAX |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 cat "$LOG/table.md"

@@ -52,6 +52,11 @@ pub(crate) enum GraphCommand {
         output: PathBuf,
         #[command(flatten)]
         optimizer: OptimizerArgs,
+        /// Write the micro-batch module a node runs when it accumulates gradients
+        /// (`grad_step` and `apply_step` in place of `train_step`), for micro-batches of
+        /// this many sequences (presets only).
+        #[arg(long, value_name = "SEQUENCES")]
+        micro_batch: Option<usize>,
     },
     /// Compile a model to a VMFB for one backend and target, as a shepherd does for
     /// the workers that announce them: the training module (`train_step`,
@@ -81,6 +86,11 @@ pub(crate) enum GraphCommand {
         cache: Option<PathBuf>,
         #[command(flatten)]
         optimizer: OptimizerArgs,
+        /// Compile the micro-batch module a node runs when it accumulates gradients
+        /// (`grad_step` and `apply_step` in place of `train_step`), for micro-batches of
+        /// this many sequences (presets only; the step module only).
+        #[arg(long, value_name = "SEQUENCES")]
+        micro_batch: Option<usize>,
     },
 }
 
@@ -146,13 +156,36 @@ impl OptimizerArgs {
     }
 }
 
+/// The step's settings; a micro-batch module (`micro_batch`) accumulates gradients.
+fn step_config(optimizer: &OptimizerArgs, micro_batch: Option<usize>) -> Result<pcp_graph::StepConfig, Failure> {
+    if micro_batch == Some(0) {
+        return Err(Failure::input(anyhow::anyhow!("--micro-batch must be at least 1 sequence")));
+    }
+    let config = optimizer.config().map_err(Failure::input)?;
+    Ok(pcp_graph::StepConfig { accumulate: micro_batch.is_some(), ..config })
+}
+
 /// Imports `model`, or builds it when it names a preset (with the preset's vocabulary,
 /// the demo corpus's 65 characters).
 fn load(model: &Path) -> Result<pcp_graph::Module, Failure> {
+    load_batch(model, None)
+}
+
+/// [`load`], with `batch` sequences per batch for a preset (an imported module's batch
+/// is its own, so `batch` is refused for one).
+fn load_batch(model: &Path, batch: Option<usize>) -> Result<pcp_graph::Module, Failure> {
     if let Some(config) = model.to_str().and_then(pcp_graph::models::preset) {
         // as `train` builds it for the demo corpus (65 characters)
-        let built = pcp_graph::models::nanogpt(&config.with_vocab_size(65)).map_err(Failure::input)?;
+        let config = config.with_vocab_size(65);
+        let config = pcp_graph::NanoGptConfig { batch_size: batch.unwrap_or(config.batch_size), ..config };
+        let built = pcp_graph::models::nanogpt(&config).map_err(Failure::input)?;
         return Ok(built.module);
+    }
+    if batch.is_some() {
+        return Err(Failure::input(anyhow::anyhow!(
+            "{}: --micro-batch applies to presets only (an imported module's batch is its own)",
+            model.display()
+        )));
     }
     pcp_graph::import_file(model).map_err(Failure::input)
 }
@@ -196,9 +229,9 @@ pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
                 total.as_secs_f64()
             )?;
         }
-        GraphCommand::Step { model, entry, output, optimizer } => {
-            let config = optimizer.config().map_err(Failure::input)?;
-            let module = load(&model)?;
+        GraphCommand::Step { model, entry, output, optimizer, micro_batch } => {
+            let config = step_config(&optimizer, micro_batch)?;
+            let module = load_batch(&model, micro_batch)?;
             let step = pcp_graph::train_step(&module, &entry, &config)
                 .map_err(|e| Failure::input(anyhow::anyhow!("{}: {e}", model.display())))?;
             pcp_graph::import::verify(&output.display().to_string(), &step.module)
@@ -217,14 +250,19 @@ pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
                 config.recompute
             )?;
         }
-        GraphCommand::Compile { model, entry, backend, target, module, output, cache, optimizer } => {
+        GraphCommand::Compile { model, entry, backend, target, module, output, cache, optimizer, micro_batch } => {
             let backend: pcp_graph::Backend = backend.parse().map_err(Failure::input)?;
             let target = pcp_graph::Target::parse(backend, target.as_deref()).map_err(Failure::input)?;
-            let loaded = load(&model)?;
+            if module == "grad" && micro_batch.is_some() {
+                return Err(Failure::input(anyhow::anyhow!(
+                    "--micro-batch applies to the step module, not --module grad"
+                )));
+            }
+            let loaded = load_batch(&model, micro_batch)?;
             let built = if module == "grad" {
                 pcp_graph::differentiate(&loaded, &entry).map(|g| g.module)
             } else {
-                let config = optimizer.config().map_err(Failure::input)?;
+                let config = step_config(&optimizer, micro_batch)?;
                 pcp_graph::train_step(&loaded, &entry, &config).map(|s| s.module)
             }
             .map_err(|e| Failure::input(anyhow::anyhow!("{}: {e}", model.display())))?;
