@@ -20,9 +20,11 @@
 //! sequences; `bench step --steps 20` runs back to back on a 2-core EPYC (1 MiB L2
 //! a core, 32 MiB L3), recompute `elementwise`: 4,717–5,078 tokens/s whole,
 //! 5,841–6,280 as 16 × 4, with 322 MiB peak instead of 734 (`none` at 16 × 4:
-//! 5,515–6,113 and 459 MiB). gpt2-124m is left whole: one sequence's 12 MiB
-//! MLP activation fits no L2, and 8 × 1 ran 3.6% slower (215 against 223
-//! tokens/s). nanogpt-small's whole batch (2 MiB) already fits the L3.
+//! 5,515–6,113 and 459 MiB). (The 16 × 4 step then had the plain flags, IREE having
+//! refused the tuned ones; with the tuned ones, which now compile it, 4 sequences
+//! still ran at least as fast as 8, 16 or 32: `docs/getting-started.md`.)
+//! gpt2-124m is left whole: one sequence's 12 MiB MLP activation fits no L2, and
+//! 8 × 1 ran 3.6% slower (215 against 223 tokens/s). nanogpt-small's whole batch (2 MiB) already fits the L3.
 
 use std::collections::HashMap;
 
