@@ -24,7 +24,8 @@
 //! refused the tuned ones; with the tuned ones, which now compile it, 4 sequences
 //! still ran at least as fast as 8, 16 or 32: `docs/getting-started.md`.)
 //! gpt2-124m is left whole: one sequence's 12 MiB MLP activation fits no L2, and
-//! 8 × 1 ran 3.6% slower (215 against 223 tokens/s). nanogpt-small's whole batch (2 MiB) already fits the L3.
+//! 8 × 1 ran 3.6% slower (215 against 223 tokens/s). nanogpt-small's whole batch
+//! (2 MiB) already fits the L3.
 
 use std::collections::HashMap;
 
