@@ -59,6 +59,11 @@ impl Drop for Proc {
             let lines: Vec<&str> = log.lines().collect();
             let tail = lines[lines.len().saturating_sub(15)..].join("\n");
             eprintln!("--- the last lines {} wrote to stderr ({}):\n{tail}", self.name, self.log.display());
+            // its events, when the test names their file after the log (`w3.log`, `w3.jsonl`)
+            let events = self.log.with_extension("jsonl");
+            if events.exists() {
+                eprintln!("--- the last events of {} ({}):\n{}", self.name, events.display(), last_events(&events, 25));
+            }
         }
     }
 }
