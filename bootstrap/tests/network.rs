@@ -394,7 +394,7 @@ async fn signed_requests_are_verified_both_ways() -> anyhow::Result<()> {
         bail!("expected a request");
     };
     ensure!(peer == net.nodes[1].peer_id() && message.signer() == client_key.public());
-    let answer = pcp_schema::Ack { run: run.0, round: 1, accepted: true, reason: String::new() };
+    let answer = pcp_schema::Ack::accept(run.0, 1);
     net.nodes[2].node.respond(id, seal(&server_key, bind(2), &answer)).await?;
     let verified = asking.await??;
     ensure!(verified.signer() == server_key.public());
@@ -579,7 +579,7 @@ async fn a_replayed_head_takes_none_of_its_signers_permits() -> anyhow::Result<(
             bail!("expected the participant's contribution {nonce} to be read");
         };
         ensure!(peer == net.nodes[1].peer_id() && message.binding().nonce == nonce);
-        let ack = pcp_schema::Ack { run: run.0, round: 1, accepted: true, reason: String::new() };
+        let ack = pcp_schema::Ack::accept(run.0, 1);
         let server_key = pcp_bootstrap::load_or_create(&net.nodes[2].data_dir)?;
         server.respond(id, seal(&server_key, Binding { run, round: 1, nonce, unix_ms: now_ms() }, &ack)).await?;
         ensure!(asking.await?.is_ok(), "the participant gets its answer");
@@ -642,7 +642,7 @@ async fn a_candidate_is_reached_through_the_dht_after_the_seed_that_introduced_i
         async move { client.request(to, envelope).await }
     });
     let Event::Request { id, .. } = next_request(&mut candidate).await? else { bail!("expected a request") };
-    let answer = pcp_schema::Ack { run: run.0, round: 1, accepted: true, reason: String::new() };
+    let answer = pcp_schema::Ack::accept(run.0, 1);
     candidate.node.respond(id, seal(&candidate_key, bind(2), &answer)).await?;
     ensure!(asking.await??.decode::<pcp_schema::Ack>()? == answer);
     candidate.stop().await;

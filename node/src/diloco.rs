@@ -20,6 +20,7 @@
 mod candidate;
 mod consensus;
 pub(crate) mod inbox;
+mod refusal;
 mod retention;
 mod shepherd;
 pub(crate) mod wire;
@@ -39,6 +40,7 @@ pub(crate) struct RoleIo {
 }
 
 pub(crate) use candidate::{Begin, STANDBY, run as candidate_run};
+pub(crate) use refusal::Refusal;
 pub(crate) use retention::{Retention, RetentionArgs};
 pub(crate) use shepherd::{
     SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, Trust, TrustArgs, parse_encoding, parse_key,

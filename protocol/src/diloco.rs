@@ -7,6 +7,7 @@
 //! * [`compress`]: pseudo-gradient encodings for the wire (fp32, bf16, int8, sparse).
 //! * [`rating`]: how far the shepherd trusts each participant, from its screen.
 //! * [`fragments`]: Streaming DiLoCo's fragments and the parameter shards rounds are published in.
+//! * [`sketch`]: sketches of pseudo-gradients, to refuse copies.
 //! * [`sparse`]: SparseLoCo's chunked top-k with error feedback, both directions.
 //! * [`shepherd`] and [`worker`]: the state machines, `(state, input, now) -> actions`.
 
@@ -17,6 +18,7 @@ pub mod fragments;
 pub mod outer;
 pub mod rating;
 pub mod shepherd;
+pub mod sketch;
 pub mod sparse;
 pub mod worker;
 

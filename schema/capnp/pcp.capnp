@@ -145,7 +145,33 @@ struct Ack {
   run @0 :Data;
   round @1 :UInt64;
   accepted @2 :Bool;
-  reason @3 :Text;
+  reason @3 :Text;          # for people: never decided on
+  code @4 :AckCode;         # what a program decides on
+  powBits @5 :UInt8;        # code proofOfWork: the leading zero bits the run needs
+}
+
+# Why a request was refused (none: accepted, or a refusal without a code of its own).
+enum AckCode {
+  none @0;
+  other @1;            # refused; the reason says why
+  standby @2;          # a standby candidate, not the run's leader
+  noArtifact @3;       # the shepherd cannot compile for the hello's backend or target
+  proofOfWork @4;      # the hello's proof of work is short of powBits
+  notAdmitted @5;      # admission refused the key (certificate, allowlist, address cap)
+  full @6;             # the shepherd holds as many workers as it can
+  wrongRun @7;         # for a run the shepherd does not run
+  wrongRound @8;       # for a round that is not open
+  late @9;             # for a round that already closed
+  notParticipant @10;  # not asked to take part in the round
+  duplicate @11;       # a second contribution for the round
+  malformed @12;       # undecodable, the wrong shape, or a non-finite value
+  samples @13;         # claims samples the manifest does not allow
+  empty @14;           # an update of zeros
+  screen @15;          # refused by the shepherd's screen (its losses are not told)
+  notSelected @16;     # not among the contributions the round aggregates
+  fenced @17;          # trained under another term or from other parameters
+  unscreened @18;      # past the round's screening budget while on probation
+  tooSimilar @19;      # too close to another contribution or to the last update
 }
 
 struct Heartbeat {

@@ -22,5 +22,5 @@ pub use codec::{
 };
 pub use envelope::{FrameHead, MAX_FRAME_HEAD, MessageKind, SignedEnvelope};
 pub use node::{Backend, Capabilities, NodeHello};
-pub use round::{Ack, Consensus, ConsensusKind, Contribution, Heartbeat, Held, RoundAnnouncement, Update};
+pub use round::{Ack, AckCode, Consensus, ConsensusKind, Contribution, Heartbeat, Held, RoundAnnouncement, Update};
 pub use run::{Admission, ArtifactRef, DataSpec, ParameterRef, RunManifest, Schedule, TensorSpec};

@@ -92,8 +92,97 @@ pub struct Ack {
     pub round: u64,
     /// Whether the request was accepted.
     pub accepted: bool,
-    /// Why not.
+    /// Why not, for people: a program decides on [`Ack::code`].
     pub reason: String,
+    /// Why not, for programs.
+    pub code: AckCode,
+    /// With [`AckCode::ProofOfWork`]: the leading zero bits the run needs.
+    pub pow_bits: u8,
+}
+
+impl Ack {
+    /// An acceptance of round `round` of `run`.
+    pub fn accept(run: [u8; 32], round: u64) -> Self {
+        Self { run, round, accepted: true, reason: String::new(), code: AckCode::None, pow_bits: 0 }
+    }
+
+    /// A refusal with its code and its reason for people.
+    pub fn refuse(run: [u8; 32], round: u64, code: AckCode, reason: impl Into<String>) -> Self {
+        Self { run, round, accepted: false, reason: reason.into(), code, pow_bits: 0 }
+    }
+}
+
+macro_rules! ack_codes {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// Why a request was refused, on the wire as a capnp enum ([`Ack::code`]).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+        pub enum AckCode {
+            /// Accepted, or a refusal without a code of its own.
+            #[default]
+            None,
+            $($(#[$doc])* $name,)*
+        }
+
+        impl AckCode {
+            /// Every code.
+            pub const ALL: &'static [AckCode] = &[AckCode::None, $(AckCode::$name,)*];
+
+            fn to_wire(self) -> crate::wire::pcp_capnp::AckCode {
+                match self {
+                    Self::None => crate::wire::pcp_capnp::AckCode::None,
+                    $(Self::$name => crate::wire::pcp_capnp::AckCode::$name,)*
+                }
+            }
+
+            fn from_wire(code: crate::wire::pcp_capnp::AckCode) -> Self {
+                match code {
+                    crate::wire::pcp_capnp::AckCode::None => Self::None,
+                    $(crate::wire::pcp_capnp::AckCode::$name => Self::$name,)*
+                }
+            }
+        }
+    };
+}
+
+ack_codes! {
+    /// Refused; the reason says why.
+    Other,
+    /// A standby candidate, not the run's leader.
+    Standby,
+    /// The shepherd cannot compile for the hello's backend or target.
+    NoArtifact,
+    /// The hello's proof of work is short of [`Ack::pow_bits`].
+    ProofOfWork,
+    /// Admission refused the key (certificate, allowlist, address cap).
+    NotAdmitted,
+    /// The shepherd holds as many workers as it can.
+    Full,
+    /// For a run the shepherd does not run.
+    WrongRun,
+    /// For a round that is not open.
+    WrongRound,
+    /// For a round that already closed.
+    Late,
+    /// Not asked to take part in the round.
+    NotParticipant,
+    /// A second contribution for the round.
+    Duplicate,
+    /// Undecodable, the wrong shape, or a non-finite value.
+    Malformed,
+    /// Claims samples the manifest does not allow.
+    Samples,
+    /// An update of zeros.
+    Empty,
+    /// Refused by the shepherd's screen (its losses are not told).
+    Screen,
+    /// Not among the contributions the round aggregates.
+    NotSelected,
+    /// Trained under another term or from other parameters.
+    Fenced,
+    /// Past the round's screening budget while on probation.
+    Unscreened,
+    /// Too close to another contribution or to the last update.
+    TooSimilar,
 }
 
 /// A liveness signal from a participant.
@@ -382,6 +471,8 @@ impl Message for Ack {
         root.set_round(self.round);
         root.set_accepted(self.accepted);
         root.set_reason(self.reason.as_str());
+        root.set_code(self.code.to_wire());
+        root.set_pow_bits(self.pow_bits);
         codec::words(&message)
     }
 
@@ -394,6 +485,9 @@ impl Message for Ack {
                 round: r.get_round(),
                 accepted: r.get_accepted(),
                 reason: codec::text(W, "reason", r.get_reason())?,
+                // a code this build does not know (a newer peer's) is a plain refusal
+                code: r.get_code().map_or(AckCode::Other, AckCode::from_wire),
+                pow_bits: r.get_pow_bits(),
             })
         })
     }

@@ -68,7 +68,7 @@ fn seeds() -> Vec<Vec<u8>> {
     };
     vec![
         hello.encode(),
-        Ack { run: [1; 32], round: 3, accepted: false, reason: "late".into() }.encode(),
+        Ack::refuse([1; 32], 3, pcp_schema::AckCode::Late, "late").encode(),
         Heartbeat {
             run: [1; 32],
             round: 3,

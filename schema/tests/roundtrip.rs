@@ -1,9 +1,9 @@
 //! Every wire message round-trips; hostile input fails cleanly and within its bounds.
 
 use pcp_schema::{
-    Ack, Admission, ArtifactRef, Backend, BlobRequest, BlobResponse, BlobWant, CHUNK_SIZE, Capabilities, Consensus,
-    ConsensusKind, Contribution, DataSpec, DecodeError, Heartbeat, Held, MAX_CONTROL_MESSAGE, Message, MessageKind,
-    NodeHello, ParameterRef, RoundAnnouncement, RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
+    Ack, AckCode, Admission, ArtifactRef, Backend, BlobRequest, BlobResponse, BlobWant, CHUNK_SIZE, Capabilities,
+    Consensus, ConsensusKind, Contribution, DataSpec, DecodeError, Heartbeat, Held, MAX_CONTROL_MESSAGE, Message,
+    MessageKind, NodeHello, ParameterRef, RoundAnnouncement, RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
 };
 use pcp_schema::{FrameHead, MAX_CONTRIBUTION, MAX_FRAME_HEAD};
 use proptest::collection::vec;
@@ -193,8 +193,11 @@ proptest! {
     }
 
     #[test]
-    fn ack(run in any::<[u8; 32]>(), round in any::<u64>(), accepted in any::<bool>(), reason in text()) {
-        roundtrip(&Ack { run, round, accepted, reason })?;
+    fn ack(
+        run in any::<[u8; 32]>(), round in any::<u64>(), accepted in any::<bool>(), reason in text(),
+        code in proptest::sample::select(AckCode::ALL), pow_bits in any::<u8>(),
+    ) {
+        roundtrip(&Ack { run, round, accepted, reason, code, pow_bits })?;
     }
 
     #[test]

@@ -480,12 +480,8 @@ impl Standby {
         let core = self.consensus.core();
         let leader = pcp_bootstrap::peer_of(&core.awaited()).map_or_else(String::new, |p| p.to_string());
         let round = core.held().map_or(0, |r| r.round);
-        let ack = Ack {
-            run: self.run.0,
-            round,
-            accepted: false,
-            reason: format!("{STANDBY} of run {}; term {} is led by {leader}", self.run, core.term()),
-        };
+        let reason = format!("{STANDBY} of run {}; term {} is led by {leader}", self.run, core.term());
+        let ack = Ack::refuse(self.run.0, round, pcp_schema::AckCode::Standby, reason);
         let envelope = signer.seal(self.run, round, &ack);
         self.node.respond(id, envelope).await?;
         Ok(())
@@ -564,7 +560,8 @@ async fn discover(
             // nobody leads yet: requests get a standby's refusal
             Some(Event::Request { id, .. }) = requests.recv() => {
                 let run = run.unwrap_or(RunId([0; 32]));
-                let ack = Ack { run: run.0, round: 0, accepted: false, reason: format!("{STANDBY}: not yet following a run") };
+                let reason = format!("{STANDBY}: not yet following a run");
+                let ack = Ack::refuse(run.0, 0, pcp_schema::AckCode::Standby, reason);
                 let envelope = signer.seal(run, 0, &ack);
                 node.respond(id, envelope).await?;
             }

@@ -192,7 +192,7 @@ mod tests {
         for i in 0..CONTROL_QUEUE {
             outbox.try_send(connected(i as u8)).expect("room for control messages");
         }
-        let ack = pcp_schema::Ack { run: [1; 32], round: 1, accepted: true, reason: String::new() };
+        let ack = pcp_schema::Ack::accept([1; 32], 1);
         assert!(outbox.try_send(request(999, &ack)).is_err(), "the control queue is full");
         for n in 0..CONTRIBUTION_QUEUE as u64 {
             outbox.try_send(contribution(n)).expect("a contribution's room, whatever the control queue holds");
@@ -246,7 +246,7 @@ mod tests {
         };
         let Err(dropped) = outbox.try_send(request(7, &hb)) else { panic!("the queue is full") };
         let Event::Request { message, .. } = *dropped else { panic!("the request comes back") };
-        let ack = pcp_schema::Ack { run: [1; 32], round: 1, accepted: true, reason: String::new() };
+        let ack = pcp_schema::Ack::accept([1; 32], 1);
         assert!(outbox.try_send(request(8, &ack)).is_err(), "dropped too, but not a heartbeat");
         assert_eq!(inbox.take_heard(), vec![message.signer()]);
         assert!(inbox.take_heard().is_empty(), "taken");

@@ -29,13 +29,14 @@ use pcp_protocol::failover::candidate::{self as consensus_core, Stop};
 use pcp_protocol::failover::{CHECK_QUORUM_LEASES, Fence, Quorum, Replica};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
 use pcp_schema::{
-    Ack, ArtifactRef, Contribution, DataSpec, Heartbeat, Held, MessageKind, NodeHello, ParameterRef, RoundAnnouncement,
-    RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
+    Ack, AckCode, ArtifactRef, Contribution, DataSpec, Heartbeat, Held, MessageKind, NodeHello, ParameterRef,
+    RoundAnnouncement, RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::Refusal;
 use super::consensus::{Consensus, Seat};
 use super::retention::Retention;
 use super::wire::{self, LeaderState, Signer, peer_name};
@@ -613,8 +614,8 @@ impl Host {
         Ok(())
     }
 
-    async fn refuse(&mut self, id: InboundId, round: u64, reason: String) -> anyhow::Result<()> {
-        let ack = Ack { run: self.run.0, round, accepted: false, reason };
+    async fn refuse(&mut self, id: InboundId, round: u64, refusal: impl Into<Refusal>) -> anyhow::Result<()> {
+        let ack = refusal.into().ack(self.run.0, round);
         let envelope = self.signer.seal(self.run, round, &ack);
         self.respond(id, envelope).await
     }
@@ -650,7 +651,9 @@ impl Host {
                 self.step(timing).await?;
                 let input = match self.admit(key) {
                     Ok(()) => self.contribution_input(key, round, c),
-                    Err(reason) => Input::Malformed { peer: key, round, reason: Rejection::NotAdmitted(reason) },
+                    Err(refusal) => {
+                        Input::Malformed { peer: key, round, reason: Rejection::NotAdmitted(refusal.reason) }
+                    }
                 };
                 let (score, input) = self.screened(input).await?;
                 if let Some(score) = score {
@@ -681,10 +684,14 @@ impl Host {
                 bytes: bytes as u64,
                 bytes_down,
                 accepted: reason.is_none(),
-                reason: reason.clone().unwrap_or_default(),
+                reason: reason.as_ref().map(ToString::to_string).unwrap_or_default(),
             }));
         }
-        let ack = Ack { run: self.run.0, round, accepted: reason.is_none(), reason: reason.unwrap_or_default() };
+        // the sender is told the code and a reason without the screen's losses
+        let ack = match reason {
+            None => Ack::accept(self.run.0, round),
+            Some(r) => Ack::refuse(self.run.0, round, r.code(), r.told()),
+        };
         let envelope = self.signer.seal(self.run, round, &ack);
         self.respond(id, envelope).await
     }
@@ -715,13 +722,14 @@ impl Host {
                                 self.respond(id, envelope).await
                             }
                             None => {
-                                self.refuse(id, binding.round, format!("{} of run {}", super::STANDBY, self.run)).await
+                                let reason = format!("{} of run {}", super::STANDBY, self.run);
+                                self.refuse(id, binding.round, Refusal::new(AckCode::Standby, reason)).await
                             }
                         };
                     }
                     if self.stepped_down.is_some() {
                         let reason = format!("{} of run {}: stepped down", super::STANDBY, self.run);
-                        return self.refuse(id, binding.round, reason).await;
+                        return self.refuse(id, binding.round, Refusal::new(AckCode::Standby, reason)).await;
                     }
                     let envelope = match &self.opened {
                         Some(o) => o.envelope.clone(),
@@ -780,11 +788,14 @@ impl Host {
     /// Whether `key` may take part now: the run's `--admit` with the proof its
     /// hello carried, and the cap on worker identities per address. The one-line
     /// reason if not.
-    fn admit(&mut self, key: PublicKey) -> Result<(), String> {
+    fn admit(&mut self, key: PublicKey) -> Result<(), Refusal> {
         let (certificate, nonce) = self.proofs.get(&key).cloned().unwrap_or_default();
         self.plan.trust.check(&self.run, &key, &certificate, nonce, wire::unix_ms())?;
         let cap = self.plan.trust.max_workers_per_ip;
-        self.node.admission().admit_worker(self.run, key, cap).map_err(|e| e.to_string())
+        self.node
+            .admission()
+            .admit_worker(self.run, key, cap)
+            .map_err(|e| Refusal::new(AckCode::NotAdmitted, e.to_string()))
     }
 
     /// The screen, with [`Screen::Score`]: a contribution Δ, as the round would apply
@@ -958,7 +969,7 @@ impl Host {
         }
     }
 
-    async fn step(&mut self, input: Input<PublicKey>) -> anyhow::Result<Vec<(PublicKey, String)>> {
+    async fn step(&mut self, input: Input<PublicKey>) -> anyhow::Result<Vec<(PublicKey, Rejection)>> {
         // every input may close the round at its deadline, not only the tick
         self.hold_deadline_while_receiving();
         let now = self.now_ms();
@@ -971,7 +982,6 @@ impl Host {
                     self.open_round(round, deadline_ms, participants, deaf).await?;
                 }
                 Action::Rejected { peer, round, reason } => {
-                    let reason = reason.to_string();
                     tracing::warn!(peer = %peer_name(&peer), round, "contribution rejected: {reason}");
                     self.events.emit(ev::Event::ContributionRejected(ev::ContributionRejected {
                         round,

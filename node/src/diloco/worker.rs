@@ -366,12 +366,9 @@ async fn join(plan: &WorkerPlan, node: &Node, signer: &mut Signer, peer: PeerId)
         }
         MessageKind::Ack => {
             let ack: Ack = answer.decode().map_err(|e| JoinError::Skip(e.to_string()))?;
-            if ack.reason.starts_with(super::STANDBY) {
-                Err(JoinError::Skip(ack.reason))
-            } else if ack.reason.contains("cannot compile") || ack.reason.contains("unknown backend") {
-                Err(JoinError::Fatal(anyhow::anyhow!("{}", ack.reason)))
-            } else {
-                Err(JoinError::Skip(ack.reason))
+            match ack.code {
+                pcp_schema::AckCode::NoArtifact => Err(JoinError::Fatal(anyhow::anyhow!("{}", ack.reason))),
+                _ => Err(JoinError::Skip(ack.reason)),
             }
         }
         other => Err(JoinError::Skip(format!("answered a hello with {}", other.tag()))),
@@ -385,9 +382,9 @@ fn pow_asked(answer: &pcp_protocol::Verified) -> Option<(RunId, u8)> {
         return None;
     }
     let ack: Ack = answer.decode().ok()?;
-    let (_, needed) = ack.reason.split_once("proof of work")?.1.rsplit_once("the run needs ")?;
-    let bits: u8 = needed.trim().parse().ok()?;
-    (bits <= pcp_protocol::admit::MAX_POW_BITS).then_some((RunId(ack.run), bits))
+    let bits = ack.pow_bits;
+    let asked = ack.code == pcp_schema::AckCode::ProofOfWork && bits <= pcp_protocol::admit::MAX_POW_BITS;
+    asked.then_some((RunId(ack.run), bits))
 }
 
 /// Why training on a run stopped.
@@ -1493,7 +1490,7 @@ impl Heartbeats {
             MessageKind::Ack => {
                 self.known = None;
                 let ack: Ack = v.decode().map_err(|e| e.to_string())?;
-                if ack.reason.starts_with(super::STANDBY) {
+                if ack.code == pcp_schema::AckCode::Standby {
                     return Ok(None); // the candidate awaited does not lead yet
                 }
                 Ok(Some(Latest::Refused(ack.reason)))

@@ -443,6 +443,18 @@ pub enum Rejection {
     /// Claims to have trained on nothing.
     #[error("no samples")]
     NoSamples,
+    /// Every value is zero: no work, and it would only dilute the mean.
+    #[error("empty: every value of the update is zero")]
+    Empty,
+    /// A copy: too close to another contribution of the round, or to the last
+    /// round's public update ([`super::sketch`]).
+    #[error("too similar: a cosine of {cosine:.6} with {}", if *.to_update { "the last round's update" } else { "another contribution of this round" })]
+    TooSimilar {
+        /// The sketches' cosine.
+        cosine: f64,
+        /// With the last update (else with another contribution).
+        to_update: bool,
+    },
     /// Claims more samples than the run's manifest allows a round (τ inner steps
     /// of batch × block tokens), or a count that is not a whole number of steps.
     #[error("claims {claimed} samples; the run allows whole steps of {unit}, at most {max} (τ × batch × block)")]
@@ -497,6 +509,42 @@ pub enum Rejection {
         /// The least the screen asked.
         needed: f64,
     },
+}
+
+impl Rejection {
+    /// The refusal's code, which the sender's program decides on.
+    pub fn code(&self) -> pcp_schema::AckCode {
+        use pcp_schema::AckCode as C;
+        match self {
+            Self::Fenced(_) => C::Fenced,
+            Self::WrongRound { .. } => C::WrongRound,
+            Self::Late { .. } => C::Late,
+            Self::NotParticipant { .. } => C::NotParticipant,
+            Self::Duplicate { .. } => C::Duplicate,
+            Self::Count { .. } | Self::Shape { .. } | Self::NonFinite { .. } | Self::Encoding(_) => C::Malformed,
+            Self::NoSamples | Self::Samples { .. } => C::Samples,
+            Self::Empty => C::Empty,
+            Self::TooSimilar { .. } => C::TooSimilar,
+            Self::Unscreened => C::Unscreened,
+            Self::NotAdmitted(_) => C::NotAdmitted,
+            Self::NotSelected { .. } => C::NotSelected,
+            Self::NoImprovement { .. } | Self::SmallImprovement { .. } => C::Screen,
+        }
+    }
+
+    /// What the sender is told: the reason, except that the screen's verdicts say
+    /// nothing of its losses (each answer would read the secret batch's), which
+    /// only the shepherd's own record keeps.
+    pub fn told(&self) -> String {
+        match self {
+            Self::NoImprovement { .. } | Self::SmallImprovement { .. } => {
+                "refused by the shepherd's screen: applied alone, it did not help enough on its held-out batch".into()
+            }
+            Self::TooSimilar { to_update: true, .. } => "too similar to the last round's update".into(),
+            Self::TooSimilar { to_update: false, .. } => "too similar to another contribution of this round".into(),
+            other => other.to_string(),
+        }
+    }
 }
 
 /// Checks `delta` against the parameter sizes; returns its L2 norm.
@@ -623,6 +671,18 @@ pub fn trimmed_mean(contributions: &[Accepted], bound: f64, trim: f64) -> (Tenso
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_screen_refusal_tells_its_code_and_none_of_the_losses() {
+        let r = Rejection::NoImprovement { before: 2.2662, after: 2.2663, reversed: 2.2661 };
+        assert_eq!(r.code(), pcp_schema::AckCode::Screen);
+        assert!(r.to_string().contains("2.2662"), "the shepherd's record keeps them: {r}");
+        assert!(!r.told().chars().any(|c| c.is_ascii_digit()), "{}", r.told());
+        let small = Rejection::SmallImprovement { gain: 0.001, needed: 0.002 };
+        assert!(!small.told().chars().any(|c| c.is_ascii_digit()), "{}", small.told());
+        assert_eq!(Rejection::Late { round: 3 }.told(), "late: round 3 already closed");
+        assert_eq!(Rejection::Empty.code(), pcp_schema::AckCode::Empty);
+    }
 
     #[test]
     fn trimmed_mean_drops_the_extremes_of_every_coordinate() {

@@ -85,7 +85,11 @@ use super::Tensors;
 use super::aggregate::{Accepted, Bounds, Delta, Rejection, RunningMean, norm_bound, trimmed_mean};
 use super::outer::Nesterov;
 use super::rating::{Policy, Ratings};
+use super::sketch::Sketch;
 use super::sparse::{self, ErrorFeedback, Settings};
+use reference::{References, bounded_move, tensor_references, weighted_median};
+
+pub mod reference;
 
 /// Shepherd settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -162,6 +166,12 @@ pub struct Config {
     /// waits at most `deadline_factor` × the time that took (a few that hold their
     /// contributions back cannot stretch rounds to the deadline). Also with `rating`.
     pub untrusted: bool,
+    /// A contribution whose sketch has at least this cosine with another accepted
+    /// contribution of its round, or with the last round's update, is a copy and
+    /// refused ([`super::sketch`]; above 1: off).
+    pub similarity: f64,
+    /// The key of the sketches' hash: the shepherd's secret.
+    pub sketch_key: u64,
 }
 
 /// The settings of an overlapping run ([`Config::overlap`]).
@@ -214,6 +224,8 @@ impl Default for Config {
             aggregate_max: 0,
             max_participants: 0,
             untrusted: false,
+            similarity: f64::INFINITY,
+            sketch_key: 0,
         }
     }
 }
@@ -381,6 +393,21 @@ struct Entry {
     weight: f64,
     /// Its sender was on probation when it arrived.
     probation: bool,
+    /// It was screened (the score screen passed it, or the run has none): it can
+    /// be a reference ([`reference`]).
+    screened: bool,
+}
+
+/// A screened, accepted contribution as a reference: its sender, samples, raw
+/// norm, its sender's earned weight when it arrived, and whether its samples are
+/// earned (its norm is at least [`reference::EARNING_FLOOR`] of the reference).
+#[derive(Clone, Debug, PartialEq)]
+struct Reference<P> {
+    peer: P,
+    samples: u64,
+    norm: f64,
+    weight: f64,
+    earns: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -394,9 +421,10 @@ struct OpenRound<P> {
     carried: BTreeMap<P, Entry>,
     /// Overlap: the compute budget.
     budget_ms: Option<u64>,
-    /// Overlap: the milliseconds per inner step of the contributions accepted, and
-    /// when those in time were sent, from their [`Input::Timing`].
-    step_ms: Vec<f64>,
+    /// Overlap: the milliseconds per inner step the shepherd saw of the screened
+    /// contributions accepted, with their senders' earned weights, and when those
+    /// in time were sent, from their [`Input::Timing`].
+    step_ms: Vec<(f64, f64)>,
     sent_ms: Vec<u64>,
     /// Overlap: the deadline was set from the sends of half the participants.
     settled: bool,
@@ -422,15 +450,16 @@ struct OpenRound<P> {
     median_rating: Option<f64>,
     /// `--aggregate-max`: the participants whose contributions are aggregated.
     selected: Option<BTreeSet<P>>,
-    /// Per-tensor (norm, largest magnitude) of the accepted contributions that can
-    /// be the next bounds' reference (rated peers', or everyone's while none is).
-    stats: Vec<(bool, Vec<(f64, f32)>)>,
+    /// Per-tensor (norm, largest magnitude) of the screened, accepted contributions,
+    /// with their senders' earned weights: the next bounds' reference.
+    stats: Vec<(f64, Vec<(f64, f32)>)>,
     /// Contributions the per-tensor bounds changed.
     bounded: Vec<(P, u64, usize)>,
     /// Contributions counted at a trust factor below 1 (and whether on probation).
     discounted: Vec<(P, f64, bool)>,
-    /// The raw norms of the contributions from reference peers.
-    reference_norms: Vec<f64>,
+    /// The screened, accepted contributions: the next norm bound's reference and
+    /// the work their senders earn.
+    references: Vec<Reference<P>>,
     /// Every rated participant answered: the deadline gives those on probation a grace.
     graced: bool,
     /// The participants rated (out of probation) when it opened.
@@ -439,6 +468,8 @@ struct OpenRound<P> {
     halved: bool,
     /// Bytes of `held`.
     held_bytes: usize,
+    /// Sketches of the contributions accepted (copies are refused).
+    sketches: Vec<Sketch>,
 }
 
 /// The outer optimizer.
@@ -529,8 +560,6 @@ pub struct Shepherd<P> {
     previous: Option<Closed<P>>,
     /// Overlap: each worker's last [`Input::Timing`], until its contribution.
     timings: BTreeMap<P, Timing>,
-    /// Overlap: per-step times of the last round that reported any.
-    step_ms: Vec<f64>,
     /// Overlap: a time-boxed round and the median send of its contributions, from
     /// its settled deadline ([`Self::settle`]).
     sent_ms: Option<(u64, u64)>,
@@ -538,9 +567,8 @@ pub struct Shepherd<P> {
     ratings: Ratings<P>,
     /// Each worker's [`Input::Score`], until its contribution.
     scores: BTreeMap<P, (u64, f64)>,
-    /// Each tensor's reference (median norm, median largest magnitude) from the
-    /// last round it was in.
-    tensor_ref: Vec<Option<(f64, f32)>>,
+    /// Earned work, the step time's and each tensor's reference ([`reference`]).
+    refs: References<P>,
     /// Whether the last round's norms ([`Self::norms`]) are rated peers' only: the
     /// running bound then does not take this round's arrivals in.
     rated_norms: bool,
@@ -592,11 +620,10 @@ impl<P: Ord + Clone> Shepherd<P> {
             first_input_ms: None,
             previous: None,
             timings: BTreeMap::new(),
-            step_ms: Vec::new(),
             sent_ms: None,
             ratings,
             scores: BTreeMap::new(),
-            tensor_ref: Vec::new(),
+            refs: References::new(),
             rated_norms: false,
             joined: BTreeMap::new(),
         }
@@ -836,10 +863,19 @@ impl<P: Ord + Clone> Shepherd<P> {
                     self.check_samples(samples)?;
                     // a carried contribution has its round's shape: the same without fragments
                     let sizes = self.round_sizes(self.completed + 1);
-                    delta.validate(&sizes).map(|norm| (norm, carried))
+                    let norm = delta.validate(&sizes)?;
+                    // no work: a zero update counts for nothing and would only dilute the mean
+                    if norm == 0.0 {
+                        return Err(Rejection::Empty);
+                    }
+                    Ok((norm, carried))
+                });
+                let result = result.and_then(|(norm, carried)| {
+                    let sketch = self.check_copy(&delta)?;
+                    Ok((norm, carried, sketch))
                 });
                 match result {
-                    Ok((norm, carried)) => {
+                    Ok((norm, carried, sketch)) => {
                         let (factor, selected) = self.trust(&peer);
                         let probation = self.config.rating.is_some() && self.ratings.on_probation(&peer);
                         if let Some(improvement) = score.filter(|_| self.config.rating.is_some()) {
@@ -851,8 +887,21 @@ impl<P: Ord + Clone> Shepherd<P> {
                         } else {
                             let sent_ms = timing.map(|t| now_ms.saturating_sub(t.transfer_ms));
                             let weight = samples as f64 * factor;
-                            let entry = Entry { samples, loss, norm, weight, probation };
-                            self.accept(peer, entry, delta, carried, timing, sent_ms);
+                            let screened = self.config.rating.is_none() || score.is_some();
+                            let entry = Entry { samples, loss, norm, weight, probation, screened };
+                            // the step time as seen here: the steps its samples make (a
+                            // claim only in tests that check no samples)
+                            let steps = match self.config.sample_unit {
+                                0 => timing.map_or(0, |t| t.steps),
+                                unit => samples / unit,
+                            };
+                            let opened = self.open.as_ref().map(|o| o.started_ms);
+                            let step_ms = self.refs.observed_step_ms(&peer, round, carried, now_ms, opened, steps);
+                            self.refs.arrived(peer.clone(), round, now_ms);
+                            if let (Some(sketch), Some(open)) = (sketch, self.open.as_mut()) {
+                                open.sketches.push(sketch);
+                            }
+                            self.accept(peer, entry, delta, carried, step_ms, sent_ms);
                         }
                     }
                     Err(reason) => self.reject(peer, round, reason, &mut actions),
@@ -862,6 +911,9 @@ impl<P: Ord + Clone> Shepherd<P> {
                 let caught = matches!(reason, Rejection::NoImprovement { .. } | Rejection::SmallImprovement { .. });
                 if caught && self.config.rating.is_some() {
                     self.ratings.caught(&peer, round);
+                }
+                if caught {
+                    self.refs.earned.forfeit(&peer);
                 }
                 self.reject(peer, round, reason, &mut actions);
             }
@@ -882,6 +934,27 @@ impl<P: Ord + Clone> Shepherd<P> {
         actions
     }
 
+    /// With the copy check on, `delta`'s sketch, or its refusal as a copy of an
+    /// accepted contribution of the open round or of the last update.
+    fn check_copy(&self, delta: &Delta) -> Result<Option<Sketch>, Rejection> {
+        if self.config.similarity > 1.0 {
+            return Ok(None);
+        }
+        let sketch = Sketch::of(self.config.sketch_key, delta);
+        let threshold = self.config.similarity;
+        if let Some(update) = &self.refs.update_sketch {
+            let cosine = sketch.cosine(update);
+            if cosine >= threshold {
+                return Err(Rejection::TooSimilar { cosine, to_update: true });
+            }
+        }
+        let others = self.open.iter().flat_map(|o| o.sketches.iter());
+        if let Some(cosine) = others.map(|o| sketch.cosine(o)).find(|c| *c >= threshold) {
+            return Err(Rejection::TooSimilar { cosine, to_update: false });
+        }
+        Ok(Some(sketch))
+    }
+
     /// `peer`'s trust factor in the open round, and whether the round aggregates
     /// its contribution (`--aggregate-max`).
     fn trust(&self, peer: &P) -> (f64, bool) {
@@ -894,12 +967,6 @@ impl<P: Ord + Clone> Shepherd<P> {
         (factor, selected)
     }
 
-    /// Whether `peer`'s contributions can be the bounds' reference: a rated peer's
-    /// (every peer's without ratings).
-    fn is_reference(&self, peer: &P) -> bool {
-        self.config.rating.is_none() || !self.ratings.on_probation(peer)
-    }
-
     /// Adds a validated contribution (`carried`: the previous round's, late) to the
     /// open round's sum, or holds it while the round has no bound yet (or for the
     /// trimmed mean).
@@ -909,14 +976,15 @@ impl<P: Ord + Clone> Shepherd<P> {
         entry: Entry,
         delta: Delta,
         carried: bool,
-        timing: Option<Timing>,
+        step_ms: Option<f64>,
         sent_ms: Option<u64>,
     ) {
         let round = self.completed + 1;
         let no_previous = self.previous_norms(round).is_empty();
         let sizes = self.round_sizes(round).into_owned();
         let (factor, trim) = (self.config.norm_factor, self.config.trim > 0.0);
-        let reference = self.is_reference(&peer);
+        let earned = self.refs.earned.weight(&peer);
+        let floor = lower_median(&self.previous_norms(round)).map_or(0.0, |r| r * reference::EARNING_FLOOR);
         let per_tensor = self.config.tensor_factor.is_finite() || self.config.element_factor.is_finite();
         let rated_pool = self.rated_norms;
         let untrusted = self.config.untrusted;
@@ -924,7 +992,9 @@ impl<P: Ord + Clone> Shepherd<P> {
         // the per-tensor bounds, one contribution at a time; the raw statistics are
         // the next round's reference
         let (delta, bounded_norm) = if per_tensor {
-            open.stats.push((reference, delta.tensor_stats()));
+            if entry.screened {
+                open.stats.push((earned, delta.tensor_stats()));
+            }
             let (delta, norm, clipping) = delta.bounded(&open.bounds);
             if clipping.any() {
                 open.bounded.push((peer.clone(), clipping.elements, clipping.tensors));
@@ -936,20 +1006,22 @@ impl<P: Ord + Clone> Shepherd<P> {
         if entry.weight < entry.samples as f64 {
             open.discounted.push((peer.clone(), entry.weight / entry.samples.max(1) as f64, entry.probation));
         }
-        if let Some(t) = timing.filter(|t| t.steps > 0) {
-            open.step_ms.push(t.train_ms as f64 / t.steps as f64);
+        if let Some(ms) = step_ms.filter(|_| entry.screened) {
+            open.step_ms.push((ms, earned));
         }
         if let Some(sent) = sent_ms.filter(|_| !carried) {
             open.sent_ms.push(sent);
         }
         open.norms.push(entry.norm);
-        if reference {
-            open.reference_norms.push(entry.norm);
+        if entry.screened {
+            let (samples, norm, earns) = (entry.samples, entry.norm, entry.norm >= floor);
+            let reference = Reference { peer: peer.clone(), samples, norm, weight: earned, earns };
+            open.references.push(reference);
         }
         // the pool is the last round's rated norms alone when it has them (untrusted:
         // the last round's norms whenever there are any): the first to arrive cannot
         // drag the bound down
-        if entry.norm.is_finite() && !rated_pool && (no_previous || !untrusted) {
+        if entry.norm.is_finite() && entry.norm > 0.0 && !rated_pool && (no_previous || !untrusted) {
             let at = open.pool.partition_point(|n| n.total_cmp(&entry.norm).is_lt());
             open.pool.insert(at, entry.norm);
         }
@@ -1038,6 +1110,7 @@ impl<P: Ord + Clone> Shepherd<P> {
     }
 
     fn remove(&mut self, peer: P, reason: LeaveReason, actions: &mut Vec<Action<P>>) {
+        self.refs.left(&peer);
         if self.workers.remove(&peer).is_some() {
             actions.push(Action::WorkerLeft { peer, reason });
         }
@@ -1076,11 +1149,11 @@ impl<P: Ord + Clone> Shepherd<P> {
         ((self.config.deadline_factor * median) as u64).clamp(self.config.min_deadline_ms, self.config.max_deadline_ms)
     }
 
-    /// Overlap: the next round's compute budget, τ × factor × the median step time
-    /// learned (`None` before any timing, or under a millisecond).
+    /// Overlap: the next round's compute budget, τ × factor × the step time's
+    /// reference ([`reference`]; `None` before any, or under a millisecond).
     fn budget(&self) -> Option<u64> {
         let overlap = self.config.overlap?;
-        let median = median_f64(&self.step_ms)?;
+        let median = self.refs.step_ms?;
         let budget = (overlap.tau as f64 * overlap.budget_factor * median).min(self.config.max_deadline_ms as f64);
         Some(budget as u64).filter(|b| *b > 0)
     }
@@ -1208,11 +1281,12 @@ impl<P: Ord + Clone> Shepherd<P> {
                 stats: Vec::new(),
                 bounded: Vec::new(),
                 discounted: Vec::new(),
-                reference_norms: Vec::new(),
+                references: Vec::new(),
                 graced: false,
                 rated,
                 halved: false,
                 held_bytes: 0,
+                sketches: Vec::new(),
             });
         }
     }
@@ -1291,34 +1365,10 @@ impl<P: Ord + Clone> Shepherd<P> {
         if !(tf.is_finite() || ef.is_finite()) {
             return Bounds::none();
         }
-        let tensor = self.tensor_ref.iter().map(|r| r.map_or(f64::INFINITY, |(n, _)| tf * n)).collect();
+        let tensor = self.refs.tensors.iter().map(|r| r.map_or(f64::INFINITY, |(n, _)| tf * n)).collect();
         let element =
-            self.tensor_ref.iter().map(|r| r.map_or(f32::INFINITY, |(_, m)| (ef * f64::from(m)) as f32)).collect();
+            self.refs.tensors.iter().map(|r| r.map_or(f32::INFINITY, |(_, m)| (ef * f64::from(m)) as f32)).collect();
         Bounds { tensor, element }
-    }
-
-    /// Each tensor's reference from a closed round's statistics: the median norm
-    /// and median largest magnitude of the reference contributions (rated peers',
-    /// or everyone's if none was rated) in which the tensor was not empty.
-    fn learn_reference(&mut self, stats: &[(bool, Vec<(f64, f32)>)]) {
-        let rated = stats.iter().any(|(r, _)| *r);
-        let chosen: Vec<&Vec<(f64, f32)>> = stats.iter().filter(|(r, _)| *r || !rated).map(|(_, s)| s).collect();
-        let tensors = chosen.iter().map(|s| s.len()).max().unwrap_or(0);
-        if self.tensor_ref.len() < tensors {
-            self.tensor_ref.resize(tensors, None);
-        }
-        for t in 0..tensors {
-            let mut norms: Vec<f64> =
-                chosen.iter().filter_map(|s| s.get(t)).map(|x| x.0).filter(|n| *n > 0.0).collect();
-            let mut maxes: Vec<f32> =
-                chosen.iter().filter_map(|s| s.get(t)).map(|x| x.1).filter(|m| *m > 0.0).collect();
-            if norms.is_empty() || maxes.is_empty() {
-                continue;
-            }
-            norms.sort_by(f64::total_cmp);
-            maxes.sort_by(f32::total_cmp);
-            self.tensor_ref[t] = Some((norms[(norms.len() - 1) / 2], maxes[(maxes.len() - 1) / 2]));
-        }
     }
 
     fn close(&mut self, now_ms: u64, at_deadline: bool, actions: &mut Vec<Action<P>>) {
@@ -1349,33 +1399,41 @@ impl<P: Ord + Clone> Shepherd<P> {
             }
             std::mem::take(&mut open.mean).finish()
         };
+        // the copy check's sketch of the update θ before − θ after (sketches are linear)
+        let copies = self.config.similarity <= 1.0;
+        let before = copies.then(|| Sketch::of_tensors(self.config.sketch_key, &self.params));
+        let applied = mean.is_some();
         let update = mean.and_then(|mean| self.outer.step(&mut self.params, &mean, round));
+        if let Some(before) = before.filter(|_| applied) {
+            let after = Sketch::of_tensors(self.config.sketch_key, &self.params);
+            self.refs.update_sketch = Some(Sketch::difference(&before, &after));
+        }
         self.completed = round;
         let duration_ms = now_ms.saturating_sub(open.started_ms);
         self.durations.push_back(duration_ms);
         while self.durations.len() > self.config.deadline_window.max(1) {
             self.durations.pop_front();
         }
+        // the references ([`reference`]): from the screened, accepted contributions by
+        // their senders' earned weights, each moved a bounded factor
         let stats = std::mem::take(&mut open.stats);
-        self.learn_reference(&stats);
-        // with ratings, the next bound's reference is the rated peers' norms alone
-        let rated = self.config.rating.is_some() && !open.reference_norms.is_empty();
-        if rated {
-            open.norms = std::mem::take(&mut open.reference_norms);
-        }
-        if !open.norms.is_empty() {
-            self.rated_norms = rated;
-            self.norms = open.norms.iter().copied().take(MAX_NORMS).collect();
+        self.refs.tensors = tensor_references(&self.refs.tensors, &stats);
+        let norms: Vec<(f64, f64)> = open.references.iter().map(|r| (r.norm, r.weight)).collect();
+        if let Some(norm) = weighted_median(&norms) {
+            let before = lower_median(&previous);
+            // with ratings, this round's arrivals no longer join the pool
+            self.rated_norms = self.config.rating.is_some();
+            self.norms = [bounded_move(norm, before)].into();
             if self.config.fragments.len() > 1 {
                 let fragment = super::fragments::of_round(round, self.config.fragments.len());
                 self.fragment_norms.insert(fragment, self.norms.iter().copied().collect());
             }
         }
         let excluded = open.participants.iter().filter(|p| !open.accepted.contains_key(p)).cloned().collect();
+        self.refs.earned.close_round(open.references.drain(..).filter(|r| r.earns).map(|r| (r.peer, r.samples)));
         if self.config.overlap.is_some() {
-            if !open.step_ms.is_empty() {
-                self.step_ms = std::mem::take(&mut open.step_ms);
-                self.step_ms.truncate(MAX_NORMS);
+            if let Some(ms) = weighted_median(&open.step_ms) {
+                self.refs.step_ms = Some(bounded_move(ms, self.refs.step_ms));
             }
             let answered = std::mem::take(&mut open.answered);
             self.previous = Some(Closed { round, participants: std::mem::take(&mut open.participants), answered });
@@ -1405,9 +1463,6 @@ impl<P: Ord + Clone> Shepherd<P> {
     }
 }
 
-/// Norms a round keeps for the next round's bound.
-const MAX_NORMS: usize = 4096;
-
 /// The most bytes of contributions an untrusted run's first round holds until it
 /// closes (its norm bound is then the median of all of them); past it, they are
 /// bounded by the median of those held.
@@ -1417,13 +1472,15 @@ pub const FIRST_ROUND_HOLD: usize = 128 << 20;
 /// participants on probation still have to answer (see `Shepherd::probation_grace`).
 pub const PROBATION_GRACE: f64 = 0.25;
 
-/// The median of `values` (the upper one of an even count), if any.
-fn median_f64(values: &[f64]) -> Option<f64> {
-    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
-    sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len() / 2).copied()
+/// The lower median of the positive finite `values`, if any.
+fn lower_median(values: &[f64]) -> Option<f64> {
+    let mut kept: Vec<f64> = values.iter().copied().filter(|n| n.is_finite() && *n > 0.0).collect();
+    kept.sort_by(f64::total_cmp);
+    kept.get(kept.len().saturating_sub(1) / 2).copied()
 }
 
+#[cfg(test)]
+mod sybil;
 #[cfg(test)]
 mod trust;
 
@@ -1715,73 +1772,118 @@ mod tests {
         Input::Timing { peer, round, steps, train_ms, transfer_ms }
     }
 
-    /// (a): the budget is τ × the median step time of the last round's
-    /// contributions; (c): the deadline waits for late links as long as the next
-    /// round still reaches the workers before their next steps are done.
+    /// `steps` inner steps of 10 samples from `peer` to `round` (with
+    /// [`overlapping`]'s `sample_unit` of 10).
+    fn stepped(peer: u32, round: u64, steps: u64) -> Input<u32> {
+        let delta = Delta::Dense(vec![vec![0.1, 0.1]]);
+        Input::Contribution { peer, round, samples: steps * 10, loss: 2.0, delta }
+    }
+
+    /// (a): the budget is τ × the step time the shepherd saw of the last round's
+    /// contributions (their earned-weight median); (c): the deadline waits for late
+    /// links as long as the next round still reaches the workers before their next
+    /// steps are done.
     #[test]
-    fn overlapping_rounds_are_time_boxed_by_the_median_step_time() {
-        let mut s = Shepherd::new(overlapping(3), vec![vec![0.0, 0.0]]);
+    fn overlapping_rounds_are_time_boxed_by_the_observed_step_time() {
+        let config = || Config { sample_unit: 10, max_steps: 50, initial_deadline_ms: 10_000, ..overlapping(3) };
+        let mut s = Shepherd::new(config(), vec![vec![0.0, 0.0]]);
         for p in 1..=3 {
             s.handle(Input::Joined(p), 0);
         }
         assert_eq!(s.budget_ms(), None, "no timing yet: τ steps");
-        // 10, 20 and 80 ms a step (the last a straggler that ran 25 of its 50 steps),
-        // sent at 4970, 4950 and 4100
-        for (p, steps, train, transfer) in [(1, 50, 500, 30), (2, 50, 1000, 50), (3, 25, 2000, 900)] {
-            s.handle(timing(p, 1, steps, train, transfer), 5000);
-            s.handle(contribution(p, 1, 0.1), 5000);
+        // round 1 opened at 0: 10, 20 and 80 ms a step as seen from the opening (the
+        // last a straggler that ran 25 of its 50 steps); whatever they claim
+        for (p, steps, at) in [(1, 50, 500), (2, 50, 1000), (3, 25, 2000)] {
+            s.handle(timing(p, 1, steps, 1, 10), at);
+            s.handle(stepped(p, 1, steps), at);
         }
         assert_eq!(s.completed(), 1);
         // the median 20 ms a step × τ = 50: a 1000 ms budget
         assert_eq!(s.budget_ms(), Some(1000));
         let summary_budget = |a: &[Action<u32>]| completed(a).and_then(|c| c.budget_ms);
-        // round 2 opened at 5000: its deadline is two budgets later until half the
+        // round 2 opened at 2000: its deadline is two budgets later until half the
         // participants answered
-        assert_eq!(s.deadline_ms(), Some(7000));
-        s.handle(timing(1, 2, 50, 1000, 10), 5960);
-        s.handle(contribution(1, 2, 0.1), 5960);
-        assert_eq!(s.deadline_ms(), Some(7000));
-        // the second of three sent at 5950 too: the median worker started round 3's steps
-        // then and is done with them at 6950; the round closes 100 ms (the notice) before
-        s.handle(timing(2, 2, 50, 1000, 10), 5960);
-        s.handle(contribution(2, 2, 0.1), 5960);
-        assert_eq!(s.deadline_ms(), Some(6850));
-        assert!(completed(&s.handle(Input::Tick, 6849)).is_none());
-        let a = s.handle(Input::Tick, 6850);
+        assert_eq!(s.deadline_ms(), Some(4000));
+        s.handle(timing(1, 2, 50, 1, 10), 2960);
+        s.handle(stepped(1, 2, 50), 2960);
+        assert_eq!(s.deadline_ms(), Some(4000));
+        // the second of three sent at 2950 too: the median worker started round 3's steps
+        // then and is done with them at 3950; the round closes 100 ms (the notice) before
+        s.handle(timing(2, 2, 50, 1, 10), 2960);
+        s.handle(stepped(2, 2, 50), 2960);
+        assert_eq!(s.deadline_ms(), Some(3850));
+        assert!(completed(&s.handle(Input::Tick, 3849)).is_none());
+        let a = s.handle(Input::Tick, 3850);
         assert_eq!(summary_budget(&a), Some(1000));
         assert_eq!(completed(&a).map(|c| c.excluded), Some(vec![3]));
+        // round 2's times, from each worker's round-1 arrival: 2460 / 50 and 1960 / 50 ms a
+        // step; the lower median 39.2 ms, within twice the last reference
+        assert_eq!(s.budget_ms(), Some(1960));
         // a deadline that would already have passed is now: the round closes at once
-        s.handle(timing(1, 3, 50, 1000, 5000), 7000);
-        s.handle(contribution(1, 3, 0.1), 7000);
-        s.handle(timing(2, 3, 50, 1000, 5000), 7000);
-        assert!(completed(&s.handle(contribution(2, 3, 0.1), 7000)).is_some());
+        s.handle(timing(1, 3, 50, 1, 5000), 7000);
+        s.handle(stepped(1, 3, 50), 7000);
+        s.handle(timing(2, 3, 50, 1, 5000), 7000);
+        assert!(completed(&s.handle(stepped(2, 3, 50), 7000)).is_some());
+        // the step reference moves at most a factor of two a round: (7000 − 2960) / 50
+        // = 80.8 ms a step is capped at 78.4
+        assert_eq!(s.budget_ms(), Some(3920));
 
-        // what does not count: a timing without steps, one for another round, one whose
-        // contribution is refused; a budget under a millisecond is none
-        let mut s = Shepherd::new(overlapping(2), vec![vec![0.0, 0.0]]);
+        // what does not count: claims (a worker claiming 1 ms for its steps, the
+        // `timing` attack, changes nothing), a refused contribution; a budget under a
+        // millisecond is none
+        let claims = |train_ms: u64| {
+            let mut s = Shepherd::new(Config { start_workers: 2, ..config() }, vec![vec![0.0, 0.0]]);
+            s.handle(Input::Joined(1), 0);
+            s.handle(Input::Joined(2), 0);
+            for (p, at) in [(1, 400), (2, 600)] {
+                s.handle(timing(p, 1, 50, train_ms, 10), at);
+                s.handle(stepped(p, 1, 50), at);
+            }
+            s.budget_ms()
+        };
+        assert_eq!(claims(1), Some(400));
+        assert_eq!(claims(1), claims(1_000_000));
+        let mut s = Shepherd::new(Config { start_workers: 2, ..config() }, vec![vec![0.0, 0.0]]);
         s.handle(Input::Joined(1), 0);
         s.handle(Input::Joined(2), 0);
-        s.handle(timing(1, 1, 0, 5_000, 10), 1);
-        s.handle(contribution(1, 1, 0.1), 1);
-        s.handle(timing(2, 7, 50, 5_000, 10), 1);
-        s.handle(contribution(2, 1, 0.1), 1);
-        assert_eq!((s.completed(), s.budget_ms()), (1, None));
-        s.handle(timing(1, 2, 50, 0, 0), 2);
-        s.handle(contribution(1, 2, 0.1), 2);
-        s.handle(timing(2, 2, 50, 9_000, 0), 2);
-        s.handle(Input::Malformed { peer: 2, round: 2, reason: Rejection::NoSamples }, 2);
-        assert_eq!(s.completed(), 2);
+        s.handle(stepped(1, 1, 50), 0);
+        s.handle(Input::Malformed { peer: 2, round: 1, reason: Rejection::NoSamples }, 9000);
+        assert_eq!(s.completed(), 1);
         assert_eq!(s.budget_ms(), None, "a budget of 0 ms (0 ms a step) is no budget");
-        // a lockstep shepherd ignores timings
-        let mut s = Shepherd::new(Config { overlap: None, ..overlapping(1) }, vec![vec![0.0, 0.0]]);
+        // a lockstep shepherd keeps no budget
+        let mut s = Shepherd::new(Config { overlap: None, ..config() }, vec![vec![0.0, 0.0]]);
         s.handle(Input::Joined(1), 0);
-        s.handle(timing(1, 1, 50, 500, 0), 1);
-        s.handle(contribution(1, 1, 0.1), 1);
-        assert_eq!((s.completed(), s.budget_ms()), (1, None));
+        s.handle(stepped(1, 1, 50), 500);
+        assert_eq!(s.budget_ms(), None);
     }
 
-    /// (c): a contribution one round late is added to the next round; anything
-    /// else late, twice, or from a stranger is refused.
+    /// The `timing` and `early` attacks: keys that earned nothing cannot cut the
+    /// budget by answering the instant a round opens, however many they are.
+    #[test]
+    fn fresh_keys_answering_at_once_do_not_move_the_step_budget() {
+        let config = Config { sample_unit: 10, max_steps: 50, start_workers: 2, ..overlapping(2) };
+        let mut s = Shepherd::new(config, vec![vec![0.0, 0.0]]);
+        s.handle(Input::Joined(1), 0);
+        s.handle(Input::Joined(2), 0);
+        s.handle(stepped(1, 1, 50), 1000);
+        s.handle(stepped(2, 1, 50), 1000);
+        assert_eq!(s.budget_ms(), Some(1000));
+        for sybil in 10..20 {
+            s.handle(Input::Joined(sybil), 1000);
+        }
+        // round 2 is the honest workers' and the Sybils' (joined before it opened)
+        for round in 2..=4 {
+            let opened = s.deadline_ms().expect("open") - 2 * s.budget_ms().expect("budget");
+            for sybil in 10..20 {
+                s.handle(stepped(sybil, round, 50), opened + 1);
+            }
+            s.handle(stepped(1, round, 50), opened + 1000);
+            s.handle(stepped(2, round, 50), opened + 1000);
+            assert_eq!(s.completed(), round);
+            assert!(s.budget_ms().expect("budget") >= 500, "round {round}: {:?}", s.budget_ms());
+        }
+    }
+
     #[test]
     fn a_contribution_one_round_late_is_carried_into_the_next_round() {
         let cfg = Config { initial_deadline_ms: 100, ..overlapping(3) };

@@ -715,6 +715,17 @@ impl Packed {
             .collect()
     }
 
+    /// Calls `f(tensor, flat index, value)` for every kept entry, in order, without
+    /// unpacking.
+    pub fn for_each_kept(&self, mut f: impl FnMut(usize, usize, f32)) {
+        for (index, t) in self.tensors.iter().enumerate() {
+            // checked when it was made: visiting cannot fail
+            let _ = visit(&self.bytes, self.layout, self.seed, index, t, 0..self.chunks(index), |i, code| {
+                f(index, i, t.table[code]);
+            });
+        }
+    }
+
     /// Chunks (strided: kept entries) of tensor `index`, the unit of a range.
     fn chunks(&self, index: usize) -> usize {
         let n = self.tensors[index].n;

@@ -30,11 +30,13 @@ fn split_for(footprint: Option<&Footprint>, free: u64, run: pcp_graph::Recompute
 impl Host {
     pub(super) async fn on_hello(&mut self, id: InboundId, key: PublicKey, hello: NodeHello) -> anyhow::Result<()> {
         if hello.peer != key.0 {
-            return self.refuse(id, 0, "the hello names another peer than its signer".into()).await;
+            return self.refuse(id, 0, "the hello names another peer than its signer").await;
         }
         // who may join (`--admit`, the cap per address): checked again at every contribution
         if self.proofs.len() >= MAX_BACKEND_RECORDS && !self.proofs.contains_key(&key) {
-            return self.refuse(id, 0, "the shepherd holds as many workers as it can".into()).await;
+            return self
+                .refuse(id, 0, Refusal::new(AckCode::Full, "the shepherd holds as many workers as it can"))
+                .await;
         }
         self.proofs.insert(key, (hello.certificate.clone(), hello.pow_nonce));
         if let Err(reason) = self.admit(key) {
@@ -43,7 +45,7 @@ impl Host {
             return self.refuse(id, 0, reason).await;
         }
         let Some(backend) = hello.capabilities.backends.first() else {
-            return self.refuse(id, 0, "the hello lists no backend".into()).await;
+            return self.refuse(id, 0, "the hello lists no backend").await;
         };
         let name = backend.name.clone();
         let target = backend.targets.first().cloned().unwrap_or_default();
@@ -66,19 +68,22 @@ impl Host {
         let parsed: Result<pcp_graph::Backend, _> = name.parse();
         let backend = match parsed {
             Ok(b) => b,
-            Err(e) => return self.refuse(id, 0, e.to_string()).await,
+            Err(e) => return self.refuse(id, 0, Refusal::new(AckCode::NoArtifact, e.to_string())).await,
         };
         // a target name the compiler does not know is refused with the accepted names
         let compile_target = match pcp_graph::Target::parse(backend, Some(&target)) {
             Ok(t) => t,
-            Err(e) => return self.refuse(id, 0, format!("the shepherd cannot compile for {name}: {e}")).await,
+            Err(e) => {
+                let reason = format!("the shepherd cannot compile for {name}: {e}");
+                return self.refuse(id, 0, Refusal::new(AckCode::NoArtifact, reason)).await;
+            }
         };
         if let Some(c) = self.compiling.get_mut(&entry) {
             c.waiters.push((id, key));
             return Ok(());
         }
         if self.compiling.len() >= MAX_COMPILES {
-            return self.refuse(id, 0, "the shepherd is busy compiling for other targets; try again".into()).await;
+            return self.refuse(id, 0, "the shepherd is busy compiling for other targets; try again").await;
         }
         if self.artifacts.len() + self.compiling.len() >= MAX_ARTIFACTS {
             return self.refuse(id, 0, format!("this run serves at most {MAX_ARTIFACTS} targets")).await;
@@ -197,7 +202,7 @@ impl Host {
                     reason: reason.clone(),
                 }));
                 for (id, _) in waiters {
-                    self.refuse(id, 0, reason.clone()).await?;
+                    self.refuse(id, 0, Refusal::new(AckCode::NoArtifact, reason.clone())).await?;
                 }
             }
         }

@@ -325,6 +325,10 @@ pub(super) fn machine_config(
         max_participants: plan.trust.max_participants as usize,
         add_threads: plan.aggregate_threads.max(1),
         untrusted: true,
+        // copies (a replay from many keys, a scaled copy of the last update) are refused,
+        // by sketches under a key of this process's own
+        similarity: pcp_protocol::diloco::sketch::DEFAULT_SIMILARITY,
+        sketch_key: rand::random(),
         // overlapping workers: time-boxed rounds, a deadline after the budget, late
         // contributions carried over (see pcp_protocol::diloco::shepherd)
         // (announcements are gossiped when a round opens: half a second's notice)

@@ -225,11 +225,15 @@ impl Trust {
         certificate: &[u8],
         pow_nonce: u64,
         now_ms: u64,
-    ) -> Result<(), String> {
-        let certificate = match certificate {
-            [] => None,
-            bytes => Some(JoinCertificate::from_bytes(bytes).map_err(|e| format!("bad join certificate: {e}"))?),
-        };
-        self.admit.check(run, key, &Proof { certificate, pow_nonce }, now_ms).map_err(|e| e.to_string())
+    ) -> Result<(), crate::diloco::Refusal> {
+        use crate::diloco::Refusal;
+        let certificate =
+            match certificate {
+                [] => None,
+                bytes => Some(JoinCertificate::from_bytes(bytes).map_err(|e| {
+                    Refusal::new(pcp_schema::AckCode::NotAdmitted, format!("bad join certificate: {e}"))
+                })?),
+            };
+        self.admit.check(run, key, &Proof { certificate, pow_nonce }, now_ms).map_err(|e| Refusal::admission(&e))
     }
 }

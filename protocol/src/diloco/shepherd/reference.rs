@@ -1,0 +1,281 @@
+//! The references a shepherd's bounds and budget learn from: the global norm
+//! bound's, each tensor's norm and largest magnitude, and the time an inner step
+//! takes. Identities are cheap, so none of them is a vote per key:
+//!
+//! * **Screened and accepted only.** A contribution counts if it was accepted
+//!   and screened: the score screen passed it ([`super::Input::Score`]), or the
+//!   run has no score screen, whose norm bounds are then the screen. One let
+//!   through unscored (sampling past the screening budget) counts for nothing.
+//! * **By earned weight.** Each sender weighs by its earned work
+//!   ([`Earned`]): the samples of its screened, accepted contributions in past
+//!   rounds, each round's decayed by [`EARNED_DECAY`], and nothing again once
+//!   the screen catches it. A key that earned nothing has no say in a round where
+//!   any other contributor earned something; where none did (a run's first
+//!   rounds), each counts once. A contribution earns its samples only if its
+//!   norm is at least [`EARNING_FLOOR`] of the norm reference: a drag of tiny
+//!   updates, which the norm bound lets through, earns nothing. Under
+//!   `--screen norm` nothing else tells good work from bad, so keys that keep
+//!   sending updates of an honest norm earn their say over rounds; the score
+//!   screen is what refuses those that do not help.
+//! * **Zero and non-finite values are left out.**
+//! * **A bounded move.** Each reference moves by at most [`REFERENCE_STEP`] a
+//!   round (×2 up, ÷2 down) from the one before, so no round can set a bound to 0
+//!   or to 10⁶ × its value, whoever sends what.
+//! * **Observed time.** The step time is what the shepherd sees: the time from
+//!   the sender's contribution to the round before to this one (from the round's
+//!   opening when it sent none), over the inner steps its samples make. A claim
+//!   of the worker's own never enters it. An overlapping worker trains from one
+//!   send to the next, so this is its step time, more when it waited for an
+//!   announcement: it can only lengthen the budget.
+
+use std::collections::BTreeMap;
+
+/// The most a reference moves in one round, as a factor either way.
+pub const REFERENCE_STEP: f64 = 2.0;
+
+/// The share of each sender's earned work that every closed round forgets.
+pub const EARNED_DECAY: f64 = 1.0 / 16.0;
+
+/// A contribution earns its samples if its norm is at least this share of the
+/// norm reference (`REFERENCE_STEP`⁻²: two rounds of the most a reference moves).
+pub const EARNING_FLOOR: f64 = 1.0 / (REFERENCE_STEP * REFERENCE_STEP);
+
+/// The most senders whose earned work is kept; past it the least earned go.
+pub const MAX_EARNED: usize = 65_536;
+
+/// Earned work below this many samples is forgotten.
+const FORGOTTEN: f64 = 1e-3;
+
+/// Each sender's earned work: decayed samples of its screened, accepted
+/// contributions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Earned<P> {
+    work: BTreeMap<P, f64>,
+}
+
+impl<P> Default for Earned<P> {
+    fn default() -> Self {
+        Self { work: BTreeMap::new() }
+    }
+}
+
+impl<P: Ord + Clone> Earned<P> {
+    /// `peer`'s earned work (0 for a key that earned nothing).
+    pub fn weight(&self, peer: &P) -> f64 {
+        self.work.get(peer).copied().unwrap_or(0.0)
+    }
+
+    /// A round closed: every sender's work decays by [`EARNED_DECAY`], then each of
+    /// `credited` (a screened, accepted contribution's sender and its samples)
+    /// earns its samples.
+    pub fn close_round(&mut self, credited: impl IntoIterator<Item = (P, u64)>) {
+        for w in self.work.values_mut() {
+            *w *= 1.0 - EARNED_DECAY;
+        }
+        self.work.retain(|_, w| *w >= FORGOTTEN);
+        for (peer, samples) in credited {
+            *self.work.entry(peer).or_insert(0.0) += samples as f64;
+        }
+        if self.work.len() > MAX_EARNED {
+            let mut by_work: Vec<(f64, P)> = self.work.iter().map(|(p, w)| (*w, p.clone())).collect();
+            by_work.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let excess = self.work.len() - MAX_EARNED;
+            for (_, p) in by_work.into_iter().take(excess) {
+                self.work.remove(&p);
+            }
+        }
+    }
+
+    /// The screen caught `peer`: what it earned is gone.
+    pub fn forfeit(&mut self, peer: &P) {
+        self.work.remove(peer);
+    }
+
+    /// Senders with earned work.
+    pub fn len(&self) -> usize {
+        self.work.len()
+    }
+
+    /// Whether no sender earned anything.
+    pub fn is_empty(&self) -> bool {
+        self.work.is_empty()
+    }
+}
+
+/// The lower weighted median of `(value, weight)` pairs: the smallest value at
+/// which the weight of the values up to it reaches half the total. Zero, negative
+/// and non-finite values are left out; where the weights left sum to nothing,
+/// each value counts once. `None` when no value is left.
+pub fn weighted_median(values: &[(f64, f64)]) -> Option<f64> {
+    let mut kept: Vec<(f64, f64)> = values
+        .iter()
+        .filter(|(v, _)| v.is_finite() && *v > 0.0)
+        .map(|(v, w)| (*v, if w.is_finite() && *w > 0.0 { *w } else { 0.0 }))
+        .collect();
+    if kept.is_empty() {
+        return None;
+    }
+    if kept.iter().map(|(_, w)| w).sum::<f64>() <= 0.0 {
+        kept.iter_mut().for_each(|(_, w)| *w = 1.0);
+    }
+    kept.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let half = kept.iter().map(|(_, w)| w).sum::<f64>() / 2.0;
+    let mut sum = 0.0;
+    for (v, w) in &kept {
+        sum += w;
+        if sum >= half {
+            return Some(*v);
+        }
+    }
+    kept.last().map(|(v, _)| *v)
+}
+
+/// `new` moved at most [`REFERENCE_STEP`] either way from `previous` (none, or
+/// not a positive finite value: `new` as it is).
+pub fn bounded_move(new: f64, previous: Option<f64>) -> f64 {
+    match previous.filter(|p| p.is_finite() && *p > 0.0) {
+        Some(p) => new.clamp(p / REFERENCE_STEP, p * REFERENCE_STEP),
+        None => new,
+    }
+}
+
+/// Each tensor's reference (norm, largest magnitude) from a round's screened,
+/// accepted contributions' statistics and their senders' weights, each moved at
+/// most [`REFERENCE_STEP`] from `previous`. A tensor no contribution carried keeps
+/// its reference.
+pub fn tensor_references(previous: &[Option<(f64, f32)>], stats: &[(f64, Vec<(f64, f32)>)]) -> Vec<Option<(f64, f32)>> {
+    let tensors = stats.iter().map(|(_, s)| s.len()).max().unwrap_or(0).max(previous.len());
+    (0..tensors)
+        .map(|t| {
+            let before = previous.get(t).copied().flatten();
+            let norms: Vec<(f64, f64)> = stats.iter().filter_map(|(w, s)| s.get(t).map(|x| (x.0, *w))).collect();
+            let maxes: Vec<(f64, f64)> =
+                stats.iter().filter_map(|(w, s)| s.get(t).map(|x| (f64::from(x.1), *w))).collect();
+            match (weighted_median(&norms), weighted_median(&maxes)) {
+                (Some(n), Some(m)) => {
+                    let n = bounded_move(n, before.map(|b| b.0));
+                    let m = bounded_move(m, before.map(|b| f64::from(b.1)));
+                    Some((n, m as f32))
+                }
+                _ => before,
+            }
+        })
+        .collect()
+}
+
+/// What the references learn between rounds, beside the global norm's (which
+/// the shepherd keeps in its snapshot).
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct References<P> {
+    /// Each sender's earned work.
+    pub(super) earned: Earned<P>,
+    /// Each worker's last accepted contribution: its round and when it arrived.
+    arrivals: BTreeMap<P, (u64, u64)>,
+    /// Overlap: milliseconds an inner step takes (the budget's reference).
+    pub(super) step_ms: Option<f64>,
+    /// Each tensor's (norm, largest magnitude): the per-tensor bounds' reference.
+    pub(super) tensors: Vec<Option<(f64, f32)>>,
+    /// The copy check: the sketch of the last round's update.
+    pub(super) update_sketch: Option<crate::diloco::sketch::Sketch>,
+}
+
+impl<P: Ord + Clone> References<P> {
+    pub(super) fn new() -> Self {
+        Self {
+            earned: Earned::default(),
+            arrivals: BTreeMap::new(),
+            step_ms: None,
+            tensors: Vec::new(),
+            update_sketch: None,
+        }
+    }
+
+    /// The milliseconds an inner step of `peer`'s contribution to `round`, arriving
+    /// at `now_ms`, took as the shepherd saw it: from its contribution to the round
+    /// before (or from the open round's opening at `opened_ms`, unless `carried`),
+    /// over its `steps`. `None` without steps or a start.
+    pub(super) fn observed_step_ms(
+        &self,
+        peer: &P,
+        round: u64,
+        carried: bool,
+        now_ms: u64,
+        opened_ms: Option<u64>,
+        steps: u64,
+    ) -> Option<f64> {
+        let before = self.arrivals.get(peer).filter(|(r, _)| r + 1 == round).map(|(_, at)| *at);
+        let start = before.or(opened_ms.filter(|_| !carried))?;
+        (steps > 0).then(|| now_ms.saturating_sub(start) as f64 / steps as f64)
+    }
+
+    /// `peer`'s contribution to `round` was accepted at `now_ms`.
+    pub(super) fn arrived(&mut self, peer: P, round: u64, now_ms: u64) {
+        self.arrivals.insert(peer, (round, now_ms));
+    }
+
+    /// `peer` is no longer a worker.
+    pub(super) fn left(&mut self, peer: &P) {
+        self.arrivals.remove(peer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_weighted_median_is_the_lower_median_at_equal_weights_and_leaves_zeros_out() {
+        let equal = |v: &[f64]| v.iter().map(|v| (*v, 1.0)).collect::<Vec<_>>();
+        assert_eq!(weighted_median(&equal(&[4.0, 1.0, 3.0, 2.0])), Some(2.0));
+        assert_eq!(weighted_median(&equal(&[5.0, 1.0, 3.0])), Some(3.0));
+        assert_eq!(weighted_median(&equal(&[0.0, 0.0, 0.0, 2.0])), Some(2.0), "zeros are no reference");
+        assert_eq!(weighted_median(&equal(&[f64::NAN, f64::INFINITY, 0.0])), None);
+        // weights: two keys with no earned work cannot outvote one that earned
+        assert_eq!(weighted_median(&[(1.0, 0.0), (1.0, 0.0), (9.0, 5.0)]), Some(9.0));
+        // where nobody earned anything, each value counts once
+        assert_eq!(weighted_median(&[(1.0, 0.0), (2.0, 0.0), (9.0, 0.0)]), Some(2.0));
+        // a minority of weight cannot move it, however extreme its values
+        let honest = [(1.0, 10.0), (1.1, 10.0), (1.2, 10.0), (0.9, 10.0)];
+        let mut attacked = honest.to_vec();
+        attacked.extend([(1e6, 10.0), (1e6, 10.0), (1e6, 10.0)]);
+        let m = weighted_median(&attacked).expect("some");
+        assert!((0.9..=1.2).contains(&m), "{m}");
+    }
+
+    #[test]
+    fn a_reference_moves_at_most_a_factor_of_two_a_round() {
+        assert_eq!(bounded_move(0.0, Some(4.0)), 2.0);
+        assert_eq!(bounded_move(1e6, Some(4.0)), 8.0);
+        assert_eq!(bounded_move(5.0, Some(4.0)), 5.0);
+        assert_eq!(bounded_move(5.0, None), 5.0);
+        assert_eq!(bounded_move(5.0, Some(0.0)), 5.0, "no positive reference to move from");
+    }
+
+    #[test]
+    fn earned_work_decays_is_forfeited_and_stays_bounded() {
+        let mut e = Earned::default();
+        e.close_round([(1u32, 100), (2, 50)]);
+        assert_eq!(e.weight(&1), 100.0);
+        e.close_round([(2, 50)]);
+        assert_eq!(e.weight(&1), 100.0 * (1.0 - EARNED_DECAY));
+        assert_eq!(e.weight(&2), 50.0 * (1.0 - EARNED_DECAY) + 50.0);
+        e.forfeit(&2);
+        assert_eq!(e.weight(&2), 0.0);
+        assert_eq!(e.weight(&3), 0.0, "never contributed");
+        let mut many = Earned::default();
+        many.close_round((0..MAX_EARNED as u32 + 10).map(|p| (p, u64::from(p) + 1)));
+        assert_eq!(many.len(), MAX_EARNED);
+        assert_eq!(many.weight(&0), 0.0, "the least earned go first");
+        assert!(many.weight(&(MAX_EARNED as u32 + 9)) > 0.0);
+    }
+
+    #[test]
+    fn tensor_references_keep_untouched_tensors_and_move_a_bounded_factor() {
+        let previous = vec![Some((1.0, 0.5)), Some((2.0, 1.0))];
+        // tensor 0 sent as zeros by everyone: it keeps its reference; tensor 1 asks 100×
+        let stats = vec![(1.0, vec![(0.0, 0.0), (200.0, 100.0)]), (1.0, vec![(0.0, 0.0), (200.0, 100.0)])];
+        let next = tensor_references(&previous, &stats);
+        assert_eq!(next, vec![Some((1.0, 0.5)), Some((4.0, 2.0))]);
+        assert_eq!(tensor_references(&[], &[(0.0, vec![(3.0, 1.5)])]), vec![Some((3.0, 1.5))]);
+    }
+}

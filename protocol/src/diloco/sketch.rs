@@ -1,0 +1,157 @@
+//! Sketches of pseudo-gradients, to tell copies: a contribution too close to
+//! another of its round (a replay of one Δ from many keys) or to the last public
+//! update (a free rider's scaled copy) is refused.
+//!
+//! A [`Sketch`] is a CountSketch of the update: each value, by its tensor and
+//! flat index, is added with a sign to one of [`WIDTH`] buckets, both chosen by
+//! a keyed hash. It is linear, so a copy or a scaled copy of a vector sketches to
+//! the same direction exactly, and an inner product of two sketches estimates
+//! the vectors' (with a relative error of about `1/√WIDTH` for unrelated
+//! vectors). The key is the shepherd's own: a sender does not know the buckets.
+//!
+//! The rule: a contribution whose sketch has a cosine of at least the threshold
+//! ([`DEFAULT_SIMILARITY`], 0.9999) with an accepted contribution of the same
+//! round, or with the last round's update (θ before − θ after, published to every
+//! worker), is refused ([`super::aggregate::Rejection::TooSimilar`]). Honest
+//! workers train on different data, and their pseudo-gradients are far from
+//! parallel; the threshold catches copies with noise of up to about 1% of their
+//! norm. A copy with more noise than that is a noisy contribution for the screen.
+
+use super::Tensors;
+use super::aggregate::Delta;
+
+/// Buckets of a sketch.
+pub const WIDTH: usize = 256;
+
+/// The cosine from which two contributions are copies.
+pub const DEFAULT_SIMILARITY: f64 = 0.9999;
+
+/// A CountSketch of a pseudo-gradient ([`WIDTH`] buckets).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sketch {
+    buckets: Vec<f64>,
+}
+
+/// The bucket and sign of value `index` of tensor `tensor` under `key`.
+fn slot(key: u64, tensor: usize, index: usize) -> (usize, f64) {
+    let x = (index as u64) ^ key.rotate_left(tensor as u32 % 64) ^ ((tensor as u64) << 40);
+    let h = x.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ key;
+    let h = (h ^ (h >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let bucket = (h >> 56) as usize % WIDTH;
+    let sign = if h & (1 << 20) == 0 { 1.0 } else { -1.0 };
+    (bucket, sign)
+}
+
+impl Sketch {
+    fn empty() -> Self {
+        Self { buckets: vec![0.0; WIDTH] }
+    }
+
+    fn add(&mut self, key: u64, tensor: usize, index: usize, value: f32) {
+        let (bucket, sign) = slot(key, tensor, index);
+        self.buckets[bucket] += sign * f64::from(value);
+    }
+
+    /// The sketch of dense tensors.
+    pub fn of_tensors(key: u64, tensors: &Tensors) -> Self {
+        let mut s = Self::empty();
+        for (t, values) in tensors.iter().enumerate() {
+            for (i, v) in values.iter().enumerate() {
+                if *v != 0.0 {
+                    s.add(key, t, i, *v);
+                }
+            }
+        }
+        s
+    }
+
+    /// The sketch of a contribution, dense or sparse (visiting only kept entries).
+    pub fn of(key: u64, delta: &Delta) -> Self {
+        match delta {
+            Delta::Dense(t) => Self::of_tensors(key, t),
+            Delta::Sparse(s) => {
+                let mut out = Self::empty();
+                for (t, tensor) in s.iter().enumerate() {
+                    for (i, v) in tensor.indices.iter().zip(&tensor.values) {
+                        out.add(key, t, *i as usize, *v);
+                    }
+                }
+                out
+            }
+            Delta::Packed(p) => {
+                let mut out = Self::empty();
+                p.for_each_kept(|t, i, v| out.add(key, t, i, v));
+                out
+            }
+        }
+    }
+
+    /// `a − b` (a sketch of the difference: sketches are linear).
+    pub fn difference(a: &Self, b: &Self) -> Self {
+        Self { buckets: a.buckets.iter().zip(&b.buckets).map(|(x, y)| x - y).collect() }
+    }
+
+    /// The cosine of the two sketches (0 if either is zero).
+    pub fn cosine(&self, other: &Self) -> f64 {
+        let dot: f64 = self.buckets.iter().zip(&other.buckets).map(|(a, b)| a * b).sum();
+        let na: f64 = self.buckets.iter().map(|a| a * a).sum::<f64>().sqrt();
+        let nb: f64 = other.buckets.iter().map(|b| b * b).sum::<f64>().sqrt();
+        if na == 0.0 || nb == 0.0 { 0.0 } else { dot / (na * nb) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diloco::sparse::{self, Layout, Packed};
+
+    /// A deterministic pseudo-random vector of `n` values.
+    fn noise(seed: u64, n: usize) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn copies_and_scaled_copies_are_parallel_and_unrelated_vectors_are_not() {
+        let a = vec![noise(1, 5000), noise(2, 300)];
+        let b = vec![noise(3, 5000), noise(4, 300)];
+        let key = 77;
+        let (sa, sb) = (Sketch::of_tensors(key, &a), Sketch::of_tensors(key, &b));
+        assert!((sa.cosine(&sa) - 1.0).abs() < 1e-12);
+        let scaled: Tensors = a.iter().map(|t| t.iter().map(|v| v * 4.0).collect()).collect();
+        assert!(sa.cosine(&Sketch::of_tensors(key, &scaled)) >= DEFAULT_SIMILARITY);
+        // a copy with 0.5% noise is still a copy; unrelated vectors are far apart
+        let noisy: Tensors =
+            a.iter().zip(&b).map(|(x, y)| x.iter().zip(y).map(|(x, y)| x + 0.005 * y).collect()).collect();
+        assert!(sa.cosine(&Sketch::of_tensors(key, &noisy)) >= DEFAULT_SIMILARITY);
+        assert!(sa.cosine(&sb).abs() < 0.3, "{}", sa.cosine(&sb));
+        // related but different (half shared): well below the threshold
+        let half: Tensors = a.iter().zip(&b).map(|(x, y)| x.iter().zip(y).map(|(x, y)| x + y).collect()).collect();
+        let c = sa.cosine(&Sketch::of_tensors(key, &half));
+        assert!((0.5..0.9).contains(&c), "{c}");
+        // a difference of sketches is the sketch of the difference
+        let diff: Tensors = a.iter().zip(&b).map(|(x, y)| x.iter().zip(y).map(|(x, y)| x - y).collect()).collect();
+        let d = Sketch::difference(&sa, &sb);
+        assert!((d.cosine(&Sketch::of_tensors(key, &diff)) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_sparse_message_sketches_as_its_dense_form() {
+        let sizes = [640usize, 64];
+        let tensors: Tensors = sizes.iter().enumerate().map(|(i, n)| noise(i as u64 + 9, *n)).collect();
+        let layout = Layout { chunk: 64, k: 4, bits: 2, strided: false };
+        let (bytes, kept) = sparse::encode_seeded(&tensors, layout, 3);
+        let packed = Delta::Packed(Packed::check(&bytes, &sizes, layout, 3).expect("checks"));
+        let dense = Delta::Dense(packed.to_dense(&sizes));
+        let (sp, sd, ss) = (Sketch::of(5, &packed), Sketch::of(5, &dense), Sketch::of(5, &Delta::Sparse(kept)));
+        assert!((sp.cosine(&sd) - 1.0).abs() < 1e-9);
+        assert!((ss.cosine(&sd) - 1.0).abs() < 1e-9);
+    }
+}
