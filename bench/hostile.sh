@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENCODINGS="sparse fp32"
-KINDS="inflate concentrate late drag sybil flip noise mixed"
+KINDS="inflate concentrate late drag sybil flip noise sleeper:4:zero sleeper:4:huge copy replay timing early mixed"
 ROUNDS=10
 TAU=20
 OUT=$(mktemp -d)
@@ -38,6 +38,7 @@ flags() {
   case "$1" in
     honest) ;;
     sybil) echo "--hostile sybil:3:4 --hostile sybil:3:5" ;;
+    replay) echo "--hostile replay:3:4" ;;
     mixed) echo "--hostile inflate:4 --hostile concentrate:5 --hostile drag:6 --hostile sybil:2:7 --hostile flip:8" ;;
     *) echo "--hostile $1:4 --hostile $1:5" ;;
   esac

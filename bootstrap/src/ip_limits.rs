@@ -63,6 +63,20 @@ pub(crate) fn address_key(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// The IPv6 /48 an [`address_key`] lies in (`None` for an IPv4 one): the prefix a
+/// home or an office is commonly given whole, 65,536 /64s.
+pub(crate) fn network_48(key: IpAddr) -> Option<IpAddr> {
+    match key {
+        IpAddr::V4(_) => None,
+        IpAddr::V6(v6) => Some(IpAddr::V6((u128::from(v6) & !((1u128 << 80) - 1)).into())),
+    }
+}
+
+/// A [`network_48`] as shown in messages, with its `/48`.
+pub(crate) fn show_network(network: &IpAddr) -> String {
+    format!("{network}/48")
+}
+
 /// The [`address_key`] of a connection's remote address, if it has an IP.
 pub(crate) fn address_of(addr: &Multiaddr) -> Option<IpAddr> {
     ip(addr).map(address_key)

@@ -20,6 +20,7 @@
 mod candidate;
 mod consensus;
 pub(crate) mod inbox;
+pub(crate) mod participants;
 mod refusal;
 mod retention;
 mod shepherd;
@@ -46,4 +47,4 @@ pub(crate) use shepherd::{
     SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, Trust, TrustArgs, parse_encoding, parse_key,
     parse_trim,
 };
-pub(crate) use worker::{HOSTILE_KINDS, Hostile, WorkerArgs, WorkerPlan, run as worker_run};
+pub(crate) use worker::{Attack, HOSTILE_KINDS, Hostile, ReplaySlot, WorkerArgs, WorkerPlan, run as worker_run};

@@ -153,9 +153,9 @@ fn sign_flipped_and_noise_contributions_are_screened_out() {
     }
     assert_eq!(count(&flip) + count(&noise), rejected.len(), "honest contributions pass the screen: {rejected:?}");
     assert!(
-        rejected.iter().all(|e| e["reason"].as_str().is_some_and(
-            |r| r.starts_with("no improvement: held-out loss") || r.starts_with("too small an improvement")
-        )),
+        rejected.iter().all(|e| e["reason"].as_str().is_some_and(|r| r.starts_with("no improvement: held-out loss")
+            || r.starts_with("too small an improvement")
+            || r.starts_with("sitting out"))),
         "{rejected:?}"
     );
     let honest = final_val(&sim_rounds(6, &["--nodes", "3"]));

@@ -122,6 +122,9 @@ struct RoundAnnouncement {
   stepsEndUnixMs @13 :UInt64; # overlap: when the median worker's steps of this round end (0: unknown)
   screenCommit @14 :Data;   # blake3 of the secret seed of this round's screen batch, 32 bytes; empty: none
   screenReveal @15 :Data;   # the previous round's screen seed, 32 bytes, to audit its commit; empty: none
+  participantsBlob @16 :ParameterRef; # past the shepherd's inline threshold: the participants, a blob
+                                      # of sorted 32-byte keys (and `participants` empty)
+  hasParticipantsBlob @17 :Bool;
 }
 
 struct Contribution {
@@ -172,6 +175,7 @@ enum AckCode {
   fenced @17;          # trained under another term or from other parameters
   unscreened @18;      # past the round's screening budget while on probation
   tooSimilar @19;      # too close to another contribution or to the last update
+  sitsOut @20;         # the screen refused this key lately: it sits out some rounds
 }
 
 struct Heartbeat {

@@ -17,8 +17,12 @@ pub struct RoundAnnouncement {
     pub parameters: Vec<ParameterRef>,
     /// Contributions after this time are not counted.
     pub deadline_unix_ms: u64,
-    /// The ed25519 keys of the workers expected to contribute.
+    /// The ed25519 keys of the workers expected to contribute (empty when
+    /// `participants_blob` holds them).
     pub participants: Vec<[u8; 32]>,
+    /// Past the shepherd's inline threshold, the participants as a blob of
+    /// sorted 32-byte keys, which keeps a round of any size within the control cap.
+    pub participants_blob: Option<ParameterRef>,
     /// The run is over and `parameters` are the final ones.
     pub finished: bool,
     /// The signer's term as leader (1: the creator's).
@@ -183,6 +187,8 @@ ack_codes! {
     Unscreened,
     /// Too close to another contribution or to the last update.
     TooSimilar,
+    /// The screen refused this key lately: it sits out some rounds.
+    SitsOut,
 }
 
 /// A liveness signal from a participant.
@@ -284,6 +290,10 @@ impl Message for RoundAnnouncement {
         if self.screen_reveal != [0; 32] {
             root.set_screen_reveal(&self.screen_reveal[..]);
         }
+        if let Some(blob) = &self.participants_blob {
+            blob.write(root.reborrow().init_participants_blob());
+            root.set_has_participants_blob(true);
+        }
         codec::words(&message)
     }
 
@@ -302,6 +312,10 @@ impl Message for RoundAnnouncement {
                 parameters: ParameterRef::read_list(W, r.get_parameters())?,
                 deadline_unix_ms: r.get_deadline_unix_ms(),
                 participants,
+                participants_blob: match r.get_has_participants_blob() {
+                    true => Some(ParameterRef::read(W, r.get_participants_blob().map_err(|e| malformed(W, e))?)?),
+                    false => None,
+                },
                 finished: r.get_finished(),
                 term: r.get_term(),
                 state: match r.get_has_state() {

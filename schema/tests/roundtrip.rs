@@ -171,11 +171,12 @@ proptest! {
         update in proptest::option::of((parameter(), any::<[u8; 32]>())),
         (budget_ms, steps_end_unix_ms) in (any::<u64>(), any::<u64>()),
         (screen_commit, screen_reveal) in (any::<[u8; 32]>(), any::<[u8; 32]>()),
+        participants_blob in proptest::option::of(parameter()),
     ) {
         let update = update.map(|(blob, base)| Update { blob, base });
         roundtrip(&RoundAnnouncement {
-            run, round, parameters, deadline_unix_ms: d, participants, finished, term, state, update, budget_ms,
-            steps_end_unix_ms, screen_commit, screen_reveal,
+            run, round, parameters, deadline_unix_ms: d, participants, participants_blob, finished, term, state, update,
+            budget_ms, steps_end_unix_ms, screen_commit, screen_reveal,
         })?;
     }
 

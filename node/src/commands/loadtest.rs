@@ -122,6 +122,8 @@ struct Tally {
     in_flight: u64,
     /// Heartbeats that found no answer within [`ASK_TIMEOUT`].
     unanswered: u64,
+    /// Rounds whose announcement named a participants blob.
+    participant_blobs: std::collections::BTreeSet<u64>,
 }
 
 impl Tally {
@@ -317,6 +319,9 @@ fn report(tally: &Tally, json: Option<&std::path::Path>) -> Result<(), Failure> 
         tally.announcements, tally.current, tally.answer_bytes
     )
     .map_err(write)?;
+    if !tally.participant_blobs.is_empty() {
+        writeln!(out, "rounds whose participants came as a blob: {:?}", tally.participant_blobs).map_err(write)?;
+    }
     if !tally.refused_heartbeat.is_empty() || !tally.refused_contribution.is_empty() {
         writeln!(
             out,
@@ -362,6 +367,7 @@ fn report(tally: &Tally, json: Option<&std::path::Path>) -> Result<(), Failure> 
                 "bytes": tally.answer_bytes,
             },
             "rounds": tally.rounds.values().collect::<Vec<_>>(),
+            "participant_blobs": tally.participant_blobs,
         });
         std::fs::write(path, serde_json::to_vec_pretty(&value).map_err(|e| Failure::from(anyhow::anyhow!("{e}")))?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -491,6 +497,7 @@ impl Synthetic {
         let tokens = u64::from(manifest.data.batch) * u64::from(manifest.data.block);
         let tau = u64::from(manifest.inner_steps);
         let (mut done, mut term, mut known) = (0u64, 0u64, None);
+        let mut participants: crate::diloco::participants::Cached = None;
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         // a round trained (its modelled compute: a sleep), then its contribution on its
         // way; heartbeats go on meanwhile, as a worker's do
@@ -563,8 +570,17 @@ impl Synthetic {
             if answer.kind() != MessageKind::RoundAnnouncement {
                 continue; // the announcement held is current (or a refusal)
             }
+            let mut a: RoundAnnouncement = answer.decode()?;
+            // past the shepherd's inline threshold the participants are a blob
+            if a.participants_blob.is_some() {
+                tally.lock().await.participant_blobs.insert(a.round);
+            }
+            let resolved = crate::diloco::participants::resolve(&self.node, &mut a, self.shepherd, &mut participants);
+            if let Err(e) = resolved.await {
+                tracing::debug!("synthetic worker {}: {e:#}", self.index);
+                continue; // asked again at the next heartbeat
+            }
             known = Some(answer.payload_hash());
-            let a: RoundAnnouncement = answer.decode()?;
             term = term.max(a.term);
             tally.lock().await.opened.entry(a.round).or_insert_with(Instant::now);
             let last = if self.args.rounds > 0 { self.args.rounds } else { u64::MAX };

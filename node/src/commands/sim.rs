@@ -21,7 +21,9 @@ use tokio_util::sync::CancellationToken;
 use crate::Failure;
 use crate::commands::join::{NetArgs, Role, run_node};
 use crate::commands::train::{Corpus, DeviceArgs, default_corpus};
-use crate::diloco::{Hostile, Retention, RetentionArgs, ShepherdHooks, ShepherdPlan, WorkerArgs, WorkerPlan};
+use crate::diloco::{
+    Attack, ReplaySlot, Retention, RetentionArgs, ShepherdHooks, ShepherdPlan, WorkerArgs, WorkerPlan,
+};
 use crate::observe::events::{Event, Events, ShepherdKilled, WorkerKilled, WorkerRestarted, WorkerStarted};
 use crate::training::config::Experiment;
 use crate::training::model::Model;
@@ -61,7 +63,10 @@ pub(crate) struct SimArgs {
     /// `inflate:NODE` noise claiming 10^12 samples, `concentrate:NODE` Δ's norm on four
     /// coordinates, `late:NODE` −Δ after the deadline, `drag:NODE` one step's Δ × 0.01
     /// at once, `sybil:N:NODE` N identities (NODE and N − 1 more) sending one random
-    /// direction (repeatable).
+    /// direction, `huge:NODE` ×10^6, `zero:NODE` Δ = 0, `copy:NODE` 4 × the last
+    /// update, `replay:N:NODE` N identities sending one honest Δ, `timing:NODE` a claim
+    /// of 1 ms, `early:NODE` junk at once, `sleeper:R:KIND:NODE` KIND after R honest
+    /// rounds (repeatable).
     #[arg(long, value_name = "KIND:NODE")]
     hostile: Vec<String>,
     /// Make worker NODE a slower device: MS milliseconds longer per inner step
@@ -74,6 +79,10 @@ pub(crate) struct SimArgs {
     /// defaults), fp32, bf16 or int8.
     #[arg(long, default_value = "sparse")]
     encoding: String,
+    /// A round with more participants than this lists them in a blob the
+    /// announcement names (the shepherd's `--participants-inline`).
+    #[arg(long, default_value_t = crate::diloco::participants::DEFAULT_INLINE, value_name = "N")]
+    participants_inline: usize,
     /// f32, or bf16: the step's matmuls and attention in bf16, weights, AdamW state,
     /// pseudo-gradients and loss in f32.
     #[arg(long, default_value = "f32")]
@@ -160,7 +169,7 @@ fn parse_kill(spec: &str) -> Result<(u64, u32), Failure> {
     Ok((r.parse().map_err(|_| bad())?, n.parse().map_err(|_| bad())?))
 }
 
-fn parse_hostile(specs: &[String]) -> Result<BTreeMap<u32, Hostile>, Failure> {
+fn parse_hostile(specs: &[String]) -> Result<BTreeMap<u32, Attack>, Failure> {
     let mut hostile = BTreeMap::new();
     for spec in specs {
         let bad = || {
@@ -170,7 +179,7 @@ fn parse_hostile(specs: &[String]) -> Result<BTreeMap<u32, Hostile>, Failure> {
             ))
         };
         let (kind, node) = spec.rsplit_once(':').ok_or_else(bad)?;
-        hostile.insert(node.parse().map_err(|_| bad())?, Hostile::parse(kind).ok_or_else(bad)?);
+        hostile.insert(node.parse().map_err(|_| bad())?, Attack::parse(kind).ok_or_else(bad)?);
     }
     Ok(hostile)
 }
@@ -215,15 +224,16 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
         .into_iter()
         .map(|(n, a)| Ok((n, WorkerPlan::new(&a)?)))
         .collect::<Result<_, Failure>>()?;
-    let mut hostile = parse_hostile(&args.hostile)?;
-    // `sybil:N:NODE`: NODE and N − 1 more identities, numbered after the others
+    // `sybil:N:NODE`, `replay:N:NODE`: NODE and N − 1 more identities, numbered after
+    // the others; a replay's share one slot
+    let mut hostile: BTreeMap<u32, (Attack, Option<ReplaySlot>)> = BTreeMap::new();
     let mut next = args.nodes as u32;
-    for kind in hostile.clone().into_values() {
-        if let Hostile::Sybil(n) = kind {
-            for _ in 1..n {
-                hostile.insert(next, kind);
-                next += 1;
-            }
+    for (node, attack) in parse_hostile(&args.hostile)? {
+        let slot = matches!(attack.kind, crate::diloco::Hostile::Replay(_)).then(ReplaySlot::default);
+        hostile.insert(node, (attack, slot.clone()));
+        for _ in 1..attack.kind.identities() {
+            hostile.insert(next, (attack, slot.clone()));
+            next += 1;
         }
     }
     let slow = parse_slow(&args.slow)?;
@@ -354,6 +364,7 @@ fn shepherd_plan(args: &SimArgs, net: &NetArgs, root: &std::path::Path) -> Resul
     plan.trust = crate::diloco::Trust::from_args(&args.trust)?;
     plan.trim = args.trim;
     plan.overlap = !args.no_overlap;
+    plan.participants_inline = args.participants_inline;
     let mut plan = plan.with_fragments(args.fragments)?;
     plan.candidates = candidates;
     plan.retention = Retention::new(args.retention.keep());
@@ -372,7 +383,8 @@ struct Cluster {
     worker_plan: WorkerPlan,
     /// `--worker-backend`'s plans, by worker.
     worker_plans: BTreeMap<u32, WorkerPlan>,
-    hostile: BTreeMap<u32, Hostile>,
+    /// `--hostile`, by worker, with a replay group's slot.
+    hostile: BTreeMap<u32, (Attack, Option<ReplaySlot>)>,
     /// `--slow`: extra time per inner step, by worker.
     slow: BTreeMap<u32, Duration>,
     keep_rounds: usize,
@@ -408,7 +420,10 @@ impl Cluster {
         self.events.emit(Event::WorkerStarted(WorkerStarted { worker: n as u64, peer: peer.to_string(), round }));
         let mut plan = self.worker_plans.get(&n).unwrap_or(&self.worker_plan).clone();
         plan.verbose = false;
-        plan.hostile = self.hostile.get(&n).copied();
+        if let Some((attack, slot)) = self.hostile.get(&n) {
+            plan.hostile = Some(*attack);
+            plan.replay = slot.clone();
+        }
         plan.step_delay = self.slow.get(&n).copied();
         plan.keep_rounds = self.keep_rounds;
         // each worker's own record (utilization, merges, sends) beside its store

@@ -2,6 +2,7 @@
 
 mod args;
 mod compile;
+mod hellos;
 mod screen;
 mod setup;
 mod table;
@@ -171,9 +172,9 @@ pub(super) struct Host {
     /// worker.
     footprint: Option<Footprint>,
     compiles: JoinSet<CompileResult>,
-    /// The backend (and target) each worker announced in its hello, bounded by
-    /// the peers the state machine knows plus a margin.
-    backends: BTreeMap<PublicKey, String>,
+    /// Each worker's hello: the proof it carried (checked again at every
+    /// contribution) and its backend; bounded, and released as workers leave.
+    hellos: hellos::Hellos,
     /// The signed announcement of the open (or final) round, as workers see it, and
     /// its payload's hash (a worker that names it in its heartbeat holds it). Set by
     /// [`Shepherd::set_published`] only.
@@ -200,9 +201,6 @@ pub(super) struct Host {
     engine: Option<Engine>,
     /// The loss screen: its split, the open round's secret batch, its cost.
     screener: screen::Screener,
-    /// The proof each worker's hello carried (join certificate, proof-of-work nonce),
-    /// checked again at every contribution.
-    proofs: BTreeMap<PublicKey, (Vec<u8>, u64)>,
     started: Instant,
     bytes_in: u64,
     /// Bytes each contributor of the open round sent, and says it fetched.
@@ -337,7 +335,7 @@ const DEAF_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 /// A request that holds the role this long is logged (debug): the heartbeats behind it wait.
 const SLOW_REQUEST: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// Hellos whose backend the shepherd remembers (for `worker_joined` events).
+/// Contributors of the open round whose traffic `round_completed` reports.
 const MAX_BACKEND_RECORDS: usize = 4096;
 /// A contribution's bytes besides its encoded pseudo-gradient: the capnp message's
 /// fields (run, round, counts, loss, the pseudo-gradient's reference).
@@ -434,6 +432,7 @@ impl Host {
                 },
                 _ = tick.tick() => {
                     self.machine.heard(requests.take_heard(), self.now_ms());
+                    self.expire_hellos();
                     let actions = self.consensus.handle(consensus_core::Input::Tick)?;
                     self.on_consensus(actions).await?;
                     if self.stepped_down.is_none() && self.consensus.core().is_leader() {
@@ -753,9 +752,10 @@ impl Host {
                             peer: peer_name(&key),
                         }));
                     }
-                    // a resumed (or elected) shepherd's workers come back with heartbeats, not hellos
+                    // a resumed (or elected) shepherd's workers come back with heartbeats, not
+                    // hellos; a key the run never admitted is told to say hello
                     if !self.machine.workers().any(|w| *w == key) {
-                        if let Err(reason) = self.admit(key) {
+                        if let Err(reason) = self.admit_rejoin(key) {
                             return self.refuse(id, binding.round, reason).await;
                         }
                         self.step(Input::Joined(key)).await?;
@@ -785,19 +785,6 @@ impl Host {
         }
     }
 
-    /// Whether `key` may take part now: the run's `--admit` with the proof its
-    /// hello carried, and the cap on worker identities per address. The one-line
-    /// reason if not.
-    fn admit(&mut self, key: PublicKey) -> Result<(), Refusal> {
-        let (certificate, nonce) = self.proofs.get(&key).cloned().unwrap_or_default();
-        self.plan.trust.check(&self.run, &key, &certificate, nonce, wire::unix_ms())?;
-        let cap = self.plan.trust.max_workers_per_ip;
-        self.node
-            .admission()
-            .admit_worker(self.run, key, cap)
-            .map_err(|e| Refusal::new(AckCode::NotAdmitted, e.to_string()))
-    }
-
     /// The screen, with [`Screen::Score`]: a contribution Δ, as the round would apply
     /// it (bounded per tensor and to the norm bound), is evaluated alone on the
     /// round's secret held-out batch ([`screen`]): the loss at θ − Δ must be below the
@@ -821,6 +808,10 @@ impl Host {
         }
         if delta.validate(&self.round_sizes(self.machine.completed() + 1)).is_err() {
             return Ok((None, input)); // the machine names the shape or NaN
+        }
+        // a key the screen caught lately is refused before the screen is spent on it
+        if self.machine.sits_out(&peer, round) {
+            return Ok((None, input)); // the machine names why it is refused
         }
         match self.screener.decide(self.machine.must_screen(&peer)) {
             screen::Decision::Skip => return Ok((None, input)),
@@ -901,6 +892,7 @@ impl Host {
             parameters: Vec::new(),
             deadline_unix_ms: 0,
             participants: Vec::new(),
+            participants_blob: None,
             finished: false,
             term: self.consensus.term(),
             state: self.state.clone(),
@@ -993,7 +985,8 @@ impl Host {
                 Action::RoundCompleted(summary) => self.round_completed(summary).await?,
                 Action::WorkerJoined(p) => {
                     tracing::info!(peer = %peer_name(&p), "worker joined");
-                    let backend = self.backends.get(&p).cloned().unwrap_or_default();
+                    self.hello_joined(p);
+                    let backend = self.hellos.backend(&p);
                     self.events.emit(ev::Event::WorkerJoined(ev::WorkerJoined { peer: peer_name(&p), backend }));
                 }
                 Action::WorkerLeft { peer, reason } => {
@@ -1002,6 +995,7 @@ impl Host {
                         LeaveReason::Timeout => "heartbeat timeout",
                     };
                     tracing::info!(peer = %peer_name(&peer), "worker left: {reason}");
+                    self.hello_left(peer);
                     self.events.emit(ev::Event::WorkerLeft(ev::WorkerLeft {
                         peer: peer_name(&peer),
                         reason: reason.to_owned(),
@@ -1038,8 +1032,11 @@ impl Host {
         let parameters = self.publish_params()?;
         let hash = BlobHash(parameters[0].blob);
         self.last_base = self.round_base.replace(hash).map(|b| (round - 1, b));
+        // past the inline threshold, the participants go in a blob of their own
+        let (listed, participants_blob) =
+            super::participants::publish(&self.store, &participants, self.plan.participants_inline)?;
         // the blobs of rounds older than this node keeps go
-        let kept: Vec<BlobHash> = parameters.iter().map(|p| BlobHash(p.blob)).collect();
+        let kept: Vec<BlobHash> = parameters.iter().chain(&participants_blob).map(|p| BlobHash(p.blob)).collect();
         self.plan.retention.advance(&self.node, &self.events, round, kept).await;
         self.traffic.clear();
         // the screen's secret batch for this round: committed now, revealed with the next
@@ -1057,7 +1054,8 @@ impl Host {
             round,
             parameters,
             deadline_unix_ms: deadline_ms,
-            participants: participants.iter().map(|p| p.0).collect(),
+            participants: listed,
+            participants_blob,
             finished: false,
             term: self.consensus.term(),
             state: self.state.clone(),
@@ -1129,7 +1127,7 @@ impl Host {
         self.quorum.round_completed(&summary.contributors, wire::mono_ms());
         // validation and the checkpoint hold this loop: the keeper sends the leases meanwhile
         let val = self.validate().await?;
-        let path = self.checkpoint(summary.contributors.len())?;
+        let path = self.checkpoint(&summary.contributors, &summary.excluded)?;
         self.publish_state(&summary.contributors, &summary.excluded, params_hash)?;
         self.last_val = val;
         if self.first_val.is_nan() {
@@ -1247,7 +1245,7 @@ impl Host {
         validation_loss(engine, &self.plan.corpus.val, shape, e.seed, e.eval_batches).await
     }
 
-    fn checkpoint(&self, contributors: usize) -> anyhow::Result<PathBuf> {
+    fn checkpoint(&self, contributors: &[PublicKey], excluded: &[PublicKey]) -> anyhow::Result<PathBuf> {
         // borrowed, written as they go: gpt2-124m's parameters and momentum are a GB
         let (durations, norms) = self.machine.history();
         let specs: Vec<(String, Vec<usize>)> = self
@@ -1271,7 +1269,8 @@ impl Host {
             vocab: Some(self.plan.corpus.vocab.clone()),
             durations,
             norms,
-            contributors,
+            contributors: contributors.len(),
+            workers: contributors.iter().chain(excluded).map(|k| hex::encode(k.0)).collect(),
             params_hash: wire::params_hash(self.machine.params()).to_hex(),
             creator: Some(hex::encode(self.manifest.shepherd)),
             salt: Some(hex::encode(self.manifest.salt)),
@@ -1300,6 +1299,7 @@ impl Host {
             parameters: vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size: blob.len() as u64 }],
             deadline_unix_ms: 0,
             participants: Vec::new(),
+            participants_blob: None,
             finished: true,
             term: self.consensus.term(),
             state: self.state.clone(),

@@ -1,6 +1,9 @@
 //! The worker role: the default for a node that is not a shepherd.
 
 mod host;
+mod hostile;
+
+pub(crate) use hostile::{Attack, HOSTILE_KINDS, Hostile, ReplaySlot};
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -76,64 +79,6 @@ pub(crate) struct WorkerArgs {
     pub(crate) free_memory: Option<u64>,
 }
 
-/// How a hostile worker corrupts its pseudo-gradient.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Hostile {
-    /// One value is NaN.
-    Nan,
-    /// Everything ×1000.
-    Scale(f32),
-    /// −Δ: the honest pseudo-gradient, sign-flipped (the same norm).
-    Flip,
-    /// Random values with the honest pseudo-gradient's norm.
-    Noise,
-    /// Honest training, but also gossips round announcements it signs itself, as if
-    /// it led a term.
-    Forge,
-    /// Random values at the honest norm, claiming 10^12 samples.
-    Inflate,
-    /// The honest norm on four coordinates of the largest tensor, against the
-    /// honest direction.
-    Concentrate,
-    /// −Δ, sent only once the next round is announced (an overlapping run carries
-    /// it into that round).
-    Late,
-    /// One inner step's Δ × 0.01, sent as soon as it is made: tiny, early and in
-    /// the honest direction, to drag the norm bound down.
-    Drag,
-    /// One of N identities sending the same random direction at the honest norm
-    /// (`sim` starts the other N − 1).
-    Sybil(u32),
-}
-
-impl Hostile {
-    pub(crate) fn parse(s: &str) -> Option<Self> {
-        match s {
-            "nan" => Some(Self::Nan),
-            "scale" => Some(Self::Scale(1000.0)),
-            "flip" => Some(Self::Flip),
-            "noise" => Some(Self::Noise),
-            "forge" => Some(Self::Forge),
-            "inflate" => Some(Self::Inflate),
-            "concentrate" => Some(Self::Concentrate),
-            "late" => Some(Self::Late),
-            "drag" => Some(Self::Drag),
-            _ => match s.strip_prefix("sybil:").map(str::parse::<u32>) {
-                Some(Ok(n)) if n >= 1 => Some(Self::Sybil(n)),
-                _ => None,
-            },
-        }
-    }
-
-    /// The inner steps a round takes: one for a drag attack, else τ.
-    pub(crate) fn steps(hostile: Option<Self>, tau: u64) -> u64 {
-        if hostile == Some(Self::Drag) { tau.min(1) } else { tau }
-    }
-}
-
-/// The kinds `--hostile` takes, for its errors.
-pub(crate) const HOSTILE_KINDS: &str = "nan, scale, flip, noise, forge, inflate, concentrate, late, drag or sybil:N";
-
 /// A worker's resolved settings.
 #[derive(Debug, Clone)]
 pub(crate) struct WorkerPlan {
@@ -141,7 +86,9 @@ pub(crate) struct WorkerPlan {
     backend: String,
     target: String,
     run: Option<RunId>,
-    pub(crate) hostile: Option<Hostile>,
+    pub(crate) hostile: Option<Attack>,
+    /// `replay:N`: the slot its identities share (`sim` gives one).
+    pub(crate) replay: Option<ReplaySlot>,
     /// Print progress on stdout.
     pub(crate) verbose: bool,
     /// Rounds whose blobs this worker keeps (`--keep-rounds`).
@@ -166,7 +113,7 @@ impl WorkerPlan {
         };
         let hostile = match &args.hostile {
             Some(h) => Some(
-                Hostile::parse(h)
+                Attack::parse(h)
                     .ok_or_else(|| Failure::input(anyhow::anyhow!("--hostile takes {HOSTILE_KINDS}, got {h:?}")))?,
             ),
             None => None,
@@ -182,6 +129,7 @@ impl WorkerPlan {
             target: target.target.unwrap_or_default(),
             run,
             hostile,
+            replay: None,
             verbose: true,
             keep_rounds: super::retention::DEFAULT_KEEP_ROUNDS,
             step_delay: None,
@@ -664,8 +612,7 @@ async fn train(
     let chain_file = chain_path(data_dir, run);
     let term_file = term_path(data_dir, run);
     let mut chain = load_chain(&chain_file);
-    let seen = load_term(&term_file);
-    chain.term = chain.term.max(seen);
+    chain.term = chain.term.max(load_term(&term_file));
     let zeros: Tensors = sizes.iter().map(|n| vec![0.0; *n]).collect();
     let mut engine =
         Engine::new(plan.device, vmfb, wire::shapes(m), zeros, None, m.state_per_param as usize, m.data.int64).await?;
@@ -738,8 +685,9 @@ async fn train(
         round: round_rx,
         events: events.clone(),
         gossip,
-        forge: plan.hostile == Some(Hostile::Forge),
+        forge: plan.hostile.is_some_and(|a| a.kind == Hostile::Forge),
         known: None,
+        participants: None,
     };
     let _heartbeat = AbortOnDrop(tokio::spawn(heartbeat.run()));
     let mut trainer = Trainer {
@@ -766,6 +714,7 @@ async fn train(
         leader,
         round_tx,
         clock: Clock::default(),
+        attacker: hostile::Attacker::default(),
     };
     host::run(&mut trainer, signer).await
 }
@@ -935,6 +884,8 @@ struct Trainer<'a> {
     /// The round this worker trains, for its heartbeats.
     round_tx: watch::Sender<u64>,
     clock: Clock,
+    /// A hostile worker's memory (tests).
+    attacker: hostile::Attacker,
 }
 
 /// What the next announcement asks of the worker.
@@ -1113,14 +1064,10 @@ impl Trainer<'_> {
             })
             .collect();
         self.trained = Some(r);
-        match self.plan.hostile {
-            Some(Hostile::Nan) => delta[fragment.start][0] = f32::NAN,
-            Some(Hostile::Scale(k)) => delta.iter_mut().flatten().for_each(|v| *v *= k),
-            Some(Hostile::Flip | Hostile::Late) => delta.iter_mut().flatten().for_each(|v| *v = -*v),
-            Some(Hostile::Noise | Hostile::Inflate | Hostile::Sybil(_)) => noise_like(&mut delta, r),
-            Some(Hostile::Concentrate) => concentrate(&mut delta, r),
-            Some(Hostile::Drag) => delta.iter_mut().flatten().for_each(|v| *v *= 0.01),
-            Some(Hostile::Forge) | None => {}
+        let hostile = self.plan.hostile.and_then(|a| a.at(r));
+        if self.plan.hostile.is_some() {
+            let slot = self.plan.replay.as_ref();
+            self.attacker.corrupt(self.plan.hostile, r, start, &mut delta, slot, fragment.clone());
         }
         let (bytes, sent) = match self.feedback.as_mut() {
             Some(ef) => {
@@ -1137,7 +1084,7 @@ impl Trainer<'_> {
             run: self.run.0,
             round: r,
             inner_steps: progress.taken as u32,
-            samples: match self.plan.hostile {
+            samples: match hostile {
                 Some(Hostile::Inflate) => 1_000_000_000_000,
                 _ => progress.taken * tokens,
             },
@@ -1152,11 +1099,12 @@ impl Trainer<'_> {
             bytes_down: 0,
             term: a.term,
             params_hash: a.parameters.first().map(|p| p.blob).unwrap_or_default(),
-            train_ms,
+            // `timing`: a claim of 1 ms for the round's steps
+            train_ms: if hostile == Some(Hostile::Timing) { 1 } else { train_ms },
             wall_ms,
             sent_unix_ms: wire::unix_ms(),
         };
-        let late = self.plan.hostile == Some(Hostile::Late);
+        let late = hostile == Some(Hostile::Late);
         Outgoing { contribution, sent, trained_s, late }
     }
 
@@ -1202,38 +1150,6 @@ impl Trainer<'_> {
                 wire_bytes as f64 / 1e6
             );
         }
-    }
-}
-
-/// Replaces `delta` with uniform noise of the same L2 norm (a hostile worker's
-/// pseudo-gradient of typical size), seeded by the round.
-fn noise_like(delta: &mut Tensors, round: u64) {
-    use rand::{Rng, SeedableRng};
-    let norm = delta.iter().flatten().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(round ^ 0x0015_e0ff);
-    delta.iter_mut().flatten().for_each(|v| *v = rng.gen_range(-1.0f32..1.0));
-    let drawn = delta.iter().flatten().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt().max(f64::MIN_POSITIVE);
-    let k = (norm / drawn) as f32;
-    delta.iter_mut().flatten().for_each(|v| *v *= k);
-}
-
-/// Puts the honest norm on four coordinates of the largest tensor, each against
-/// the honest value there (a hostile worker's concentrated update), seeded by the round.
-fn concentrate(delta: &mut Tensors, round: u64) {
-    use rand::{Rng, SeedableRng};
-    let norm = delta.iter().flatten().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
-    let Some(largest) = (0..delta.len()).max_by_key(|i| delta[*i].len()) else { return };
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(round ^ 0x0c0c_0c0c);
-    let n = delta[largest].len();
-    let picked: Vec<(usize, f32)> = (0..4.min(n))
-        .map(|_| {
-            let i = rng.gen_range(0..n);
-            (i, delta[largest][i])
-        })
-        .collect();
-    delta.iter_mut().flatten().for_each(|v| *v = 0.0);
-    for (i, honest) in picked {
-        delta[largest][i] = -honest.signum() * (norm / 2.0) as f32;
     }
 }
 
@@ -1326,6 +1242,8 @@ struct Heartbeats {
     /// heartbeat's schema): the leader answers a heartbeat naming its current one
     /// with a small heartbeat of its own.
     known: Option<[u8; 32]>,
+    /// The last participants blob fetched (see [`super::participants`]).
+    participants: super::participants::Cached,
 }
 
 type Asked = (PublicKey, PeerId, Result<Verified, String>);
@@ -1356,6 +1274,7 @@ impl Heartbeats {
                     match answer.and_then(|v| self.read(key, &v)) {
                         Ok(Some(latest)) => {
                             missed = 0;
+                            let Some(latest) = self.with_participants(latest, peer).await else { continue };
                             if self.latest.send(latest).is_err() {
                                 return;
                             }
@@ -1371,15 +1290,30 @@ impl Heartbeats {
                 }
                 event = gossip.recv() => match event {
                     Some(Event::Gossip { run, message, .. }) if run == self.run => {
-                        if let Some(latest) = self.on_gossip(&message)
-                            && self.latest.send(latest).is_err()
-                        {
+                        let Some(latest) = self.on_gossip(&message) else { continue };
+                        let leader = self.leader.borrow().0;
+                        let Some(latest) = self.with_participants(latest, leader).await else { continue };
+                        if self.latest.send(latest).is_err() {
                             return;
                         }
                     }
                     Some(_) => {}
                     None => return,
                 },
+            }
+        }
+    }
+
+    /// An announcement with its participants filled in from its blob, fetched from
+    /// `from` (`None`: the blob could not be had; the next heartbeat asks again).
+    async fn with_participants(&mut self, latest: Latest, from: PeerId) -> Option<Latest> {
+        let Latest::Round(mut a) = latest else { return Some(latest) };
+        match super::participants::resolve(&self.node, &mut a, from, &mut self.participants).await {
+            Ok(()) => Some(Latest::Round(a)),
+            Err(e) => {
+                tracing::warn!("run {}: {e:#}", self.run);
+                self.known = None;
+                None
             }
         }
     }
@@ -1530,6 +1464,7 @@ impl Heartbeats {
             parameters: Vec::new(),
             deadline_unix_ms: wire::unix_ms() + 60_000,
             participants: Vec::new(),
+            participants_blob: None,
             finished: false,
             term: self.election.term() + 1,
             state: None,

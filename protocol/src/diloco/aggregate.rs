@@ -446,6 +446,13 @@ pub enum Rejection {
     /// Every value is zero: no work, and it would only dilute the mean.
     #[error("empty: every value of the update is zero")]
     Empty,
+    /// Its sender sits out: the screen refused its contributions lately
+    /// ([`super::rating::Ratings::sits_out`]).
+    #[error("sitting out: the screen refused this key's contributions lately; it may contribute after round {until}")]
+    SitsOut {
+        /// The last round it sits out.
+        until: u64,
+    },
     /// A copy: too close to another contribution of the round, or to the last
     /// round's public update ([`super::sketch`]).
     #[error("too similar: a cosine of {cosine:.6} with {}", if *.to_update { "the last round's update" } else { "another contribution of this round" })]
@@ -525,6 +532,7 @@ impl Rejection {
             Self::NoSamples | Self::Samples { .. } => C::Samples,
             Self::Empty => C::Empty,
             Self::TooSimilar { .. } => C::TooSimilar,
+            Self::SitsOut { .. } => C::SitsOut,
             Self::Unscreened => C::Unscreened,
             Self::NotAdmitted(_) => C::NotAdmitted,
             Self::NotSelected { .. } => C::NotSelected,

@@ -15,7 +15,11 @@
 //!   loss as much as a typical one counts in full, one that sends tiny updates
 //!   (a drag attack) counts as little as they help.
 //! * **Caught.** A contribution that fails the screen costs the peer its rating:
-//!   it is on probation again, from nothing.
+//!   it is on probation again, from nothing, and sits out ([`Ratings::sits_out`]):
+//!   its contributions are refused unscreened for 1 round after its first catch,
+//!   2 after its second, 4, … (at most [`MAX_SIT_OUT`]). Junk sent the instant
+//!   each round opens then spends the screening budget once per key, not every
+//!   round, and cannot keep honest newcomers out of it.
 //!
 //! Ratings also rank participants where a round takes only some of them (the
 //! shepherd's `max_participants` and `aggregate_max`): rated peers first, best
@@ -30,6 +34,9 @@ use std::collections::BTreeMap;
 
 /// The most peers rated at once.
 pub const MAX_RATED: usize = 65_536;
+
+/// The most rounds a caught peer sits out.
+pub const MAX_SIT_OUT: u64 = 64;
 
 /// How ratings turn into weights.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -57,6 +64,10 @@ pub struct Rating {
     pub score: f64,
     /// The round it was first rated in (its seniority).
     pub since: u64,
+    /// Times the screen caught it.
+    pub caught: u32,
+    /// Its contributions are refused unscreened up to this round.
+    pub sits_out_until: u64,
 }
 
 /// Every peer's rating.
@@ -93,16 +104,27 @@ impl<P: Ord + Clone> Ratings<P> {
         let improvement = if improvement.is_finite() { improvement.max(0.0) } else { 0.0 };
         let alpha = self.policy.alpha.clamp(0.0, 1.0);
         self.make_room(peer);
-        let r = self.peers.entry(peer.clone()).or_insert(Rating { passed: 0, score: 0.0, since: round });
+        let fresh = Rating { passed: 0, score: 0.0, since: round, caught: 0, sits_out_until: 0 };
+        let r = self.peers.entry(peer.clone()).or_insert(fresh);
         r.score = if r.passed == 0 { improvement } else { (1.0 - alpha) * r.score + alpha * improvement };
         r.passed = r.passed.saturating_add(1);
     }
 
-    /// `peer` was caught: a contribution failed the screen. Its rating is gone and
-    /// it is on probation again.
+    /// `peer` was caught: a contribution to `round` failed the screen. Its rating
+    /// is gone, it is on probation again, and it sits out the next 2^(catches − 1)
+    /// rounds (at most [`MAX_SIT_OUT`]).
     pub fn caught(&mut self, peer: &P, round: u64) {
         self.make_room(peer);
-        self.peers.insert(peer.clone(), Rating { passed: 0, score: 0.0, since: round });
+        let caught = self.peers.get(peer).map_or(0, |r| r.caught).saturating_add(1);
+        let rounds = 1u64.checked_shl(caught - 1).unwrap_or(MAX_SIT_OUT).min(MAX_SIT_OUT);
+        let sits_out_until = round.saturating_add(rounds);
+        self.peers.insert(peer.clone(), Rating { passed: 0, score: 0.0, since: round, caught, sits_out_until });
+    }
+
+    /// Whether `peer`'s contribution to `round` is refused unscreened: the screen
+    /// caught it lately ([`Self::caught`]).
+    pub fn sits_out(&self, peer: &P, round: u64) -> bool {
+        self.peers.get(peer).is_some_and(|r| round <= r.sits_out_until)
     }
 
     /// The median score of the rated peers among `among` (out of probation), if any.
@@ -172,6 +194,25 @@ mod tests {
         r.caught(&1, 3);
         assert!(r.on_probation(&1));
         assert_eq!(r.get(&1).map(|x| (x.passed, x.score)), Some((0, 0.0)));
+    }
+
+    #[test]
+    fn a_caught_peer_sits_out_twice_as_long_each_time() {
+        let mut r = Ratings::new(Policy::default());
+        assert!(!r.sits_out(&1, 1));
+        r.caught(&1, 1);
+        assert!(r.sits_out(&1, 2) && !r.sits_out(&1, 3), "1 round after the first catch");
+        r.caught(&1, 3);
+        assert!(r.sits_out(&1, 5) && !r.sits_out(&1, 6), "2 after the second");
+        r.caught(&1, 6);
+        assert!(r.sits_out(&1, 10) && !r.sits_out(&1, 11), "4 after the third");
+        for round in 11..100 {
+            r.caught(&1, round);
+        }
+        assert!(r.sits_out(&1, 99 + MAX_SIT_OUT) && !r.sits_out(&1, 100 + MAX_SIT_OUT), "at most MAX_SIT_OUT");
+        // passing keeps the count: a peer that turns again sits out longer
+        r.passed(&2, 1, 0.1);
+        assert_eq!(r.get(&2).map(|x| x.caught), Some(0));
     }
 
     #[test]

@@ -74,6 +74,10 @@ pub(crate) struct ShepherdArgs {
     /// core of this machine).
     #[arg(long, default_value_t = 0, value_name = "N", requires = "shepherd")]
     pub(crate) aggregate_threads: usize,
+    /// A round with more participants than this lists them in a blob the
+    /// announcement names, not inline (an announcement stays within the control cap).
+    #[arg(long, default_value_t = crate::diloco::participants::DEFAULT_INLINE, value_name = "N", requires = "shepherd")]
+    pub(crate) participants_inline: usize,
     /// Continue the run checkpointed in <data-dir>/shepherd.
     #[arg(long, requires = "shepherd")]
     pub(crate) resume: bool,
@@ -177,6 +181,8 @@ pub(crate) struct ShepherdPlan {
     pub(super) heartbeat_timeout_ms: u64,
     /// Threads adding contributions (`--aggregate-threads`; at least 1).
     pub(crate) aggregate_threads: usize,
+    /// Participants a round lists inline (`--participants-inline`).
+    pub(crate) participants_inline: usize,
     pub(super) start: Start,
     pub(super) state_dir: PathBuf,
     /// The other coordinator candidates (a new run's; a resumed or inherited run's
@@ -272,6 +278,7 @@ impl ShepherdPlan {
             encoding,
             heartbeat_timeout_ms: args.heartbeat_timeout_ms.max(500),
             aggregate_threads: aggregate_threads(args.aggregate_threads),
+            participants_inline: args.participants_inline,
             start: resumed.map_or(Start::New, |c| Start::Resume(Box::new(c))),
             state_dir,
             candidates,
@@ -318,6 +325,7 @@ impl ShepherdPlan {
             encoding,
             heartbeat_timeout_ms,
             aggregate_threads: aggregate_threads(0),
+            participants_inline: crate::diloco::participants::DEFAULT_INLINE,
             start: Start::New,
             state_dir,
             candidates: Vec::new(),
@@ -389,6 +397,7 @@ impl ShepherdPlan {
             encoding,
             heartbeat_timeout_ms: 10_000,
             aggregate_threads: aggregate_threads(0),
+            participants_inline: crate::diloco::participants::DEFAULT_INLINE,
             candidates: manifest.candidates.iter().map(|k| PublicKey(*k)).collect(),
             lease_ms: manifest.lease_ms,
             failover: manifest.failover,

@@ -32,23 +32,17 @@ impl Host {
         if hello.peer != key.0 {
             return self.refuse(id, 0, "the hello names another peer than its signer").await;
         }
-        // who may join (`--admit`, the cap per address): checked again at every contribution
-        if self.proofs.len() >= MAX_BACKEND_RECORDS && !self.proofs.contains_key(&key) {
-            return self
-                .refuse(id, 0, Refusal::new(AckCode::Full, "the shepherd holds as many workers as it can"))
-                .await;
-        }
-        self.proofs.insert(key, (hello.certificate.clone(), hello.pow_nonce));
-        if let Err(reason) = self.admit(key) {
-            self.proofs.remove(&key);
-            tracing::info!(peer = %peer_name(&key), "hello refused: {reason}");
-            return self.refuse(id, 0, reason).await;
-        }
         let Some(backend) = hello.capabilities.backends.first() else {
             return self.refuse(id, 0, "the hello lists no backend").await;
         };
         let name = backend.name.clone();
         let target = backend.targets.first().cloned().unwrap_or_default();
+        let shown = if target.is_empty() { name.clone() } else { format!("{name}:{target}") };
+        // who may join (`--admit`, the cap per address): checked again at every contribution
+        if let Err(reason) = self.admit_hello(key, (hello.certificate.clone(), hello.pow_nonce), shown) {
+            tracing::info!(peer = %peer_name(&key), "hello refused: {reason}");
+            return self.refuse(id, 0, reason).await;
+        }
         let run_mode = step_config(&self.plan.experiment).recompute;
         let free = hello.capabilities.free_memory_bytes;
         // a device with room for the whole batch (or that did not say) needs no planning
@@ -56,10 +50,6 @@ impl Host {
         let footprint = if short { self.footprint().await } else { None };
         let (micro_batches, recompute, estimate) = split_for(footprint, free, run_mode);
         self.node.admission().know(self.run, key);
-        if self.backends.len() < MAX_BACKEND_RECORDS || self.backends.contains_key(&key) {
-            let shown = if target.is_empty() { name.clone() } else { format!("{name}:{target}") };
-            self.backends.insert(key, shown);
-        }
         let entry: ArtifactKey = (name.clone(), target.clone(), micro_batches, recompute.name());
         if let Some(artifact) = self.artifacts.get(&entry).cloned() {
             let envelope = self.manifest_for(artifact);

@@ -25,6 +25,11 @@ pub(super) struct ShepherdMeta {
     /// The last round's contributors: how many to wait for on resume.
     #[serde(default = "one")]
     pub(super) contributors: usize,
+    /// Their keys and those of the participants that missed its deadline, hex: the
+    /// workers whose heartbeat joins the resumed shepherd without a hello (absent:
+    /// every worker says hello again).
+    #[serde(default)]
+    pub(super) workers: Vec<String>,
     /// blake3 of the parameters blob, hex.
     #[serde(default)]
     pub(super) params_hash: String,
@@ -64,6 +69,8 @@ pub(super) struct Origin {
     snapshot: Option<Snapshot>,
     /// Workers to wait for before the first round opens.
     contributors: usize,
+    /// The workers of the state it starts from, whose heartbeat joins them.
+    returning: Vec<PublicKey>,
     salt: [u8; 32],
     creator: PublicKey,
     candidates: Vec<PublicKey>,
@@ -99,6 +106,12 @@ impl Origin {
                     params,
                     snapshot: Some(snapshot),
                     contributors: meta.contributors,
+                    returning: meta
+                        .workers
+                        .iter()
+                        .filter_map(|k| k.parse::<BlobHash>().ok())
+                        .map(|k| PublicKey(k.0))
+                        .collect(),
                     salt: key(&meta.salt).context("shepherd checkpoint has no run salt")?.0,
                     creator: key(&meta.creator).map_or(me, |k| PublicKey(k.0)),
                     candidates: meta
@@ -118,6 +131,7 @@ impl Origin {
                     params: snapshot.params.clone(),
                     snapshot: Some(snapshot),
                     contributors: state.contributors.len(),
+                    returning: state.contributors.iter().chain(&state.excluded).copied().collect(),
                     salt: manifest.salt,
                     creator: PublicKey(manifest.shepherd),
                     candidates: manifest.candidates.iter().map(|k| PublicKey(*k)).collect(),
@@ -133,6 +147,7 @@ impl Origin {
                     params: plan.model.init(plan.experiment.seed),
                     snapshot: None,
                     contributors: plan.min_workers,
+                    returning: Vec::new(),
                     salt,
                     creator: me,
                     candidates,
@@ -425,7 +440,7 @@ impl Host {
         };
         let model_hash = *blake3::hash(plan.model.module.to_mlir().as_bytes()).as_bytes();
         let me = identity.public();
-        let Origin { run, params, snapshot, contributors, salt, creator, candidates, term, inherited } =
+        let Origin { run, params, snapshot, contributors, returning, salt, creator, candidates, term, inherited } =
             Origin::of(&plan, me, &model_hash)?;
         let identity_of_run = (run, creator, &candidates[..], salt);
         let manifest = run_manifest(&store, &mut plan, &step, &params, identity_of_run, inherited)?;
@@ -492,7 +507,7 @@ impl Host {
             whole_step_bytes,
             footprint: None,
             compiles: JoinSet::new(),
-            backends: BTreeMap::new(),
+            hellos: super::hellos::Hellos::new(returning),
             published: None,
             opened: None,
             // three leases, and never less than the time a silent worker is dropped after
@@ -515,7 +530,6 @@ impl Host {
             last_val: f64::NAN,
             first_val: f64::NAN,
             screener,
-            proofs: BTreeMap::new(),
             hooks,
             out: std::io::stdout(),
             plan,

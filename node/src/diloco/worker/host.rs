@@ -297,7 +297,7 @@ impl Host {
                     sampler: t.sampler(round)?,
                     progress: Progress::default(),
                     spent: Duration::ZERO,
-                    steps: super::Hostile::steps(t.plan.hostile, steps),
+                    steps: super::Hostile::steps(t.plan.hostile.and_then(|a| a.at(round)), steps),
                     budget: budget_ms.map(Duration::from_millis),
                     end_ms: None,
                 });

@@ -21,12 +21,16 @@
 //! * **A bounded move.** Each reference moves by at most [`REFERENCE_STEP`] a
 //!   round (×2 up, ÷2 down) from the one before, so no round can set a bound to 0
 //!   or to 10⁶ × its value, whoever sends what.
-//! * **Observed time.** The step time is what the shepherd sees: the time from
-//!   the sender's contribution to the round before to this one (from the round's
-//!   opening when it sent none), over the inner steps its samples make. A claim
-//!   of the worker's own never enters it. An overlapping worker trains from one
-//!   send to the next, so this is its step time, more when it waited for an
-//!   announcement: it can only lengthen the budget.
+//! * **Claims within what is seen.** The step time is the sender's claim
+//!   (`train_ms`, its time in inner steps since its last contribution) over the
+//!   inner steps its samples make, at most [`SEEN_FACTOR`] × what the shepherd
+//!   saw: the time from its contribution to the round before to this one (from
+//!   the round's opening when it sent none; twice, for the jitter of uploads
+//!   between the sends and the arrivals). An overlapping worker trains between its sends, and
+//!   waits there too, so the shepherd cannot see its compute alone: the claim
+//!   stays, and a liar's weighs by its earned work like any other reference
+//!   (claims of 1 ms from fresh keys, or from a minority of the earned weight,
+//!   move nothing), and can only lower the step time by ÷2 a round.
 
 use std::collections::BTreeMap;
 
@@ -35,6 +39,9 @@ pub const REFERENCE_STEP: f64 = 2.0;
 
 /// The share of each sender's earned work that every closed round forgets.
 pub const EARNED_DECAY: f64 = 1.0 / 16.0;
+
+/// A step time claimed is at most this × the time the shepherd saw.
+pub const SEEN_FACTOR: f64 = 2.0;
 
 /// A contribution earns its samples if its norm is at least this share of the
 /// norm reference (`REFERENCE_STEP`⁻²: two rounds of the most a reference moves).
