@@ -1069,12 +1069,16 @@ impl Trainer<'_> {
             let slot = self.plan.replay.as_ref();
             self.attacker.corrupt(self.plan.hostile, r, start, &mut delta, slot, fragment.clone());
         }
-        let (bytes, sent) = match self.feedback.as_mut() {
-            Some(ef) => {
+        // a free rider's zeros, copy or replay go on the wire as they are, not
+        // through its error feedback (which would send its honest residuals)
+        let verbatim = matches!(hostile, Some(Hostile::Zero | Hostile::Copy | Hostile::Replay(_)));
+        let (bytes, sent) = match (self.feedback.as_mut(), self.encoding.sparse()) {
+            (Some(_), Some(s)) if verbatim => (sparse::encode_seeded(&delta, s.up, r).0, None),
+            (Some(ef), _) => {
                 let (bytes, sent) = ef.compress_seeded(&delta, 1.0, r);
                 (bytes, Some(sent))
             }
-            None => (compress::encode(&delta, self.encoding), None),
+            (None, _) => (compress::encode(&delta, self.encoding), None),
         };
         drop(delta);
         let trained_s = self.clock.train_s;
