@@ -78,6 +78,11 @@ pub(crate) struct ShepherdArgs {
     /// announcement names, not inline (an announcement stays within the control cap).
     #[arg(long, default_value_t = crate::diloco::participants::DEFAULT_INLINE, value_name = "N", requires = "shepherd")]
     pub(crate) participants_inline: usize,
+    /// Accept copies: contributions too close to another of their round or to the
+    /// last update are refused unless this is given (`pcp-node loadtest`'s
+    /// synthetic workers send a few payloads in turn).
+    #[arg(long, requires = "shepherd")]
+    pub(crate) no_copy_check: bool,
     /// Continue the run checkpointed in <data-dir>/shepherd.
     #[arg(long, requires = "shepherd")]
     pub(crate) resume: bool,
@@ -183,6 +188,8 @@ pub(crate) struct ShepherdPlan {
     pub(crate) aggregate_threads: usize,
     /// Participants a round lists inline (`--participants-inline`).
     pub(crate) participants_inline: usize,
+    /// Copies are refused (not `--no-copy-check`).
+    pub(crate) copy_check: bool,
     pub(super) start: Start,
     pub(super) state_dir: PathBuf,
     /// The other coordinator candidates (a new run's; a resumed or inherited run's
@@ -279,6 +286,7 @@ impl ShepherdPlan {
             heartbeat_timeout_ms: args.heartbeat_timeout_ms.max(500),
             aggregate_threads: aggregate_threads(args.aggregate_threads),
             participants_inline: args.participants_inline,
+            copy_check: !args.no_copy_check,
             start: resumed.map_or(Start::New, |c| Start::Resume(Box::new(c))),
             state_dir,
             candidates,
@@ -326,6 +334,7 @@ impl ShepherdPlan {
             heartbeat_timeout_ms,
             aggregate_threads: aggregate_threads(0),
             participants_inline: crate::diloco::participants::DEFAULT_INLINE,
+            copy_check: true,
             start: Start::New,
             state_dir,
             candidates: Vec::new(),
@@ -398,6 +407,7 @@ impl ShepherdPlan {
             heartbeat_timeout_ms: 10_000,
             aggregate_threads: aggregate_threads(0),
             participants_inline: crate::diloco::participants::DEFAULT_INLINE,
+            copy_check: true,
             candidates: manifest.candidates.iter().map(|k| PublicKey(*k)).collect(),
             lease_ms: manifest.lease_ms,
             failover: manifest.failover,

@@ -342,7 +342,10 @@ pub(super) fn machine_config(
         untrusted: true,
         // copies (a replay from many keys, a scaled copy of the last update) are refused,
         // by sketches under a key of this process's own
-        similarity: pcp_protocol::diloco::sketch::DEFAULT_SIMILARITY,
+        similarity: match plan.copy_check {
+            true => pcp_protocol::diloco::sketch::DEFAULT_SIMILARITY,
+            false => f64::INFINITY,
+        },
         sketch_key: rand::random(),
         // overlapping workers: time-boxed rounds, a deadline after the budget, late
         // contributions carried over (see pcp_protocol::diloco::shepherd)
