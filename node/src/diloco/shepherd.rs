@@ -702,7 +702,11 @@ impl Host {
         let any_run = message.kind() == MessageKind::NodeHello && binding.run == RunId([0; 32]);
         if binding.run != self.run && !any_run {
             return self
-                .refuse(id, binding.round, format!("this shepherd runs {}, not {}", self.run, binding.run))
+                .refuse(
+                    id,
+                    binding.round,
+                    Refusal::new(AckCode::WrongRun, format!("this shepherd runs {}, not {}", self.run, binding.run)),
+                )
                 .await;
         }
         match message.kind() {
