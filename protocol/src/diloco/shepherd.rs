@@ -1413,14 +1413,20 @@ impl<P: Ord + Clone> Shepherd<P> {
             }
             std::mem::take(&mut open.mean).finish()
         };
-        // the copy check's sketch of the update θ before − θ after (sketches are linear)
-        let copies = self.config.similarity <= 1.0;
-        let before = copies.then(|| Sketch::of_tensors(self.config.sketch_key, &self.params));
+        // the copy check's sketch of the update θ before − θ after (sketches are linear;
+        // the parameters' sketch is kept from the last close, one pass a round)
         let applied = mean.is_some();
+        let copies = self.config.similarity <= 1.0 && applied;
+        if copies && self.refs.params_sketch.is_none() {
+            self.refs.params_sketch = Some(Sketch::of_tensors(self.config.sketch_key, &self.params));
+        }
         let update = mean.and_then(|mean| self.outer.step(&mut self.params, &mean, round));
-        if let Some(before) = before.filter(|_| applied) {
-            let after = Sketch::of_tensors(self.config.sketch_key, &self.params);
-            self.refs.update_sketch = Some(Sketch::difference(&before, &after));
+        if copies {
+            let key = self.config.sketch_key;
+            let after = Sketch::of_tensors(key, &self.params);
+            if let Some(before) = self.refs.params_sketch.replace(after.clone()) {
+                self.refs.update_sketch = Some(Sketch::difference(&before, &after));
+            }
         }
         self.completed = round;
         let duration_ms = now_ms.saturating_sub(open.started_ms);

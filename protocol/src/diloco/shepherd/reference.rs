@@ -184,6 +184,8 @@ pub(super) struct References<P> {
     pub(super) tensors: Vec<Option<(f64, f32)>>,
     /// The copy check: the sketch of the last round's update.
     pub(super) update_sketch: Option<crate::diloco::sketch::Sketch>,
+    /// The copy check: the sketch of the parameters after the last close.
+    pub(super) params_sketch: Option<crate::diloco::sketch::Sketch>,
 }
 
 impl<P: Ord + Clone> References<P> {
@@ -194,6 +196,7 @@ impl<P: Ord + Clone> References<P> {
             step_ms: None,
             tensors: Vec::new(),
             update_sketch: None,
+            params_sketch: None,
         }
     }
 
