@@ -87,7 +87,7 @@ run_setup() {
   shift
   local dir="$WORK/$name"
   mkdir -p "$dir"
-  ip netns exec "$(ns 0)" "$BIN" --shepherd --model "$MODEL" --tau "$TAU" --rounds "$ROUNDS" --min-workers "$W" \
+  ip netns exec "$(ns 0)" "$BIN" --shepherd --pow-bits 0 --model "$MODEL" --tau "$TAU" --rounds "$ROUNDS" --min-workers "$W" \
     --data "$DATA" --listen /ip4/10.79.0.1/tcp/4700 --data-dir "$dir/shepherd" --events "$dir/shepherd.jsonl" \
     --no-tui "$@" >"$dir/shepherd.out" 2>"$dir/shepherd.log" &
   PIDS+=($!)

@@ -17,6 +17,10 @@ cargo build --release -p pcp-node
 # the simulator against the node: loadtest and simulate at 100 and 300 workers agree
 # within 25 % (minutes of the release binary, so after its build; see the test's docs)
 PCP_NODE="$PWD/target/release/pcp-node" cargo test -p pcp-node --test calibration_cli -- --ignored --test-threads 1
+# 4,097 one-time hellos, then an honest worker (minutes of the release binary)
+PCP_NODE="$PWD/target/release/pcp-node" cargo test -p pcp-node --test trust_cli -- --ignored
+# the failover test under a flood of 200 fresh keys (ten nodes' processes)
+PCP_NODE="$PWD/target/release/pcp-node" cargo test -p pcp-node --test majority_cli -- --ignored
 gpu_check_out=$(mktemp -d)
 bench/gpu_check.sh --backend vulkan --out "$gpu_check_out"
 rm -rf "$gpu_check_out"

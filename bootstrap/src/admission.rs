@@ -24,7 +24,8 @@
 //!   IPv6 /64 counts as one address) and the pool's node-wide budget. The pools are
 //!   [`KNOWN_BUDGET`] for the signers a run knows ([`Admission::know`]: the shepherd's
 //!   workers, who said hello or sent a heartbeat; at most [`MAX_KNOWN`] per run, the
-//!   longest silent forgotten first), and [`STRANGER_BUDGET`] for everyone else.
+//!   longest silent forgotten first; and the run's coordinator candidates,
+//!   [`Admission::candidates`]), and [`STRANGER_BUDGET`] for everyone else.
 //!
 //! So a stranger with unlimited keys costs a node at most `STRANGER_BUDGET +
 //! KNOWN_BUDGET` of small frames plus one head per open stream, whatever it claims; one
@@ -303,6 +304,8 @@ struct Inner {
     /// Contributions waiting in [`Admission::wait_for_room`].
     waiting: usize,
     runs: HashMap<RunId, Served>,
+    /// Each run's coordinator candidates ([`Admission::candidates`]), served or not.
+    candidates: HashMap<RunId, HashSet<PublicKey>>,
     /// Refusals not yet reported, per sending peer (`None`: unknown).
     refusals: HashMap<Option<PeerId>, (u64, String)>,
     /// Signers with a contribution in flight.
@@ -493,9 +496,33 @@ impl Admission {
         self.lock().connections.remove(&id);
     }
 
-    /// Whether `run` knows `signer`.
+    /// `run`'s coordinator candidates are `keys` (its manifest names them): they
+    /// are known to it ([`Self::is_known`]) whether or not this node serves it, and
+    /// are told apart ([`Self::is_candidate`]). Replaces the ones said before.
+    pub fn candidates(&self, run: RunId, keys: &[PublicKey]) {
+        self.lock().candidates.insert(run, keys.iter().copied().collect());
+    }
+
+    /// Whether `signer` is one of `run`'s candidates ([`Self::candidates`]).
+    pub fn is_candidate(&self, run: RunId, signer: PublicKey) -> bool {
+        self.lock().candidates.get(&run).is_some_and(|c| c.contains(&signer))
+    }
+
+    /// Whether gossip on `run`'s topic signed by `signer` is taken (and forwarded):
+    /// only the run's candidates publish there (announcements, leases), so once this
+    /// node knows them ([`Self::candidates`]) anyone else's is dropped at the first
+    /// hop, however many fresh keys send it. A run whose candidates this node does
+    /// not know yet takes any.
+    pub fn may_gossip(&self, run: RunId, signer: PublicKey) -> bool {
+        self.lock().candidates.get(&run).is_none_or(|c| c.contains(&signer))
+    }
+
+    /// Whether `run` knows `signer`: one of its workers ([`Self::know`]) or
+    /// candidates ([`Self::candidates`]).
     pub fn is_known(&self, run: RunId, signer: PublicKey) -> bool {
-        self.lock().runs.get(&run).is_some_and(|s| s.known.contains(&signer))
+        let inner = self.lock();
+        inner.runs.get(&run).is_some_and(|s| s.known.contains(&signer))
+            || inner.candidates.get(&run).is_some_and(|c| c.contains(&signer))
     }
 
     /// Whether `signer` is a participant of `run`'s open round.
@@ -630,7 +657,8 @@ impl Inner {
             return Ok(Share::None);
         }
         let cost = head.payload_len as usize + FRAME_COST;
-        let known = self.runs.values().any(|s| s.known.contains(&signer));
+        let known = self.runs.values().any(|s| s.known.contains(&signer))
+            || self.candidates.values().any(|c| c.contains(&signer));
         let budget = |scope, budget| Refusal::Budget { signer, scope, budget };
         if self.per_signer.get(&signer).copied().unwrap_or(0) + cost > SIGNER_BUDGET {
             return Err(budget("this signer", SIGNER_BUDGET));

@@ -14,7 +14,7 @@ use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, InboundRequestId, OutboundRequestId, ResponseChannel};
 use libp2p::swarm::{ConnectionId, SwarmEvent, dial_opts::DialOpts};
 use libp2p::{Multiaddr, PeerId, Swarm, gossipsub, identify, kad, noise, tcp};
-use pcp_protocol::{BlobHash, Identity, ReplayGuard, RunId};
+use pcp_protocol::{BlobHash, Identity, PublicKey, RunId};
 use pcp_schema::BlobRequest;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -38,13 +38,14 @@ use crate::store::BlobStore;
 use crate::tls;
 use crate::transfers::{Action, Done, Serve, Served, Transfers};
 
+mod replay;
 mod traversal;
+
+use replay::Replay;
 
 /// Where a request's answer goes.
 type Reply = oneshot::Sender<Result<pcp_protocol::Verified, RequestError>>;
 
-/// Replay window for gossip envelopes.
-const REPLAY_WINDOW_MS: u64 = 5 * 60 * 1000;
 /// How often the store is rescanned for blobs to provide.
 const RESCAN: Duration = Duration::from_secs(5);
 /// Most blocking threads hashing, reading and writing chunks at once.
@@ -111,7 +112,7 @@ pub struct EventLoop {
     banned: HashMap<PeerId, Instant>,
     work: Blocking<Work>,
     subscriptions: HashSet<RunId>,
-    replay: ReplayGuard,
+    replay: Replay,
     lookups: HashMap<kad::QueryId, Lookup>,
     /// Requests in flight: to whom, for which run (its answer must be bound to it).
     rpc_out: HashMap<OutboundRequestId, (PeerId, RunId, Reply)>,
@@ -236,7 +237,7 @@ impl EventLoop {
             banned: HashMap::new(),
             work: Blocking::new(blob_workers(), BLOB_QUEUE),
             subscriptions: HashSet::new(),
-            replay: ReplayGuard::new(REPLAY_WINDOW_MS, 1024, 4096),
+            replay: Replay::new(admission.clone()),
             lookups: HashMap::new(),
             rpc_out: HashMap::new(),
             rpc_in: HashMap::new(),
@@ -716,8 +717,7 @@ impl EventLoop {
                     let verdict = match request {
                         Frame::Request(v, hold) => {
                             let run = v.binding().run;
-                            let known = self.admission.is_known(run, v.signer());
-                            let fresh = self.replay.check_known(&v, run, now_ms(), known);
+                            let fresh = self.replay.check(&v, run, now_ms());
                             fresh.map(|()| (v, hold)).map_err(|e| e.to_string())
                         }
                         Frame::In(_) => Err("an answer where a request belongs".to_owned()),
@@ -778,12 +778,21 @@ impl EventLoop {
     }
 
     fn on_gossip(&mut self, source: PeerId, id: gossipsub::MessageId, message: gossipsub::Message) {
+        use pcp_schema::Message as _;
         let run = self.subscriptions.iter().copied().find(|r| topic(*r).hash() == message.topic);
         let verdict = match run {
-            None => Err("message for a run this node is not in".to_string()),
-            Some(run) => pcp_protocol::open(&message.data)
-                .map_err(|e| e.to_string())
-                .and_then(|v| self.replay.check(&v, run, now_ms()).map(|()| (run, v)).map_err(|e| e.to_string())),
+            None => Err(Some("message for a run this node is not in".to_string())),
+            Some(run) => match pcp_schema::SignedEnvelope::decode(&message.data) {
+                Err(e) => Err(Some(e.to_string())),
+                // only the run's candidates gossip: anyone else's is refused unverified
+                Ok(envelope) => {
+                    self.replay.gate_gossip(run, PublicKey(envelope.signer), Instant::now()).and_then(|()| {
+                        let verified = pcp_protocol::verify(envelope).map_err(|e| Some(e.to_string()))?;
+                        self.replay.check(&verified, run, now_ms()).map_err(|e| Some(e.to_string()))?;
+                        Ok((run, verified))
+                    })
+                }
+            },
         };
         let acceptance = match verdict {
             Ok((run, verified)) => {
@@ -792,8 +801,10 @@ impl EventLoop {
             }
             Err(reason) => {
                 self.stats.messages_rejected += 1;
-                tracing::debug!(peer = %source, "rejected gossip: {reason}");
-                self.emit(Event::MessageRejected { peer: source, reason });
+                if let Some(reason) = reason {
+                    tracing::debug!(peer = %source, "rejected gossip: {reason}");
+                    self.emit(Event::MessageRejected { peer: source, reason });
+                }
                 gossipsub::MessageAcceptance::Reject
             }
         };

@@ -49,7 +49,7 @@ impl Node {
 
     /// The runs this node serves and their participants: what it agrees to read, and
     /// from whom, before reading it (see [`crate::admission`]).
-    pub fn admission(&self) -> &Admission {
+    pub fn admission(&self) -> &Arc<Admission> {
         &self.admission
     }
 

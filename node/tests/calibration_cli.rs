@@ -48,6 +48,8 @@ fn loadtest_rounds(dir: &Path, workers: usize) -> (Vec<f64>, Value) {
     let n = workers.to_string();
     let args: Vec<String> = [
         "--shepherd",
+        "--pow-bits",
+        "0",
         "--config",
         &config.display().to_string(),
         "--encoding",

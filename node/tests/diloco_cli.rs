@@ -136,12 +136,13 @@ fn shepherd_flags(extra: &[&str], listen: &str, data_dir: &str, events: &Path, r
     // the lockstep fp32 rounds these tests were written for, unless `extra` names its own
     let pinned: &[&str] =
         if extra.contains(&"--encoding") { &["--no-overlap"] } else { &["--no-overlap", "--encoding", "fp32"] };
-    let mut args: Vec<String> = ["--shepherd", "--min-workers", "3", "--heartbeat-timeout-ms", "3000"]
-        .iter()
-        .chain(pinned)
-        .chain(extra)
-        .map(|s| s.to_string())
-        .collect();
+    let mut args: Vec<String> =
+        ["--shepherd", "--pow-bits", "0", "--min-workers", "3", "--heartbeat-timeout-ms", "3000"]
+            .iter()
+            .chain(pinned)
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect();
     args.extend(["--data".into(), corpus(), "--listen".into(), listen.into(), "--data-dir".into(), data_dir.into()]);
     args.extend(["--events".into(), events.display().to_string()]);
     if resume {
@@ -395,11 +396,22 @@ fn a_worker_short_of_memory_trains_micro_batches_to_the_same_losses() {
     let run = |name: &str, worker_flags: &[&str]| -> (Vec<Value>, Vec<Value>) {
         let d = |node: &str| dir.path().join(name).join(node);
         let (shepherd_events, worker_events) = (d("shepherd.jsonl"), d("worker.jsonl"));
-        let mut args: Vec<String> =
-            ["--shepherd", "--min-workers", "1", "--rounds", "2", "--tau", "10", "--encoding", "fp32", "--no-overlap"]
-                .map(String::from)
-                .to_vec();
-        args.extend(["--screen".into(), "norm".into()]);
+        let mut args: Vec<String> = [
+            "--shepherd",
+            "--pow-bits",
+            "0",
+            "--min-workers",
+            "1",
+            "--rounds",
+            "2",
+            "--tau",
+            "10",
+            "--encoding",
+            "fp32",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(["--no-overlap".into(), "--screen".into(), "norm".into()]);
         args.extend(["--data".into(), corpus(), "--listen".into(), "/ip4/127.0.0.1/tcp/0".into()]);
         args.extend(["--data-dir".into(), d("shepherd").display().to_string()]);
         args.extend(["--events".into(), shepherd_events.display().to_string()]);

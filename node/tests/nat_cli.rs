@@ -547,7 +547,7 @@ fn one_public_node_without_external_address_names_the_flag() {
 
 /// `--shepherd` on the demo corpus: nanogpt-small, τ=10, `extra`.
 fn shepherd_args<'a>(corpus: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec!["--shepherd", "--model", "nanogpt-small", "--tau", "10", "--data", corpus];
+    let mut args = vec!["--shepherd", "--pow-bits", "0", "--model", "nanogpt-small", "--tau", "10", "--data", corpus];
     args.extend(extra);
     args
 }

@@ -282,6 +282,8 @@ async fn sybils_cannot_fill_a_shepherds_memory() -> anyhow::Result<()> {
     let worker_events = dir.path().join("worker.jsonl");
     let args: Vec<String> = [
         "--shepherd",
+        "--pow-bits",
+        "0",
         "--model",
         "nanogpt-medium",
         "--min-workers",

@@ -139,6 +139,37 @@ fn an_open_run_asks_each_identity_a_proof_of_work() {
     assert!(!reasons.is_empty() && reasons.keys().all(|r| r.contains("the run needs 16")), "{report}");
 }
 
+/// One-time hellos, one more than the 4,096 a shepherd keeps, from identities that
+/// never heartbeat (`loadtest --leave-after-hello`): when nothing released them, the
+/// hello after the 4,096th was refused for good, the honest worker's with it
+/// (`hellos.rs`' `one_time_hellos_cannot_lock_newcomers_out` replays that table).
+/// Now each is answered with the manifest, the shepherd keeps at most 4,096 hellos,
+/// and an honest worker that joins next contributes in the first round it can (a
+/// run that waits for one worker opens with it) and the next.
+#[test]
+#[ignore = "4,097 swarms take minutes in a debug build: scripts/test.sh runs it on the release binary (PCP_NODE)"]
+fn one_time_hellos_do_not_lock_out_the_worker_after_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_shepherd, addr, record) = shepherd(dir.path(), &["--rounds", "3", "--tau", "5", "--min-workers", "1"]);
+    let json = dir.path().join("hellos.json");
+    let mut args = s(&["loadtest", "--shepherd", &addr, "--workers", "4097", "--leave-after-hello"]);
+    args.extend(s(&["--hello-concurrency", "64", "--timeout-s", "600", "--json"]));
+    args.extend([json.display().to_string(), "--data-dir".into(), dir.path().join("hellos").display().to_string()]);
+    let started = std::time::Instant::now();
+    Proc::spawn("hellos", dir.path(), &args).wait();
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).expect("the report")).expect("json");
+    eprintln!("4,097 one-time hellos in {:.1?}: {report}", started.elapsed());
+    assert_eq!(report["admitted"], 4097, "every one-time hello is answered with the manifest: {report}");
+    let w1 = peer_of(&dir.path().join("w1"));
+    let _w1 = worker(dir.path(), "w1", &addr, &[]);
+    for round in 1..=2 {
+        let done = completed(&record, round);
+        assert!(done["peers"].as_array().is_some_and(|p| p.iter().any(|p| p == w1.as_str())), "round {round}: {done}");
+    }
+    let held = wait_for(&record, "admission_held", |e| e["event"] == "admission_held" && e["round"] == 2);
+    assert!(held["hellos"].as_u64().is_some_and(|h| h <= 4096) && held["live"] == 1, "{held}");
+}
+
 /// `loadtest --shepherd-pid` watches the shepherd's process: when the shepherd dies
 /// mid-run (a full disk, a crash), the loadtest writes its report and fails at once
 /// with one line naming the shepherd, rather than waiting out `--timeout-s`.

@@ -3,7 +3,8 @@
 //!
 //! - [`Admit::Open`]: anyone whose key carries a proof of work of the run's difficulty
 //!   ([`pow_bits`], [`solve_pow`]). A new identity then costs `2^pow_bits` hashes, which
-//!   prices Sybil floods without an authority; `pow_bits: 0` admits everyone.
+//!   prices Sybil floods without an authority; `pow_bits: 0` admits everyone. A
+//!   shepherd raises the bits a new key needs with the run's join rate ([`Difficulty`]).
 //! - [`Admit::Allowlist`]: only the listed keys (a file of hex keys: [`parse_allowlist`]).
 //! - [`Admit::Authorizer`]: anyone holding a [`JoinCertificate`] for this run and this key,
 //!   signed by the run's authorizer key and not expired.
@@ -12,6 +13,10 @@
 //! `docs/test-vectors/join-certificate.md`.
 
 use std::collections::BTreeSet;
+
+mod difficulty;
+
+pub use difficulty::{DEFAULT_JOINS_PER_HOUR, DEFAULT_POW_BITS, Difficulty, JoinRate};
 
 use crate::identity::{Identity, PublicKey};
 use crate::ids::RunId;

@@ -101,6 +101,7 @@ struct RunManifest {
   probationRounds @32 :UInt32; # screens a new key passes before it counts in full
   screenSample @33 :Float32; # a rated peer's contribution is screened with this probability once screening passes its share of the round
   failover @34 :UInt8;      # how candidates agree: 0 by their count (majority from 3), 1 majority, 2 best effort
+  powJoinsPerHour @35 :UInt32; # "open": new keys an hour admitted at powBits; each doubling beyond adds a bit (0: powBits always)
 }
 
 # --- rounds ----------------------------------------------------------------

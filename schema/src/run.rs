@@ -165,6 +165,9 @@ pub struct Admission {
     pub allowlist: Vec<[u8; 32]>,
     /// `open`: the leading zero bits a worker identity's proof of work must have.
     pub pow_bits: u32,
+    /// `open`: new keys an hour admitted at `pow_bits`; each doubling of the last
+    /// hour's joins beyond it asks one bit more of a new key (0: `pow_bits` always).
+    pub pow_joins_per_hour: u32,
     /// The most participants a round (0: every live worker).
     pub max_participants: u32,
     /// The most contributions aggregated a round, the best-rated (0: all).
@@ -348,6 +351,7 @@ impl Message for RunManifest {
             allowlist.set(i, &k[..]);
         }
         root.set_pow_bits(a.pow_bits);
+        root.set_pow_joins_per_hour(a.pow_joins_per_hour);
         root.set_max_participants(a.max_participants);
         root.set_aggregate_max(a.aggregate_max);
         root.set_probation_rounds(a.probation_rounds);
@@ -421,6 +425,7 @@ impl Message for RunManifest {
                     authorizer: optional_hash(W, "authorizer", r.get_authorizer().map_err(|e| malformed(W, e))?)?,
                     allowlist,
                     pow_bits: r.get_pow_bits(),
+                    pow_joins_per_hour: r.get_pow_joins_per_hour(),
                     max_participants: r.get_max_participants(),
                     aggregate_max: r.get_aggregate_max(),
                     probation_rounds: r.get_probation_rounds(),

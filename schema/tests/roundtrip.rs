@@ -117,6 +117,7 @@ fn manifest(
             authorizer: salt,
             allowlist,
             pow_bits: fragments % 33,
+            pow_joins_per_hour: lease_ms as u32,
             max_participants: state_per_param,
             aggregate_max: inner_steps,
             probation_rounds: fragments,

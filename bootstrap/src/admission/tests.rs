@@ -523,3 +523,18 @@ fn a_run_knows_at_most_max_known_signers_the_longest_silent_out_first() {
     assert!(!admission.is_known(run, keys[1]));
     assert!(!admission.is_known(RunId([5; 32]), keys[0]), "only for runs served");
 }
+
+/// Once a node knows a run's candidates, only they may gossip on its topic: a fresh
+/// key's gossip is dropped at the first hop (and not forwarded); a run whose
+/// candidates it does not know yet takes anyone's.
+#[test]
+fn only_the_candidates_gossip_once_they_are_known() {
+    let admission = Admission::default();
+    let (run, other) = (RunId([1; 32]), RunId([2; 32]));
+    let (leader, standby, fresh) = (identity(1).public(), identity(2).public(), identity(3).public());
+    assert!(admission.may_gossip(run, fresh), "candidates not known yet: anyone");
+    admission.candidates(run, &[leader, standby]);
+    assert!(admission.may_gossip(run, leader) && admission.may_gossip(run, standby));
+    assert!(!admission.may_gossip(run, fresh));
+    assert!(admission.may_gossip(other, fresh), "another run's candidates are not this one's");
+}

@@ -488,7 +488,7 @@ pub(crate) async fn run_node(
     let events = Events::open(args.events.as_deref()).map_err(Failure::input)?;
     let (requests_tx, inbox, single) = match role {
         Role::Shepherd(..) | Role::Candidate(..) => {
-            let (tx, inbox) = crate::diloco::inbox::coordinator();
+            let (tx, inbox) = crate::diloco::inbox::coordinator(running.node.admission().clone());
             (tx, Some(inbox), None)
         }
         Role::Worker(..) | Role::Relay => {

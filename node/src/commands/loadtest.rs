@@ -32,6 +32,9 @@ use tokio_util::sync::CancellationToken;
 use crate::Failure;
 use crate::diloco::wire::{self, Signer};
 
+mod flood;
+mod leave;
+
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct LoadtestArgs {
     /// The shepherd's address, with its `/p2p/<peer id>`.
@@ -71,6 +74,10 @@ pub(crate) struct LoadtestArgs {
     /// gpt2-124m's takes a second; a worker's compute is a sleep).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     payloads: u64,
+    #[command(flatten)]
+    flood: flood::FloodArgs,
+    #[command(flatten)]
+    leave: leave::LeaveArgs,
 }
 
 /// One round's outcome across the synthetic workers.
@@ -145,12 +152,20 @@ fn reason_kind(reason: &str) -> String {
 }
 
 pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Failure> {
+    if let Some(run) = args.flood.flood {
+        let how = (args.workers, args.seed, Duration::from_secs(args.timeout_s));
+        return flood::run(run, &args.shepherd, &args.flood, how, &data_dir).await;
+    }
     let Some(shepherd) = args.shepherd.iter().find_map(|p| match p {
         pcp_bootstrap::multiaddr::Protocol::P2p(peer) => Some(peer),
         _ => None,
     }) else {
         return Err(Failure::input(anyhow::anyhow!("--shepherd {} has no /p2p/<peer id>", args.shepherd)));
     };
+    if args.leave.leave_after_hello {
+        let how = (args.workers, args.seed, Duration::from_secs(args.timeout_s));
+        return leave::run((&args.shepherd, shepherd), &args.leave, how, &data_dir, args.json.as_deref()).await;
+    }
     let tally = Arc::new(Mutex::new(Tally::default()));
     let payloads = Arc::new(tokio::sync::OnceCell::new());
     let mut peers = Vec::new();

@@ -361,7 +361,7 @@ fn shepherd_plan(args: &SimArgs, net: &NetArgs, root: &std::path::Path) -> Resul
     );
     plan.table = true;
     plan.screen = crate::diloco::Screen::parse(&args.screen)?;
-    plan.trust = crate::diloco::Trust::from_args(&args.trust)?;
+    plan.trust = crate::diloco::Trust::from_args(&args.trust, 0)?;
     plan.trim = args.trim;
     plan.overlap = !args.no_overlap;
     plan.participants_inline = args.participants_inline;

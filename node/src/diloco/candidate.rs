@@ -266,6 +266,7 @@ impl Standby {
                         velocity,
                         durations: Vec::new(),
                         norms: Vec::new(),
+                        learned: Default::default(),
                     };
                     Ok(LeaderState { term: 1, snapshot, contributors: Vec::new(), excluded: Vec::new() })
                 }

@@ -284,6 +284,9 @@ impl Consensus {
         run: RunId,
         lease_ms: u64,
     ) -> Self {
+        // the run's candidates' messages are kept apart and served first (see
+        // `super::inbox`), and their nonces kept by the replay guard
+        node.admission().candidates(run, core.succession().order());
         Self {
             core,
             run,

@@ -14,14 +14,27 @@
 //! a heartbeat waits for at most the contribution being handled and a slice, and a
 //! thousand workers' heartbeats (two thousand a second, about as many as the role
 //! answers) do not starve the contributions, which strict priority did.
+//!
+//! The run's coordinator candidates (its manifest names them; the node's
+//! [`pcp_bootstrap::Admission::candidates`]) carry the consensus in their requests
+//! and gossip: leases, terms, votes and the leader's state. Those go to a queue of
+//! their own, served before everything else, so heartbeats and hellos from any
+//! number of keys, which fill and overflow the control queue, never drop a lease
+//! nor make one wait behind them. A run's candidates are few and each has at most
+//! two requests in flight to another, so [`CANDIDATE_QUEUE`] is ample and their
+//! priority cannot starve the workers.
 
-use pcp_bootstrap::Event;
+use std::sync::Arc;
+
+use pcp_bootstrap::{Admission, Event};
 use pcp_schema::MessageKind;
 use tokio::sync::mpsc;
 
 /// Control messages (heartbeats, hellos, gossip) a coordinator queues; beyond this they
 /// are dropped and their streams reset.
 pub(crate) const CONTROL_QUEUE: usize = 256;
+/// Messages of the run's candidates a coordinator queues.
+pub(crate) const CANDIDATE_QUEUE: usize = 64;
 /// Contributions a coordinator queues: more than its budget of contributions in flight
 /// lets it read of a model's full-size contributions (64).
 pub(crate) const CONTRIBUTION_QUEUE: usize = 128;
@@ -41,6 +54,9 @@ type Heard = std::sync::Arc<std::sync::Mutex<std::collections::HashSet<pcp_proto
 #[derive(Debug, Clone)]
 pub(crate) struct Outbox {
     control: mpsc::Sender<Event>,
+    /// `None` for a role that is no candidate (a worker): its candidates' messages
+    /// go to `control`. The admission says who the candidates are.
+    candidates: Option<(mpsc::Sender<Event>, Arc<Admission>)>,
     /// `None` for a role that takes no contributions (a worker): they go to `control`.
     contributions: Option<mpsc::Sender<Event>>,
     heard: Heard,
@@ -49,6 +65,7 @@ pub(crate) struct Outbox {
 /// The receiving side, in the role.
 #[derive(Debug)]
 pub(crate) struct Inbox {
+    candidates: mpsc::Receiver<Event>,
     control: mpsc::Receiver<Event>,
     contributions: mpsc::Receiver<Event>,
     /// When control messages began to be served since the last contribution.
@@ -56,29 +73,43 @@ pub(crate) struct Inbox {
     heard: Heard,
 }
 
-/// A coordinator's pair of queues.
-pub(crate) fn coordinator() -> (Outbox, Inbox) {
+/// A coordinator's queues: its candidates' messages (those whose signer `admission`
+/// names a candidate of their run), control and contributions.
+pub(crate) fn coordinator(admission: Arc<Admission>) -> (Outbox, Inbox) {
+    let (candidates, candidates_rx) = mpsc::channel(CANDIDATE_QUEUE);
     let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
     let (contributions, contributions_rx) = mpsc::channel(CONTRIBUTION_QUEUE);
     let heard = Heard::default();
     (
-        Outbox { control, contributions: Some(contributions), heard: heard.clone() },
-        Inbox { control: control_rx, contributions: contributions_rx, slice: None, heard },
+        Outbox {
+            control,
+            candidates: Some((candidates, admission)),
+            contributions: Some(contributions),
+            heard: heard.clone(),
+        },
+        Inbox { candidates: candidates_rx, control: control_rx, contributions: contributions_rx, slice: None, heard },
     )
 }
 
 /// One queue, for a role that takes no contributions.
 pub(crate) fn single() -> (Outbox, mpsc::Receiver<Event>) {
     let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
-    (Outbox { control, contributions: None, heard: Heard::default() }, control_rx)
+    (Outbox { control, candidates: None, contributions: None, heard: Heard::default() }, control_rx)
 }
 
 impl Outbox {
     /// Queues `event` without waiting; gives it back when its queue is full (or the
     /// role is gone).
     pub(crate) fn try_send(&self, event: Event) -> Result<(), Box<Event>> {
+        let from_candidate = |run, signer| {
+            self.candidates.as_ref().filter(|(_, admission)| admission.is_candidate(run, signer)).map(|(q, _)| q)
+        };
         let queue = match (&event, &self.contributions) {
             (Event::Request { message, .. }, Some(c)) if message.kind() == MessageKind::Contribution => c,
+            (Event::Request { message, .. }, _) => {
+                from_candidate(message.binding().run, message.signer()).unwrap_or(&self.control)
+            }
+            (Event::Gossip { run, message, .. }, _) => from_candidate(*run, message.signer()).unwrap_or(&self.control),
             _ => &self.control,
         };
         queue.try_send(event).map_err(|e| match e {
@@ -108,10 +139,14 @@ impl Inbox {
         heard.drain().collect()
     }
 
-    /// The next event: control first, unless control messages have been served for
-    /// [`CONTROL_SLICE`] while a contribution waited. `None` once both queues are
-    /// closed and empty. Cancel-safe, as [`mpsc::Receiver::recv`] is.
+    /// The next event: the candidates' first, then control, unless control messages
+    /// have been served for [`CONTROL_SLICE`] while a contribution waited. `None`
+    /// once every queue is closed and empty. Cancel-safe, as [`mpsc::Receiver::recv`]
+    /// is.
     pub(crate) async fn recv(&mut self) -> Option<Event> {
+        if let Ok(event) = self.candidates.try_recv() {
+            return Some(event);
+        }
         let now = tokio::time::Instant::now();
         let turn = self.slice.is_some_and(|since| now.duration_since(since) >= CONTROL_SLICE);
         if turn && let Ok(event) = self.contributions.try_recv() {
@@ -120,6 +155,7 @@ impl Inbox {
         }
         let event = tokio::select! {
             biased;
+            Some(event) = self.candidates.recv() => return Some(event),
             Some(event) = self.control.recv() => event,
             Some(event) = self.contributions.recv() => {
                 self.slice = None;
@@ -177,6 +213,28 @@ mod tests {
         request(n, &c)
     }
 
+    fn heartbeat() -> pcp_schema::Heartbeat {
+        pcp_schema::Heartbeat {
+            run: [1; 32],
+            round: 1,
+            unix_ms: 1,
+            free_memory_bytes: 0,
+            term: 1,
+            follows: 1,
+            held: None,
+            consensus: None,
+            known: None,
+        }
+    }
+
+    /// Who signed a request or a gossiped message.
+    fn signer(event: &Event) -> Option<pcp_protocol::PublicKey> {
+        match event {
+            Event::Request { message, .. } | Event::Gossip { message, .. } => Some(message.signer()),
+            _ => None,
+        }
+    }
+
     fn kind(event: &Event) -> Option<MessageKind> {
         match event {
             Event::Request { message, .. } => Some(message.kind()),
@@ -188,7 +246,7 @@ mod tests {
     /// sees control first, then the contributions in their order.
     #[tokio::test]
     async fn a_full_control_queue_leaves_contributions_their_room() {
-        let (outbox, mut inbox) = coordinator();
+        let (outbox, mut inbox) = coordinator(Arc::default());
         for i in 0..CONTROL_QUEUE {
             outbox.try_send(connected(i as u8)).expect("room for control messages");
         }
@@ -211,7 +269,7 @@ mod tests {
     /// still lets a contribution through once a slice has passed.
     #[tokio::test(start_paused = true)]
     async fn control_messages_do_not_starve_contributions() {
-        let (outbox, mut inbox) = coordinator();
+        let (outbox, mut inbox) = coordinator(Arc::default());
         for i in 0..CONTROL_QUEUE {
             outbox.try_send(connected(i as u8)).expect("room");
         }
@@ -226,25 +284,42 @@ mod tests {
         assert_eq!(kind(&inbox.recv().await.expect("queued")), Some(MessageKind::Contribution));
     }
 
+    /// With the control queue full of heartbeats, a candidate's request (its lease)
+    /// and its gossip still find room, and the role sees them first; a candidate of
+    /// another run has no such room.
+    #[tokio::test]
+    async fn a_candidate_is_heard_first_through_a_full_control_queue() {
+        let admission = Arc::new(Admission::default());
+        let candidate = Identity::from_secret([9; 32]).public();
+        admission.candidates(RunId([1; 32]), &[candidate]);
+        admission.candidates(RunId([2; 32]), &[Identity::from_secret([10; 32]).public()]);
+        let (outbox, mut inbox) = coordinator(admission);
+        for n in 0..CONTROL_QUEUE as u64 {
+            outbox.try_send(request(100 + n % 100, &heartbeat())).expect("room for heartbeats");
+        }
+        assert!(outbox.try_send(request(7, &heartbeat())).is_err(), "the control queue is full");
+        assert!(outbox.try_send(request(10, &heartbeat())).is_err(), "another run's candidate is no candidate here");
+        outbox.try_send(request(9, &heartbeat())).expect("a candidate's lease has room");
+        let Event::Request { message, .. } = request(9, &heartbeat()) else { panic!("a request") };
+        let gossip = Event::Gossip { run: RunId([1; 32]), from: PeerId::random(), message };
+        outbox.try_send(gossip).expect("and its gossip");
+        let first = inbox.recv().await.expect("queued");
+        assert!(matches!(first, Event::Request { .. }) && signer(&first) == Some(candidate), "the lease first");
+        let second = inbox.recv().await.expect("queued");
+        assert!(matches!(second, Event::Gossip { .. }) && signer(&second) == Some(candidate), "then its gossip");
+        let third = inbox.recv().await.expect("queued");
+        assert_ne!(signer(&third), Some(candidate), "then the heartbeats");
+        assert_eq!(kind(&third), Some(MessageKind::Heartbeat));
+    }
+
     /// A heartbeat dropped for want of room leaves its signer heard, once.
     #[test]
     fn a_dropped_heartbeat_is_still_heard() {
-        let (outbox, inbox) = coordinator();
+        let (outbox, inbox) = coordinator(Arc::default());
         for i in 0..CONTROL_QUEUE {
             outbox.try_send(connected(i as u8)).expect("room");
         }
-        let hb = pcp_schema::Heartbeat {
-            run: [1; 32],
-            round: 1,
-            unix_ms: 1,
-            free_memory_bytes: 0,
-            term: 1,
-            follows: 1,
-            held: None,
-            consensus: None,
-            known: None,
-        };
-        let Err(dropped) = outbox.try_send(request(7, &hb)) else { panic!("the queue is full") };
+        let Err(dropped) = outbox.try_send(request(7, &heartbeat())) else { panic!("the queue is full") };
         let Event::Request { message, .. } = *dropped else { panic!("the request comes back") };
         let ack = pcp_schema::Ack::accept([1; 32], 1);
         assert!(outbox.try_send(request(8, &ack)).is_err(), "dropped too, but not a heartbeat");

@@ -1169,6 +1169,7 @@ impl Host {
             carried: summary.carried.iter().map(peer_name).collect(),
             budget_ms: summary.budget_ms,
         }));
+        self.admission_held(summary.round);
         self.events.emit(ev::Event::Checkpoint(ev::Checkpoint {
             step: None,
             round: Some(summary.round),
@@ -1280,6 +1281,7 @@ impl Host {
             salt: Some(hex::encode(self.manifest.salt)),
             candidates: self.manifest.candidates.iter().map(hex::encode).collect(),
             term: self.consensus.term(),
+            learned: wire::LearnedRecord::of(&self.machine.learned()),
         };
         let meta = serde_json::to_value(meta)?;
         // a checkpoint per kept round (`--keep-rounds`): gpt2-124m's is 1.3 GB

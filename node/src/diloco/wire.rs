@@ -12,6 +12,10 @@ use pcp_schema::{ParameterRef, RunManifest, SignedEnvelope};
 
 use crate::observe::events::{Event, Events, MessageRejected};
 
+mod learned;
+
+pub(crate) use learned::LearnedRecord;
+
 /// The wire protocol version in `NodeHello`.
 pub(crate) const PROTOCOL_VERSION: u32 = 1;
 
@@ -175,9 +179,9 @@ pub(crate) fn params_hash(params: &Tensors) -> BlobHash {
 pub(crate) struct LeaderState {
     /// The term of the leader that completed the round.
     pub(crate) term: u64,
-    /// Rounds completed, parameters, outer momentum, recent durations (deadlines)
-    /// and norms (the norm bound).
-    pub(crate) snapshot: pcp_protocol::diloco::shepherd::Snapshot,
+    /// Rounds completed, parameters, outer momentum, recent durations (deadlines),
+    /// norms (the norm bound), and the live workers' ratings and the references.
+    pub(crate) snapshot: pcp_protocol::diloco::shepherd::Snapshot<PublicKey>,
     /// Who contributed to the last completed round.
     pub(crate) contributors: Vec<PublicKey>,
     /// Participants of the last completed round who missed its deadline.
@@ -193,6 +197,9 @@ struct StateHeader {
     norms: Vec<f64>,
     contributors: Vec<String>,
     excluded: Vec<String>,
+    /// The live workers' ratings and the references (absent: nothing learned).
+    #[serde(default)]
+    learned: LearnedRecord,
 }
 
 const STATE_MAGIC: &[u8; 8] = b"pcpstat1";
@@ -211,6 +218,7 @@ pub(crate) struct StateParts<'a> {
     pub(crate) completed: u64,
     pub(crate) durations: Vec<u64>,
     pub(crate) norms: Vec<f64>,
+    pub(crate) learned: pcp_protocol::diloco::shepherd::Learned<PublicKey>,
     pub(crate) params: &'a [Vec<f32>],
     pub(crate) velocity: &'a [Vec<f32>],
 }
@@ -225,6 +233,7 @@ impl<'a> StateParts<'a> {
             completed: s.completed,
             durations: s.durations.clone(),
             norms: s.norms.clone(),
+            learned: s.learned.clone(),
             params: &s.params,
             velocity: &s.velocity,
         }
@@ -238,6 +247,7 @@ impl<'a> StateParts<'a> {
             completed: machine.completed(),
             durations,
             norms,
+            learned: machine.learned(),
             params: machine.params(),
             velocity: machine.velocity(),
         }
@@ -296,6 +306,7 @@ fn state_header(state: &StateParts<'_>, contributors: &[PublicKey], excluded: &[
         norms: state.norms.clone(),
         contributors: contributors.iter().map(|k| hex::encode(k.0)).collect(),
         excluded: excluded.iter().map(|k| hex::encode(k.0)).collect(),
+        learned: LearnedRecord::of(&state.learned),
     };
     serde_json::to_vec(&header).unwrap_or_default()
 }
@@ -349,6 +360,7 @@ pub(crate) fn read_state(bytes: &[u8], sizes: &[usize]) -> anyhow::Result<Leader
             velocity: read_params(velocity, sizes)?,
             durations: header.durations,
             norms: header.norms,
+            learned: header.learned.read(sizes.len()).map_err(|e| anyhow::anyhow!("state blob: {e}"))?,
         },
         contributors: keys(&header.contributors)?,
         excluded: keys(&header.excluded)?,
@@ -379,6 +391,22 @@ mod tests {
                 velocity: vec![vec![-1.0, 0.5], vec![0.25]],
                 durations: vec![1000, 2000],
                 norms: vec![0.5],
+                learned: pcp_protocol::diloco::shepherd::Learned {
+                    ratings: vec![(
+                        PublicKey([1; 32]),
+                        pcp_protocol::diloco::rating::Rating {
+                            passed: 2,
+                            score: 0.25,
+                            since: 1,
+                            caught: 1,
+                            sits_out_until: 5,
+                        },
+                    )],
+                    earned: vec![(PublicKey([1; 32]), 20.0)],
+                    tensors: vec![Some((0.5, 0.25)), None],
+                    step_ms: Some(40.0),
+                    rated_norms: true,
+                },
             },
             contributors: vec![PublicKey([1; 32])],
             excluded: vec![PublicKey([2; 32])],
@@ -400,6 +428,17 @@ mod tests {
         let mut huge = blob.clone();
         huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(read_state(&huge, &[2, 1]).is_err(), "a header longer than the blob");
+        // a header whose ratings name a bad key is refused, naming it
+        let len = u32::from_le_bytes([blob[8], blob[9], blob[10], blob[11]]) as usize;
+        let mut header: serde_json::Value = serde_json::from_slice(&blob[12..12 + len]).expect("json");
+        header["learned"]["ratings"][0][0] = "00ff".into();
+        let header = serde_json::to_vec(&header).expect("json");
+        let mut hostile = STATE_MAGIC.to_vec();
+        hostile.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        hostile.extend_from_slice(&header);
+        hostile.extend_from_slice(&blob[12 + len..]);
+        let e = read_state(&hostile, &[2, 1]).expect_err("refused").to_string();
+        assert!(e.contains("ratings: bad key \"00ff\""), "{e}");
     }
 
     #[test]

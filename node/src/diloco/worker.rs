@@ -2,6 +2,7 @@
 
 mod host;
 mod hostile;
+mod pow;
 
 pub(crate) use hostile::{Attack, HOSTILE_KINDS, Hostile, ReplaySlot};
 
@@ -213,7 +214,7 @@ pub(crate) async fn run(
     let mut signer = Signer::new(identity);
     let gossip = Arc::new(tokio::sync::Mutex::new(gossip));
     loop {
-        let Some(joined) = discover(&plan, node, &mut signer, &cancel).await? else { return Ok(()) };
+        let Some(joined) = discover(&plan, (node, &data_dir), &mut signer, &cancel).await? else { return Ok(()) };
         let io = TrainIo { node, events, data_dir: &data_dir, cancel: &cancel };
         match train(&plan, io, &mut signer, &joined, gossip.clone()).await? {
             Outcome::Finished | Outcome::Cancelled => return Ok(()),
@@ -228,7 +229,7 @@ pub(crate) async fn run(
 /// Finds a run and joins it: the signed manifest with an artifact for this node.
 async fn discover(
     plan: &WorkerPlan,
-    node: &Node,
+    (node, data_dir): (&Node, &Path),
     signer: &mut Signer,
     cancel: &CancellationToken,
 ) -> anyhow::Result<Option<Joined>> {
@@ -237,7 +238,7 @@ async fn discover(
     loop {
         let providers = node.providers(key, 8).await?;
         for peer in providers {
-            match join(plan, node, signer, peer).await {
+            match join(plan, (node, data_dir), signer, peer).await {
                 Ok(joined) => return Ok(Some(joined)),
                 Err(JoinError::Fatal(e)) => return Err(e),
                 Err(JoinError::Skip(reason)) => tracing::debug!(%peer, "not joining: {reason}"),
@@ -262,8 +263,15 @@ enum JoinError {
     Fatal(anyhow::Error),
 }
 
-async fn join(plan: &WorkerPlan, node: &Node, signer: &mut Signer, peer: PeerId) -> Result<Joined, JoinError> {
+async fn join(
+    plan: &WorkerPlan,
+    (node, data_dir): (&Node, &Path),
+    signer: &mut Signer,
+    peer: PeerId,
+) -> Result<Joined, JoinError> {
     let me = signer.identity().public();
+    // the proof of work kept for the run named, if any (see `pow`)
+    let kept = plan.run.and_then(|run| pow::cached(data_dir, run, &me)).map_or(0, |(nonce, _)| nonce);
     let hello = NodeHello {
         peer: me.0,
         protocol_version: wire::PROTOCOL_VERSION,
@@ -273,19 +281,21 @@ async fn join(plan: &WorkerPlan, node: &Node, signer: &mut Signer, peer: PeerId)
             free_memory_bytes: plan.free_memory.0,
         },
         certificate: plan.certificate.clone(),
-        pow_nonce: 0,
+        pow_nonce: kept,
     };
     // a hello is for whichever run the shepherd runs: bound to the zero run id
     let envelope = signer.seal(plan.run.unwrap_or(RunId([0; 32])), 0, &hello);
     let mut answer = node.request(peer, envelope).await.map_err(|e| JoinError::Skip(e.to_string()))?;
-    // an open run that asks a proof of work of each identity: solve it, and say hello again
-    if let Some((run, bits)) = pow_asked(&answer) {
-        let me = signer.identity().public();
-        tracing::info!("run {run} asks a proof of work of {bits} bits of this identity; solving it");
-        let nonce = tokio::task::spawn_blocking(move || pcp_protocol::admit::solve_pow(&run, &me, bits, 0))
-            .await
-            .map_err(|e| JoinError::Skip(e.to_string()))?;
-        let hello = NodeHello { pow_nonce: nonce, ..hello };
+    // an open run that asks a proof of work of each identity: solve it, and say hello
+    // again (asked for more while it solved, go on from the nonce found)
+    let mut tries = 0;
+    while let Some((run, bits)) = pow_asked(&answer) {
+        tries += 1;
+        if tries > pow::MAX_TRIES {
+            return Err(JoinError::Skip(format!("run {run} still asks a proof of work of {bits} bits")));
+        }
+        let nonce = pow::solve(data_dir, run, me, bits).await.map_err(|e| JoinError::Skip(format!("{e:#}")))?;
+        let hello = NodeHello { pow_nonce: nonce, ..hello.clone() };
         let envelope = signer.seal(plan.run.unwrap_or(RunId([0; 32])), 0, &hello);
         answer = node.request(peer, envelope).await.map_err(|e| JoinError::Skip(e.to_string()))?;
     }
@@ -303,6 +313,8 @@ async fn join(plan: &WorkerPlan, node: &Node, signer: &mut Signer, peer: PeerId)
             if !succession.contains(&answer.signer()) {
                 return Err(JoinError::Skip("the manifest is signed by a key that is not a candidate".into()));
             }
+            // the run's gossip is its candidates' alone (`Admission::may_gossip`)
+            node.admission().candidates(run, succession.order());
             if plan.run.is_some_and(|r| r.0 != manifest.run) {
                 return Err(JoinError::Skip(format!("{peer} runs {}", RunId(manifest.run))));
             }

@@ -12,6 +12,12 @@ use serde_json::Value;
 
 use crate::common::corpus;
 
+/// The binary under test: `$PCP_NODE` if set (`scripts/test.sh` runs the tests
+/// ignored for the debug binary's slowness on the release one), else this build's.
+pub(crate) fn pcp_node() -> PathBuf {
+    std::env::var_os("PCP_NODE").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pcp-node")), PathBuf::from)
+}
+
 /// The bound on every wait.
 pub(crate) const LONG: Duration = Duration::from_secs(300);
 
@@ -26,7 +32,7 @@ pub(crate) struct Proc {
 
 impl Proc {
     pub(crate) fn spawn(name: &str, dir: &Path, args: &[String]) -> Self {
-        Self::start(name, dir, Command::new(env!("CARGO_BIN_EXE_pcp-node")), args)
+        Self::start(name, dir, Command::new(pcp_node()), args)
     }
 
     /// [`Proc::spawn`] on CPU `cpu` alone (`taskset`), at the lowest priority with
@@ -37,7 +43,7 @@ impl Proc {
         if niced {
             command.args(["nice", "-n", "19"]);
         }
-        command.arg(env!("CARGO_BIN_EXE_pcp-node"));
+        command.arg(pcp_node());
         Self::start(name, dir, command, args)
     }
 
@@ -150,6 +156,10 @@ pub(crate) fn shepherd_on(dir: &Path, cpu: Option<usize>, extra: &[&str]) -> (Pr
         s(&["--shepherd", "--seed", "7", "--heartbeat-timeout-ms", "3000", "--listen", "/ip4/127.0.0.1/tcp/0"]);
     // the lockstep fp32 rounds these tests were written for, unless `extra` names its own
     args.push("--no-overlap".into());
+    // no proof of work (the default asks a CPU-minute of each key), unless `extra` names its own
+    if !extra.contains(&"--pow-bits") {
+        args.extend(s(&["--pow-bits", "0"]));
+    }
     if !extra.contains(&"--encoding") {
         args.extend(s(&["--encoding", "fp32"]));
     }

@@ -462,6 +462,13 @@ pub enum Rejection {
         /// With the last update (else with another contribution).
         to_update: bool,
     },
+    /// A sparse contribution whose kept entries lie on the last round's sparse
+    /// update, with its signs: a copy of part of it ([`super::sketch::support_share`]).
+    #[error("a copy of the last round's update: {:.1}% of its entries are the update's, with its signs", .share * 100.0)]
+    OnUpdate {
+        /// The share of its entries on the update's support with the update's sign.
+        share: f64,
+    },
     /// Claims more samples than the run's manifest allows a round (τ inner steps
     /// of batch × block tokens), or a count that is not a whole number of steps.
     #[error("claims {claimed} samples; the run allows whole steps of {unit}, at most {max} (τ × batch × block)")]
@@ -531,7 +538,7 @@ impl Rejection {
             Self::Count { .. } | Self::Shape { .. } | Self::NonFinite { .. } | Self::Encoding(_) => C::Malformed,
             Self::NoSamples | Self::Samples { .. } => C::Samples,
             Self::Empty => C::Empty,
-            Self::TooSimilar { .. } => C::TooSimilar,
+            Self::TooSimilar { .. } | Self::OnUpdate { .. } => C::TooSimilar,
             Self::SitsOut { .. } => C::SitsOut,
             Self::Unscreened => C::Unscreened,
             Self::NotAdmitted(_) => C::NotAdmitted,
@@ -548,7 +555,9 @@ impl Rejection {
             Self::NoImprovement { .. } | Self::SmallImprovement { .. } => {
                 "refused by the shepherd's screen: applied alone, it did not help enough on its held-out batch".into()
             }
-            Self::TooSimilar { to_update: true, .. } => "too similar to the last round's update".into(),
+            Self::TooSimilar { to_update: true, .. } | Self::OnUpdate { .. } => {
+                "too similar to the last round's update".into()
+            }
             Self::TooSimilar { to_update: false, .. } => "too similar to another contribution of this round".into(),
             other => other.to_string(),
         }

@@ -173,6 +173,16 @@ impl<P: Ord + Clone> Ratings<P> {
     pub fn records(&self) -> impl Iterator<Item = (&P, &Rating)> {
         self.peers.iter()
     }
+
+    /// Sets `peer`'s record as a snapshot kept it (at most [`MAX_RATED`] records:
+    /// past it the least trusted go). A non-finite score counts as none.
+    pub fn restore(&mut self, peer: P, mut rating: Rating) {
+        if !rating.score.is_finite() {
+            rating.score = 0.0;
+        }
+        self.make_room(&peer);
+        self.peers.insert(peer, rating);
+    }
 }
 
 #[cfg(test)]

@@ -69,9 +69,9 @@
 //!
 //! A late pseudo-gradient is the staleness of asynchronous DiLoCo: bounded to
 //! one round here, and weighted like any other by its samples and norm bound.
-//! What these rules learn (step times, the last round's sends and participants)
-//! is not in a [`Snapshot`]: a resumed shepherd's first round has no budget and
-//! carries nothing over.
+//! A [`Snapshot`] keeps the step time (the budget's reference), but not what
+//! these rules learn of the last round (its sends and participants): a resumed
+//! shepherd's first round has a budget, no steps end, and carries nothing over.
 //!
 //! A host drives them so: with every [`Action::OpenRound`], announce
 //! [`Shepherd::budget_ms`] and [`Shepherd::steps_end_ms`] too (0 for none); give
@@ -86,10 +86,13 @@ use super::aggregate::{Accepted, Bounds, Delta, Rejection, RunningMean, norm_bou
 use super::outer::Nesterov;
 use super::rating::{Policy, Ratings};
 use super::sketch::Sketch;
-use super::sparse::{self, ErrorFeedback, Settings};
+use super::sparse::{self, ErrorFeedback, Settings, SparseTensors};
 use reference::{References, bounded_move, tensor_references, weighted_median};
 
 pub mod reference;
+mod snapshot;
+
+pub use snapshot::{Learned, Snapshot};
 
 /// Shepherd settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -502,8 +505,9 @@ impl Outer {
         }
     }
 
-    /// Applies `round`'s mean; returns the sparse update (seeded with the round), if any.
-    fn step(&mut self, params: &mut Tensors, mean: &Tensors, round: u64) -> Option<Vec<u8>> {
+    /// Applies `round`'s mean; returns the sparse update (seeded with the round), if
+    /// any, encoded and decoded.
+    fn step(&mut self, params: &mut Tensors, mean: &Tensors, round: u64) -> Option<(Vec<u8>, SparseTensors)> {
         match self {
             Self::Nesterov(n) => {
                 n.step(params, mean);
@@ -512,26 +516,10 @@ impl Outer {
             Self::Sparse { lr, feedback } => {
                 let (bytes, sent) = feedback.compress_seeded(mean, *lr, round);
                 sparse::subtract(params, &sent, 1.0);
-                Some(bytes)
+                Some((bytes, sent))
             }
         }
     }
-}
-
-/// Everything needed to resume a shepherd after its last completed round.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Snapshot {
-    /// Rounds completed.
-    pub completed: u64,
-    /// Current parameters.
-    pub params: Tensors,
-    /// Outer momentum (a sparse run: the shepherd's error feedback).
-    pub velocity: Tensors,
-    /// Recent round durations.
-    pub durations: Vec<u64>,
-    /// The norms accepted in the last round that accepted any (the next
-    /// round's norm bound).
-    pub norms: Vec<f64>,
 }
 
 /// The shepherd.
@@ -626,33 +614,6 @@ impl<P: Ord + Clone> Shepherd<P> {
             refs: References::new(),
             rated_norms: false,
             joined: BTreeMap::new(),
-        }
-    }
-
-    /// Resumes from a snapshot taken after a completed round.
-    pub fn resume(config: Config, snapshot: Snapshot) -> Self {
-        let mut s = Self::new(config, snapshot.params);
-        *s.outer.state_mut() = snapshot.velocity;
-        s.completed = snapshot.completed;
-        s.resumed_at = snapshot.completed;
-        s.durations = snapshot.durations.into();
-        s.norms = snapshot.norms.into();
-        if s.config.fragments.len() > 1 && s.completed > 0 {
-            let last = super::fragments::of_round(s.completed, s.config.fragments.len());
-            s.fragment_norms.insert(last, s.norms.iter().copied().collect());
-        }
-        s.finished = s.completed >= s.config.rounds;
-        s
-    }
-
-    /// The state after the last completed round.
-    pub fn snapshot(&self) -> Snapshot {
-        Snapshot {
-            completed: self.completed,
-            params: self.params.clone(),
-            velocity: self.outer.state().clone(),
-            durations: self.durations.iter().copied().collect(),
-            norms: self.norms.iter().copied().collect(),
         }
     }
 
@@ -961,6 +922,11 @@ impl<P: Ord + Clone> Shepherd<P> {
             if cosine >= threshold {
                 return Err(Rejection::TooSimilar { cosine, to_update: true });
             }
+        }
+        // a sparse run: a copy of part of the update, at any precision, lies on its support
+        let on_support = self.refs.update_sparse.as_ref().and_then(|u| crate::diloco::sketch::support_share(u, delta));
+        if let Some(share) = on_support.filter(|s| *s >= crate::diloco::sketch::SUPPORT_SHARE) {
+            return Err(Rejection::OnUpdate { share });
         }
         let others = self.open.iter().flat_map(|o| o.sketches.iter());
         if let Some(cosine) = others.map(|o| sketch.cosine(o)).find(|c| *c >= threshold) {
@@ -1420,7 +1386,13 @@ impl<P: Ord + Clone> Shepherd<P> {
         if copies && self.refs.params_sketch.is_none() {
             self.refs.params_sketch = Some(Sketch::of_tensors(self.config.sketch_key, &self.params));
         }
-        let update = mean.and_then(|mean| self.outer.step(&mut self.params, &mean, round));
+        let stepped = mean.and_then(|mean| self.outer.step(&mut self.params, &mean, round));
+        let update = stepped.map(|(bytes, sent)| {
+            if copies {
+                self.refs.update_sparse = Some(sent);
+            }
+            bytes
+        });
         if copies {
             let key = self.config.sketch_key;
             let after = Sketch::of_tensors(key, &self.params);

@@ -16,9 +16,29 @@
 //! workers train on different data, and their pseudo-gradients are far from
 //! parallel; the threshold catches copies with noise of up to about 1% of their
 //! norm. A copy with more noise than that is a noisy contribution for the screen.
+//!
+//! A sparse run's update is sparse too, and a free rider's top-k of a scaled copy
+//! of it keeps only part of it, its values quantized to a few bits: its sketch's
+//! cosine with the update's is the share of the update's norm it kept, below the
+//! threshold. So a sparse contribution is also held against the update's support
+//! ([`support_share`]): the share of the entries it kept that the update holds,
+//! with the update's sign. A copy of any part of the update, at any precision,
+//! scores 1; an honest top-k, which picks its entries by its own values, shares
+//! some of them with the update and agrees with it in sign on some of those. A
+//! share of at least [`SUPPORT_SHARE`] over at least [`MIN_SHARED`] entries is a
+//! copy.
 
 use super::Tensors;
 use super::aggregate::Delta;
+use super::sparse::SparseTensors;
+
+/// Entries a sparse contribution must keep for [`support_share`] to say: a
+/// handful is too few.
+pub const MIN_SHARED: usize = 16;
+
+/// The share of a sparse contribution's entries on the last update's support, with
+/// its sign, from which it is a copy of the update.
+pub const SUPPORT_SHARE: f64 = 0.95;
 
 /// Buckets of a sketch.
 pub const WIDTH: usize = 256;
@@ -100,6 +120,39 @@ impl Sketch {
     }
 }
 
+/// The share of the entries a sparse `delta` kept that `update` holds with the
+/// same sign; `None` for a dense delta, or one that kept fewer than [`MIN_SHARED`]
+/// entries. `update`'s indices are strictly increasing per tensor (as
+/// [`super::sparse::SparseTensor`] keeps them).
+pub fn support_share(update: &SparseTensors, delta: &Delta) -> Option<f64> {
+    let (mut kept, mut agree) = (0usize, 0usize);
+    let mut visit = |t: usize, i: usize, v: f32| {
+        if v == 0.0 {
+            return;
+        }
+        kept += 1;
+        let Some(u) = update.get(t) else { return };
+        if let Ok(at) = u.indices.binary_search(&(i as u32))
+            && u.values[at] != 0.0
+            && (u.values[at] > 0.0) == (v > 0.0)
+        {
+            agree += 1;
+        }
+    };
+    match delta {
+        Delta::Dense(_) => return None,
+        Delta::Sparse(s) => {
+            for (t, tensor) in s.iter().enumerate() {
+                for (i, v) in tensor.indices.iter().zip(&tensor.values) {
+                    visit(t, *i as usize, *v);
+                }
+            }
+        }
+        Delta::Packed(p) => p.for_each_kept(&mut visit),
+    }
+    (kept >= MIN_SHARED).then(|| agree as f64 / kept as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +169,52 @@ mod tests {
                 ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
             })
             .collect()
+    }
+
+    /// A sparse tensor of `values` at every `step`-th index from `first`.
+    fn strided(first: u32, step: u32, values: &[f32]) -> sparse::SparseTensor {
+        let indices = (0..values.len() as u32).map(|j| first + j * step).collect();
+        sparse::SparseTensor { indices, values: values.to_vec() }
+    }
+
+    #[test]
+    fn a_top_k_of_a_scaled_update_lies_on_its_support_and_an_honest_top_k_does_not() {
+        // the update: 2,000 entries of tensor 0, every other index
+        let u = noise(5, 2000);
+        let update = vec![strided(0, 2, &u)];
+        // the free rider keeps the largest half of 4 × the update, at 2 bits (sign and a level)
+        let mut order: Vec<usize> = (0..u.len()).collect();
+        order.sort_by(|a, b| u[*b].abs().total_cmp(&u[*a].abs()));
+        let mut kept: Vec<usize> = order[..1000].to_vec();
+        kept.sort_unstable();
+        let level = |v: f32| v.signum() * if v.abs() > 1.5 { 2.0 } else { 1.0 };
+        let copy = sparse::SparseTensor {
+            indices: kept.iter().map(|j| 2 * *j as u32).collect(),
+            values: kept.iter().map(|j| level(4.0 * u[*j])).collect(),
+        };
+        let copy = Delta::Sparse(vec![copy]);
+        assert_eq!(support_share(&update, &copy), Some(1.0));
+        // its sketch against the update's keeps only its share of the norm: missed there
+        let whole = Sketch::of(9, &Delta::Sparse(update.clone()));
+        assert!(Sketch::of(9, &copy).cosine(&whole) < DEFAULT_SIMILARITY);
+        // an honest top-k: its own values, on indices half of which the update holds
+        let honest = Delta::Sparse(vec![strided(0, 1, &noise(6, 2000))]);
+        let h = support_share(&update, &honest).expect("kept 2,000 entries");
+        assert!((0.15..0.35).contains(&h), "{h}");
+        // a copy with a tenth of its entries elsewhere is a noisy contribution for the screen
+        let Delta::Sparse(c) = &copy else { unreachable!() };
+        let mut mixed = c[0].clone();
+        for j in 0..100 {
+            mixed.indices[j * 10] += 1;
+        }
+        let mixed = support_share(&update, &Delta::Sparse(vec![mixed])).expect("kept");
+        assert!((0.85..SUPPORT_SHARE).contains(&mixed), "{mixed}");
+        // too few entries, a dense delta: no verdict; entries beyond the update's tensors are not on it
+        let few = Delta::Sparse(vec![strided(0, 2, &u[..MIN_SHARED - 1])]);
+        assert_eq!(support_share(&update, &few), None);
+        assert_eq!(support_share(&update, &Delta::Dense(vec![vec![1.0; 4000]])), None);
+        let elsewhere = Delta::Sparse(vec![sparse::SparseTensor::default(), strided(0, 1, &[1.0; 64])]);
+        assert_eq!(support_share(&update, &elsewhere), Some(0.0));
     }
 
     #[test]

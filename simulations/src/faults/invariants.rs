@@ -22,7 +22,7 @@ pub(super) struct State {
     /// The state it was completed from (none for the initial parameters).
     pub(super) parent: Option<StateId>,
     /// What a leader resumes from.
-    pub(super) snapshot: Snapshot,
+    pub(super) snapshot: Snapshot<u32>,
     /// Who contributed to it.
     pub(super) contributors: Vec<u32>,
     /// When it was completed, global ms.
@@ -243,6 +243,7 @@ mod tests {
             velocity: Vec::new(),
             durations: Vec::new(),
             norms: Vec::new(),
+            learned: Default::default(),
         };
         for (x, parent) in [(a0, None), (a1, Some(a0)), (a2, Some(a1)), (b1, Some(a0)), (b2, Some(b1))] {
             let state =

@@ -314,8 +314,9 @@ impl World {
     fn initial() -> (Replica, State) {
         let params: Tensors = vec![vec![0.1, -0.2, 0.3, 0.05]];
         let replica = Replica { term: 1, round: 0, params: params_hash(&params) };
-        let snapshot =
-            Snapshot { completed: 0, params, velocity: vec![vec![0.0; 4]], durations: Vec::new(), norms: Vec::new() };
+        let velocity = vec![vec![0.0; 4]];
+        let learned = Default::default();
+        let snapshot = Snapshot { completed: 0, params, velocity, durations: Vec::new(), norms: Vec::new(), learned };
         (replica, State { parent: None, snapshot, contributors: Vec::new(), at: 0 })
     }
 

@@ -304,7 +304,7 @@ impl ShepherdPlan {
             fragments: 1,
             retention: Retention::default(),
             prepared: None,
-            trust: Trust::from_args(&args.trust)?,
+            trust: Trust::from_args(&args.trust, pcp_protocol::admit::DEFAULT_POW_BITS)?,
             screen_split: None,
         }
         .with_fragments(args.fragments)

@@ -15,8 +15,15 @@
 //! recently), or the replicated state a resumed or elected shepherd starts from names
 //! it (the last completed round's contributors and those that missed its deadline).
 //! Anyone else is told to say hello: a worker refused on a heartbeat joins again.
+//!
+//! An open run's proof of work ([`pcp_protocol::admit::Difficulty`]): a hello from a
+//! new key needs the bits of the last hour's join rate, which [`Hellos`] counts
+//! ([`JoinRate`]); a key the run admitted before needs the floor, and one the
+//! replicated state names none (the shepherd that admitted it checked its proof).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+
+use pcp_protocol::admit::{Difficulty, JoinRate};
 
 use super::*;
 
@@ -52,6 +59,9 @@ struct Entry {
     /// `backend` or `backend:target`.
     backend: String,
     state: State,
+    /// Named by the replicated state and back without a hello: its proof of work
+    /// was checked by the shepherd that admitted it.
+    vouched: bool,
 }
 
 /// The hellos a shepherd keeps (see the module's docs).
@@ -65,6 +75,8 @@ pub(super) struct Hellos {
     next: u64,
     /// Workers the replicated state names, not yet back.
     returning: HashSet<PublicKey>,
+    /// New keys admitted by hello over the last hour.
+    joins: JoinRate,
 }
 
 impl Hellos {
@@ -76,6 +88,33 @@ impl Hellos {
     /// The proof `key`'s hello carried (none: empty).
     pub(super) fn proof(&self, key: &PublicKey) -> Proof {
         self.entries.get(key).map(|e| e.proof.clone()).unwrap_or_default()
+    }
+
+    /// The proof-of-work bits a hello from `key` needs at `now_ms` under `rule`: none
+    /// for a key the replicated state vouches for, the floor for one the run admitted
+    /// before, and for a new key the bits of the last hour's joins.
+    pub(super) fn pow_needed(&mut self, key: &PublicKey, rule: Difficulty, now_ms: u64) -> u8 {
+        if self.vouched(key) {
+            0
+        } else if self.entries.contains_key(key) {
+            rule.floor
+        } else {
+            rule.bits(self.joins.last_hour(now_ms))
+        }
+    }
+
+    /// The proof-of-work bits `key` is held to after joining (at a contribution, or
+    /// a heartbeat that rejoins it): none if the replicated state vouches for it,
+    /// else the floor.
+    pub(super) fn pow_floor(&self, key: &PublicKey, rule: Difficulty) -> u8 {
+        if self.vouched(key) { 0 } else { rule.floor }
+    }
+
+    fn vouched(&self, key: &PublicKey) -> bool {
+        match self.entries.get(key) {
+            Some(e) => e.vouched,
+            None => self.returning.contains(key),
+        }
     }
 
     /// The backend `key`'s hello announced (none: empty).
@@ -97,6 +136,10 @@ impl Hellos {
             Some(_) => None,
             None => self.make_room().ok_or(Full)?,
         };
+        if !self.entries.contains_key(&key) && !self.returning.contains(&key) {
+            self.joins.record(now_ms);
+        }
+        let vouched = self.vouched(&key);
         let live = self.entries.get(&key).is_some_and(|e| e.state == State::Live);
         self.unlist(&key);
         let state = if live {
@@ -106,14 +149,14 @@ impl Hellos {
             self.waiting.insert(order, key);
             State::Waiting { since: now_ms, order }
         };
-        self.entries.insert(key, Entry { proof, backend, state });
+        self.entries.insert(key, Entry { proof, backend, state, vouched });
         Ok(dropped)
     }
 
     /// `key` joined the state machine's workers. Returns the key of a waiting hello
     /// dropped to make room for it (a returning worker without a hello), if any.
     pub(super) fn joined(&mut self, key: PublicKey) -> Option<PublicKey> {
-        self.returning.remove(&key);
+        let vouched = self.returning.remove(&key);
         if self.entries.contains_key(&key) {
             self.unlist(&key);
             if let Some(e) = self.entries.get_mut(&key) {
@@ -123,7 +166,8 @@ impl Hellos {
         }
         // a live worker is kept even when every entry is one: it is in the machine already
         let dropped = self.make_room().flatten();
-        self.entries.insert(key, Entry { proof: Proof::default(), backend: String::new(), state: State::Live });
+        self.entries
+            .insert(key, Entry { proof: Proof::default(), backend: String::new(), state: State::Live, vouched });
         dropped
     }
 
@@ -184,6 +228,15 @@ impl Hellos {
         self.entries.len()
     }
 
+    /// Keys kept by state: (live, waiting, left).
+    fn counts(&self) -> (u64, u64, u64) {
+        self.entries.values().fold((0, 0, 0), |(l, w, g), e| match e.state {
+            State::Live => (l + 1, w, g),
+            State::Waiting { .. } => (l, w + 1, g),
+            State::Left { .. } => (l, w, g + 1),
+        })
+    }
+
     /// Room for one more entry: `None` if there is none (every entry is a live
     /// worker), else the key of the waiting hello dropped for it, if one was.
     fn make_room(&mut self) -> Option<Option<PublicKey>> {
@@ -229,7 +282,8 @@ impl Host {
     /// waiting hello keeps. The one-line reason if not.
     pub(super) fn admit(&mut self, key: PublicKey) -> Result<(), Refusal> {
         let (certificate, nonce) = self.hellos.proof(&key);
-        self.plan.trust.check(&self.run, &key, &certificate, nonce, wire::unix_ms())?;
+        let bits = self.hellos.pow_floor(&key, self.plan.trust.difficulty());
+        self.plan.trust.check_at(&self.run, &key, (&certificate, nonce), wire::unix_ms(), bits)?;
         self.take_slot(key)?;
         if !self.hellos.holds_slot(&key) {
             // a contribution from a participant that left: counted, with no slot
@@ -248,7 +302,13 @@ impl Host {
 
     /// Admits the signer of a hello with `proof`, announcing `backend`, and keeps it.
     pub(super) fn admit_hello(&mut self, key: PublicKey, proof: Proof, backend: String) -> Result<(), Refusal> {
-        self.plan.trust.check(&self.run, &key, &proof.0, proof.1, wire::unix_ms())?;
+        // the run's candidates, named in its id, fetch the manifest with a hello too
+        let bits = if self.manifest.candidates.contains(&key.0) || self.manifest.shepherd == key.0 {
+            0
+        } else {
+            self.hellos.pow_needed(&key, self.plan.trust.difficulty(), wire::mono_ms())
+        };
+        self.plan.trust.check_at(&self.run, &key, (&proof.0, proof.1), wire::unix_ms(), bits)?;
         self.take_slot(key)?;
         match self.hellos.hello(key, proof, backend, wire::mono_ms()) {
             Ok(dropped) => {
@@ -270,7 +330,8 @@ impl Host {
     /// then its slot.
     pub(super) fn admit_rejoin(&mut self, key: PublicKey) -> Result<(), Refusal> {
         let (certificate, nonce) = self.hellos.proof(&key);
-        self.plan.trust.check(&self.run, &key, &certificate, nonce, wire::unix_ms())?;
+        let bits = self.hellos.pow_floor(&key, self.plan.trust.difficulty());
+        self.plan.trust.check_at(&self.run, &key, (&certificate, nonce), wire::unix_ms(), bits)?;
         if !self.hellos.may_rejoin(&key) {
             let reason = format!(
                 "heartbeat from {} refused: it has not said hello to run {} (a heartbeat rejoins only a worker \
@@ -294,6 +355,23 @@ impl Host {
     pub(super) fn hello_left(&mut self, key: PublicKey) {
         self.hellos.left(key);
         self.node.admission().worker_left(self.run, key);
+    }
+
+    /// Says what the run's admission holds ([`ev::AdmissionHeld`]) at `round`'s close.
+    pub(super) fn admission_held(&mut self, round: u64) {
+        let (live, waiting, left) = self.hellos.counts();
+        let now = wire::mono_ms();
+        let joins_last_hour = self.hellos.joins.last_hour(now);
+        let pow_bits = u64::from(self.plan.trust.difficulty().bits(joins_last_hour));
+        self.events.emit(ev::Event::AdmissionHeld(ev::AdmissionHeld {
+            round,
+            hellos: live + waiting + left,
+            live,
+            waiting,
+            left,
+            joins_last_hour,
+            pow_bits,
+        }));
     }
 
     /// Drops the hellos that waited too long for their first heartbeat.
@@ -426,5 +504,36 @@ mod tests {
         assert!(!hellos.may_rejoin(&greeted) && !hellos.may_rejoin(&returning));
         assert!(hellos.may_rejoin(&key(100 + MAX_LEFT - 1)));
         assert_eq!(hellos.len(), MAX_LEFT);
+    }
+
+    #[test]
+    fn a_new_key_pays_the_join_rate_a_known_one_the_floor_a_vouched_one_nothing() {
+        let rule = Difficulty { floor: 20, joins_per_hour: 4 };
+        let returning = key(1_000);
+        let mut hellos = Hellos::new([returning]);
+        let minute = 60_000;
+        // the first 4 new keys of the hour pay the floor; then a bit per doubling
+        let mut asked = Vec::new();
+        for i in 0..17 {
+            asked.push(hellos.pow_needed(&key(i), rule, i as u64));
+            hellos.hello(key(i), proof(i), String::new(), i as u64).expect("room");
+        }
+        assert_eq!(asked, [20, 20, 20, 20, 20, 21, 21, 21, 21, 22, 22, 22, 22, 22, 22, 22, 22]);
+        assert_eq!(hellos.pow_needed(&key(99), rule, 17), 23);
+        // a key the run admitted pays the floor again, whatever the rate, and a
+        // worker of the replicated state nothing, before and after it rejoins
+        assert_eq!(hellos.pow_needed(&key(3), rule, 17), 20);
+        assert_eq!(hellos.pow_floor(&key(3), rule), 20);
+        assert_eq!((hellos.pow_needed(&returning, rule, 17), hellos.pow_floor(&returning, rule)), (0, 0));
+        hellos.joined(returning);
+        assert_eq!(hellos.pow_floor(&returning, rule), 0);
+        hellos.hello(returning, proof(0), String::new(), 18).expect("room");
+        assert_eq!(hellos.pow_floor(&returning, rule), 0, "its hello keeps the vouching");
+        // neither counted as a join; an hour later the rate is back to the floor
+        assert_eq!(hellos.pow_needed(&key(99), rule, 18), 23);
+        assert_eq!(hellos.pow_needed(&key(99), rule, 61 * minute), 20);
+        // no floor: no proof of work however fast keys come
+        let free = Difficulty { floor: 0, joins_per_hour: 1 };
+        assert_eq!(hellos.pow_needed(&key(99), free, 18), 0);
     }
 }

@@ -4,8 +4,9 @@
 //! * **A split workers never receive.** A new run withholds the last
 //!   [`SCREEN_FRACTION`] of its corpus: workers fetch the rest (with, for a
 //!   character vocabulary, one line of any characters only the withheld part
-//!   has, so both ends build the same vocabulary), and the screen's batches come
-//!   from the withheld part. A successor, which has only what workers have,
+//!   has, so both ends build the same vocabulary; a file of `u16` tokens is cut
+//!   at a token), and the screen's batches come from the withheld part. A
+//!   resumed shepherd cuts the same corpus again. A successor, which has only what workers have,
 //!   screens on the public validation split: its batches stay secret until they
 //!   are revealed.
 //! * **Committed, then revealed.** Each round's batch is drawn with a fresh
@@ -31,7 +32,7 @@ use pcp_protocol::diloco::aggregate::Delta;
 use rand::{Rng as _, SeedableRng as _};
 
 use super::Screen;
-use crate::training::data::{Batch, Sampler, Split, Tokens, Vocab};
+use crate::training::data::{Batch, Sampler, Split, TokenFormat, Tokens, Vocab};
 use crate::training::engine::Engine;
 
 /// The share of a new run's corpus the shepherd withholds for its screen.
@@ -47,8 +48,8 @@ pub(crate) struct Withheld {
 }
 
 /// Writes the public part of `corpus` under `dir` and tokenizes the withheld
-/// tail with `vocab`. A corpus with less than `min_tokens` to withhold, or one of
-/// token ids rather than text, is published whole.
+/// tail with `vocab`. A corpus with less than `min_tokens` to withhold is
+/// published whole.
 pub(crate) fn withhold(
     corpus: &Path,
     dir: &Path,
@@ -57,6 +58,9 @@ pub(crate) fn withhold(
     min_tokens: usize,
 ) -> anyhow::Result<Withheld> {
     let whole = || Withheld { public: corpus.to_path_buf(), split: None };
+    if matches!(tokenizer, "u16" | "bin") {
+        return withhold_tokens(corpus, dir, min_tokens);
+    }
     if !matches!(tokenizer, "char" | "byte") {
         return Ok(whole());
     }
@@ -91,6 +95,53 @@ pub(crate) fn withhold(
     std::fs::write(&public_path, published).with_context(|| format!("cannot write {}", public_path.display()))?;
     Ok(Withheld { public: public_path, split: Some(split) })
 }
+
+/// [`withhold`] of a file of `u16` token ids (nanoGPT's raw layout or llm.c's):
+/// the cut is a token boundary (2 bytes). The tail goes to `screen-split.bin` as
+/// raw tokens, and the public part to `public-corpus.bin` in llm.c's layout, whose
+/// header says its count (so it is never read as another layout).
+fn withhold_tokens(corpus: &Path, dir: &Path, min_tokens: usize) -> anyhow::Result<Withheld> {
+    use std::io::{Read as _, Seek as _, Write as _};
+    let tokens = Tokens::open_bin(corpus, TokenFormat::Detect)?;
+    let n = tokens.all().len();
+    let cut = ((n as f64) * (1.0 - SCREEN_FRACTION)) as usize;
+    if n - cut < min_tokens {
+        return Ok(Withheld { public: corpus.to_path_buf(), split: None });
+    }
+    let count = i32::try_from(cut).with_context(|| format!("corpus {}: {cut} tokens is too many", corpus.display()))?;
+    let open = || std::fs::File::open(corpus).with_context(|| format!("cannot read corpus {}", corpus.display()));
+    let len = open()?.metadata().with_context(|| format!("cannot read corpus {}", corpus.display()))?.len();
+    // the tokens are the file's last 2n bytes, after any header
+    let start = len - 2 * n as u64;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let copy = |path: &Path, header: Option<i32>, from: u64, tokens: u64| -> anyhow::Result<()> {
+        let failed = || format!("cannot write {}", path.display());
+        let mut out = std::io::BufWriter::new(std::fs::File::create(path).with_context(failed)?);
+        if let Some(count) = header {
+            let mut words = [0i32; 256];
+            words[..3].copy_from_slice(&[LLMC_MAGIC, 1, count]);
+            for w in words {
+                out.write_all(&w.to_le_bytes()).with_context(failed)?;
+            }
+        }
+        let mut input = open()?;
+        input
+            .seek(std::io::SeekFrom::Start(from))
+            .with_context(|| format!("cannot read corpus {}", corpus.display()))?;
+        let copied = std::io::copy(&mut input.take(2 * tokens), &mut out).with_context(failed)?;
+        anyhow::ensure!(copied == 2 * tokens, "corpus {} changed while it was read", corpus.display());
+        out.flush().with_context(failed)
+    };
+    let tail_path = dir.join("screen-split.bin");
+    copy(&tail_path, None, start + 2 * cut as u64, (n - cut) as u64)?;
+    let public_path = dir.join("public-corpus.bin");
+    copy(&public_path, Some(count), start, cut as u64)?;
+    let (split, _) = Tokens::open_bin(&tail_path, TokenFormat::NanoGpt)?.split(0.0)?;
+    Ok(Withheld { public: public_path, split: Some(split) })
+}
+
+/// llm.c's token files' magic number.
+const LLMC_MAGIC: i32 = 20_240_520;
 
 /// blake3 of a screen seed, as announcements carry it.
 pub(crate) fn commit(seed: &[u8; 32]) -> [u8; 32] {
@@ -383,6 +434,33 @@ async fn loss_moved(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_u16_corpus_withholds_its_tail_at_a_token_boundary() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tokens: Vec<u16> = (0..1001u16).map(|i| i.wrapping_mul(7919)).collect();
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let corpus = dir.path().join("corpus.bin");
+        std::fs::write(&corpus, &bytes).expect("written");
+        let w = withhold(&corpus, &dir.path().join("state"), "u16", &Vocab::Byte, 16).expect("withheld");
+        let split = w.split.expect("a split withheld");
+        // the tail, 5% of 1001 tokens: the last 51, whole tokens
+        let cut = (1001.0 * (1.0 - SCREEN_FRACTION)) as usize;
+        assert_eq!(split.len(), 1001 - cut);
+        assert_eq!((0..split.len()).map(|i| split.get(i).expect("token")).collect::<Vec<_>>(), tokens[cut..]);
+        // workers get the rest, and none of the tail
+        let public = crate::training::data::Corpus::load(&w.public, "u16", None, 0.0).expect("loads");
+        assert_eq!(public.train.len(), cut);
+        assert_eq!((0..cut).map(|i| public.train.get(i).expect("token")).collect::<Vec<_>>(), tokens[..cut]);
+        // an llm.c file (the public part is one) is cut the same way
+        let again = withhold(&w.public, &dir.path().join("again"), "bin", &Vocab::Byte, 16).expect("withheld");
+        let tail = again.split.expect("a split withheld");
+        let cut2 = (cut as f64 * (1.0 - SCREEN_FRACTION)) as usize;
+        assert_eq!((0..tail.len()).map(|i| tail.get(i).expect("token")).collect::<Vec<_>>(), tokens[cut2..cut]);
+        // a corpus too small to spare the split is published whole
+        let small = withhold(&corpus, &dir.path().join("small"), "bin", &Vocab::Byte, 100).expect("whole");
+        assert!(small.split.is_none() && small.public == corpus);
+    }
 
     #[test]
     fn the_bar_follows_shrinking_gains_down_instead_of_refusing_every_later_round() {

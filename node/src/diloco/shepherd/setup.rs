@@ -45,6 +45,9 @@ pub(super) struct ShepherdMeta {
     /// The term it led in.
     #[serde(default = "one_u64")]
     pub(super) term: u64,
+    /// The live workers' ratings and the references (absent: nothing learned).
+    #[serde(default)]
+    pub(super) learned: wire::LearnedRecord,
 }
 
 pub(super) fn one() -> usize {
@@ -66,7 +69,7 @@ impl ShepherdMeta {
 pub(super) struct Origin {
     run: RunId,
     params: Tensors,
-    snapshot: Option<Snapshot>,
+    snapshot: Option<Snapshot<PublicKey>>,
     /// Workers to wait for before the first round opens.
     contributors: usize,
     /// The workers of the state it starts from, whose heartbeat joins them.
@@ -100,6 +103,7 @@ impl Origin {
                     velocity: get("velocity.")?,
                     durations: meta.durations.clone(),
                     norms: meta.norms.clone(),
+                    learned: meta.learned.read(params.len()).context("the shepherd checkpoint's ratings")?,
                 };
                 Self {
                     run,
@@ -233,12 +237,13 @@ pub(super) fn run_manifest(
     step: &pcp_graph::TrainModule,
     params: &Tensors,
     (run, creator, candidates, salt): (RunId, PublicKey, &[PublicKey], [u8; 32]),
-    inherited: Option<RunManifest>,
+    (inherited, me): (Option<RunManifest>, PublicKey),
 ) -> anyhow::Result<RunManifest> {
     let model_hash = *blake3::hash(plan.model.module.to_mlir().as_bytes()).as_bytes();
-    // a new or resumed run withholds the tail of its corpus for the screen; a successor
-    // has only the public part
-    let public = if inherited.is_none() {
+    // a new run, or its creator's resume, withholds the tail of its corpus for the
+    // screen; a successor, and a successor resuming its own checkpoint, has only the
+    // public part, which it publishes as it is
+    let public = if inherited.is_none() && creator == me {
         let (_, block) = plan.model.batch_block()?;
         let e = &plan.experiment;
         let withheld =
@@ -446,7 +451,7 @@ impl Host {
         let Origin { run, params, snapshot, contributors, returning, salt, creator, candidates, term, inherited } =
             Origin::of(&plan, me, &model_hash)?;
         let identity_of_run = (run, creator, &candidates[..], salt);
-        let manifest = run_manifest(&store, &mut plan, &step, &params, identity_of_run, inherited)?;
+        let manifest = run_manifest(&store, &mut plan, &step, &params, identity_of_run, (inherited, me))?;
         let succession = Succession::new(run, creator, &candidates);
         let config = machine_config(&plan, &params, contributors)?;
         let machine = match snapshot {

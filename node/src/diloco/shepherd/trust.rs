@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use pcp_protocol::admit::{Admit, JoinCertificate, Proof};
+use pcp_protocol::admit::{Admit, Difficulty, JoinCertificate, Proof};
 use pcp_protocol::diloco::rating::Policy;
 use pcp_protocol::{PublicKey, RunId};
 use pcp_schema::Admission;
@@ -27,9 +27,14 @@ pub(crate) struct TrustArgs {
     #[arg(long, num_args = 1..=2, value_names = ["MODE", "ARG"], default_values_t = ["open".to_owned()])]
     pub(crate) admit: Vec<String>,
     /// `--admit open`: the leading zero bits of blake3(run, key, nonce) a worker's
-    /// identity must reach (each bit doubles a key's cost; 0: none).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=32))]
-    pub(crate) pow_bits: u8,
+    /// identity must reach at least (each bit doubles a key's cost; 0: none).
+    /// `--shepherd`'s default is 28, about a CPU-minute; `sim`'s is 0.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=32))]
+    pub(crate) pow_bits: Option<u8>,
+    /// `--admit open`: new keys an hour admitted at --pow-bits; each doubling of the
+    /// last hour's joins beyond it asks one bit more of a new key (0: --pow-bits always).
+    #[arg(long, default_value_t = pcp_protocol::admit::DEFAULT_JOINS_PER_HOUR)]
+    pub(crate) pow_joins_per_hour: u32,
     /// The most participants a round, the best-rated workers first (0: every live worker).
     #[arg(long, default_value_t = 0)]
     pub(crate) max_participants: u32,
@@ -68,7 +73,8 @@ impl Default for TrustArgs {
     fn default() -> Self {
         Self {
             admit: vec!["open".to_owned()],
-            pow_bits: 0,
+            pow_bits: Some(0),
+            pow_joins_per_hour: pcp_protocol::admit::DEFAULT_JOINS_PER_HOUR,
             max_participants: 0,
             aggregate_max: 0,
             probation_rounds: 3,
@@ -86,6 +92,8 @@ impl Default for TrustArgs {
 #[derive(Debug, Clone)]
 pub(crate) struct Trust {
     pub(crate) admit: Admit,
+    /// `open`: new keys an hour admitted at the floor ([`Difficulty`]).
+    pub(crate) joins_per_hour: u32,
     pub(crate) max_participants: u32,
     pub(crate) aggregate_max: u32,
     pub(crate) policy: Policy,
@@ -101,6 +109,7 @@ impl Default for Trust {
         let args = TrustArgs::default();
         Self {
             admit: Admit::Open { pow_bits: 0 },
+            joins_per_hour: args.pow_joins_per_hour,
             max_participants: 0,
             aggregate_max: 0,
             policy: Policy {
@@ -130,11 +139,12 @@ pub(crate) fn parse_key(spec: &str, flag: &str) -> Result<PublicKey, Failure> {
 }
 
 impl Trust {
-    /// Resolves the flags (reading an allowlist file).
-    pub(crate) fn from_args(args: &TrustArgs) -> Result<Self, Failure> {
+    /// Resolves the flags (reading an allowlist file); an open run without
+    /// `--pow-bits` asks `default_pow_bits`.
+    pub(crate) fn from_args(args: &TrustArgs, default_pow_bits: u8) -> Result<Self, Failure> {
         let bad = |what: String| Failure::input(anyhow::anyhow!("--admit {}: {what}", args.admit.join(" ")));
         let admit = match args.admit.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
-            ["open"] => Admit::Open { pow_bits: args.pow_bits },
+            ["open"] => Admit::Open { pow_bits: args.pow_bits.unwrap_or(default_pow_bits) },
             ["allowlist", file] => {
                 let len = std::fs::metadata(file).map_err(|e| bad(format!("cannot read {file}: {e}")))?.len();
                 if len > MAX_ALLOWLIST_BYTES {
@@ -156,12 +166,13 @@ impl Trust {
             ["authorizer", key] => Admit::Authorizer(parse_key(key, "--admit authorizer")?),
             _ => return Err(bad("expected `open`, `allowlist FILE` or `authorizer KEY`".into())),
         };
-        if args.pow_bits > 0 && !matches!(admit, Admit::Open { .. }) {
+        if args.pow_bits.is_some_and(|b| b > 0) && !matches!(admit, Admit::Open { .. }) {
             return Err(bad("--pow-bits applies to `--admit open` only".into()));
         }
         let factor = |f: f64| if f > 0.0 { f } else { f64::INFINITY };
         Ok(Self {
             admit,
+            joins_per_hour: args.pow_joins_per_hour,
             max_participants: args.max_participants,
             aggregate_max: args.aggregate_max,
             policy: Policy {
@@ -189,6 +200,7 @@ impl Trust {
             authorizer,
             allowlist,
             pow_bits,
+            pow_joins_per_hour: self.joins_per_hour,
             max_participants: self.max_participants,
             aggregate_max: self.aggregate_max,
             probation_rounds: self.policy.probation_rounds,
@@ -208,6 +220,7 @@ impl Trust {
         let defaults = Self::default();
         Ok(Self {
             admit,
+            joins_per_hour: a.pow_joins_per_hour,
             max_participants: a.max_participants,
             aggregate_max: a.aggregate_max,
             policy: Policy { probation_rounds: a.probation_rounds, ..defaults.policy },
@@ -216,15 +229,25 @@ impl Trust {
         })
     }
 
+    /// The proof-of-work rule of an open run (floor 0 for the others).
+    pub(crate) fn difficulty(&self) -> Difficulty {
+        let floor = match self.admit {
+            Admit::Open { pow_bits } => pow_bits,
+            _ => 0,
+        };
+        Difficulty { floor, joins_per_hour: self.joins_per_hour }
+    }
+
     /// Whether `key` may take part in `run` with the proof its hello carried
-    /// (`certificate`, `pow_nonce`), now: the one-line reason if not.
-    pub(crate) fn check(
+    /// (`certificate`, `pow_nonce`), now, an open run asking a proof of work of
+    /// `pow_bits` (see [`super::hellos`]): the one-line reason if not.
+    pub(crate) fn check_at(
         &self,
         run: &RunId,
         key: &PublicKey,
-        certificate: &[u8],
-        pow_nonce: u64,
+        (certificate, pow_nonce): (&[u8], u64),
         now_ms: u64,
+        pow_bits: u8,
     ) -> Result<(), crate::diloco::Refusal> {
         use crate::diloco::Refusal;
         let certificate =
@@ -234,6 +257,10 @@ impl Trust {
                     Refusal::new(pcp_schema::AckCode::NotAdmitted, format!("bad join certificate: {e}"))
                 })?),
             };
-        self.admit.check(run, key, &Proof { certificate, pow_nonce }, now_ms).map_err(|e| Refusal::admission(&e))
+        let admit = match self.admit {
+            Admit::Open { .. } => &Admit::Open { pow_bits },
+            ref other => other,
+        };
+        admit.check(run, key, &Proof { certificate, pow_nonce }, now_ms).map_err(|e| Refusal::admission(&e))
     }
 }

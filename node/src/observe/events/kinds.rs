@@ -70,6 +70,7 @@ pub(crate) enum Event {
     ScreenRound(ScreenRound),
     WorkerJoined(WorkerJoined),
     WorkerLeft(WorkerLeft),
+    AdmissionHeld(AdmissionHeld),
     DeadlineExtended(DeadlineExtended),
     ContributionClipped(ContributionClipped),
     RoundCompleted(RoundCompleted),
@@ -245,6 +246,10 @@ fields! {
     }
     WorkerJoined { peer: String, backend: String }
     WorkerLeft { peer: String, reason: String }
+    /// What a shepherd keeps of its workers' admission at a round's close: the hellos
+    /// it holds (`live` workers, `waiting` for their first heartbeat, `left` recently),
+    /// the new keys admitted over the last hour and the bits a new key's proof of work needs.
+    AdmissionHeld { round: u64, hellos: u64, live: u64, waiting: u64, left: u64, joins_last_hour: u64, pow_bits: u64 }
     DeadlineExtended { round: u64, deadline_unix_ms: u64 }
     ContributionClipped {
         peer: String, round: u64, #[serde(deserialize_with = "nan_if_null")] norm: f64,

@@ -98,6 +98,19 @@ impl<P: Ord + Clone> Earned<P> {
         self.work.remove(peer);
     }
 
+    /// Every sender's earned work, for a snapshot.
+    pub fn records(&self) -> impl Iterator<Item = (&P, f64)> {
+        self.work.iter().map(|(p, w)| (p, *w))
+    }
+
+    /// Sets `peer`'s earned work as a snapshot kept it: ignored below what is
+    /// forgotten, non-finite, or past [`MAX_EARNED`] senders.
+    pub fn restore(&mut self, peer: P, work: f64) {
+        if work.is_finite() && work >= FORGOTTEN && (self.work.len() < MAX_EARNED || self.work.contains_key(&peer)) {
+            self.work.insert(peer, work);
+        }
+    }
+
     /// Senders with earned work.
     pub fn len(&self) -> usize {
         self.work.len()
@@ -186,6 +199,9 @@ pub(super) struct References<P> {
     pub(super) update_sketch: Option<crate::diloco::sketch::Sketch>,
     /// The copy check: the sketch of the parameters after the last close.
     pub(super) params_sketch: Option<crate::diloco::sketch::Sketch>,
+    /// The copy check, a sparse run: the last round's update itself, held against
+    /// sparse contributions on its support ([`crate::diloco::sketch::support_share`]).
+    pub(super) update_sparse: Option<crate::diloco::sparse::SparseTensors>,
 }
 
 impl<P: Ord + Clone> References<P> {
@@ -197,6 +213,7 @@ impl<P: Ord + Clone> References<P> {
             tensors: Vec::new(),
             update_sketch: None,
             params_sketch: None,
+            update_sparse: None,
         }
     }
 
