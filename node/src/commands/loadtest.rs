@@ -181,19 +181,7 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
     for i in 0..args.workers {
         let identity = Identity::from_secret(rng.r#gen());
-        let config = Config {
-            bootstrap: vec![args.shepherd.clone()],
-            // a synthetic worker only dials: no listener, no QUIC endpoint of its own,
-            // no relay reservation or service, no hole punching
-            listen: Vec::new(),
-            nat: pcp_bootstrap::NatConfig {
-                auto_relay: false,
-                relay_service: false,
-                hole_punching: false,
-                ..pcp_bootstrap::NatConfig::default()
-            },
-            ..Config::new(data_dir.join(format!("synthetic-{i}")))
-        };
+        let config = dial_only(vec![args.shepherd.clone()], data_dir.join(format!("synthetic-{i}")));
         peers.push(pcp_bootstrap::keypair(&identity).public().to_peer_id().to_string());
         let (node, _events, event_loop): (Node, _, EventLoop) =
             Node::new(&identity, config).map_err(|e| Failure::input(anyhow::anyhow!("synthetic worker {i}: {e}")))?;
@@ -260,6 +248,22 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
             tally.progress()
         ))),
         _ => Ok(()),
+    }
+}
+
+/// A synthetic node's swarm, under `dir`: it only dials `peers` (no listener, no
+/// QUIC endpoint of its own, no relay reservation or service, no hole punching).
+fn dial_only(peers: Vec<Multiaddr>, dir: PathBuf) -> Config {
+    Config {
+        bootstrap: peers,
+        listen: Vec::new(),
+        nat: pcp_bootstrap::NatConfig {
+            auto_relay: false,
+            relay_service: false,
+            hole_punching: false,
+            ..pcp_bootstrap::NatConfig::default()
+        },
+        ..Config::new(dir)
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use pcp_bootstrap::{Config, EventLoop, Multiaddr, Node, PeerId};
+use pcp_bootstrap::{EventLoop, Multiaddr, Node, PeerId};
 use pcp_protocol::{Identity, RunId};
 use pcp_schema::{Heartbeat, Message as _};
 use rand::{Rng as _, SeedableRng as _};
@@ -91,17 +91,7 @@ pub(crate) async fn run(
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0xf100_d5ee_d000_0000);
     for i in 0..keys {
         let identity = Identity::from_secret(rng.r#gen());
-        let config = Config {
-            bootstrap: targets.clone(),
-            listen: Vec::new(),
-            nat: pcp_bootstrap::NatConfig {
-                auto_relay: false,
-                relay_service: false,
-                hole_punching: false,
-                ..pcp_bootstrap::NatConfig::default()
-            },
-            ..Config::new(data_dir.join(format!("flood-{i}")))
-        };
+        let config = super::dial_only(targets.clone(), data_dir.join(format!("flood-{i}")));
         let (node, _events, event_loop): (Node, _, EventLoop) =
             Node::new(&identity, config).map_err(|e| Failure::input(anyhow::anyhow!("flood key {i}: {e}")))?;
         loops.spawn(event_loop.run(cancel.child_token()));

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use pcp_bootstrap::{Config, EventLoop, Multiaddr, Node, PeerId};
+use pcp_bootstrap::{EventLoop, Multiaddr, Node, PeerId};
 use pcp_protocol::{Identity, RunId};
 use pcp_schema::{Ack, Backend, Capabilities, MessageKind, NodeHello};
 use rand::{Rng as _, SeedableRng as _};
@@ -116,17 +116,7 @@ enum Answer {
 
 /// One identity's hello: connect, say it, take the answer, close.
 async fn hello_once(identity: Identity, addr: Multiaddr, shepherd: PeerId, dir: std::path::PathBuf) -> Answer {
-    let config = Config {
-        bootstrap: vec![addr],
-        listen: Vec::new(),
-        nat: pcp_bootstrap::NatConfig {
-            auto_relay: false,
-            relay_service: false,
-            hole_punching: false,
-            ..pcp_bootstrap::NatConfig::default()
-        },
-        ..Config::new(dir.clone())
-    };
+    let config = super::dial_only(vec![addr], dir.clone());
     let built: Result<(Node, _, EventLoop), _> = Node::new(&identity, config);
     let Ok((node, _events, event_loop)) = built else { return Answer::None };
     let cancel = CancellationToken::new();
