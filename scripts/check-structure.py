@@ -24,6 +24,20 @@
    `node/src/commands/`: the roles are a library the commands drive, not the
    other way round (what both need lives in `training/`, `observe/` or the
    library crates).
+6. Short files. No source file of a workspace crate is longer than
+   MAX_FILE_LINES lines (in-file tests included), but those in OVER, each held
+   at most at its listed length (they may only shrink, and leave the list once
+   under the cap).
+7. Signals are codes. No code outside tests in `node/src` decides on a reason's
+   text (`reason.starts_with`, `.contains`, `.split_once`, `.ends_with`,
+   `reason ==`): protocol signals and events carry typed fields.
+8. No history. README.md, docs/ and comments say what is true now: HISTORY's
+   phrases are refused there (the git log holds history).
+9. Structs stay narrow. No struct has more than MAX_FIELDS named fields, but
+   those in WIDE, each held at most at its listed count (they may only shrink),
+   and records that are flags or data on the wire or on disk (deriving
+   `clap::Args`, `clap::Parser`, `Serialize` or `Deserialize`, or in
+   `schema/src`), whose width is the format's.
 
 Exit status 1 with one line per finding; 0 and a summary otherwise.
 """
@@ -41,6 +55,38 @@ TABLES = {
     ("node/src/events.rs", "fields"),
 }
 
+MAX_FILE_LINES = 900
+# files over the cap today, each at most at this length
+OVER = {
+    "protocol/src/diloco/shepherd.rs": 1480,
+    "protocol/src/diloco/sparse.rs": 1019,
+    "simulations/src/diloco.rs": 1077,
+}
+MAX_FIELDS = 20
+# state structs over the cap today, each at most at this many fields
+WIDE = {
+    ("bootstrap/src/event_loop.rs", "EventLoop"): 33,
+    ("simulations/src/faults/world.rs", "World"): 31,
+    ("protocol/src/diloco/shepherd.rs", "OpenRound"): 29,
+    ("protocol/src/diloco/shepherd.rs", "Config"): 28,
+    ("node/src/observe/tui/state.rs", "State"): 28,
+    ("simulations/src/diloco.rs", "Sim"): 25,
+    ("node/src/observe/metrics.rs", "Metrics"): 25,
+    ("node/src/diloco/worker.rs", "Trainer"): 24,
+    ("bootstrap/src/nat.rs", "Nat"): 24,
+    ("simulations/src/report.rs", "RoundStats"): 22,
+    ("protocol/src/diloco/shepherd.rs", "Shepherd"): 22,
+    ("simulations/src/report.rs", "Summary"): 21,
+    ("node/src/diloco/shepherd/args.rs", "ShepherdPlan"): 27,
+}
+STRUCT = re.compile(r"^(\s*)(?:pub(?:\([^)]*\))? )?struct (\w+)(?:<[^{]*>)? \{$")
+RECORD = re.compile(r"clap::(?:Args|Parser)|\b(?:Serialize|Deserialize)\b")
+REASON_TEXT = re.compile(r"\breason(?:\.as_str\(\))?\s*(?:\.(?:starts_with|contains|split_once|ends_with)\s*\(|==\s*\")")
+HISTORY = ["this session", "last session", "previous session", "earlier session", "before this change",
+           "after this change", "this stop", "last stop"]
+# comments where "this session" names a runtime session (an IREE session), not a sitting
+HISTORY_NOUNS = {"runtime/src"}
+
 MAX_README_LINES = 250
 DOCS = "docs"
 SUMMARY = "SUMMARY.md"
@@ -53,7 +99,7 @@ def strip(text):
     text = re.sub(r"//[^\n]*", "", text)
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
-    m = re.search(r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*mod tests\s*\{", text)
+    m = re.search(r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod tests\s*\{", text)
     if m:
         text = text[: m.start()]
     return text
@@ -341,6 +387,106 @@ def layers():
     return out
 
 
+def sources():
+    """Every .rs file of the workspace crates, relative to the root."""
+    for crate in CRATES:
+        for base, dirs, names in os.walk(os.path.join(ROOT, crate)):
+            dirs[:] = [d for d in dirs if d not in ("target", ".data")]
+            for name in names:
+                if name.endswith(".rs"):
+                    yield os.path.relpath(os.path.join(base, name), ROOT)
+
+
+def long_files():
+    """Files over MAX_FILE_LINES (or over their OVER length), one line each."""
+    out = []
+    for rel in sorted(sources()):
+        lines = len(open(os.path.join(ROOT, rel), encoding="utf-8").read().rstrip("\n").split("\n"))
+        cap = OVER.get(rel, MAX_FILE_LINES)
+        if lines > cap:
+            out.append(f"{rel}: {lines} lines (at most {cap}; split it by concern)")
+        elif rel in OVER and lines <= MAX_FILE_LINES:
+            out.append(f"{rel}: {lines} lines, under {MAX_FILE_LINES}: drop it from OVER")
+    return out
+
+
+def wide_structs():
+    """State structs over MAX_FIELDS named fields (or over their WIDE count)."""
+    out, count = [], 0
+    for rel in sorted(sources()):
+        if rel.startswith("schema/src/"):
+            continue
+        lines = open(os.path.join(ROOT, rel), encoding="utf-8").read().split("\n")
+        i = 0
+        while i < len(lines):
+            m = STRUCT.match(lines[i])
+            if not m:
+                i += 1
+                continue
+            indent, name = m.group(1), m.group(2)
+            # the attributes above it: a record of flags or a format is as wide as that
+            j = i - 1
+            attrs = []
+            while j >= 0 and (lines[j].strip().startswith("#[") or lines[j].strip().startswith("///")):
+                attrs.append(lines[j])
+                j -= 1
+            field = re.compile(r"^" + indent + r"    (?:pub(?:\([^)]*\))? )?[a-z_][a-z0-9_]*\s*:")
+            k, n = i + 1, 0
+            while k < len(lines) and lines[k] != indent + "}":
+                n += bool(field.match(lines[k]))
+                k += 1
+            count += 1
+            if not any(RECORD.search(a) for a in attrs):
+                cap = WIDE.get((rel, name), MAX_FIELDS)
+                if n > cap:
+                    out.append(f"{rel}:{i + 1}: struct {name} has {n} fields (at most {cap}; group them into parts)")
+                elif (rel, name) in WIDE and n <= MAX_FIELDS:
+                    out.append(f"{rel}:{i + 1}: struct {name} has {n} fields, at most {MAX_FIELDS}: drop it from WIDE")
+            i = k + 1
+    return out, count
+
+
+def reason_text():
+    """Code in node/src that matches on a reason's text."""
+    out = []
+    for rel in sorted(sources()):
+        if not rel.startswith("node/src/") or os.path.basename(rel) == "tests.rs":
+            continue
+        for n, line in enumerate(strip_keeping_lines(open(os.path.join(ROOT, rel), encoding="utf-8").read()), 1):
+            if REASON_TEXT.search(line):
+                out.append(f"{rel}:{n}: decides on a reason's text (use a typed code): {line.strip()}")
+    return out
+
+
+def strip_keeping_lines(text):
+    """`strip`'s comments and tests removed, line numbers kept (strings are kept)."""
+    text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    m = re.search(r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod tests\s*\{", text)
+    if m:
+        text = text[: m.start()]
+    return [re.sub(r"//[^\n]*", "", line) for line in text.split("\n")]
+
+
+def history(files):
+    """HISTORY's phrases in README.md, docs/ and the sources' comments."""
+    out = []
+    phrases = re.compile("|".join(re.escape(p) for p in HISTORY), re.I)
+    for path in files:
+        rel = os.path.relpath(path, ROOT)
+        for n, line in enumerate(open(path, encoding="utf-8"), 1):
+            m = phrases.search(line)
+            if m:
+                out.append(f"{rel}:{n}: history ({m.group(0)!r}): say what is true now")
+    for rel in sorted(sources()):
+        nouns = any(rel.startswith(d) for d in HISTORY_NOUNS)
+        for n, line in enumerate(open(os.path.join(ROOT, rel), encoding="utf-8"), 1):
+            comment = line.partition("//")[2]
+            m = phrases.search(comment)
+            if m and not (nouns and m.group(0).lower() == "this session"):
+                out.append(f"{rel}:{n}: history ({m.group(0)!r}) in a comment: say what is true now")
+    return out
+
+
 def main():
     circle, edges = circles()
     layered = layers()
@@ -348,16 +494,24 @@ def main():
     files = markdown_files()
     dead, links = dead_links(files)
     door, readme_lines, pages = front_door()
-    for line in circle + long + dead + door + layered:
+    big = long_files()
+    texts = reason_text()
+    past = history(files)
+    wide, structs = wide_structs()
+    found = circle + long + dead + door + layered + big + texts + past + wide
+    for line in found:
         print(line)
-    if circle or long or dead or door or layered:
+    if found:
         return 1
     print(f"structure: no import circles ({edges} module imports in {len(CRATES)} crates), "
           f"no function over {MAX_FN_LINES} lines ({fns} in {', '.join(LONG_CHECKED)}), "
           f"README.md {readme_lines} lines (at most {MAX_README_LINES}), "
           f"{links} relative links in {len(files)} markdown files all resolve, "
           f"{pages} pages in {DOCS}/{SUMMARY}, "
-          f"no import across layers ({', '.join(f'{a[0]}/ -> {b[0]}/' for a, b in LAYERS)})")
+          f"no import across layers ({', '.join(f'{a[0]}/ -> {b[0]}/' for a, b in LAYERS)}), "
+          f"no file over {MAX_FILE_LINES} lines but {len(OVER)} held at their length, "
+          f"no decision on a reason's text in node/src, no history in docs or comments, "
+          f"no state struct over {MAX_FIELDS} fields ({structs} structs) but {len(WIDE)} held at their width")
     return 0
 
 

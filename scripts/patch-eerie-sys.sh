@@ -4,18 +4,21 @@
 #
 # eerie-sys's build script tells cargo to rerun it when its own CMake build
 # directory inside OUT_DIR changes (`rerun-if-changed` on the bindgen include
-# paths, and on every header bindgen reads, generated ones included). Its own run
-# writes there, after the time cargo records for the run, so every later build
-# reran CMake and relinked pcp-node (75 s for a release no-op on 2 cores). The
-# fix drops those two kinds of lines; the vendored IREE sources and CMake files,
-# which are what the runtime is built from, stay tracked (`iree/runtime/src`,
-# `CMakeLists.txt`). Nothing of eerie-sys is committed: it is fetched from
-# crates.io by cargo, unpacked and edited here. Idempotent.
+# paths, and on every header bindgen reads, the ones CMake generates in OUT_DIR
+# included). Its own run writes those after the time cargo records for the run,
+# so the next build reran CMake and rebuilt eerie, pcp-runtime, pcp-graph and
+# pcp-node (2 min 6 s for the first `cargo build --release -p pcp-node` after
+# scripts/setup.sh on 2 cores). The fix keeps bindgen's rerun lines for the
+# headers it reads from the sources and drops those under OUT_DIR and the
+# include paths; the vendored IREE sources and CMake files, which are what the
+# runtime is built from, stay tracked (`iree/runtime/src`, `CMakeLists.txt`).
+# Nothing of eerie-sys is committed: it is fetched from crates.io by cargo,
+# unpacked and edited here. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=0.5.0
 DEST=.data/patched/eerie-sys
-STAMP="$DEST/.pcp-patch-v1"
+STAMP="$DEST/.pcp-patch-v2"
 [ -f "$STAMP" ] && exit 0
 CARGO_HOME=${CARGO_HOME:-$HOME/.cargo}
 crate=$(ls "$CARGO_HOME"/registry/cache/*/eerie-sys-$VERSION.crate 2>/dev/null | head -1 || true)
@@ -37,8 +40,9 @@ import sys
 path = sys.argv[1]
 src = open(path).read()
 edits = [
-    # bindgen: no rerun-if-changed per header read (generated headers live in OUT_DIR)
-    ("bindgen::CargoCallbacks::new()", "bindgen::CargoCallbacks::new().rerun_on_header_files(false)"),
+    # bindgen: rerun-if-changed for the headers it reads, but not those CMake
+    # generated in OUT_DIR (see SOURCE_HEADERS below)
+    ("bindgen::CargoCallbacks::new()", "SourceHeaders"),
     # the include paths inside OUT_DIR: not rerun-if-changed
     ('''        println!(
             "cargo:rerun-if-changed={}",
@@ -49,6 +53,27 @@ edits = [
 for old, new in edits:
     assert src.count(old) == 1, f"eerie-sys build.rs changed upstream: {old[:60]!r}"
     src = src.replace(old, new)
+SOURCE_HEADERS = """
+/// bindgen's `CargoCallbacks`, less the headers under OUT_DIR (pcp's patch).
+#[cfg(any(feature = "compiler", feature = "runtime"))]
+#[derive(Debug)]
+struct SourceHeaders;
+
+#[cfg(any(feature = "compiler", feature = "runtime"))]
+impl bindgen::callbacks::ParseCallbacks for SourceHeaders {
+    fn include_file(&self, filename: &str) {
+        let out = env::var("OUT_DIR").unwrap_or_default();
+        if out.is_empty() || !Path::new(filename).starts_with(&out) {
+            println!("cargo:rerun-if-changed={filename}");
+        }
+    }
+
+    fn read_env_var(&self, key: &str) {
+        println!("cargo:rerun-if-env-changed={key}");
+    }
+}
+"""
+src += SOURCE_HEADERS
 open(path, "w").write(src)
 PY
 touch "$STAMP"

@@ -373,21 +373,7 @@ mod tests {
 
     fn heartbeat(identity: &Identity) -> SignedEnvelope {
         let binding = Binding { run: RunId([1; 32]), round: 2, nonce: 3, unix_ms: 4 };
-        seal(
-            identity,
-            binding,
-            &Heartbeat {
-                run: [1; 32],
-                round: 2,
-                unix_ms: 4,
-                free_memory_bytes: 0,
-                term: 0,
-                follows: 0,
-                held: None,
-                consensus: None,
-                known: None,
-            },
-        )
+        seal(identity, binding, &Heartbeat::new([1; 32], 2, 4))
     }
 
     fn wire(envelope: SignedEnvelope) -> Vec<u8> {

@@ -235,17 +235,7 @@ async fn forged_gossip_is_rejected_and_counted() -> anyhow::Result<()> {
 
     let alice = identity(1);
     let mallory = identity(2);
-    let hb = Heartbeat {
-        run: run.0,
-        round: 1,
-        unix_ms: now_ms(),
-        free_memory_bytes: 1,
-        term: 0,
-        follows: 0,
-        held: None,
-        consensus: None,
-        known: None,
-    };
+    let hb = Heartbeat { free_memory_bytes: 1, ..Heartbeat::new(run.0, 1, now_ms()) };
     let bind = |nonce| Binding { run, round: 1, nonce, unix_ms: now_ms() };
     // signed by mallory but claiming alice as signer
     let mut impostor = seal(&mallory, bind(1), &hb);
@@ -371,17 +361,7 @@ async fn signed_requests_are_verified_both_ways() -> anyhow::Result<()> {
     let (client, server_peer) = (net.nodes[1].node.clone(), net.nodes[2].peer_id());
     let mallory = identity(9);
     let run = RunId([7; 32]);
-    let hb = Heartbeat {
-        run: run.0,
-        round: 1,
-        unix_ms: now_ms(),
-        free_memory_bytes: 0,
-        term: 0,
-        follows: 0,
-        held: None,
-        consensus: None,
-        known: None,
-    };
+    let hb = Heartbeat::new(run.0, 1, now_ms());
     let bind = |nonce| Binding { run, round: 1, nonce, unix_ms: now_ms() };
 
     // a request signed by the sender reaches the server, and its signed answer comes back
@@ -625,17 +605,7 @@ async fn a_candidate_is_reached_through_the_dht_after_the_seed_that_introduced_i
     let key = pcp_bootstrap::load_or_create(&worker.data_dir)?;
     let candidate_key = pcp_bootstrap::load_or_create(&candidate.data_dir)?;
     let run = RunId([3; 32]);
-    let hb = Heartbeat {
-        run: run.0,
-        round: 1,
-        unix_ms: now_ms(),
-        free_memory_bytes: 0,
-        term: 0,
-        follows: 0,
-        held: None,
-        consensus: None,
-        known: None,
-    };
+    let hb = Heartbeat::new(run.0, 1, now_ms());
     let bind = |nonce| Binding { run, round: 1, nonce, unix_ms: now_ms() };
     let asking = tokio::spawn({
         let (client, to, envelope) = (worker.node.clone(), candidate.peer_id(), seal(&key, bind(1), &hb));

@@ -119,17 +119,7 @@ fn frames(attacker: &Identity) -> Vec<Vec<u8>> {
         wall_ms: 0,
         sent_unix_ms: 0,
     };
-    let heartbeat = Heartbeat {
-        run: run.0,
-        round: 1,
-        unix_ms: 1,
-        free_memory_bytes: 0,
-        term: 0,
-        follows: 0,
-        held: None,
-        consensus: None,
-        known: None,
-    };
+    let heartbeat = Heartbeat::new(run.0, 1, 1);
     let mut contribution_head = head_of(&seal(attacker, binding(1), &contribution));
     contribution_head.payload_len = MAX_CONTRIBUTION as u64;
     let mut heartbeat_head = head_of(&seal(attacker, binding(2), &heartbeat));

@@ -3,12 +3,16 @@
 //! and identities without a proof of work. (Forty identities on one address are in
 //! `sybils_cli.rs`, alone in their binary: they measure round times.) And the
 //! attackers' tool, `pcp-node loadtest`, which ends at once when the shepherd it
-//! watches dies.
+//! watches dies. One test at a time: the 4,097 hellos' swarms would take the cores
+//! another test's rounds need.
 
 use serde_json::Value;
 
 #[path = "support/common.rs"]
 mod common;
+
+#[path = "support/serial.rs"]
+mod serial;
 
 #[path = "support/runs.rs"]
 #[allow(dead_code, reason = "shared with sybils_cli.rs")]
@@ -45,6 +49,7 @@ fn liar_run(flags: &[&str], rounds: u64, liar: bool) -> (f64, Vec<(bool, String)
 /// fp32 and the norm screen alone. Its claim is refused every time, by name.
 #[test]
 fn a_worker_claiming_a_trillion_samples_is_refused_and_the_run_keeps_its_loss() {
+    let _one = serial::serial();
     for (flags, within) in [(&["--encoding", "sparse"][..], 0.03), (&["--screen", "norm"][..], 0.10)] {
         let (honest, _) = liar_run(flags, 6, false);
         let (attacked, liar) = liar_run(flags, 6, true);
@@ -64,13 +69,16 @@ fn a_worker_claiming_a_trillion_samples_is_refused_and_the_run_keeps_its_loss() 
 /// one-line reason.
 #[test]
 fn an_allowlisted_run_refuses_other_keys_at_hello_and_at_contribution() {
+    let _one = serial::serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let identity = pcp_bootstrap::load_or_create(&dir.path().join("w1")).expect("an identity");
     let list = dir.path().join("allowlist.txt");
     std::fs::write(&list, format!("# the run's workers\n{}\n", hex::encode(identity.public().0))).expect("writes");
     let list = list.display().to_string();
+    // more rounds than the test lasts: a release build runs 30 rounds of τ=5 in
+    // under 25 s, and a shepherd whose run ended answers no stranger
     let (_shepherd, addr, events) =
-        shepherd(dir.path(), &["--rounds", "30", "--tau", "5", "--min-workers", "1", "--admit", "allowlist", &list]);
+        shepherd(dir.path(), &["--rounds", "10000", "--tau", "5", "--min-workers", "1", "--admit", "allowlist", &list]);
     let _w1 = worker(dir.path(), "w1", &addr, &[]);
     completed(&events, 1);
     // strangers without a hello are done once answered; those saying hello retry until the timeout
@@ -120,6 +128,7 @@ fn an_allowlisted_run_refuses_other_keys_at_hello_and_at_contribution() {
 /// trains; an identity without one is refused at hello, by name.
 #[test]
 fn an_open_run_asks_each_identity_a_proof_of_work() {
+    let _one = serial::serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let (_shepherd, addr, record) =
         shepherd(dir.path(), &["--rounds", "30", "--tau", "5", "--min-workers", "1", "--pow-bits", "16"]);
@@ -147,8 +156,12 @@ fn an_open_run_asks_each_identity_a_proof_of_work() {
 /// and an honest worker that joins next contributes in the first round it can (a
 /// run that waits for one worker opens with it) and the next.
 #[test]
-#[ignore = "4,097 swarms take minutes in a debug build: scripts/test.sh runs it on the release binary (PCP_NODE)"]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "4,097 swarms take minutes in a debug build: scripts/test.sh runs the suite in release"
+)]
 fn one_time_hellos_do_not_lock_out_the_worker_after_them() {
+    let _one = serial::serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let (_shepherd, addr, record) = shepherd(dir.path(), &["--rounds", "3", "--tau", "5", "--min-workers", "1"]);
     let json = dir.path().join("hellos.json");
@@ -175,6 +188,7 @@ fn one_time_hellos_do_not_lock_out_the_worker_after_them() {
 /// with one line naming the shepherd, rather than waiting out `--timeout-s`.
 #[test]
 fn a_loadtest_ends_at_once_when_the_shepherd_dies() {
+    let _one = serial::serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut shepherd, addr, events) = shepherd(dir.path(), &["--rounds", "30", "--tau", "5", "--min-workers", "2"]);
     let json = dir.path().join("loadtest.json");

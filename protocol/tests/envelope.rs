@@ -15,17 +15,7 @@ fn identity(rng: &mut StdRng) -> Identity {
 }
 
 fn heartbeat(run: RunId) -> Heartbeat {
-    Heartbeat {
-        run: run.0,
-        round: 3,
-        unix_ms: 1_000,
-        free_memory_bytes: 1 << 30,
-        term: 0,
-        follows: 0,
-        held: None,
-        consensus: None,
-        known: None,
-    }
+    Heartbeat { free_memory_bytes: 1 << 30, ..Heartbeat::new(run.0, 3, 1_000) }
 }
 
 fn binding(run: RunId, nonce: u64, unix_ms: u64) -> Binding {

@@ -384,6 +384,25 @@ impl Message for Contribution {
     }
 }
 
+impl Heartbeat {
+    /// A plain heartbeat of `run`'s `round` sent at `unix_ms`: no term, no state, no
+    /// failover message, no announcement held. Set the rest with struct update
+    /// syntax: `Heartbeat { follows, ..Heartbeat::new(run, round, now) }`.
+    pub fn new(run: [u8; 32], round: u64, unix_ms: u64) -> Self {
+        Heartbeat {
+            run,
+            round,
+            unix_ms,
+            free_memory_bytes: 0,
+            term: 0,
+            follows: 0,
+            held: None,
+            consensus: None,
+            known: None,
+        }
+    }
+}
+
 impl Message for Heartbeat {
     const NAME: &'static str = "Heartbeat";
     const MAX_SIZE: usize = MAX_CONTROL_MESSAGE;

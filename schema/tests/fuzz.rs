@@ -52,35 +52,13 @@ fn seeds() -> Vec<Vec<u8>> {
         round: 4,
         nonce: 5,
         unix_ms: 6,
-        payload: Heartbeat {
-            run: [3; 32],
-            round: 4,
-            unix_ms: 6,
-            free_memory_bytes: 7,
-            term: 0,
-            follows: 0,
-            held: None,
-            consensus: None,
-            known: None,
-        }
-        .encode(),
+        payload: Heartbeat { free_memory_bytes: 7, ..Heartbeat::new([3; 32], 4, 6) }.encode(),
         signature: [8; 64],
     };
     vec![
         hello.encode(),
         Ack::refuse([1; 32], 3, pcp_schema::AckCode::Late, "late").encode(),
-        Heartbeat {
-            run: [1; 32],
-            round: 3,
-            unix_ms: 9,
-            free_memory_bytes: 10,
-            term: 0,
-            follows: 0,
-            held: None,
-            consensus: None,
-            known: None,
-        }
-        .encode(),
+        Heartbeat { free_memory_bytes: 10, ..Heartbeat::new([1; 32], 3, 9) }.encode(),
         BlobRequest { blob: [4; 32], want: BlobWant::Chunk(3) }.encode(),
         BlobResponse::Chunk(vec![7; 300]).encode(),
         envelope.encode(),

@@ -21,9 +21,9 @@ RTOL, ATOL = 1e-4, 1e-5
 
 
 def pcp_node() -> str:
-    path = os.environ.get("PCP_NODE", str(ROOT / "target" / "debug" / "pcp-node"))
+    path = os.environ.get("PCP_NODE", str(ROOT / "target" / "release" / "pcp-node"))
     if not pathlib.Path(path).exists():
-        pytest.fail(f"pcp-node binary not found at {path}; run `cargo build -p pcp-node` first")
+        pytest.fail(f"pcp-node binary not found at {path}; run `cargo build --release -p pcp-node` first")
     return path
 
 

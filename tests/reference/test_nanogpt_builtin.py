@@ -19,11 +19,12 @@ RTOL, ATOL = 1e-4, 1e-5
 
 @pytest.fixture(scope="module")
 def emitted(tmp_path_factory):
-    """Runs the Rust integration test that writes the modules and their parameter specs."""
+    """Runs the Rust integration test that writes the modules and their parameter specs
+    (release, with the whole workspace's features: the build scripts/test.sh made)."""
     out = tmp_path_factory.mktemp("nanogpt")
     env = dict(os.environ, PCP_EMIT_DIR=str(out))
     proc = subprocess.run(
-        ["cargo", "test", "-q", "-p", "pcp-graph", "--test", "emit_nanogpt", "--", "--nocapture"],
+        ["cargo", "test", "-q", "--release", "--workspace", "--test", "emit_nanogpt", "--", "--nocapture"],
         cwd=ROOT,
         env=env,
         capture_output=True,

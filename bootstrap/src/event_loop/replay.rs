@@ -101,17 +101,7 @@ mod tests {
 
     /// A heartbeat for [`RUN`] signed by `who` with `nonce`, at `unix_ms`.
     fn message(who: &Identity, nonce: u64, unix_ms: u64) -> Verified {
-        let hb = Heartbeat {
-            run: RUN.0,
-            round: 1,
-            unix_ms,
-            free_memory_bytes: 0,
-            term: 0,
-            follows: 0,
-            held: None,
-            consensus: None,
-            known: None,
-        };
+        let hb = Heartbeat::new(RUN.0, 1, unix_ms);
         verify(seal(who, Binding { run: RUN, round: 1, nonce, unix_ms }, &hb)).expect("verifies")
     }
 

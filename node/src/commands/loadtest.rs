@@ -460,17 +460,7 @@ impl Synthetic {
         let mut run = RunId([0; 32]);
         let mut refusal = String::new();
         for _ in 0..2 {
-            let hb = Heartbeat {
-                run: run.0,
-                round: 0,
-                unix_ms: wire::unix_ms(),
-                free_memory_bytes: 0,
-                term: 0,
-                follows: 0,
-                held: None,
-                consensus: None,
-                known: None,
-            };
+            let hb = Heartbeat::new(run.0, 0, wire::unix_ms());
             // the connection may still be opening: a few tries
             let mut answer = None;
             for _ in 0..20 {
@@ -561,17 +551,7 @@ impl Synthetic {
                     continue;
                 }
             }
-            let hb = Heartbeat {
-                run: run.0,
-                round: done,
-                unix_ms: wire::unix_ms(),
-                free_memory_bytes: 0,
-                term: 0,
-                follows: term,
-                held: None,
-                consensus: None,
-                known,
-            };
+            let hb = Heartbeat { follows: term, known, ..Heartbeat::new(run.0, done, wire::unix_ms()) };
             let envelope = self.signer.seal(run, done, &hb);
             let Ok(answer) = self.ask(envelope).await else {
                 tally.lock().await.unanswered += 1;

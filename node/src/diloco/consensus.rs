@@ -475,16 +475,13 @@ impl Consensus {
             }
             Message::Vote { term, granted, pre } => (term, None, kind(ConsensusKind::Vote, 0, granted, pre, [0; 32])),
         };
+        let round = held.as_ref().map_or(0, |h| h.round);
         Heartbeat {
-            run: self.run.0,
-            round: held.map_or(0, |h| h.round),
-            unix_ms: wire::unix_ms(),
-            free_memory_bytes: 0,
             term,
             follows: self.core.term(),
             held,
             consensus: Some(consensus),
-            known: None,
+            ..Heartbeat::new(self.run.0, round, wire::unix_ms())
         }
     }
 

@@ -214,17 +214,7 @@ mod tests {
     }
 
     fn heartbeat() -> pcp_schema::Heartbeat {
-        pcp_schema::Heartbeat {
-            run: [1; 32],
-            round: 1,
-            unix_ms: 1,
-            free_memory_bytes: 0,
-            term: 1,
-            follows: 1,
-            held: None,
-            consensus: None,
-            known: None,
-        }
+        pcp_schema::Heartbeat { term: 1, follows: 1, ..pcp_schema::Heartbeat::new([1; 32], 1, 1) }
     }
 
     /// Who signed a request or a gossiped message.

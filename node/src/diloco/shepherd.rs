@@ -1,14 +1,18 @@
 //! The shepherd role: `pcp-node --shepherd`.
 
 mod args;
+mod book;
 mod compile;
 mod hellos;
+mod layout;
+mod leadership;
 mod screen;
 mod setup;
 mod table;
 mod trust;
 
 pub(crate) use args::{SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdPlan, parse_encoding, parse_trim};
+pub(super) use leadership::LeaseKeeper;
 use setup::*;
 pub(crate) use trust::{Trust, TrustArgs, parse_key};
 
@@ -24,14 +28,14 @@ use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::aggregate::Rejection;
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::fragments;
-use pcp_protocol::diloco::shepherd::{self, Action, Input, LeaveReason, RoundSummary, Shepherd, Snapshot};
+use pcp_protocol::diloco::shepherd::{self, Action, Input, LeaveReason, Shepherd, Snapshot};
 use pcp_protocol::election::Succession;
-use pcp_protocol::failover::candidate::{self as consensus_core, Stop};
+use pcp_protocol::failover::candidate as consensus_core;
 use pcp_protocol::failover::{CHECK_QUORUM_LEASES, Fence, Quorum, Replica};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
 use pcp_schema::{
-    Ack, AckCode, ArtifactRef, Contribution, DataSpec, Heartbeat, Held, MessageKind, NodeHello, ParameterRef,
-    RoundAnnouncement, RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
+    Ack, AckCode, ArtifactRef, Contribution, DataSpec, Heartbeat, MessageKind, NodeHello, ParameterRef,
+    RoundAnnouncement, RunManifest, Schedule, SignedEnvelope, TensorSpec,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -108,49 +112,10 @@ pub(crate) struct ShepherdHooks {
 const HEARTBEAT_GOSSIP: Duration = Duration::from_secs(2);
 /// How long the shepherd stays up after the last round so workers see it end.
 const FAREWELL: Duration = Duration::from_secs(3);
-/// Compiles in progress at once; more hellos for new targets are asked to retry.
-const MAX_COMPILES: usize = 2;
-/// Distinct (backend, target) artifacts a run serves.
-const MAX_ARTIFACTS: usize = 32;
 
-/// A compile in progress for one (backend, target), and who waits for it.
-#[derive(Debug)]
-struct Compiling {
-    waiters: Vec<(InboundId, PublicKey)>,
-}
-
-/// A finished compile: its artifact's key, and its blob, size and expected peak.
-type CompileResult = (compile::ArtifactKey, Result<(BlobHash, u64, u64), String>);
-
-/// What a contributor of the open round sent and reported.
-#[derive(Clone, Copy, Debug, Default)]
-struct Traffic {
-    /// Bytes of its contribution.
-    up: u64,
-    /// Parameter bytes it says it fetched.
-    down: u64,
-    /// Milliseconds in inner steps and wall milliseconds since its previous
-    /// contribution, as it reports them (0, 0: not said).
-    busy: (u64, u64),
-}
-
-impl Traffic {
-    /// The worker's utilization: time in inner steps over wall time, if it said.
-    fn utilization(&self) -> Option<f64> {
-        let (train, wall) = self.busy;
-        (wall > 0).then(|| (train as f64 / wall as f64).min(1.0))
-    }
-
-    /// The network's utilization: the contributors' inner-step time over their wall
-    /// time, all together; `None` when none said.
-    fn network<'a>(traffic: impl Iterator<Item = &'a Traffic>) -> Option<f64> {
-        let (train, wall) =
-            traffic.filter(|t| t.busy.1 > 0).fold((0u64, 0u64), |(t, w), x| (t + x.busy.0.min(x.busy.1), w + x.busy.1));
-        (wall > 0).then(|| train as f64 / wall as f64)
-    }
-}
-
-/// The shepherd's host: the state machine plus its swarm, compiler and device.
+/// The shepherd's host: the state machine plus its swarm, compiler and device, and
+/// its parts: the artifacts it compiles, its leadership, the open round's book and
+/// the tensors' layout.
 pub(super) struct Host {
     node: Node,
     store: BlobStore,
@@ -160,18 +125,8 @@ pub(super) struct Host {
     machine: Shepherd<PublicKey>,
     events: Events,
     plan: ShepherdPlan,
-    step_module: Arc<pcp_graph::Module>,
-    artifacts_dir: PathBuf,
-    artifacts: BTreeMap<compile::ArtifactKey, ArtifactRef>,
-    compiling: HashMap<compile::ArtifactKey, Compiling>,
-    /// The run's step's expected peak on the whole batch: a worker with this much
-    /// free (and a tenth more) gets that step without further planning.
-    whole_step_bytes: u64,
-    /// A built-in model's step memory at each split, which plans the step of a
-    /// worker with less from its hello's free memory; measured for the first such
-    /// worker.
-    footprint: Option<Footprint>,
-    compiles: JoinSet<CompileResult>,
+    /// The step's module and the artifacts compiled from it, per worker target.
+    artifacts: compile::Artifacts,
     /// Each worker's hello: the proof it carried (checked again at every
     /// contribution) and its backend; bounded, and released as workers leave.
     hellos: hellos::Hellos,
@@ -179,59 +134,19 @@ pub(super) struct Host {
     /// its payload's hash (a worker that names it in its heartbeat holds it). Set by
     /// [`Shepherd::set_published`] only.
     published: Option<(SignedEnvelope, [u8; 32])>,
-    /// A round opened but not yet released to workers: it waits until every live
-    /// candidate holds the state it names (the commit rule) and this leader's lease
-    /// is current. Candidates see it at once, to replicate that state.
-    opened: Option<Opened>,
-    /// Check-quorum over the last round's contributors.
-    quorum: Quorum,
-    /// Sends leases while the loop is busy (validation, checkpoints).
-    keeper: LeaseKeeper,
-    /// The highest term a worker reported following, once recorded.
-    reported_term: u64,
-    /// The open round and how long its deadline waited for contributions being read.
-    receiving_extension: (u64, u64),
-    sizes: Vec<usize>,
-    /// The tensors of each parameter shard a round is published in.
-    shards: Vec<std::ops::Range<usize>>,
-    /// The tensors of each Streaming DiLoCo fragment (one: all).
-    fragments: Vec<std::ops::Range<usize>>,
+    /// Who leads the run, in which term, what is committed and replicated.
+    lead: leadership::Leadership,
+    /// The open round's traffic, bases and losses.
+    book: book::RoundBook,
+    /// How the parameters split into tensors, shards and fragments.
+    layout: layout::Layout,
     /// The model on this host's CPU, for validation and the loss screen (none when
     /// the run uses neither).
     engine: Option<Engine>,
     /// The loss screen: its split, the open round's secret batch, its cost.
     screener: screen::Screener,
-    started: Instant,
-    bytes_in: u64,
-    /// Bytes each contributor of the open round sent, and says it fetched.
-    traffic: BTreeMap<PublicKey, Traffic>,
-    /// The parameters blob of the open round: what its update applies to.
-    round_base: Option<BlobHash>,
-    /// The round before the open one and its parameters blob: the fence of a
-    /// contribution an overlapping run carries over from it.
-    last_base: Option<(u64, BlobHash)>,
-    /// A sparse run's last update and the parameters it applies to.
-    update: Option<Update>,
-    served_at_open: u64,
-    last_val: f64,
-    first_val: f64,
     hooks: ShepherdHooks,
     out: std::io::Stdout,
-    /// Who leads the run, in which term, and what is committed: the protocol's
-    /// candidate, which the fault simulator drives too.
-    consensus: Box<Consensus>,
-    /// The state blob after the last completed round, for successors.
-    state: Option<ParameterRef>,
-    /// Where that state stands in the run's history.
-    state_replica: Option<Replica>,
-    /// Set when this shepherd saw a higher term (or stepped aside: its own).
-    stepped_down: Option<u64>,
-    /// Whether it stepped aside for lost workers, rather than for a higher term.
-    aside: bool,
-    /// What the consensus decided while the state was being published, for the loop.
-    pending_consensus: Vec<consensus_core::Action>,
-    /// The term it started in (a resumed shepherd's, from its checkpoint).
-    resumed_term: u64,
     /// DHT announcements of the run in progress.
     background: JoinSet<()>,
 }
@@ -239,91 +154,6 @@ pub(super) struct Host {
 impl std::fmt::Debug for Host {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Host").field("run", &self.run).finish()
-    }
-}
-
-/// A round's announcement held back from workers (see [`Host::release`]).
-#[derive(Debug)]
-struct Opened {
-    round: u64,
-    /// The (round, parameters) of the state it names: what a majority of the
-    /// candidates must hold first.
-    state: Option<(u64, [u8; 32])>,
-    envelope: SignedEnvelope,
-    /// The `round_started` event, emitted on release.
-    event: ev::RoundStarted,
-    at: Instant,
-    /// The announcement itself: sealed again on release with a deadline moved by
-    /// the time it waited.
-    held_back: RoundAnnouncement,
-}
-
-/// The longest stretch the keeper covers for a busy loop: a loop stuck longer is
-/// as good as dead, and its lease lapses.
-const KEEPER_LIMIT_MS: u64 = 600_000;
-
-/// Sends the leader's lease to the other candidates whenever its loop has not
-/// come round for a third of a lease (validating, writing a checkpoint, screening a
-/// contribution, or an elected candidate loading what it leads with), so that a
-/// busy leader does not look like a dead one. Its answers are read by the loop's
-/// own probes once it is back.
-#[derive(Debug)]
-pub(super) struct LeaseKeeper {
-    /// (the lease, when the loop last came round).
-    busy: Arc<std::sync::Mutex<Option<(Heartbeat, u64)>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl LeaseKeeper {
-    pub(super) fn spawn(node: Node, mut signer: Signer, run: RunId, succession: &Succession, lease_ms: u64) -> Self {
-        let busy: Arc<std::sync::Mutex<Option<(Heartbeat, u64)>>> = Arc::default();
-        let me = signer.identity().public();
-        let others: Vec<PeerId> =
-            succession.order().iter().filter(|k| **k != me).filter_map(pcp_bootstrap::peer_of).collect();
-        let watched = busy.clone();
-        let task = tokio::spawn(async move {
-            let period = Duration::from_millis((lease_ms / 3).max(100));
-            let mut tick = tokio::time::interval(period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut sends = JoinSet::new();
-            loop {
-                tick.tick().await;
-                while sends.try_join_next().is_some() {}
-                let Some((hb, since)) = watched.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
-                else {
-                    continue;
-                };
-                let stuck = wire::mono_ms().saturating_sub(since);
-                if stuck < period.as_millis() as u64 || stuck > KEEPER_LIMIT_MS || sends.len() >= 4 * others.len() {
-                    continue; // the loop sends its own leases, or it is as good as dead
-                }
-                for peer in &others {
-                    let hb = Heartbeat { unix_ms: wire::unix_ms(), ..hb.clone() };
-                    let envelope = signer.seal(run, hb.round, &hb);
-                    let (node, peer) = (node.clone(), *peer);
-                    sends.spawn(async move {
-                        let _ = tokio::time::timeout(period * 3, node.request(peer, envelope)).await;
-                    });
-                }
-            }
-        });
-        Self { busy, task }
-    }
-
-    fn set(&self, value: Option<(Heartbeat, u64)>) {
-        *self.busy.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = value;
-    }
-
-    /// The loop came round, leading with `lease` (none: it does not lead): it may be
-    /// busy from now.
-    pub(super) fn alive(&self, lease: Option<Heartbeat>) {
-        self.set(lease.map(|hb| (hb, wire::mono_ms())));
-    }
-}
-
-impl Drop for LeaseKeeper {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
@@ -346,38 +176,6 @@ fn served(stats: &Stats) -> u64 {
 }
 
 impl Host {
-    /// Publishes the state after the last completed round as a blob, named by the
-    /// next announcement, so candidates can take over from it.
-    fn publish_state(
-        &mut self,
-        contributors: &[PublicKey],
-        excluded: &[PublicKey],
-        params_hash: BlobHash,
-    ) -> anyhow::Result<()> {
-        let term = self.consensus.state_term(self.machine.completed());
-        let state = wire::StateParts::of(&self.machine, term);
-        let (hash, size) = wire::put_state(&self.store, &state, contributors, excluded)?;
-        self.state = Some(ParameterRef { name: "state".into(), shard: 0, blob: hash.0, size });
-        let replica = Replica { term, round: self.machine.completed(), params: params_hash.0 };
-        self.state_replica = Some(replica);
-        if self.consensus.core().is_leader() {
-            // the candidates fetch it: workers learn the round after it once a majority holds it
-            let actions = self.consensus.holds(replica, hash.0)?;
-            self.pending_consensus.extend(actions);
-        }
-        Ok(())
-    }
-
-    /// This leader's state after its last completed round.
-    fn leader_state(&self, contributors: &[PublicKey], excluded: &[PublicKey]) -> LeaderState {
-        LeaderState {
-            term: self.consensus.state_term(self.machine.completed()),
-            snapshot: self.machine.snapshot(),
-            contributors: contributors.to_vec(),
-            excluded: excluded.to_vec(),
-        }
-    }
-
     pub(super) async fn main_loop(
         &mut self,
         requests: &mut super::inbox::Inbox,
@@ -393,12 +191,12 @@ impl Host {
             if finished_at.is_some_and(|t| t.elapsed() >= FAREWELL) {
                 break;
             }
-            if self.stepped_down.is_none() {
-                self.keeper.alive(self.consensus.lease_heartbeat());
+            if self.lead.stepped_down.is_none() {
+                self.lead.keeper.alive(self.lead.consensus.lease_heartbeat());
             } else {
-                self.keeper.set(None);
+                self.lead.keeper.set(None);
             }
-            if let Some(term) = self.stepped_down {
+            if let Some(term) = self.lead.stepped_down {
                 // the standby it becomes holds this state (the consensus decides whose it follows)
                 let state = Box::new(self.leader_state(&[], &[]));
                 return Ok(Outcome::SteppedDown { manifest: Box::new(self.manifest.clone()), term, state });
@@ -406,9 +204,9 @@ impl Host {
             tokio::select! {
                 () = cancel.cancelled() => break,
                 Some(_) = self.background.join_next() => {}
-                Some(done) = self.consensus.sends.join_next() => {
+                Some(done) = self.lead.consensus.sends.join_next() => {
                     if let Ok(sent) = done {
-                        let actions = self.consensus.on_answer(sent)?;
+                        let actions = self.lead.consensus.on_answer(sent)?;
                         self.on_consensus(actions).await?;
                     }
                 }
@@ -426,19 +224,19 @@ impl Host {
                     Some(_) => {}
                     None => break,
                 },
-                Some(done) = self.compiles.join_next() => match done {
+                Some(done) = self.artifacts.compiles.join_next() => match done {
                     Ok(result) => self.on_compiled(result).await?,
                     Err(e) => tracing::warn!("compile task failed: {e}"),
                 },
                 _ = tick.tick() => {
                     self.machine.heard(requests.take_heard(), self.now_ms());
                     self.expire_hellos();
-                    let actions = self.consensus.handle(consensus_core::Input::Tick)?;
+                    let actions = self.lead.consensus.handle(consensus_core::Input::Tick)?;
                     self.on_consensus(actions).await?;
-                    if self.stepped_down.is_none() && self.consensus.core().is_leader() {
+                    if self.lead.stepped_down.is_none() && self.lead.consensus.core().is_leader() {
                         // as the simulator: the round's deadlines run only while a majority
                         // answers this leader's lease
-                        if self.consensus.may_act() {
+                        if self.lead.consensus.may_act() {
                             self.step(Input::Tick).await?;
                         }
                         self.release().await;
@@ -455,157 +253,8 @@ impl Host {
         Ok(Outcome::Done)
     }
 
-    /// Carries out what the consensus decided (and what it decided meanwhile, while
-    /// the state was published): a commit releases the open round, a stop ends
-    /// leading, another candidate's election (a resumed shepherd that did not win)
-    /// makes this one a standby.
-    async fn on_consensus(&mut self, mut actions: Vec<consensus_core::Action>) -> anyhow::Result<()> {
-        actions.splice(0..0, std::mem::take(&mut self.pending_consensus));
-        let me = self.consensus.me();
-        for action in actions {
-            match action {
-                consensus_core::Action::Commit(_) => self.release().await,
-                consensus_core::Action::Stopped { term, why: Stop::Newer(newer) } => {
-                    let leader = self.consensus.core().succession().leader(newer);
-                    tracing::warn!("run {}: term {newer} is led by {}; stepping down", self.run, peer_name(&leader));
-                    self.events.emit(ev::Event::SteppedDown(ev::SteppedDown {
-                        term,
-                        peer: peer_name(&me),
-                        newer,
-                        leader: peer_name(&leader),
-                        reason: None,
-                    }));
-                    self.table_line(&format!(
-                        "term {term}: {} stepped down; term {newer} is led by {}",
-                        peer_name(&me),
-                        peer_name(&leader)
-                    ))?;
-                    self.stepped_down = Some(newer);
-                    self.aside = false;
-                }
-                consensus_core::Action::Stopped { term, why: Stop::Aside } => {
-                    self.stepped_down = Some(term);
-                    self.aside = true;
-                }
-                consensus_core::Action::Stopped { term, why: Stop::Behind } => {
-                    self.stood_aside(term, "another candidate holds a newer state (they led apart)")?;
-                }
-                consensus_core::Action::Elected { term, leader } if leader != me && self.stepped_down.is_none() => {
-                    // resumed while another candidate leads: this one stands by with its state
-                    let resumed = self.resumed_term;
-                    tracing::warn!("run {}: term {term} is led by {}; standing by", self.run, peer_name(&leader));
-                    self.events.emit(ev::Event::SteppedDown(ev::SteppedDown {
-                        term: resumed,
-                        peer: peer_name(&me),
-                        newer: term,
-                        leader: peer_name(&leader),
-                        reason: Some(format!("resumed after term {resumed}; term {term} is led by another")),
-                    }));
-                    self.table_line(&format!(
-                        "term {resumed}: {} stepped down; term {term} is led by {}",
-                        peer_name(&me),
-                        peer_name(&leader)
-                    ))?;
-                    self.stepped_down = Some(term);
-                    self.aside = false;
-                }
-                consensus_core::Action::Lead { term, .. } => {
-                    tracing::info!("run {}: leading term {term}", self.run);
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
     fn now_ms(&self) -> u64 {
         wire::unix_ms()
-    }
-
-    /// Check-quorum: a leader that heard from no majority of its last round's
-    /// contributors for [`CHECK_QUORUM_LEASES`] leases steps aside, so that a
-    /// candidate the workers can reach takes over. Only with another candidate to
-    /// take over.
-    fn check_quorum(&mut self) -> anyhow::Result<()> {
-        let now = wire::mono_ms();
-        if self.stepped_down.is_some()
-            || self.consensus.core().succession().order().len() < 2
-            || self.machine.is_finished()
-            || !self.quorum.check(now)
-        {
-            return Ok(());
-        }
-        let (heard, of) = self.quorum.heard_of(now);
-        let reason = format!(
-            "lost quorum: heard from {heard} of the {of} workers of round {} within {CHECK_QUORUM_LEASES} leases",
-            self.machine.completed()
-        );
-        self.step_aside(reason)
-    }
-
-    fn step_aside(&mut self, reason: String) -> anyhow::Result<()> {
-        let term = self.consensus.term();
-        let actions = self.consensus.handle(consensus_core::Input::StepAside)?;
-        self.pending_consensus.extend(actions);
-        self.stood_aside(term, &reason)
-    }
-
-    /// This leader gave up `term` for `reason` (no higher term): the event, the
-    /// table's line, and the standby it becomes.
-    fn stood_aside(&mut self, term: u64, reason: &str) -> anyhow::Result<()> {
-        let me = self.signer.identity().public();
-        tracing::warn!("run {}: {reason}; stepping aside", self.run);
-        self.events.emit(ev::Event::SteppedDown(ev::SteppedDown {
-            term,
-            peer: peer_name(&me),
-            newer: term,
-            leader: String::new(),
-            reason: Some(reason.to_string()),
-        }));
-        self.table_line(&format!("term {term}: {} stepped aside: {reason}", peer_name(&me)))?;
-        self.stepped_down = Some(term);
-        self.aside = true;
-        Ok(())
-    }
-
-    /// Releases the opened round's announcement to workers once a majority of the
-    /// candidates holds the state it names (the consensus committed it) and this
-    /// leader's lease is current.
-    async fn release(&mut self) {
-        let Some(opened) = &self.opened else { return };
-        if !self.consensus.may_act() {
-            return;
-        }
-        let committed = self.consensus.core().committed();
-        let held = match opened.state {
-            Some((round, params)) => committed.is_some_and(|c| c.round == round && c.params == params),
-            None => committed.is_some(),
-        };
-        if !held {
-            return;
-        }
-        let Some(opened) = self.opened.take() else { return };
-        let waited_ms = opened.at.elapsed().as_millis() as u64;
-        let mut envelope = opened.envelope;
-        let mut event = opened.event;
-        if waited_ms > 0 {
-            // the workers get the time the round waited: its deadline moves with it
-            if let Some(deadline_ms) = self.machine.postpone(waited_ms) {
-                let announcement = RoundAnnouncement { deadline_unix_ms: deadline_ms, ..opened.held_back };
-                envelope = self.signer.seal(self.run, opened.round, &announcement);
-                event.deadline_unix_ms = deadline_ms;
-            }
-        }
-        self.set_published(Some(envelope.clone()));
-        use pcp_schema::Message as _;
-        if let Err(e) = self.node.publish(self.run, envelope.encode()).await {
-            tracing::debug!("gossiping round {}: {e}", opened.round);
-        }
-        event.waited_ms = waited_ms;
-        self.events.emit(ev::Event::RoundStarted(event));
-        if let Some(tx) = &self.hooks.opened {
-            let _ = tx.try_send(opened.round);
-        }
     }
 
     async fn respond(&mut self, id: InboundId, envelope: SignedEnvelope) -> anyhow::Result<()> {
@@ -628,7 +277,7 @@ impl Host {
         round: u64,
         message: &Verified,
     ) -> anyhow::Result<()> {
-        self.quorum.heard(&key, wire::mono_ms());
+        self.lead.quorum.heard(&key, wire::mono_ms());
         let mut received = None;
         let mut busy = (0, 0);
         let input = match message.decode::<Contribution>() {
@@ -667,10 +316,10 @@ impl Host {
             },
         };
         if let Some((_, _, bytes, bytes_down)) = received
-            && (self.traffic.len() < MAX_BACKEND_RECORDS || self.traffic.contains_key(&key))
+            && (self.book.traffic.len() < MAX_BACKEND_RECORDS || self.book.traffic.contains_key(&key))
         {
             // before the step: the contribution that closes the round is in its event
-            self.traffic.insert(key, Traffic { up: bytes as u64, down: bytes_down, busy });
+            self.book.traffic.insert(key, book::Traffic { up: bytes as u64, down: bytes_down, busy });
         }
         let rejected = self.step(input).await?;
         let reason = rejected.into_iter().find(|(p, _)| *p == key).map(|(_, r)| r);
@@ -716,8 +365,8 @@ impl Host {
             },
             MessageKind::Heartbeat => match message.decode::<Heartbeat>() {
                 // a candidate: a standby following this leader, or another leader's lease
-                Ok(hb) if self.consensus.core().succession().contains(&key) => {
-                    if let Some((reply, actions)) = self.consensus.on_request(key, &hb)? {
+                Ok(hb) if self.lead.consensus.core().succession().contains(&key) => {
+                    if let Some((reply, actions)) = self.lead.consensus.on_request(key, &hb)? {
                         self.on_consensus(actions).await?;
                         return match reply {
                             Some(reply) => {
@@ -730,11 +379,11 @@ impl Host {
                             }
                         };
                     }
-                    if self.stepped_down.is_some() {
+                    if self.lead.stepped_down.is_some() {
                         let reason = format!("{} of run {}: stepped down", super::STANDBY, self.run);
                         return self.refuse(id, binding.round, Refusal::new(AckCode::Standby, reason)).await;
                     }
-                    let envelope = match &self.opened {
+                    let envelope = match &self.lead.opened {
                         Some(o) => o.envelope.clone(),
                         None => self.current_announcement(),
                     };
@@ -744,14 +393,14 @@ impl Host {
                     // a worker already past this leader's rounds (it refuses them: workers never
                     // move back) is not part of its quorum: a leader behind them steps aside
                     if hb.round <= self.machine.completed() + 1 {
-                        self.quorum.heard(&key, wire::mono_ms());
+                        self.lead.quorum.heard(&key, wire::mono_ms());
                     }
-                    if hb.follows > self.consensus.term() && hb.follows > self.reported_term {
+                    if hb.follows > self.lead.consensus.term() && hb.follows > self.lead.reported_term {
                         // a worker follows a newer term (its word alone proves nothing: the
                         // new leader's answer to this one's lease does)
-                        self.reported_term = hb.follows;
+                        self.lead.reported_term = hb.follows;
                         self.events.emit(ev::Event::HigherTermReported(ev::HigherTermReported {
-                            term: self.consensus.term(),
+                            term: self.lead.consensus.term(),
                             reported: hb.follows,
                             peer: peer_name(&key),
                         }));
@@ -848,11 +497,14 @@ impl Host {
     /// The tensor sizes of round `round`'s pseudo-gradients: its fragment's, the
     /// other tensors empty (every tensor without fragments).
     fn round_sizes(&self, round: u64) -> Vec<usize> {
-        fragments::masked(&self.sizes, &self.fragments[fragments::of_round(round, self.fragments.len())])
+        fragments::masked(
+            &self.layout.sizes,
+            &self.layout.fragments[fragments::of_round(round, self.layout.fragments.len())],
+        )
     }
 
     fn contribution_input(&mut self, key: PublicKey, round: u64, c: Contribution) -> Input<PublicKey> {
-        self.bytes_in += c.delta.len() as u64;
+        self.book.bytes_in += c.delta.len() as u64;
         let malformed = |reason: String| Input::Malformed { peer: key, round, reason: Rejection::Encoding(reason) };
         if c.run != self.run.0 || c.round != round {
             return malformed("the contribution's run or round differs from its envelope's".into());
@@ -863,11 +515,11 @@ impl Host {
         // fencing: trained from this term's announcement of the open round, from its
         // parameters (or, carried over in an overlapping run, of the round before)
         let base = match self.machine.open_round() {
-            Some(open) if open == round => self.round_base,
-            _ => self.last_base.filter(|(r, _)| *r == round).map(|(_, b)| b),
+            Some(open) if open == round => self.book.round_base,
+            _ => self.book.last_base.filter(|(r, _)| *r == round).map(|(_, b)| b),
         };
         if let Some(base) = base {
-            let fence = Fence { term: self.consensus.term(), round, params: base.0 };
+            let fence = Fence { term: self.lead.consensus.term(), round, params: base.0 };
             if let Err(e) = fence.check(c.term, c.round, &c.params_hash) {
                 return Input::Malformed { peer: key, round, reason: Rejection::Fenced(e.to_string()) };
             }
@@ -898,8 +550,8 @@ impl Host {
             participants: Vec::new(),
             participants_blob: None,
             finished: false,
-            term: self.consensus.term(),
-            state: self.state.clone(),
+            term: self.lead.consensus.term(),
+            state: self.lead.state.clone(),
             update: None,
             budget_ms: 0,
             steps_end_unix_ms: 0,
@@ -907,36 +559,6 @@ impl Host {
             screen_reveal: [0; 32],
         };
         self.signer.seal(self.run, self.machine.completed(), &announcement)
-    }
-
-    /// This leader's heartbeat to the run's topic (workers follow its term) and the
-    /// round it names.
-    fn lease(&self) -> (u64, Heartbeat) {
-        let round = self.machine.open_round().unwrap_or(self.machine.completed());
-        let term = self.consensus.term();
-        (
-            round,
-            Heartbeat {
-                run: self.run.0,
-                round,
-                unix_ms: wire::unix_ms(),
-                free_memory_bytes: 0,
-                term,
-                follows: term,
-                held: self.state_replica.map(|r| Held { term: r.term, round: r.round, params: r.params }),
-                consensus: None,
-                known: None,
-            },
-        )
-    }
-
-    async fn gossip_heartbeat(&mut self) {
-        let (round, hb) = self.lease();
-        let envelope = self.signer.seal(self.run, round, &hb);
-        use pcp_schema::Message as _;
-        if let Err(e) = self.node.publish(self.run, envelope.encode()).await {
-            tracing::debug!("gossiping the heartbeat: {e}");
-        }
     }
 
     /// Feeds the state machine and performs its actions; returns the rejections.
@@ -950,7 +572,7 @@ impl Host {
         if now < deadline || self.node.admission().receiving() == 0 {
             return;
         }
-        let extended = match self.receiving_extension {
+        let extended = match self.book.receiving_extension {
             (r, ms) if r == round => ms,
             _ => 0,
         };
@@ -959,7 +581,7 @@ impl Host {
         }
         let by = now - deadline + 1000;
         if let Some(deadline_ms) = self.machine.postpone(by) {
-            self.receiving_extension = (round, extended + by);
+            self.book.receiving_extension = (round, extended + by);
             self.events
                 .emit(ev::Event::DeadlineExtended(ev::DeadlineExtended { round, deadline_unix_ms: deadline_ms }));
         }
@@ -995,15 +617,12 @@ impl Host {
                 }
                 Action::WorkerLeft { peer, reason } => {
                     let reason = match reason {
-                        LeaveReason::Left => "left",
-                        LeaveReason::Timeout => "heartbeat timeout",
+                        LeaveReason::Left => ev::Departure::Left,
+                        LeaveReason::Timeout => ev::Departure::HeartbeatTimeout,
                     };
-                    tracing::info!(peer = %peer_name(&peer), "worker left: {reason}");
+                    tracing::info!(peer = %peer_name(&peer), "worker left: {reason:?}");
                     self.hello_left(peer);
-                    self.events.emit(ev::Event::WorkerLeft(ev::WorkerLeft {
-                        peer: peer_name(&peer),
-                        reason: reason.to_owned(),
-                    }));
+                    self.events.emit(ev::Event::WorkerLeft(ev::WorkerLeft { peer: peer_name(&peer), reason }));
                 }
                 Action::DeadlineExtended { round, deadline_ms } => {
                     self.events.emit(ev::Event::DeadlineExtended(ev::DeadlineExtended {
@@ -1035,14 +654,14 @@ impl Host {
         self.node.admission().open_round(self.run, round, &participants);
         let parameters = self.publish_params()?;
         let hash = BlobHash(parameters[0].blob);
-        self.last_base = self.round_base.replace(hash).map(|b| (round - 1, b));
+        self.book.last_base = self.book.round_base.replace(hash).map(|b| (round - 1, b));
         // past the inline threshold, the participants go in a blob of their own
         let (listed, participants_blob) =
             super::participants::publish(&self.store, &participants, self.plan.participants_inline)?;
         // the blobs of rounds older than this node keeps go
         let kept: Vec<BlobHash> = parameters.iter().chain(&participants_blob).map(|p| BlobHash(p.blob)).collect();
         self.plan.retention.advance(&self.node, &self.events, round, kept).await;
-        self.traffic.clear();
+        self.book.traffic.clear();
         // the screen's secret batch for this round: committed now, revealed with the next
         let (screen_commit, screen_reveal) = self.screener.open(round);
         // the deadline was set at the input that closed the last round; the close (the
@@ -1061,9 +680,9 @@ impl Host {
             participants: listed,
             participants_blob,
             finished: false,
-            term: self.consensus.term(),
-            state: self.state.clone(),
-            update: self.update.clone(),
+            term: self.lead.consensus.term(),
+            state: self.lead.state.clone(),
+            update: self.book.update.clone(),
             // overlap: the round's compute budget, and when the median worker's steps end
             budget_ms: self.machine.budget_ms().unwrap_or(0),
             steps_end_unix_ms: self.machine.steps_end_ms().unwrap_or(0),
@@ -1071,19 +690,19 @@ impl Host {
             screen_reveal,
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
-        self.served_at_open = self.node.stats().await.map(|s| served(&s)).unwrap_or(0);
+        self.book.served_at_open = self.node.stats().await.map(|s| served(&s)).unwrap_or(0);
         let held_back = announcement;
         let event = ev::RoundStarted {
             round,
             deadline_unix_ms: deadline_ms,
             params_hash: hash.to_hex(),
             participants: participants.iter().map(peer_name).collect(),
-            term: self.consensus.term(),
+            term: self.lead.consensus.term(),
             waited_ms: 0,
         };
-        let state = self.state_replica.map(|r| (r.round, r.params));
+        let state = self.lead.state_replica.map(|r| (r.round, r.params));
         let at = Instant::now();
-        self.opened = Some(Opened { round, state, envelope, event, at, held_back });
+        self.lead.opened = Some(leadership::Opened { round, state, envelope, event, at, held_back });
         self.release().await;
         Ok(())
     }
@@ -1095,145 +714,11 @@ impl Host {
         let params = self.machine.params();
         let (hash, size) = wire::put_params(&self.store, params)?;
         let mut refs = vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size }];
-        for (r, bytes) in wire::shard_refs(params, &self.shards) {
+        for (r, bytes) in wire::shard_refs(params, &self.layout.shards) {
             self.store.put_bytes(&bytes)?;
             refs.push(r);
         }
         Ok(refs)
-    }
-
-    async fn round_completed(&mut self, summary: RoundSummary<PublicKey>) -> anyhow::Result<()> {
-        let params_hash = wire::params_hash(self.machine.params());
-        // a sparse run publishes the update: workers holding this round's parameters fetch it instead
-        let update_bytes = summary.update.as_ref().map_or(0, Vec::len) as u64;
-        self.update = match (&summary.update, self.round_base) {
-            (Some(bytes), Some(base)) => {
-                let hash = self.store.put_bytes(bytes)?;
-                let blob = ParameterRef { name: "update".into(), shard: 0, blob: hash.0, size: bytes.len() as u64 };
-                Some(Update { blob, base: base.0 })
-            }
-            _ => None,
-        };
-        let workers: Vec<ev::WorkerTraffic> = summary
-            .contributors
-            .iter()
-            .map(|p| {
-                let t = self.traffic.get(p).copied().unwrap_or_default();
-                ev::WorkerTraffic {
-                    peer: peer_name(p),
-                    bytes_up: t.up,
-                    bytes_down: t.down,
-                    utilization: t.utilization(),
-                }
-            })
-            .collect();
-        let utilization = Traffic::network(summary.contributors.iter().filter_map(|p| self.traffic.get(p)));
-        self.quorum.round_completed(&summary.contributors, wire::mono_ms());
-        // validation and the checkpoint hold this loop: the keeper sends the leases meanwhile
-        let val = self.validate().await?;
-        let path = self.checkpoint(&summary.contributors, &summary.excluded)?;
-        self.publish_state(&summary.contributors, &summary.excluded, params_hash)?;
-        self.last_val = val;
-        if self.first_val.is_nan() {
-            self.first_val = self.last_val;
-        }
-        let bytes_out = self.node.stats().await.map(|s| served(&s)).unwrap_or(0).saturating_sub(self.served_at_open);
-        self.trust_events(&summary);
-        for (peer, norm) in &summary.scaled {
-            let bound = summary.norm_bound;
-            self.events.emit(ev::Event::ContributionClipped(ev::ContributionClipped {
-                peer: peer_name(peer),
-                round: summary.round,
-                norm: *norm,
-                bound,
-                reason: format!("norm {norm:.4} above the round's bound {bound:.4}: scaled by {:.4}", bound / norm),
-            }));
-        }
-        self.events.emit(ev::Event::RoundCompleted(ev::RoundCompleted {
-            round: summary.round,
-            contributors: summary.contributors.len() as u64,
-            mean_loss: summary.mean_loss,
-            val_loss: self.last_val,
-            bytes_in: self.bytes_in,
-            bytes_out,
-            seconds: summary.duration_ms as f64 / 1e3,
-            params_hash: params_hash.to_hex(),
-            peers: summary.contributors.iter().map(peer_name).collect(),
-            excluded: summary.excluded.iter().map(peer_name).collect(),
-            clipped: summary.clipped as u64,
-            norm_bound: summary.norm_bound,
-            encoding: self.plan.encoding.name().to_owned(),
-            update_bytes,
-            workers,
-            utilization,
-            carried: summary.carried.iter().map(peer_name).collect(),
-            budget_ms: summary.budget_ms,
-        }));
-        self.admission_held(summary.round);
-        self.events.emit(ev::Event::Checkpoint(ev::Checkpoint {
-            step: None,
-            round: Some(summary.round),
-            path: path.display().to_string(),
-        }));
-        if self.plan.table {
-            writeln!(
-                self.out.lock(),
-                "{:>5} {:>12} {:>10.4} {:>10.4} {:>8.1} {:>10.1} {:>10.1}",
-                summary.round,
-                summary.contributors.len(),
-                summary.mean_loss,
-                self.last_val,
-                summary.duration_ms as f64 / 1e3,
-                self.bytes_in as f64 / 1e3,
-                bytes_out as f64 / 1e3
-            )?;
-        }
-        self.bytes_in = 0;
-        self.set_published(None);
-        // the round's update and state are the next round's: its announcement names them,
-        // and a worker holding this round's parameters fetches the update (with
-        // `--keep-rounds 1`, recorded as this round's, they went when the next opened)
-        let made = [self.update.as_ref().map(|u| u.blob.blob), self.state.as_ref().map(|s| s.blob)];
-        let made = made.into_iter().flatten().map(BlobHash);
-        self.plan.retention.advance(&self.node, &self.events, summary.round + 1, made).await;
-        Ok(())
-    }
-
-    /// The round's trust record: contributions the per-tensor bounds changed, those
-    /// counted at less than full trust, and the screen's cost and secret.
-    fn trust_events(&mut self, summary: &RoundSummary<PublicKey>) {
-        let round = summary.round;
-        for (peer, elements, tensors) in &summary.bounded {
-            self.events.emit(ev::Event::ContributionBounded(ev::ContributionBounded {
-                round,
-                peer: peer_name(peer),
-                elements: *elements,
-                tensors: *tensors as u64,
-            }));
-        }
-        for (peer, factor, probation) in &summary.discounted {
-            self.events.emit(ev::Event::ContributionDiscounted(ev::ContributionDiscounted {
-                round,
-                peer: peer_name(peer),
-                factor: *factor,
-                reason: if *probation { "probation" } else { "rating below the median" }.to_owned(),
-            }));
-        }
-        if self.plan.screen == Screen::Score {
-            let s = self.screener.close(summary.duration_ms as f64 / 1e3);
-            let seed = self.screener.seed();
-            self.events.emit(ev::Event::ScreenRound(ev::ScreenRound {
-                round,
-                screened: s.screened,
-                skipped: s.skipped,
-                over_budget: s.over_budget,
-                seconds: s.seconds,
-                share: if summary.duration_ms > 0 { s.seconds * 1e3 / summary.duration_ms as f64 } else { 0.0 },
-                hidden: self.screener.hidden(),
-                commit: hex::encode(screen::commit(&seed)),
-                seed: hex::encode(seed),
-            }));
-        }
     }
 
     /// The held-out loss at `params`, or NaN with `eval_batches: 0` (a run that
@@ -1280,7 +765,7 @@ impl Host {
             creator: Some(hex::encode(self.manifest.shepherd)),
             salt: Some(hex::encode(self.manifest.salt)),
             candidates: self.manifest.candidates.iter().map(hex::encode).collect(),
-            term: self.consensus.term(),
+            term: self.lead.consensus.term(),
             learned: wire::LearnedRecord::of(&self.machine.learned()),
         };
         let meta = serde_json::to_value(meta)?;
@@ -1292,7 +777,7 @@ impl Host {
     /// Its consensus, which the standby it becomes goes on with, and its blobs'
     /// retention.
     pub(super) fn into_parts(self) -> (Box<Consensus>, Retention) {
-        (self.consensus, self.plan.retention)
+        (self.lead.consensus, self.plan.retention)
     }
 
     fn finish(&mut self) -> anyhow::Result<()> {
@@ -1307,8 +792,8 @@ impl Host {
             participants: Vec::new(),
             participants_blob: None,
             finished: true,
-            term: self.consensus.term(),
-            state: self.state.clone(),
+            term: self.lead.consensus.term(),
+            state: self.lead.state.clone(),
             update: None,
             budget_ms: 0,
             steps_end_unix_ms: 0,
@@ -1316,22 +801,22 @@ impl Host {
             screen_reveal: [0; 32],
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
-        self.opened = None;
+        self.lead.opened = None;
         self.set_published(Some(envelope));
         self.events.emit(ev::Event::RunFinished(ev::RunFinished {
             run: None,
             rounds: round,
-            val_loss: Some(self.last_val),
+            val_loss: Some(self.book.last_val),
             params_hash: Some(hash.to_hex()),
-            seconds: Some(self.started.elapsed().as_secs_f64()),
+            seconds: Some(self.book.started.elapsed().as_secs_f64()),
         }));
         if self.plan.table {
             writeln!(
                 self.out.lock(),
                 "done: {round} rounds in {:.1} s, val loss {:.4} -> {:.4}, parameters {}",
-                self.started.elapsed().as_secs_f64(),
-                self.first_val,
-                self.last_val,
+                self.book.started.elapsed().as_secs_f64(),
+                self.book.first_val,
+                self.book.last_val,
                 hash
             )?;
         }

@@ -445,17 +445,7 @@ mod tests {
     fn nonces_never_repeat() {
         let mut signer = Signer::new(Identity::from_secret([3; 32]));
         let run = RunId([1; 32]);
-        let hb = pcp_schema::Heartbeat {
-            consensus: None,
-            known: None,
-            run: run.0,
-            round: 0,
-            unix_ms: 0,
-            free_memory_bytes: 0,
-            term: 0,
-            follows: 0,
-            held: None,
-        };
+        let hb = pcp_schema::Heartbeat::new(run.0, 0, 0);
         let a = signer.seal(run, 0, &hb);
         let b = signer.seal(run, 0, &hb);
         assert_ne!(a.nonce, b.nonce);

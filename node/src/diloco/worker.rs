@@ -1,43 +1,46 @@
 //! The worker role: the default for a node that is not a shepherd.
 
+mod disk;
+mod heartbeats;
 mod host;
 mod hostile;
+mod join;
 mod pow;
+mod send;
 
 pub(crate) use hostile::{Attack, HOSTILE_KINDS, Hostile, ReplaySlot};
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use std::sync::Arc;
-
-use pcp_bootstrap::{Event, Node, PeerId, RequestError};
+use pcp_bootstrap::{Event, Node, PeerId};
 use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::fragments;
-use pcp_protocol::diloco::sparse::{self, ErrorFeedback, Layout, Settings, SparseTensors};
-use pcp_protocol::election::{self, Election, Succession};
+use pcp_protocol::diloco::sparse::{self, ErrorFeedback, Layout};
+use pcp_protocol::election::Election;
 use pcp_protocol::failover::Chain;
-use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
+use pcp_protocol::{BlobHash, PublicKey, RunId};
 use pcp_runtime::Device;
-use pcp_schema::{
-    Ack, ArtifactRef, Backend, Capabilities, Contribution, Heartbeat, Message as _, MessageKind, NodeHello,
-    ParameterRef, RoundAnnouncement, RunManifest,
-};
-use serde_json::json;
+use pcp_schema::{Contribution, ParameterRef, RoundAnnouncement, RunManifest};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::RoleIo;
-use super::wire::{self, Signer, peer_name};
+use super::wire::{self, Signer};
 use crate::Failure;
 use crate::observe::events::{self as ev, Events};
 use crate::training::data::Corpus;
 use crate::training::data::Sampler;
 use crate::training::engine::Engine;
 use crate::training::schedule::learning_rate;
+use disk::{chain_path, feedback_path, load_chain, load_feedback, load_term, save_chain, save_feedback, term_path};
+use heartbeats::{AbortOnDrop, Heartbeats, Latest, Opening, newer_arrives};
+use join::{Joined, discover};
+use send::{Courier, Delivery, Outgoing};
 
 /// Flags of the worker role.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -161,44 +164,12 @@ fn read_certificate(path: &Path) -> anyhow::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// How often a worker heartbeats (and so polls for rounds).
-const HEARTBEAT: Duration = Duration::from_millis(500);
-/// A contribution lost on the way is sent again, this many times in all, while its
-/// round is open.
-const MAX_SENDS: u32 = 8;
-/// How long a contribution's answer is still awaited once an announcement made
-/// it moot: the close that sent the announcement may also have acknowledged it.
-const ANSWER_GRACE: Duration = Duration::from_secs(1);
-/// How often a worker without a run asks the DHT again.
-const DISCOVERY_RETRY: Duration = Duration::from_secs(2);
 /// Blob fetches give up after this long.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(300);
-/// A heartbeat with no answer within this long counts as missed.
-const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A run this worker joined.
-#[derive(Debug, Clone)]
-struct Joined {
-    shepherd: PeerId,
-    shepherd_key: PublicKey,
-    manifest: RunManifest,
-    artifact: ArtifactRef,
-    /// The run's coordinator candidates, in the order they take terms.
-    succession: Succession,
-}
 
 /// The leader a worker follows: where it fetches parameters and sends
 /// contributions.
 type Leader = (PeerId, PublicKey);
-
-/// What the heartbeat task learned last.
-#[derive(Debug, Clone)]
-enum Latest {
-    Nothing,
-    Round(Box<RoundAnnouncement>),
-    /// The shepherd refused us (another run now, say): discover again.
-    Refused(String),
-}
 
 /// Runs a worker until its run finishes or `cancel` fires.
 pub(crate) async fn run(
@@ -224,127 +195,6 @@ pub(crate) async fn run(
             }
         }
     }
-}
-
-/// Finds a run and joins it: the signed manifest with an artifact for this node.
-async fn discover(
-    plan: &WorkerPlan,
-    (node, data_dir): (&Node, &Path),
-    signer: &mut Signer,
-    cancel: &CancellationToken,
-) -> anyhow::Result<Option<Joined>> {
-    let key = plan.run.map_or_else(wire::runs_key, wire::run_key);
-    let mut said = false;
-    loop {
-        let providers = node.providers(key, 8).await?;
-        for peer in providers {
-            match join(plan, (node, data_dir), signer, peer).await {
-                Ok(joined) => return Ok(Some(joined)),
-                Err(JoinError::Fatal(e)) => return Err(e),
-                Err(JoinError::Skip(reason)) => tracing::debug!(%peer, "not joining: {reason}"),
-            }
-        }
-        if !said && plan.verbose {
-            println!("looking for a run to join (asking the DHT every {} s)…", DISCOVERY_RETRY.as_secs());
-            said = true;
-        }
-        tokio::select! {
-            () = cancel.cancelled() => return Ok(None),
-            () = tokio::time::sleep(DISCOVERY_RETRY) => {}
-        }
-    }
-}
-
-#[derive(Debug)]
-enum JoinError {
-    /// Try another shepherd, or later.
-    Skip(String),
-    /// The shepherd cannot serve this node at all.
-    Fatal(anyhow::Error),
-}
-
-async fn join(
-    plan: &WorkerPlan,
-    (node, data_dir): (&Node, &Path),
-    signer: &mut Signer,
-    peer: PeerId,
-) -> Result<Joined, JoinError> {
-    let me = signer.identity().public();
-    // the proof of work kept for the run named, if any (see `pow`)
-    let kept = plan.run.and_then(|run| pow::cached(data_dir, run, &me)).map_or(0, |(nonce, _)| nonce);
-    let hello = NodeHello {
-        peer: me.0,
-        protocol_version: wire::PROTOCOL_VERSION,
-        agent: format!("pcp-node/{}", env!("CARGO_PKG_VERSION")),
-        capabilities: Capabilities {
-            backends: vec![Backend { name: plan.backend.clone(), targets: vec![plan.target.clone()] }],
-            free_memory_bytes: plan.free_memory.0,
-        },
-        certificate: plan.certificate.clone(),
-        pow_nonce: kept,
-    };
-    // a hello is for whichever run the shepherd runs: bound to the zero run id
-    let envelope = signer.seal(plan.run.unwrap_or(RunId([0; 32])), 0, &hello);
-    let mut answer = node.request(peer, envelope).await.map_err(|e| JoinError::Skip(e.to_string()))?;
-    // an open run that asks a proof of work of each identity: solve it, and say hello
-    // again (asked for more while it solved, go on from the nonce found)
-    let mut tries = 0;
-    while let Some((run, bits)) = pow_asked(&answer) {
-        tries += 1;
-        if tries > pow::MAX_TRIES {
-            return Err(JoinError::Skip(format!("run {run} still asks a proof of work of {bits} bits")));
-        }
-        let nonce = pow::solve(data_dir, run, me, bits).await.map_err(|e| JoinError::Skip(format!("{e:#}")))?;
-        let hello = NodeHello { pow_nonce: nonce, ..hello.clone() };
-        let envelope = signer.seal(plan.run.unwrap_or(RunId([0; 32])), 0, &hello);
-        answer = node.request(peer, envelope).await.map_err(|e| JoinError::Skip(e.to_string()))?;
-    }
-    match answer.kind() {
-        MessageKind::RunManifest => {
-            let manifest: RunManifest = answer.decode().map_err(|e| JoinError::Skip(e.to_string()))?;
-            let run = RunId(manifest.run);
-            let creator = PublicKey(manifest.shepherd);
-            let candidates: Vec<PublicKey> = manifest.candidates.iter().map(|k| PublicKey(*k)).collect();
-            // the id binds the creator and the candidates: a successor's manifest is checked against it
-            if pcp_protocol::election::run_id(&creator, &manifest.model_hash, &manifest.salt, &candidates) != run {
-                return Err(JoinError::Skip(format!("the manifest of run {run} does not hash to its id")));
-            }
-            let succession = Succession::new(run, creator, &candidates);
-            if !succession.contains(&answer.signer()) {
-                return Err(JoinError::Skip("the manifest is signed by a key that is not a candidate".into()));
-            }
-            // the run's gossip is its candidates' alone (`Admission::may_gossip`)
-            node.admission().candidates(run, succession.order());
-            if plan.run.is_some_and(|r| r.0 != manifest.run) {
-                return Err(JoinError::Skip(format!("{peer} runs {}", RunId(manifest.run))));
-            }
-            let wanted = |a: &&ArtifactRef| a.backend == plan.backend && a.target == plan.target;
-            let Some(artifact) = manifest.artifacts.iter().find(wanted).cloned() else {
-                return Err(JoinError::Skip("the manifest has no artifact for this backend".into()));
-            };
-            Ok(Joined { shepherd: peer, shepherd_key: answer.signer(), manifest, artifact, succession })
-        }
-        MessageKind::Ack => {
-            let ack: Ack = answer.decode().map_err(|e| JoinError::Skip(e.to_string()))?;
-            match ack.code {
-                pcp_schema::AckCode::NoArtifact => Err(JoinError::Fatal(anyhow::anyhow!("{}", ack.reason))),
-                _ => Err(JoinError::Skip(ack.reason)),
-            }
-        }
-        other => Err(JoinError::Skip(format!("answered a hello with {}", other.tag()))),
-    }
-}
-
-/// A shepherd's refusal that asks a proof of work: its run and the bits it needs (at
-/// most [`pcp_protocol::admit::MAX_POW_BITS`]; a run that asks more is not joined).
-fn pow_asked(answer: &pcp_protocol::Verified) -> Option<(RunId, u8)> {
-    if answer.kind() != MessageKind::Ack {
-        return None;
-    }
-    let ack: Ack = answer.decode().ok()?;
-    let bits = ack.pow_bits;
-    let asked = ack.code == pcp_schema::AckCode::ProofOfWork && bits <= pcp_protocol::admit::MAX_POW_BITS;
-    asked.then_some((RunId(ack.run), bits))
 }
 
 /// Why training on a run stopped.
@@ -509,99 +359,6 @@ async fn shards(src: &ParamsSource, a: &RoundAnnouncement, held: Option<&Held>) 
     Ok(RoundParams { params, bytes, via: "shards", shards: (fetched, refs.len()) })
 }
 
-/// Where a sparse run's error feedback survives a restart.
-fn feedback_path(data_dir: &Path, run: RunId) -> PathBuf {
-    data_dir.join("worker").join(format!("feedback-{}.bin", run.to_hex()))
-}
-
-fn chain_path(data_dir: &Path, run: RunId) -> PathBuf {
-    data_dir.join("worker").join(format!("chain-{}.json", run.to_hex()))
-}
-
-/// Where a worker keeps the highest term it has seen for `run` (a lease it
-/// followed, whether or not it trained a round of it): across a restart it never
-/// follows a lower one.
-fn term_path(data_dir: &Path, run: RunId) -> PathBuf {
-    data_dir.join("worker").join(format!("term-{}.json", run.to_hex()))
-}
-
-/// The highest term saved at `path`; 0 when absent, damaged or longer than a
-/// record (4 KiB).
-fn load_term(path: &Path) -> u64 {
-    std::fs::read(path)
-        .ok()
-        .filter(|b| b.len() <= 4096)
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v["term"].as_u64())
-        .unwrap_or(0)
-}
-
-fn save_term(path: &Path, term: u64) -> anyhow::Result<()> {
-    let dir = path.parent().context("term path has no parent")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, json!({ "term": term }).to_string()).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
-    Ok(())
-}
-
-/// The highest term this worker followed and the round it last trained, saved for
-/// `run` (fencing across restarts); nothing when absent or damaged.
-fn load_chain(path: &Path) -> Chain {
-    let read = || -> anyhow::Result<Chain> {
-        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path)?)?;
-        let params = hex::decode(v["params"].as_str().context("params")?)?;
-        Ok(Chain {
-            term: v["term"].as_u64().context("term")?,
-            round: v["round"].as_u64().context("round")?,
-            params: params.try_into().map_err(|_| anyhow::anyhow!("params is not 32 bytes"))?,
-        })
-    };
-    match read() {
-        Ok(chain) => chain,
-        Err(e) => {
-            if path.exists() {
-                tracing::warn!("ignoring {}: {e:#}", path.display());
-            }
-            Chain::default()
-        }
-    }
-}
-
-fn save_chain(path: &Path, chain: &Chain) -> anyhow::Result<()> {
-    let dir = path.parent().context("chain path has no parent")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = path.with_extension("tmp");
-    let v = json!({"term": chain.term, "round": chain.round, "params": hex::encode(chain.params)});
-    std::fs::write(&tmp, v.to_string()).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
-    Ok(())
-}
-
-/// The error-feedback buffer saved for `run`, if any fits these sizes, else zeros.
-fn load_feedback(path: &Path, sizes: &[usize], settings: Settings) -> ErrorFeedback {
-    let mut feedback = ErrorFeedback::new(sizes, settings.decay(), settings.up);
-    match std::fs::read(path) {
-        Ok(bytes) => match wire::read_params(&bytes, sizes) {
-            Ok(buffer) => feedback.buffer = buffer,
-            Err(e) => tracing::warn!("ignoring {}: {e:#}", path.display()),
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => tracing::warn!("reading {}: {e}", path.display()),
-    }
-    feedback
-}
-
-/// Saves the error feedback atomically (a temporary file renamed over the old).
-fn save_feedback(path: &Path, feedback: &ErrorFeedback) -> anyhow::Result<()> {
-    let dir = path.parent().context("feedback path has no parent")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, wire::params_blob(&feedback.buffer)).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
-    Ok(())
-}
-
 async fn train(
     plan: &WorkerPlan,
     io: TrainIo<'_>,
@@ -731,14 +488,6 @@ async fn train(
     host::run(&mut trainer, signer).await
 }
 
-/// An announcement's identity: round, term and deadline. A successor's reopening
-/// of a round, or a restarted shepherd's, is a new round to train.
-type Key = (u64, u64, u64);
-
-fn key(a: &RoundAnnouncement) -> Key {
-    (a.round, a.term, a.deadline_unix_ms)
-}
-
 /// A worker's time in inner steps since its last contribution, and since when.
 #[derive(Debug, Default)]
 struct Clock {
@@ -765,96 +514,6 @@ impl Clock {
 struct Progress {
     taken: u64,
     loss_sum: f64,
-}
-
-/// A contribution ready to send, and what its sender must remember.
-#[derive(Debug)]
-struct Outgoing {
-    contribution: Contribution,
-    /// The sparse entries it takes from the error feedback (given back if refused).
-    sent: Option<SparseTensors>,
-    trained_s: f64,
-    /// A late attacker's: sent only after its round closed.
-    late: bool,
-}
-
-/// How a sent contribution fared.
-#[derive(Debug)]
-struct Delivery {
-    accepted: bool,
-    reason: String,
-    wire_bytes: u64,
-}
-
-/// Where contributions go: the node, the followed leader, and the announcements
-/// that make a send moot.
-#[derive(Clone, Debug)]
-struct Courier {
-    node: Node,
-    run: RunId,
-    leader: watch::Receiver<Leader>,
-    latest: watch::Receiver<Latest>,
-    cancel: CancellationToken,
-}
-
-impl Courier {
-    /// Waits until the round after `this` is announced, and a moment more (a late
-    /// attacker's send time).
-    async fn after_close(&self, this: Key) {
-        let mut watching = self.latest.clone();
-        newer_arrives(&mut watching, this).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-
-    /// Sends `contribution` to the followed leader. A send to a leader that died (or
-    /// refused it unread) must not hold up the round that replaces it: an
-    /// announcement that makes it moot abandons it ([`superseded`]). One lost on
-    /// the way (a cut link, a leader busy past the timeout) is sent again while the
-    /// round is open, so that the round does not wait on it for good. `None`:
-    /// cancelled.
-    async fn deliver(&self, signer: &mut Signer, contribution: &Contribution, this: Key) -> Option<Delivery> {
-        let r = contribution.round;
-        let mut envelope = signer.seal(self.run, r, contribution);
-        let wire_bytes = envelope.encode().len() as u64;
-        let mut watching = self.latest.clone();
-        let mut tries = 0u32;
-        let answer = loop {
-            let (to, to_key) = *self.leader.borrow();
-            let request = self.node.request(to, envelope);
-            tokio::pin!(request);
-            let answer = tokio::select! {
-                () = self.cancel.cancelled() => return None,
-                answer = &mut request => Some((answer, to_key)),
-                () = superseded(&mut watching, this) => tokio::select! {
-                    // the leader's answer and the announcement its close sent race
-                    // (gossip can win): an answer already on its way still counts
-                    () = self.cancel.cancelled() => return None,
-                    answer = &mut request => Some((answer, to_key)),
-                    () = tokio::time::sleep(ANSWER_GRACE) => None,
-                },
-            };
-            tries += 1;
-            match answer {
-                Some((Err(e @ (RequestError::Failed { .. } | RequestError::Busy { .. })), _))
-                    if tries < MAX_SENDS && !newer_round(&self.latest, this) =>
-                {
-                    tracing::warn!("round {r}: sending the contribution failed ({e}); sending it again");
-                    tokio::select! {
-                        () = self.cancel.cancelled() => return None,
-                        () = newer_arrives(&mut watching, this) => break None,
-                        () = tokio::time::sleep(HEARTBEAT * 2) => {}
-                    }
-                    envelope = signer.seal(self.run, r, contribution);
-                }
-                other => break other,
-            }
-        };
-        let (accepted, reason) = match answer {
-            Some((answer, to_key)) => ack_of(answer, to_key),
-            None => (false, "abandoned: a newer announcement made it moot before the answer".to_owned()),
-        };
-        Some(Delivery { accepted, reason, wire_bytes })
-    }
 }
 
 /// Why a round's parameters did not arrive.
@@ -955,7 +614,7 @@ impl Trainer<'_> {
     /// What `a` asks of the worker, if it is newer than `done`: the run's end, a
     /// round to train, or nothing. A round this worker takes part in is checked
     /// against the chain it follows.
-    fn consider(&mut self, a: Box<RoundAnnouncement>, done: &mut Option<Key>) -> Next {
+    fn consider(&mut self, a: Box<RoundAnnouncement>, done: &mut Option<Opening>) -> Next {
         if a.finished {
             self.io.events.emit(ev::Event::RunFinished(ev::RunFinished {
                 run: Some(self.run.to_hex()),
@@ -967,7 +626,7 @@ impl Trainer<'_> {
             }
             return Next::Stop(Outcome::Finished);
         }
-        let this = key(&a);
+        let this = Opening::of(&a);
         if a.round == 0 || done.is_some_and(|d| d >= this) {
             return Next::Skip;
         }
@@ -1021,7 +680,7 @@ impl Trainer<'_> {
         let mut watching = self.latest.clone();
         tokio::select! {
             () = self.io.cancel.cancelled() => Fetched::Cancelled,
-            () = newer_arrives(&mut watching, key(a)) => Fetched::Failed("a newer announcement".into()),
+            () = newer_arrives(&mut watching, Opening::of(a)) => Fetched::Failed("a newer announcement".into()),
             fetched = self.fetch_task(a) => match fetched {
                 Ok(p) => Fetched::Got(p),
                 Err(e) => Fetched::Failed(format!("{e:#}")),
@@ -1166,393 +825,5 @@ impl Trainer<'_> {
                 wire_bytes as f64 / 1e6
             );
         }
-    }
-}
-
-/// Waits until an announcement makes a send for `current` moot (forever if the
-/// heartbeat task stops): a newer term (the leader changed), the same round
-/// announced again (a restarted leader reopened it: the send went to the old
-/// one), a round two or more past it, the run's end, or a refusal. The next round
-/// of the same term does not: the contribution that closes a round is answered
-/// after the next round is announced.
-async fn superseded(latest: &mut watch::Receiver<Latest>, current: Key) {
-    let moot = |l: &Latest| match l {
-        Latest::Round(a) => {
-            a.term > current.1 || a.finished || a.round >= current.0 + 2 || (a.round == current.0 && key(a) > current)
-        }
-        Latest::Refused(_) => true,
-        Latest::Nothing => false,
-    };
-    while !moot(&latest.borrow()) {
-        if latest.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-/// Waits until an announcement newer than `current` arrives (forever if the
-/// heartbeat task stops).
-async fn newer_arrives(latest: &mut watch::Receiver<Latest>, current: (u64, u64, u64)) {
-    while !newer_round(latest, current) {
-        if latest.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-/// Whether an announcement newer than `(round, term, deadline)` (or the run's end)
-/// arrived.
-fn newer_round(latest: &watch::Receiver<Latest>, current: (u64, u64, u64)) -> bool {
-    match &*latest.borrow() {
-        Latest::Round(a) => (a.round, a.term, a.deadline_unix_ms) > current || a.finished,
-        Latest::Refused(_) => true,
-        Latest::Nothing => false,
-    }
-}
-
-fn ack_of(answer: Result<Verified, RequestError>, shepherd: PublicKey) -> (bool, String) {
-    match answer {
-        Ok(v) if v.signer() == shepherd => match v.decode::<Ack>() {
-            Ok(ack) => (ack.accepted, ack.reason),
-            Err(e) => (false, format!("unreadable answer: {e}")),
-        },
-        Ok(_) => (false, "answer signed by someone else".into()),
-        Err(e) => (false, e.to_string()),
-    }
-}
-
-/// Aborts a task when dropped: the heartbeat task lives exactly as long as `train`.
-#[derive(Debug)]
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Heartbeats to the leader; each answer is its current round announcement. It
-/// follows the run's election: announcements and gossiped leases are checked
-/// against the succession and the term, and when the leader's lease lapses the
-/// heartbeats go to the candidate whose term comes next.
-#[derive(Debug)]
-struct Heartbeats {
-    node: Node,
-    signer: Signer,
-    run: RunId,
-    election: Election,
-    /// Where the highest term it followed is kept, and that term.
-    term_file: PathBuf,
-    saved_term: u64,
-    /// Whether a valid lease was heard yet: until then the heartbeats go to the
-    /// candidate that answered the hello.
-    heard: bool,
-    leader: watch::Sender<Leader>,
-    latest: watch::Sender<Latest>,
-    round: watch::Receiver<u64>,
-    events: Events,
-    gossip: Arc<tokio::sync::Mutex<mpsc::Receiver<Event>>>,
-    /// A hostile worker's forgeries (tests).
-    forge: bool,
-    /// The hash of the announcement last put in `latest` (see `known` in the
-    /// heartbeat's schema): the leader answers a heartbeat naming its current one
-    /// with a small heartbeat of its own.
-    known: Option<[u8; 32]>,
-    /// The last participants blob fetched (see [`super::participants`]).
-    participants: super::participants::Cached,
-}
-
-type Asked = (PublicKey, PeerId, Result<Verified, String>);
-
-impl Heartbeats {
-    async fn run(mut self) {
-        let mut tick = tokio::time::interval(HEARTBEAT);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut missed = 0u32;
-        let mut asking: JoinSet<Asked> = JoinSet::new();
-        let gossip = self.gossip.clone();
-        let mut gossip = gossip.lock().await;
-        let mut beats = 0u64;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    beats += 1;
-                    self.expire();
-                    if asking.is_empty() {
-                        self.ask(&mut asking);
-                    }
-                    if self.forge && beats.is_multiple_of(4) {
-                        self.forge().await;
-                    }
-                }
-                Some(done) = asking.join_next() => {
-                    let Ok((key, peer, answer)) = done else { continue };
-                    match answer.and_then(|v| self.read(key, &v)) {
-                        Ok(Some(latest)) => {
-                            missed = 0;
-                            let Some(latest) = self.with_participants(latest, peer).await else { continue };
-                            if self.latest.send(latest).is_err() {
-                                return;
-                            }
-                        }
-                        Ok(None) => missed = 0,
-                        Err(reason) => {
-                            missed += 1;
-                            if missed == 1 || missed.is_multiple_of(20) {
-                                tracing::warn!(shepherd = %peer, "heartbeat failed ({missed} in a row): {reason}");
-                            }
-                        }
-                    }
-                }
-                event = gossip.recv() => match event {
-                    Some(Event::Gossip { run, message, .. }) if run == self.run => {
-                        let Some(latest) = self.on_gossip(&message) else { continue };
-                        let leader = self.leader.borrow().0;
-                        let Some(latest) = self.with_participants(latest, leader).await else { continue };
-                        if self.latest.send(latest).is_err() {
-                            return;
-                        }
-                    }
-                    Some(_) => {}
-                    None => return,
-                },
-            }
-        }
-    }
-
-    /// An announcement with its participants filled in from its blob, fetched from
-    /// `from` (`None`: the blob could not be had; the next heartbeat asks again).
-    async fn with_participants(&mut self, latest: Latest, from: PeerId) -> Option<Latest> {
-        let Latest::Round(mut a) = latest else { return Some(latest) };
-        match super::participants::resolve(&self.node, &mut a, from, &mut self.participants).await {
-            Ok(()) => Some(Latest::Round(a)),
-            Err(e) => {
-                tracing::warn!("run {}: {e:#}", self.run);
-                self.known = None;
-                None
-            }
-        }
-    }
-
-    /// Reports a lapsed lease; the next heartbeat goes to the candidate awaited.
-    fn expire(&mut self) {
-        for action in self.election.tick(wire::mono_ms()) {
-            if let election::Action::LeaseExpired { term, leader } = action {
-                tracing::warn!("run {}: the lease of term {term} lapsed; asking the next candidate", self.run);
-                self.events.emit(ev::Event::LeaseExpired(ev::LeaseExpired { term, peer: peer_name(&leader) }));
-                self.heard = true; // from now on the election says whom to ask
-            }
-        }
-    }
-
-    fn ask(&mut self, asking: &mut JoinSet<Asked>) {
-        let key = if self.heard { self.election.awaited() } else { self.leader.borrow().1 };
-        let Some(peer) = pcp_bootstrap::peer_of(&key) else { return };
-        let round = *self.round.borrow();
-        let hb = Heartbeat {
-            run: self.run.0,
-            round,
-            unix_ms: wire::unix_ms(),
-            free_memory_bytes: 0,
-            term: 0,
-            follows: self.election.term(),
-            held: None,
-            consensus: None,
-            known: self.known,
-        };
-        let envelope = self.signer.seal(self.run, round, &hb);
-        let node = self.node.clone();
-        asking.spawn(async move {
-            let answer = match tokio::time::timeout(HEARTBEAT_TIMEOUT, node.request(peer, envelope)).await {
-                Ok(Ok(v)) => Ok(v),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err("no answer".to_owned()),
-            };
-            (key, peer, answer)
-        });
-    }
-
-    /// Checks a lease of `term` signed by `from`; rejected ones are recorded.
-    fn lease(&mut self, from: PublicKey, term: u64, what: &str) -> bool {
-        let mut valid = true;
-        for action in self.election.on_lease(from, term, wire::mono_ms()) {
-            match action {
-                election::Action::Rejected { from, reason } => {
-                    valid = false;
-                    tracing::warn!("run {}: refused a {what} from {}: {reason}", self.run, peer_name(&from));
-                    wire::lease_rejected(&self.events, what, &from, term, &reason);
-                }
-                election::Action::Elected { term, leader } => {
-                    if term > self.saved_term {
-                        // kept before it acts on the term: a restart never follows a lower one
-                        match save_term(&self.term_file, term) {
-                            Ok(()) => self.saved_term = term,
-                            Err(e) => tracing::warn!("saving the followed term: {e:#}"),
-                        }
-                    }
-                    if let Some(peer) = pcp_bootstrap::peer_of(&leader) {
-                        if *self.leader.borrow() != (peer, leader) {
-                            self.events
-                                .emit(ev::Event::LeaderFollowed(ev::LeaderFollowed { term, peer: peer.to_string() }));
-                        }
-                        let _ = self.leader.send((peer, leader));
-                    }
-                }
-                _ => {}
-            }
-        }
-        if valid {
-            self.heard = true;
-        }
-        valid
-    }
-
-    /// An answer to a heartbeat sent to `key`: the round to train (or none).
-    fn read(&mut self, key: PublicKey, v: &Verified) -> Result<Option<Latest>, String> {
-        if v.signer() != key {
-            return Err("answer signed by someone else".to_owned());
-        }
-        match v.kind() {
-            MessageKind::RoundAnnouncement => {
-                let a: RoundAnnouncement = v.decode().map_err(|e| e.to_string())?;
-                if a.run != self.run.0 {
-                    return Ok(Some(Latest::Refused(format!("the shepherd now runs {}", RunId(a.run)))));
-                }
-                if !self.lease(key, a.term, "round announcement") {
-                    return Ok(None);
-                }
-                self.known = Some(v.payload_hash());
-                Ok(Some(Latest::Round(Box::new(a))))
-            }
-            // the announcement this worker holds is still current: a lease, no news
-            MessageKind::Heartbeat => {
-                let hb: Heartbeat = v.decode().map_err(|e| e.to_string())?;
-                if hb.run != self.run.0 || hb.term == 0 {
-                    return Err("answered a heartbeat with another run's or a term-less heartbeat".to_owned());
-                }
-                if hb.known.is_none() || hb.known != self.known {
-                    self.known = None; // the next heartbeat asks for the announcement itself
-                    return Ok(None);
-                }
-                self.lease(key, hb.term, "heartbeat answer");
-                Ok(None)
-            }
-            MessageKind::Ack => {
-                self.known = None;
-                let ack: Ack = v.decode().map_err(|e| e.to_string())?;
-                if ack.code == pcp_schema::AckCode::Standby {
-                    return Ok(None); // the candidate awaited does not lead yet
-                }
-                Ok(Some(Latest::Refused(ack.reason)))
-            }
-            other => Err(format!("answered a heartbeat with {}", other.tag())),
-        }
-    }
-
-    /// A gossiped announcement or leader heartbeat: a lease to check, and maybe a
-    /// round to train sooner than the next heartbeat's answer brings it.
-    fn on_gossip(&mut self, message: &Verified) -> Option<Latest> {
-        match message.kind() {
-            MessageKind::RoundAnnouncement => {
-                let a: RoundAnnouncement = message.decode().ok()?;
-                if a.run != self.run.0 || !self.lease(message.signer(), a.term, "round announcement") {
-                    return None;
-                }
-                self.known = Some(message.payload_hash());
-                Some(Latest::Round(Box::new(a)))
-            }
-            MessageKind::Heartbeat => {
-                let hb: Heartbeat = message.decode().ok()?;
-                if hb.run == self.run.0 && hb.term > 0 {
-                    self.lease(message.signer(), hb.term, "leader heartbeat");
-                }
-                None
-            }
-            _ => None,
-        }
-    }
-
-    /// A hostile worker claims the next term on the run's topic.
-    async fn forge(&mut self) {
-        let forged = RoundAnnouncement {
-            run: self.run.0,
-            round: 1_000_000,
-            parameters: Vec::new(),
-            deadline_unix_ms: wire::unix_ms() + 60_000,
-            participants: Vec::new(),
-            participants_blob: None,
-            finished: false,
-            term: self.election.term() + 1,
-            state: None,
-            update: None,
-            budget_ms: 0,
-            steps_end_unix_ms: 0,
-            screen_commit: [0; 32],
-            screen_reveal: [0; 32],
-        };
-        let envelope = self.signer.seal(self.run, forged.round, &forged);
-        if let Err(e) = self.node.publish(self.run, envelope.encode()).await {
-            tracing::debug!("gossiping a forgery: {e}");
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// M1: a worker keeps the highest term and the chain it followed across a
-    /// restart, so a stale leader's announcements stay refused and it never trains a
-    /// round it already trained from other parameters.
-    #[test]
-    fn the_followed_chain_survives_a_restart_and_damage_is_ignored() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = chain_path(dir.path(), RunId([3; 32]));
-        assert_eq!(load_chain(&path), Chain::default(), "nothing saved: a joiner");
-        let mut chain = Chain::default();
-        chain.follow(4, 17, [9; 32]);
-        save_chain(&path, &chain).expect("saves");
-        let back = load_chain(&path);
-        assert_eq!(back, chain);
-        assert!(back.admits(4, 16, &[1; 32]).is_err(), "an older round stays refused after the restart");
-        assert!(back.admits(5, 17, &[8; 32]).is_err(), "the same round from other parameters too");
-        std::fs::write(&path, b"{\"term\": 1}").expect("writes");
-        assert_eq!(load_chain(&path), Chain::default(), "a damaged file is ignored, not fatal");
-    }
-
-    /// A worker keeps the highest term it has seen (a lease, whether or not it
-    /// trained a round of it); a damaged or oversized file reads as none.
-    #[test]
-    fn the_highest_term_seen_survives_a_restart() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = term_path(dir.path(), RunId([3; 32]));
-        assert_eq!(load_term(&path), 0, "nothing saved");
-        save_term(&path, 7).expect("saves");
-        assert_eq!(load_term(&path), 7);
-        std::fs::write(&path, b"not json").expect("writes");
-        assert_eq!(load_term(&path), 0, "damage is ignored");
-        std::fs::write(&path, vec![b' '; 5000]).expect("writes");
-        assert_eq!(load_term(&path), 0, "an oversized file is not read");
-    }
-
-    #[test]
-    fn the_error_feedback_survives_a_restart_and_damage_is_ignored() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let run = RunId([9; 32]);
-        let path = feedback_path(dir.path(), run);
-        let settings = Settings::default();
-        // nothing saved yet: zeros
-        let mut ef = load_feedback(&path, &[100, 3], settings);
-        assert_eq!(ef.buffer, vec![vec![0.0; 100], vec![0.0; 3]]);
-        let delta: Tensors = vec![(0..100).map(|i| i as f32 * 0.01 - 0.3).collect(), vec![0.5, -0.25, 1.0]];
-        ef.compress_seeded(&delta, 1.0, 1);
-        save_feedback(&path, &ef).expect("saves");
-        let back = load_feedback(&path, &[100, 3], settings);
-        assert_eq!(back.buffer, ef.buffer, "what was not sent survives the restart");
-        assert!(back.buffer.iter().flatten().any(|v| *v != 0.0));
-        // another run's shapes, or a damaged file: a fresh buffer, not a crash
-        assert_eq!(load_feedback(&path, &[99, 3], settings).buffer, vec![vec![0.0; 99], vec![0.0; 3]]);
-        std::fs::write(&path, b"junk").expect("writes");
-        assert_eq!(load_feedback(&path, &[100, 3], settings).buffer, vec![vec![0.0; 100], vec![0.0; 3]]);
     }
 }

@@ -140,17 +140,7 @@ struct Key {
 
 impl Key {
     fn heartbeat(&self) -> Heartbeat {
-        Heartbeat {
-            run: self.run.0,
-            round: 0,
-            unix_ms: wire::unix_ms(),
-            free_memory_bytes: 0,
-            term: 0,
-            follows: 0,
-            held: None,
-            consensus: None,
-            known: None,
-        }
+        Heartbeat::new(self.run.0, 0, wire::unix_ms())
     }
 
     async fn run(mut self, cancel: CancellationToken) {

@@ -15,6 +15,56 @@ use super::*;
 /// target, the micro-batches per batch and the recomputation.
 pub(super) type ArtifactKey = (String, String, u32, &'static str);
 
+/// Compiles in progress at once; more hellos for new targets are asked to retry.
+const MAX_COMPILES: usize = 2;
+/// Distinct (backend, target) artifacts a run serves.
+const MAX_ARTIFACTS: usize = 32;
+
+/// A compile in progress for one (backend, target), and who waits for it.
+#[derive(Debug)]
+pub(super) struct Compiling {
+    waiters: Vec<(InboundId, PublicKey)>,
+}
+
+/// A finished compile: its artifact's key, and its blob, size and expected peak.
+pub(super) type CompileResult = (ArtifactKey, Result<(BlobHash, u64, u64), String>);
+
+/// The run's step and what the shepherd compiled of it: an artifact per worker
+/// target, the compiles in progress, and the memory plan that splits a step.
+pub(super) struct Artifacts {
+    /// The training step every artifact is compiled from.
+    pub(super) module: Arc<pcp_graph::Module>,
+    /// Where compiled artifacts are kept.
+    pub(super) dir: PathBuf,
+    /// The artifacts compiled, each published as a blob.
+    pub(super) built: BTreeMap<ArtifactKey, ArtifactRef>,
+    pub(super) compiling: HashMap<ArtifactKey, Compiling>,
+    /// The run's step's expected peak on the whole batch: a worker with this much
+    /// free (and a tenth more) gets that step without further planning.
+    pub(super) whole_step_bytes: u64,
+    /// A built-in model's step memory at each split, which plans the step of a
+    /// worker with less from its hello's free memory; measured for the first such
+    /// worker.
+    pub(super) footprint: Option<Footprint>,
+    pub(super) compiles: JoinSet<CompileResult>,
+}
+
+impl Artifacts {
+    /// Nothing compiled yet of `module`, whose whole-batch step peaks at
+    /// `whole_step_bytes`; artifacts go to `dir`.
+    pub(super) fn new(module: Arc<pcp_graph::Module>, dir: PathBuf, whole_step_bytes: u64) -> Self {
+        Self {
+            module,
+            dir,
+            built: BTreeMap::new(),
+            compiling: HashMap::new(),
+            whole_step_bytes,
+            footprint: None,
+            compiles: JoinSet::new(),
+        }
+    }
+}
+
 /// The step a worker with `free` bytes (0: unknown) runs: micro-batches per
 /// batch, its recomputation, and the expected peak (0: not planned).
 fn split_for(footprint: Option<&Footprint>, free: u64, run: pcp_graph::Recompute) -> (u32, pcp_graph::Recompute, u64) {
@@ -46,12 +96,12 @@ impl Host {
         let run_mode = step_config(&self.plan.experiment).recompute;
         let free = hello.capabilities.free_memory_bytes;
         // a device with room for the whole batch (or that did not say) needs no planning
-        let short = free > 0 && free - free / 10 < self.whole_step_bytes;
+        let short = free > 0 && free - free / 10 < self.artifacts.whole_step_bytes;
         let footprint = if short { self.footprint().await } else { None };
         let (micro_batches, recompute, estimate) = split_for(footprint, free, run_mode);
         self.node.admission().know(self.run, key);
         let entry: ArtifactKey = (name.clone(), target.clone(), micro_batches, recompute.name());
-        if let Some(artifact) = self.artifacts.get(&entry).cloned() {
+        if let Some(artifact) = self.artifacts.built.get(&entry).cloned() {
             let envelope = self.manifest_for(artifact);
             return self.respond(id, envelope).await;
         }
@@ -68,17 +118,17 @@ impl Host {
                 return self.refuse(id, 0, Refusal::new(AckCode::NoArtifact, reason)).await;
             }
         };
-        if let Some(c) = self.compiling.get_mut(&entry) {
+        if let Some(c) = self.artifacts.compiling.get_mut(&entry) {
             c.waiters.push((id, key));
             return Ok(());
         }
-        if self.compiling.len() >= MAX_COMPILES {
+        if self.artifacts.compiling.len() >= MAX_COMPILES {
             return self.refuse(id, 0, "the shepherd is busy compiling for other targets; try again").await;
         }
-        if self.artifacts.len() + self.compiling.len() >= MAX_ARTIFACTS {
+        if self.artifacts.built.len() + self.artifacts.compiling.len() >= MAX_ARTIFACTS {
             return self.refuse(id, 0, format!("this run serves at most {MAX_ARTIFACTS} targets")).await;
         }
-        self.compiling.insert(entry.clone(), Compiling { waiters: vec![(id, key)] });
+        self.artifacts.compiling.insert(entry.clone(), Compiling { waiters: vec![(id, key)] });
         // the run's own step, or one built for this worker's split
         let variant = (micro_batches > 1 || recompute != run_mode).then(|| {
             let batch = self.manifest.data.batch as usize;
@@ -94,8 +144,8 @@ impl Host {
                 config,
             )
         });
-        let module = self.step_module.clone();
-        let dir = self.artifacts_dir.clone();
+        let module = self.artifacts.module.clone();
+        let dir = self.artifacts.dir.clone();
         let store = self.store.clone();
         if micro_batches > 1 || recompute != run_mode {
             tracing::info!(
@@ -109,7 +159,7 @@ impl Host {
         }
         self.events
             .emit(ev::Event::CompileStarted(ev::CompileStarted { backend: name.clone(), target: target.clone() }));
-        self.compiles.spawn_blocking(move || {
+        self.artifacts.compiles.spawn_blocking(move || {
             let built = match variant {
                 None => Ok(module),
                 Some((source, vocab, micro, config)) => Model::load_with_batch(&source, vocab, Some(micro))
@@ -134,7 +184,7 @@ impl Host {
     /// without compiling: 0.5 s for gpt2-124m); `None` for an imported model, whose
     /// batch is fixed in its module.
     async fn footprint(&mut self) -> Option<&Footprint> {
-        if self.footprint.is_none() && pcp_graph::models::preset(&self.plan.model.source).is_some() {
+        if self.artifacts.footprint.is_none() && pcp_graph::models::preset(&self.plan.model.source).is_some() {
             let (batch, config) = (self.manifest.data.batch as usize, step_config(&self.plan.experiment));
             let (source, vocab) =
                 (self.plan.model.source.clone(), self.plan.experiment.vocab(self.plan.corpus.vocab.size()));
@@ -145,15 +195,15 @@ impl Host {
             })
             .await;
             match measured {
-                Ok(f) => self.footprint = Some(f),
+                Ok(f) => self.artifacts.footprint = Some(f),
                 Err(e) => tracing::warn!("measuring the step's memory: {e}; workers get whole batches"),
             }
         }
-        self.footprint.as_ref()
+        self.artifacts.footprint.as_ref()
     }
 
     pub(super) async fn on_compiled(&mut self, (entry, result): CompileResult) -> anyhow::Result<()> {
-        let waiters = self.compiling.remove(&entry).map(|c| c.waiters).unwrap_or_default();
+        let waiters = self.artifacts.compiling.remove(&entry).map(|c| c.waiters).unwrap_or_default();
         let (name, target, micro_batches, recompute) = entry.clone();
         match result {
             Ok((hash, size, estimate_bytes)) => {
@@ -166,9 +216,9 @@ impl Host {
                     recompute: recompute.to_owned(),
                     estimate_bytes,
                 };
-                self.artifacts.insert(entry, artifact.clone());
+                self.artifacts.built.insert(entry, artifact.clone());
                 self.plan.retention.pin(hash);
-                self.manifest.artifacts = self.artifacts.values().cloned().collect();
+                self.manifest.artifacts = self.artifacts.built.values().cloned().collect();
                 self.events.emit(ev::Event::ArtifactPublished(ev::ArtifactPublished {
                     backend: name.clone(),
                     target: target.clone(),

@@ -462,11 +462,9 @@ impl Host {
         let io = (&node, &identity, &events, data_dir);
         let (consensus, pending_consensus) =
             open_consensus(consensus, io, &plan.start, &manifest, &store, &machine, (run, &succession, term))?;
-        let sizes = wire::sizes(&manifest);
-        let shards = wire::shard_ranges(&manifest)?;
-        let fragments = fragments::split(&sizes, manifest.fragments.max(1) as usize)?;
+        let layout = super::layout::Layout::of(&manifest)?;
         // contributions are read only from workers that joined, and only up to this size
-        node.admission().serve(run, compress::encoded_len(&sizes, plan.encoding) + CONTRIBUTION_OVERHEAD);
+        node.admission().serve(run, compress::encoded_len(&layout.sizes, plan.encoding) + CONTRIBUTION_OVERHEAD);
         if plan.overlap {
             // a contribution that arrives after its round closed is carried into the next
             node.admission().carry(run);
@@ -500,6 +498,9 @@ impl Host {
         let resumed_at = machine.completed();
         let min_quorum = machine.config().min_quorum;
         let keeper = LeaseKeeper::spawn(node.clone(), Signer::new(identity.clone()), run, &succession, lease_ms);
+        // three leases, and never less than the time a silent worker is dropped after
+        let quorum = Quorum::new((CHECK_QUORUM_LEASES * lease_ms).max(plan.heartbeat_timeout_ms), wire::mono_ms())
+            .needing(min_quorum);
         let mut host = Self {
             node,
             store,
@@ -508,46 +509,17 @@ impl Host {
             manifest,
             machine,
             events,
-            step_module: module,
-            artifacts_dir,
-            artifacts: BTreeMap::new(),
-            compiling: HashMap::new(),
-            whole_step_bytes,
-            footprint: None,
-            compiles: JoinSet::new(),
+            artifacts: super::compile::Artifacts::new(module, artifacts_dir, whole_step_bytes),
             hellos: super::hellos::Hellos::new(returning),
             published: None,
-            opened: None,
-            // three leases, and never less than the time a silent worker is dropped after
-            quorum: Quorum::new((CHECK_QUORUM_LEASES * lease_ms).max(plan.heartbeat_timeout_ms), wire::mono_ms())
-                .needing(min_quorum),
-            keeper,
-            reported_term: 0,
-            receiving_extension: (0, 0),
-            sizes,
-            shards,
-            fragments,
+            lead: super::leadership::Leadership::new(consensus, pending_consensus, (quorum, keeper), term),
+            book: super::book::RoundBook::new(),
+            layout,
             engine,
-            started: Instant::now(),
-            bytes_in: 0,
-            traffic: BTreeMap::new(),
-            round_base: None,
-            last_base: None,
-            update: None,
-            served_at_open: 0,
-            last_val: f64::NAN,
-            first_val: f64::NAN,
             screener,
             hooks,
             out: std::io::stdout(),
             plan,
-            consensus,
-            state: None,
-            state_replica: None,
-            stepped_down: None,
-            aside: false,
-            pending_consensus,
-            resumed_term: term,
             background,
         };
         host.started(resumed_at).await?;
@@ -562,7 +534,7 @@ impl Host {
         self.plan.table &= !crate::observe::tui::owns_stdout();
         self.publish_state(&[], &[], wire::params_hash(self.machine.params()))?;
         // the state is the next round's, which its announcement names
-        let state = self.state.as_ref().map(|s| BlobHash(s.blob));
+        let state = self.lead.state.as_ref().map(|s| BlobHash(s.blob));
         self.plan.retention.advance(&self.node, &self.events, resumed_at + 1, state).await;
         let params_hash = wire::params_hash(self.machine.params());
         self.events.emit(ev::Event::RunStarted(ev::RunStarted {
@@ -577,8 +549,8 @@ impl Host {
             overlap: self.plan.overlap,
             precision: self.manifest.precision.clone(),
             recompute: self.manifest.recompute.clone(),
-            failover: self.consensus.core().mode().name().to_owned(),
-            candidates: self.consensus.core().succession().order().len() as u64,
+            failover: self.lead.consensus.core().mode().name().to_owned(),
+            candidates: self.lead.consensus.core().succession().order().len() as u64,
         }));
         if matches!(self.plan.start, Start::Resume(_)) {
             self.events.emit(ev::Event::Resumed(ev::Resumed { round: resumed_at, params_hash: params_hash.to_hex() }));
@@ -587,18 +559,18 @@ impl Host {
         if let Start::Succeed { term, state, .. } = &self.plan.start {
             let term = *term;
             // the quorum it must keep: the workers of the round it inherits
-            self.quorum.round_completed(&state.contributors, wire::mono_ms());
+            self.lead.quorum.round_completed(&state.contributors, wire::mono_ms());
             self.events.emit(ev::Event::ShepherdElected(ev::ShepherdElected {
                 term,
-                peer: peer_name(&self.consensus.me()),
+                peer: peer_name(&self.lead.consensus.me()),
                 round: resumed_at,
                 params_hash: params_hash.to_hex(),
             }));
-            let lapsed = self.consensus.core().succession().leader(term.saturating_sub(1));
+            let lapsed = self.lead.consensus.core().succession().leader(term.saturating_sub(1));
             self.table_line(&format!("term {}: the lease of {} expired", term - 1, peer_name(&lapsed)))?;
             self.table_line(&format!(
                 "term {term}: {} elected; resumes after round {resumed_at} from parameters {params_hash}",
-                peer_name(&self.consensus.me())
+                peer_name(&self.lead.consensus.me())
             ))?;
         }
         Ok(())

@@ -15,7 +15,7 @@ impl Host {
         if !self.plan.table {
             return Ok(());
         }
-        let params: usize = self.sizes.iter().sum();
+        let params: usize = self.layout.sizes.iter().sum();
         let mut out = self.out.lock();
         writeln!(
             out,

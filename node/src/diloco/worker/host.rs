@@ -62,16 +62,14 @@ use pcp_protocol::diloco::worker::{Action, Input, Worker};
 use pcp_schema::RoundAnnouncement;
 use tokio::sync::mpsc;
 
-use super::{
-    AbortOnDrop, Delivery, Fetched, Key, Latest, Next, Outcome, Outgoing, Progress, RoundParams, Trainer, key,
-};
+use super::{AbortOnDrop, Delivery, Fetched, Latest, Next, Opening, Outcome, Outgoing, Progress, RoundParams, Trainer};
 use crate::diloco::wire::{self, Signer};
 use crate::observe::events::{Event, RoundAbandoned, UpdateLate, UpdateMerged};
 
 /// What finished off the training loop.
 enum Done {
     /// The parameters of this round's announcement (with this key).
-    Fetched(u64, Key, anyhow::Result<RoundParams>),
+    Fetched(u64, Opening, anyhow::Result<RoundParams>),
     /// A contribution's send (`None`: cancelled), and the signer it borrowed.
     Delivered(Option<Delivery>, Signer),
 }
@@ -107,7 +105,7 @@ impl Steps {
 struct Host {
     machine: Worker,
     /// The newest announcement handed to the machine.
-    seen: Option<Key>,
+    seen: Option<Opening>,
     /// The announcements of the rounds the machine was told of.
     announced: BTreeMap<u64, Box<RoundAnnouncement>>,
     /// anchor(t): the parameters at the send of round t (at a fresh start of round
@@ -133,7 +131,7 @@ struct Host {
     /// of the same number is another one).
     epoch: u64,
     /// Contributions waiting for the one on its way (one send at a time).
-    queued: VecDeque<(Outgoing, Key)>,
+    queued: VecDeque<(Outgoing, Opening)>,
     /// The update fetch in flight (its task is aborted with it).
     fetching: Option<AbortOnDrop>,
 }
@@ -218,11 +216,11 @@ impl Host {
         let a = match &*t.latest.borrow_and_update() {
             Latest::Nothing => return Ok(None),
             Latest::Refused(reason) => return Ok(Some(Outcome::Rejoin(reason.clone()))),
-            Latest::Round(a) if a.finished || Some(key(a)) > self.seen => a.clone(),
+            Latest::Round(a) if a.finished || Some(Opening::of(a)) > self.seen => a.clone(),
             Latest::Round(_) => return Ok(None),
         };
         let heard = self.seen;
-        let reopened = heard.is_some_and(|h| a.round <= h.0);
+        let reopened = heard.is_some_and(|h| a.round <= h.round);
         let (budget_ms, end_ms, round, deadline_ms) = (a.budget_ms, a.steps_end_unix_ms, a.round, a.deadline_unix_ms);
         let participant = match t.consider(a, &mut self.seen) {
             Next::Stop(outcome) => return Ok(Some(outcome)),
@@ -387,7 +385,7 @@ impl Host {
             self.anchors.pop_first();
         }
         self.announced.retain(|k, _| *k + 2 >= r);
-        self.queued.push_back((out, key(&a)));
+        self.queued.push_back((out, Opening::of(&a)));
         self.next_send(t)
     }
 
@@ -415,7 +413,7 @@ impl Host {
     /// Fetches θ(r) beside the steps.
     fn fetch_update(&mut self, t: &Trainer<'_>, r: u64) -> anyhow::Result<()> {
         let a = self.announced.get(&r).with_context(|| format!("fetching round {r}, not announced"))?;
-        let (fetch, tx, k) = (t.fetch_task(a), self.done_tx.clone(), key(a));
+        let (fetch, tx, k) = (t.fetch_task(a), self.done_tx.clone(), Opening::of(a));
         self.fetching = Some(AbortOnDrop(tokio::spawn(async move {
             let _ = tx.send(Done::Fetched(r, k, fetch.await)).await;
         })));
@@ -451,7 +449,7 @@ impl Host {
     async fn on(&mut self, t: &mut Trainer<'_>, done: Done) -> anyhow::Result<Option<Outcome>> {
         match done {
             Done::Fetched(r, k, result) => {
-                if self.announced.get(&r).is_none_or(|a| key(a) != k) {
+                if self.announced.get(&r).is_none_or(|a| Opening::of(a) != k) {
                     return Ok(None); // a stale fetch
                 }
                 self.fetching = None;

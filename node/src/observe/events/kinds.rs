@@ -19,6 +19,18 @@ fn nan_if_null<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
+/// Why a worker left a shepherd's run: `worker_left`'s `reason`, as written on disk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Departure {
+    /// It said it was leaving.
+    #[default]
+    #[serde(rename = "left")]
+    Left,
+    /// No heartbeat of it arrived within the heartbeat timeout.
+    #[serde(rename = "heartbeat timeout")]
+    HeartbeatTimeout,
+}
+
 /// Declares the field structs of the events: every field public, every struct
 /// defaulted when parsed.
 macro_rules! fields {
@@ -245,7 +257,7 @@ fields! {
         commit: String, seed: String,
     }
     WorkerJoined { peer: String, backend: String }
-    WorkerLeft { peer: String, reason: String }
+    WorkerLeft { peer: String, reason: Departure }
     /// What a shepherd keeps of its workers' admission at a round's close: the hellos
     /// it holds (`live` workers, `waiting` for their first heartbeat, `left` recently),
     /// the new keys admitted over the last hour and the bits a new key's proof of work needs.

@@ -1,0 +1,366 @@
+//! The heartbeat task: it heartbeats to the leader it follows, reads each answer
+//! (the current round announcement, or a small heartbeat when it holds that one
+//! already), follows the run's election through announcements and gossiped
+//! leases, and publishes what it learned on a watch channel.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pcp_bootstrap::{Event, Node, PeerId};
+use pcp_protocol::election::{self, Election};
+use pcp_protocol::{PublicKey, RunId, Verified};
+use pcp_schema::{Ack, Heartbeat, Message as _, MessageKind, RoundAnnouncement};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use super::Leader;
+use super::disk::save_term;
+use crate::diloco::wire::{self, Signer, peer_name};
+use crate::observe::events::{self as ev, Events};
+
+/// How often a worker heartbeats (and so polls for rounds).
+pub(super) const HEARTBEAT: Duration = Duration::from_millis(500);
+
+/// A heartbeat with no answer within this long counts as missed.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the heartbeat task learned last.
+#[derive(Debug, Clone)]
+pub(super) enum Latest {
+    Nothing,
+    Round(Box<RoundAnnouncement>),
+    /// The shepherd refused us (another run now, say): discover again.
+    Refused(String),
+}
+
+/// An announcement's identity, ordered by round, then term, then deadline. A
+/// successor's reopening of a round, or a restarted shepherd's, is a new round to
+/// train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Opening {
+    pub(super) round: u64,
+    pub(super) term: u64,
+    pub(super) deadline_unix_ms: u64,
+}
+
+impl Opening {
+    /// The opening `a` announces.
+    pub(super) fn of(a: &RoundAnnouncement) -> Self {
+        Self { round: a.round, term: a.term, deadline_unix_ms: a.deadline_unix_ms }
+    }
+}
+
+/// Waits until an announcement makes a send for `current` moot (forever if the
+/// heartbeat task stops): a newer term (the leader changed), the same round
+/// announced again (a restarted leader reopened it: the send went to the old
+/// one), a round two or more past it, the run's end, or a refusal. The next round
+/// of the same term does not: the contribution that closes a round is answered
+/// after the next round is announced.
+pub(super) async fn superseded(latest: &mut watch::Receiver<Latest>, current: Opening) {
+    let moot = |l: &Latest| match l {
+        Latest::Round(a) => {
+            a.term > current.term
+                || a.finished
+                || a.round >= current.round + 2
+                || (a.round == current.round && Opening::of(a) > current)
+        }
+        Latest::Refused(_) => true,
+        Latest::Nothing => false,
+    };
+    while !moot(&latest.borrow()) {
+        if latest.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Waits until an announcement newer than `current` arrives (forever if the
+/// heartbeat task stops).
+pub(super) async fn newer_arrives(latest: &mut watch::Receiver<Latest>, current: Opening) {
+    while !newer_round(latest, current) {
+        if latest.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Whether an announcement newer than `(round, term, deadline)` (or the run's end)
+/// arrived.
+pub(super) fn newer_round(latest: &watch::Receiver<Latest>, current: Opening) -> bool {
+    match &*latest.borrow() {
+        Latest::Round(a) => Opening::of(a) > current || a.finished,
+        Latest::Refused(_) => true,
+        Latest::Nothing => false,
+    }
+}
+
+/// Aborts a task when dropped: the heartbeat task lives exactly as long as `train`.
+#[derive(Debug)]
+pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Heartbeats to the leader; each answer is its current round announcement. It
+/// follows the run's election: announcements and gossiped leases are checked
+/// against the succession and the term, and when the leader's lease lapses the
+/// heartbeats go to the candidate whose term comes next.
+#[derive(Debug)]
+pub(super) struct Heartbeats {
+    pub(super) node: Node,
+    pub(super) signer: Signer,
+    pub(super) run: RunId,
+    pub(super) election: Election,
+    /// Where the highest term it followed is kept, and that term.
+    pub(super) term_file: PathBuf,
+    pub(super) saved_term: u64,
+    /// Whether a valid lease was heard yet: until then the heartbeats go to the
+    /// candidate that answered the hello.
+    pub(super) heard: bool,
+    pub(super) leader: watch::Sender<Leader>,
+    pub(super) latest: watch::Sender<Latest>,
+    pub(super) round: watch::Receiver<u64>,
+    pub(super) events: Events,
+    pub(super) gossip: Arc<tokio::sync::Mutex<mpsc::Receiver<Event>>>,
+    /// A hostile worker's forgeries (tests).
+    pub(super) forge: bool,
+    /// The hash of the announcement last put in `latest` (see `known` in the
+    /// heartbeat's schema): the leader answers a heartbeat naming its current one
+    /// with a small heartbeat of its own.
+    pub(super) known: Option<[u8; 32]>,
+    /// The last participants blob fetched (see [`super::participants`]).
+    pub(super) participants: crate::diloco::participants::Cached,
+}
+
+type Asked = (PublicKey, PeerId, Result<Verified, String>);
+
+impl Heartbeats {
+    pub(super) async fn run(mut self) {
+        let mut tick = tokio::time::interval(HEARTBEAT);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut missed = 0u32;
+        let mut asking: JoinSet<Asked> = JoinSet::new();
+        let gossip = self.gossip.clone();
+        let mut gossip = gossip.lock().await;
+        let mut beats = 0u64;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    beats += 1;
+                    self.expire();
+                    if asking.is_empty() {
+                        self.ask(&mut asking);
+                    }
+                    if self.forge && beats.is_multiple_of(4) {
+                        self.forge().await;
+                    }
+                }
+                Some(done) = asking.join_next() => {
+                    let Ok((key, peer, answer)) = done else { continue };
+                    match answer.and_then(|v| self.read(key, &v)) {
+                        Ok(Some(latest)) => {
+                            missed = 0;
+                            let Some(latest) = self.with_participants(latest, peer).await else { continue };
+                            if self.latest.send(latest).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) => missed = 0,
+                        Err(reason) => {
+                            missed += 1;
+                            if missed == 1 || missed.is_multiple_of(20) {
+                                tracing::warn!(shepherd = %peer, "heartbeat failed ({missed} in a row): {reason}");
+                            }
+                        }
+                    }
+                }
+                event = gossip.recv() => match event {
+                    Some(Event::Gossip { run, message, .. }) if run == self.run => {
+                        let Some(latest) = self.on_gossip(&message) else { continue };
+                        let leader = self.leader.borrow().0;
+                        let Some(latest) = self.with_participants(latest, leader).await else { continue };
+                        if self.latest.send(latest).is_err() {
+                            return;
+                        }
+                    }
+                    Some(_) => {}
+                    None => return,
+                },
+            }
+        }
+    }
+
+    /// An announcement with its participants filled in from its blob, fetched from
+    /// `from` (`None`: the blob could not be had; the next heartbeat asks again).
+    async fn with_participants(&mut self, latest: Latest, from: PeerId) -> Option<Latest> {
+        let Latest::Round(mut a) = latest else { return Some(latest) };
+        match crate::diloco::participants::resolve(&self.node, &mut a, from, &mut self.participants).await {
+            Ok(()) => Some(Latest::Round(a)),
+            Err(e) => {
+                tracing::warn!("run {}: {e:#}", self.run);
+                self.known = None;
+                None
+            }
+        }
+    }
+
+    /// Reports a lapsed lease; the next heartbeat goes to the candidate awaited.
+    fn expire(&mut self) {
+        for action in self.election.tick(wire::mono_ms()) {
+            if let election::Action::LeaseExpired { term, leader } = action {
+                tracing::warn!("run {}: the lease of term {term} lapsed; asking the next candidate", self.run);
+                self.events.emit(ev::Event::LeaseExpired(ev::LeaseExpired { term, peer: peer_name(&leader) }));
+                self.heard = true; // from now on the election says whom to ask
+            }
+        }
+    }
+
+    fn ask(&mut self, asking: &mut JoinSet<Asked>) {
+        let key = if self.heard { self.election.awaited() } else { self.leader.borrow().1 };
+        let Some(peer) = pcp_bootstrap::peer_of(&key) else { return };
+        let round = *self.round.borrow();
+        let hb = Heartbeat {
+            follows: self.election.term(),
+            known: self.known,
+            ..Heartbeat::new(self.run.0, round, wire::unix_ms())
+        };
+        let envelope = self.signer.seal(self.run, round, &hb);
+        let node = self.node.clone();
+        asking.spawn(async move {
+            let answer = match tokio::time::timeout(HEARTBEAT_TIMEOUT, node.request(peer, envelope)).await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("no answer".to_owned()),
+            };
+            (key, peer, answer)
+        });
+    }
+
+    /// Checks a lease of `term` signed by `from`; rejected ones are recorded.
+    fn lease(&mut self, from: PublicKey, term: u64, what: &str) -> bool {
+        let mut valid = true;
+        for action in self.election.on_lease(from, term, wire::mono_ms()) {
+            match action {
+                election::Action::Rejected { from, reason } => {
+                    valid = false;
+                    tracing::warn!("run {}: refused a {what} from {}: {reason}", self.run, peer_name(&from));
+                    wire::lease_rejected(&self.events, what, &from, term, &reason);
+                }
+                election::Action::Elected { term, leader } => {
+                    if term > self.saved_term {
+                        // kept before it acts on the term: a restart never follows a lower one
+                        match save_term(&self.term_file, term) {
+                            Ok(()) => self.saved_term = term,
+                            Err(e) => tracing::warn!("saving the followed term: {e:#}"),
+                        }
+                    }
+                    if let Some(peer) = pcp_bootstrap::peer_of(&leader) {
+                        if *self.leader.borrow() != (peer, leader) {
+                            self.events
+                                .emit(ev::Event::LeaderFollowed(ev::LeaderFollowed { term, peer: peer.to_string() }));
+                        }
+                        let _ = self.leader.send((peer, leader));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if valid {
+            self.heard = true;
+        }
+        valid
+    }
+
+    /// An answer to a heartbeat sent to `key`: the round to train (or none).
+    fn read(&mut self, key: PublicKey, v: &Verified) -> Result<Option<Latest>, String> {
+        if v.signer() != key {
+            return Err("answer signed by someone else".to_owned());
+        }
+        match v.kind() {
+            MessageKind::RoundAnnouncement => {
+                let a: RoundAnnouncement = v.decode().map_err(|e| e.to_string())?;
+                if a.run != self.run.0 {
+                    return Ok(Some(Latest::Refused(format!("the shepherd now runs {}", RunId(a.run)))));
+                }
+                if !self.lease(key, a.term, "round announcement") {
+                    return Ok(None);
+                }
+                self.known = Some(v.payload_hash());
+                Ok(Some(Latest::Round(Box::new(a))))
+            }
+            // the announcement this worker holds is still current: a lease, no news
+            MessageKind::Heartbeat => {
+                let hb: Heartbeat = v.decode().map_err(|e| e.to_string())?;
+                if hb.run != self.run.0 || hb.term == 0 {
+                    return Err("answered a heartbeat with another run's or a term-less heartbeat".to_owned());
+                }
+                if hb.known.is_none() || hb.known != self.known {
+                    self.known = None; // the next heartbeat asks for the announcement itself
+                    return Ok(None);
+                }
+                self.lease(key, hb.term, "heartbeat answer");
+                Ok(None)
+            }
+            MessageKind::Ack => {
+                self.known = None;
+                let ack: Ack = v.decode().map_err(|e| e.to_string())?;
+                if ack.code == pcp_schema::AckCode::Standby {
+                    return Ok(None); // the candidate awaited does not lead yet
+                }
+                Ok(Some(Latest::Refused(ack.reason)))
+            }
+            other => Err(format!("answered a heartbeat with {}", other.tag())),
+        }
+    }
+
+    /// A gossiped announcement or leader heartbeat: a lease to check, and maybe a
+    /// round to train sooner than the next heartbeat's answer brings it.
+    fn on_gossip(&mut self, message: &Verified) -> Option<Latest> {
+        match message.kind() {
+            MessageKind::RoundAnnouncement => {
+                let a: RoundAnnouncement = message.decode().ok()?;
+                if a.run != self.run.0 || !self.lease(message.signer(), a.term, "round announcement") {
+                    return None;
+                }
+                self.known = Some(message.payload_hash());
+                Some(Latest::Round(Box::new(a)))
+            }
+            MessageKind::Heartbeat => {
+                let hb: Heartbeat = message.decode().ok()?;
+                if hb.run == self.run.0 && hb.term > 0 {
+                    self.lease(message.signer(), hb.term, "leader heartbeat");
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// A hostile worker claims the next term on the run's topic.
+    async fn forge(&mut self) {
+        let forged = RoundAnnouncement {
+            run: self.run.0,
+            round: 1_000_000,
+            parameters: Vec::new(),
+            deadline_unix_ms: wire::unix_ms() + 60_000,
+            participants: Vec::new(),
+            participants_blob: None,
+            finished: false,
+            term: self.election.term() + 1,
+            state: None,
+            update: None,
+            budget_ms: 0,
+            steps_end_unix_ms: 0,
+            screen_commit: [0; 32],
+            screen_reveal: [0; 32],
+        };
+        let envelope = self.signer.seal(self.run, forged.round, &forged);
+        if let Err(e) = self.node.publish(self.run, envelope.encode()).await {
+            tracing::debug!("gossiping a forgery: {e}");
+        }
+    }
+}
