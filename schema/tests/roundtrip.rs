@@ -343,17 +343,7 @@ fn list_claiming_more_elements_than_the_input_holds_is_refused() {
 
 #[test]
 fn wrong_length_key_is_refused() {
-    let m = Heartbeat {
-        run: [1; 32],
-        round: 0,
-        unix_ms: 0,
-        free_memory_bytes: 0,
-        term: 0,
-        follows: 0,
-        held: None,
-        consensus: None,
-        known: None,
-    };
+    let m = Heartbeat::new([1; 32], 0, 0);
     let mut message = capnp::message::Builder::new_default();
     let mut root = message.init_root::<pcp_schema::wire::pcp_capnp::heartbeat::Builder<'_>>();
     root.set_run(&m.run[..31]);
