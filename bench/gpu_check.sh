@@ -28,11 +28,12 @@
 #   --sim-rounds R --sim-tau T --sim-batch B   cuda/rocm 3, 10, 16; vulkan 3, 3, 2
 #   --target T                          the device target (default: detected)
 #   --no-profile                        skip the profile part
+#   --no-torch                          skip the PyTorch comparison (bench/gpu_profile.sh times it)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 exec </dev/null
 
-BACKEND=cuda OUT="" TARGET="" PROFILE=1
+BACKEND=cuda OUT="" TARGET="" PROFILE=1 TORCH=1
 PARITY_STEPS="" PARITY_BATCH="" SPEED_MODEL="" SPEED_BATCH="" SPEED_STEPS="" SIM_ROUNDS="" SIM_TAU="" SIM_BATCH=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -48,7 +49,8 @@ while [ $# -gt 0 ]; do
         --sim-tau) SIM_TAU=$2; shift 2 ;;
         --sim-batch) SIM_BATCH=$2; shift 2 ;;
         --no-profile) PROFILE=0; shift ;;
-        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+        --no-torch) TORCH=0; shift ;;
+        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -130,7 +132,9 @@ speed() {
     else
         record "$part" fail "$(tail -1 "$OUT/$part.log")"
     fi
-    if [ "$BACKEND" = vulkan ]; then
+    if [ "$TORCH" = 0 ]; then
+        record "$part-torch" skipped "--no-torch"
+    elif [ "$BACKEND" = vulkan ]; then
         record "$part-torch" skipped "PyTorch has no Vulkan device"
     elif ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' > /dev/null 2>&1; then
         record "$part-torch" skipped "torch is not installed here, or sees no GPU"

@@ -76,11 +76,51 @@ def tokens_per_s(model, batch, block, steps, bf16):
     return batch * block * steps / (time.perf_counter() - started)
 
 
+def top_kernels(model, batch, block, bf16, steps=3, rows=20):
+    """The eager step's GPU kernels under torch.profiler, by time per step, as a markdown table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    idx = torch.randint(0, VOCAB, (batch, block + 1), device="cuda")
+    x, y = idx[:, :-1], idx[:, 1:]
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name, [0, 0.0])
+            k[0] += 1
+            k[1] += e.time_range.elapsed_us()
+    total = sum(t for _, t in kernels.values())
+    lines = [f"PyTorch eager, {'bf16 autocast' if bf16 else 'f32'}: {len(kernels)} kernels, "
+             f"{sum(c for c, _ in kernels.values()) / steps:.0f} launches and {total / steps / 1e3:.2f} ms of kernel time a step",
+             "", "| kernel | launches a step | ms a step | share |", "| --- | --- | --- | --- |"]
+    for name, (count, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:rows]:
+        short = name if len(name) <= 90 else name[:87] + "..."
+        lines.append(f"| `{short.replace('|', '/')}` | {count / steps:g} | {us / steps / 1e3:.3f} | {100 * us / total:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=sorted(PRESETS), default="gpt2-124m")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--precision", choices=["f32", "bf16"], default="f32")
+    p.add_argument("--eager-only", action="store_true", help="skip torch.compile")
+    p.add_argument("--profile", metavar="FILE", help="also write the eager step's top kernels (torch.profiler) as markdown")
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -88,11 +128,19 @@ def main():
     bf16 = a.precision == "bf16"
     torch.manual_seed(0)
     eager = tokens_per_s(GPT(n_layer, nh, d, block).cuda(), batch, block, a.steps, bf16)
-    try:
-        compiled = f"{tokens_per_s(torch.compile(GPT(n_layer, nh, d, block).cuda()), batch, block, a.steps, bf16):,.0f}"
-    except Exception as e:  # noqa: BLE001 - torch.compile needs a compiler toolchain the machine may lack
-        compiled = f"failed ({type(e).__name__})"
     name = torch.cuda.get_device_name()
+    # the eager figure first, on its own line: a torch.compile cut short by a timeout keeps it
+    print(f"torch {torch.__version__} on {name}, {a.model} {a.precision}: eager {eager:,.0f} tokens/s", flush=True)
+    if a.profile:
+        with open(a.profile, "w") as f:
+            f.write(top_kernels(GPT(n_layer, nh, d, block).cuda(), batch, block, bf16))
+    if a.eager_only:
+        compiled = "not run (--eager-only)"
+    else:
+        try:
+            compiled = f"{tokens_per_s(torch.compile(GPT(n_layer, nh, d, block).cuda()), batch, block, a.steps, bf16):,.0f}"
+        except Exception as e:  # noqa: BLE001 - torch.compile needs a compiler toolchain the machine may lack
+            compiled = f"failed ({type(e).__name__})"
     print(f"torch {torch.__version__} on {name}, {a.model} {a.precision}: eager {eager:,.0f} tokens/s, torch.compile {compiled}")
 
 

@@ -52,6 +52,17 @@ pub const OP: &str = "pcp.attention";
 /// this is one strip.
 pub const STRIP_ROWS: i64 = 128;
 
+/// The strip height [`fuse`] uses: [`STRIP_ROWS`], or `PCP_ATTENTION_STRIP_ROWS`
+/// for experiments (`bench/gpu_profile.sh` compiles a variant with taller strips).
+/// The strip is part of the module's text, so of the artifact cache's key.
+pub fn strip_rows() -> i64 {
+    std::env::var("PCP_ATTENTION_STRIP_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|r: &i64| *r > 0)
+        .unwrap_or(STRIP_ROWS)
+}
+
 /// How a step computes attention.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Attention {

@@ -55,7 +55,9 @@ pub struct Artifact {
 /// Compiles `module` for `target`, caching under `cache_dir` when given.
 ///
 /// Modules for CUDA and ROCm first get [`iree::legalize_for_gpu`] (converted
-/// slices as slices of one conversion). Modules for SPIR-V backends (Vulkan, Metal) first get
+/// slices as slices of one conversion, embedding gradients as one-hot matmuls);
+/// `PCP_IREE_GPU_FORMS=1` gives the cpu those forms too, so that a test can check
+/// their numbers where no GPU is. Modules for SPIR-V backends (Vulkan, Metal) first get
 /// [`iree::legalize_for_spirv`], which emulates bf16 matmul operands and constants in
 /// f32 (IREE 3.13's SPIR-V backend has no bf16 matmuls), or has IREE promote bf16 to
 /// f32; a bf16 constant it cannot read (a missing or malformed resource) is
@@ -66,7 +68,8 @@ pub struct Artifact {
 /// down); when IREE refuses those, the same without multi-use fusion
 /// ([`SINGLE_USE_FUSION`]), then the plain flags (a refusal is remembered in the cache
 /// as `<key>.refused`, so it is not retried). `PCP_IREE_FLAGS="--iree-opt-level=O3 …"`
-/// adds flags to every attempt, for experiments; `PCP_IREE_PLAIN=1` skips the tuned
+/// adds flags to every attempt, for experiments, and `PCP_IREE_GPU_FLAGS` to every
+/// CUDA and ROCm attempt (`bench/gpu_profile.sh`'s variants); `PCP_IREE_PLAIN=1` skips the tuned
 /// flags. Flags are part of the cache key.
 pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Result<Artifact, CompileError> {
     let compiler = iree::compiler().map_err(CompileError::Unavailable)?;
@@ -79,7 +82,9 @@ pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Re
             promote_bf16 |= !emulated;
         }
         spirv.to_mlir()
-    } else if matches!(target.backend, Backend::Cuda | Backend::Rocm) {
+    } else if matches!(target.backend, Backend::Cuda | Backend::Rocm)
+        || std::env::var_os("PCP_IREE_GPU_FORMS").is_some()
+    {
         let mut gpu = module.clone();
         gpu.functions.iter_mut().for_each(iree::legalize_for_gpu);
         gpu.to_mlir()
@@ -87,9 +92,10 @@ pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Re
         module.to_mlir()
     };
     let revision = [compiler.get_revision().unwrap_or_default(), iree::global_flags().join(" ")].join(" ");
-    let extra: Vec<String> = std::env::var("PCP_IREE_FLAGS")
-        .map(|extra| extra.split_whitespace().map(str::to_owned).collect())
-        .unwrap_or_default();
+    let mut extra = env_flags("PCP_IREE_FLAGS");
+    if matches!(target.backend, Backend::Cuda | Backend::Rocm) {
+        extra.extend(env_flags("PCP_IREE_GPU_FLAGS"));
+    }
     let plain = std::env::var("PCP_IREE_PLAIN").is_ok_and(|v| !v.is_empty() && v != "0");
     let tuned = if plain || !gains_from_data_tiling(module) { Vec::new() } else { target.tuned_flags() };
     let mut base = target.flags();
@@ -134,6 +140,11 @@ pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Re
         return Ok(Artifact { vmfb, key, cached: false, flags });
     }
     Err(CompileError::Iree { target: target.clone(), message: refusal })
+}
+
+/// The whitespace-separated flags of the environment variable `name`, for experiments.
+fn env_flags(name: &str) -> Vec<String> {
+    std::env::var(name).map(|extra| extra.split_whitespace().map(str::to_owned).collect()).unwrap_or_default()
 }
 
 /// The tuned flags' second try: IREE 3.13 fuses a producer that has several uses into

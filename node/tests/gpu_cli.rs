@@ -196,6 +196,49 @@ fn vulkan_trains_like_the_cpu() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The forms CUDA and ROCm modules are rewritten to (`graph::iree::legalize_for_gpu`:
+/// an embedding's gradient as a one-hot matmul, converted slices as slices of one
+/// conversion) compute the cpu's numbers: `PCP_IREE_GPU_FORMS=1` gives the cpu
+/// those forms, and 20 steps from one seed train to the same losses, in f32 and bf16.
+#[test]
+fn the_gpu_forms_train_like_the_cpu_forms() -> anyhow::Result<()> {
+    for precision in ["f32", "bf16"] {
+        let mut runs = Vec::new();
+        for forms in [None, Some("1")] {
+            let dir = tempfile::tempdir()?;
+            let data_dir = dir.path().to_str().unwrap_or_default();
+            let args = [
+                "train",
+                "--model",
+                "nanogpt-small",
+                "--steps",
+                "20",
+                "--batch",
+                "8",
+                "--eval-every",
+                "0",
+                "--seed",
+                "7",
+                "--precision",
+                precision,
+                "--data-dir",
+                data_dir,
+            ];
+            let env: Vec<(&str, &str)> = forms.map(|v| ("PCP_IREE_GPU_FORMS", v)).into_iter().collect();
+            let out = pcp(&args, &env);
+            anyhow::ensure!(out.status.success(), "{precision} {forms:?}: {}", text(&out.stderr));
+            runs.push(losses(&text(&out.stdout)));
+        }
+        let (cpu, gpu) = (&runs[0], &runs[1]);
+        assert!(cpu.len() >= 3, "the first, a middle and the last step's loss: {cpu:?}");
+        assert_eq!(cpu.len(), gpu.len(), "{cpu:?} vs {gpu:?}");
+        for (c, g) in cpu.iter().zip(gpu) {
+            assert!(((c - g) / c).abs() < 1e-4, "{precision}: cpu forms {cpu:?} vs gpu forms {gpu:?}");
+        }
+    }
+    Ok(())
+}
+
 /// A heterogeneous run: one Vulkan worker and one cpu worker. The shepherd
 /// compiles an artifact for each, both contribute to every round, the loss falls.
 /// (With the norm screen: the loss screen may refuse a 3-step update of batch 2,

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::{OP, STRIP_ROWS, Spec};
+use super::{OP, Spec, strip_rows};
 use crate::ir::attr::{lookup, parse_ints, struct_fields};
 use crate::ir::{Builder, ElementType, Function, Op, TensorType, ValueId};
 
@@ -48,12 +48,13 @@ pub fn fuse(f: &mut Function) -> usize {
         }
         let nb = out_ty.rank() - 2;
         let tq = out_ty.shape[nb];
+        let rows = strip_rows();
         let spec = Spec {
             scale: m.scale,
             causal: m.causal,
             masked: m.mask.is_some(),
             bf16: false,
-            strip: if m.causal && tq > 2 * STRIP_ROWS && tq % STRIP_ROWS == 0 { STRIP_ROWS } else { tq },
+            strip: if m.causal && tq > 2 * rows && tq % rows == 0 { rows } else { tq },
         };
         let o = b.op(OP, &operands, spec.props(), None, out_ty.clone());
         let lse = f.new_value(TensorType::new(out_ty.shape[..=nb].to_vec(), out_ty.element.clone()));

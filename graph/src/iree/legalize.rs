@@ -11,6 +11,7 @@ mod bf16;
 mod columns;
 mod flatten;
 mod negate;
+mod scatter;
 mod slices;
 
 pub use bf16::Bf16ConstantError;
@@ -78,9 +79,12 @@ pub fn legalize_for_spirv(f: &mut Function, resources: Option<&str>) -> Result<b
 /// whose slices are converted (fused attention's strips in bf16) is converted
 /// once and then sliced ([`slices::convert_before_slicing`]); IREE's GPU
 /// backends refuse a dispatch the other form leads to. The cpu keeps that
-/// form, which is faster there.
+/// form, which is faster there. A scatter-add of whole rows into a table of at
+/// most 8,192 rows (an embedding's gradient) becomes a one-hot matmul
+/// ([`scatter::scatter_adds_as_matmuls`]): IREE runs such a scatter on one GPU thread.
 pub fn legalize_for_gpu(f: &mut Function) {
     slices::convert_before_slicing(f);
+    scatter::scatter_adds_as_matmuls(f);
     f.eliminate_dead_code();
 }
 

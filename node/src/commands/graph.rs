@@ -57,6 +57,9 @@ pub(crate) enum GraphCommand {
         /// this many sequences (presets only).
         #[arg(long, value_name = "SEQUENCES")]
         micro_batch: Option<usize>,
+        /// Sequences per batch of a preset (default: the preset's).
+        #[arg(long)]
+        batch: Option<usize>,
     },
     /// Compile a model to a VMFB for one backend and target, as a shepherd does for
     /// the workers that announce them: the training module (`train_step`,
@@ -91,6 +94,9 @@ pub(crate) enum GraphCommand {
         /// this many sequences (presets only; the step module only).
         #[arg(long, value_name = "SEQUENCES")]
         micro_batch: Option<usize>,
+        /// Sequences per batch of a preset (default: the preset's).
+        #[arg(long)]
+        batch: Option<usize>,
     },
 }
 
@@ -183,11 +189,20 @@ fn load_batch(model: &Path, batch: Option<usize>) -> Result<pcp_graph::Module, F
     }
     if batch.is_some() {
         return Err(Failure::input(anyhow::anyhow!(
-            "{}: --micro-batch applies to presets only (an imported module's batch is its own)",
+            "{}: --batch and --micro-batch apply to presets only (an imported module's batch is its own)",
             model.display()
         )));
     }
     pcp_graph::import_file(model).map_err(Failure::input)
+}
+
+/// The sequences a preset's module is built for: the micro-batch's, else `--batch`'s.
+fn sequences(micro_batch: Option<usize>, batch: Option<usize>) -> Result<Option<usize>, Failure> {
+    match (micro_batch, batch) {
+        (Some(_), Some(_)) => Err(Failure::input(anyhow::anyhow!("--batch and --micro-batch exclude each other"))),
+        (_, Some(0)) => Err(Failure::input(anyhow::anyhow!("--batch must be at least 1 sequence"))),
+        (m, b) => Ok(m.or(b)),
+    }
 }
 
 pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
@@ -229,9 +244,9 @@ pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
                 total.as_secs_f64()
             )?;
         }
-        GraphCommand::Step { model, entry, output, optimizer, micro_batch } => {
+        GraphCommand::Step { model, entry, output, optimizer, micro_batch, batch } => {
             let config = step_config(&optimizer, micro_batch)?;
-            let module = load_batch(&model, micro_batch)?;
+            let module = load_batch(&model, sequences(micro_batch, batch)?)?;
             let step = pcp_graph::train_step(&module, &entry, &config)
                 .map_err(|e| Failure::input(anyhow::anyhow!("{}: {e}", model.display())))?;
             pcp_graph::import::verify(&output.display().to_string(), &step.module)
@@ -250,7 +265,18 @@ pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
                 config.recompute
             )?;
         }
-        GraphCommand::Compile { model, entry, backend, target, module, output, cache, optimizer, micro_batch } => {
+        GraphCommand::Compile {
+            model,
+            entry,
+            backend,
+            target,
+            module,
+            output,
+            cache,
+            optimizer,
+            micro_batch,
+            batch,
+        } => {
             let backend: pcp_graph::Backend = backend.parse().map_err(Failure::input)?;
             let target = pcp_graph::Target::parse(backend, target.as_deref()).map_err(Failure::input)?;
             if module == "grad" && micro_batch.is_some() {
@@ -258,7 +284,7 @@ pub(crate) fn run(command: GraphCommand) -> Result<(), Failure> {
                     "--micro-batch applies to the step module, not --module grad"
                 )));
             }
-            let loaded = load_batch(&model, micro_batch)?;
+            let loaded = load_batch(&model, sequences(micro_batch, batch)?)?;
             let built = if module == "grad" {
                 pcp_graph::differentiate(&loaded, &entry).map(|g| g.module)
             } else {
