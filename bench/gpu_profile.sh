@@ -256,7 +256,7 @@ case "${1:-}" in
         for want in "pcp's step" "bf16" "f32" "PyTorch"; do
             grep -q "$want" "$d/out/gpu_profile.md" || die "dry run: the report has no '$want' ($d/out/gpu_profile.md)"
         done
-        grep -q "tokens/s" "$d/out/gpu_profile.md" || die "dry run: no step was timed ($d/out)"
+        grep -qE '^\| bf16 [^|]*\| [0-9][0-9,]* \|' "$d/out/gpu_profile.md" || die "dry run: the bf16 step was not timed ($d/out)"
         say "dry run passed: $d/out/gpu_profile.md"; rm -rf "$d" ;;
     -h|--help|"") sed -n '2,28p' "$0" ;;
     *) die "unknown mode $1 (prepare, run, report, dry-run)" ;;

@@ -34,3 +34,6 @@ PCP_NODE="$PWD/target/release/pcp-node" .venv/bin/python -m pytest -q tests/refe
 gpu_check_out=$(mktemp -d)
 PCP_NODE="$PWD/target/release/pcp-node" bench/gpu_check.sh --backend vulkan --out "$gpu_check_out"
 rm -rf "$gpu_check_out"
+# the GPU profile's dry run on lavapipe: it compiles nanogpt-small's step at bf16 and
+# f32, times both with IREE's benchmark tool and writes the report (no ncu, no torch)
+PCP_NODE="$PWD/target/release/pcp-node" bench/gpu_profile.sh dry-run

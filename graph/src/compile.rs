@@ -73,29 +73,9 @@ pub struct Artifact {
 /// flags. Flags are part of the cache key.
 pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Result<Artifact, CompileError> {
     let compiler = iree::compiler().map_err(CompileError::Unavailable)?;
-    let mut promote_bf16 = false;
-    let text = if target.backend.is_spirv() {
-        let mut spirv = module.clone();
-        for f in &mut spirv.functions {
-            let emulated = iree::legalize_for_spirv(f, module.resources.as_deref())
-                .map_err(|source| CompileError::Bf16Constant { target: target.clone(), source: Box::new(source) })?;
-            promote_bf16 |= !emulated;
-        }
-        spirv.to_mlir()
-    } else if matches!(target.backend, Backend::Cuda | Backend::Rocm)
-        || std::env::var_os("PCP_IREE_GPU_FORMS").is_some()
-    {
-        let mut gpu = module.clone();
-        gpu.functions.iter_mut().for_each(iree::legalize_for_gpu);
-        gpu.to_mlir()
-    } else {
-        module.to_mlir()
-    };
+    let (text, promote_bf16) = target_text(module, target)?;
     let revision = [compiler.get_revision().unwrap_or_default(), iree::global_flags().join(" ")].join(" ");
-    let mut extra = env_flags("PCP_IREE_FLAGS");
-    if matches!(target.backend, Backend::Cuda | Backend::Rocm) {
-        extra.extend(env_flags("PCP_IREE_GPU_FLAGS"));
-    }
+    let extra = extra_flags(target);
     let plain = std::env::var("PCP_IREE_PLAIN").is_ok_and(|v| !v.is_empty() && v != "0");
     let tuned = if plain || !gains_from_data_tiling(module) { Vec::new() } else { target.tuned_flags() };
     let mut base = target.flags();
@@ -140,6 +120,73 @@ pub fn compile(module: &Module, target: &Target, cache_dir: Option<&Path>) -> Re
         return Ok(Artifact { vmfb, key, cached: false, flags });
     }
     Err(CompileError::Iree { target: target.clone(), message: refusal })
+}
+
+/// The MLIR text IREE compiles for `target`, after that target's rewrites, and
+/// whether IREE must promote bf16 to f32 (a SPIR-V module whose bf16 use the
+/// emulation leaves alone).
+pub(crate) fn target_text(module: &Module, target: &Target) -> Result<(String, bool), CompileError> {
+    let mut promote_bf16 = false;
+    let text = if target.backend.is_spirv() {
+        let mut spirv = module.clone();
+        for f in &mut spirv.functions {
+            let emulated = iree::legalize_for_spirv(f, module.resources.as_deref())
+                .map_err(|source| CompileError::Bf16Constant { target: target.clone(), source: Box::new(source) })?;
+            promote_bf16 |= !emulated;
+        }
+        spirv.to_mlir()
+    } else if matches!(target.backend, Backend::Cuda | Backend::Rocm)
+        || std::env::var_os("PCP_IREE_GPU_FORMS").is_some()
+    {
+        let mut gpu = module.clone();
+        gpu.functions.iter_mut().for_each(iree::legalize_for_gpu);
+        gpu.to_mlir()
+    } else {
+        module.to_mlir()
+    };
+    Ok((text, promote_bf16))
+}
+
+/// The experiment's flags for `target`: `PCP_IREE_FLAGS`, and `PCP_IREE_GPU_FLAGS` for
+/// CUDA and ROCm.
+pub(crate) fn extra_flags(target: &Target) -> Vec<String> {
+    let mut extra = env_flags("PCP_IREE_FLAGS");
+    if matches!(target.backend, Backend::Cuda | Backend::Rocm) {
+        extra.extend(env_flags("PCP_IREE_GPU_FLAGS"));
+    }
+    extra
+}
+
+/// Compiles `text` with `flags` for `target`, as one attempt of [`compile`] does,
+/// with the IR of each of IREE's compilation phases written into `phases`.
+pub(crate) fn compile_keeping_phases(
+    text: &str,
+    flags: &[String],
+    target: &Target,
+    phases: &Path,
+) -> Result<Vec<u8>, CompileError> {
+    use eerie::compiler::{MemBufferOutput, Pipeline};
+    let compiler = iree::compiler().map_err(CompileError::Unavailable)?;
+    let refused = |e: eerie::compiler::CompilerError| CompileError::Iree {
+        target: target.clone(),
+        message: iree::diagnostic(&e),
+    };
+    let mut session = compiler.create_session();
+    session.set_flags(flags.to_vec()).map_err(refused)?;
+    let source = session.create_source_from_buf(text.as_bytes()).map_err(refused)?;
+    let mut invocation = session.create_invocation();
+    let mut output = MemBufferOutput::new(compiler).map_err(refused)?;
+    invocation
+        .set_dump_compilation_phases_to(phases)
+        .map_err(refused)?
+        .parse_source(source)
+        .map_err(refused)?
+        .set_verify_ir(true)
+        .pipeline(Pipeline::Std)
+        .map_err(refused)?
+        .output_vm_byte_code(&mut output)
+        .map_err(refused)?;
+    Ok(output.map_memory().map_err(refused)?.to_vec())
 }
 
 /// The whitespace-separated flags of the environment variable `name`, for experiments.

@@ -13,6 +13,8 @@
 //! * [`target`] maps the GPU names users type to IREE's, and [`compile()`]
 //!   builds a VMFB per (backend, target), cached by content.
 //! * [`inspect`] summarises a model for `pcp-node graph inspect`.
+//! * [`plan`] lists a GPU step's dispatches with their work, bytes, roofline time
+//!   and whether they use the target's matrix instructions, without a GPU.
 //!
 //! MLIR contexts never leave the function that creates them, so everything
 //! this crate returns is plain, `Send` Rust data.
@@ -27,6 +29,7 @@ pub mod inspect;
 pub mod ir;
 pub mod iree;
 pub mod models;
+pub mod plan;
 pub mod precision;
 pub mod recompute;
 pub mod target;

@@ -336,3 +336,45 @@ fn gpt2_in_bf16_compiles_for_cuda_and_rocm() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Every contraction with bf16 operands of nanogpt-small's bf16 step runs on the
+/// target's matrix instructions (`mma` in CUDA's PTX, `v_mfma` in ROCm's gfx942
+/// assembly), as `pcp-node bench gpu-plan` reads them from IREE's output.
+#[test]
+fn bf16_matmuls_use_tensor_cores_on_cuda_and_rocm() -> anyhow::Result<()> {
+    for (backend, target) in [("cuda", "sm_80"), ("rocm", "gfx942")] {
+        let args = [
+            "bench",
+            "gpu-plan",
+            "--model",
+            "nanogpt-small",
+            "--backend",
+            backend,
+            "--target",
+            target,
+            "--precision",
+            "bf16",
+            "--tsv",
+        ];
+        let out = pcp(&args, &[]);
+        anyhow::ensure!(out.status.success(), "{backend}: {}", text(&out.stderr));
+        let stdout = text(&out.stdout);
+        let mut rows = stdout.lines();
+        anyhow::ensure!(rows.next() == Some("dispatch\tlaunches\tflops\tbytes\troofline_s\tmatrix"), "{stdout}");
+        let matmuls: Vec<Vec<&str>> =
+            rows.map(|l| l.split('\t').collect::<Vec<_>>()).filter(|r| r[0].contains("bf16xbf16")).collect();
+        assert!(matmuls.len() >= 20, "{backend}: {} bf16 matmul dispatches\n{stdout}", matmuls.len());
+        for r in &matmuls {
+            assert_eq!(r[5], "yes", "{backend}:{target}: {} runs without matrix instructions", r[0]);
+        }
+    }
+    Ok(())
+}
+
+/// `gpu-plan` prices CUDA and ROCm only, and says so in one line.
+#[test]
+fn gpu_plan_refuses_the_cpu_in_one_line() {
+    let out = pcp(&["bench", "gpu-plan", "--model", "nanogpt-small", "--backend", "cpu"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(one_line_error(&out), "error: gpu-plan plans cuda and rocm targets, not cpu");
+}

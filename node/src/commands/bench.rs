@@ -2,6 +2,7 @@
 
 mod aggregate;
 mod blob;
+mod gpu_plan;
 mod step;
 
 use crate::Failure;
@@ -20,6 +21,9 @@ pub(crate) enum BenchCommand {
     Blob(blob::BlobArgs),
     /// Decode, validate and add of contributions at the shepherd: seconds per contribution and peak RSS.
     Aggregate(aggregate::AggregateArgs),
+    /// A GPU step's dispatches with their work, bytes, roofline time and matrix-instruction
+    /// use, from IREE's compile for the target (no GPU needed).
+    GpuPlan(gpu_plan::GpuPlanArgs),
 }
 
 /// `root` holds the flags given before `bench`.
@@ -35,6 +39,10 @@ pub(crate) async fn run(command: BenchCommand, root: &NetFlags) -> Result<(), Fa
         BenchCommand::Aggregate(args) => {
             root.resolve(NetFlags::default(), "bench aggregate", Uses::Nothing)?;
             aggregate::run(&args)
+        }
+        BenchCommand::GpuPlan(args) => {
+            root.resolve(NetFlags::default(), "bench gpu-plan", Uses::Nothing)?;
+            gpu_plan::run(&args)
         }
     }
 }

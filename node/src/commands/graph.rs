@@ -179,7 +179,7 @@ fn load(model: &Path) -> Result<pcp_graph::Module, Failure> {
 
 /// [`load`], with `batch` sequences per batch for a preset (an imported module's batch
 /// is its own, so `batch` is refused for one).
-fn load_batch(model: &Path, batch: Option<usize>) -> Result<pcp_graph::Module, Failure> {
+pub(crate) fn load_batch(model: &Path, batch: Option<usize>) -> Result<pcp_graph::Module, Failure> {
     if let Some(config) = model.to_str().and_then(pcp_graph::models::preset) {
         // as `train` builds it for the demo corpus (65 characters)
         let config = config.with_vocab_size(65);
