@@ -177,14 +177,34 @@ run() {
     local quick=0 warmup=0.5
     [ "$device" != cuda ] && [ "$device" != hip ] && quick=1 warmup=0
     # time NAME ITERATIONS REPETITIONS SECONDS: one compiled variant's train_step
+    # (a fifth argument names other inputs and a sixth the result's name)
     bench() {
-        local name=$1 n=$2 reps=$3 secs=$4
+        local name=$1 n=$2 reps=$3 secs=$4 inputs=${5:-$work/inputs.flags} as=${6:-$1}
         within "$secs" "$tool" --device="$device" --module="$work/$name.vmfb" --function=train_step \
-            --flagfile="$work/inputs.flags" --benchmark_min_warmup_time=$warmup --benchmark_min_time="${n}x" \
-            --benchmark_repetitions="$reps" --benchmark_out="$raw/bench-$name.json" --benchmark_out_format=json \
-            > "$raw/bench-$name.log" 2>&1
+            --flagfile="$inputs" --benchmark_min_warmup_time=$warmup --benchmark_min_time="${n}x" \
+            --benchmark_repetitions="$reps" --benchmark_out="$raw/bench-$as.json" --benchmark_out_format=json \
+            > "$raw/bench-$as.log" 2>&1
         local status=$?
-        say "bench $name: exit $status"
+        say "bench $as: exit $status"
+    }
+    # the same inputs as .npy files: IREE uploads those into device-local buffers, as
+    # pcp's runtime does, where a splat input may be generated in host-visible memory
+    npy_inputs() {
+        local py=python3
+        [ -x .venv/bin/python ] && py=.venv/bin/python
+        mkdir -p "$work/npy"
+        "$py" - "$work/inputs.flags" "$work/npy" > "$work/inputs-npy.flags" 2> "$raw/npy-inputs.log" <<'PY'
+import sys
+import numpy as np
+flags, out = sys.argv[1], sys.argv[2]
+for i, line in enumerate(open(flags)):
+    ty, _, value = line.strip()[len("--input="):].rpartition("=")
+    *dims, elem = ty.split("x")
+    dtype = {"f32": np.float32, "i32": np.int32, "i64": np.int64}[elem]
+    fill = float(value) if elem.startswith("f") else int(value)
+    np.save(f"{out}/{i}.npy", np.full([int(d) for d in dims], fill, dtype=dtype))
+    print(f"--input=@{out}/{i}.npy")
+PY
     }
     local ok
     ok=$(awk -F'\t' 'NR > 1 && $6 == "ok" { print $1 }' "$work/variants.tsv")
@@ -195,6 +215,15 @@ run() {
         elif [ "$name" = f32 ]; then bench "$name" 3 2 60
         else bench "$name" 10 3 60; fi
     done
+    if grep -qx bf16 <<< "$ok"; then
+        if npy_inputs; then
+            if ((quick)); then bench bf16 1 1 120 "$work/inputs-npy.flags" bf16-npy-inputs
+            else bench bf16 10 3 60 "$work/inputs-npy.flags" bf16-npy-inputs; fi
+        else
+            say "no .npy inputs: $(tail -1 "$raw/npy-inputs.log")"
+        fi
+        rm -rf "$work/npy"
+    fi
     torch_part() {
         local precision=$1 extra=${2:-}
         [ "$torch" = none ] && { echo "skipped: --torch none" > "$raw/torch-$precision.txt"; return; }

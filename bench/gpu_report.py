@@ -190,6 +190,13 @@ def report(raw, plan_path):
         label = "bf16 (autocast in PyTorch)" if p == "bf16" else "f32 (TF32 off in both)"
         out.append(f"| {label} | {fmt(rate)} | {fmt(s * 1e3 if s else None, 1)} | {fmt(eager)} | {fmt(comp)} | "
                    f"{ratio(rate, eager)} | {ratio(rate, comp)} |")
+    s, n = step_seconds(raw, "bf16-npy-inputs")
+    if s:
+        base, _ = step_seconds(raw, "bf16")
+        out.append("")
+        out.append(f"The bf16 step with its arguments uploaded from .npy files (device-local buffers, as pcp's "
+                   f"runtime makes them) instead of splat inputs: {s * 1e3:.1f} ms a step, {tokens / s:,.0f} tokens/s"
+                   + (f" ({base / s:.2f}× the splat inputs' rate)." if base else "."))
     for p in ("bf16", "f32"):
         if torch[p][0] is None:
             out.append(f"\nPyTorch {p}: {torch[p][2][:300]}")
