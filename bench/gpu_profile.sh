@@ -18,14 +18,13 @@
 #   bench/gpu_profile.sh report RAW [PLAN.tsv]
 #       Renders the markdown report again from a run's raw files (and a gpu-plan table).
 #   bench/gpu_profile.sh dry-run
-#       prepare and run for Vulkan on nanogpt-small at batch 2: on Mesa's lavapipe it
+#       prepare and run for Vulkan on nanogpt-small at batch 1: on Mesa's lavapipe it
 #       checks the whole script without a GPU (scripts/test.sh runs it).
 #
 # Never reads stdin. PCP_NODE names the binary (default target/release/pcp-node).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 exec </dev/null
-ROOT=$(pwd)
 BIN=${PCP_NODE:-target/release/pcp-node}
 
 # name|precision|pcp-node graph compile options|environment|IREE session flags (PCP_IREE_GPU_FLAGS)
@@ -287,6 +286,6 @@ case "${1:-}" in
         done
         grep -qE '^\| bf16 [^|]*\| [0-9][0-9,]* \|' "$d/out/gpu_profile.md" || die "dry run: the bf16 step was not timed ($d/out)"
         say "dry run passed: $d/out/gpu_profile.md"; rm -rf "$d" ;;
-    -h|--help|"") sed -n '2,28p' "$0" ;;
+    -h|--help|"") sed -n '2,24p' "$0" ;;
     *) die "unknown mode $1 (prepare, run, report, dry-run)" ;;
 esac

@@ -54,7 +54,8 @@ class GPT(torch.nn.Module):
         return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
-def tokens_per_s(model, batch, block, steps, bf16):
+def warm_step(model, batch, block, bf16):
+    """One AdamW training step on random token ids, as a closure, after 3 warm-up calls."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     idx = torch.randint(0, VOCAB, (batch, block + 1), device="cuda")
     x, y = idx[:, :-1], idx[:, 1:]
@@ -69,6 +70,11 @@ def tokens_per_s(model, batch, block, steps, bf16):
     for _ in range(3):
         step()
     torch.cuda.synchronize()
+    return step
+
+
+def tokens_per_s(model, batch, block, steps, bf16):
+    step = warm_step(model, batch, block, bf16)
     started = time.perf_counter()
     for _ in range(steps):
         step()
@@ -80,20 +86,7 @@ def top_kernels(model, batch, block, bf16, steps=3, rows=20):
     """The eager step's GPU kernels under torch.profiler, by time per step, as a markdown table."""
     from torch.profiler import ProfilerActivity, profile
 
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-    idx = torch.randint(0, VOCAB, (batch, block + 1), device="cuda")
-    x, y = idx[:, :-1], idx[:, 1:]
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
+    step = warm_step(model, batch, block, bf16)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()

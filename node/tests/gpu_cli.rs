@@ -162,38 +162,26 @@ fn losses(stdout: &str) -> Vec<f64> {
 /// on Vulkan (Mesa's lavapipe, a Vulkan device on the CPU, which CI installs).
 #[test]
 fn vulkan_trains_like_the_cpu() -> anyhow::Result<()> {
-    let mut runs = Vec::new();
-    for backend in ["cpu", "vulkan"] {
-        let dir = tempfile::tempdir()?;
-        let data_dir = dir.path().to_str().unwrap_or_default();
-        let args = [
-            "train",
-            "--model",
-            "nanogpt-small",
-            "--steps",
-            "3",
-            "--batch",
-            "2",
-            "--eval-every",
-            "0",
-            "--seed",
-            "7",
-            "--backend",
-            backend,
-            "--data-dir",
-            data_dir,
-        ];
-        let out = pcp(&args, &[]);
-        anyhow::ensure!(out.status.success(), "{backend}: {}", text(&out.stderr));
-        runs.push(losses(&text(&out.stdout)));
-    }
-    let (cpu, vulkan) = (&runs[0], &runs[1]);
+    let cpu = train_losses(&["--steps", "3", "--batch", "2", "--backend", "cpu"], &[])?;
+    let vulkan = train_losses(&["--steps", "3", "--batch", "2", "--backend", "vulkan"], &[])?;
     assert!(cpu.len() >= 3, "step and validation losses: {cpu:?}");
     assert_eq!(cpu.len(), vulkan.len(), "{cpu:?} vs {vulkan:?}");
-    for (c, v) in cpu.iter().zip(vulkan) {
+    for (c, v) in cpu.iter().zip(&vulkan) {
         assert!(((c - v) / c).abs() < 1e-3, "cpu {cpu:?} vs vulkan {vulkan:?}");
     }
     Ok(())
+}
+
+/// The losses of `train` on nanogpt-small from seed 7 with `args`, in a fresh data
+/// directory, with `env` set.
+fn train_losses(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Vec<f64>> {
+    let dir = tempfile::tempdir()?;
+    let data_dir = dir.path().to_str().unwrap_or_default();
+    let mut all = vec!["train", "--model", "nanogpt-small", "--eval-every", "0", "--seed", "7", "--data-dir", data_dir];
+    all.extend_from_slice(args);
+    let out = pcp(&all, env);
+    anyhow::ensure!(out.status.success(), "{args:?} {env:?}: {}", text(&out.stderr));
+    Ok(losses(&text(&out.stdout)))
 }
 
 /// The forms CUDA and ROCm modules are rewritten to (`graph::iree::legalize_for_gpu`:
@@ -203,36 +191,12 @@ fn vulkan_trains_like_the_cpu() -> anyhow::Result<()> {
 #[test]
 fn the_gpu_forms_train_like_the_cpu_forms() -> anyhow::Result<()> {
     for precision in ["f32", "bf16"] {
-        let mut runs = Vec::new();
-        for forms in [None, Some("1")] {
-            let dir = tempfile::tempdir()?;
-            let data_dir = dir.path().to_str().unwrap_or_default();
-            let args = [
-                "train",
-                "--model",
-                "nanogpt-small",
-                "--steps",
-                "20",
-                "--batch",
-                "8",
-                "--eval-every",
-                "0",
-                "--seed",
-                "7",
-                "--precision",
-                precision,
-                "--data-dir",
-                data_dir,
-            ];
-            let env: Vec<(&str, &str)> = forms.map(|v| ("PCP_IREE_GPU_FORMS", v)).into_iter().collect();
-            let out = pcp(&args, &env);
-            anyhow::ensure!(out.status.success(), "{precision} {forms:?}: {}", text(&out.stderr));
-            runs.push(losses(&text(&out.stdout)));
-        }
-        let (cpu, gpu) = (&runs[0], &runs[1]);
+        let args = ["--steps", "20", "--batch", "8", "--precision", precision];
+        let cpu = train_losses(&args, &[])?;
+        let gpu = train_losses(&args, &[("PCP_IREE_GPU_FORMS", "1")])?;
         assert!(cpu.len() >= 3, "the first, a middle and the last step's loss: {cpu:?}");
         assert_eq!(cpu.len(), gpu.len(), "{cpu:?} vs {gpu:?}");
-        for (c, g) in cpu.iter().zip(gpu) {
+        for (c, g) in cpu.iter().zip(&gpu) {
             assert!(((c - g) / c).abs() < 1e-4, "{precision}: cpu forms {cpu:?} vs gpu forms {gpu:?}");
         }
     }
