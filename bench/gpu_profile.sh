@@ -15,6 +15,10 @@
 #       top kernels (torch.profiler), and writes OUT/gpu_profile.md, OUT/best.env (the
 #       fastest bf16 variant's settings) and OUT/raw.tar.xz. Each part runs under the
 #       time left of --budget seconds; a part that cannot run says why in the report.
+#   bench/gpu_profile.sh pack
+#       prepare (unless .gpuprof has a bundle), then the compiler (xz) into .gpuprof
+#       and the stripped pcp-node (xz) into .gpubin, and prints the two device calls:
+#       the profile, then bench/gpu_check.sh with the profile's best settings.
 #   bench/gpu_profile.sh report RAW [PLAN.tsv]
 #       Renders the markdown report again from a run's raw files (and a gpu-plan table).
 #   bench/gpu_profile.sh dry-run
@@ -271,8 +275,43 @@ PY
     say "wrote $out/gpu_profile.md"
 }
 
+# pack: what two device calls carry, and the two commands, printed
+pack() {
+    local dir=.gpuprof bin=.gpubin lib
+    local built
+    built=$(tar -xJOf "$dir/bundle.tar.xz" ./meta.tsv 2>/dev/null | awk -F'\t' '$1 == "commit" { print $2 }')
+    if [ "$built" != "$(git rev-parse --short HEAD 2>/dev/null)" ]; then
+        say "the bundle in $dir is ${built:-missing}, not HEAD's: preparing it again"
+        prepare --dir "$dir" || exit 1
+    fi
+    lib=$(ls -d .venv/lib/python3*/site-packages/iree/compiler/_mlir_libs 2>/dev/null | head -1)
+    [ -n "$lib" ] && [ -f "$lib/libIREECompiler.so" ] || die "no libIREECompiler.so in .venv (run scripts/setup.sh)"
+    if [ ! -s "$dir/libIREECompiler.so.xz" ] || [ "$lib/libIREECompiler.so" -nt "$dir/libIREECompiler.so.xz" ]; then
+        say "compressing libIREECompiler.so (about 5 minutes on one core)"
+        xz -T0 -6 -c "$lib/libIREECompiler.so" > "$dir/libIREECompiler.so.xz.tmp" && mv "$dir/libIREECompiler.so.xz.tmp" "$dir/libIREECompiler.so.xz" ||
+            die "cannot write $dir/libIREECompiler.so.xz"
+    fi
+    cp "$lib/iree-lld" "$dir/" || die "no iree-lld beside $lib/libIREECompiler.so"
+    mkdir -p "$bin" || die "cannot create $bin"
+    if [ ! -s "$bin/pcp-node.xz" ] || [ "$BIN" -nt "$bin/pcp-node.xz" ]; then
+        say "stripping and compressing $BIN"
+        strip -o "$bin/pcp-node" "$BIN" && xz -T0 -6 -f "$bin/pcp-node" || die "cannot write $bin/pcp-node.xz"
+    fi
+    local corpus=../shared/data/tiny_shakespeare.txt
+    [ -f .data/tiny_shakespeare.txt ] || { [ -f "$corpus" ] && mkdir -p .data && cp "$corpus" .data/; }
+    say "carry sizes: $(du -sh "$dir" | cut -f1) and $(du -sh "$bin" | cut -f1) (64 MiB a call, with the tracked tree)"
+    cat <<CALLS
+call 1, carry ["$dir"], timeout_s 370:
+mkdir -p /tmp/iree; (xz -dc $dir/libIREECompiler.so.xz > /tmp/iree/libIREECompiler.so && cp $dir/iree-lld /tmp/iree/ && touch /tmp/iree/ready) & bench/gpu_profile.sh run --dir $dir --out \$OUT --device cuda --budget 320; cp \$OUT/best.env /tmp/pcp-best.env; wait
+
+call 2 at once (the machine stays warm 30 s), carry ["$bin", ".data/tiny_shakespeare.txt"], timeout_s 300:
+xz -dc $bin/pcp-node.xz > /tmp/pcp-node && chmod +x /tmp/pcp-node; . /tmp/pcp-best.env; export PCP_NODE=/tmp/pcp-node PCP_IREE_COMPILER_LIB=/tmp/iree/libIREECompiler.so; timeout 270 bench/gpu_check.sh --backend cuda --no-profile --no-torch --speed-steps 3 --out /tmp/check > \$OUT/check.log 2>&1; cp /tmp/check/gpu_check.md /tmp/check/gpu_check.json \$OUT/; tar -C /tmp/check --exclude=work -cJf \$OUT/check-logs.tar.xz .; tail -30 \$OUT/check.log
+CALLS
+}
+
 case "${1:-}" in
     prepare) shift; prepare "$@" ;;
+    pack) shift; pack ;;
     run) shift; run "$@" ;;
     report) shift; [ $# -ge 1 ] || die "report RAW [PLAN.tsv]"; raw=$1; shift
         if [ -f "$raw" ]; then t=$(mktemp -d); tar -C "$t" -xJf "$raw"; raw=$t/raw; fi
@@ -286,6 +325,6 @@ case "${1:-}" in
         done
         grep -qE '^\| bf16 [^|]*\| [0-9][0-9,]* \|' "$d/out/gpu_profile.md" || die "dry run: the bf16 step was not timed ($d/out)"
         say "dry run passed: $d/out/gpu_profile.md"; rm -rf "$d" ;;
-    -h|--help|"") sed -n '2,24p' "$0" ;;
-    *) die "unknown mode $1 (prepare, run, report, dry-run)" ;;
+    -h|--help|"") sed -n '2,28p' "$0" ;;
+    *) die "unknown mode $1 (prepare, pack, run, report, dry-run)" ;;
 esac
