@@ -601,10 +601,10 @@ impl Admission {
         from: &Remote,
     ) -> Result<Permit, Refusal> {
         if from.key != Some(signer) {
-            return Err(Refusal::NotSender { kind: head.kind.tag(), signer });
+            return Err(Refusal::NotSender { kind: head.header.kind.tag(), signer });
         }
         let mut inner = self.lock();
-        let share = if head.kind == MessageKind::Contribution {
+        let share = if head.header.kind == MessageKind::Contribution {
             inner.contribution(head, signer)?
         } else {
             inner.small(head, signer, from.address)?
@@ -615,7 +615,7 @@ impl Admission {
 
 impl Inner {
     fn contribution(&mut self, head: &FrameHead, signer: PublicKey) -> Result<Share, Refusal> {
-        let (run, round, len) = (RunId(head.run), head.round, head.payload_len);
+        let (run, round, len) = (RunId(head.header.run), head.header.round, head.payload_len);
         let served = self.runs.get_mut(&run).ok_or(Refusal::NotServed { signer, run })?;
         let max = served.max_contribution;
         let open = [served.round.as_mut(), served.previous.as_mut()]
@@ -625,7 +625,7 @@ impl Inner {
             .ok_or(Refusal::NotOpen { signer, run, round })?;
         let taken = *open.taken.get(&signer).ok_or(Refusal::NotParticipant { signer, run, round })?;
         if len > max as u64 {
-            return Err(Refusal::TooLarge { kind: head.kind.tag(), len, max, signer });
+            return Err(Refusal::TooLarge { kind: head.header.kind.tag(), len, max, signer });
         }
         if taken >= CONTRIBUTIONS_PER_ROUND {
             return Err(Refusal::Spent { signer, round });
@@ -651,7 +651,12 @@ impl Inner {
 
     fn small(&mut self, head: &FrameHead, signer: PublicKey, address: Option<IpAddr>) -> Result<Share, Refusal> {
         if head.payload_len > SMALL_FRAME as u64 {
-            return Err(Refusal::TooLarge { kind: head.kind.tag(), len: head.payload_len, max: SMALL_FRAME, signer });
+            return Err(Refusal::TooLarge {
+                kind: head.header.kind.tag(),
+                len: head.payload_len,
+                max: SMALL_FRAME,
+                signer,
+            });
         }
         if self.runs.values().any(|s| s.round.as_ref().is_some_and(|r| r.taken.contains_key(&signer))) {
             return Ok(Share::None);

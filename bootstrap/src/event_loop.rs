@@ -502,7 +502,7 @@ impl EventLoop {
                     let _ = reply.send(Err(RequestError::Busy { peer, max: MAX_RPC_OUTBOUND }));
                     return;
                 }
-                let run = RunId(envelope.run);
+                let run = RunId(envelope.header.run);
                 let id = self.swarm.behaviour_mut().rpc.send_request(&peer, envelope);
                 self.rpc_out.insert(id, (peer, run, reply));
             }
@@ -693,7 +693,7 @@ impl EventLoop {
                 Err(e) => Err(Some(e.to_string())),
                 // only the run's candidates gossip: anyone else's is refused unverified
                 Ok(envelope) => {
-                    self.replay.gate_gossip(run, PublicKey(envelope.signer), Instant::now()).and_then(|()| {
+                    self.replay.gate_gossip(run, PublicKey(envelope.header.signer), Instant::now()).and_then(|()| {
                         let verified = pcp_protocol::verify(envelope).map_err(|e| Some(e.to_string()))?;
                         self.replay.check(&verified, run, now_ms()).map_err(|e| Some(e.to_string()))?;
                         Ok((run, verified))

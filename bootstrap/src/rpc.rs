@@ -123,9 +123,9 @@ async fn read_head<T: AsyncRead + Unpin + Send>(io: &mut T) -> io::Result<FrameH
 
 /// The signer of `head`, once its signature verifies and it is `remote`'s own key.
 fn signed_by(head: &FrameHead, remote: &Remote) -> Result<PublicKey, String> {
-    let signer = PublicKey(head.signer);
+    let signer = PublicKey(head.header.signer);
     if remote.key != Some(signer) {
-        return Err(format!("{} signed by {signer}, not by the sending peer {}", head.kind.tag(), remote.peer));
+        return Err(format!("{} signed by {signer}, not by the sending peer {}", head.header.kind.tag(), remote.peer));
     }
     pcp_protocol::verify_head(head).map_err(|e| e.to_string())
 }
@@ -134,7 +134,7 @@ fn signed_by(head: &FrameHead, remote: &Remote) -> Result<PublicKey, String> {
 /// against the signature.
 async fn read_verified<T: AsyncRead + Unpin + Send>(io: &mut T, head: FrameHead) -> io::Result<Verified> {
     let len = usize::try_from(head.payload_len).map_err(invalid)?;
-    let kind = head.kind.tag();
+    let kind = head.header.kind.tag();
     let payload = read_growing(io, len, kind).await?;
     let envelope = head.with_payload(payload);
     let verify = move || {
@@ -171,7 +171,7 @@ impl RpcCodec {
         let signer = signed_by(&head, remote)?;
         // a contribution that finds the budget full waits for room (within a runtime)
         let permit: Permit = match tokio::runtime::Handle::try_current() {
-            Ok(_) if head.kind == MessageKind::Contribution => {
+            Ok(_) if head.header.kind == MessageKind::Contribution => {
                 self.admission.wait_for_room(&head, signer, remote, CONTRIBUTION_WAIT).await
             }
             _ => self.admission.permit(&head, signer, remote),
@@ -212,8 +212,8 @@ impl request_response::Codec for RpcCodec {
     {
         // an answer comes from a peer this node asked, and is never a contribution
         let head = read_head(io).await?;
-        if head.kind == MessageKind::Contribution || head.payload_len > MAX_CONTROL_MESSAGE as u64 {
-            return Err(invalid(format!("an answer of {} bytes of {}", head.payload_len, head.kind.tag())));
+        if head.header.kind == MessageKind::Contribution || head.payload_len > MAX_CONTROL_MESSAGE as u64 {
+            return Err(invalid(format!("an answer of {} bytes of {}", head.payload_len, head.header.kind.tag())));
         }
         let checked = match &self.remote {
             Some(remote) => signed_by(&head, remote),

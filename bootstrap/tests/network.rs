@@ -239,7 +239,7 @@ async fn forged_gossip_is_rejected_and_counted() -> anyhow::Result<()> {
     let bind = |nonce| Binding { run, round: 1, nonce, unix_ms: now_ms() };
     // signed by mallory but claiming alice as signer
     let mut impostor = seal(&mallory, bind(1), &hb);
-    impostor.signer = alice.public().0;
+    impostor.header.signer = alice.public().0;
     // alice's signature over a different payload
     let mut forged = seal(&alice, bind(2), &hb);
     forged.payload = Heartbeat { round: 2, ..hb.clone() }.encode();

@@ -6,8 +6,8 @@
 //! the signer committed to.
 
 use pcp_schema::{
-    Ack, Contribution, DecodeError, FrameHead, Heartbeat, Message, MessageKind, NodeHello, RoundAnnouncement,
-    RunManifest, SignedEnvelope,
+    Ack, Contribution, DecodeError, EnvelopeHeader, FrameHead, Heartbeat, Message, MessageKind, NodeHello,
+    RoundAnnouncement, RunManifest, SignedEnvelope,
 };
 
 use crate::identity::{Identity, PublicKey, VerifyFailure};
@@ -42,7 +42,8 @@ impl Signable for Ack {
     const KIND: MessageKind = MessageKind::Ack;
 }
 
-/// What a message is bound to, so that it cannot be replayed elsewhere or later.
+/// What a message is bound to, so that it cannot be replayed elsewhere or later: the
+/// part of an envelope's [`EnvelopeHeader`] that the caller of [`seal`] supplies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Binding {
     /// The run.
@@ -53,6 +54,14 @@ pub struct Binding {
     pub nonce: u64,
     /// Signing time, from the caller's clock.
     pub unix_ms: u64,
+}
+
+impl Binding {
+    /// The header of an envelope of `kind` signed by `signer` under this binding.
+    fn header(self, kind: MessageKind, signer: PublicKey) -> EnvelopeHeader {
+        let Self { run, round, nonce, unix_ms } = self;
+        EnvelopeHeader { kind, signer: signer.0, run: run.0, round, nonce, unix_ms }
+    }
 }
 
 /// Why an envelope was refused.
@@ -98,12 +107,13 @@ pub struct Verified {
 }
 
 fn signed_bytes(e: &SignedEnvelope) -> Vec<u8> {
-    signed_fields(e.kind, &e.signer, &e.run, [e.round, e.nonce, e.unix_ms], blake3::hash(&e.payload).as_bytes())
+    signed_fields(&e.header, blake3::hash(&e.payload).as_bytes())
 }
 
-/// What a signature covers: the domain, the kind's tag, signer, run, `[round, nonce,
-/// unix_ms]` and the payload's blake3 hash.
-fn signed_fields(kind: MessageKind, signer: &[u8; 32], run: &[u8; 32], numbers: [u64; 3], hash: &[u8; 32]) -> Vec<u8> {
+/// What a signature covers: the domain, the kind's tag, signer, run, round, nonce,
+/// unix_ms and the payload's blake3 hash.
+fn signed_fields(header: &EnvelopeHeader, hash: &[u8; 32]) -> Vec<u8> {
+    let EnvelopeHeader { kind, signer, run, round, nonce, unix_ms } = header;
     let tag = kind.tag().as_bytes();
     let mut m = Vec::with_capacity(DOMAIN.len() + tag.len() + 1 + 32 * 3 + 24);
     m.extend_from_slice(DOMAIN);
@@ -111,7 +121,7 @@ fn signed_fields(kind: MessageKind, signer: &[u8; 32], run: &[u8; 32], numbers: 
     m.push(0);
     m.extend_from_slice(signer);
     m.extend_from_slice(run);
-    for n in numbers {
+    for n in [round, nonce, unix_ms] {
         m.extend_from_slice(&n.to_le_bytes());
     }
     m.extend_from_slice(hash);
@@ -122,12 +132,7 @@ fn signed_fields(kind: MessageKind, signer: &[u8; 32], run: &[u8; 32], numbers: 
 /// carries instead (see [`FrameHead`]).
 pub fn head_of(envelope: &SignedEnvelope) -> FrameHead {
     FrameHead {
-        kind: envelope.kind,
-        signer: envelope.signer,
-        run: envelope.run,
-        round: envelope.round,
-        nonce: envelope.nonce,
-        unix_ms: envelope.unix_ms,
+        header: envelope.header,
         payload_len: envelope.payload.len() as u64,
         payload_hash: *blake3::hash(&envelope.payload).as_bytes(),
         signature: envelope.signature,
@@ -138,9 +143,8 @@ pub fn head_of(envelope: &SignedEnvelope) -> FrameHead {
 /// to the kind, run, round, nonce, time and the payload's hash. Returns the signer.
 /// The payload, once read, must hash to [`FrameHead::payload_hash`].
 pub fn verify_head(head: &FrameHead) -> Result<PublicKey, OpenError> {
-    let signer = PublicKey(head.signer);
-    let numbers = [head.round, head.nonce, head.unix_ms];
-    let bytes = signed_fields(head.kind, &head.signer, &head.run, numbers, &head.payload_hash);
+    let signer = PublicKey(head.header.signer);
+    let bytes = signed_fields(&head.header, &head.payload_hash);
     match signer.verify_raw(&bytes, &head.signature) {
         Ok(()) => Ok(signer),
         Err(VerifyFailure::InvalidKey) => Err(OpenError::InvalidKey { signer }),
@@ -151,12 +155,7 @@ pub fn verify_head(head: &FrameHead) -> Result<PublicKey, OpenError> {
 /// Signs `message` as `identity`, bound to `binding`.
 pub fn seal<M: Signable>(identity: &Identity, binding: Binding, message: &M) -> SignedEnvelope {
     let mut envelope = SignedEnvelope {
-        kind: M::KIND,
-        signer: identity.public().0,
-        run: binding.run.0,
-        round: binding.round,
-        nonce: binding.nonce,
-        unix_ms: binding.unix_ms,
+        header: binding.header(M::KIND, identity.public()),
         payload: message.encode(),
         signature: [0; 64],
     };
@@ -172,7 +171,7 @@ pub fn open(bytes: &[u8]) -> Result<Verified, OpenError> {
 
 /// Verifies an already decoded envelope.
 pub fn verify(envelope: SignedEnvelope) -> Result<Verified, OpenError> {
-    let signer = PublicKey(envelope.signer);
+    let signer = PublicKey(envelope.header.signer);
     match signer.verify_raw(&signed_bytes(&envelope), &envelope.signature) {
         Ok(()) => Ok(Verified { envelope }),
         Err(VerifyFailure::InvalidKey) => Err(OpenError::InvalidKey { signer }),
@@ -183,22 +182,18 @@ pub fn verify(envelope: SignedEnvelope) -> Result<Verified, OpenError> {
 impl Verified {
     /// Who signed it.
     pub fn signer(&self) -> PublicKey {
-        PublicKey(self.envelope.signer)
+        PublicKey(self.envelope.header.signer)
     }
 
     /// The kind signed.
     pub fn kind(&self) -> MessageKind {
-        self.envelope.kind
+        self.envelope.header.kind
     }
 
     /// What it is bound to.
     pub fn binding(&self) -> Binding {
-        Binding {
-            run: RunId(self.envelope.run),
-            round: self.envelope.round,
-            nonce: self.envelope.nonce,
-            unix_ms: self.envelope.unix_ms,
-        }
+        let EnvelopeHeader { run, round, nonce, unix_ms, .. } = self.envelope.header;
+        Binding { run: RunId(run), round, nonce, unix_ms }
     }
 
     /// The blake3 hash of the signed payload: two envelopes with the same message
@@ -214,8 +209,9 @@ impl Verified {
 
     /// Decodes the payload as `M`, which must be the kind the signer committed to.
     pub fn decode<M: Signable>(&self) -> Result<M, PayloadError> {
-        if self.envelope.kind != M::KIND {
-            return Err(PayloadError::WrongKind { expected: M::KIND.tag(), got: self.envelope.kind.tag() });
+        let kind = self.envelope.header.kind;
+        if kind != M::KIND {
+            return Err(PayloadError::WrongKind { expected: M::KIND.tag(), got: kind.tag() });
         }
         Ok(M::decode(&self.envelope.payload)?)
     }

@@ -47,12 +47,12 @@ fn tampered_payload_header_or_signer_is_refused() {
     let mut payload = good.clone();
     payload.payload[20] ^= 1;
     let mut round = good.clone();
-    round.round += 1;
+    round.header.round += 1;
     let mut kind = good.clone();
-    kind.kind = pcp_schema::MessageKind::NodeHello;
+    kind.header.kind = pcp_schema::MessageKind::NodeHello;
     // claims to be signed by `other` but was signed by `me`
     let mut signer = good.clone();
-    signer.signer = other.public().0;
+    signer.header.signer = other.public().0;
     let mut sig = good.clone();
     sig.signature[0] ^= 0x80;
 
@@ -82,9 +82,9 @@ fn a_frame_head_verifies_before_its_payload_arrives() {
     let mut len = head.clone();
     len.payload_hash[0] ^= 1;
     let mut kind = head.clone();
-    kind.kind = pcp_schema::MessageKind::Contribution;
+    kind.header.kind = pcp_schema::MessageKind::Contribution;
     let mut round = head.clone();
-    round.round += 1;
+    round.header.round += 1;
     for (name, bad) in [("hash", len), ("kind", kind), ("round", round)] {
         assert!(verify_head(&bad).is_err(), "tampered {name} was accepted");
     }

@@ -71,10 +71,11 @@ impl MessageKind {
     }
 }
 
-/// A payload with its signer, its binding to a run, round and nonce, and a signature.
-/// `pcp-protocol` signs and verifies it; this type only carries the bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SignedEnvelope {
+/// Who signed an envelope, which kind of message it holds, and what that message is
+/// bound to: the fields the signature commits to besides the payload. A
+/// [`SignedEnvelope`] and its [`FrameHead`] carry the same one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvelopeHeader {
     /// The payload's message kind.
     pub kind: MessageKind,
     /// The signer's ed25519 public key.
@@ -87,6 +88,45 @@ pub struct SignedEnvelope {
     pub nonce: u64,
     /// When it was signed (signer's clock).
     pub unix_ms: u64,
+}
+
+/// Writes an [`EnvelopeHeader`] into the builder of a capnp struct that holds its
+/// fields flat (`SignedEnvelope`, `FrameHead`).
+macro_rules! set_header {
+    ($root:expr, $header:expr) => {{
+        let header: &EnvelopeHeader = $header;
+        $root.set_kind(header.kind.to_wire());
+        $root.set_signer(&header.signer[..]);
+        $root.set_run(&header.run[..]);
+        $root.set_round(header.round);
+        $root.set_nonce(header.nonce);
+        $root.set_unix_ms(header.unix_ms);
+    }};
+}
+
+/// Reads an [`EnvelopeHeader`] from the reader of a capnp struct that holds its fields
+/// flat, as message `$what`.
+macro_rules! read_header {
+    ($what:expr, $r:expr) => {{
+        let (what, r) = ($what, &$r);
+        let kind = r.get_kind().map_err(|e| DecodeError::Invalid { what, field: "kind", reason: e.to_string() })?;
+        EnvelopeHeader {
+            kind: MessageKind::from_wire(kind),
+            signer: fixed(what, "signer", r.get_signer().map_err(|e| malformed(what, e))?)?,
+            run: fixed(what, "run", r.get_run().map_err(|e| malformed(what, e))?)?,
+            round: r.get_round(),
+            nonce: r.get_nonce(),
+            unix_ms: r.get_unix_ms(),
+        }
+    }};
+}
+
+/// A payload with its signer, its binding to a run, round and nonce, and a signature.
+/// `pcp-protocol` signs and verifies it; this type only carries the bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedEnvelope {
+    /// The signer, the payload's kind and its binding.
+    pub header: EnvelopeHeader,
     /// The encoded message.
     pub payload: Vec<u8>,
     /// ed25519 signature.
@@ -100,12 +140,7 @@ impl Message for SignedEnvelope {
     fn encode(&self) -> Vec<u8> {
         let mut message = capnp::message::Builder::new_default();
         let mut root = message.init_root::<signed_envelope::Builder<'_>>();
-        root.set_kind(self.kind.to_wire());
-        root.set_signer(&self.signer[..]);
-        root.set_run(&self.run[..]);
-        root.set_round(self.round);
-        root.set_nonce(self.nonce);
-        root.set_unix_ms(self.unix_ms);
+        set_header!(root, &self.header);
         root.set_payload(&self.payload);
         root.set_signature(&self.signature[..]);
         codec::words(&message)
@@ -115,24 +150,14 @@ impl Message for SignedEnvelope {
         const W: &str = SignedEnvelope::NAME;
         codec::read(W, bytes, Self::MAX_SIZE, |m| {
             let r = m.get_root::<signed_envelope::Reader<'_>>().map_err(|e| malformed(W, e))?;
-            let kind =
-                r.get_kind().map_err(|e| DecodeError::Invalid { what: W, field: "kind", reason: e.to_string() })?;
-            let kind = MessageKind::from_wire(kind);
+            let header = read_header!(W, r);
+            let max = header.kind.max_payload();
             let payload = r.get_payload().map_err(|e| malformed(W, e))?;
-            if payload.len() > kind.max_payload() {
-                return Err(DecodeError::TooLarge {
-                    what: "SignedEnvelope payload",
-                    len: payload.len(),
-                    max: kind.max_payload(),
-                });
+            if payload.len() > max {
+                return Err(DecodeError::TooLarge { what: "SignedEnvelope payload", len: payload.len(), max });
             }
             Ok(Self {
-                kind,
-                signer: fixed(W, "signer", r.get_signer().map_err(|e| malformed(W, e))?)?,
-                run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
-                round: r.get_round(),
-                nonce: r.get_nonce(),
-                unix_ms: r.get_unix_ms(),
+                header,
                 payload: payload.to_vec(),
                 signature: fixed(W, "signature", r.get_signature().map_err(|e| malformed(W, e))?)?,
             })
@@ -149,18 +174,8 @@ pub const MAX_FRAME_HEAD: usize = 512;
 /// the head verifies on its own before any payload byte is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrameHead {
-    /// The payload's message kind.
-    pub kind: MessageKind,
-    /// The signer's ed25519 public key.
-    pub signer: [u8; 32],
-    /// The run this message belongs to.
-    pub run: [u8; 32],
-    /// The round this message belongs to.
-    pub round: u64,
-    /// A per-signer unique number.
-    pub nonce: u64,
-    /// When it was signed (signer's clock).
-    pub unix_ms: u64,
+    /// The envelope's signer, kind and binding.
+    pub header: EnvelopeHeader,
     /// The payload's length in bytes.
     pub payload_len: u64,
     /// The payload's blake3 hash.
@@ -173,16 +188,7 @@ impl FrameHead {
     /// The envelope this head announces, once its payload has arrived. Whether the
     /// payload matches [`FrameHead::payload_hash`] is the caller's to check.
     pub fn with_payload(self, payload: Vec<u8>) -> SignedEnvelope {
-        SignedEnvelope {
-            kind: self.kind,
-            signer: self.signer,
-            run: self.run,
-            round: self.round,
-            nonce: self.nonce,
-            unix_ms: self.unix_ms,
-            payload,
-            signature: self.signature,
-        }
+        SignedEnvelope { header: self.header, payload, signature: self.signature }
     }
 }
 
@@ -193,12 +199,7 @@ impl Message for FrameHead {
     fn encode(&self) -> Vec<u8> {
         let mut message = capnp::message::Builder::new_default();
         let mut root = message.init_root::<frame_head::Builder<'_>>();
-        root.set_kind(self.kind.to_wire());
-        root.set_signer(&self.signer[..]);
-        root.set_run(&self.run[..]);
-        root.set_round(self.round);
-        root.set_nonce(self.nonce);
-        root.set_unix_ms(self.unix_ms);
+        set_header!(root, &self.header);
         root.set_payload_len(self.payload_len);
         root.set_payload_hash(&self.payload_hash[..]);
         root.set_signature(&self.signature[..]);
@@ -209,10 +210,8 @@ impl Message for FrameHead {
         const W: &str = FrameHead::NAME;
         codec::read(W, bytes, Self::MAX_SIZE, |m| {
             let r = m.get_root::<frame_head::Reader<'_>>().map_err(|e| malformed(W, e))?;
-            let kind =
-                r.get_kind().map_err(|e| DecodeError::Invalid { what: W, field: "kind", reason: e.to_string() })?;
-            let kind = MessageKind::from_wire(kind);
-            let payload_len = r.get_payload_len();
+            let header = read_header!(W, r);
+            let (kind, payload_len) = (header.kind, r.get_payload_len());
             if payload_len > kind.max_payload() as u64 {
                 return Err(DecodeError::Invalid {
                     what: W,
@@ -221,12 +220,7 @@ impl Message for FrameHead {
                 });
             }
             Ok(Self {
-                kind,
-                signer: fixed(W, "signer", r.get_signer().map_err(|e| malformed(W, e))?)?,
-                run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
-                round: r.get_round(),
-                nonce: r.get_nonce(),
-                unix_ms: r.get_unix_ms(),
+                header,
                 payload_len,
                 payload_hash: fixed(W, "payloadHash", r.get_payload_hash().map_err(|e| malformed(W, e))?)?,
                 signature: fixed(W, "signature", r.get_signature().map_err(|e| malformed(W, e))?)?,

@@ -20,7 +20,7 @@ pub use codec::{
     CHUNK_SIZE, DecodeError, MAX_BLOB_REQUEST, MAX_BLOB_RESPONSE, MAX_BLOB_SIZE, MAX_CONTRIBUTION, MAX_CONTROL_MESSAGE,
     Message,
 };
-pub use envelope::{FrameHead, MAX_FRAME_HEAD, MessageKind, SignedEnvelope};
+pub use envelope::{EnvelopeHeader, FrameHead, MAX_FRAME_HEAD, MessageKind, SignedEnvelope};
 pub use node::{Backend, Capabilities, NodeHello};
 pub use round::{Ack, AckCode, Consensus, ConsensusKind, Contribution, Heartbeat, Held, RoundAnnouncement, Update};
 pub use run::{Admission, ArtifactRef, DataSpec, ParameterRef, RunManifest, Schedule, TensorSpec};

@@ -4,8 +4,8 @@
 //! time budget in docs/threat-model.md).
 
 use pcp_schema::{
-    Ack, BlobRequest, BlobResponse, BlobWant, Contribution, FrameHead, Heartbeat, Message, MessageKind, NodeHello,
-    RoundAnnouncement, RunManifest, SignedEnvelope,
+    Ack, BlobRequest, BlobResponse, BlobWant, Contribution, EnvelopeHeader, FrameHead, Heartbeat, Message, MessageKind,
+    NodeHello, RoundAnnouncement, RunManifest, SignedEnvelope,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -46,12 +46,14 @@ fn seeds() -> Vec<Vec<u8>> {
         pow_nonce: 5,
     };
     let envelope = SignedEnvelope {
-        signer: [2; 32],
-        kind: MessageKind::Heartbeat,
-        run: [3; 32],
-        round: 4,
-        nonce: 5,
-        unix_ms: 6,
+        header: EnvelopeHeader {
+            signer: [2; 32],
+            kind: MessageKind::Heartbeat,
+            run: [3; 32],
+            round: 4,
+            nonce: 5,
+            unix_ms: 6,
+        },
         payload: Heartbeat { free_memory_bytes: 7, ..Heartbeat::new([3; 32], 4, 6) }.encode(),
         signature: [8; 64],
     };
@@ -69,12 +71,7 @@ fn seeds() -> Vec<Vec<u8>> {
 /// The head of `envelope`: its fields without the payload, as the RPC codec sends it.
 fn head_of(envelope: &SignedEnvelope) -> FrameHead {
     FrameHead {
-        signer: envelope.signer,
-        kind: envelope.kind,
-        run: envelope.run,
-        round: envelope.round,
-        nonce: envelope.nonce,
-        unix_ms: envelope.unix_ms,
+        header: envelope.header,
         payload_len: envelope.payload.len() as u64,
         payload_hash: [9; 32],
         signature: envelope.signature,

@@ -5,7 +5,7 @@ use pcp_schema::{
     Consensus, ConsensusKind, Contribution, DataSpec, DecodeError, Heartbeat, Held, MAX_CONTROL_MESSAGE, Message,
     MessageKind, NodeHello, ParameterRef, RoundAnnouncement, RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
 };
-use pcp_schema::{FrameHead, MAX_CONTRIBUTION, MAX_FRAME_HEAD};
+use pcp_schema::{EnvelopeHeader, FrameHead, MAX_CONTRIBUTION, MAX_FRAME_HEAD};
 use proptest::collection::vec;
 use proptest::prelude::*;
 
@@ -252,7 +252,8 @@ proptest! {
         payload in vec(any::<u8>(), 0..1024), sig in vec(any::<u8>(), 64),
     ) {
         let signature: [u8; 64] = sig.try_into().map_err(|_| TestCaseError::fail("len"))?;
-        roundtrip(&SignedEnvelope { kind, signer, run, round, nonce, unix_ms, payload, signature })?;
+        let header = EnvelopeHeader { kind, signer, run, round, nonce, unix_ms };
+        roundtrip(&SignedEnvelope { header, payload, signature })?;
     }
 
     #[test]
@@ -262,7 +263,8 @@ proptest! {
         len in 0..=MAX_CONTROL_MESSAGE as u64, payload_hash in any::<[u8; 32]>(), sig in vec(any::<u8>(), 64),
     ) {
         let signature: [u8; 64] = sig.try_into().map_err(|_| TestCaseError::fail("len"))?;
-        let head = FrameHead { kind, signer, run, round, nonce, unix_ms, payload_len: len, payload_hash, signature };
+        let header = EnvelopeHeader { kind, signer, run, round, nonce, unix_ms };
+        let head = FrameHead { header, payload_len: len, payload_hash, signature };
         roundtrip(&head)?;
         prop_assert!(head.encode().len() <= MAX_FRAME_HEAD);
     }
@@ -357,12 +359,7 @@ fn wrong_length_key_is_refused() {
 #[test]
 fn only_contributions_may_carry_large_payloads() {
     let envelope = |kind| SignedEnvelope {
-        kind,
-        signer: [1; 32],
-        run: [2; 32],
-        round: 3,
-        nonce: 4,
-        unix_ms: 5,
+        header: EnvelopeHeader { kind, signer: [1; 32], run: [2; 32], round: 3, nonce: 4, unix_ms: 5 },
         payload: vec![7; MAX_CONTROL_MESSAGE + 1],
         signature: [6; 64],
     };
@@ -377,12 +374,7 @@ fn only_contributions_may_carry_large_payloads() {
 #[test]
 fn a_frame_head_claiming_more_than_its_kind_allows_is_refused() {
     let head = |kind, payload_len| FrameHead {
-        kind,
-        signer: [1; 32],
-        run: [2; 32],
-        round: 3,
-        nonce: 4,
-        unix_ms: 5,
+        header: EnvelopeHeader { kind, signer: [1; 32], run: [2; 32], round: 3, nonce: 4, unix_ms: 5 },
         payload_len,
         payload_hash: [6; 32],
         signature: [7; 64],

@@ -6,17 +6,13 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use pcp_protocol::Identity;
+use pcp_schema::EnvelopeHeader;
 
 use super::*;
 
 fn head(kind: MessageKind, signer: &Identity, run: RunId, round: u64, payload_len: u64) -> FrameHead {
     FrameHead {
-        kind,
-        signer: signer.public().0,
-        run: run.0,
-        round,
-        nonce: 1,
-        unix_ms: 1,
+        header: EnvelopeHeader { kind, signer: signer.public().0, run: run.0, round, nonce: 1, unix_ms: 1 },
         payload_len,
         payload_hash: [0; 32],
         signature: [0; 64],

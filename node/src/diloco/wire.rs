@@ -448,7 +448,7 @@ mod tests {
         let hb = pcp_schema::Heartbeat::new(run.0, 0, 0);
         let a = signer.seal(run, 0, &hb);
         let b = signer.seal(run, 0, &hb);
-        assert_ne!(a.nonce, b.nonce);
+        assert_ne!(a.header.nonce, b.header.nonce);
         assert_ne!(run_key(run), runs_key());
     }
 }
