@@ -47,8 +47,8 @@
 //!   (the step under way finishes); `Send` starts the upload at once (it does not
 //!   wait for the update: staleness depth 2), `Rebase` costs nothing, and compute
 //!   stops on `UpdateLate` until the next `Train`. The shepherd gets each
-//!   contribution's [`Input::Timing`] (steps, their time, and the time from the
-//!   send to the state machine, the decode queue included), learns the budget
+//!   contribution with its [`shepherd::Timing`] (steps, their time, and the time
+//!   from the send to the state machine, the decode queue included), learns the budget
 //!   from it, closes a round at all-answered or at its deadline (ticked again
 //!   when it moves: [`Shepherd::deadline_ms`]), and carries contributions one
 //!   round late over. Fetches are still planned when a round opens (a worker's
@@ -735,14 +735,14 @@ impl Sim<'_> {
 
     /// Hands worker `w`'s decoded and screened contribution for round `r` to the shepherd.
     fn contribute(&mut self, w: u32, r: u64, now: u64, screened: Screened) {
-        match screened {
+        let screen = match screened {
             Screened::OverBudget => {
                 let reason = Rejection::Unscreened;
                 return self.shepherd_input(Input::Malformed { peer: w, round: r, reason }, now, false);
             }
-            Screened::Passed => self.shepherd_input(Input::Score { peer: w, round: r, improvement: 0.01 }, now, false),
-            Screened::Skip => {}
-        }
+            Screened::Passed => shepherd::Screen::Passed { improvement: 0.01 },
+            Screened::Skip => shepherd::Screen::Unscreened,
+        };
         let hostile = self.workers[w as usize].spec.hostile;
         let tensor: Vec<f32> = if hostile {
             vec![f32::NAN, 0.0, 0.0, 0.0]
@@ -758,22 +758,16 @@ impl Sim<'_> {
             vec![tensor]
         };
         let mut samples = self.setup.tau.max(1);
+        let mut timing = None;
         if self.setup.overlap {
             let ws = &mut self.workers[w as usize];
             if let Some(i) = ws.sends.iter().position(|s| s.0 == r) {
                 let (_, sent, steps, train) = ws.sends.remove(i);
                 samples = steps;
-                let timing = Input::Timing {
-                    peer: w,
-                    round: r,
-                    steps,
-                    train_ms: train / 1000,
-                    transfer_ms: (now - sent) / 1000,
-                };
-                self.shepherd_input(timing, now, false);
+                timing = Some(shepherd::Timing { steps, train_ms: train / 1000, transfer_ms: (now - sent) / 1000 });
             }
         }
-        let input = Input::Contribution { peer: w, round: r, samples, loss: 2.0, delta: delta.into() };
+        let input = Input::Contribution { peer: w, round: r, samples, loss: 2.0, delta: delta.into(), timing, screen };
         self.shepherd_input(input, now, false);
     }
 

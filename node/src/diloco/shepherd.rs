@@ -13,47 +13,37 @@ mod trust;
 
 pub(crate) use args::{SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdPlan, parse_encoding, parse_trim};
 pub(super) use leadership::LeaseKeeper;
-use setup::*;
+use setup::ShepherdMeta;
 pub(crate) use trust::{Trust, TrustArgs, parse_key};
 
-use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use pcp_bootstrap::{BlobStore, Event, InboundId, Node, PeerId, Stats};
-use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::aggregate::Rejection;
-use pcp_protocol::diloco::compress::{self, Encoding};
+use pcp_protocol::diloco::compress;
 use pcp_protocol::diloco::fragments;
-use pcp_protocol::diloco::shepherd::{self, Action, Input, LeaveReason, Shepherd, Snapshot};
-use pcp_protocol::election::Succession;
+use pcp_protocol::diloco::shepherd::{self, Action, Input, LeaveReason, Shepherd};
+use pcp_protocol::failover::Fence;
 use pcp_protocol::failover::candidate as consensus_core;
-use pcp_protocol::failover::{CHECK_QUORUM_LEASES, Fence, Quorum, Replica};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
 use pcp_schema::{
-    Ack, AckCode, ArtifactRef, Contribution, DataSpec, Heartbeat, MessageKind, NodeHello, ParameterRef,
-    RoundAnnouncement, RunManifest, Schedule, SignedEnvelope, TensorSpec,
+    Ack, AckCode, Contribution, Heartbeat, MessageKind, NodeHello, ParameterRef, RoundAnnouncement, RunManifest,
+    SignedEnvelope,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::Refusal;
-use super::consensus::{Consensus, Seat};
+use super::consensus::Consensus;
 use super::retention::Retention;
 use super::wire::{self, LeaderState, Signer, peer_name};
-use crate::Failure;
 use crate::observe::events::{self as ev, Events};
 use crate::training::checkpoint::{Checkpoint, TensorRef, save_refs};
-use crate::training::config::Experiment;
-use crate::training::config::step_config;
-use crate::training::data::{Corpus, default_corpus};
 use crate::training::engine::Engine;
-use crate::training::memory::Footprint;
-use crate::training::model::Model;
 use crate::training::schedule::validation_loss;
 
 /// A training step and a CPU engine a standby prepares, so that it leads at once
@@ -268,8 +258,8 @@ impl Host {
         self.respond(id, envelope).await
     }
 
-    /// A contribution for `round`: fed to the state machine (its timing first), recorded,
-    /// and answered.
+    /// A contribution for `round`: fed to the state machine as one input (with its timing
+    /// and the screen's verdict), recorded, and answered.
     async fn on_contribution(
         &mut self,
         id: InboundId,
@@ -289,25 +279,14 @@ impl Host {
                     0 => 0,
                     sent => wire::unix_ms().saturating_sub(sent),
                 };
-                let timing = Input::Timing {
-                    peer: key,
-                    round,
-                    steps: u64::from(c.inner_steps),
-                    train_ms: c.train_ms,
-                    transfer_ms,
-                };
-                self.step(timing).await?;
+                let timing = shepherd::Timing { steps: u64::from(c.inner_steps), train_ms: c.train_ms, transfer_ms };
                 let input = match self.admit(key) {
-                    Ok(()) => self.contribution_input(key, round, c),
+                    Ok(()) => self.contribution_input(key, round, c, timing),
                     Err(refusal) => {
                         Input::Malformed { peer: key, round, reason: Rejection::NotAdmitted(refusal.reason) }
                     }
                 };
-                let (score, input) = self.screened(input).await?;
-                if let Some(score) = score {
-                    self.step(score).await?;
-                }
-                input
+                self.screened(input).await?
             }
             Err(e) => Input::Malformed {
                 peer: key,
@@ -444,36 +423,32 @@ impl Host {
     /// loss at θ, and below the loss at θ + Δ (a sign-flipped Δ lowers the loss less
     /// than its opposite). Random values at a typical norm raise the loss in both
     /// directions (curvature) and are refused by the first test, −Δ by both. A
-    /// passed screen goes first, as an [`Input::Score`] that rates its sender; a
-    /// contribution carried from the round before is screened too. Past the
-    /// round's screening budget, a rated peer's contribution is screened by sample
-    /// and one on probation refused.
-    async fn screened(
-        &mut self,
-        input: Input<PublicKey>,
-    ) -> anyhow::Result<(Option<Input<PublicKey>>, Input<PublicKey>)> {
-        let Input::Contribution { peer, round, delta, samples, .. } = &input else { return Ok((None, input)) };
+    /// passed screen is the contribution's [`shepherd::Screen::Passed`], which rates
+    /// its sender; a failed one refuses it ([`Input::Malformed`]); a contribution
+    /// carried from the round before is screened too. Past the round's screening
+    /// budget, a rated peer's contribution is screened by sample and one on
+    /// probation refused.
+    async fn screened(&mut self, mut input: Input<PublicKey>) -> anyhow::Result<Input<PublicKey>> {
+        let Input::Contribution { peer, round, delta, samples, .. } = &input else { return Ok(input) };
         let (peer, round) = (*peer, *round);
         let open = self.machine.completed() + 1;
         let carried = self.plan.overlap && round + 1 == open;
         if (round != open && !carried) || self.machine.check_samples(*samples).is_err() {
-            return Ok((None, input)); // the machine names why it is refused
+            return Ok(input); // the machine names why it is refused
         }
         if delta.validate(&self.round_sizes(self.machine.completed() + 1)).is_err() {
-            return Ok((None, input)); // the machine names the shape or NaN
+            return Ok(input); // the machine names the shape or NaN
         }
         // a key the screen caught lately is refused before the screen is spent on it
         if self.machine.sits_out(&peer, round) {
-            return Ok((None, input)); // the machine names why it is refused
+            return Ok(input); // the machine names why it is refused
         }
         match self.screener.decide(self.machine.must_screen(&peer)) {
-            screen::Decision::Skip => return Ok((None, input)),
-            screen::Decision::OverBudget => {
-                return Ok((None, Input::Malformed { peer, round, reason: Rejection::Unscreened }));
-            }
+            screen::Decision::Skip => return Ok(input),
+            screen::Decision::OverBudget => return Ok(Input::Malformed { peer, round, reason: Rejection::Unscreened }),
             screen::Decision::Screen => {}
         }
-        let Some(applied) = self.machine.as_applied(delta) else { return Ok((None, input)) };
+        let Some(applied) = self.machine.as_applied(delta) else { return Ok(input) };
         let params = self.machine.params().clone();
         let engine = self.engine.as_mut().context("the loss screen without the model on this host")?;
         let verdict = self.screener.score(engine, &params, &applied).await?;
@@ -483,7 +458,10 @@ impl Host {
             self.screener.improved(improvement, !self.machine.ratings().on_probation(&peer));
         }
         if verdict.passed(min_gain) {
-            return Ok((Some(Input::Score { peer, round, improvement }), input));
+            if let Input::Contribution { screen, .. } = &mut input {
+                *screen = shepherd::Screen::Passed { improvement };
+            }
+            return Ok(input);
         }
         let screen::Verdict { before, after, reversed } = verdict;
         let reason = if verdict.improves() {
@@ -491,7 +469,7 @@ impl Host {
         } else {
             Rejection::NoImprovement { before, after, reversed }
         };
-        Ok((None, Input::Malformed { peer, round, reason }))
+        Ok(Input::Malformed { peer, round, reason })
     }
 
     /// The tensor sizes of round `round`'s pseudo-gradients: its fragment's, the
@@ -503,7 +481,14 @@ impl Host {
         )
     }
 
-    fn contribution_input(&mut self, key: PublicKey, round: u64, c: Contribution) -> Input<PublicKey> {
+    /// The contribution `c` as the state machine's input, unscreened (or why it is malformed).
+    fn contribution_input(
+        &mut self,
+        key: PublicKey,
+        round: u64,
+        c: Contribution,
+        timing: shepherd::Timing,
+    ) -> Input<PublicKey> {
         self.book.bytes_in += c.delta.len() as u64;
         let malformed = |reason: String| Input::Malformed { peer: key, round, reason: Rejection::Encoding(reason) };
         if c.run != self.run.0 || c.round != round {
@@ -525,7 +510,15 @@ impl Host {
             }
         }
         match compress::decode_delta_seeded(&c.delta, &self.round_sizes(round), self.plan.encoding, round) {
-            Ok(delta) => Input::Contribution { peer: key, round, samples: c.samples, loss: c.loss, delta },
+            Ok(delta) => Input::Contribution {
+                peer: key,
+                round,
+                samples: c.samples,
+                loss: c.loss,
+                delta,
+                timing: Some(timing),
+                screen: shepherd::Screen::Unscreened,
+            },
             Err(e) => malformed(e.to_string()),
         }
     }

@@ -28,7 +28,7 @@
 //!
 //! * **Time-boxed rounds.** Each round has a compute budget, τ × the median time
 //!   per inner step of the contributions averaged in the last round that reported
-//!   any (× `budget_factor`), learned from [`Input::Timing`] (the worker's own
+//!   any (× `budget_factor`), learned from their [`Timing`] (the worker's own
 //!   claim: a median, so a few liars move it little) and given to workers with the
 //!   round ([`Shepherd::budget_ms`]). A worker runs τ steps or the budget,
 //!   whichever ends first, and its contribution is weighted by the samples it
@@ -46,12 +46,12 @@
 //!   done. A time-boxed round therefore waits for late links as long as that
 //!   costs no one compute and no longer: once half its participants answered,
 //!   its deadline becomes the median time their contributions were sent (the
-//!   arrival less the send-to-arrival time of [`Input::Timing`]) plus the budget,
+//!   arrival less the send-to-arrival time of their [`Timing`]) plus the budget,
 //!   less the time an announcement takes to reach the workers
 //!   ([`Overlap::notice_ms`]); before that it is two budgets after the opening
 //!   (within the deadline bounds). [`Shepherd::deadline_ms`] gives the deadline
 //!   in force. A round still closes as soon as every participant answered, and
-//!   without quorum at the deadline it is extended as before. (A deadline fixed
+//!   without quorum at the deadline it is extended as in lockstep. (A deadline fixed
 //!   at the opening cannot do this: a round's steps begin before it opens, by as
 //!   much as the last round's slowest upload; and one set from the last round's
 //!   contributions in time is biased early by the late ones it lacks, a bias
@@ -75,9 +75,8 @@
 //!
 //! A host drives them so: with every [`Action::OpenRound`], announce
 //! [`Shepherd::budget_ms`] and [`Shepherd::steps_end_ms`] too (0 for none); give
-//! each contribution's [`Input::Timing`] right before its [`Input::Contribution`];
-//! and after each input, tick the state machine at [`Shepherd::deadline_ms`] if
-//! it moved.
+//! each [`Input::Contribution`] its [`Timing`]; and after each input, tick the
+//! state machine at [`Shepherd::deadline_ms`] if it moved.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -89,9 +88,11 @@ use super::sketch::Sketch;
 use super::sparse::{self, ErrorFeedback, Settings, SparseTensors};
 use reference::{References, bounded_move, tensor_references, weighted_median};
 
+mod input;
 pub mod reference;
 mod snapshot;
 
+pub use input::{Input, Screen, Timing};
 pub use snapshot::{Learned, Snapshot};
 
 /// Shepherd settings.
@@ -156,7 +157,7 @@ pub struct Config {
     /// Each value of a contribution is clipped to this × the median largest
     /// magnitude of its tensor in those contributions (infinite: off).
     pub element_factor: f64,
-    /// Ratings from the screen ([`Input::Score`]) set each participant's trust
+    /// Ratings from the screen ([`Screen::Passed`]) set each participant's trust
     /// factor, and rated peers' contributions are the bounds' reference. `None`:
     /// every contribution counts by its samples alone.
     pub rating: Option<Policy>,
@@ -231,70 +232,6 @@ impl Default for Config {
             sketch_key: 0,
         }
     }
-}
-
-/// What happens to the shepherd.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Input<P> {
-    /// A worker asked to join.
-    Joined(P),
-    /// A worker said goodbye (or its connection closed for good).
-    Left(P),
-    /// A worker is alive.
-    Heartbeat(P),
-    /// A verified, decoded contribution.
-    Contribution {
-        /// Who sent it (the envelope's signer).
-        peer: P,
-        /// The round it claims.
-        round: u64,
-        /// Samples (tokens) trained on.
-        samples: u64,
-        /// The worker's mean inner loss.
-        loss: f32,
-        /// θ_start − θ_end, dense or sparse.
-        delta: Delta,
-    },
-    /// A contribution that could not even be decoded or verified.
-    Malformed {
-        /// Who sent it.
-        peer: P,
-        /// The round it claims.
-        round: u64,
-        /// Why.
-        reason: Rejection,
-    },
-    /// Time passed.
-    Tick,
-    /// The screen's verdict on the contribution that follows (give it just before
-    /// that [`Input::Contribution`]): it lowered the held-out loss by
-    /// `improvement` at the scale it is applied. A failed screen is an
-    /// [`Input::Malformed`] with [`Rejection::NoImprovement`] instead.
-    Score {
-        /// The worker.
-        peer: P,
-        /// The contribution's round.
-        round: u64,
-        /// The loss without it less the loss with it.
-        improvement: f64,
-    },
-    /// How a contribution was made (overlap: it sets the budget and the grace;
-    /// give it just before the [`Input::Contribution`] it describes, which uses
-    /// it only if accepted): the inner steps the worker ran and their time (its
-    /// claim, from its message), and how long the contribution took from its send
-    /// to this state machine (the host's measure, e.g. the transfer and its queue).
-    Timing {
-        /// The worker.
-        peer: P,
-        /// The contribution's round.
-        round: u64,
-        /// Inner steps run.
-        steps: u64,
-        /// Milliseconds they took.
-        train_ms: u64,
-        /// Milliseconds from the send to this input.
-        transfer_ms: u64,
-    },
 }
 
 /// A closed round.
@@ -426,7 +363,7 @@ struct OpenRound<P> {
     budget_ms: Option<u64>,
     /// Overlap: the milliseconds per inner step the shepherd saw of the screened
     /// contributions accepted, with their senders' earned weights, and when those
-    /// in time were sent, from their [`Input::Timing`].
+    /// in time were sent, from their [`Timing`].
     step_ms: Vec<(f64, f64)>,
     sent_ms: Vec<u64>,
     /// Overlap: the deadline was set from the sends of half the participants.
@@ -546,15 +483,11 @@ pub struct Shepherd<P> {
     first_input_ms: Option<u64>,
     /// Overlap: the round closed last, whose late contributions are carried over.
     previous: Option<Closed<P>>,
-    /// Overlap: each worker's last [`Input::Timing`], until its contribution.
-    timings: BTreeMap<P, Timing>,
     /// Overlap: a time-boxed round and the median send of its contributions, from
     /// its settled deadline ([`Self::settle`]).
     sent_ms: Option<(u64, u64)>,
     /// Ratings from the screen.
     ratings: Ratings<P>,
-    /// Each worker's [`Input::Score`], until its contribution.
-    scores: BTreeMap<P, (u64, f64)>,
     /// Earned work, the step time's and each tensor's reference ([`reference`]).
     refs: References<P>,
     /// Whether the last round's norms ([`Self::norms`]) are rated peers' only: the
@@ -571,15 +504,6 @@ struct Closed<P> {
     participants: BTreeSet<P>,
     /// Who answered it (in time, carried or refused): no second contribution.
     answered: BTreeSet<P>,
-}
-
-/// An [`Input::Timing`] waiting for its contribution.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Timing {
-    round: u64,
-    steps: u64,
-    train_ms: u64,
-    transfer_ms: u64,
 }
 
 impl<P: Ord + Clone> Shepherd<P> {
@@ -607,10 +531,8 @@ impl<P: Ord + Clone> Shepherd<P> {
             resumed_at: 0,
             first_input_ms: None,
             previous: None,
-            timings: BTreeMap::new(),
             sent_ms: None,
             ratings,
-            scores: BTreeMap::new(),
             refs: References::new(),
             rated_norms: false,
             joined: BTreeMap::new(),
@@ -821,12 +743,13 @@ impl<P: Ord + Clone> Shepherd<P> {
                 }
             }
             Input::Left(peer) => self.remove(peer, LeaveReason::Left, &mut actions),
-            Input::Contribution { peer, round, samples, loss, delta } => {
+            Input::Contribution { peer, round, samples, loss, delta, timing, screen } => {
                 if let Some(seen) = self.workers.get_mut(&peer) {
                     *seen = now_ms;
                 }
-                let timing = self.timings.remove(&peer).filter(|t| t.round == round);
-                let score = self.scores.remove(&peer).filter(|(r, _)| *r == round).map(|(_, i)| i);
+                // only overlapping runs learn from how contributions were made
+                let timing = timing.filter(|_| self.config.overlap.is_some());
+                let score = screen.improvement();
                 let result = self.admit(&peer, round).and_then(|carried| {
                     if self.sits_out(&peer, round) {
                         let until = self.ratings.get(&peer).map_or(round, |r| r.sits_out_until);
@@ -891,16 +814,6 @@ impl<P: Ord + Clone> Shepherd<P> {
                     self.refs.earned.forfeit(&peer);
                 }
                 self.reject(peer, round, reason, &mut actions);
-            }
-            Input::Score { peer, round, improvement } => {
-                if self.workers.contains_key(&peer) {
-                    self.scores.insert(peer, (round, improvement));
-                }
-            }
-            Input::Timing { peer, round, steps, train_ms, transfer_ms } => {
-                if self.config.overlap.is_some() && self.workers.contains_key(&peer) {
-                    self.timings.insert(peer, Timing { round, steps, train_ms, transfer_ms });
-                }
             }
             Input::Tick => {}
         }
@@ -1055,7 +968,6 @@ impl<P: Ord + Clone> Shepherd<P> {
         if let Some(previous) = self.previous.as_mut().filter(|p| p.round == round && p.participants.contains(&peer)) {
             previous.answered.insert(peer.clone());
         }
-        self.timings.remove(&peer);
         actions.push(Action::Rejected { peer, round, reason });
     }
 
@@ -1413,7 +1325,7 @@ impl<P: Ord + Clone> Shepherd<P> {
         let norms: Vec<(f64, f64)> = open.references.iter().map(|r| (r.norm, r.weight)).collect();
         if let Some(norm) = weighted_median(&norms) {
             let before = lower_median(&previous);
-            // with ratings, this round's arrivals no longer join the pool
+            // with ratings, arrivals stay out of the pool from this close on
             self.rated_norms = self.config.rating.is_some();
             self.norms = [bounded_move(norm, before)].into();
             if self.config.fragments.len() > 1 {
@@ -1429,8 +1341,6 @@ impl<P: Ord + Clone> Shepherd<P> {
             }
             let answered = std::mem::take(&mut open.answered);
             self.previous = Some(Closed { round, participants: std::mem::take(&mut open.participants), answered });
-            // timings of contributions that never came
-            self.timings.retain(|_, t| t.round >= round);
         }
         actions.push(Action::RoundCompleted(RoundSummary {
             round,

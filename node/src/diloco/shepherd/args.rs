@@ -1,6 +1,23 @@
 //! The shepherd's flags, and the plan resolved from them, a config and a checkpoint.
 
-use super::*;
+use std::path::{Path, PathBuf};
+
+use pcp_bootstrap::PeerId;
+use pcp_protocol::diloco::compress::Encoding;
+use pcp_protocol::{BlobHash, PublicKey};
+use pcp_schema::RunManifest;
+
+use crate::Failure;
+use crate::diloco::retention::Retention;
+use crate::diloco::wire::LeaderState;
+use crate::training::checkpoint::Checkpoint;
+use crate::training::config::Experiment;
+use crate::training::data::{Corpus, default_corpus};
+use crate::training::model::Model;
+
+use super::setup::ShepherdMeta;
+use super::trust::{Trust, TrustArgs};
+use super::{Prepared, Start};
 
 /// Flags of `pcp-node --shepherd`.
 #[derive(Debug, Clone, Default, clap::Args)]

@@ -9,7 +9,23 @@
 //! once for a built-in model. An imported model's batch is fixed in its module:
 //! its workers all get the whole-batch step.
 
-use super::*;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pcp_bootstrap::InboundId;
+use pcp_protocol::{BlobHash, PublicKey};
+use pcp_schema::{AckCode, ArtifactRef, NodeHello, SignedEnvelope};
+use tokio::task::JoinSet;
+
+use crate::diloco::Refusal;
+use crate::diloco::wire::peer_name;
+use crate::observe::events as ev;
+use crate::training::config::step_config;
+use crate::training::memory::Footprint;
+use crate::training::model::Model;
+
+use super::Host;
 
 /// What distinguishes one artifact of a run from another: the backend, the
 /// target, the micro-batches per batch and the recomputation.
@@ -263,6 +279,7 @@ mod tests {
     use pcp_graph::Recompute;
 
     use super::*;
+    use crate::training::config::Experiment;
     use crate::training::memory::preset_step_bytes;
 
     /// A worker with 8 GB free joins a gpt2-124m run at batch 8.

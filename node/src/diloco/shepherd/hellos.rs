@@ -21,11 +21,18 @@
 //! ([`JoinRate`]); a key the run admitted before needs the floor, and one the
 //! replicated state names none (the shepherd that admitted it checked its proof).
 
+use pcp_protocol::PublicKey;
+use pcp_schema::AckCode;
+
+use crate::diloco::wire::peer_name;
+use crate::diloco::{Refusal, wire};
+use crate::observe::events as ev;
+
+use super::Host;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use pcp_protocol::admit::{Difficulty, JoinRate};
-
-use super::*;
 
 /// Keys whose hello the shepherd keeps: live workers, hellos waiting for their first
 /// heartbeat, and workers that left recently.

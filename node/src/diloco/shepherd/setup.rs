@@ -1,7 +1,32 @@
 //! How a shepherd starts: where its run comes from (new, checkpoint, inherited),
 //! the manifest, the state machine's settings and its own engine.
 
-use super::*;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use pcp_bootstrap::{BlobStore, Node};
+use pcp_protocol::diloco::shepherd::{Shepherd, Snapshot};
+use pcp_protocol::diloco::{Tensors, compress, fragments, shepherd};
+use pcp_protocol::election::Succession;
+use pcp_protocol::failover::{CHECK_QUORUM_LEASES, Quorum, Replica};
+use pcp_protocol::{BlobHash, PublicKey, RunId};
+use pcp_schema::{DataSpec, ParameterRef, RunManifest, Schedule, TensorSpec};
+use tokio::task::JoinSet;
+
+use crate::diloco::consensus::{Consensus, Seat};
+use crate::diloco::wire;
+use crate::diloco::wire::{Signer, peer_name};
+use crate::observe::events as ev;
+use crate::observe::events::Events;
+use crate::training::checkpoint::Checkpoint;
+use crate::training::config::{Experiment, step_config};
+use crate::training::data::Corpus;
+use crate::training::engine::Engine;
+
+use super::leadership::LeaseKeeper;
+use super::{CONTRIBUTION_OVERHEAD, Host, ShepherdHooks, Start, file_name, screen};
+use super::{Screen, ShepherdPlan};
 
 /// What a shepherd's checkpoint records besides its tensors (`meta.json`).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

@@ -1,6 +1,8 @@
 //! The round table the shepherd prints on stdout (when the dashboard does not own it).
 
-use super::*;
+use std::io::Write as _;
+
+use super::Host;
 
 impl Host {
     /// A line in the round table (elections and step-downs).

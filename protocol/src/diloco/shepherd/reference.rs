@@ -3,7 +3,7 @@
 //! takes. Identities are cheap, so none of them is a vote per key:
 //!
 //! * **Screened and accepted only.** A contribution counts if it was accepted
-//!   and screened: the score screen passed it ([`super::Input::Score`]), or the
+//!   and screened: the score screen passed it ([`super::Screen::Passed`]), or the
 //!   run has no score screen, whose norm bounds are then the screen. One let
 //!   through unscored (sampling past the screening budget) counts for nothing.
 //! * **By earned weight.** Each sender weighs by its earned work

@@ -142,7 +142,7 @@ mod tests {
 
     fn send(peer: u32, round: u64, v: f32) -> Input<u32> {
         let delta = Delta::Dense(vec![vec![v, 0.5 * v], vec![v * f32::from(peer as u8)]]);
-        Input::Contribution { peer, round, samples: 10, loss: 2.0, delta }
+        Input::contribution(peer, round, 10, 2.0, delta)
     }
 
     fn refused(actions: &[Action<u32>], who: u32) -> Option<Rejection> {
@@ -160,14 +160,12 @@ mod tests {
             s.handle(Input::Joined(p), 0);
         }
         for p in 1..=4 {
-            s.handle(Input::Score { peer: p, round: 1, improvement: 0.1 * f64::from(p) }, 1);
-            s.handle(send(p, 1, 0.1), 1);
+            s.handle(send(p, 1, 0.1).passed(0.1 * f64::from(p)), 1);
         }
         assert_eq!(s.completed(), 1);
         s.handle(Input::Left(4), 2);
         for p in 1..=2 {
-            s.handle(Input::Score { peer: p, round: 2, improvement: 0.2 }, 3);
-            s.handle(send(p, 2, 0.2), 3);
+            s.handle(send(p, 2, 0.2).passed(0.2), 3);
         }
         let caught = Rejection::NoImprovement { before: 1.0, after: 1.2, reversed: 0.9 };
         s.handle(Input::Malformed { peer: 3, round: 2, reason: caught }, 3);

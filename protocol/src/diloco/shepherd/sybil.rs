@@ -47,7 +47,7 @@ fn run(workers: u32, hostile: u32, attack: Attack) -> (Vec<RoundSummary<u32>>, V
         for p in 1..=workers {
             let d = honest(p, r);
             let d = if p > workers - hostile { attack(r, d) } else { d };
-            let input = Input::Contribution { peer: p, round: r, samples: 100, loss: 2.0, delta: Delta::Dense(d) };
+            let input = Input::contribution(p, r, 100, 2.0, Delta::Dense(d));
             for a in s.handle(input, r * 1000 + u64::from(p)) {
                 match a {
                     Action::RoundCompleted(sum) => summaries.push(sum),
@@ -136,13 +136,7 @@ fn fresh_keys_have_no_say_in_the_references() {
     let mut s = Shepherd::new(config(2), vec![vec![0.0; 4]]);
     s.handle(Input::Joined(1), 0);
     s.handle(Input::Joined(2), 0);
-    let send = |p: u32, r: u64, d: Vec<Vec<f32>>| Input::Contribution {
-        peer: p,
-        round: r,
-        samples: 100,
-        loss: 2.0,
-        delta: Delta::Dense(d),
-    };
+    let send = |p: u32, r: u64, d: Vec<Vec<f32>>| Input::contribution(p, r, 100, 2.0, Delta::Dense(d));
     for r in 1..=2 {
         s.handle(send(1, r, honest(1, r)), r * 1000);
         s.handle(send(2, r, honest(2, r)), r * 1000 + 1);
@@ -184,7 +178,7 @@ fn random(seed: u64) -> Vec<Vec<f32>> {
 }
 
 fn contribution(peer: u32, round: u64, delta: Vec<Vec<f32>>) -> Input<u32> {
-    Input::Contribution { peer, round, samples: 100, loss: 2.0, delta: Delta::Dense(delta) }
+    Input::contribution(peer, round, 100, 2.0, Delta::Dense(delta))
 }
 
 /// `replay:3`: one hostile worker's Δ sent by it and two more keys. Without the
@@ -300,7 +294,7 @@ fn a_sparse_copy_of_part_of_the_last_update_is_refused() {
                     _ => (0..16).flat_map(|i| random(u64::from(p) * 100 + r * 16 + i).remove(0)).collect::<Vec<_>>(),
                 };
                 let delta = Delta::Sparse(vec![top_4_per_chunk(&dense)]);
-                let input = Input::Contribution { peer: p, round: r, samples: 100, loss: 2.0, delta };
+                let input = Input::contribution(p, r, 100, 2.0, delta);
                 for a in s.handle(input, r * 1000 + u64::from(p)) {
                     match a {
                         Action::Rejected { reason, .. } => refused.push(reason),

@@ -33,21 +33,21 @@ fn fragment_rounds_move_only_their_fragment_and_refuse_other_shapes() {
         assert_eq!(&*s.round_sizes(2), &[0, 2]);
         // round 1 syncs fragment 0: a whole-model contribution is the wrong shape
         let whole = Delta::Dense(vec![vec![0.5, 0.5], vec![0.5, 0.5]]);
-        let a = s.handle(Input::Contribution { peer: 1, round: 1, samples: 10, loss: 2.0, delta: whole }, 1);
+        let a = s.handle(Input::contribution(1, 1, 10, 2.0, whole), 1);
         assert!(a.iter().any(|a| matches!(a, Action::Rejected { .. })), "{a:?}");
         let part = |v: f32, first: bool| {
             let t = vec![v, v];
             Delta::Dense(if first { vec![t, vec![]] } else { vec![vec![], t] })
         };
         for peer in [1, 2] {
-            s.handle(Input::Contribution { peer, round: 1, samples: 10, loss: 2.0, delta: part(0.5, true) }, 2);
+            s.handle(Input::contribution(peer, 1, 10, 2.0, part(0.5, true)), 2);
         }
         assert_eq!(s.completed(), 1);
         assert_eq!(s.params()[1], vec![5.0, 5.0], "fragment 1 did not move in round 1");
         assert!(s.params()[0][0] < 1.0, "fragment 0 moved: {:?}", s.params());
         let first = s.params()[0].clone();
         for peer in [1, 2] {
-            s.handle(Input::Contribution { peer, round: 2, samples: 10, loss: 2.0, delta: part(0.5, false) }, 3);
+            s.handle(Input::contribution(peer, 2, 10, 2.0, part(0.5, false)), 3);
         }
         assert_eq!(s.completed(), 2);
         assert_eq!(s.params()[0], first, "fragment 0 did not move in round 2");
@@ -68,7 +68,7 @@ fn config() -> Config {
 }
 
 fn contribution(peer: u32, round: u64, v: f32) -> Input<u32> {
-    Input::Contribution { peer, round, samples: 10, loss: 2.0, delta: Delta::Dense(vec![vec![v, v]]) }
+    Input::contribution(peer, round, 10, 2.0, Delta::Dense(vec![vec![v, v]]))
 }
 
 fn opened(actions: &[Action<u32>]) -> Option<(u64, Vec<u32>)> {
@@ -218,19 +218,9 @@ fn hostile_contributions_are_rejected_or_bounded() {
     for p in 1..=4 {
         s.handle(Input::Joined(p), 0);
     }
-    let nan = s.handle(
-        Input::Contribution {
-            peer: 4,
-            round: 1,
-            samples: 10,
-            loss: 1.0,
-            delta: Delta::Dense(vec![vec![f32::NAN, 0.0]]),
-        },
-        1,
-    );
+    let nan = s.handle(Input::contribution(4, 1, 10, 1.0, Delta::Dense(vec![vec![f32::NAN, 0.0]])), 1);
     assert!(matches!(nan[0], Action::Rejected { reason: Rejection::NonFinite { index: 0 }, .. }));
-    let shape =
-        s.handle(Input::Contribution { peer: 3, round: 1, samples: 10, loss: 1.0, delta: vec![vec![0.0]].into() }, 1);
+    let shape = s.handle(Input::contribution(3, 1, 10, 1.0, vec![vec![0.0]].into()), 1);
     assert!(matches!(shape[0], Action::Rejected { reason: Rejection::Shape { .. }, .. }));
     let wrong_round = s.handle(contribution(1, 7, 0.1), 1);
     assert!(matches!(wrong_round[0], Action::Rejected { reason: Rejection::WrongRound { got: 7, current: 1 }, .. }));
@@ -273,15 +263,16 @@ fn overlapping(workers: usize) -> Config {
     }
 }
 
-fn timing(peer: u32, round: u64, steps: u64, train_ms: u64, transfer_ms: u64) -> Input<u32> {
-    Input::Timing { peer, round, steps, train_ms, transfer_ms }
+/// [`stepped`], made in `train_ms` and sent `transfer_ms` before its input.
+fn timed(peer: u32, round: u64, steps: u64, train_ms: u64, transfer_ms: u64) -> Input<u32> {
+    stepped(peer, round, steps).timed(steps, train_ms, transfer_ms)
 }
 
 /// `steps` inner steps of 10 samples from `peer` to `round` (with
 /// [`overlapping`]'s `sample_unit` of 10).
 fn stepped(peer: u32, round: u64, steps: u64) -> Input<u32> {
     let delta = Delta::Dense(vec![vec![0.1, 0.1]]);
-    Input::Contribution { peer, round, samples: steps * 10, loss: 2.0, delta }
+    Input::contribution(peer, round, steps * 10, 2.0, delta)
 }
 
 /// (a): the budget is τ × the step time of the last round's contributions
@@ -299,8 +290,7 @@ fn overlapping_rounds_are_time_boxed_by_the_step_time() {
     // round 1 opened at 0: 10, 20 and 80 ms a step (the last a straggler that ran
     // 25 of its 50 steps), the third claiming more than it could have (9 s by 2 s)
     for (p, steps, train, at) in [(1, 50, 500, 600), (2, 50, 1000, 1100), (3, 25, 9000, 2000)] {
-        s.handle(timing(p, 1, steps, train, 10), at);
-        s.handle(stepped(p, 1, steps), at);
+        s.handle(timed(p, 1, steps, train, 10), at);
     }
     assert_eq!(s.completed(), 1);
     // the median 20 ms a step × τ = 50: a 1000 ms budget
@@ -309,23 +299,22 @@ fn overlapping_rounds_are_time_boxed_by_the_step_time() {
     // round 2 opened at 2000: its deadline is two budgets later until half the
     // participants answered
     assert_eq!(s.deadline_ms(), Some(4000));
-    s.handle(timing(1, 2, 50, 1000, 10), 2960);
-    s.handle(stepped(1, 2, 50), 2960);
+    s.handle(timed(1, 2, 50, 1000, 10), 2960);
     assert_eq!(s.deadline_ms(), Some(4000));
     // the second of three sent at 2950 too: the median worker started round 3's steps
     // then and is done with them at 3950; the round closes 100 ms (the notice) before
-    s.handle(timing(2, 2, 50, 1000, 10), 2960);
-    s.handle(stepped(2, 2, 50), 2960);
+    s.handle(timed(2, 2, 50, 1000, 10), 2960);
     assert_eq!(s.deadline_ms(), Some(3850));
     assert!(completed(&s.handle(Input::Tick, 3849)).is_none());
     let a = s.handle(Input::Tick, 3850);
     assert_eq!(summary_budget(&a), Some(1000));
     assert_eq!(completed(&a).map(|c| c.excluded), Some(vec![3]));
+    // round 3's deadline (5850) passes with no contribution: extended
+    let a = s.handle(Input::Tick, 7000);
+    assert!(a.iter().any(|a| matches!(a, Action::DeadlineExtended { round: 3, .. })), "{a:?}");
     // a deadline that would already have passed is now: the round closes at once
-    s.handle(timing(1, 3, 50, 5000, 5000), 7000);
-    s.handle(stepped(1, 3, 50), 7000);
-    s.handle(timing(2, 3, 50, 5000, 5000), 7000);
-    assert!(completed(&s.handle(stepped(2, 3, 50), 7000)).is_some());
+    s.handle(timed(1, 3, 50, 5000, 5000), 7000);
+    assert!(completed(&s.handle(timed(2, 3, 50, 5000, 5000), 7000)).is_some());
     // claims of 100 ms a step: the reference moves at most ×2 a round, 40 ms
     assert_eq!(s.budget_ms(), Some(2000));
 
@@ -336,8 +325,7 @@ fn overlapping_rounds_are_time_boxed_by_the_step_time() {
         s.handle(Input::Joined(1), 0);
         s.handle(Input::Joined(2), 0);
         for (p, at) in [(1, 400), (2, 600)] {
-            s.handle(timing(p, 1, 50, train_ms, 10), at);
-            s.handle(stepped(p, 1, 50), at);
+            s.handle(timed(p, 1, 50, train_ms, 10), at);
         }
         s.budget_ms()
     };
@@ -346,17 +334,16 @@ fn overlapping_rounds_are_time_boxed_by_the_step_time() {
     let mut s = Shepherd::new(Config { start_workers: 2, ..config() }, vec![vec![0.0, 0.0]]);
     s.handle(Input::Joined(1), 0);
     s.handle(Input::Joined(2), 0);
-    s.handle(timing(1, 1, 50, 0, 0), 1);
-    s.handle(stepped(1, 1, 50), 1);
-    s.handle(timing(2, 1, 50, 9_000, 0), 9000);
-    s.handle(Input::Malformed { peer: 2, round: 1, reason: Rejection::NoSamples }, 9000);
+    s.handle(timed(1, 1, 50, 0, 0), 1);
+    // refused (no samples): its claim of 9 s does not count
+    let a = s.handle(stepped(2, 1, 0).timed(50, 9_000, 0), 9000);
+    assert!(a.contains(&Action::Rejected { peer: 2, round: 1, reason: Rejection::NoSamples }), "{a:?}");
     assert_eq!(s.completed(), 1);
     assert_eq!(s.budget_ms(), None, "a budget of 0 ms (0 ms a step) is no budget");
     // a lockstep shepherd ignores timings
     let mut s = Shepherd::new(Config { overlap: None, ..config() }, vec![vec![0.0, 0.0]]);
     s.handle(Input::Joined(1), 0);
-    s.handle(timing(1, 1, 50, 500, 0), 500);
-    s.handle(stepped(1, 1, 50), 500);
+    s.handle(timed(1, 1, 50, 500, 0), 500);
     assert_eq!(s.budget_ms(), None);
 }
 
@@ -371,8 +358,7 @@ fn fresh_keys_and_a_minority_claiming_fast_steps_do_not_move_the_step_budget() {
     s.handle(Input::Joined(1), 0);
     s.handle(Input::Joined(2), 0);
     for p in [1, 2] {
-        s.handle(timing(p, 1, 50, 1000, 0), 1000);
-        s.handle(stepped(p, 1, 50), 1000);
+        s.handle(timed(p, 1, 50, 1000, 0), 1000);
     }
     assert_eq!(s.budget_ms(), Some(1000));
     for sybil in 10..20 {
@@ -381,12 +367,10 @@ fn fresh_keys_and_a_minority_claiming_fast_steps_do_not_move_the_step_budget() {
     // round 2 is the honest workers' and the fresh keys' (joined before it opened)
     let opened = s.deadline_ms().expect("open") - 2 * s.budget_ms().expect("budget");
     for sybil in 10..20 {
-        s.handle(timing(sybil, 2, 50, 1, 0), opened + 1);
-        s.handle(stepped(sybil, 2, 50), opened + 1);
+        s.handle(timed(sybil, 2, 50, 1, 0), opened + 1);
     }
     for p in [1, 2] {
-        s.handle(timing(p, 2, 50, 1000, 0), opened + 1000);
-        s.handle(stepped(p, 2, 50), opened + 1000);
+        s.handle(timed(p, 2, 50, 1000, 0), opened + 1000);
     }
     assert_eq!((s.completed(), s.budget_ms()), (2, Some(1000)));
 
@@ -400,8 +384,7 @@ fn fresh_keys_and_a_minority_claiming_fast_steps_do_not_move_the_step_budget() {
         at += 1000;
         for p in 1..=7 {
             let train = if p >= 5 && round > 2 { 1 } else { 1000 };
-            s.handle(timing(p, round, 50, train, 0), at);
-            s.handle(stepped(p, round, 50), at);
+            s.handle(timed(p, round, 50, train, 0), at);
         }
         assert_eq!(s.completed(), round);
         assert_eq!(s.budget_ms(), Some(1000), "round {round}");
@@ -447,13 +430,7 @@ fn a_contribution_one_round_late_is_carried_into_the_next_round() {
     s.handle(contribution(2, 3, 0.1), 140);
     s.handle(contribution(4, 3, 0.1), 140);
     completed(&s.handle(Input::Tick, 10_000)).expect("round 3 at its deadline, without 3");
-    let nan = Input::Contribution {
-        peer: 3,
-        round: 3,
-        samples: 10,
-        loss: 1.0,
-        delta: Delta::Dense(vec![vec![f32::NAN, 0.0]]),
-    };
+    let nan = Input::contribution(3, 3, 10, 1.0, Delta::Dense(vec![vec![f32::NAN, 0.0]]));
     assert_eq!(refused(s.handle(nan, 10_001)), Rejection::NonFinite { index: 0 });
     assert_eq!(refused(s.handle(contribution(3, 3, 0.1), 10_002)), Rejection::Duplicate { round: 3 });
 }
@@ -478,7 +455,7 @@ fn carried_contributions_make_a_quorum_and_lockstep_or_fragment_runs_refuse_them
         let part = |peer| {
             let t = vec![0.1, 0.1];
             let delta = if cfg.fragments.is_empty() { vec![t] } else { vec![t, vec![]] };
-            Input::Contribution { peer, round: 1, samples: 10, loss: 2.0, delta: Delta::Dense(delta) }
+            Input::contribution(peer, 1, 10, 2.0, Delta::Dense(delta))
         };
         s.handle(part(1), 10);
         completed(&s.handle(Input::Tick, 100)).expect("round 1");

@@ -20,7 +20,7 @@ fn config() -> Config {
 }
 
 fn send(peer: u32, round: u64, samples: u64, delta: Vec<Vec<f32>>) -> Input<u32> {
-    Input::Contribution { peer, round, samples, loss: 2.0, delta: Delta::Dense(delta) }
+    Input::contribution(peer, round, samples, 2.0, Delta::Dense(delta))
 }
 
 fn rejection(actions: &[Action<u32>], who: u32) -> Option<Rejection> {
@@ -142,8 +142,7 @@ fn a_peer_caught_by_the_screen_loses_its_rating_and_probation_counts_less() {
     s.handle(Input::Joined(1), 0);
     s.handle(Input::Joined(2), 0);
     // round 1: 1 passes its screen, 2 is caught
-    s.handle(Input::Score { peer: 1, round: 1, improvement: 0.5 }, 1);
-    s.handle(send(1, 1, 50, vec![vec![1.0, 0.0, 0.0, 0.0]]), 1);
+    s.handle(send(1, 1, 50, vec![vec![1.0, 0.0, 0.0, 0.0]]).passed(0.5), 1);
     let caught = Rejection::NoImprovement { before: 1.0, after: 1.2, reversed: 0.9 };
     let a = s.handle(Input::Malformed { peer: 2, round: 1, reason: caught }, 1);
     assert!(summary(&a).is_some());
@@ -173,8 +172,7 @@ fn tiny_early_contributions_do_not_drag_the_bound_once_peers_are_rated() {
     }
     // round 1: the honest 1 and 2 are rated; 3 and 4 stay on probation (no screen)
     for p in [1, 2] {
-        s.handle(Input::Score { peer: p, round: 1, improvement: 0.1 }, 1);
-        s.handle(send(p, 1, 50, vec![vec![1.0, 0.0, 0.0, 0.0]]), 1);
+        s.handle(send(p, 1, 50, vec![vec![1.0, 0.0, 0.0, 0.0]]).passed(0.1), 1);
     }
     s.handle(send(3, 1, 50, vec![vec![1.0, 0.0, 0.0, 0.0]]), 1);
     assert!(summary(&s.handle(send(4, 1, 50, vec![vec![1.0, 0.0, 0.0, 0.0]]), 1)).is_some());
@@ -200,12 +198,10 @@ fn rounds_take_the_best_rated_participants_and_aggregate_at_most_the_cap() {
     let participants = |s: &Shepherd<u32>| s.open.as_ref().map(|o| o.participants.iter().copied().collect::<Vec<_>>());
     assert_eq!(participants(&s), Some(vec![1, 2, 3]));
     for (p, score) in [(1, 0.1), (2, 0.2)] {
-        s.handle(Input::Score { peer: p, round: 1, improvement: score }, 6);
-        s.handle(send(p, 1, 50, vec![vec![0.1; 4]]), 6);
+        s.handle(send(p, 1, 50, vec![vec![0.1; 4]]).passed(score), 6);
     }
     // 3 is third of three: not aggregated, but its screen still rates it
-    s.handle(Input::Score { peer: 3, round: 1, improvement: 0.3 }, 6);
-    let a = s.handle(send(3, 1, 50, vec![vec![0.1; 4]]), 6);
+    let a = s.handle(send(3, 1, 50, vec![vec![0.1; 4]]).passed(0.3), 6);
     assert_eq!(rejection(&a, 3), Some(Rejection::NotSelected { max: 2 }));
     assert!(!s.ratings().on_probation(&3));
     assert_eq!(summary(&a).expect("round 1").contributors, vec![1, 2]);
@@ -226,8 +222,7 @@ fn participants_on_probation_do_not_hold_a_round_once_the_rated_ones_answered() 
     // 3 joins during round 1: on probation in round 2, and silent
     s.handle(Input::Joined(3), 5);
     for p in [1, 2] {
-        s.handle(Input::Score { peer: p, round: 1, improvement: 0.1 }, 10);
-        s.handle(send(p, 1, 50, vec![vec![0.1; 4]]), 10);
+        s.handle(send(p, 1, 50, vec![vec![0.1; 4]]).passed(0.1), 10);
     }
     assert_eq!(s.completed(), 1);
     // round 2 opened at 10; the rated 1 and 2 answer at 410: 3 has a quarter of that, 100 ms
