@@ -10,10 +10,12 @@
 //! * [`sketch`]: sketches of pseudo-gradients, to refuse copies.
 //! * [`sparse`]: SparseLoCo's chunked top-k with error feedback, both directions.
 //! * [`shepherd`] and [`worker`]: the state machines, `(state, input, now) -> actions`.
+//! * [`follower`]: a worker's side of failover: the leases it takes and the rounds its chain admits.
 
 pub mod aggregate;
 mod bf16;
 pub mod compress;
+pub mod follower;
 pub mod fragments;
 pub mod outer;
 pub mod rating;

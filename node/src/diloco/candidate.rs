@@ -341,14 +341,14 @@ impl Standby {
                 },
                 _ = tick.tick() => self.consensus.handle(Input::Tick)?,
             };
-            if let Some(standing) = self.act(actions) {
+            if let Some(standing) = self.carry_out(actions) {
                 return Ok(standing);
             }
         }
     }
 
     /// Carries out what the consensus decided: fetch a state, or lead.
-    fn act(&mut self, actions: Vec<Action>) -> Option<Standing> {
+    fn carry_out(&mut self, actions: Vec<Action>) -> Option<Standing> {
         for a in actions {
             match a {
                 Action::Fetch { state, from } => self.fetch_state(state, from),

@@ -2,10 +2,10 @@
 
 mod disk;
 mod heartbeats;
-mod host;
 mod hostile;
 mod join;
 mod pow;
+mod round;
 mod send;
 
 pub(crate) use hostile::{Attack, HOSTILE_KINDS, Hostile, ReplaySlot};
@@ -17,14 +17,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use pcp_bootstrap::{Event, Node, PeerId};
 use pcp_protocol::diloco::Tensors;
-use pcp_protocol::diloco::compress::{self, Encoding};
+use pcp_protocol::diloco::compress::Encoding;
+use pcp_protocol::diloco::follower::{Leases, Rounds};
 use pcp_protocol::diloco::fragments;
 use pcp_protocol::diloco::sparse::{self, ErrorFeedback, Layout};
-use pcp_protocol::election::Election;
-use pcp_protocol::failover::Chain;
 use pcp_protocol::{BlobHash, PublicKey, RunId};
 use pcp_runtime::Device;
-use pcp_schema::{Contribution, ParameterRef, RoundAnnouncement, RunManifest};
+use pcp_schema::{RoundAnnouncement, RunManifest};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -34,13 +33,10 @@ use super::wire::{self, Signer};
 use crate::Failure;
 use crate::observe::events::{self as ev, Events};
 use crate::training::data::Corpus;
-use crate::training::data::Sampler;
 use crate::training::engine::Engine;
-use crate::training::schedule::learning_rate;
-use disk::{chain_path, feedback_path, load_chain, load_feedback, load_term, save_chain, save_feedback, term_path};
-use heartbeats::{AbortOnDrop, Heartbeats, Latest, Opening, newer_arrives};
+use disk::{chain_path, feedback_path, load_chain, load_feedback, load_term, term_path};
+use heartbeats::{AbortOnDrop, Heartbeats, Latest};
 use join::{Joined, discover};
-use send::{Courier, Delivery, Outgoing};
 
 /// Flags of the worker role.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -445,9 +441,8 @@ async fn train(
         node: node.clone(),
         signer: Signer::new(signer.identity().clone()),
         run,
-        election: Election::resume(me, joined.succession.clone(), m.lease_ms.max(500), chain.term, wire::mono_ms()),
+        leases: Leases::new(me, joined.succession.clone(), m.lease_ms.max(500), chain.term, wire::mono_ms()),
         term_file,
-        saved_term: chain.term,
         heard: false,
         leader: leader_tx,
         latest: latest_tx,
@@ -459,7 +454,7 @@ async fn train(
         participants: None,
     };
     let _heartbeat = AbortOnDrop(tokio::spawn(heartbeat.run()));
-    let mut trainer = Trainer {
+    let trainer = Trainer {
         plan,
         io,
         m,
@@ -470,7 +465,7 @@ async fn train(
         encoding,
         feedback,
         feedback_file,
-        chain,
+        rounds: Rounds::new(chain),
         chain_file,
         held: None,
         shards: wire::shard_ranges(m)?,
@@ -485,7 +480,7 @@ async fn train(
         clock: Clock::default(),
         attacker: hostile::Attacker::default(),
     };
-    host::run(&mut trainer, signer).await
+    round::run(trainer, signer).await
 }
 
 /// A worker's time in inner steps since its last contribution, and since when.
@@ -535,7 +530,8 @@ struct Trainer<'a> {
     encoding: Encoding,
     feedback: Option<ErrorFeedback>,
     feedback_file: PathBuf,
-    chain: Chain,
+    /// The rounds it takes: the chain it follows, and the last announcement taken.
+    rounds: Rounds,
     chain_file: PathBuf,
     /// The parameters the last round started from, by blob hash.
     held: Option<Arc<Held>>,
@@ -567,263 +563,4 @@ enum Next {
     Skip,
     /// Stop training on this run.
     Stop(Outcome),
-}
-
-impl Trainer<'_> {
-    fn tau(&self) -> u64 {
-        u64::from(self.m.inner_steps)
-    }
-
-    /// The tensors round `r` syncs (every tensor without fragments).
-    fn fragment(&self, r: u64) -> std::ops::Range<usize> {
-        self.fragments[fragments::of_round(r, self.fragments.len())].clone()
-    }
-
-    /// Loads round `a`'s parameters into the engine. After sending the previous
-    /// round, only the fragment that round synced is taken from them (all of them
-    /// without fragments): the other fragments' local progress is this worker's
-    /// until their own round. Anyone else starts from all of them.
-    async fn load(&mut self, a: &RoundAnnouncement, params: &Tensors) -> anyhow::Result<()> {
-        if self.fragments.len() > 1 && self.trained == Some(a.round - 1) {
-            let mut local = self.engine.params().await?;
-            for i in self.fragment(a.round - 1) {
-                local[i].clone_from(&params[i]);
-            }
-            self.engine.set_params(local).await
-        } else {
-            self.engine.set_params(params.clone()).await
-        }
-    }
-
-    fn courier(&self) -> Courier {
-        Courier {
-            node: self.io.node.clone(),
-            run: self.run,
-            leader: self.leader.clone(),
-            latest: self.latest.clone(),
-            cancel: self.io.cancel.clone(),
-        }
-    }
-
-    /// A sampler for this worker's data in round `r`.
-    fn sampler(&self, r: u64) -> anyhow::Result<Sampler> {
-        let seed = pcp_protocol::diloco::data_seed(self.m.seed, &self.me.0, r);
-        Ok(Sampler::new(self.corpus.train.clone(), self.m.data.batch as usize, self.m.data.block as usize, seed)?)
-    }
-
-    /// What `a` asks of the worker, if it is newer than `done`: the run's end, a
-    /// round to train, or nothing. A round this worker takes part in is checked
-    /// against the chain it follows.
-    fn consider(&mut self, a: Box<RoundAnnouncement>, done: &mut Option<Opening>) -> Next {
-        if a.finished {
-            self.io.events.emit(ev::Event::RunFinished(ev::RunFinished {
-                run: Some(self.run.to_hex()),
-                rounds: a.round,
-                ..ev::RunFinished::default()
-            }));
-            if self.plan.verbose {
-                println!("run {} finished after {} rounds", self.run, a.round);
-            }
-            return Next::Stop(Outcome::Finished);
-        }
-        let this = Opening::of(&a);
-        if a.round == 0 || done.is_some_and(|d| d >= this) {
-            return Next::Skip;
-        }
-        *done = Some(this);
-        let participant = a.participants.contains(&self.me.0);
-        if let Some(base) = a.parameters.first().map(|p| p.blob).filter(|_| participant) {
-            if let Err(behind) = self.chain.admits(a.term, a.round, &base) {
-                tracing::warn!("run {}: not training round {} of term {}: {behind}", self.run, a.round, a.term);
-                self.io.events.emit(ev::Event::RoundRefused(ev::RoundRefused {
-                    round: a.round,
-                    term: a.term,
-                    reason: behind.to_string(),
-                }));
-                return Next::Skip;
-            }
-            self.chain.follow(a.term, a.round, base);
-            if let Err(e) = save_chain(&self.chain_file, &self.chain) {
-                tracing::warn!("saving the followed chain: {e:#}");
-            }
-        }
-        self.io.events.emit(ev::Event::RoundAnnounced(ev::RoundAnnounced {
-            round: a.round,
-            deadline_unix_ms: a.deadline_unix_ms,
-            participant,
-        }));
-        if !participant {
-            return Next::Skip;
-        }
-        let _ = self.round_tx.send(a.round);
-        if a.parameters.is_empty() { Next::Skip } else { Next::Train(a) }
-    }
-
-    /// Fetches the parameters `a` announces (see [`round_params`]), off this task.
-    fn fetch_task(&self, a: &RoundAnnouncement) -> impl Future<Output = anyhow::Result<RoundParams>> + Send + 'static {
-        let src = ParamsSource {
-            node: self.io.node.clone(),
-            from: self.leader.borrow().0,
-            sizes: self.sizes.clone(),
-            shards: self.shards.clone(),
-            down: self.encoding.sparse().map(|s| s.down()),
-            fragments: self.fragments.clone(),
-        };
-        let (a, held) = (a.clone(), self.held.clone());
-        async move { round_params(&src, &a, held.as_deref()).await }
-    }
-
-    /// Fetches round `a`'s parameters; a newer announcement (a leader that died
-    /// mid-fetch was replaced) or cancellation ends the wait.
-    async fn fetch_round(&mut self, a: &RoundAnnouncement) -> Fetched {
-        self.clock.start();
-        let mut watching = self.latest.clone();
-        tokio::select! {
-            () = self.io.cancel.cancelled() => Fetched::Cancelled,
-            () = newer_arrives(&mut watching, Opening::of(a)) => Fetched::Failed("a newer announcement".into()),
-            fetched = self.fetch_task(a) => match fetched {
-                Ok(p) => Fetched::Got(p),
-                Err(e) => Fetched::Failed(format!("{e:#}")),
-            },
-        }
-    }
-
-    /// Remembers `params` as round `a`'s start (what a sparse update applies to).
-    async fn hold(&mut self, a: &RoundAnnouncement, params: &RoundParams) {
-        tracing::debug!("round {}: parameters {} ({} bytes)", a.round, params.via, params.bytes);
-        self.io.events.emit(ev::Event::ParamsFetched(ev::ParamsFetched {
-            round: a.round,
-            via: params.via.to_owned(),
-            bytes: params.bytes,
-            shards: params.shards.0 as u64,
-            of: params.shards.1 as u64,
-        }));
-        self.held = a.parameters.first().map(|p| {
-            let shards = a.parameters[1..].iter().map(|s| s.blob).collect();
-            Arc::new(Held { hash: BlobHash(p.blob), params: params.params.clone(), shards })
-        });
-        // the blobs of rounds older than this worker keeps go
-        let used = a.parameters.iter().map(|p| p.blob).chain(a.update.as_ref().map(|u| u.blob.blob));
-        self.retention.advance(self.io.node, self.io.events, a.round, used.map(BlobHash)).await;
-    }
-
-    /// Inner step `i` of round `r`: its loss.
-    async fn step(&mut self, r: u64, i: u64, sampler: &mut Sampler) -> anyhow::Result<f32> {
-        self.adam_step += 1;
-        let global = (r - 1) * self.tau() + i + 1;
-        let s = &self.m.schedule;
-        let lr = learning_rate(global, s.total_steps, s.learning_rate, s.min_lr, s.warmup_steps);
-        let started = Instant::now();
-        let loss = self.engine.step(self.adam_step, lr as f32, &sampler.next_batch()).await?;
-        if let Some(delay) = self.plan.step_delay {
-            tokio::time::sleep(delay).await;
-        }
-        self.clock.train_s += started.elapsed().as_secs_f64();
-        Ok(loss)
-    }
-
-    /// Round `a`'s contribution: θ_start − θ_end, encoded (through the error
-    /// feedback in a sparse run).
-    fn outgoing(&mut self, a: &RoundAnnouncement, start: &Tensors, end: &Tensors, progress: &Progress) -> Outgoing {
-        let r = a.round;
-        // θ_start − θ_end over the round's fragment; the other tensors are empty
-        let fragment = self.fragment(r);
-        let mut delta: Tensors = (0..start.len())
-            .map(|i| match fragment.contains(&i) {
-                true => start[i].iter().zip(&end[i]).map(|(s, e)| s - e).collect(),
-                false => Vec::new(),
-            })
-            .collect();
-        self.trained = Some(r);
-        let hostile = self.plan.hostile.and_then(|a| a.at(r));
-        if self.plan.hostile.is_some() {
-            let slot = self.plan.replay.as_ref();
-            self.attacker.corrupt(self.plan.hostile, r, start, &mut delta, slot, fragment.clone());
-        }
-        // a free rider's zeros, copy or replay go on the wire as they are, not
-        // through its error feedback (which would send its honest residuals)
-        let verbatim = matches!(hostile, Some(Hostile::Zero | Hostile::Copy | Hostile::Replay(_)));
-        let (bytes, sent) = match (self.feedback.as_mut(), self.encoding.sparse()) {
-            (Some(_), Some(s)) if verbatim => (sparse::encode_seeded(&delta, s.up, r).0, None),
-            (Some(ef), _) => {
-                let (bytes, sent) = ef.compress_seeded(&delta, 1.0, r);
-                (bytes, Some(sent))
-            }
-            (None, _) => (compress::encode(&delta, self.encoding), None),
-        };
-        drop(delta);
-        let trained_s = self.clock.train_s;
-        let (train_ms, wall_ms) = self.clock.lap();
-        let tokens = u64::from(self.m.data.batch) * u64::from(self.m.data.block);
-        let contribution = Contribution {
-            run: self.run.0,
-            round: r,
-            inner_steps: progress.taken as u32,
-            samples: match hostile {
-                Some(Hostile::Inflate) => 1_000_000_000_000,
-                _ => progress.taken * tokens,
-            },
-            pseudo_gradient: ParameterRef {
-                name: "delta".into(),
-                shard: 0,
-                blob: *blake3::hash(&bytes).as_bytes(),
-                size: bytes.len() as u64,
-            },
-            loss: (progress.loss_sum / progress.taken.max(1) as f64) as f32,
-            delta: bytes,
-            bytes_down: 0,
-            term: a.term,
-            params_hash: a.parameters.first().map(|p| p.blob).unwrap_or_default(),
-            // `timing`: a claim of 1 ms for the round's steps
-            train_ms: if hostile == Some(Hostile::Timing) { 1 } else { train_ms },
-            wall_ms,
-            sent_unix_ms: wire::unix_ms(),
-        };
-        let late = hostile == Some(Hostile::Late);
-        Outgoing { contribution, sent, trained_s, late }
-    }
-
-    /// After a send: a refused contribution's sparse entries go back into the error
-    /// feedback (sent again later, not lost), and the event says how it fared.
-    fn finish(&mut self, out: Outgoing, delivery: &Delivery) {
-        let c = &out.contribution;
-        if let (Some(ef), Some(sent)) = (self.feedback.as_mut(), &out.sent) {
-            if !delivery.accepted {
-                sparse::subtract(&mut ef.buffer, sent, -1.0);
-            }
-            if let Err(e) = save_feedback(&self.feedback_file, ef) {
-                tracing::warn!("saving the error feedback: {e:#}");
-            }
-        }
-        let param_bytes = 4 * self.sizes.iter().sum::<usize>() as u64;
-        let wire_bytes = delivery.wire_bytes;
-        let utilization = (c.wall_ms > 0).then(|| c.train_ms as f64 / c.wall_ms as f64);
-        self.io.events.emit(ev::Event::ContributionSent(ev::ContributionSent {
-            round: c.round,
-            loss: f64::from(c.loss),
-            bytes: wire_bytes,
-            param_bytes,
-            ratio: wire_bytes as f64 / param_bytes as f64,
-            accepted: delivery.accepted,
-            reason: delivery.reason.clone(),
-            tokens: c.samples,
-            seconds: out.trained_s,
-            bytes_up: wire_bytes,
-            bytes_down: c.bytes_down,
-            utilization,
-            train_s: c.train_ms as f64 / 1e3,
-            wall_s: c.wall_ms as f64 / 1e3,
-        }));
-        if self.plan.verbose {
-            let verdict =
-                if delivery.accepted { "accepted".to_owned() } else { format!("rejected: {}", delivery.reason) };
-            println!(
-                "round {}: {} steps, mean loss {:.4}, sent {:.2} MB, {verdict}",
-                c.round,
-                c.inner_steps,
-                c.loss,
-                wire_bytes as f64 / 1e6
-            );
-        }
-    }
 }

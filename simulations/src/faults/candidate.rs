@@ -216,7 +216,7 @@ impl Candidate {
             published: None,
             trained: BTreeMap::new(),
         };
-        leader.feed(shepherd::Input::Tick, None, &mut self.core, ctx, &mut self.blobs);
+        leader.handle_input(shepherd::Input::Tick, None, &mut self.core, ctx, &mut self.blobs);
         self.leader = Some(Box::new(leader));
     }
 
@@ -232,7 +232,7 @@ impl Candidate {
                     self.core(Input::StepAside, ctx);
                     return;
                 }
-                let held = l.feed(shepherd::Input::Tick, None, &mut self.core, ctx, &mut self.blobs);
+                let held = l.handle_input(shepherd::Input::Tick, None, &mut self.core, ctx, &mut self.blobs);
                 self.held(held, ctx);
                 if let Some(l) = &mut self.leader {
                     l.publish(&self.core, ctx);
@@ -281,7 +281,7 @@ impl Candidate {
                 };
                 let term = l.term;
                 let announce = l.published;
-                let held = l.feed(input, None, &mut self.core, ctx, &mut self.blobs);
+                let held = l.handle_input(input, None, &mut self.core, ctx, &mut self.blobs);
                 ctx.send(from, Msg::Lease { term, epoch: ctx.epoch, sent: ctx.now, announce });
                 self.held(held, ctx);
             }
@@ -292,9 +292,10 @@ impl Candidate {
                     return;
                 }
                 let w = (from - ctx.setup.candidates) as u32;
+                let (delta, timing, screen) = (delta_of(delta), None, shepherd::Screen::Unscreened);
                 let input =
-                    shepherd::Input::Contribution { peer: w, round, samples: 100, loss: 1.0, delta: delta_of(delta) };
-                let held = l.feed(input, Some(params), &mut self.core, ctx, &mut self.blobs);
+                    shepherd::Input::Contribution { peer: w, round, samples: 100, loss: 1.0, delta, timing, screen };
+                let held = l.handle_input(input, Some(params), &mut self.core, ctx, &mut self.blobs);
                 self.held(held, ctx);
                 if let Some(l) = &mut self.leader {
                     l.publish(&self.core, ctx);
@@ -311,7 +312,7 @@ impl Leader {
     /// this leader's lease; what workers send is always taken (a round completed
     /// meanwhile is told to workers only once a majority holds it). The state the
     /// shepherd completed, if it did.
-    fn feed(
+    fn handle_input(
         &mut self,
         input: shepherd::Input<u32>,
         trained: Option<[u8; 32]>,
@@ -376,8 +377,7 @@ impl Leader {
                 }
                 shepherd::Action::OpenRound { round, participants, .. } => {
                     let bits = participants.iter().fold(0u64, |b, w| b | 1 << w);
-                    let a =
-                        Announce { term, round, base: self.state, participants: bits, opened: (ctx.epoch, ctx.now) };
+                    let a = Announce { term, round, base: self.state, participants: bits, opened_ms: ctx.now };
                     self.fence = Some(Fence { term, round, params: self.state.params });
                     self.pending = Some(a);
                 }

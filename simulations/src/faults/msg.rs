@@ -20,10 +20,10 @@ pub(super) struct Announce {
     pub(super) base: Replica,
     /// A bit per worker (worker index, not node index).
     pub(super) participants: u64,
-    /// Which opening of the round this is (the leader's incarnation and clock): a
-    /// leader restarted within its term reopens the round, and that is a new round
-    /// to train (pcp-node tells them apart by their deadlines).
-    pub(super) opened: (u64, u64),
+    /// When the round opened, on the leader's clock: a leader restarted within its
+    /// term reopens the round later, and that is a new round to train (pcp-node
+    /// tells them apart by their deadlines).
+    pub(super) opened_ms: u64,
 }
 
 /// A lease a node follows, relayed in what it sends (a signed lease is valid from

@@ -63,7 +63,7 @@ impl Kind {
     /// The fault on `leader` where it targets the leader, among `candidates`
     /// candidates (a link fault whose other end would be the leader itself takes the
     /// next candidate instead).
-    pub(super) fn on(self, leader: usize, candidates: usize) -> Self {
+    pub(super) fn aimed_at(self, leader: usize, candidates: usize) -> Self {
         let pick = |n: usize| if n == LEADER { leader } else { n };
         // the other end of a link fault on the leader
         let other = |n: usize| if n == leader { (n + 1) % candidates.max(1) } else { n };
@@ -372,12 +372,12 @@ mod tests {
 
     #[test]
     fn a_fault_on_the_leader_lands_on_it_and_a_candidate_beside_it() {
-        assert_eq!(Kind::Cut { from: LEADER, to: 1 }.on(1, 3), Kind::Cut { from: 1, to: 2 });
-        assert_eq!(Kind::Cut { from: 0, to: LEADER }.on(2, 3), Kind::Cut { from: 0, to: 2 });
-        assert_eq!(Kind::Split { a: 2, b: LEADER }.on(2, 3), Kind::Split { a: 0, b: 2 });
-        let queue = Kind::Queue { from: LEADER, to: 4, both: true }.on(0, 3);
+        assert_eq!(Kind::Cut { from: LEADER, to: 1 }.aimed_at(1, 3), Kind::Cut { from: 1, to: 2 });
+        assert_eq!(Kind::Cut { from: 0, to: LEADER }.aimed_at(2, 3), Kind::Cut { from: 0, to: 2 });
+        assert_eq!(Kind::Split { a: 2, b: LEADER }.aimed_at(2, 3), Kind::Split { a: 0, b: 2 });
+        let queue = Kind::Queue { from: LEADER, to: 4, both: true }.aimed_at(0, 3);
         assert_eq!(queue, Kind::Queue { from: 0, to: 4, both: true });
-        assert_eq!(Kind::Pause { node: LEADER, frozen: true }.on(1, 3), Kind::Pause { node: 1, frozen: true });
+        assert_eq!(Kind::Pause { node: LEADER, frozen: true }.aimed_at(1, 3), Kind::Pause { node: 1, frozen: true });
         assert!(Kind::Queue { from: 3, to: LEADER, both: false }.targets_leader());
         assert!(!Kind::Cut { from: 3, to: 1 }.targets_leader());
     }

@@ -1,18 +1,19 @@
-//! A worker, composed as pcp-node composes it: it follows the highest valid term
-//! ([`Election`] as a follower), trains a round only if [`Chain::admits`] it, runs
-//! the protocol's [`Worker`] machine, and keeps its term and chain on disk. An
+//! A worker, composed as pcp-node composes it: it drives the protocol's
+//! [`Follower`] (the leases it takes, the rounds its chain admits, what it saves)
+//! and its [`Worker`] machine, and keeps its term and chain on disk. An
 //! announcement it takes it forwards once to [`GOSSIP_FANOUT`] other workers
 //! (gossip), who take it as a lease from the leader that signed it.
 
+use pcp_protocol::diloco::follower::{self, Announced, Follower, Opening, Take};
 use pcp_protocol::diloco::worker::{self, Worker};
-use pcp_protocol::election::{self, Election};
 use pcp_protocol::failover::{Chain, Replica};
 use rand::Rng;
 
 use super::msg::{Announce, Ctx, Event, Follow, Msg, Timer};
 
-/// What a worker keeps on disk.
-#[derive(Clone, Copy, Debug)]
+/// What a worker keeps on disk: what its follower's [`follower::Action::SaveTerm`]
+/// and [`follower::Action::SaveChain`] wrote.
+#[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Disk {
     term: u64,
     chain: Chain,
@@ -26,15 +27,14 @@ struct Work {
     leader: usize,
     round: u64,
     base: Replica,
-    opened: (u64, u64),
     /// What it trained (once it has).
     delta: [f32; 4],
 }
 
 #[derive(Debug)]
 pub(super) struct WorkerNode {
-    election: Election,
-    chain: Chain,
+    follower: Follower,
+    disk: Disk,
     machine: Worker,
     work: Option<Work>,
     next_id: u64,
@@ -63,13 +63,14 @@ impl WorkerNode {
     pub(super) fn start(disk: Option<Disk>, ctx: &Ctx<'_>) -> Self {
         let s = &ctx.setup;
         let key = s.keys[ctx.me];
-        let (election, chain) = match disk {
-            Some(d) => (Election::resume(key, s.succession.clone(), s.lease_ms, d.term, ctx.now), d.chain),
-            None => (Election::new(key, s.succession.clone(), s.lease_ms, ctx.now), Chain::default()),
-        };
+        let disk = disk.unwrap_or_default();
+        let mut follower = Follower::new(key, s.succession.clone(), s.lease_ms, disk.term, disk.chain, ctx.now);
+        if !ctx.rules().chain {
+            follower.rounds = follower.rounds.leave_out_chain();
+        }
         Self {
-            election,
-            chain,
+            follower,
+            disk,
             machine: Worker::new(key.0.to_vec(), 1, TAU),
             work: None,
             next_id: 0,
@@ -78,11 +79,23 @@ impl WorkerNode {
     }
 
     pub(super) fn disk(&self) -> Disk {
-        Disk { term: self.election.term(), chain: self.chain }
+        self.disk
+    }
+
+    /// Carries out the follower's saves (its leader is read from it when needed).
+    fn save(&mut self, actions: impl IntoIterator<Item = follower::Action>) {
+        for action in actions {
+            match action {
+                follower::Action::SaveTerm(term) => self.disk.term = term,
+                follower::Action::SaveChain(chain) => self.disk.chain = chain,
+                follower::Action::Follow { .. } | follower::Action::Rejected { .. } => {}
+            }
+        }
     }
 
     fn follows(&self, ctx: &Ctx<'_>) -> Follow {
-        Follow { term: self.election.term(), leader: ctx.setup.index(&self.election.leader()) }
+        let leases = &self.follower.leases;
+        Follow { term: leases.term(), leader: ctx.setup.index(&leases.leader()) }
     }
 
     /// How long a fetch waits before it asks again: a lease, or the slowest
@@ -100,13 +113,14 @@ impl WorkerNode {
         match timer {
             Timer::Tick => {
                 ctx.timers.push((250, Timer::Tick));
-                self.election.tick(ctx.now);
+                self.follower.leases.tick(ctx.now);
                 self.machine.handle(worker::Input::Tick, ctx.now);
             }
             Timer::Beat => {
                 ctx.timers.push((ctx.setup.lease_ms / 2, Timer::Beat));
-                let to = ctx.setup.index(&self.election.awaited());
-                ctx.send(to, Msg::WorkerBeat { follows: self.follows(ctx), round: self.chain.round });
+                let to = ctx.setup.index(&self.follower.leases.awaited());
+                let round = self.follower.rounds.chain().round;
+                ctx.send(to, Msg::WorkerBeat { follows: self.follows(ctx), round });
             }
             Timer::Trained(id) => {
                 let Some(w) = self.work.filter(|w| w.id == id) else { return };
@@ -159,8 +173,8 @@ impl WorkerNode {
             Msg::Gossip { origin, term, announce, .. } if ctx.setup.is_candidate(origin) => {
                 self.forwarded(origin, term, announce, msg, ctx);
             }
-            Msg::Relay { follows: f } if f.term > self.election.term() && ctx.setup.is_candidate(f.leader) => {
-                self.election.on_lease(ctx.setup.keys[f.leader], f.term, ctx.now);
+            Msg::Relay { follows: f } if f.term > self.follower.leases.term() && ctx.setup.is_candidate(f.leader) => {
+                self.lease(f.leader, f.term, ctx);
             }
             Msg::Blob { state } => self.fetched(state, ctx),
             _ => {}
@@ -170,8 +184,9 @@ impl WorkerNode {
     /// Candidate `leader`'s lease of `term` (from it, or forwarded): whether the
     /// election takes it.
     fn lease(&mut self, leader: usize, term: u64, ctx: &Ctx<'_>) -> bool {
-        let actions = self.election.on_lease(ctx.setup.keys[leader], term, ctx.now);
-        !actions.iter().any(|a| matches!(a, election::Action::Rejected { .. }))
+        let (valid, actions) = self.follower.leases.lease(ctx.setup.keys[leader], term, ctx.now);
+        self.save(actions);
+        valid
     }
 
     /// `origin`'s lease of `term` with announcement `a`, forwarded by another worker
@@ -201,35 +216,26 @@ impl WorkerNode {
         }
     }
 
-    /// A valid announcement from `leader`: whether the worker takes it (it is newer
-    /// than its work, and its chain admits it).
+    /// A valid announcement from `leader`: whether the worker takes it (the
+    /// follower's [`Take`]; a refused round is not forwarded).
     fn announced(&mut self, leader: usize, a: Announce, ctx: &mut Ctx<'_>) -> bool {
         let participant = a.participants & (1 << Self::index(ctx)) != 0;
-        if let Some(w) = self.work
-            && (w.term > a.term
-                || w.term == a.term && (w.round > a.round || w.round == a.round && w.opened == a.opened))
-        {
-            return false;
+        let opening = Opening { term: a.term, round: a.round, opened_ms: a.opened_ms };
+        let seen = Announced { opening, base: Some(a.base.params), participant, finished: false };
+        let (take, save) = self.follower.rounds.announced(&seen);
+        self.save(save);
+        match take {
+            Take::Finished | Take::Seen | Take::Refused(_) => return false,
+            Take::Skip | Take::Train => {}
         }
-        if ctx.rules().chain && self.chain.admits(a.term, a.round, &a.base.params).is_err() {
-            return false;
-        }
-        // a newer round, or the round reopened by a newer term: what it was doing is moot
+        // a newer round, or the round reopened: what it was doing is moot
         self.work = None;
         self.machine = Worker::new(ctx.setup.keys[ctx.me].0.to_vec(), 1, TAU);
-        if !participant {
+        if take == Take::Skip {
             return true;
         }
         self.next_id += 1;
-        let w = Work {
-            id: self.next_id,
-            term: a.term,
-            leader,
-            round: a.round,
-            base: a.base,
-            opened: a.opened,
-            delta: [0.0; 4],
-        };
+        let w = Work { id: self.next_id, term: a.term, leader, round: a.round, base: a.base, delta: [0.0; 4] };
         self.work = Some(w);
         let opened = worker::Input::RoundOpened { round: a.round, deadline_ms: u64::MAX, participant: true };
         for act in self.machine.handle(opened, ctx.now) {
@@ -247,12 +253,8 @@ impl WorkerNode {
         if self.machine.phase() != worker::Phase::Fetching(w.round) {
             return;
         }
-        if ctx.rules().chain && self.chain.admits(w.term, w.round, &w.base.params).is_err() {
-            return;
-        }
         for act in self.machine.handle(worker::Input::ParamsReady(w.round), ctx.now) {
             if let worker::Action::Train { .. } = act {
-                self.chain.follow(w.term, w.round, w.base.params);
                 ctx.events.push(Event::Applied(w.base));
                 let compute = ctx.rng.gen_range(1200..=2000);
                 ctx.timers.push((compute, Timer::Trained(w.id)));

@@ -763,7 +763,7 @@ impl World {
             // it hits whoever leads now: no leader, or one already down or paused, and it is void
             let leader = self.leader().filter(|l| self.nodes[*l].paused_until <= self.now);
             match leader {
-                Some(l) => self.faults[i].kind = self.faults[i].kind.on(l, self.setup.candidates),
+                Some(l) => self.faults[i].kind = self.faults[i].kind.aimed_at(l, self.setup.candidates),
                 None => {
                     self.skipped[i] = true;
                     return;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pcp_bootstrap::{Event, Node, PeerId};
-use pcp_protocol::election::{self, Election};
+use pcp_protocol::diloco::follower::{self, Announced, Leases, Opening};
 use pcp_protocol::{PublicKey, RunId, Verified};
 use pcp_schema::{Ack, Heartbeat, Message as _, MessageKind, RoundAnnouncement};
 use tokio::sync::{mpsc, watch};
@@ -34,37 +34,26 @@ pub(super) enum Latest {
     Refused(String),
 }
 
-/// An announcement's identity, ordered by round, then term, then deadline. A
-/// successor's reopening of a round, or a restarted shepherd's, is a new round to
-/// train.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Opening {
-    pub(super) round: u64,
-    pub(super) term: u64,
-    pub(super) deadline_unix_ms: u64,
+/// Which opening of a round `a` announces.
+pub(super) fn opening(a: &RoundAnnouncement) -> Opening {
+    Opening { term: a.term, round: a.round, opened_ms: a.deadline_unix_ms }
 }
 
-impl Opening {
-    /// The opening `a` announces.
-    pub(super) fn of(a: &RoundAnnouncement) -> Self {
-        Self { round: a.round, term: a.term, deadline_unix_ms: a.deadline_unix_ms }
-    }
+/// `a` as the follower sees it, for the worker `me`.
+pub(super) fn announced(a: &RoundAnnouncement, me: &PublicKey) -> Announced {
+    Announced { base: a.parameters.first().map(|p| p.blob), participant: a.participants.contains(&me.0), ..news(a) }
+}
+
+/// What `a` says of the run's progress, whoever reads it.
+fn news(a: &RoundAnnouncement) -> Announced {
+    Announced { opening: opening(a), base: None, participant: false, finished: a.finished }
 }
 
 /// Waits until an announcement makes a send for `current` moot (forever if the
-/// heartbeat task stops): a newer term (the leader changed), the same round
-/// announced again (a restarted leader reopened it: the send went to the old
-/// one), a round two or more past it, the run's end, or a refusal. The next round
-/// of the same term does not: the contribution that closes a round is answered
-/// after the next round is announced.
+/// heartbeat task stops): [`follower::moot`], or a refusal.
 pub(super) async fn superseded(latest: &mut watch::Receiver<Latest>, current: Opening) {
     let moot = |l: &Latest| match l {
-        Latest::Round(a) => {
-            a.term > current.term
-                || a.finished
-                || a.round >= current.round + 2
-                || (a.round == current.round && Opening::of(a) > current)
-        }
+        Latest::Round(a) => follower::moot(current, &news(a)),
         Latest::Refused(_) => true,
         Latest::Nothing => false,
     };
@@ -85,11 +74,11 @@ pub(super) async fn newer_arrives(latest: &mut watch::Receiver<Latest>, current:
     }
 }
 
-/// Whether an announcement newer than `(round, term, deadline)` (or the run's end)
-/// arrived.
+/// Whether an announcement newer than `current` ([`follower::newer`]), the run's
+/// end or a refusal arrived.
 pub(super) fn newer_round(latest: &watch::Receiver<Latest>, current: Opening) -> bool {
     match &*latest.borrow() {
-        Latest::Round(a) => Opening::of(a) > current || a.finished,
+        Latest::Round(a) => follower::newer(current, &news(a)),
         Latest::Refused(_) => true,
         Latest::Nothing => false,
     }
@@ -114,10 +103,10 @@ pub(super) struct Heartbeats {
     pub(super) node: Node,
     pub(super) signer: Signer,
     pub(super) run: RunId,
-    pub(super) election: Election,
-    /// Where the highest term it followed is kept, and that term.
+    /// The run's election, as a follower.
+    pub(super) leases: Leases,
+    /// Where the highest term it followed is kept.
     pub(super) term_file: PathBuf,
-    pub(super) saved_term: u64,
     /// Whether a valid lease was heard yet: until then the heartbeats go to the
     /// candidate that answered the hello.
     pub(super) heard: bool,
@@ -210,21 +199,19 @@ impl Heartbeats {
 
     /// Reports a lapsed lease; the next heartbeat goes to the candidate awaited.
     fn expire(&mut self) {
-        for action in self.election.tick(wire::mono_ms()) {
-            if let election::Action::LeaseExpired { term, leader } = action {
-                tracing::warn!("run {}: the lease of term {term} lapsed; asking the next candidate", self.run);
-                self.events.emit(ev::Event::LeaseExpired(ev::LeaseExpired { term, peer: peer_name(&leader) }));
-                self.heard = true; // from now on the election says whom to ask
-            }
+        for (term, leader) in self.leases.tick(wire::mono_ms()) {
+            tracing::warn!("run {}: the lease of term {term} lapsed; asking the next candidate", self.run);
+            self.events.emit(ev::Event::LeaseExpired(ev::LeaseExpired { term, peer: peer_name(&leader) }));
+            self.heard = true; // from now on the election says whom to ask
         }
     }
 
     fn ask(&mut self, asking: &mut JoinSet<Asked>) {
-        let key = if self.heard { self.election.awaited() } else { self.leader.borrow().1 };
+        let key = if self.heard { self.leases.awaited() } else { self.leader.borrow().1 };
         let Some(peer) = pcp_bootstrap::peer_of(&key) else { return };
         let round = *self.round.borrow();
         let hb = Heartbeat {
-            follows: self.election.term(),
+            follows: self.leases.term(),
             known: self.known,
             ..Heartbeat::new(self.run.0, round, wire::unix_ms())
         };
@@ -242,22 +229,20 @@ impl Heartbeats {
 
     /// Checks a lease of `term` signed by `from`; rejected ones are recorded.
     fn lease(&mut self, from: PublicKey, term: u64, what: &str) -> bool {
-        let mut valid = true;
-        for action in self.election.on_lease(from, term, wire::mono_ms()) {
+        let (valid, actions) = self.leases.lease(from, term, wire::mono_ms());
+        for action in actions {
             match action {
-                election::Action::Rejected { from, reason } => {
-                    valid = false;
+                follower::Action::Rejected { from, term, reason } => {
                     tracing::warn!("run {}: refused a {what} from {}: {reason}", self.run, peer_name(&from));
                     wire::lease_rejected(&self.events, what, &from, term, &reason);
                 }
-                election::Action::Elected { term, leader } => {
-                    if term > self.saved_term {
-                        // kept before it acts on the term: a restart never follows a lower one
-                        match save_term(&self.term_file, term) {
-                            Ok(()) => self.saved_term = term,
-                            Err(e) => tracing::warn!("saving the followed term: {e:#}"),
-                        }
+                // kept before it acts on the term: a restart never follows a lower one
+                follower::Action::SaveTerm(term) => {
+                    if let Err(e) = save_term(&self.term_file, term) {
+                        tracing::warn!("saving the followed term: {e:#}");
                     }
+                }
+                follower::Action::Follow { term, leader } => {
                     if let Some(peer) = pcp_bootstrap::peer_of(&leader) {
                         if *self.leader.borrow() != (peer, leader) {
                             self.events
@@ -266,7 +251,7 @@ impl Heartbeats {
                         let _ = self.leader.send((peer, leader));
                     }
                 }
-                _ => {}
+                follower::Action::SaveChain(_) => {}
             }
         }
         if valid {
@@ -350,7 +335,7 @@ impl Heartbeats {
             participants: Vec::new(),
             participants_blob: None,
             finished: false,
-            term: self.election.term() + 1,
+            term: self.leases.term() + 1,
             state: None,
             update: None,
             budget_ms: 0,

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use pcp_bootstrap::{Node, RequestError};
+use pcp_protocol::diloco::follower::Opening;
 use pcp_protocol::diloco::sparse::SparseTensors;
 use pcp_protocol::{PublicKey, RunId, Verified};
 use pcp_schema::{Ack, Contribution, Message as _};
@@ -11,7 +12,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::Leader;
-use super::heartbeats::{HEARTBEAT, Latest, Opening, newer_arrives, newer_round, superseded};
+use super::heartbeats::{HEARTBEAT, Latest, newer_arrives, newer_round, superseded};
 use crate::diloco::wire::Signer;
 
 /// A contribution lost on the way is sent again, this many times in all, while its

@@ -61,7 +61,7 @@ impl Cluster {
             log,
             disk: vec![None; n],
         };
-        c.act(0, actions);
+        c.carry_out(0, actions);
         c
     }
 
@@ -69,7 +69,7 @@ impl Cluster {
         self.nodes.iter().position(|c| c.me() == *k).expect("a candidate")
     }
 
-    fn act(&mut self, i: usize, actions: Vec<Action>) {
+    fn carry_out(&mut self, i: usize, actions: Vec<Action>) {
         for a in actions {
             self.log[i].push(a.clone());
             match a {
@@ -96,7 +96,7 @@ impl Cluster {
             return;
         }
         let actions = self.nodes[i].handle(input, self.now);
-        self.act(i, actions);
+        self.carry_out(i, actions);
     }
 
     /// Runs for `ms`, ticking every node every 100 ms.

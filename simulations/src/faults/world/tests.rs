@@ -53,7 +53,7 @@ fn a_forwarded_stale_announcement_is_refused() {
     let leader = |term: u64| w.setup.index(&w.setup.succession.leader(term));
     let (deposed, current) = (leader(1), leader(2));
     let (base, _) = World::initial();
-    let announce = |term| Announce { term, round: 1, base, participants: 0b1111, opened: (1, 10) };
+    let announce = |term| Announce { term, round: 1, base, participants: 0b1111, opened_ms: 10 };
     let gossip = |origin, term| Msg::Gossip { origin, term, epoch: 1, sent: 10, announce: announce(term) };
 
     // the worker follows term 2
