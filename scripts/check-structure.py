@@ -58,7 +58,7 @@ TABLES = {
 MAX_FILE_LINES = 900
 # files over the cap today, each at most at this length
 OVER = {
-    "protocol/src/diloco/shepherd.rs": 1480,
+    "protocol/src/diloco/shepherd.rs": 1390,
     "protocol/src/diloco/sparse.rs": 1019,
     "simulations/src/diloco.rs": 1077,
 }
@@ -75,7 +75,6 @@ WIDE = {
     ("node/src/diloco/worker.rs", "Trainer"): 24,
     ("bootstrap/src/nat.rs", "Nat"): 24,
     ("simulations/src/report.rs", "RoundStats"): 22,
-    ("protocol/src/diloco/shepherd.rs", "Shepherd"): 22,
     ("simulations/src/report.rs", "Summary"): 21,
     ("node/src/diloco/shepherd/args.rs", "ShepherdPlan"): 27,
 }
@@ -83,7 +82,9 @@ STRUCT = re.compile(r"^(\s*)(?:pub(?:\([^)]*\))? )?struct (\w+)(?:<[^{]*>)? \{$"
 RECORD = re.compile(r"clap::(?:Args|Parser)|\b(?:Serialize|Deserialize)\b")
 REASON_TEXT = re.compile(r"\breason(?:\.as_str\(\))?\s*(?:\.(?:starts_with|contains|split_once|ends_with)\s*\(|==\s*\")")
 HISTORY = ["this session", "last session", "previous session", "earlier session", "before this change",
-           "after this change", "this stop", "last stop"]
+           "after this change", "this stop", "last stop", "previously", "formerly", "until now", "we now",
+           "was changed", "as of this commit", "before this fix", "after this fix", "until this fix",
+           "before this work", "after this work"]
 # comments where "this session" names a runtime session (an IREE session), not a sitting
 HISTORY_NOUNS = {"runtime/src"}
 

@@ -171,8 +171,9 @@ fn a_port_already_in_use_is_a_one_line_error_with_exit_code_2() -> anyhow::Resul
     assert_in_use(&["--no-train", "--listen", &addr, "--data-dir", &d("a")], &addr)?;
     drop(taken);
 
-    // a port another pcp node listens on (libp2p sets SO_REUSEPORT: it used to be
-    // shared); TCP and QUIC on the same port number are two protocols: both fine
+    // a port another pcp node listens on (libp2p sets SO_REUSEPORT, so without the
+    // node's own check it would be shared); TCP and QUIC on the same port number
+    // are two protocols: both fine
     let port = closed_port()?;
     let tcp = format!("/ip4/127.0.0.1/tcp/{port}");
     let quic = format!("/ip4/127.0.0.1/udp/{port}/quic-v1");

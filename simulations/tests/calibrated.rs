@@ -20,8 +20,8 @@ fn simulate(extra: &str) -> (Report, String) {
     (report, String::from_utf8(table).expect("utf-8"))
 }
 
-/// Acceptance: the planet's default run, twice, gives the same bytes (nothing is
-/// measured at start-up any more).
+/// Acceptance: the planet's default run, twice, gives the same bytes (its costs
+/// come from the calibration file; nothing is measured at start-up).
 #[test]
 fn ten_thousand_nodes_twice_give_the_same_report() {
     let line = "--nodes 10000 --rounds 100 --seed 7";
