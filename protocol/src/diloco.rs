@@ -6,6 +6,7 @@
 //! * [`aggregate`]: validating, bounding and averaging contributions.
 //! * [`compress`]: pseudo-gradient encodings for the wire (fp32, bf16, int8, sparse).
 //! * [`rating`]: how far the shepherd trusts each participant, from its screen.
+//! * [`committee`]: who screens a contribution, the committee's verdict, and spot checks.
 //! * [`fragments`]: Streaming DiLoCo's fragments and the parameter shards rounds are published in.
 //! * [`sketch`]: sketches of pseudo-gradients, to refuse copies.
 //! * [`sparse`]: SparseLoCo's chunked top-k with error feedback, both directions.
@@ -14,6 +15,7 @@
 
 pub mod aggregate;
 mod bf16;
+pub mod committee;
 pub mod compress;
 pub mod follower;
 pub mod fragments;
