@@ -147,19 +147,22 @@ speed() {
 }
 
 mixed() {
-    # both backends' contributions must be taken: the norm screen, since the loss screen may
+    # both backends' contributions must be taken, and the shepherd validates on the GPU
+    # (--shepherd-backend): the norm screen, since the loss screen may
     # refuse a few-step, tiny-batch update that moves the held-out loss by a hair
     # lockstep fp32 rounds: overlapped rounds are time-boxed, and lavapipe's worker is slow
     if ! timeout "${PART_TIMEOUT:-150}" "$BIN" sim --nodes 3 --rounds "$SIM_ROUNDS" --tau "$SIM_TAU" --batch "$SIM_BATCH" \
-        --encoding fp32 --no-overlap --screen norm --worker-backend "1:$BACKEND" "${DATA[@]}" --data-dir "$WORK" --events "$OUT/mixed.jsonl" \
+        --encoding fp32 --no-overlap --screen norm --worker-backend "1:$BACKEND" --shepherd-backend "$BACKEND" \
+        "${DATA[@]}" --data-dir "$WORK" --events "$OUT/mixed.jsonl" \
         > "$OUT/mixed.log" 2>&1; then
         record mixed fail "$(tail -1 "$OUT/mixed.log")"; return
     fi
     local rounds both
     rounds=$(grep -c '"event":"round_completed"' "$OUT/mixed.jsonl")
     both=$(grep '"event":"round_completed"' "$OUT/mixed.jsonl" | grep -c '"contributors":2')
-    if [ "$rounds" = "$SIM_ROUNDS" ] && [ "$both" = "$rounds" ] && grep '"event":"worker_joined"' "$OUT/mixed.jsonl" | grep -q '"backend":"'"$BACKEND"'[:"]'; then
-        record mixed pass "$rounds rounds, a $BACKEND and a cpu worker contributed to each"
+    if [ "$rounds" = "$SIM_ROUNDS" ] && [ "$both" = "$rounds" ] && grep '"event":"worker_joined"' "$OUT/mixed.jsonl" | grep -q '"backend":"'"$BACKEND"'[:"]' \
+        && grep '"event":"run_started"' "$OUT/mixed.jsonl" | grep -q '"engine":"'"$BACKEND"'[:"]'; then
+        record mixed pass "$rounds rounds, a $BACKEND and a cpu worker contributed to each, the shepherd validated on $BACKEND"
     else
         record mixed fail "$rounds of $SIM_ROUNDS rounds, $both with both workers"
     fi

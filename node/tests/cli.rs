@@ -183,6 +183,10 @@ fn bad_input_gets_a_one_line_error_and_exit_code_2() -> anyhow::Result<()> {
     assert_usage_error(&["--shepherd", "--resume", "--data-dir", d], "--resume: no checkpoint in")?;
     assert_usage_error(&["--shepherd", "--encoding", "fp8", "--data-dir", d], "unknown --encoding \"fp8\"")?;
     assert_usage_error(&["--shepherd", "--model", "/nonexistent.mlir", "--data-dir", d], "/nonexistent.mlir")?;
+    let own = "the shepherd's own engine (--backend, --target): backend rocm: ";
+    assert_usage_error(&["--shepherd", "--backend", "rocm", "--data-dir", d], own)?;
+    let sim = "the shepherd's engine (--shepherd-backend): backend rocm: ";
+    assert_usage_error(&["sim", "--shepherd-backend", "rocm", "--data-dir", d], sim)?;
     Ok(())
 }
 

@@ -205,6 +205,7 @@ fn the_gpu_forms_train_like_the_cpu_forms() -> anyhow::Result<()> {
 
 /// A heterogeneous run: one Vulkan worker and one cpu worker. The shepherd
 /// compiles an artifact for each, both contribute to every round, the loss falls.
+/// The shepherd's own engine validates on Vulkan (`--shepherd-backend`).
 /// (With the norm screen: the loss screen may refuse a 3-step update of batch 2,
 /// which moves the held-out loss by a hair either way.)
 #[test]
@@ -229,6 +230,8 @@ fn a_vulkan_worker_and_a_cpu_worker_train_together() -> anyhow::Result<()> {
         "--no-overlap",
         "--worker-backend",
         "1:vulkan",
+        "--shepherd-backend",
+        "vulkan",
         "--data-dir",
         dir.path().to_str().unwrap_or_default(),
         "--events",
@@ -244,10 +247,13 @@ fn a_vulkan_worker_and_a_cpu_worker_train_together() -> anyhow::Result<()> {
     let joined = of("worker_joined");
     let vulkan = joined.iter().find(|e| e["backend"] == "vulkan").map(|e| e["peer"].clone());
     let vulkan = vulkan.ok_or_else(|| anyhow::anyhow!("no vulkan worker joined: {joined:?}"))?;
+    let started = of("run_started");
+    assert!(started.iter().all(|e| e["engine"] == "vulkan"), "the shepherd validates on vulkan: {started:?}");
     let rounds = of("round_completed");
     assert_eq!(rounds.len(), 3, "{rounds:?}");
     for round in &rounds {
         assert_eq!(round["contributors"], 2, "{round}");
+        assert!(round["val_loss"].as_f64().is_some_and(f64::is_finite), "a validation loss from vulkan: {round}");
         assert!(round["peers"].as_array().is_some_and(|p| p.contains(&vulkan)), "{round}");
     }
     let loss = |r: &serde_json::Value| r["mean_loss"].as_f64().unwrap_or(f64::NAN);

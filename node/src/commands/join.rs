@@ -18,6 +18,7 @@ use crate::diloco::{
     Begin, Retention, RetentionArgs, RoleIo, ShepherdArgs, ShepherdHooks, ShepherdPlan, WorkerArgs, WorkerPlan,
 };
 use crate::observe::events::{EventLog, Events};
+use crate::training::device::Placement;
 
 /// How long the reachability self-test waits for a dial-back.
 const REACHABILITY_WAIT: Duration = Duration::from_secs(15);
@@ -413,8 +414,9 @@ pub(crate) enum Role {
     /// Find runs and train in them.
     Worker(WorkerPlan),
     /// Stand by as a coordinator candidate of a run (the first the DHT knows when
-    /// `None`), ready to lead it, keeping the blobs of its recent rounds.
-    Candidate(Option<pcp_protocol::RunId>, ShepherdHooks, Retention),
+    /// `None`), ready to lead it, keeping the blobs of its recent rounds, its own
+    /// engine on the placement given.
+    Candidate(Option<pcp_protocol::RunId>, ShepherdHooks, Retention, Placement),
 }
 
 impl Role {
@@ -433,6 +435,7 @@ impl Role {
             }
             let mut plan = ShepherdPlan::new(shepherd, &net.data_dir)?;
             plan.retention = Retention::new(retention.keep());
+            plan.engine.on = own_placement(worker)?;
             return Ok(Self::Shepherd(Box::new(plan), ShepherdHooks::default()));
         }
         if !shepherd.candidate.is_empty() {
@@ -445,7 +448,8 @@ impl Role {
                 Failure::input(anyhow::anyhow!("a standby candidate needs the run: --candidate --run RUN_ID"))
             })?;
             let run = run.parse().map_err(|e| Failure::input(anyhow::anyhow!("--run {run:?}: {e}")))?;
-            return Ok(Self::Candidate(Some(run), ShepherdHooks::default(), Retention::new(retention.keep())));
+            let on = own_placement(worker)?;
+            return Ok(Self::Candidate(Some(run), ShepherdHooks::default(), Retention::new(retention.keep()), on));
         }
         if worker.no_train {
             return Ok(Self::Relay);
@@ -454,6 +458,13 @@ impl Role {
         plan.keep_rounds = retention.keep();
         Ok(Self::Worker(plan))
     }
+}
+
+/// Where a coordinator runs its own engine (its screen and validation):
+/// `--backend` and `--target`, checked like a worker's.
+fn own_placement(worker: &WorkerArgs) -> Result<Placement, Failure> {
+    Placement::resolve(&worker.backend, worker.target.as_deref())
+        .map_err(|e| Failure::input(e.context("the shepherd's own engine (--backend, --target)")))
 }
 
 /// Runs a node with `role` until the role is done, `cancel` fires, or (with
@@ -513,9 +524,9 @@ pub(crate) async fn run_node(
                 let inbox = inbox.expect("a coordinator's");
                 crate::diloco::candidate_run(Begin::Lead(plan), io, inbox, hooks, role_cancel).await
             }
-            Role::Candidate(run, hooks, retention) => {
+            Role::Candidate(run, hooks, retention, on) => {
                 let inbox = inbox.expect("a coordinator's");
-                crate::diloco::candidate_run(Begin::Standby(run, retention), io, inbox, hooks, role_cancel).await
+                crate::diloco::candidate_run(Begin::Standby(run, retention, on), io, inbox, hooks, role_cancel).await
             }
             Role::Worker(plan) => crate::diloco::worker_run(plan, io, single.expect("a worker's"), role_cancel).await,
         }

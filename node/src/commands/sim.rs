@@ -26,6 +26,7 @@ use crate::diloco::{
 };
 use crate::observe::events::{Event, Events, ShepherdKilled, WorkerKilled, WorkerRestarted, WorkerStarted};
 use crate::training::config::Experiment;
+use crate::training::device::Placement;
 use crate::training::model::Model;
 
 #[derive(Debug, clap::Args)]
@@ -133,6 +134,10 @@ pub(crate) struct SimArgs {
     /// artifact per (backend, target) its workers announce.
     #[arg(long, value_name = "NODE:BACKEND[:TARGET]")]
     worker_backend: Vec<String>,
+    /// Where the shepherd and the candidates screen and validate: `vulkan`,
+    /// `cuda:sm_90`, … [default: `--backend` and `--target`]
+    #[arg(long, value_name = "BACKEND[:TARGET]")]
+    shepherd_backend: Option<String>,
     /// Nodes 1..=K are standby coordinator candidates instead of workers: they
     /// replicate the shepherd's state each round and take over when its lease lapses.
     #[arg(long, default_value_t = 0, value_name = "K")]
@@ -242,7 +247,9 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
     // compiled artifacts kept.
     let root = net.data_dir.join("sim");
     clear(&root);
-    let plan = shepherd_plan(&args, net, &root)?;
+    let own = own_placement(&args)?;
+    let mut plan = shepherd_plan(&args, net, &root)?;
+    plan.engine.on = own.clone();
     let _wandb = crate::observe::wandb::Bridge::start(Some(plan.experiment()), "sim");
     let (opened_tx, opened) = mpsc::channel(16);
     let (replicated_tx, replicated) = mpsc::channel(64);
@@ -278,6 +285,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
         hostile,
         slow,
         keep_rounds: args.retention.keep(),
+        own,
         events: Events::open(net.events.as_deref()).map_err(Failure::input)?,
         events_path: net.events.clone(),
         root,
@@ -374,6 +382,20 @@ fn shepherd_plan(args: &SimArgs, net: &NetArgs, root: &std::path::Path) -> Resul
     Ok(plan)
 }
 
+/// `--shepherd-backend`, or `--backend` and `--target`: where the shepherd and
+/// the candidates run their own engines.
+fn own_placement(args: &SimArgs) -> Result<Placement, Failure> {
+    let (backend, target) = match &args.shepherd_backend {
+        Some(spec) => match spec.split_once(':') {
+            Some((b, t)) => (b.to_owned(), Some(t.to_owned())),
+            None => (spec.clone(), None),
+        },
+        None => (args.device.backend.clone(), args.device.target.clone()),
+    };
+    Placement::resolve(&backend, target.as_deref())
+        .map_err(|e| Failure::input(e.context("the shepherd's engine (--shepherd-backend)")))
+}
+
 fn candidate_dir(root: &std::path::Path, n: u32) -> PathBuf {
     root.join(format!("candidate-{n}"))
 }
@@ -388,6 +410,8 @@ struct Cluster {
     /// `--slow`: extra time per inner step, by worker.
     slow: BTreeMap<u32, Duration>,
     keep_rounds: usize,
+    /// Where the candidates' engines run (`--shepherd-backend`).
+    own: Placement,
     events: Events,
     /// `--events`: the candidates write there too.
     events_path: Option<PathBuf>,
@@ -445,7 +469,7 @@ impl Cluster {
     ) -> Result<mpsc::Receiver<Option<u64>>, Failure> {
         for n in 1..=args.candidates as u32 {
             let candidate_net = self.net(candidate_dir(&self.root, n), self.events_path.clone());
-            let role = Role::Candidate(None, hooks.clone(), Retention::new(self.keep_rounds));
+            let role = Role::Candidate(None, hooks.clone(), Retention::new(self.keep_rounds), self.own.clone());
             let token = self.cancel.child_token();
             self.nodes.spawn(async move { (n, run_node(&candidate_net, role, false, None, token).await) });
         }

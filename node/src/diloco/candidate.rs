@@ -29,12 +29,13 @@ use super::RoleIo;
 use super::consensus::{Consensus, Seat, mode_of};
 use super::inbox::Inbox;
 use super::retention::Retention;
-use super::shepherd::{Host, LeaseKeeper, Outcome, Prepared, ShepherdHooks, ShepherdPlan};
+use super::shepherd::{Host, LeaseKeeper, Outcome, OwnEngine, Prepared, ShepherdHooks, ShepherdPlan};
 use super::wire::{self, LeaderState, Signer, peer_name};
 use crate::observe::events::{self as ev, Events};
 use crate::training::config::Experiment;
 use crate::training::config::step_config;
 use crate::training::data::Corpus;
+use crate::training::device::Placement;
 use crate::training::engine::Engine;
 use crate::training::model::Model;
 
@@ -49,8 +50,9 @@ pub(crate) enum Begin {
     /// As the leader: `pcp-node --shepherd` (a new run, or `--resume`).
     Lead(Box<ShepherdPlan>),
     /// As a standby of `run` (`pcp-node --candidate --run RUN_ID`), or of the first
-    /// run the DHT knows (`sim`), keeping the blobs of its recent rounds.
-    Standby(Option<RunId>, Retention),
+    /// run the DHT knows (`sim`), keeping the blobs of its recent rounds, with its
+    /// own engine on the placement given (`--backend`, `--target`).
+    Standby(Option<RunId>, Retention, Placement),
 }
 
 /// Runs a candidate until the run is over or `cancel` fires.
@@ -64,9 +66,12 @@ pub(crate) async fn run(
     let RoleIo { node, identity, data_dir, events } = io;
     let mut signer = Signer::new(identity.clone());
     // a leader's plan carries its blobs' retention; a standby holds it, and hands it on
-    let (mut plan, mut follow, mut retention) = match begin {
-        Begin::Lead(plan) => (Some(*plan), None, Retention::default()),
-        Begin::Standby(run, retention) => (None, Some(Follow::Discover(run)), retention),
+    let (mut plan, mut follow, mut retention, on) = match begin {
+        Begin::Lead(plan) => {
+            let on = plan.engine.on.clone();
+            (Some(*plan), None, Retention::default(), on)
+        }
+        Begin::Standby(run, retention, on) => (None, Some(Follow::Discover(run)), retention, on),
     };
     let mut keeper_until_led: Option<LeaseKeeper> = None;
     let mut consensus: Option<Box<Consensus>> = None;
@@ -95,8 +100,8 @@ pub(crate) async fn run(
             }
         }
         let Some(how) = follow.take() else { return Ok(()) };
-        let start =
-            Standby::start(how, &node, &mut signer, &data_dir, &events, &mut requests, &cancel, consensus.take());
+        let seat = (&node, data_dir.as_path(), &events, &on);
+        let start = Standby::start(how, seat, &mut signer, &mut requests, &cancel, consensus.take());
         let mut standby = match start.await? {
             Some(s) => s,
             None => return Ok(()),
@@ -180,18 +185,17 @@ struct Standby {
     hooks: ShepherdHooks,
     /// The state blobs of recent rounds (the run's initial parameters pinned).
     retention: Retention,
+    /// Where its own engine runs: the one it prepares, and the one it leads with.
+    on: Placement,
 }
 
 impl Standby {
     /// Learns the run's manifest (unless known), checks this node is a candidate,
     /// and starts fetching what it would need to lead. `None` when cancelled.
-    #[allow(clippy::too_many_arguments)]
     async fn start(
         how: Follow,
-        node: &Node,
+        (node, data_dir, events, on): (&Node, &std::path::Path, &Events, &Placement),
         signer: &mut Signer,
-        data_dir: &std::path::Path,
-        events: &Events,
         requests: &mut Inbox,
         cancel: &CancellationToken,
         consensus: Option<Box<Consensus>>,
@@ -245,8 +249,8 @@ impl Standby {
         let sizes = wire::sizes(&manifest);
         let mut inheritance = JoinSet::new();
         {
-            let (node, manifest, data_dir) = (node.clone(), manifest.clone(), data_dir.to_path_buf());
-            inheritance.spawn(async move { inherit(&node, &manifest, source, &data_dir).await });
+            let (node, manifest, data_dir, on) = (node.clone(), manifest.clone(), data_dir.to_path_buf(), on.clone());
+            inheritance.spawn(async move { inherit(&node, &manifest, source, &data_dir, &on).await });
         }
         let mut fetching = JoinSet::new();
         let stood_aside = state.is_some();
@@ -299,6 +303,7 @@ impl Standby {
             fetching,
             hooks: ShepherdHooks::default(),
             retention: Retention::default(),
+            on: on.clone(),
         }))
     }
 
@@ -507,7 +512,7 @@ impl Standby {
             state,
             term,
             data_dir,
-            prepared,
+            OwnEngine { on: self.on.clone(), prepared: Some(prepared) },
         )
         .map_err(|e| e.into_error())?;
         plan.retention = self.retention;
@@ -571,12 +576,14 @@ async fn discover(
 }
 
 /// Fetches the experiment, the loss module and the corpus a successor needs, and
-/// compiles the training step ahead (into the artifact cache).
+/// compiles the training step ahead (into the artifact cache) for `on`, where its
+/// engine runs.
 async fn inherit(
     node: &Node,
     manifest: &RunManifest,
     leader: PeerId,
     data_dir: &std::path::Path,
+    on: &Placement,
 ) -> anyhow::Result<Inheritance> {
     anyhow::ensure!(manifest.experiment != [0; 32], "the run's manifest names no experiment blob");
     let mut experiment: Experiment =
@@ -591,24 +598,19 @@ async fn inherit(
     let module = model.module.clone();
     let config = step_config(&experiment);
     let dir = std::env::var_os("PCP_ARTIFACT_CACHE").map_or_else(|| data_dir.join("artifacts"), PathBuf::from);
+    let target = on.target.clone();
     let (step, vmfb) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         let step = pcp_graph::train_step(&module, "main", &config).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let artifact = pcp_graph::compile(&step.module, &pcp_graph::Target::host(), Some(&dir))?;
+        let artifact = pcp_graph::compile(&step.module, &target, Some(&dir))?;
         Ok((step, artifact.vmfb))
     })
-    .await??;
+    .await?
+    .with_context(|| format!("compiling a successor's engine for {on}"))?;
     let sizes = wire::sizes(manifest);
     let zeros = sizes.iter().map(|n| vec![0.0; *n]).collect();
-    let engine = Engine::new(
-        pcp_runtime::Device::Cpu,
-        vmfb,
-        wire::shapes(manifest),
-        zeros,
-        None,
-        step.state_per_param,
-        manifest.data.int64,
-    )
-    .await?;
+    let engine =
+        Engine::new(on.device, vmfb, wire::shapes(manifest), zeros, None, step.state_per_param, manifest.data.int64)
+            .await?;
     Ok(Inheritance { experiment, model, corpus_path, corpus, prepared: Prepared { step, engine } })
 }
 

@@ -43,15 +43,32 @@ use super::retention::Retention;
 use super::wire::{self, LeaderState, Signer, peer_name};
 use crate::observe::events::{self as ev, Events};
 use crate::training::checkpoint::{Checkpoint, TensorRef, save_refs};
+use crate::training::device::Placement;
 use crate::training::engine::Engine;
 use crate::training::schedule::validation_loss;
 
-/// A training step and a CPU engine a standby prepares, so that it leads at once
-/// when elected.
+/// A training step and an engine a standby prepares on its [`OwnEngine::on`],
+/// so that it leads at once when elected.
 #[derive(Debug)]
 pub(crate) struct Prepared {
     pub(crate) step: pcp_graph::TrainModule,
     pub(crate) engine: Engine,
+}
+
+/// The coordinator's own engine, which screens contributions and computes the
+/// validation loss: where it runs (`--backend` and `--target`; the host CPU by
+/// default), and the one a standby prepared, if any.
+#[derive(Debug)]
+pub(crate) struct OwnEngine {
+    pub(crate) on: Placement,
+    pub(crate) prepared: Option<Prepared>,
+}
+
+impl OwnEngine {
+    /// An engine on `on`, not prepared yet.
+    pub(crate) fn on(on: Placement) -> Self {
+        Self { on, prepared: None }
+    }
 }
 
 /// How a shepherd begins.

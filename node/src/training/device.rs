@@ -26,3 +26,30 @@ pub(crate) fn resolve(backend: &str, target: Option<&str>) -> anyhow::Result<(De
     let target = pcp_graph::Target::parse(kind, detected.as_deref().or(target))?;
     Ok((device, target))
 }
+
+/// Where a node runs an engine: the device and the compile target `--backend`
+/// and `--target` name ([`resolve`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Placement {
+    pub(crate) device: Device,
+    pub(crate) target: pcp_graph::Target,
+}
+
+impl Placement {
+    /// The host CPU.
+    pub(crate) fn cpu() -> Self {
+        Self { device: Device::Cpu, target: pcp_graph::Target::host() }
+    }
+
+    /// `--backend` and `--target`, checked ([`resolve`]).
+    pub(crate) fn resolve(backend: &str, target: Option<&str>) -> anyhow::Result<Self> {
+        let (device, target) = resolve(backend, target)?;
+        Ok(Self { device, target })
+    }
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.target.fmt(f)
+    }
+}

@@ -13,11 +13,12 @@ use crate::diloco::wire::LeaderState;
 use crate::training::checkpoint::Checkpoint;
 use crate::training::config::Experiment;
 use crate::training::data::{Corpus, default_corpus};
+use crate::training::device::Placement;
 use crate::training::model::Model;
 
 use super::setup::ShepherdMeta;
 use super::trust::{Trust, TrustArgs};
-use super::{Prepared, Start};
+use super::{OwnEngine, Start};
 
 /// Flags of `pcp-node --shepherd`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -231,8 +232,8 @@ pub(crate) struct ShepherdPlan {
     pub(super) fragments: u32,
     /// The blobs of recent rounds, and those pinned (`--keep-rounds`).
     pub(crate) retention: Retention,
-    /// A training step compiled and loaded ahead (by a standby candidate).
-    pub(super) prepared: Option<Prepared>,
+    /// Its own engine: where it runs, and one a standby candidate loaded ahead.
+    pub(crate) engine: OwnEngine,
     /// Who may join, and how far they are trusted.
     pub(crate) trust: Trust,
     /// The screen's split, withheld from the published corpus (set at start).
@@ -320,7 +321,7 @@ impl ShepherdPlan {
             overlap: !args.no_overlap,
             fragments: 1,
             retention: Retention::default(),
-            prepared: None,
+            engine: OwnEngine::on(Placement::cpu()),
             trust: Trust::from_args(&args.trust, pcp_protocol::admit::DEFAULT_POW_BITS)?,
             screen_split: None,
         }
@@ -364,7 +365,7 @@ impl ShepherdPlan {
             overlap: false,
             fragments: 1,
             retention: Retention::default(),
-            prepared: None,
+            engine: OwnEngine::on(Placement::cpu()),
             trust: Trust::default(),
             screen_split: None,
         }
@@ -406,7 +407,7 @@ impl ShepherdPlan {
         state: LeaderState,
         term: u64,
         data_dir: &Path,
-        prepared: Prepared,
+        engine: OwnEngine,
     ) -> Result<Self, Failure> {
         let encoding = Encoding::parse(&manifest.encoding)
             .ok_or_else(|| Failure::input(anyhow::anyhow!("the run uses encoding {:?}", manifest.encoding)))?;
@@ -437,7 +438,7 @@ impl ShepherdPlan {
             artifacts_dir: None,
             table: true,
             retention: Retention::default(),
-            prepared: Some(prepared),
+            engine,
             trust,
             screen_split: None,
         })

@@ -386,7 +386,8 @@ pub(super) fn machine_config(
 }
 
 /// The shepherd's own engine (for validation and screening): a standby's
-/// prepared one, else the step compiled for this host's CPU.
+/// prepared one, else the step compiled for where the plan puts it
+/// ([`super::OwnEngine::on`]).
 /// None for a shepherd that neither validates nor screens by loss: it runs no model
 /// itself (an engine would hold the parameters and optimizer state once more).
 pub(super) async fn host_engine(
@@ -405,22 +406,16 @@ pub(super) async fn host_engine(
         engine.set_params(params).await.context("loading the inherited parameters")?;
         return Ok(Some(engine));
     }
-    let cpu = {
-        let (module, dir) = (module.clone(), artifacts_dir.to_path_buf());
-        tokio::task::spawn_blocking(move || pcp_graph::compile(&module, &pcp_graph::Target::host(), Some(&dir)))
-            .await??
+    let on = plan.engine.on.clone();
+    let artifact = {
+        let (module, dir, target) = (module.clone(), artifacts_dir.to_path_buf(), on.target.clone());
+        tokio::task::spawn_blocking(move || pcp_graph::compile(&module, &target, Some(&dir)))
+            .await?
+            .with_context(|| format!("compiling the shepherd's own engine for {on}"))?
     };
-    Engine::new(
-        pcp_runtime::Device::Cpu,
-        cpu.vmfb,
-        wire::shapes(manifest),
-        params,
-        None,
-        state_per_param,
-        manifest.data.int64,
-    )
-    .await
-    .map(Some)
+    Engine::new(on.device, artifact.vmfb, wire::shapes(manifest), params, None, state_per_param, manifest.data.int64)
+        .await
+        .map(Some)
 }
 
 /// The consensus a leader starts with: an elected candidate's (it leads already),
@@ -463,7 +458,7 @@ impl Host {
         consensus: Option<Box<Consensus>>,
     ) -> anyhow::Result<Self> {
         let store = BlobStore::open(data_dir)?;
-        let (step, prepared_engine) = match plan.prepared.take() {
+        let (step, prepared_engine) = match plan.engine.prepared.take() {
             Some(p) => (p.step, Some(p.engine)),
             None => {
                 let step = pcp_graph::train_step(&plan.model.module, "main", &step_config(&plan.experiment))
@@ -576,6 +571,7 @@ impl Host {
             recompute: self.manifest.recompute.clone(),
             failover: self.lead.consensus.core().mode().name().to_owned(),
             candidates: self.lead.consensus.core().succession().order().len() as u64,
+            engine: self.engine.as_ref().map_or_else(String::new, |_| self.plan.engine.on.to_string()),
         }));
         if matches!(self.plan.start, Start::Resume(_)) {
             self.events.emit(ev::Event::Resumed(ev::Resumed { round: resumed_at, params_hash: params_hash.to_hex() }));

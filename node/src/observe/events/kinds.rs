@@ -225,6 +225,10 @@ fields! {
         /// The coordinator candidates, this one included.
         #[serde(default)]
         candidates: u64,
+        /// Where the shepherd's own engine screens and validates (`cpu`,
+        /// `vulkan`, `cuda:sm_90`, …); empty when it runs no model.
+        #[serde(default)]
+        engine: String,
     }
     Resumed { round: u64, params_hash: String }
     ShepherdElected { term: u64, peer: String, round: u64, params_hash: String }
