@@ -413,7 +413,11 @@ fn an_overlapped_worker_killed_mid_overlap_rejoins_and_contributes() {
         rounds.iter().skip(4).any(|r| with_victim(&r)),
         "the restarted worker contributes to a round after its restart: {rounds:?}"
     );
-    // it joined twice, and what it sent after the restart was accepted
+    // it joined twice, and what it sent after the restart was accepted: all of it but
+    // its first send, which comes from a fresh fetch and a full round of steps while
+    // the others' rounds take a few hundred milliseconds, so on a loaded machine it
+    // may arrive after its round closed (`late`, or refused unread once two newer
+    // rounds opened)
     let w1 = &workers[0];
     assert_eq!(w1.iter().filter(|e| e["event"] == "run_joined").count(), 2);
     let after: Vec<&Value> = w1
@@ -423,7 +427,7 @@ fn an_overlapped_worker_killed_mid_overlap_rejoins_and_contributes() {
         .skip_while(|e| e["event"] != "run_joined")
         .filter(|e| e["event"] == "contribution_sent")
         .collect();
-    assert!(!after.is_empty() && after.iter().all(|e| e["accepted"] == true), "{after:?}");
+    assert!(after.len() >= 2 && after.iter().skip(1).all(|e| e["accepted"] == true), "{after:?}");
 }
 
 #[test]
