@@ -234,18 +234,6 @@ impl Follower {
         let term = term.max(chain.term);
         Self { leases: Leases::new(me, succession, lease_ms, term, now_ms), rounds: Rounds::new(chain) }
     }
-
-    /// An announcement from `leader`: its lease first, then the round, with every
-    /// action in order. `None` when the lease does not count.
-    pub fn announced(&mut self, leader: PublicKey, a: &Announced, now_ms: u64) -> (Option<Take>, Vec<Action>) {
-        let (valid, mut actions) = self.leases.lease(leader, a.opening.term, now_ms);
-        if !valid {
-            return (None, actions);
-        }
-        let (take, save) = self.rounds.announced(a);
-        actions.extend(save);
-        (Some(take), actions)
-    }
 }
 
 /// Whether `latest` (the newest announcement heard) makes a send for `current`

@@ -12,6 +12,19 @@ fn follower(term: u64, chain: Chain) -> Follower {
     Follower::new(key(9), succession, LEASE, term, chain, 0)
 }
 
+/// An announcement from `leader`, as a host that owns both halves hears it: its
+/// lease first, then the round, with every action in order (`None`: the lease does
+/// not count).
+fn hear(f: &mut Follower, leader: PublicKey, a: &Announced, now_ms: u64) -> (Option<Take>, Vec<Action>) {
+    let (valid, mut actions) = f.leases.lease(leader, a.opening.term, now_ms);
+    if !valid {
+        return (None, actions);
+    }
+    let (take, save) = f.rounds.announced(a);
+    actions.extend(save);
+    (Some(take), actions)
+}
+
 fn announced(term: u64, round: u64, opened_ms: u64, base: u8) -> Announced {
     Announced {
         opening: Opening { term, round, opened_ms },
@@ -70,36 +83,36 @@ fn a_lapsed_lease_names_the_next_candidate() {
 fn an_announcement_is_taken_once_and_its_chain_saved_first() {
     let mut f = follower(1, Chain::default());
     let a = announced(1, 1, 100, 1);
-    let (take, actions) = f.announced(key(1), &a, 10);
+    let (take, actions) = hear(&mut f, key(1), &a, 10);
     assert_eq!(take, Some(Take::Train));
     assert_eq!(actions, vec![Action::SaveChain(Chain { term: 1, round: 1, params: [1; 32] })]);
-    assert_eq!(f.announced(key(1), &a, 20).0, Some(Take::Seen), "the same one again");
+    assert_eq!(hear(&mut f, key(1), &a, 20).0, Some(Take::Seen), "the same one again");
     let older = announced(1, 1, 50, 1);
-    assert_eq!(f.announced(key(1), &older, 20).0, Some(Take::Seen), "an earlier opening, reordered");
+    assert_eq!(hear(&mut f, key(1), &older, 20).0, Some(Take::Seen), "an earlier opening, reordered");
 }
 
 #[test]
 fn a_round_reopened_by_its_leader_is_taken_again_from_the_same_parameters() {
     let mut f = follower(1, Chain::default());
-    f.announced(key(1), &announced(1, 3, 100, 3), 10);
-    assert_eq!(f.announced(key(1), &announced(1, 3, 200, 3), 20).0, Some(Take::Train));
+    hear(&mut f, key(1), &announced(1, 3, 100, 3), 10);
+    assert_eq!(hear(&mut f, key(1), &announced(1, 3, 200, 3), 20).0, Some(Take::Train));
 }
 
 #[test]
 fn a_worker_never_moves_back_nor_onto_another_branch() {
     let mut f = follower(1, Chain::default());
-    f.announced(key(1), &announced(1, 5, 100, 5), 10);
-    let (take, actions) = f.announced(key(2), &announced(2, 5, 200, 6), 20);
+    hear(&mut f, key(1), &announced(1, 5, 100, 5), 10);
+    let (take, actions) = hear(&mut f, key(2), &announced(2, 5, 200, 6), 20);
     assert_eq!(take, Some(Take::Refused(Behind::Fork { round: 5 })), "round 5 from other parameters");
     assert_eq!(
         actions,
         vec![Action::SaveTerm(2), Action::Follow { term: 2, leader: key(2) }],
         "the lease still counts"
     );
-    let (take, _) = f.announced(key(3), &announced(3, 4, 300, 4), 30);
+    let (take, _) = hear(&mut f, key(3), &announced(3, 4, 300, 4), 30);
     assert_eq!(take, Some(Take::Refused(Behind::Round { round: 4, trained: 5 })), "an earlier round");
     assert_eq!(f.rounds.chain(), Chain { term: 1, round: 5, params: [5; 32] }, "the chain did not move");
-    let (take, _) = f.announced(key(1), &announced(4, 6, 400, 6), 40);
+    let (take, _) = hear(&mut f, key(1), &announced(4, 6, 400, 6), 40);
     assert_eq!(take, Some(Take::Train), "the next round, from whoever leads");
 }
 
@@ -114,17 +127,17 @@ fn without_the_chain_any_later_announcement_is_trained() {
 fn a_round_it_is_not_in_is_taken_without_its_chain() {
     let mut f = follower(1, Chain::default());
     let a = Announced { participant: false, ..announced(1, 2, 100, 2) };
-    assert_eq!(f.announced(key(1), &a, 10), (Some(Take::Skip), vec![]));
+    assert_eq!(hear(&mut f, key(1), &a, 10), (Some(Take::Skip), vec![]));
     assert_eq!(f.rounds.seen(), Some(a.opening));
     assert_eq!(f.rounds.chain(), Chain::default());
     let zero = announced(1, 0, 200, 0);
-    assert_eq!(f.announced(key(1), &zero, 20).0, Some(Take::Seen), "round 0 opens nothing");
+    assert_eq!(hear(&mut f, key(1), &zero, 20).0, Some(Take::Seen), "round 0 opens nothing");
 }
 
 #[test]
 fn a_refused_lease_takes_nothing() {
     let mut f = follower(2, Chain::default());
-    let (take, actions) = f.announced(key(1), &announced(1, 1, 100, 1), 10);
+    let (take, actions) = hear(&mut f, key(1), &announced(1, 1, 100, 1), 10);
     assert_eq!(take, None);
     assert!(matches!(&actions[..], [Action::Rejected { .. }]));
     assert_eq!(f.rounds.seen(), None);
