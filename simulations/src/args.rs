@@ -6,6 +6,7 @@ use pcp_protocol::diloco::compress::Encoding;
 use pcp_protocol::diloco::sparse::Settings;
 use serde::Serialize;
 
+use crate::aggregators::HostileAggregator;
 use crate::compute::Device;
 use crate::faults::Rule;
 use crate::network::Profile;
@@ -244,6 +245,35 @@ pub struct SimulateArgs {
     /// Fraction of hostile workers (they send NaN; the shepherd's validation rejects it).
     #[arg(long, default_value_t = 0.0)]
     pub hostile: f64,
+    /// Parameter-shard aggregators (DiLoCo star): the round's sum is split into this many
+    /// shards, each summed by --aggregator-replicas volunteers that offered `--aggregate`,
+    /// and the shepherd reads each contribution's commitment, not its bytes; 0: the
+    /// shepherd sums alone.
+    #[arg(long, default_value_t = 0)]
+    pub aggregators: usize,
+    /// Volunteers that sum each aggregated shard (they must agree bit for bit).
+    #[arg(long, default_value_t = 2)]
+    pub aggregator_replicas: usize,
+    /// The aggregator volunteers' link profile.
+    #[arg(long, value_enum, default_value_t = Profile::Datacenter)]
+    pub aggregator_profile: Profile,
+    /// Cores each aggregator volunteer checks and adds slices on (at the calibration table's speed).
+    #[arg(long, default_value_t = 2)]
+    pub aggregator_cores: usize,
+    /// Share of shards the shepherd recomputes from the committed slices whatever their
+    /// replicas say.
+    #[arg(long, default_value_t = 0.05)]
+    pub aggregator_spot_rate: f64,
+    /// Fraction of aggregator volunteers that are hostile, doing --aggregator-attack.
+    #[arg(long, default_value_t = 0.0)]
+    pub hostile_aggregators: f64,
+    /// What hostile aggregators do.
+    #[arg(long, value_enum, default_value_t = HostileAggregator::AggAlter)]
+    pub aggregator_attack: HostileAggregator,
+    /// Seconds after a round's close its shards' votes are waited for; a silent replica's
+    /// shard is recomputed then.
+    #[arg(long, default_value_t = 5.0)]
+    pub vote_timeout_s: f64,
     /// Expected leaves per worker per hour, with as many Poisson joins (DiLoCo star only).
     #[arg(long, default_value_t = 0.0)]
     pub churn_per_hour: f64,

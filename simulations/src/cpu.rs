@@ -19,8 +19,10 @@
 //! made, ~450 bytes through the cipher) take a steady share of the loop, and
 //! every other job on it runs that much slower (the share is capped at 95%,
 //! and the report names it when it is past 100%). Each round's announcement,
-//! fanned out to its participants, and the blob bytes the shepherd itself
-//! serves go through the cipher on the loop when the round opens.
+//! fanned out to its participants, goes through the cipher on the loop when the
+//! round opens. The blob bytes the shepherd itself serves go through the cipher
+//! on libp2p's connection tasks (the swarm runs them on tokio's worker threads),
+//! not on the loop: their core-seconds are counted apart ([`CpuTotals::serve_s`]).
 //!
 //! The screen's budget is the node's (`node/src/diloco/shepherd/screen.rs`): a
 //! round screens its first [`MIN_SCREENS`] contributions whatever it costs;
@@ -63,6 +65,8 @@ pub struct ShepherdCosts {
     pub decode_s: f64,
     /// Event-loop seconds per byte of a contribution: decryption and blake3.
     pub per_byte_s: f64,
+    /// Event-loop seconds to check one signature.
+    pub verify_s: f64,
     /// Core-seconds to add a contribution of the whole model.
     pub add_core_s: f64,
     /// Contributions added together (32 for sparse, 1 for dense).
@@ -90,6 +94,7 @@ impl ShepherdCosts {
             threads: threads.max(1),
             decode_s: 0.0,
             per_byte_s: 0.0,
+            verify_s: 0.0,
             add_core_s: 0.0,
             add_batch: 1,
             forward_core_s: 0.0,
@@ -132,6 +137,9 @@ pub struct CpuTotals {
     pub screen_s: f64,
     /// Seconds spent closing rounds.
     pub close_s: f64,
+    /// Core-seconds of the connection tasks' cipher on the blob bytes the shepherd
+    /// served (off the loop).
+    pub serve_s: f64,
     /// The largest heartbeat share of the loop seen (may pass 1: the loop is overloaded).
     pub peak_heartbeat_load: f64,
 }
@@ -195,7 +203,12 @@ impl Cpu {
         self.free
     }
 
-    /// `bytes` through the cipher on the loop (announcements, served blobs).
+    /// `bytes` of blobs served through the cipher on the connection tasks.
+    pub fn serve(&mut self, bytes: f64) {
+        self.totals.serve_s += bytes * self.costs.cipher_s_per_byte;
+    }
+
+    /// `bytes` through the cipher on the loop (announcements).
     pub fn cipher(&mut self, now: u64, bytes: f64) {
         let s = bytes * self.costs.cipher_s_per_byte;
         if s > 0.0 {
@@ -222,9 +235,40 @@ impl Cpu {
     /// share of the model (fragments). Returns when the state machine gets it and
     /// the screen's verdict.
     pub fn contribution(&mut self, now: u64, bytes: f64, work: f64, must: bool, screenable: bool) -> (u64, Screened) {
+        self.received(now, bytes, work, None, (must, screenable))
+    }
+
+    /// [`Cpu::contribution`] of a contribution whose shards aggregators sum: the loop
+    /// checks its commitment and the reports of its slices (`commit_s`), and reads
+    /// and decodes it only to screen it; it adds nothing.
+    pub fn committed(
+        &mut self,
+        now: u64,
+        bytes: f64,
+        work: f64,
+        commit_s: f64,
+        must: bool,
+        screenable: bool,
+    ) -> (u64, Screened) {
+        self.received(now, bytes, work, Some(commit_s), (must, screenable))
+    }
+
+    fn received(
+        &mut self,
+        now: u64,
+        bytes: f64,
+        work: f64,
+        committed: Option<f64>,
+        (must, screenable): (bool, bool),
+    ) -> (u64, Screened) {
         let c = &self.costs;
-        let mut s = c.decode_s * work + c.per_byte_s * bytes;
+        let read = c.decode_s * work + c.per_byte_s * bytes;
         let verdict = self.decide(must, screenable);
+        let mut s = match committed {
+            Some(commit) if verdict == Screened::Passed => commit + read,
+            Some(commit) => commit,
+            None => read,
+        };
         if verdict == Screened::Passed {
             // the loss before, once a round, then with the contribution and reversed
             let passes = if self.screens.0 == 0 { 3.0 } else { 2.0 };
@@ -237,7 +281,7 @@ impl Cpu {
         }
         if verdict == Screened::OverBudget {
             self.totals.over_budget += 1;
-        } else if screenable {
+        } else if screenable && committed.is_none() {
             let c = &self.costs;
             let threads = c.threads.max(1) as f64;
             self.pending += 1;

@@ -101,6 +101,7 @@ use pcp_protocol::diloco::worker::{self, Worker};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::aggregators::{AggregatorSetup, Pool};
 use crate::network::{Flow, fair_share, fair_share_growing};
 use crate::report::{FragmentCost, RoundStats, StrategyReport, Summary};
 use crate::world::{NodeSpec, Stream, World, rng};
@@ -162,6 +163,8 @@ pub struct StarSetup {
     pub crash_fraction: f64,
     /// The shepherd's state machine settings (its heartbeat timeout is the crash-notice delay).
     pub shepherd: shepherd::Config,
+    /// Parameter-shard aggregators ([`crate::aggregators`]); `None`: the shepherd sums alone.
+    pub aggregators: Option<AggregatorSetup>,
     /// The run seed.
     pub seed: u64,
 }
@@ -294,6 +297,11 @@ struct Sim<'a> {
     served: BTreeMap<u64, f64>,
     /// The shepherd's event loop and aggregate threads.
     cpu: Cpu,
+    /// The aggregators, if any.
+    pool: Option<Pool>,
+    /// Contributions that reached the aggregators since the last close: how many,
+    /// the first's arrival and the last's, µs.
+    inflow: Option<(u64, u64, u64)>,
     /// Live workers (connections held at the shepherd).
     alive: usize,
     /// Joins refused at the shepherd's connection cap.
@@ -350,6 +358,8 @@ pub fn run_star(world: World, setup: &StarSetup, progress: &mut dyn FnMut(u64)) 
         served: BTreeMap::new(),
         useful: Vec::new(),
         cpu: Cpu::new(setup.cpu.clone(), rng(setup.seed, Stream::Screen)),
+        pool: setup.aggregators.clone().map(|a| Pool::new(a, setup.seed)),
+        inflow: None,
         alive: 0,
         refused: 0,
         last_close: 0,
@@ -384,6 +394,7 @@ pub fn run_star(world: World, setup: &StarSetup, progress: &mut dyn FnMut(u64)) 
     if setup.overlap {
         summary.overall_utilization = Some(summary.utilization);
     }
+    summary.aggregators = sim.pool.as_ref().map(|p| p.totals);
     summary.shepherd = Some(crate::report::ShepherdSummary {
         cpu: sim.cpu.totals,
         refused_joins: sim.refused,
@@ -431,6 +442,22 @@ impl Sim<'_> {
     /// Bytes of a contribution to round `r`.
     fn contribution_bytes(&self, r: u64) -> f64 {
         self.fragment(r).map_or(self.setup.contribution_bytes, |f| f.contribution_bytes)
+    }
+
+    /// What the open round's uploads go through: the shepherd's downlink, or the
+    /// aggregators' downlinks together (each slice reaches every replica of its
+    /// shard: the worker's upload, then the first replica's forward).
+    fn upload_link(&self) -> f64 {
+        match &self.pool {
+            Some(p) if p.active() => p.down() / p.setup().replicas.max(1) as f64,
+            _ => self.world.shepherd.down,
+        }
+    }
+
+    /// Bytes a worker uploads for round `r`: its contribution, once (aggregated, each
+    /// slice to its shard's first replica, which forwards it to the others).
+    fn upload_bytes(&self, r: u64) -> f64 {
+        self.contribution_bytes(r)
     }
 
     /// Bytes a worker holding round `r − 1`'s parameters fetches for round `r`, if
@@ -527,7 +554,7 @@ impl Sim<'_> {
                     let ws = &mut self.workers[w as usize];
                     let lat = self.world.latency(&ws.spec, 0, &self.world.shepherd);
                     let planned = ws.uploads.iter().find(|(u, _)| u == r).map(|(_, d)| *d);
-                    let bytes = self.contribution_bytes(*r);
+                    let bytes = self.upload_bytes(*r);
                     let ws = &mut self.workers[w as usize];
                     let up = planned.unwrap_or_else(|| us(bytes / ws.spec.link.up.max(1e-9)));
                     let (n, train) = ws.steps;
@@ -722,14 +749,26 @@ impl Sim<'_> {
     /// the shepherd's decode queue.
     fn arrived(&mut self, w: u32, r: u64, now: u64) {
         let cb = self.contribution_bytes(r);
-        self.window.worker_bytes_out += cb;
-        self.window.shepherd_bytes_in += cb;
+        self.window.worker_bytes_out += self.upload_bytes(r);
         // the node validates, then screens what is for the open round (or carried into it)
         let open = self.shepherd.completed() + 1;
         let screenable = !self.workers[w as usize].spec.hostile && (r == open || (self.setup.overlap && r + 1 == open));
         let must = self.shepherd.must_screen(&w);
         let work = self.fragment(r).map_or(1.0, |f| f.work);
-        let (at, screened) = self.cpu.contribution(now, cb, work, must, screenable);
+        let (at, screened) = match self.pool.as_ref().filter(|p| p.active()).map(|p| p.setup().clone()) {
+            Some(a) => {
+                // its slices went to the aggregators, its commitment and their reports to the shepherd
+                self.window.shepherd_bytes_in += a.commit_bytes;
+                let (n, first, last) = self.inflow.unwrap_or((0, now, now));
+                self.inflow = Some((n + 1, first.min(now), last.max(now)));
+                let (at, screened) = self.cpu.committed(now, cb, work, a.commit_s, must, screenable);
+                (at.max(now + us(a.report_s)), screened)
+            }
+            None => {
+                self.window.shepherd_bytes_in += cb;
+                self.cpu.contribution(now, cb, work, must, screenable)
+            }
+        };
         self.push(at, Ev::Decoded { w, r, screened });
     }
 
@@ -785,6 +824,9 @@ impl Sim<'_> {
         for action in actions {
             match action {
                 Action::OpenRound { round, deadline_ms, participants } => {
+                    if let Some(pool) = self.pool.as_mut() {
+                        pool.open(round);
+                    }
                     if let Some(budget) = self.shepherd.budget_ms() {
                         self.budgets.insert(round, (budget, self.shepherd.steps_end_ms().unwrap_or(0)));
                         self.budgets.retain(|k, _| *k + 2 >= round);
@@ -844,13 +886,30 @@ impl Sim<'_> {
                     s.worker_bytes_in /= p;
                     s.worker_bytes_out /= p;
                     self.last_close = now;
-                    self.closed_at = self.cpu.close(now, s.wall_s, self.fragment(r + 1).map_or(1.0, |f| f.work));
+                    // aggregated: the shards' means are gathered first, then the shepherd closes
+                    let gathered = self.gather(r, now);
+                    if gathered > now {
+                        s.shepherd_bytes_in += self.setup.params_bytes;
+                    }
+                    self.closed_at = self.cpu.close(gathered, s.wall_s, self.fragment(r + 1).map_or(1.0, |f| f.work));
                     self.done.push(s);
                 }
                 Action::Finished => self.finished = true,
                 Action::WorkerJoined(_) | Action::WorkerLeft { .. } => {}
             }
         }
+    }
+
+    /// Round `r` closed at `now`: when its aggregators' shard means are with the
+    /// shepherd (`now` when it summed alone).
+    fn gather(&mut self, r: u64, now: u64) -> u64 {
+        let inflow = self.inflow.take().unwrap_or((0, now, now));
+        let bytes = self.contribution_bytes(r);
+        let Some(pool) = self.pool.as_mut() else { return now };
+        let c = &self.setup.cpu;
+        let slice_core_s = c.decode_s + c.add_core_s;
+        let shepherd = (self.world.shepherd.down, c.threads);
+        pool.close(r, now, inflow, bytes, slice_core_s, self.setup.params_bytes, shepherd).ready_us
     }
 
     /// Tells round `r`'s participants, at their next heartbeat, that its deadline moved.
@@ -907,7 +966,9 @@ impl Sim<'_> {
                         (link - contribution / round_s.max(1e-3)).max(0.0)
                     })
                     .collect();
-                let fetched = fair_share_growing(up, fetches, &gains);
+                // aggregators seed the round's blobs too: they fetch them first, on their own links
+                let seeds = up + self.pool.as_ref().filter(|p| p.active()).map_or(0.0, Pool::up);
+                let fetched = fair_share_growing(seeds, fetches, &gains);
                 let total: f64 = fetches.iter().map(|f| f.bytes).sum();
                 let first = fetches.iter().map(|f| f.start).fold(f64::INFINITY, f64::min);
                 let last = fetched.iter().copied().filter(|t| t.is_finite()).fold(first, f64::max);
@@ -917,8 +978,7 @@ impl Sim<'_> {
         };
         self.served.retain(|round, _| round + 4 > r);
         self.served.insert(r, share);
-        let now = self.now;
-        self.cpu.cipher(now, share * fetches.iter().map(|f| f.bytes).sum::<f64>());
+        self.cpu.serve(share * fetches.iter().map(|f| f.bytes).sum::<f64>());
         fetched
     }
 
@@ -999,10 +1059,10 @@ impl Sim<'_> {
             let ready = done + lat;
             let train = self.train_seconds(*w);
             let up = self.workers[*w as usize].spec.link.up;
-            uploads.push(Flow { start: ready + train, bytes: self.contribution_bytes(r), cap: up });
+            uploads.push(Flow { start: ready + train, bytes: self.upload_bytes(r), cap: up });
             trains.push((ready, train));
         }
-        let uploaded = fair_share(shepherd.down, &uploads);
+        let uploaded = fair_share(self.upload_link(), &uploads);
         for (((w, discover, lat, bytes), (ready, train)), up) in plan.iter().zip(trains).zip(uploaded) {
             let arrive = up + lat;
             self.push(us(*discover), Ev::Discover { w: *w, r });
@@ -1052,9 +1112,9 @@ impl Sim<'_> {
                 Some((t, end)) if t + 1 == r => secs(end) + round_s,
                 _ => done + lat + round_s,
             };
-            uploads.push(Flow { start: end.max(*discover), bytes: self.contribution_bytes(r), cap: ws.spec.link.up });
+            uploads.push(Flow { start: end.max(*discover), bytes: self.upload_bytes(r), cap: ws.spec.link.up });
         }
-        let uploaded = fair_share(shepherd.down, &uploads);
+        let uploaded = fair_share(self.upload_link(), &uploads);
         for (((w, discover, lat, bytes), done), (flow, up)) in
             plan.iter().zip(fetched).zip(uploads.iter().zip(uploaded))
         {

@@ -13,6 +13,7 @@
 //! * [`network`]: link profiles and max-min fair flows through a shared link.
 //! * [`world`]: the seeded world (links, regions, stragglers, hostile workers).
 //! * [`diloco`]: DiLoCo in a star on the real state machines, with churn.
+//! * [`aggregators`]: parameter-shard aggregators in the star, on the protocol's assignment and votes.
 //! * [`analytic`]: hierarchical DiLoCo, Streaming DiLoCo, ring all-reduce.
 //! * [`report`]: per-round statistics, summaries and the printed table.
 //! * [`plot`]: PNG plots.
@@ -25,6 +26,7 @@
 //! caller has measured. The same seed gives the same
 //! `report.json`, byte for byte.
 
+pub mod aggregators;
 pub mod analytic;
 mod args;
 pub mod calibration;

@@ -105,6 +105,9 @@ pub struct Summary {
     /// DiLoCo star: what the shepherd's CPU did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shepherd: Option<ShepherdSummary>,
+    /// DiLoCo star with aggregators: what they did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aggregators: Option<crate::aggregators::AggregatorTotals>,
     /// Mean bytes into the shepherd per round.
     pub shepherd_bytes_in: f64,
     /// Mean bytes out of the shepherd per round.
@@ -201,6 +204,7 @@ impl Summary {
                 .map(|r| r.worker_bytes_in)
                 .fold(0.0, f64::max),
             peak_worker_bytes_out: rounds.iter().map(|r| r.worker_bytes_out).fold(0.0, f64::max),
+            aggregators: None,
         }
     }
 }
@@ -493,6 +497,29 @@ impl Report {
                 100.0 * t.peak_heartbeat_load,
                 if sh.heartbeat_overload { " (OVERLOADED: modelled at 95%)" } else { "" },
             )?;
+            writeln!(
+                out,
+                "{}: serving blobs took {} of the shepherd's cores off the loop",
+                r.strategy,
+                seconds(t.serve_s)
+            )?;
+            if let Some(a) = r.summary.aggregators {
+                writeln!(
+                    out,
+                    "{}: aggregators summed {} rounds: {} shards agreed, {} recomputed ({} spot checks, {} of the \
+                     shepherd's threads), {} volunteers caught, {} wrong sums applied, {} a round from the close to \
+                     the means gathered",
+                    r.strategy,
+                    a.rounds,
+                    a.agreed,
+                    a.recomputed,
+                    a.spot_checks,
+                    seconds(a.recompute_s),
+                    a.caught,
+                    a.applied_wrong,
+                    seconds(a.wait_s / a.rounds.max(1) as f64),
+                )?;
+            }
         }
         Ok(())
     }

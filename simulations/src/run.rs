@@ -6,6 +6,7 @@ use std::io::{IsTerminal, Write};
 use pcp_protocol::diloco::aggregate::DEFAULT_BATCH;
 use pcp_protocol::diloco::shepherd;
 
+use crate::aggregators::{AggregatorSetup, commitment_bytes, commitment_s};
 use crate::analytic::{self, Setup};
 use crate::args::{ScreenMode, SimulateArgs, Strategy, Topology};
 use crate::calibration::Calibration;
@@ -150,6 +151,7 @@ fn shepherd_costs(args: &SimulateArgs, base: &ModelSpec, table: &Calibration) ->
         threads,
         decode_s,
         per_byte_s: table.blake3_s_per_byte + cipher,
+        verify_s: table.ed25519_verify_s,
         add_core_s,
         add_batch,
         // a forward pass is a third of a training step, on the run's batch × block
@@ -227,6 +229,32 @@ fn settings(
         seed: args.seed,
     })
 }
+
+/// The star's aggregators (`--aggregators`), with the shepherd's cost per
+/// contribution from the calibration table.
+fn aggregators(args: &SimulateArgs, settings: &Settings) -> Option<AggregatorSetup> {
+    if args.aggregators == 0 {
+        return None;
+    }
+    let c = &settings.shepherd_cpu;
+    let bytes = commitment_bytes(args.aggregators, args.aggregator_replicas, settings.model.tensor_sizes.len());
+    Some(AggregatorSetup {
+        shards: args.aggregators,
+        replicas: args.aggregator_replicas,
+        profile: args.aggregator_profile,
+        cores: args.aggregator_cores,
+        spot_rate: args.aggregator_spot_rate,
+        hostile: (args.hostile_aggregators > 0.0).then_some((args.aggregator_attack, args.hostile_aggregators)),
+        vote_timeout_s: args.vote_timeout_s,
+        report_s: REPORT_S,
+        commit_s: commitment_s(c.verify_s, c.per_byte_s, bytes),
+        commit_bytes: bytes,
+    })
+}
+
+/// Seconds from a slice's arrival at its aggregators to their report at the shepherd:
+/// reports go in batches every 100 ms, plus a trip.
+const REPORT_S: f64 = 0.15;
 
 fn shepherd_config(args: &SimulateArgs, rounds: u64) -> shepherd::Config {
     let ms = |s: f64| (s * 1e3).round() as u64;
@@ -316,6 +344,7 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
             churn_per_hour: args.churn_per_hour,
             crash_fraction: args.crash_fraction,
             shepherd,
+            aggregators: aggregators(args, settings),
             seed: args.seed,
         };
         return run_star(world, &setup, progress);

@@ -18,6 +18,7 @@ pub(crate) enum Stream {
     Jitter = 3,
     Delta = 4,
     Screen = 5,
+    Aggregators = 6,
 }
 
 /// The generator of `stream` for `seed`.
