@@ -177,6 +177,7 @@ pub fn hierarchical(mut world: World, setup: &Setup, progress: &mut dyn FnMut(u6
         stats.end_s = end;
         stats.wall_s = end - t;
         stats.utilization = compute / (p * stats.wall_s.max(1e-9));
+        stats.trained_steps = stats.contributors as f64 * setup.tau as f64;
         stats.shepherd_bytes_in = setup.contribution_bytes * forwards.len() as f64;
         stats.shepherd_bytes_out = fetch * regions as f64;
         stats.worker_bytes_in /= p;
@@ -227,6 +228,7 @@ pub fn streaming(mut world: World, setup: &Setup, progress: &mut dyn FnMut(u64))
             contributors: nodes.len() as u64 - hostile,
             dropped_rejected: hostile,
             utilization: compute.iter().sum::<f64>() / (n * wall.max(1e-9)),
+            trained_steps: (nodes.len() as u64 - hostile) as f64 * setup.tau as f64,
             shepherd_bytes_in: setup.contribution_bytes * n,
             shepherd_bytes_out: setup.params_bytes * n / setup.swarm.max(1.0),
             worker_bytes_in: setup.params_bytes,
@@ -267,6 +269,7 @@ pub fn allreduce(mut world: World, setup: &Setup, progress: &mut dyn FnMut(u64))
             participants: nodes.len() as u64,
             contributors: nodes.len() as u64,
             utilization: step.iter().map(|s| tau * s).sum::<f64>() / (n * wall.max(1e-9)),
+            trained_steps: n * tau,
             worker_bytes_in: tau * moved,
             worker_bytes_out: tau * moved,
             ..RoundStats::default()

@@ -141,8 +141,8 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 500)]
     pub tau: u64,
     /// Pseudo-gradient encoding: fp32, bf16, int8 or sparse[:chunk=N,k=N,…], as
-    /// `pcp-node --encoding` takes it.
-    #[arg(long, default_value = "fp32")]
+    /// `pcp-node --encoding` takes it [default: sparse, as pcp-node's: chunks of 64, top 4].
+    #[arg(long, default_value = "sparse")]
     pub encoding: WireEncoding,
     /// Seed of everything random (with --faults: the fault schedule).
     #[arg(long, default_value_t = 0)]
@@ -222,14 +222,20 @@ pub struct SimulateArgs {
     /// --calibration FILE, or stdout) instead of simulating.
     #[arg(long)]
     pub calibrate: bool,
-    /// Workers overlap rounds: they train round r+1 from their own parameters while round r's
-    /// contribution, the shepherd's aggregation and the update are on their way, and rebase
-    /// onto the update when it arrives; a contribution may go before the update (staleness
-    /// depth 2). With it the shepherd time-boxes rounds (a compute budget of τ × the median
-    /// step time, a deadline that costs no worker compute) and carries contributions one round
-    /// late into the next round (DiLoCo star; the strategy is named diloco-star+overlap).
-    #[arg(long)]
-    pub overlap: bool,
+    /// Workers overlap rounds, the default (as pcp-node's): they train round r+1 from their own
+    /// parameters while round r's contribution, the shepherd's aggregation and the update are
+    /// on their way, and rebase onto the update when it arrives; a contribution may go before
+    /// the update (staleness depth 2). The shepherd time-boxes rounds (a compute budget of τ ×
+    /// the median step time, a deadline that costs no worker compute) and carries
+    /// contributions one round late into the next round (DiLoCo star; the strategy is named
+    /// diloco-star+overlap). The flag only says so; --lockstep turns overlap off.
+    #[arg(long = "overlap", id = "overlap_flag", conflicts_with = "lockstep")]
+    pub overlap_flag: bool,
+    /// Lockstep rounds (pcp-node's --no-overlap): a worker fetches round r's parameters, trains
+    /// τ steps, sends, and waits for round r+1; the shepherd closes a round when every
+    /// participant answered or at its deadline (the strategy is named diloco-star).
+    #[arg(long, visible_alias = "no-overlap")]
+    pub lockstep: bool,
     /// Workers' heartbeat interval (they learn of a round from its answer), milliseconds.
     #[arg(long, default_value_t = 500)]
     pub poll_ms: u64,
@@ -288,7 +294,7 @@ pub struct SimulateArgs {
     pub swarm: Option<f64>,
     /// Streaming DiLoCo's fragments P: the model's tensors in P groups, one synced per round
     /// after τ/P inner steps [default: DiLoCo star 1 (the whole model each round), run through
-    /// the real state machines with and without --overlap; streaming-diloco 4].
+    /// the real state machines overlapped and --lockstep; streaming-diloco 4].
     #[arg(long)]
     pub fragments: Option<u32>,
     /// Contributions that close a round at its deadline.
@@ -315,4 +321,11 @@ pub struct SimulateArgs {
     /// Rounds per sweep point.
     #[arg(long, default_value_t = 10)]
     pub sweep_rounds: u64,
+}
+
+impl SimulateArgs {
+    /// Whether workers overlap rounds: the default, off with `--lockstep`.
+    pub fn overlap(&self) -> bool {
+        !self.lockstep
+    }
 }

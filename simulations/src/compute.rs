@@ -66,3 +66,23 @@ impl ComputeModel {
         Self { step_seconds, source: format!("measured {step_seconds} s/step") }
     }
 }
+
+/// Where a run's step time came from (the report says which).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StepTimeSource {
+    /// The FLOPs per step over the `--device` preset's sustained FLOP/s.
+    FlopModel,
+    /// A measured `--step-seconds` (`pcp-node bench step`).
+    Measured,
+}
+
+impl StepTimeSource {
+    /// The source in words, for the printed header.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::FlopModel => "the device preset's FLOP model",
+            Self::Measured => "a measured --step-seconds",
+        }
+    }
+}

@@ -268,6 +268,9 @@ fn exp_us(rng: &mut ChaCha8Rng, rate_per_s: f64) -> u64 {
     us(-(1.0 - u).ln() / rate_per_s).min(u64::MAX / 4)
 }
 
+/// Inner steps a worker ran: from, to (µs), how many.
+type Steps = (u64, u64, u64);
+
 struct Sim<'a> {
     setup: &'a StarSetup,
     world: World,
@@ -279,10 +282,10 @@ struct Sim<'a> {
     churn: ChaCha8Rng,
     jitter: ChaCha8Rng,
     delta: ChaCha8Rng,
-    /// Inner steps (from, to, µs) per round and worker, for the rounds not closed yet.
-    compute: BTreeMap<u64, BTreeMap<u32, Vec<(u64, u64)>>>,
-    /// The inner steps of every contribution averaged (from, to, µs).
-    useful: Vec<(u64, u64)>,
+    /// Inner steps per round and worker, for the rounds not closed yet.
+    compute: BTreeMap<u64, BTreeMap<u32, Vec<Steps>>>,
+    /// The inner steps of every contribution averaged.
+    useful: Vec<Steps>,
     /// The last round closed.
     closed: u64,
     /// What happened since the last close: bytes, drops, abandons.
@@ -408,18 +411,19 @@ pub fn run_star(world: World, setup: &StarSetup, progress: &mut dyn FnMut(u64)) 
 /// averaged (in any round) that ran inside the round's wall-time window (from
 /// the previous close to its own), over participants × that window, at most 1
 /// (a window can hold steps of workers no longer among its participants: those
-/// of a worker that left, carried over).
-fn windowed_utilization(rounds: &mut [RoundStats], useful: &mut [(u64, u64)]) {
+/// of a worker that left, carried over), and its trained steps to theirs in it.
+fn windowed_utilization(rounds: &mut [RoundStats], useful: &mut [Steps]) {
     useful.sort_unstable();
     let ends: Vec<u64> = rounds.iter().map(|r| us(r.end_s)).collect();
     let mut compute = vec![0.0f64; rounds.len()];
-    for &(from, to) in useful.iter() {
+    for &(from, to, steps) in useful.iter() {
         // the first window ending after `from`, then the ones after it that `to` reaches
         let mut k = ends.partition_point(|e| *e <= from);
         while k < ends.len() {
             let start = if k == 0 { 0 } else { ends[k - 1] };
             let overlap = to.min(ends[k]).saturating_sub(from.max(start));
             compute[k] += secs(overlap);
+            rounds[k].trained_steps += steps as f64 * if to > from { overlap as f64 / (to - from) as f64 } else { 1.0 };
             if to <= ends[k] {
                 break;
             }
@@ -509,7 +513,8 @@ impl Sim<'_> {
         // overlap: a round closed may still be carried into the next
         let open = if self.setup.overlap { r >= self.closed } else { r > self.closed };
         if open {
-            self.compute.entry(r).or_default().entry(w).or_default().push((since, now));
+            let steps = if self.setup.overlap { self.workers[w as usize].steps.0 } else { self.setup.tau };
+            self.compute.entry(r).or_default().entry(w).or_default().push((since, now, steps));
         }
     }
 

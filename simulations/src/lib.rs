@@ -45,7 +45,7 @@ pub mod world;
 
 pub use args::{ScreenMode, SimulateArgs, Strategy, Topology, WireEncoding};
 pub use calibration::Calibration;
-pub use compute::{ComputeModel, Device};
+pub use compute::{ComputeModel, Device, StepTimeSource};
 pub use decode::DecodeCost;
 pub use error::Error;
 pub use model::{ModelPreset, ModelSpec};

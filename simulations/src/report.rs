@@ -4,7 +4,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::compute::ComputeModel;
+use crate::compute::{ComputeModel, StepTimeSource};
 use crate::decode::DecodeCost;
 use crate::model::ModelSpec;
 use crate::network::Link;
@@ -35,6 +35,11 @@ pub struct RoundStats {
     /// that ran inside this round's wall-time window, over participants × the
     /// window; at most 1.
     pub utilization: f64,
+    /// The inner steps of the contributions averaged (in this round or a later one)
+    /// that ran inside this round's wall-time window, each contribution's steps
+    /// spread evenly over the time they took (the analytic strategies: contributors
+    /// × τ); × the model's tokens per step, the tokens trained in the window.
+    pub trained_steps: f64,
     /// Bytes into the shepherd.
     pub shepherd_bytes_in: f64,
     /// Bytes out of the shepherd.
@@ -102,6 +107,22 @@ pub struct Summary {
     /// Overlap: the same as `utilization` (kept for older readers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overall_utilization: Option<f64>,
+    /// Goodput, every round: the tokens of the contributions averaged per second of
+    /// wall time ([`RoundStats::trained_steps`] over the rounds' wall time), over the
+    /// workers the run started with × one device's tokens per second alone
+    /// ([`Settings::device_tokens_per_s`]). Set by [`Summary::set_goodput`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<f64>,
+    /// [`Summary::goodput`] over the steady rounds only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steady_goodput: Option<f64>,
+    /// The tokens of the contributions averaged per second of wall time, every round
+    /// (a model that names its tokens per step).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
+    /// [`Summary::tokens_per_s`] over the steady rounds only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steady_tokens_per_s: Option<f64>,
     /// DiLoCo star: what the shepherd's CPU did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shepherd: Option<ShepherdSummary>,
@@ -162,6 +183,12 @@ fn utilization(rounds: &[RoundStats]) -> f64 {
     if t > 0.0 { c / t } else { 0.0 }
 }
 
+/// Inner steps of the contributions averaged per second of `rounds`' wall time.
+fn steps_per_s(rounds: &[RoundStats]) -> f64 {
+    let (steps, wall) = rounds.iter().fold((0.0, 0.0), |(s, w), r| (s + r.trained_steps, w + r.wall_s));
+    if wall > 0.0 { steps / wall } else { 0.0 }
+}
+
 /// The median of `values` (0 for none).
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -187,6 +214,10 @@ impl Summary {
             steady_round_s: median(steady.iter().map(|r| r.wall_s).collect()),
             steady_utilization: utilization(steady),
             overall_utilization: None,
+            goodput: None,
+            steady_goodput: None,
+            tokens_per_s: None,
+            steady_tokens_per_s: None,
             shepherd: None,
             shepherd_bytes_in: mean(|r| r.shepherd_bytes_in),
             shepherd_bytes_out: mean(|r| r.shepherd_bytes_out),
@@ -206,6 +237,22 @@ impl Summary {
             peak_worker_bytes_out: rounds.iter().map(|r| r.worker_bytes_out).fold(0.0, f64::max),
             aggregators: None,
         }
+    }
+
+    /// Sets goodput from `rounds`' trained steps, overall and over the steady rounds
+    /// (those of [`Summary::steady_utilization`]): steps averaged per second over
+    /// `workers` × the steps a second of one device alone (`1 / step_seconds`, the step
+    /// time the run used); with the model's `tokens_per_step` (0: unknown) also the
+    /// tokens a second. Both rates count tokens, so a straggler's slower steps weigh
+    /// what its tokens do.
+    pub fn set_goodput(&mut self, rounds: &[RoundStats], workers: usize, step_seconds: f64, tokens_per_step: u64) {
+        let steady = &rounds[steady_skip(rounds.len())..];
+        let (all, steady) = (steps_per_s(rounds), steps_per_s(steady));
+        let alone = workers as f64 / step_seconds;
+        let share = |rate: f64| if alone > 0.0 && alone.is_finite() { rate / alone } else { 0.0 };
+        (self.goodput, self.steady_goodput) = (Some(share(all)), Some(share(steady)));
+        let tokens = (tokens_per_step > 0).then_some(tokens_per_step as f64);
+        (self.tokens_per_s, self.steady_tokens_per_s) = (tokens.map(|t| t * all), tokens.map(|t| t * steady));
     }
 }
 
@@ -233,6 +280,8 @@ pub struct SweepPoint {
     pub mean_round_s: f64,
     /// Mean compute utilization.
     pub utilization: f64,
+    /// Goodput over every round ([`Summary::goodput`]).
+    pub goodput: f64,
     /// Mean bytes into the shepherd per round.
     pub shepherd_bytes_in: f64,
 }
@@ -246,8 +295,11 @@ pub struct Settings {
     pub rounds: u64,
     /// Inner steps per round.
     pub tau: u64,
-    /// Pseudo-gradient encoding.
+    /// Pseudo-gradient encoding as `--encoding` spells it (sparse: its settings in full).
     pub encoding: String,
+    /// Workers overlap rounds (the default; `--lockstep` turns it off). It applies to
+    /// the DiLoCo star; the analytic strategies keep their own models.
+    pub overlap: bool,
     /// The model.
     pub model: ModelSpec,
     /// Parameters.
@@ -267,6 +319,14 @@ pub struct Settings {
     pub calibration_cpu: String,
     /// Step time.
     pub compute: ComputeModel,
+    /// Where the step time came from: the device preset's FLOP model, or a measured
+    /// `--step-seconds`.
+    pub step_time_source: StepTimeSource,
+    /// One device's tokens per second alone, what goodput is measured against: the
+    /// model's tokens per step over the step time (with `--one-machine`, a worker's
+    /// share of the one machine). None when the model names no tokens per step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_tokens_per_s: Option<f64>,
     /// The world.
     pub world: WorldConfig,
     /// The shepherd's drawn link.
@@ -322,7 +382,8 @@ impl Report {
         let s = &self.settings;
         writeln!(
             out,
-            "{} nodes, {} ({} params, {} fp32), tau {}, {} pseudo-gradients ({}{}), step {}, {} workers{}",
+            "{} nodes, {} ({} params, {} fp32), tau {}, {} pseudo-gradients ({}{}), {} rounds, step {}, {} \
+             workers{}",
             s.nodes,
             s.model.name,
             s.params,
@@ -331,10 +392,12 @@ impl Report {
             s.encoding,
             bytes(s.contribution_bytes as f64),
             s.update_bytes.map_or(String::new(), |u| format!("; update {}", bytes(u as f64))),
+            if s.overlap { "overlapped" } else { "lockstep" },
             seconds(s.compute.step_seconds),
             s.world.profile.name(),
             if s.world.regions > 1 { format!(" over {} regions", s.world.regions) } else { String::new() }
         )?;
+        self.write_goodput_basis(out)?;
         writeln!(
             out,
             "shepherd link {}/s up, {}/s down ({})",
@@ -350,13 +413,15 @@ impl Report {
         )?;
         writeln!(
             out,
-            "{:<20} {:>6} {:>10} {:>6} {:>10} {:>6} {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}",
+            "{:<20} {:>6} {:>10} {:>6} {:>7} {:>10} {:>6} {:>7} {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}",
             "strategy",
             "rounds",
             "round",
             "util",
+            "goodput",
             "steady",
             "util",
+            "goodput",
             "shep in",
             "shep out",
             "worker in",
@@ -368,13 +433,15 @@ impl Report {
             let m = &r.summary;
             writeln!(
                 out,
-                "{:<20} {:>6} {:>10} {:>5.1}% {:>10} {:>5.1}% {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}",
+                "{:<20} {:>6} {:>10} {:>5.1}% {:>7} {:>10} {:>5.1}% {:>7} {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}",
                 r.strategy,
                 m.rounds,
                 seconds(m.mean_round_s),
                 100.0 * m.utilization,
+                percent(m.goodput),
                 seconds(m.steady_round_s),
                 100.0 * m.steady_utilization,
+                percent(m.steady_goodput),
                 bytes(m.shepherd_bytes_in),
                 bytes(m.shepherd_bytes_out),
                 bytes(m.worker_bytes_in),
@@ -386,7 +453,8 @@ impl Report {
         writeln!(
             out,
             "(round: mean of every round; steady: median from round {} on, the first 2 or 10% skipped; util: compute \
-             of the contributions averaged, in the wall-time window it ran in, / (participants x wall time); bytes are \
+             of the contributions averaged, in the wall-time window it ran in, / (participants x wall time); goodput: \
+             tokens of the contributions averaged per second / (workers x one device's tokens/s alone); bytes are \
              means per round)",
             self.strategies.first().map_or(0, |r| r.summary.steady_from_round)
         )?;
@@ -405,6 +473,9 @@ impl Report {
                 bytes(m.peak_worker_bytes_in),
                 bytes(m.peak_worker_bytes_out),
             )?;
+            if let (Some(all), Some(steady)) = (m.tokens_per_s, m.steady_tokens_per_s) {
+                writeln!(out, "{}: trains {} tokens/s ({} steady)", r.strategy, count(all), count(steady))?;
+            }
         }
         for r in &self.strategies {
             let m = &r.summary;
@@ -454,7 +525,40 @@ impl Report {
     }
 }
 
+/// `12.3%`, or `-` for none.
+fn percent(f: Option<f64>) -> String {
+    f.map_or_else(|| "-".into(), |f| format!("{:.1}%", 100.0 * f))
+}
+
+/// `1.23 M`-style counts.
+pub fn count(n: f64) -> String {
+    for (name, size) in [("G", 1e9), ("M", 1e6), ("k", 1e3)] {
+        if n >= size {
+            return format!("{:.2} {name}", n / size);
+        }
+    }
+    format!("{n:.0}")
+}
+
 impl Report {
+    /// What goodput is measured against: the workers, one device's tokens per second
+    /// alone, and where its step time came from.
+    fn write_goodput_basis(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let s = &self.settings;
+        let alone = match s.device_tokens_per_s {
+            Some(t) => format!("{} tokens/s alone ({} tokens a step", count(t), s.model.tokens_per_step),
+            None => format!("{} steps/s alone (the model names no tokens a step", count(1.0 / s.compute.step_seconds)),
+        };
+        writeln!(
+            out,
+            "goodput against {} workers x one device's {alone}; step {} from {}: {})",
+            s.nodes.saturating_sub(1),
+            seconds(s.compute.step_seconds),
+            s.step_time_source.describe(),
+            s.compute.source
+        )
+    }
+
     /// The shepherd's CPU model and what it did (DiLoCo star), with its assumptions.
     fn write_shepherd(&self, out: &mut impl Write) -> std::io::Result<()> {
         let s = &self.settings;

@@ -10,7 +10,7 @@ use crate::aggregators::{AggregatorSetup, commitment_bytes, commitment_s};
 use crate::analytic::{self, Setup};
 use crate::args::{ScreenMode, SimulateArgs, Strategy, Topology};
 use crate::calibration::Calibration;
-use crate::compute::ComputeModel;
+use crate::compute::{ComputeModel, StepTimeSource};
 use crate::decode::DecodeCost;
 use crate::diloco::{ScreenPolicy, ShepherdCosts, StarSetup, Swarm, run_star};
 use crate::error::Error;
@@ -197,6 +197,10 @@ fn settings(
         compute
     };
     let encoding = args.encoding.encoding();
+    let step_time_source =
+        if args.step_seconds.is_some() { StepTimeSource::Measured } else { StepTimeSource::FlopModel };
+    let tokens = model.tokens_per_step;
+    let device_tokens_per_s = (tokens > 0).then(|| tokens as f64 / compute.step_seconds);
     let world = WorldConfig {
         profile: args.profile,
         shepherd_profile: args.shepherd_profile,
@@ -213,7 +217,8 @@ fn settings(
         nodes,
         rounds,
         tau: args.tau,
-        encoding: encoding.name().into(),
+        encoding: args.encoding.spec(),
+        overlap: args.overlap(),
         params: model.params(),
         params_bytes: model.encoded_bytes(pcp_protocol::diloco::compress::Encoding::F32),
         contribution_bytes: model.encoded_bytes(encoding),
@@ -223,6 +228,8 @@ fn settings(
         calibration_cpu: cpu.to_owned(),
         model,
         compute,
+        step_time_source,
+        device_tokens_per_s,
         world,
         shepherd_link,
         fragments,
@@ -337,7 +344,7 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
                 Some(_) => ShepherdCosts { eval_batches: 0, close_s: 0.0, ..settings.shepherd_cpu.clone() },
                 None => settings.shepherd_cpu.clone(),
             },
-            overlap: args.overlap,
+            overlap: args.overlap(),
             overhead_s: args.overhead_seconds.unwrap_or(0.0),
             swarm: args.swarm.map_or(Swarm::Peers, Swarm::Factor),
             fragments,
@@ -347,7 +354,7 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
             aggregators: aggregators(args, settings),
             seed: args.seed,
         };
-        return run_star(world, &setup, progress);
+        return with_goodput(run_star(world, &setup, progress), settings);
     }
     let setup = Setup {
         rounds: settings.rounds,
@@ -363,11 +370,20 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
         shepherd,
         seed: args.seed,
     };
-    match name {
+    let report = match name {
         "diloco-hierarchical" => analytic::hierarchical(world, &setup, progress),
         "streaming-diloco" => analytic::streaming(world, &setup, progress),
         _ => analytic::allreduce(world, &setup, progress),
-    }
+    };
+    with_goodput(report, settings)
+}
+
+/// `report` with its summary's goodput against the workers the run started with.
+fn with_goodput(mut report: StrategyReport, settings: &Settings) -> StrategyReport {
+    let workers = settings.nodes - 1;
+    let (step, tokens) = (settings.compute.step_seconds, settings.model.tokens_per_step);
+    report.summary.set_goodput(&report.rounds, workers, step, tokens);
+    report
 }
 
 /// Simulates what `args` asks, prints the table to `out`, and with `--out`
@@ -426,6 +442,7 @@ pub fn run_with_model(args: &SimulateArgs, model: &ModelSpec, out: &mut impl Wri
                 nodes,
                 mean_round_s: r.summary.mean_round_s,
                 utilization: r.summary.utilization,
+                goodput: r.summary.goodput.unwrap_or(0.0),
                 shepherd_bytes_in: r.summary.shepherd_bytes_in,
             });
         }

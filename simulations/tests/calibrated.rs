@@ -40,12 +40,13 @@ fn ten_thousand_nodes_twice_give_the_same_report() {
 fn utilization_is_a_fraction_of_wall_time() {
     let planet = "--model gpt2-124m --profile residential --device h100 --tau 500 --encoding sparse";
     let configs = [
-        format!("--nodes 60 --rounds 12 {planet} --screen norm --overhead-seconds 0 --seed 1"),
+        format!("--nodes 60 --rounds 12 {planet} --screen norm --overhead-seconds 0 --lockstep --seed 1"),
         format!("--nodes 60 --rounds 12 {planet} --screen norm --overhead-seconds 0 --overlap --seed 2"),
         format!("--nodes 60 --rounds 12 {planet} --overlap --seed 3"),
         format!("--nodes 40 --rounds 12 {planet} --overlap --fragments 4 --screen norm --seed 4"),
         format!("--nodes 60 --rounds 12 {planet} --overlap --churn-per-hour 6 --hostile 0.1 --screen norm --seed 5"),
-        "--nodes 30 --rounds 8 --model nanogpt-small --tau 50 --step-seconds 0.01 --seed 6".to_owned(),
+        "--nodes 30 --rounds 8 --model nanogpt-small --tau 50 --step-seconds 0.01 --encoding fp32 --lockstep --seed 6"
+            .to_owned(),
     ];
     for line in &configs {
         let (r, _) = simulate(line);
@@ -53,6 +54,10 @@ fn utilization_is_a_fraction_of_wall_time() {
         let m = &s.summary;
         for u in [m.utilization, m.steady_utilization] {
             assert!((0.0..=1.0).contains(&u), "{line}: {m:?}");
+        }
+        // goodput counts tokens, not seconds: ± the steps' jitter of 1
+        for g in [m.goodput, m.steady_goodput] {
+            assert!(g.is_some_and(|g| (0.0..=1.05).contains(&g)), "{line}: {m:?}");
         }
         for round in &s.rounds {
             assert!((0.0..=1.0).contains(&round.utilization), "{line}: {round:?}");
@@ -124,7 +129,7 @@ fn a_large_round_lists_its_participants_in_a_blob() {
 #[test]
 fn a_loopback_loadtest_is_expressible() {
     let (r, _) = simulate(
-        "--nodes 101 --rounds 5 --model nanogpt-small --encoding sparse --tau 20 --step-seconds 0.05 \
+        "--nodes 101 --rounds 5 --model nanogpt-small --encoding sparse --tau 20 --step-seconds 0.05 --lockstep \
          --profile loopback --shepherd-profile loopback --screen norm --stragglers 0 --jitter 0 --seed 1",
     );
     assert_eq!(r.settings.world.regions, 1);
@@ -145,7 +150,7 @@ fn a_slow_close_does_not_eat_the_next_rounds_window() {
     let (r, _) = simulate(
         "--nodes 301 --rounds 4 --model gpt2-124m --params 163037184 --encoding sparse:k=2 --tau 2 \
          --step-seconds 2 --profile loopback --shepherd-profile loopback --regions 1 --screen norm \
-         --eval-batches 0 --aggregate-threads 2 --synthetic-workers --stragglers 0 --jitter 0",
+         --eval-batches 0 --aggregate-threads 2 --synthetic-workers --stragglers 0 --jitter 0 --lockstep",
     );
     let s = &r.strategies[0];
     assert_eq!(s.summary.rounds, 4, "{:?}", s.summary);

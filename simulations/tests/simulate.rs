@@ -27,21 +27,23 @@ fn strategy<'a>(report: &'a Report, name: &str) -> &'a pcp_simulations::report::
 
 #[test]
 fn same_seed_same_bytes_and_another_seed_differs() {
-    // the shepherd's decode time is measured unless given
+    // the shepherd's decode time is measured unless given; the defaults (sparse, overlapped) and lockstep fp32
     let base = "--nodes 150 --rounds 4 --strategy all --model nanogpt-medium --tau 20 --churn-per-hour 20 \
                 --hostile 0.1 --decode-seconds 0.002";
-    let a = to_json(&simulate(&format!("{base} --seed 7"))).expect("json");
-    let b = to_json(&simulate(&format!("{base} --seed 7"))).expect("json");
-    let c = to_json(&simulate(&format!("{base} --seed 8"))).expect("json");
-    assert_eq!(a, b);
-    assert_ne!(a, c);
+    for mode in ["", "--encoding fp32 --lockstep"] {
+        let a = to_json(&simulate(&format!("{base} {mode} --seed 7"))).expect("json");
+        let b = to_json(&simulate(&format!("{base} {mode} --seed 7"))).expect("json");
+        let c = to_json(&simulate(&format!("{base} {mode} --seed 8"))).expect("json");
+        assert_eq!(a, b, "{mode}");
+        assert_ne!(a, c, "{mode}");
+    }
 }
 
 #[test]
 fn sparse_runs_send_the_encoders_bytes_and_keep_h100s_busier_than_fp32() {
     use pcp_protocol::diloco::sparse::Settings;
     let base = "--nodes 11 --rounds 3 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 4 \
-                --decode-seconds 0.05 --screen norm --overhead-seconds 0";
+                --decode-seconds 0.05 --screen norm --overhead-seconds 0 --lockstep";
     let sparse = simulate(&format!("{base} --encoding sparse"));
     let fp32 = simulate(&format!("{base} --encoding fp32"));
     let settings = Settings::default();
@@ -76,7 +78,7 @@ fn sparse_runs_send_the_encoders_bytes_and_keep_h100s_busier_than_fp32() {
 fn the_shepherds_decode_time_queues_contributions() {
     // 100 contributions a round, 2 s each at a one-core shepherd: rounds last over 200 s
     let base = "--nodes 101 --rounds 2 --model nanogpt-small --tau 10 --profile datacenter --stragglers 0 --seed 2 \
-                --shepherd-cores 1";
+                --shepherd-cores 1 --lockstep";
     let quick = simulate(&format!("{base} --decode-seconds 0"));
     let slow = simulate(&format!("{base} --decode-seconds 2"));
     let (q, s) = (strategy(&quick, "diloco-star"), strategy(&slow, "diloco-star"));
@@ -92,7 +94,8 @@ fn the_shepherds_decode_time_queues_contributions() {
 #[test]
 fn the_real_shepherd_rejects_hostile_workers() {
     let r = simulate(
-        "--nodes 101 --rounds 3 --model nanogpt-small --tau 10 --hostile 0.2 --seed 1 --screen norm --overhead-seconds 0",
+        "--nodes 101 --rounds 3 --model nanogpt-small --tau 10 --hostile 0.2 --seed 1 --screen norm --overhead-seconds 0 \
+         --lockstep",
     );
     let star = strategy(&r, "diloco-star");
     assert_eq!(star.summary.rounds, 3);
@@ -109,7 +112,7 @@ fn stragglers_miss_the_deadline_and_rounds_close_at_quorum() {
     // half the workers are 10-25x slower; a 20 s deadline closes rounds at quorum
     let r = simulate(
         "--nodes 41 --rounds 6 --model nanogpt-small --tau 100 --step-seconds 0.05 --stragglers 0.5 \
-         --straggler-slowdown 25 --initial-deadline-s 20 --min-deadline-s 20 --max-deadline-s 20 --seed 3",
+         --straggler-slowdown 25 --initial-deadline-s 20 --min-deadline-s 20 --max-deadline-s 20 --seed 3 --lockstep",
     );
     let star = strategy(&r, "diloco-star");
     assert_eq!(star.summary.rounds, 6);
@@ -120,8 +123,9 @@ fn stragglers_miss_the_deadline_and_rounds_close_at_quorum() {
 
 #[test]
 fn churn_keeps_rounds_going() {
-    let r =
-        simulate("--nodes 51 --rounds 8 --model nanogpt-small --tau 50 --step-seconds 1 --churn-per-hour 60 --seed 5");
+    let r = simulate(
+        "--nodes 51 --rounds 8 --model nanogpt-small --tau 50 --step-seconds 1 --churn-per-hour 60 --seed 5 --lockstep",
+    );
     let star = strategy(&r, "diloco-star");
     assert_eq!(star.summary.rounds, 8);
     let participants: Vec<u64> = star.rounds.iter().map(|r| r.participants).collect();
@@ -130,9 +134,9 @@ fn churn_keeps_rounds_going() {
 
 #[test]
 fn the_star_saturates_and_aggregators_relieve_it() {
-    // gpt2-124m on residential links: 10x the workers, about 10x the bytes into the shepherd
-    let small = simulate("--nodes 11 --rounds 2 --strategy all --seed 2");
-    let big = simulate("--nodes 201 --rounds 2 --strategy all --seed 2");
+    // gpt2-124m on residential links, fp32: 10x the workers, about 10x the bytes into the shepherd
+    let small = simulate("--nodes 11 --rounds 2 --strategy all --seed 2 --encoding fp32 --lockstep");
+    let big = simulate("--nodes 201 --rounds 2 --strategy all --seed 2 --encoding fp32 --lockstep");
     let (s, b) = (strategy(&small, "diloco-star"), strategy(&big, "diloco-star"));
     let ratio = b.summary.shepherd_bytes_in / s.summary.shepherd_bytes_in;
     assert!((15.0..=25.0).contains(&ratio), "{ratio}");
@@ -167,7 +171,9 @@ fn writes_report_and_plots() {
 
 #[test]
 fn a_custom_model_needs_its_counts() {
-    let r = simulate("--nodes 5 --rounds 2 --model loss.mlir --params 1000000 --flops-per-step 1e12 --device h100");
+    let r = simulate(
+        "--nodes 5 --rounds 2 --model loss.mlir --params 1000000 --flops-per-step 1e12 --device h100 --encoding fp32",
+    );
     assert_eq!((r.settings.params, r.settings.model.name.as_str()), (1_000_000, "loss.mlir"));
     assert_eq!(r.settings.contribution_bytes, 10 + 4 + 4_000_000);
     assert!((r.settings.compute.step_seconds - 1e12 / 400e12).abs() < 1e-12);
@@ -200,7 +206,7 @@ fn bad_settings_are_named() {
 fn overlapped_time_boxed_rounds_keep_a_residential_planet_busy() {
     let base = "--nodes 200 --rounds 30 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 0 \
                 --encoding sparse:k=2 --decode-seconds 0.04 --screen norm --overhead-seconds 0";
-    let plain = simulate(base);
+    let plain = simulate(&format!("{base} --lockstep"));
     let overlap = simulate(&format!("{base} --overlap"));
     let (p, o) = (strategy(&plain, "diloco-star"), strategy(&overlap, "diloco-star+overlap"));
     assert_eq!(o.rounds.len(), 30);
@@ -273,7 +279,7 @@ fn overlapped_rounds_survive_churn_and_hostile_workers() {
 fn workers_hear_of_an_extended_deadline() {
     let r = simulate(
         "--nodes 20 --rounds 3 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 2 \
-         --initial-deadline-s 30 --decode-seconds 0.01",
+         --initial-deadline-s 30 --decode-seconds 0.01 --encoding fp32 --lockstep",
     );
     let star = strategy(&r, "diloco-star");
     assert_eq!(star.summary.rounds, 3, "{:?}", star.summary);
@@ -283,7 +289,7 @@ fn workers_hear_of_an_extended_deadline() {
 #[test]
 fn more_shepherd_cores_shorten_the_decode_queue() {
     let base = "--nodes 200 --rounds 3 --model gpt2-124m --profile datacenter --device h100 --tau 500 --seed 2 \
-                --encoding sparse --decode-seconds 0.05 --stragglers 0";
+                --encoding sparse --decode-seconds 0.05 --stragglers 0 --lockstep";
     let one = simulate(&format!("{base} --shepherd-cores 1"));
     let sixteen = simulate(&format!("{base} --shepherd-cores 16"));
     let (a, b) = (strategy(&one, "diloco-star"), strategy(&sixteen, "diloco-star"));
@@ -319,7 +325,7 @@ fn fragments_sync_one_fragment_a_round_through_the_state_machines() {
     // gpt2-124m in 4 fragments: each round moves one fragment's bytes, with and without overlap
     let base = "--nodes 40 --rounds 8 --model gpt2-124m --profile residential --device h100 --tau 500 --seed 5 \
                 --encoding sparse --decode-seconds 0.005 --screen norm --overhead-seconds 0";
-    for overlap in ["", "--overlap"] {
+    for overlap in ["--lockstep", "--overlap"] {
         let whole = simulate(&format!("{base} {overlap}"));
         let four = simulate(&format!("{base} {overlap} --fragments 4"));
         assert_eq!(four.settings.fragments.len(), 4);
@@ -344,4 +350,45 @@ fn fragments_sync_one_fragment_a_round_through_the_state_machines() {
     let mut table = Vec::new();
     let uneven = run(&args(&format!("{base} --fragments 3")), &mut table);
     assert!(matches!(uneven, Err(Error::Invalid(ref m)) if m.contains("--fragments 3")), "{uneven:?}");
+}
+
+/// Goodput: the tokens of the contributions averaged a second, over the workers ×
+/// one device's tokens a second alone, for every strategy.
+#[test]
+fn goodput_counts_the_tokens_averaged() {
+    // lockstep on even workers: every round's steps run inside it, and goodput is utilization
+    let base = "--nodes 21 --rounds 6 --model nanogpt-small --tau 20 --step-seconds 0.05 --profile loopback \
+                --shepherd-profile loopback --jitter 0 --screen norm --seed 1";
+    let (r, mut table) = (args(&format!("{base} --stragglers 0 --lockstep --strategy all")), Vec::new());
+    let report = run(&r, &mut table).expect("runs");
+    let table = String::from_utf8(table).expect("utf-8");
+    assert!(table.contains("goodput") && table.contains("a measured --step-seconds"), "{table}");
+    let s = &report.settings;
+    assert_eq!(serde_json::to_value(s.step_time_source).expect("json"), "measured");
+    let alone = s.device_tokens_per_s.expect("a preset names its tokens");
+    assert!((alone - (64.0 * 32.0) / 0.05).abs() < 1e-6, "{alone}");
+    for st in &report.strategies {
+        let m = &st.summary;
+        let goodput = m.goodput.expect("every strategy has goodput");
+        assert!(goodput > 0.0 && goodput <= 1.0 + 1e-9, "{}: {m:?}", st.strategy);
+        let tokens = m.tokens_per_s.expect("tokens a second");
+        assert!((tokens - goodput * 20.0 * alone).abs() < 1e-6 * tokens, "{}: {m:?}", st.strategy);
+        assert!(m.steady_goodput.is_some_and(|g| g > 0.0) && m.steady_tokens_per_s.is_some(), "{m:?}");
+    }
+    let star = strategy(&report, "diloco-star");
+    for round in &star.rounds {
+        assert!((round.trained_steps - 20.0 * round.contributors as f64).abs() < 1e-6, "{round:?}");
+    }
+    let m = &star.summary;
+    assert!((m.goodput.expect("goodput") - m.utilization).abs() < 1e-9, "{m:?}");
+    // stragglers' compute counts in full in utilization, their tokens in goodput
+    let slow = simulate(&format!("{base} --stragglers 0.5"));
+    let o = strategy(&slow, "diloco-star+overlap");
+    assert!(o.summary.goodput.expect("goodput") < 0.95 * o.summary.utilization, "{:?}", o.summary);
+    // the FLOP model, and a model that names no tokens: goodput in steps, no tokens a second
+    let custom = simulate("--nodes 5 --rounds 2 --model loss.mlir --params 1000000 --flops-per-step 1e12");
+    assert_eq!(serde_json::to_value(custom.settings.step_time_source).expect("json"), "flop-model");
+    let m = &custom.strategies[0].summary;
+    assert!(m.goodput.is_some() && m.tokens_per_s.is_none() && custom.settings.device_tokens_per_s.is_none());
+    assert!(!to_json(&custom).expect("json").contains("tokens_per_s\""));
 }
