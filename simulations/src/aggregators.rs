@@ -140,6 +140,9 @@ pub struct Pool {
     seed: [u8; 32],
     /// The open round's assignment.
     assignment: Option<Assignment<[u8; 4]>>,
+    /// Contributions that reached the volunteers since the last close: how many,
+    /// the first's arrival and the last's, µs.
+    inflow: Option<(u64, u64, u64)>,
     /// Totals.
     pub totals: AggregatorTotals,
 }
@@ -184,7 +187,7 @@ impl Pool {
         }
         let mut s = [0u8; 32];
         s[..8].copy_from_slice(&seed.to_le_bytes());
-        Self { setup, volunteers, seed: s, assignment: None, totals: AggregatorTotals::default() }
+        Self { setup, volunteers, seed: s, assignment: None, inflow: None, totals: AggregatorTotals::default() }
     }
 
     /// The setup.
@@ -199,6 +202,18 @@ impl Pool {
             self.volunteers.iter().enumerate().filter(|(_, v)| !v.caught).map(|(i, _)| key(i)).collect();
         self.assignment = assign(&self.seed, round, self.setup.shards, self.setup.replicas, &live);
         self.assignment.is_some()
+    }
+
+    /// A contribution's slices reached the volunteers at `now`, µs.
+    pub fn arrived(&mut self, now: u64) {
+        let (n, first, last) = self.inflow.unwrap_or((0, now, now));
+        self.inflow = Some((n + 1, first.min(now), last.max(now)));
+    }
+
+    /// The contributions that arrived since the last call ([`Pool::arrived`]): how
+    /// many, the first's arrival and the last's (`now` when none).
+    pub fn inflow(&mut self, now: u64) -> (u64, u64, u64) {
+        self.inflow.take().unwrap_or((0, now, now))
     }
 
     /// Whether the open round is aggregated.
