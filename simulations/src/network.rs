@@ -136,6 +136,8 @@ pub fn fair_share_growing(capacity: f64, flows: &[Flow], gains: &[f64]) -> Vec<f
     let mut cap_by_finish: BTreeSet<(Key, usize)> = BTreeSet::new();
     let mut cap_by_cap: BTreeSet<(Key, usize)> = BTreeSet::new();
     let mut capped_sum = 0.0f64;
+    // changes to `capped_sum` since it was last summed afresh
+    let mut changes = usize::MAX;
     let (mut t, mut v) = (0.0f64, 0.0f64);
     let lambda = |capacity: f64, capped_sum: f64, unc: usize| {
         if unc == 0 { f64::INFINITY } else { ((capacity - capped_sum) / unc as f64).max(0.0) }
@@ -151,6 +153,7 @@ pub fn fair_share_growing(capacity: f64, flows: &[Flow], gains: &[f64]) -> Vec<f
                 cap_by_finish.insert((Key(target[i]), i));
                 cap_by_cap.insert((Key(c), i));
                 capped_sum += c;
+                changes = changes.saturating_add(1);
                 continue;
             }
             let unc = unc_by_cap.len();
@@ -161,6 +164,7 @@ pub fn fair_share_growing(capacity: f64, flows: &[Flow], gains: &[f64]) -> Vec<f
                     cap_by_cap.remove(&(Key(c), i));
                     cap_by_finish.remove(&(Key(target[i]), i));
                     capped_sum -= c;
+                    changes = changes.saturating_add(1);
                     target[i] = v + (target[i] - t).max(0.0) * c;
                     unc_by_finish.insert((Key(target[i]), i));
                     unc_by_cap.insert((Key(c), i));
@@ -168,8 +172,11 @@ pub fn fair_share_growing(capacity: f64, flows: &[Flow], gains: &[f64]) -> Vec<f
                 _ => break,
             }
         }
-        if unc_by_cap.is_empty() {
+        // every flow capped: the running sum is summed afresh (against drift), once
+        // per as many changes as there are capped flows, so a round stays O(n log n)
+        if unc_by_cap.is_empty() && changes >= cap_by_cap.len() {
             capped_sum = cap_by_cap.iter().map(|(Key(c), _)| c).sum();
+            changes = 0;
         }
         let l = lambda(capacity, capped_sum, unc_by_cap.len());
         let arrival = order.get(next_arrival).map_or(f64::INFINITY, |i| flows[*i].start);
@@ -189,6 +196,7 @@ pub fn fair_share_growing(capacity: f64, flows: &[Flow], gains: &[f64]) -> Vec<f
             cap_by_finish.remove(&(Key(f), i));
             cap_by_cap.remove(&(Key(caps[i]), i));
             capped_sum -= caps[i];
+            changes = changes.saturating_add(1);
             finish[i] = t;
             capacity += gains.get(i).copied().unwrap_or(0.0);
         }
