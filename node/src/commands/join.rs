@@ -434,7 +434,7 @@ impl Role {
                 )));
             }
             let mut plan = ShepherdPlan::new(shepherd, &net.data_dir)?;
-            plan.retention = Retention::new(retention.keep());
+            plan.retention = Retention::new(retention.keep()).checkpoint_every(shepherd.checkpoint_rounds);
             plan.engine.on = own_placement(worker)?;
             return Ok(Self::Shepherd(Box::new(plan), ShepherdHooks::default()));
         }

@@ -21,6 +21,8 @@ use crate::observe::events::{BlobsReleased, Event, Events};
 /// round's and the one before, which a worker a round behind (or a standby
 /// candidate) may still fetch.
 pub(crate) const DEFAULT_KEEP_ROUNDS: usize = 2;
+/// A shepherd checkpoints after every this many rounds unless told (`--checkpoint-rounds`).
+pub(crate) const DEFAULT_CHECKPOINT_ROUNDS: u64 = 10;
 /// Blobs recorded for one round; more are kept rather than tracked. A round uses its
 /// parameters, an update, a state and the parameters' shards, of up to 4 MiB or one
 /// larger tensor ([`pcp_protocol::diloco::fragments::SHARD_BYTES`]): 78 blobs for
@@ -59,6 +61,8 @@ impl RetentionArgs {
 pub(crate) struct Retention {
     /// Rounds kept, at least 1.
     keep: u64,
+    /// A shepherd checkpoints after every this many rounds (at least 1).
+    checkpoints: u64,
     /// The blobs each round recorded, for the rounds still kept.
     rounds: BTreeMap<u64, BTreeSet<BlobHash>>,
     pinned: BTreeSet<BlobHash>,
@@ -75,7 +79,24 @@ impl Default for Retention {
 impl Retention {
     /// Keeps the blobs of the last `keep` rounds (at least 1: the current round's).
     pub(crate) fn new(keep: usize) -> Self {
-        Self { keep: (keep as u64).max(1), rounds: BTreeMap::new(), pinned: BTreeSet::new(), newest: None }
+        Self {
+            keep: (keep as u64).max(1),
+            checkpoints: DEFAULT_CHECKPOINT_ROUNDS,
+            rounds: BTreeMap::new(),
+            pinned: BTreeSet::new(),
+            newest: None,
+        }
+    }
+
+    /// A shepherd that checkpoints after every `k` rounds (`--checkpoint-rounds`).
+    pub(crate) fn checkpoint_every(self, k: u64) -> Self {
+        Self { checkpoints: k.max(1), ..self }
+    }
+
+    /// Whether a shepherd checkpoints after `round`: every `--checkpoint-rounds`
+    /// rounds, the `last`, and whenever it has no checkpoint yet (`first`).
+    pub(crate) fn checkpoints(&self, round: u64, last: bool, first: bool) -> bool {
+        first || last || round.is_multiple_of(self.checkpoints)
     }
 
     /// Rounds kept (at least 1).

@@ -6,6 +6,7 @@ mod compile;
 mod hellos;
 mod layout;
 mod leadership;
+mod resume;
 mod screen;
 mod setup;
 mod table;

@@ -101,9 +101,18 @@ pub(crate) struct ShepherdArgs {
     /// synthetic workers send a few payloads in turn).
     #[arg(long, requires = "shepherd")]
     pub(crate) no_copy_check: bool,
-    /// Continue the run checkpointed in <data-dir>/shepherd.
+    /// Continue the run checkpointed in <data-dir>/shepherd, from the newest of its
+    /// checkpoint and the state it wrote after every round.
     #[arg(long, requires = "shepherd")]
     pub(crate) resume: bool,
+    /// Write a checkpoint (the parameters, the optimizer's state and the run's
+    /// metadata, in <data-dir>/shepherd) after every K rounds, the first and the
+    /// last. The state the shepherd writes after every round for its candidates is
+    /// what --resume starts from while it is in the blob store, so a resume loses no
+    /// round; without it (deleted, or a damaged store) it loses up to K − 1.
+    #[arg(long, default_value_t = crate::diloco::retention::DEFAULT_CHECKPOINT_ROUNDS, value_name = "K",
+          value_parser = clap::value_parser!(u64).range(1..), requires = "shepherd")]
+    pub(crate) checkpoint_rounds: u64,
     /// How contributions are screened besides NaN, shape and norm checks: `score`
     /// rejects one that does not lower the loss on a held-out batch when applied
     /// alone; `norm` only bounds norms.
@@ -249,7 +258,7 @@ impl ShepherdPlan {
     /// Resolves `args` (config file, flags, or the checkpoint with `--resume`).
     pub(crate) fn new(args: &ShepherdArgs, data_dir: &Path) -> Result<Self, Failure> {
         let state_dir = data_dir.join("shepherd");
-        let resumed = if args.resume {
+        let mut resumed = if args.resume {
             Some(Checkpoint::load(&state_dir).map_err(|e| Failure::input(e.context("--resume")))?)
         } else {
             None
@@ -292,6 +301,12 @@ impl ShepherdPlan {
         experiment.model = Some(source.clone());
         let model = Model::load_with_batch(&source, experiment.vocab(corpus.vocab.size()), experiment.batch_size)
             .map_err(Failure::input)?;
+        if let Some(c) = resumed.as_mut() {
+            let names: Vec<String> = model.params.iter().map(|p| p.name.clone()).collect();
+            let sizes: Vec<usize> = model.params.iter().map(|p| p.ty.elements().max(0) as usize).collect();
+            super::setup::newest_state(c, &state_dir, data_dir, &names, &sizes)
+                .map_err(|e| Failure::input(e.context("--resume")))?;
+        }
         Self {
             rounds: experiment.outer_loop_steps,
             tau: experiment.tau,

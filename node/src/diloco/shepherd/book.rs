@@ -116,8 +116,15 @@ impl Host {
         self.lead.quorum.round_completed(&summary.contributors, wire::mono_ms());
         // validation and the checkpoint hold this loop: the keeper sends the leases meanwhile
         let val = self.validate().await?;
-        let path = self.checkpoint(&summary.contributors, &summary.excluded)?;
+        // the state every round (candidates fetch it, and --resume starts from it), a
+        // checkpoint every --checkpoint-rounds
         self.publish_state(&summary.contributors, &summary.excluded, params_hash)?;
+        let first = !self.plan.state_dir.join("latest").exists();
+        let last = summary.round >= self.plan.rounds;
+        let path = match self.plan.retention.checkpoints(summary.round, last, first) {
+            true => Some(self.checkpoint(&summary.contributors, &summary.excluded)?),
+            false => None,
+        };
         self.book.last_val = val;
         if self.book.first_val.is_nan() {
             self.book.first_val = self.book.last_val;
@@ -156,11 +163,13 @@ impl Host {
             budget_ms: summary.budget_ms,
         }));
         self.admission_held(summary.round);
-        self.events.emit(ev::Event::Checkpoint(ev::Checkpoint {
-            step: None,
-            round: Some(summary.round),
-            path: path.display().to_string(),
-        }));
+        if let Some(path) = path {
+            self.events.emit(ev::Event::Checkpoint(ev::Checkpoint {
+                step: None,
+                round: Some(summary.round),
+                path: path.display().to_string(),
+            }));
+        }
         if self.plan.table {
             writeln!(
                 self.out.lock(),

@@ -177,6 +177,7 @@ impl Host {
         let term = self.lead.consensus.state_term(self.machine.completed());
         let state = wire::StateParts::of(&self.machine, term);
         let (hash, size) = wire::put_state(&self.store, &state, contributors, excluded)?;
+        super::resume::record(&self.plan.state_dir, self.machine.completed(), hash, term)?;
         self.lead.state = Some(ParameterRef { name: "state".into(), shard: 0, blob: hash.0, size });
         let replica = Replica { term, round: self.machine.completed(), params: params_hash.0 };
         self.lead.state_replica = Some(replica);

@@ -89,6 +89,37 @@ impl ShepherdMeta {
     }
 }
 
+/// Brings checkpoint `c` (of tensors `names` of `sizes`) up to the newer state blob
+/// its shepherd wrote, if any ([`super::resume`]); returns the round it resumes at.
+pub(super) fn newest_state(
+    c: &mut Checkpoint,
+    state_dir: &Path,
+    data_dir: &Path,
+    names: &[String],
+    sizes: &[usize],
+) -> anyhow::Result<u64> {
+    let Some(state) = super::resume::newer(state_dir, data_dir, c.step, sizes)? else { return Ok(c.step) };
+    let s = &state.snapshot;
+    for (name, (params, velocity)) in names.iter().zip(s.params.iter().zip(&s.velocity)) {
+        let tensor = c.tensors.iter_mut().find(|t| &t.name == name);
+        tensor.with_context(|| format!("the checkpoint has no tensor {name:?}"))?.data.clone_from(params);
+        let v = format!("velocity.{name}");
+        let tensor = c.tensors.iter_mut().find(|t| t.name == v);
+        tensor.with_context(|| format!("the checkpoint has no tensor {v:?}"))?.data.clone_from(velocity);
+    }
+    let mut meta = ShepherdMeta::of(c)?;
+    meta.durations.clone_from(&s.durations);
+    meta.norms.clone_from(&s.norms);
+    meta.contributors = state.contributors.len();
+    meta.workers = state.contributors.iter().chain(&state.excluded).map(|k| hex::encode(k.0)).collect();
+    meta.params_hash = wire::params_hash(&s.params).to_hex();
+    meta.term = meta.term.max(state.term);
+    meta.learned = wire::LearnedRecord::of(&s.learned);
+    c.meta = serde_json::to_value(meta)?;
+    c.step = s.completed;
+    Ok(c.step)
+}
+
 /// Where a shepherd's run comes from: a new run, its checkpoint, or a leader's
 /// replicated state it inherits.
 pub(super) struct Origin {
