@@ -251,3 +251,61 @@ fn an_auditor_is_drawn_outside_the_replicas_and_votes_with_them() {
     }
     assert_eq!(auditor(&seed, 2, 0, &keys(2), &keys(2)), None, "nobody left to audit");
 }
+
+mod props {
+    use super::*;
+    use proptest::prelude::{any, prop_assert_eq, proptest};
+
+    proptest! {
+        /// Whatever the tensors, weights, bounds, cut into shards and order of
+        /// arrival, the shards' means are the shepherd's mean, bit for bit.
+        #[test]
+        fn any_cut_and_any_order_give_the_shepherds_mean(
+            sizes in proptest::collection::vec(1usize..40, 1..6),
+            n in 1usize..8,
+            seed in any::<u64>(),
+            cut in any::<u64>(),
+            bound in 0.1f64..10.0,
+        ) {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let contributions: Vec<(Tensors, f64)> =
+                (0..n).map(|_| (tensors(&mut rng, &sizes, 1.0), rng.gen_range(1.0..50.0))).collect();
+            let bounds = Bounds {
+                tensor: sizes.iter().map(|_| rng.gen_range(0.1..3.0)).collect(),
+                element: sizes.iter().map(|_| rng.gen_range(0.05f32..1.0)).collect(),
+            };
+            let mut alone = RunningMean::default();
+            let mut norms = Vec::new();
+            for (t, w) in &contributions {
+                let (bounded, norm, _) = Delta::Dense(t.clone()).bounded(&bounds);
+                norms.push(norm);
+                alone.push(bounded, *w, norm, bound, &sizes);
+            }
+            let alone = alone.finish().unwrap();
+            // shard boundaries from the bits of `cut`
+            let mut shards = Vec::new();
+            let mut start = 0;
+            for i in 1..sizes.len() {
+                if cut >> i & 1 == 1 {
+                    shards.push(start..i);
+                    start = i;
+                }
+            }
+            shards.push(start..sizes.len());
+            let mut order: Vec<usize> = (0..n).collect();
+            order.rotate_left((seed % n as u64) as usize);
+            for (s, range) in shards.iter().enumerate() {
+                let shard_sizes = sizes[range.clone()].to_vec();
+                let sb = shard_bounds(&bounds, range);
+                let mut sum = ShardSum::new(1, s, shard_sizes.clone(), 1 + s % 3);
+                for &i in &order {
+                    let (t, w) = &contributions[i];
+                    let (bounded, _) = inspect(Delta::Dense(t[range.clone()].to_vec()), &shard_sizes, &sb).unwrap();
+                    sum.accept(Accept { seq: i as u64, weight: *w, norm: norms[i], bound }, bounded).unwrap();
+                }
+                let update = sum.finish(n as u64).unwrap();
+                prop_assert_eq!(update.mean, alone[range.clone()].to_vec());
+            }
+        }
+    }
+}
