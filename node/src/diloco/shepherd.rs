@@ -670,7 +670,8 @@ impl Host {
         let (listed, participants_blob) =
             super::participants::publish(&self.store, &participants, self.plan.participants_inline)?;
         // the blobs of rounds older than this node keeps go
-        let kept: Vec<BlobHash> = parameters.iter().chain(&participants_blob).map(|p| BlobHash(p.blob)).collect();
+        let stored = &parameters[usize::from(parameters.len() > 1)..];
+        let kept: Vec<BlobHash> = stored.iter().chain(&participants_blob).map(|p| BlobHash(p.blob)).collect();
         self.plan.retention.advance(&self.node, &self.events, round, kept).await;
         self.book.traffic.clear();
         // the screen's secret batch for this round: committed now, revealed with the next
@@ -718,12 +719,17 @@ impl Host {
         Ok(())
     }
 
-    /// Stores the current parameters: the whole blob, and with more than one shard
-    /// each shard's (see [`wire::shard_refs`]). Returns the announcement's
-    /// `parameters`: the whole blob first, then the shards.
+    /// Stores the current parameters: with one shard the whole blob, with more each
+    /// shard's alone (see [`wire::shard_refs`]), written once. Returns the
+    /// announcement's `parameters`: the whole blob first (with more than one shard,
+    /// its hash and size only: what the shards must make up), then the shards.
     fn publish_params(&mut self) -> anyhow::Result<Vec<ParameterRef>> {
         let params = self.machine.params();
-        let (hash, size) = wire::put_params(&self.store, params)?;
+        let closed = self.book.next_params.take().filter(|(round, _)| *round == self.machine.completed());
+        let (hash, size) = match self.layout.shards.len() > 1 {
+            true => (closed.map_or_else(|| wire::params_hash(params), |(_, h)| h), wire::params_len(params)),
+            false => wire::put_params(&self.store, params)?,
+        };
         let mut refs = vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size }];
         for (r, bytes) in wire::shard_refs(params, &self.layout.shards) {
             self.store.put_bytes(&bytes)?;

@@ -266,7 +266,7 @@ fn write_params(w: &mut dyn std::io::Write, tensors: &[Vec<f32>]) -> std::io::Re
 }
 
 /// The byte length of `tensors`' fp32 parameters blob.
-fn params_len(tensors: &[Vec<f32>]) -> u64 {
+pub(crate) fn params_len(tensors: &[Vec<f32>]) -> u64 {
     compress::encoded_len(&tensors.iter().map(Vec::len).collect::<Vec<_>>(), Encoding::F32) as u64
 }
 

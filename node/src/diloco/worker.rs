@@ -266,7 +266,8 @@ struct ParamsSource {
 /// the shards whose hash changed, in parallel, each from the leader and any peer
 /// that has it. The result is checked against the announced hash. Anyone else (a
 /// joiner, a worker that missed rounds, a failed check) fetches every shard, or the
-/// whole parameters blob when the run has one shard.
+/// whole parameters blob when the run has one shard (a sharded round has no whole
+/// blob: the shepherd writes its parameters once, as shards).
 async fn round_params(
     src: &ParamsSource,
     announcement: &RoundAnnouncement,
@@ -304,10 +305,7 @@ async fn round_params(
         }
     }
     if announcement.parameters.len() > 1 {
-        match shards(src, announcement, held).await {
-            Ok(fetched) => return Ok(fetched),
-            Err(e) => tracing::warn!("round {r}: {e:#}; fetching the whole parameters"),
-        }
+        return shards(src, announcement, held).await;
     }
     let path = fetch(&src.node, params_ref.blob, src.from, "round parameters").await?;
     let params = wire::read_params(&read(&path)?, &src.sizes)?;

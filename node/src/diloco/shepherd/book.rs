@@ -56,6 +56,9 @@ pub(super) struct RoundBook {
     pub(super) traffic: BTreeMap<PublicKey, Traffic>,
     /// The parameters blob of the open round: what its update applies to.
     pub(super) round_base: Option<BlobHash>,
+    /// The parameters' hash the last close computed, with the rounds completed then:
+    /// the next announcement names it without hashing them again.
+    pub(super) next_params: Option<(u64, BlobHash)>,
     /// The round before the open one and its parameters blob: the fence of a
     /// contribution an overlapping run carries over from it.
     pub(super) last_base: Option<(u64, BlobHash)>,
@@ -77,6 +80,7 @@ impl RoundBook {
             bytes_in: 0,
             traffic: BTreeMap::new(),
             round_base: None,
+            next_params: None,
             last_base: None,
             update: None,
             served_at_open: 0,
@@ -89,6 +93,7 @@ impl RoundBook {
 impl Host {
     pub(super) async fn round_completed(&mut self, summary: RoundSummary<PublicKey>) -> anyhow::Result<()> {
         let params_hash = wire::params_hash(self.machine.params());
+        self.book.next_params = Some((self.machine.completed(), params_hash));
         // a sparse run publishes the update: workers holding this round's parameters fetch it instead
         let update_bytes = summary.update.as_ref().map_or(0, Vec::len) as u64;
         self.book.update = match (&summary.update, self.book.round_base) {
