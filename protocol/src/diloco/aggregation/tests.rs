@@ -18,6 +18,24 @@ fn tensors(rng: &mut StdRng, sizes: &[usize], scale: f32) -> Tensors {
     sizes.iter().map(|n| (0..*n).map(|_| rng.gen_range(-scale..scale)).collect()).collect()
 }
 
+/// The shepherd's own mean of `contributions` (tensors of `sizes`, each with its
+/// weight), bounded by `bounds` and the norm bound `bound`, and each one's bounded norm.
+fn shepherds_mean(
+    contributions: &[(Tensors, f64)],
+    bounds: &Bounds,
+    bound: f64,
+    sizes: &[usize],
+) -> (Tensors, Vec<f64>) {
+    let mut alone = RunningMean::default();
+    let mut norms = Vec::new();
+    for (t, w) in contributions {
+        let (bounded, norm, _) = Delta::Dense(t.clone()).bounded(bounds);
+        norms.push(norm);
+        alone.push(bounded, *w, norm, bound, sizes);
+    }
+    (alone.finish().unwrap(), norms)
+}
+
 #[test]
 fn shards_are_spread_evenly_over_distinct_replicas_whatever_the_order() {
     let seed = [3; 32];
@@ -73,15 +91,7 @@ fn shards_summed_apart_are_the_shepherds_mean_bit_for_bit() {
     let bound = 2.5;
     let contributions: Vec<(Tensors, f64)> =
         (0..9).map(|i| (tensors(&mut rng, &sizes, 0.5), 10.0 + f64::from(i))).collect();
-
-    let mut alone = RunningMean::default();
-    let mut norms = Vec::new();
-    for (t, w) in &contributions {
-        let (bounded, norm, _) = Delta::Dense(t.clone()).bounded(&bounds);
-        norms.push(norm);
-        alone.push(bounded, *w, norm, bound, &sizes);
-    }
-    let alone = alone.finish().unwrap();
+    let (alone, norms) = shepherds_mean(&contributions, &bounds, bound, &sizes);
 
     for (s, range) in shards.iter().enumerate() {
         let shard_sizes = sizes[range.clone()].to_vec();
@@ -274,14 +284,7 @@ mod props {
                 tensor: sizes.iter().map(|_| rng.gen_range(0.1..3.0)).collect(),
                 element: sizes.iter().map(|_| rng.gen_range(0.05f32..1.0)).collect(),
             };
-            let mut alone = RunningMean::default();
-            let mut norms = Vec::new();
-            for (t, w) in &contributions {
-                let (bounded, norm, _) = Delta::Dense(t.clone()).bounded(&bounds);
-                norms.push(norm);
-                alone.push(bounded, *w, norm, bound, &sizes);
-            }
-            let alone = alone.finish().unwrap();
+            let (alone, norms) = shepherds_mean(&contributions, &bounds, bound, &sizes);
             // shard boundaries from the bits of `cut`
             let mut shards = Vec::new();
             let mut start = 0;
