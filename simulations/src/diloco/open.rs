@@ -121,9 +121,11 @@ impl Sim<'_> {
         }
     }
 
-    /// Plans round `r`: discovery, fetch, training and upload of every participant.
-    pub(super) fn open(&mut self, r: u64, deadline_ms: u64, participants: &[u32]) {
-        let visible = self.deadline_and_visibility(r, deadline_ms);
+    /// Round `r`'s live `participants`, each with its first heartbeat tick once the
+    /// announcement is visible (at `visible`; `after_send`: a worker busy sending an
+    /// older contribution sees it after the send) and its one-way latency to the
+    /// shepherd; and when each knows the round ([`Sim::announce`]).
+    fn hear(&mut self, participants: &[u32], visible: f64, after_send: bool) -> (Vec<(u32, f64, f64)>, Vec<f64>) {
         let shepherd = self.world.shepherd;
         let mut polls = Vec::with_capacity(participants.len());
         for &w in participants {
@@ -132,11 +134,20 @@ impl Sim<'_> {
                 continue;
             }
             let lat = self.world.latency(&ws.spec, 0, &shepherd);
-            // a worker busy sending an older contribution sees the round after it
-            let free = ws.busy.map_or(visible, |(_, until)| secs(until).max(visible));
+            let free = match ws.busy {
+                Some((_, until)) if after_send => secs(until).max(visible),
+                _ => visible,
+            };
             polls.push((w, self.world.next_poll(&ws.spec, free), lat));
         }
         let discovered = self.announce(&polls, participants.len());
+        (polls, discovered)
+    }
+
+    /// Plans round `r`: discovery, fetch, training and upload of every participant.
+    pub(super) fn open(&mut self, r: u64, deadline_ms: u64, participants: &[u32]) {
+        let visible = self.deadline_and_visibility(r, deadline_ms);
+        let (polls, discovered) = self.hear(participants, visible, true);
         let (_, blob) = Self::announcement_bytes(participants.len());
         let mut plan: Vec<(u32, f64, f64, f64)> = Vec::with_capacity(polls.len());
         let mut fetches = Vec::with_capacity(polls.len());
@@ -174,19 +185,10 @@ impl Sim<'_> {
     /// contributions (the state machines decide when each is sent).
     pub(super) fn open_overlapped(&mut self, r: u64, deadline_ms: u64, participants: &[u32]) {
         let visible = self.deadline_and_visibility(r, deadline_ms);
-        let shepherd = self.world.shepherd;
         // a round's steps take about the budget (τ typical steps before there is one)
         let round_s =
             self.shepherd.budget_ms().map_or(self.setup.tau as f64 * self.setup.step_seconds, |b| b as f64 / 1e3);
-        let mut polls = Vec::with_capacity(participants.len());
-        for &w in participants {
-            let ws = &self.workers[w as usize];
-            if ws.alive {
-                let lat = self.world.latency(&ws.spec, 0, &shepherd);
-                polls.push((w, self.world.next_poll(&ws.spec, visible), lat));
-            }
-        }
-        let discovered = self.announce(&polls, participants.len());
+        let (polls, discovered) = self.hear(participants, visible, false);
         let (_, blob) = Self::announcement_bytes(participants.len());
         let mut plan: Vec<(u32, f64, f64, f64)> = Vec::with_capacity(polls.len());
         let mut fetches = Vec::with_capacity(polls.len());
