@@ -18,6 +18,8 @@ use crate::diloco::wire::{self, LeaderState};
 
 /// The file in the state directory naming the newest state blob.
 const POINTER: &str = "state";
+/// The most bytes a pointer file may hold (it holds about 120).
+const MAX_POINTER: u64 = 4096;
 
 /// `<state dir>/state`: the newest state blob, the round it follows and its term.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -48,7 +50,14 @@ pub(super) fn newer(
     sizes: &[usize],
 ) -> anyhow::Result<Option<LeaderState>> {
     let path = state_dir.join(POINTER);
-    let Ok(bytes) = std::fs::read(&path) else { return Ok(None) };
+    let Ok(meta) = std::fs::metadata(&path) else { return Ok(None) };
+    anyhow::ensure!(
+        meta.len() <= MAX_POINTER,
+        "{}: {} bytes, more than a pointer's {MAX_POINTER}",
+        path.display(),
+        meta.len()
+    );
+    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let pointer: Pointer = serde_json::from_slice(&bytes).with_context(|| format!("{}", path.display()))?;
     if pointer.round <= after {
         return Ok(None);
@@ -125,5 +134,8 @@ mod tests {
         std::fs::write(states.join(POINTER), b"{").expect("written");
         let err = newer(&states, data, 4, &sizes).expect_err("damaged");
         assert!(format!("{err:#}").contains("shepherd/state"), "{err:#}");
+        std::fs::write(states.join(POINTER), vec![b' '; 5000]).expect("written");
+        let err = newer(&states, data, 4, &sizes).expect_err("too long");
+        assert!(format!("{err:#}").contains("more than a pointer's"), "{err:#}");
     }
 }
