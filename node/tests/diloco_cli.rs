@@ -164,7 +164,10 @@ fn shepherd_and_workers_survive_kills_joins_and_restarts() {
     let shepherd_events = dir.path().join("shepherd.jsonl");
     let long = Duration::from_secs(240);
     let shepherd_args = |listen: &str, resume: bool| {
-        shepherd_flags(&["--rounds", "7", "--tau", "40"], listen, &d("shepherd"), &shepherd_events, resume)
+        // a checkpoint every round: a run without standby candidates writes no state
+        // blob, and --resume starts from its last checkpoint
+        let extra = ["--rounds", "7", "--tau", "40", "--checkpoint-rounds", "1"];
+        shepherd_flags(&extra, listen, &d("shepherd"), &shepherd_events, resume)
     };
     let mut shepherd = Proc::spawn("shepherd", &shepherd_args("/ip4/127.0.0.1/tcp/0", false));
     let shepherd_peer = peer_id(&shepherd);

@@ -5,6 +5,7 @@
 //! * [`outer`]: the outer optimizer.
 //! * [`aggregate`]: validating, bounding and averaging contributions.
 //! * [`aggregation`]: parameter-shard aggregators: who sums which shard, the sum in the shepherd's order, and the replicas' votes.
+//! * [`checkpoint`]: when a shepherd checkpoints.
 //! * [`compress`]: pseudo-gradient encodings for the wire (fp32, bf16, int8, sparse).
 //! * [`rating`]: how far the shepherd trusts each participant, from its screen.
 //! * [`committee`]: who screens a contribution, the committee's verdict, and spot checks.
@@ -17,6 +18,7 @@
 pub mod aggregate;
 pub mod aggregation;
 mod bf16;
+pub mod checkpoint;
 pub mod committee;
 pub mod compress;
 pub mod follower;

@@ -193,6 +193,12 @@ pub struct SimulateArgs {
     /// decryption and decode run on its one event-loop thread whatever this says.
     #[arg(long, visible_alias = "shepherd-cores")]
     pub aggregate_threads: Option<usize>,
+    /// The shepherd checkpoints after every this many rounds (pcp-node
+    /// `--checkpoint-rounds`), after the last and after the first; a close that
+    /// checkpoints takes the calibration table's checkpoint cost too.
+    #[arg(long, value_name = "K", default_value_t = pcp_protocol::diloco::checkpoint::DEFAULT_CHECKPOINT_ROUNDS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_rounds: u64,
     /// The shepherd's screen (pcp-node `--screen`): `score` runs two forward passes per
     /// screened contribution on a held-out batch (batch × block tokens); `norm` checks norms only.
     #[arg(long, value_enum, default_value_t = ScreenMode::Score)]

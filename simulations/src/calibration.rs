@@ -20,10 +20,11 @@
 //!
 //! Two figures are not measured here, because only the node can (its IREE
 //! engine and its state directory): the shepherd's forward-pass FLOP rate per
-//! core (the screen's and the validation's forward passes) and the round's close
-//! per parameter (the parameters hashed and stored, the checkpoint and the
-//! state blob written). `--calibrate` copies them from the table it started
-//! from; the committed figures are estimates, named as such in `notes`.
+//! core (the screen's and the validation's forward passes), and a round's close
+//! and a checkpoint per parameter (every round: the outer step, the parameters'
+//! shards and the state blob hashed and written; every `--checkpoint-rounds`:
+//! the checkpoint). `--calibrate` copies them from the table it started from;
+//! the committed figures are named in `notes` with where they came from.
 //!
 //! A measurement takes each figure in the measuring thread's CPU time
 //! ([`Stopwatch`]), the faster of two passes after a warm-up.
@@ -80,10 +81,13 @@ pub struct Calibration {
     pub ed25519_sign_s: f64,
     /// Forward-pass FLOP/s of one of the shepherd's cores (not measured here).
     pub forward_flops_per_core: f64,
-    /// Seconds of the shepherd's event loop per parameter to close a round: hash
-    /// and store the parameters, write the checkpoint and the state blob (not
-    /// measured here).
+    /// Seconds of the shepherd's event loop per parameter to close a round: the
+    /// outer step and the update's encoding, the parameters' shards and the state
+    /// blob hashed and stored (not measured here).
     pub close_s_per_param: f64,
+    /// Seconds of the shepherd's event loop per parameter to write a checkpoint,
+    /// after every `--checkpoint-rounds` rounds (not measured here).
+    pub checkpoint_s_per_param: f64,
 }
 
 impl Calibration {
@@ -114,6 +118,7 @@ impl Calibration {
             self.ed25519_sign_s,
             self.forward_flops_per_core,
             self.close_s_per_param,
+            self.checkpoint_s_per_param,
         ];
         if figures.iter().chain(self.dense_decode_s_per_value.values()).any(|f| !(f.is_finite() && *f > 0.0)) {
             return Err("every cost must be a positive number".into());
@@ -175,12 +180,17 @@ impl Calibration {
                      {SAMPLE_PARAMS}-parameter contribution (sparse in batches of {DEFAULT_BATCH}), blake3 and \
                      ChaCha20-Poly1305 of 64 MiB, ed25519 over a 256-byte message"
                 ),
-                "forward_flops_per_core and close_s_per_param are not measured here: copied from the table \
-                 --calibrate started from"
+                "forward_flops_per_core, close_s_per_param and checkpoint_s_per_param are not measured here: copied \
+                 from the table --calibrate started from"
                     .into(),
             ]
             .into_iter()
-            .chain(base.notes.iter().filter(|n| n.starts_with("forward_flops") || n.starts_with("close_s")).cloned())
+            .chain(
+                base.notes
+                    .iter()
+                    .filter(|n| ["forward_flops", "close_s", "checkpoint_s"].iter().any(|f| n.starts_with(f)))
+                    .cloned(),
+            )
             .collect(),
             cpu,
             cores,
@@ -194,6 +204,7 @@ impl Calibration {
             ed25519_sign_s: sign,
             forward_flops_per_core: base.forward_flops_per_core,
             close_s_per_param: base.close_s_per_param,
+            checkpoint_s_per_param: base.checkpoint_s_per_param,
         }
     }
 }

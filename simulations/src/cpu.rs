@@ -77,8 +77,13 @@ pub struct ShepherdCosts {
     pub screen: Option<ScreenPolicy>,
     /// Validation batches evaluated at each close.
     pub eval_batches: u64,
-    /// Event-loop seconds a close spends on the parameters, the checkpoint and the state blob.
+    /// Event-loop seconds a close spends on the outer step, the parameters' shards and the state blob.
     pub close_s: f64,
+    /// Event-loop seconds a close spends writing a checkpoint, when one is due.
+    pub checkpoint_s: f64,
+    /// A checkpoint after every this many rounds (pcp-node `--checkpoint-rounds`), the
+    /// last and the first ([`pcp_protocol::diloco::checkpoint::due`]).
+    pub checkpoint_rounds: u64,
     /// Event-loop seconds per heartbeat: its signature checked, the answer's made, its bytes ciphered.
     pub heartbeat_s: f64,
     /// Event-loop seconds per byte through the transport's cipher.
@@ -101,6 +106,8 @@ impl ShepherdCosts {
             screen: None,
             eval_batches: 0,
             close_s: 0.0,
+            checkpoint_s: 0.0,
+            checkpoint_rounds: pcp_protocol::diloco::checkpoint::DEFAULT_CHECKPOINT_ROUNDS,
             heartbeat_s: 0.0,
             cipher_s_per_byte: 0.0,
             max_connections: usize::MAX,
@@ -158,6 +165,8 @@ pub struct Cpu {
     screens: (u64, f64),
     /// The last closed round's duration less its screening, seconds.
     last_round_s: Option<f64>,
+    /// Whether a checkpoint was written yet.
+    checkpointed: bool,
     rng: ChaCha8Rng,
     /// Totals.
     pub totals: CpuTotals,
@@ -177,6 +186,7 @@ impl Cpu {
             load: 0.0,
             screens: (0, 0.0),
             last_round_s: None,
+            checkpointed: false,
             rng,
             totals: CpuTotals::default(),
         }
@@ -293,15 +303,19 @@ impl Cpu {
         (self.run(now, s), verdict)
     }
 
-    /// A round closed at `now` (µs) after `wall_s` seconds: its last batch's add,
-    /// validation and the parameters stored. Returns when the loop is done (the next
-    /// announcement goes out then).
-    pub fn close(&mut self, now: u64, wall_s: f64, work: f64) -> u64 {
+    /// Round `round` closed at `now` (µs) after `wall_s` seconds: its last batch's
+    /// add, validation, the parameters stored and, when due (`last`: the run's last
+    /// round), a checkpoint. Returns when the loop is done (the next announcement
+    /// goes out then).
+    pub fn close(&mut self, now: u64, wall_s: f64, work: f64, (round, last): (u64, bool)) -> u64 {
         let c = &self.costs;
         let threads = c.threads.max(1) as f64;
+        let checkpoint = pcp_protocol::diloco::checkpoint::due(round, c.checkpoint_rounds, last, !self.checkpointed);
+        self.checkpointed = true;
         let s = self.pending as f64 * c.add_core_s * work / threads
             + c.eval_batches as f64 * self.costs.forward_s()
-            + c.close_s;
+            + c.close_s
+            + if checkpoint { c.checkpoint_s } else { 0.0 };
         self.pending = 0;
         let rest = wall_s - self.screens.1;
         if rest > 0.0 {
@@ -338,7 +352,23 @@ mod tests {
         assert_eq!(done, vec![10_000, 20_000, 30_000, 120_000]);
         // a close adds what is pending and validates: one 1 s forward pass on 2 threads
         cpu.contribution(1_000_000, 0.0, 1.0, false, true);
-        assert_eq!(cpu.close(1_010_000, 10.0, 1.0), 1_010_000 + 20_000 + 1_000_000);
+        assert_eq!(cpu.close(1_010_000, 10.0, 1.0, (1, false)), 1_010_000 + 20_000 + 1_000_000);
+    }
+
+    #[test]
+    fn a_close_writes_a_checkpoint_first_every_kth_round_and_last() {
+        let costs = ShepherdCosts { close_s: 1.0, checkpoint_s: 2.0, checkpoint_rounds: 3, ..ShepherdCosts::free(1) };
+        let mut cpu = Cpu::new(costs, ChaCha8Rng::seed_from_u64(1));
+        let mut at = 0;
+        let seconds: Vec<u64> = (1..=7)
+            .map(|r| {
+                let done = cpu.close(at, 10.0, 1.0, (r, r == 7));
+                let s = (done - at) / 1_000_000;
+                at = done;
+                s
+            })
+            .collect();
+        assert_eq!(seconds, [3, 1, 3, 1, 1, 3, 3]);
     }
 
     #[test]
@@ -349,7 +379,7 @@ mod tests {
             assert_eq!(cpu.contribution(0, 0.0, 1.0, true, true).1, Screened::Passed);
         }
         // 21 s of screening (3 passes, then 2 a contribution, of 1 s) in a 40 s round
-        cpu.close(0, 40.0, 1.0);
+        cpu.close(0, 40.0, 1.0, (1, false));
         // round 2: 8 screens whatever the budget (a quarter of 19 s)
         let verdicts: Vec<Screened> = (0..10).map(|i| cpu.contribution(0, 0.0, 1.0, i % 2 == 0, true).1).collect();
         assert!(verdicts[..8].iter().all(|v| *v == Screened::Passed), "{verdicts:?}");

@@ -902,7 +902,8 @@ impl Sim<'_> {
                     if gathered > now {
                         s.shepherd_bytes_in += self.setup.params_bytes;
                     }
-                    self.closed_at = self.cpu.close(gathered, s.wall_s, self.fragment(r + 1).map_or(1.0, |f| f.work));
+                    let work = self.fragment(r + 1).map_or(1.0, |f| f.work);
+                    self.closed_at = self.cpu.close(gathered, s.wall_s, work, (r, r == self.setup.rounds));
                     self.done.push(s);
                 }
                 Action::Finished => self.finished = true,
@@ -917,9 +918,8 @@ impl Sim<'_> {
         let bytes = self.contribution_bytes(r);
         let Some(pool) = self.pool.as_mut() else { return now };
         let inflow = pool.inflow(now);
-        let c = &self.setup.cpu;
-        let slice_core_s = c.decode_s + c.add_core_s;
-        let shepherd = (self.world.shepherd.down, c.threads);
+        let (c, down) = (&self.setup.cpu, self.world.shepherd.down);
+        let (slice_core_s, shepherd) = (c.decode_s + c.add_core_s, (down, c.threads));
         pool.close(r, now, inflow, bytes, slice_core_s, self.setup.params_bytes, shepherd).ready_us
     }
 }

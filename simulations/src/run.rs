@@ -163,6 +163,8 @@ fn shepherd_costs(args: &SimulateArgs, base: &ModelSpec, table: &Calibration) ->
         }),
         eval_batches: args.eval_batches,
         close_s: table.close_s_per_param * model.params() as f64,
+        checkpoint_s: table.checkpoint_s_per_param * model.params() as f64,
+        checkpoint_rounds: args.checkpoint_rounds,
         heartbeat_s: table.ed25519_verify_s
             + table.ed25519_sign_s
             + cipher * (crate::diloco::HEARTBEAT_REQUEST_BYTES + crate::diloco::HEARTBEAT_ANSWER_BYTES),
@@ -341,7 +343,9 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
             update_bytes: if args.synthetic_workers { Some(0.0) } else { settings.update_bytes.map(|u| u as f64) },
             cpu: match args.overhead_seconds {
                 // a given overhead replaces the modelled close
-                Some(_) => ShepherdCosts { eval_batches: 0, close_s: 0.0, ..settings.shepherd_cpu.clone() },
+                Some(_) => {
+                    ShepherdCosts { eval_batches: 0, close_s: 0.0, checkpoint_s: 0.0, ..settings.shepherd_cpu.clone() }
+                }
                 None => settings.shepherd_cpu.clone(),
             },
             overlap: args.overlap(),

@@ -22,7 +22,7 @@ use crate::observe::events::{BlobsReleased, Event, Events};
 /// candidate) may still fetch.
 pub(crate) const DEFAULT_KEEP_ROUNDS: usize = 2;
 /// A shepherd checkpoints after every this many rounds unless told (`--checkpoint-rounds`).
-pub(crate) const DEFAULT_CHECKPOINT_ROUNDS: u64 = 10;
+pub(crate) use pcp_protocol::diloco::checkpoint::DEFAULT_CHECKPOINT_ROUNDS;
 /// Blobs recorded for one round; more are kept rather than tracked. A round uses its
 /// parameters, an update, a state and the parameters' shards, of up to 4 MiB or one
 /// larger tensor ([`pcp_protocol::diloco::fragments::SHARD_BYTES`]): 78 blobs for
@@ -96,7 +96,7 @@ impl Retention {
     /// Whether a shepherd checkpoints after `round`: every `--checkpoint-rounds`
     /// rounds, the `last`, and whenever it has no checkpoint yet (`first`).
     pub(crate) fn checkpoints(&self, round: u64, last: bool, first: bool) -> bool {
-        first || last || round.is_multiple_of(self.checkpoints)
+        pcp_protocol::diloco::checkpoint::due(round, self.checkpoints, last, first)
     }
 
     /// Rounds kept (at least 1).

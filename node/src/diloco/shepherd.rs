@@ -605,6 +605,9 @@ impl Host {
         let mut rejected = Vec::new();
         let deaf = std::time::Instant::now();
         let actions = self.machine.handle(input, now);
+        if actions.iter().any(|a| matches!(a, Action::RoundCompleted(_))) {
+            self.book.close = vec![("outer step", deaf.elapsed())];
+        }
         for action in actions {
             match action {
                 Action::OpenRound { round, deadline_ms, participants } => {
@@ -663,7 +666,11 @@ impl Host {
     ) -> anyhow::Result<()> {
         // contribution-sized reads are for this round's participants only (see pcp_bootstrap::admission)
         self.node.admission().open_round(self.run, round, &participants);
+        let shards_at = Instant::now();
         let parameters = self.publish_params()?;
+        if !self.book.close.is_empty() {
+            self.book.close.push(("parameters", shards_at.elapsed()));
+        }
         let hash = BlobHash(parameters[0].blob);
         self.book.last_base = self.book.round_base.replace(hash).map(|b| (round - 1, b));
         // past the inline threshold, the participants go in a blob of their own
@@ -677,9 +684,16 @@ impl Host {
         // the screen's secret batch for this round: committed now, revealed with the next
         let (screen_commit, screen_reveal) = self.screener.open(round);
         // the deadline was set at the input that closed the last round; the close (the
-        // outer step, the checkpoint, the state and parameter blobs: 11 s for gpt2-124m)
+        // outer step, the parameters' shards, a checkpoint when due: 3 s for gpt2-124m)
         // came between, and the workers get the whole window after the announcement
         let late_ms = input_at.elapsed().as_millis() as u64;
+        if !self.book.close.is_empty() {
+            let phases: Vec<String> = std::mem::take(&mut self.book.close)
+                .iter()
+                .map(|(name, d)| format!("{name} {:.2} s", d.as_secs_f64()))
+                .collect();
+            tracing::info!("round {} closed in {:.2} s: {}", round - 1, late_ms as f64 / 1e3, phases.join(", "));
+        }
         let deadline_ms = match late_ms {
             0 => deadline_ms,
             ms => self.machine.postpone(ms).unwrap_or(deadline_ms),
@@ -752,7 +766,14 @@ impl Host {
         validation_loss(engine, &self.plan.corpus.val, shape, e.seed, e.eval_batches).await
     }
 
-    fn checkpoint(&self, contributors: &[PublicKey], excluded: &[PublicKey]) -> anyhow::Result<PathBuf> {
+    /// Writes a checkpoint of the parameters (`params_hash`, computed at the close)
+    /// and the outer optimizer's state.
+    fn checkpoint(
+        &self,
+        contributors: &[PublicKey],
+        excluded: &[PublicKey],
+        params_hash: BlobHash,
+    ) -> anyhow::Result<PathBuf> {
         // borrowed, written as they go: gpt2-124m's parameters and momentum are a GB
         let (durations, norms) = self.machine.history();
         let specs: Vec<(String, Vec<usize>)> = self
@@ -778,7 +799,7 @@ impl Host {
             norms,
             contributors: contributors.len(),
             workers: contributors.iter().chain(excluded).map(|k| hex::encode(k.0)).collect(),
-            params_hash: wire::params_hash(self.machine.params()).to_hex(),
+            params_hash: params_hash.to_hex(),
             creator: Some(hex::encode(self.manifest.shepherd)),
             salt: Some(hex::encode(self.manifest.salt)),
             candidates: self.manifest.candidates.iter().map(hex::encode).collect(),

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pcp_protocol::diloco::shepherd::RoundSummary;
 use pcp_protocol::{BlobHash, PublicKey};
@@ -69,6 +69,8 @@ pub(super) struct RoundBook {
     /// The validation loss after the last round, and after the first.
     pub(super) last_val: f64,
     pub(super) first_val: f64,
+    /// The last close's phases as they went, logged when the next round opens.
+    pub(super) close: Vec<(&'static str, Duration)>,
 }
 
 impl RoundBook {
@@ -86,12 +88,19 @@ impl RoundBook {
             served_at_open: 0,
             last_val: f64::NAN,
             first_val: f64::NAN,
+            close: Vec::new(),
         }
     }
 }
 
 impl Host {
     pub(super) async fn round_completed(&mut self, summary: RoundSummary<PublicKey>) -> anyhow::Result<()> {
+        let mut lap = Instant::now();
+        let mut phase = |book: &mut RoundBook, name| {
+            let now = Instant::now();
+            book.close.push((name, now - lap));
+            lap = now;
+        };
         let params_hash = wire::params_hash(self.machine.params());
         self.book.next_params = Some((self.machine.completed(), params_hash));
         // a sparse run publishes the update: workers holding this round's parameters fetch it instead
@@ -119,17 +128,21 @@ impl Host {
             .collect();
         let utilization = Traffic::network(summary.contributors.iter().filter_map(|p| self.book.traffic.get(p)));
         self.lead.quorum.round_completed(&summary.contributors, wire::mono_ms());
+        phase(&mut self.book, "hash and update");
         // validation and the checkpoint hold this loop: the keeper sends the leases meanwhile
         let val = self.validate().await?;
-        // the state every round (candidates fetch it, and --resume starts from it), a
-        // checkpoint every --checkpoint-rounds
+        phase(&mut self.book, "validation");
+        // the state every round where candidates fetch it (--resume starts from it
+        // too), a checkpoint every --checkpoint-rounds
         self.publish_state(&summary.contributors, &summary.excluded, params_hash)?;
+        phase(&mut self.book, "state");
         let first = !self.plan.state_dir.join("latest").exists();
         let last = summary.round >= self.plan.rounds;
         let path = match self.plan.retention.checkpoints(summary.round, last, first) {
-            true => Some(self.checkpoint(&summary.contributors, &summary.excluded)?),
+            true => Some(self.checkpoint(&summary.contributors, &summary.excluded, params_hash)?),
             false => None,
         };
+        phase(&mut self.book, "checkpoint");
         self.book.last_val = val;
         if self.book.first_val.is_nan() {
             self.book.first_val = self.book.last_val;

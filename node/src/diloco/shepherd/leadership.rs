@@ -167,7 +167,9 @@ impl Leadership {
 
 impl Host {
     /// Publishes the state after the last completed round as a blob, named by the
-    /// next announcement, so candidates can take over from it.
+    /// next announcement, so candidates can take over from it. A run without standby
+    /// candidates has nobody to fetch it: it writes none (a resume starts from the
+    /// last checkpoint), and its consensus of one holds the state by its parameters.
     pub(super) fn publish_state(
         &mut self,
         contributors: &[PublicKey],
@@ -175,10 +177,17 @@ impl Host {
         params_hash: BlobHash,
     ) -> anyhow::Result<()> {
         let term = self.lead.consensus.state_term(self.machine.completed());
-        let state = wire::StateParts::of(&self.machine, term);
-        let (hash, size) = wire::put_state(&self.store, &state, contributors, excluded)?;
-        super::resume::record(&self.plan.state_dir, self.machine.completed(), hash, term)?;
-        self.lead.state = Some(ParameterRef { name: "state".into(), shard: 0, blob: hash.0, size });
+        let hash = match self.candidates_fetch_state() {
+            true => {
+                let state = wire::StateParts::of(&self.machine, term);
+                let (hash, size) = wire::put_state(&self.store, &state, contributors, excluded)?;
+                super::resume::record(&self.plan.state_dir, self.machine.completed(), hash, term)?;
+                self.lead.state = Some(ParameterRef { name: "state".into(), shard: 0, blob: hash.0, size });
+                hash
+            }
+            // (a zero blob is remembered by no one)
+            false => BlobHash([0; 32]),
+        };
         let replica = Replica { term, round: self.machine.completed(), params: params_hash.0 };
         self.lead.state_replica = Some(replica);
         if self.lead.consensus.core().is_leader() {
@@ -187,6 +196,12 @@ impl Host {
             self.lead.pending_consensus.extend(actions);
         }
         Ok(())
+    }
+
+    /// Whether the run names standby candidates besides this shepherd: they fetch
+    /// each round's state blob.
+    pub(super) fn candidates_fetch_state(&self) -> bool {
+        self.lead.consensus.core().succession().order().len() > 1
     }
 
     /// This leader's state after its last completed round.
