@@ -5,6 +5,7 @@
 //! * [`outer`]: the outer optimizer.
 //! * [`aggregate`]: validating, bounding and averaging contributions.
 //! * [`aggregation`]: parameter-shard aggregators: who sums which shard, the sum in the shepherd's order, and the replicas' votes.
+//! * [`aggregator`]: an aggregator's state machine: its shards' slices, forwards, reports, sums and updates.
 //! * [`checkpoint`]: when a shepherd checkpoints.
 //! * [`compress`]: pseudo-gradient encodings for the wire (fp32, bf16, int8, sparse).
 //! * [`rating`]: how far the shepherd trusts each participant, from its screen.
@@ -17,6 +18,7 @@
 
 pub mod aggregate;
 pub mod aggregation;
+pub mod aggregator;
 mod bf16;
 pub mod checkpoint;
 pub mod committee;

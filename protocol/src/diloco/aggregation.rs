@@ -40,9 +40,15 @@
 //!   slices (so does a spot check with no auditor to draw); every voter whose
 //!   hash differs from its own, or that never answered, is a liar
 //!   ([`Votes::liars`]) and loses the role.
+//! * **The shepherd's record of a round** ([`Collect`]): commitments, the
+//!   replicas' reports (a contribution is ready once they all agree, disputed
+//!   when they do not), the accepted list and the votes.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+
+pub mod collect;
+pub use collect::{Collect, CollectError, Reported};
 
 use super::Tensors;
 use super::aggregate::{Bounds, Delta, Rejection, RunningMean};
