@@ -468,6 +468,7 @@ async fn contributions_are_read_only_from_participants_of_the_open_round() -> an
         train_ms: 0,
         wall_ms: 0,
         sent_unix_ms: 0,
+        slice_hashes: Vec::new(),
     };
     let mut nonce = 0;
     let mut send = |len: usize| {
@@ -531,6 +532,7 @@ async fn a_replayed_head_takes_none_of_its_signers_permits() -> anyhow::Result<(
         train_ms: 0,
         wall_ms: 0,
         sent_unix_ms: 0,
+        slice_hashes: Vec::new(),
     };
     let sealed = |nonce| seal(&worker_key, Binding { run, round: 1, nonce, unix_ms: now_ms() }, &contribution);
     let send = |from: &pcp_bootstrap::Node, envelope| {

@@ -118,6 +118,7 @@ fn frames(attacker: &Identity) -> Vec<Vec<u8>> {
         train_ms: 0,
         wall_ms: 0,
         sent_unix_ms: 0,
+        slice_hashes: Vec::new(),
     };
     let heartbeat = Heartbeat::new(run.0, 1, 1);
     let mut contribution_head = head_of(&seal(attacker, binding(1), &contribution));

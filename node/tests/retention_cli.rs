@@ -37,10 +37,10 @@ fn thirty_rounds_leave_every_store_as_large_as_five() {
 
     let released: Vec<&Value> = events.iter().filter(|e| e["event"] == "blobs_released").collect();
     let blobs: u64 = released.iter().map(|e| e["count"].as_u64().expect("count")).sum();
-    // every round past the kept two gives up its state, and its parameters unless a
-    // kept round still uses them (a round whose every contribution the screen refused
-    // keeps the parameters it began with); round 1's are the run's initial ones, which
-    // stay
+    // every round past the kept two gives up its parameters unless a kept round
+    // still uses them (a round whose every contribution the screen refused keeps the
+    // parameters it began with); round 1's are the run's initial ones, which stay.
+    // (The sim's shepherd has no standby candidates: it writes no state blobs.)
     let params = |round: u64| {
         events
             .iter()
@@ -51,7 +51,8 @@ fn thirty_rounds_leave_every_store_as_large_as_five() {
     let kept: std::collections::BTreeSet<&str> = (29..=30).map(params).collect();
     let dropped: std::collections::BTreeSet<&str> =
         (2..=28).map(params).filter(|p| !kept.contains(p) && *p != params(1)).collect();
-    let expected = dropped.len() as u64 + 28;
+    let expected = dropped.len() as u64;
+    assert!(expected > 0, "the run's parameters changed");
     assert!(blobs >= expected, "{blobs} blobs released, {expected} expected: {released:?}");
     // one round's blobs: the most a round released
     let round_bytes = released.iter().map(|e| e["bytes"].as_u64().expect("bytes")).max().expect("a release");

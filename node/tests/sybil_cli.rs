@@ -247,6 +247,7 @@ async fn sybil(
         train_ms: 0,
         wall_ms: 0,
         sent_unix_ms: 0,
+        slice_hashes: Vec::new(),
     };
     for nonce in 0..STREAMS as u64 {
         let envelope = seal(&identity, Binding { run, round, nonce: 2 + nonce, unix_ms: now() }, &contribution);

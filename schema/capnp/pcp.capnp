@@ -126,6 +126,15 @@ struct RoundAnnouncement {
   participantsBlob @16 :ParameterRef; # past the shepherd's inline threshold: the participants, a blob
                                       # of sorted 32-byte keys (and `participants` empty)
   hasParticipantsBlob @17 :Bool;
+  aggregators @18 :List(ShardAggregators); # parameter-shard aggregators, one entry a shard
+                                           # (empty: the shepherd sums alone)
+}
+
+# Who sums one parameter shard of a round: its replicas in order (workers upload
+# the shard's slice to the first, which forwards it), and any auditor.
+struct ShardAggregators {
+  replicas @0 :List(Data);  # ed25519 public keys
+  auditor @1 :Data;         # an ed25519 public key; empty: none
 }
 
 struct Contribution {
@@ -142,6 +151,78 @@ struct Contribution {
   trainMs @10 :UInt64;      # the worker's milliseconds in inner steps since its last contribution
   wallMs @11 :UInt64;       # and the wall milliseconds they took place in (its utilization's parts)
   sentUnixMs @12 :UInt64;   # when the worker sent it, its clock (0: not said; overlap's deadline)
+  sliceHashes @13 :List(Data); # an aggregated round: each shard's slice hash (and `delta` empty)
+}
+
+# --- parameter-shard aggregators --------------------------------------------
+
+# A worker's slice of one shard of its contribution, to the shard's first
+# replica (signed by the worker), or forwarded by it to the others (signed by
+# the replica; the slice's hash is checked against the worker's commitment).
+struct Slice {
+  run @0 :Data;
+  round @1 :UInt64;
+  shard @2 :UInt32;
+  worker @3 :Data;          # the contributing worker's key
+  bytes @4 :Data;           # the slice, encoded as the run's contributions are
+}
+
+# What an aggregator found in slices it holds, to the shepherd, in batches.
+struct SliceReports {
+  run @0 :Data;
+  round @1 :UInt64;
+  reports @2 :List(SliceReportEntry);
+}
+
+struct SliceReportEntry {
+  shard @0 :UInt32;
+  worker @1 :Data;
+  hash @2 :Data;            # the slice's hash (pcp/aggregators/slice/v1)
+  norms @3 :List(Float64);  # each tensor's raw L2 norm
+  maxes @4 :List(Float32);  # each tensor's largest magnitude
+  boundedNorm @5 :Float64;  # the slice's L2 norm once bounded
+}
+
+# The shepherd's accepted contributions of a round, in its order, as one
+# aggregator needs them (the hashes of that aggregator's shards only), and,
+# once the round closes, its count.
+struct Accepts {
+  run @0 :Data;
+  round @1 :UInt64;
+  entries @2 :List(AcceptEntry);
+  closed @3 :Bool;
+  count @4 :UInt64;         # with `closed`: contributions the round accepted
+}
+
+struct AcceptEntry {
+  worker @0 :Data;
+  seq @1 :UInt64;
+  weight @2 :Float64;
+  norm @3 :Float64;
+  bound @4 :Float64;
+  hashes @5 :List(ShardHash);
+}
+
+struct ShardHash {
+  shard @0 :UInt32;
+  hash @1 :Data;
+}
+
+# An aggregator's signed hash of a shard's update, and the blob holding it.
+struct ShardVote {
+  run @0 :Data;
+  round @1 :UInt64;
+  shard @2 :UInt32;
+  hash @3 :Data;            # pcp/aggregators/update/v1 of the mean and its divisor
+  update @4 :ParameterRef;  # the update's blob (with `failure` none)
+  failure @5 :ShardFailure; # why the shard could not be summed (none: it was)
+}
+
+enum ShardFailure {
+  none @0;
+  missing @1;               # an accepted slice never reached the aggregator
+  duplicate @2;             # a place in the order was given twice
+  pastClose @3;             # places past the round's count were given
 }
 
 # The shepherd's answer to a contribution, or its refusal of any request.
@@ -235,6 +316,10 @@ enum MessageKind {
   contribution @3;
   heartbeat @4;
   ack @5;
+  slice @6;
+  sliceReports @7;
+  accepts @8;
+  shardVote @9;
 }
 
 struct SignedEnvelope {

@@ -19,12 +19,30 @@ pub enum MessageKind {
     Heartbeat,
     /// [`crate::Ack`].
     Ack,
+    /// [`crate::Slice`].
+    Slice,
+    /// [`crate::SliceReports`].
+    SliceReports,
+    /// [`crate::Accepts`].
+    Accepts,
+    /// [`crate::ShardVote`].
+    ShardVote,
 }
 
 impl MessageKind {
     /// Every kind.
-    pub const ALL: [Self; 6] =
-        [Self::NodeHello, Self::RunManifest, Self::RoundAnnouncement, Self::Contribution, Self::Heartbeat, Self::Ack];
+    pub const ALL: [Self; 10] = [
+        Self::NodeHello,
+        Self::RunManifest,
+        Self::RoundAnnouncement,
+        Self::Contribution,
+        Self::Heartbeat,
+        Self::Ack,
+        Self::Slice,
+        Self::SliceReports,
+        Self::Accepts,
+        Self::ShardVote,
+    ];
 
     /// A stable tag for signing.
     pub fn tag(self) -> &'static str {
@@ -35,13 +53,17 @@ impl MessageKind {
             Self::Contribution => "contribution",
             Self::Heartbeat => "heartbeat",
             Self::Ack => "ack",
+            Self::Slice => "slice",
+            Self::SliceReports => "slice-reports",
+            Self::Accepts => "accepts",
+            Self::ShardVote => "shard-vote",
         }
     }
 
     /// The largest payload an envelope of this kind may carry.
     pub fn max_payload(self) -> usize {
         match self {
-            Self::Contribution => MAX_CONTRIBUTION,
+            Self::Contribution | Self::Slice => MAX_CONTRIBUTION,
             _ => MAX_CONTROL_MESSAGE,
         }
     }
@@ -55,6 +77,10 @@ impl MessageKind {
             Self::Contribution => K::Contribution,
             Self::Heartbeat => K::Heartbeat,
             Self::Ack => K::Ack,
+            Self::Slice => K::Slice,
+            Self::SliceReports => K::SliceReports,
+            Self::Accepts => K::Accepts,
+            Self::ShardVote => K::ShardVote,
         }
     }
 
@@ -67,6 +93,10 @@ impl MessageKind {
             K::Contribution => Self::Contribution,
             K::Heartbeat => Self::Heartbeat,
             K::Ack => Self::Ack,
+            K::Slice => Self::Slice,
+            K::SliceReports => Self::SliceReports,
+            K::Accepts => Self::Accepts,
+            K::ShardVote => Self::ShardVote,
         }
     }
 }

@@ -7,6 +7,7 @@
 //! the input (so a claimed size never drives an allocation), and caps the words visited
 //! at the input size with a traversal limit.
 
+mod aggregation;
 mod blob;
 mod codec;
 mod envelope;
@@ -15,6 +16,9 @@ mod round;
 mod run;
 pub mod wire;
 
+pub use aggregation::{
+    AcceptEntry, Accepts, ShardAggregators, ShardFailure, ShardVote, Slice, SliceReportEntry, SliceReports,
+};
 pub use blob::{BlobRequest, BlobResponse, BlobWant, chunk_count};
 pub use codec::{
     CHUNK_SIZE, DecodeError, MAX_BLOB_REQUEST, MAX_BLOB_RESPONSE, MAX_BLOB_SIZE, MAX_CONTRIBUTION, MAX_CONTROL_MESSAGE,

@@ -1,5 +1,6 @@
 //! Round announcements, pseudo-gradient contributions and heartbeats.
 
+use crate::aggregation::ShardAggregators;
 use crate::codec::{
     self, DecodeError, MAX_CONTRIBUTION, MAX_CONTROL_MESSAGE, Message, fixed, list_len, malformed, optional_hash,
 };
@@ -44,6 +45,9 @@ pub struct RoundAnnouncement {
     /// The previous round's screen seed (zeros: none), which anyone can check
     /// against that round's commit.
     pub screen_reveal: [u8; 32],
+    /// Parameter-shard aggregators, one entry a shard of `parameters` (empty: the
+    /// shepherd sums alone).
+    pub aggregators: Vec<ShardAggregators>,
 }
 
 /// A sparse update blob and the parameters it applies to.
@@ -85,6 +89,9 @@ pub struct Contribution {
     pub wall_ms: u64,
     /// When the worker sent it, Unix milliseconds by its clock (0: not said).
     pub sent_unix_ms: u64,
+    /// An aggregated round: each shard's slice hash (`delta` is then empty and the
+    /// slices go to the shards' aggregators).
+    pub slice_hashes: Vec<[u8; 32]>,
 }
 
 /// The shepherd's answer to a contribution, or its refusal of a request.
@@ -294,6 +301,10 @@ impl Message for RoundAnnouncement {
             blob.write(root.reborrow().init_participants_blob());
             root.set_has_participants_blob(true);
         }
+        if !self.aggregators.is_empty() {
+            let list = root.reborrow().init_aggregators(list_len(self.aggregators.len()));
+            ShardAggregators::write_list(&self.aggregators, list);
+        }
         codec::words(&message)
     }
 
@@ -333,6 +344,7 @@ impl Message for RoundAnnouncement {
                 steps_end_unix_ms: r.get_steps_end_unix_ms(),
                 screen_commit: optional_hash(W, "screenCommit", r.get_screen_commit().map_err(|e| malformed(W, e))?)?,
                 screen_reveal: optional_hash(W, "screenReveal", r.get_screen_reveal().map_err(|e| malformed(W, e))?)?,
+                aggregators: ShardAggregators::read_list(W, r.get_aggregators())?,
             })
         })
     }
@@ -358,6 +370,12 @@ impl Message for Contribution {
         root.set_train_ms(self.train_ms);
         root.set_wall_ms(self.wall_ms);
         root.set_sent_unix_ms(self.sent_unix_ms);
+        if !self.slice_hashes.is_empty() {
+            let mut hashes = root.reborrow().init_slice_hashes(list_len(self.slice_hashes.len()));
+            for (i, h) in (0..).zip(&self.slice_hashes) {
+                hashes.set(i, &h[..]);
+            }
+        }
         codec::words(&message)
     }
 
@@ -379,6 +397,14 @@ impl Message for Contribution {
                 train_ms: r.get_train_ms(),
                 wall_ms: r.get_wall_ms(),
                 sent_unix_ms: r.get_sent_unix_ms(),
+                slice_hashes: {
+                    let list = r.get_slice_hashes().map_err(|e| malformed(W, e))?;
+                    let mut hashes = Vec::with_capacity(list.len() as usize);
+                    for h in list.iter() {
+                        hashes.push(fixed(W, "sliceHashes", h.map_err(|e| malformed(W, e))?)?);
+                    }
+                    hashes
+                },
             })
         })
     }

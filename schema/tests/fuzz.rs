@@ -4,8 +4,9 @@
 //! time budget in docs/threat-model.md).
 
 use pcp_schema::{
-    Ack, BlobRequest, BlobResponse, BlobWant, Contribution, EnvelopeHeader, FrameHead, Heartbeat, Message, MessageKind,
-    NodeHello, RoundAnnouncement, RunManifest, SignedEnvelope,
+    AcceptEntry, Accepts, Ack, BlobRequest, BlobResponse, BlobWant, Contribution, EnvelopeHeader, FrameHead, Heartbeat,
+    Message, MessageKind, NodeHello, RoundAnnouncement, RunManifest, ShardFailure, ShardVote, SignedEnvelope, Slice,
+    SliceReportEntry, SliceReports,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -31,6 +32,10 @@ fn every_decoder(bytes: &[u8]) -> Result<(), TestCaseError> {
     survives::<BlobResponse>(bytes)?;
     survives::<SignedEnvelope>(bytes)?;
     survives::<FrameHead>(bytes)?;
+    survives::<Slice>(bytes)?;
+    survives::<SliceReports>(bytes)?;
+    survives::<Accepts>(bytes)?;
+    survives::<ShardVote>(bytes)?;
     let _ = BlobResponse::chunk_range(bytes);
     Ok(())
 }
@@ -65,6 +70,35 @@ fn seeds() -> Vec<Vec<u8>> {
         BlobResponse::Chunk(vec![7; 300]).encode(),
         envelope.encode(),
         head_of(&envelope).encode(),
+        Slice { run: [1; 32], round: 2, shard: 3, worker: [4; 32], bytes: vec![5; 64] }.encode(),
+        SliceReports {
+            run: [1; 32],
+            round: 2,
+            reports: vec![SliceReportEntry {
+                shard: 3,
+                worker: [4; 32],
+                hash: [5; 32],
+                norms: vec![1.0, 2.0],
+                maxes: vec![0.5, 0.25],
+                bounded_norm: 2.2,
+            }],
+        }
+        .encode(),
+        Accepts {
+            run: [1; 32],
+            round: 2,
+            entries: vec![AcceptEntry {
+                worker: [4; 32],
+                seq: 0,
+                weight: 1.0,
+                norm: 2.0,
+                bound: 3.0,
+                hashes: vec![(3, [5; 32])],
+            }],
+            closed: Some(1),
+        }
+        .encode(),
+        ShardVote { run: [1; 32], round: 2, shard: 3, outcome: Err(ShardFailure::Missing) }.encode(),
     ]
 }
 

@@ -1,6 +1,9 @@
 //! Every wire message round-trips; hostile input fails cleanly and within its bounds.
 
 use pcp_schema::{
+    AcceptEntry, Accepts, ShardAggregators, ShardFailure, ShardVote, Slice, SliceReportEntry, SliceReports,
+};
+use pcp_schema::{
     Ack, AckCode, Admission, ArtifactRef, Backend, BlobRequest, BlobResponse, BlobWant, CHUNK_SIZE, Capabilities,
     Consensus, ConsensusKind, Contribution, DataSpec, DecodeError, Heartbeat, Held, MAX_CONTROL_MESSAGE, Message,
     MessageKind, NodeHello, ParameterRef, RoundAnnouncement, RunManifest, Schedule, SignedEnvelope, TensorSpec, Update,
@@ -8,6 +11,40 @@ use pcp_schema::{
 use pcp_schema::{EnvelopeHeader, FrameHead, MAX_CONTRIBUTION, MAX_FRAME_HEAD};
 use proptest::collection::vec;
 use proptest::prelude::*;
+
+fn shard_aggregators() -> impl Strategy<Value = ShardAggregators> {
+    (vec(any::<[u8; 32]>(), 0..4), proptest::option::of(any::<[u8; 32]>()))
+        .prop_map(|(replicas, auditor)| ShardAggregators { replicas, auditor })
+}
+
+fn slice_report() -> impl Strategy<Value = SliceReportEntry> {
+    (any::<u32>(), any::<[u8; 32]>(), any::<[u8; 32]>(), vec((any::<f64>(), any::<f32>()), 0..5), any::<f64>())
+        .prop_map(|(shard, worker, hash, stats, bounded_norm)| SliceReportEntry {
+            shard,
+            worker,
+            hash,
+            norms: stats.iter().map(|s| s.0).collect(),
+            maxes: stats.iter().map(|s| s.1).collect(),
+            bounded_norm,
+        })
+}
+
+fn accept_entry() -> impl Strategy<Value = AcceptEntry> {
+    (
+        any::<[u8; 32]>(),
+        any::<u64>(),
+        (any::<f64>(), any::<f64>(), any::<f64>()),
+        vec((any::<u32>(), any::<[u8; 32]>()), 0..4),
+    )
+        .prop_map(|(worker, seq, (weight, norm, bound), hashes)| AcceptEntry {
+            worker,
+            seq,
+            weight,
+            norm,
+            bound,
+            hashes,
+        })
+}
 
 fn text() -> impl Strategy<Value = String> {
     "\\PC{0,24}"
@@ -173,11 +210,12 @@ proptest! {
         (budget_ms, steps_end_unix_ms) in (any::<u64>(), any::<u64>()),
         (screen_commit, screen_reveal) in (any::<[u8; 32]>(), any::<[u8; 32]>()),
         participants_blob in proptest::option::of(parameter()),
+        aggregators in vec(shard_aggregators(), 0..4),
     ) {
         let update = update.map(|(blob, base)| Update { blob, base });
         roundtrip(&RoundAnnouncement {
             run, round, parameters, deadline_unix_ms: d, participants, participants_blob, finished, term, state, update,
-            budget_ms, steps_end_unix_ms, screen_commit, screen_reveal,
+            budget_ms, steps_end_unix_ms, screen_commit, screen_reveal, aggregators,
         })?;
     }
 
@@ -187,11 +225,45 @@ proptest! {
         pseudo_gradient in parameter(), loss in any::<f32>(), delta in vec(any::<u8>(), 0..2048),
         bytes_down in any::<u64>(), term in any::<u64>(), params_hash in any::<[u8; 32]>(),
         (train_ms, wall_ms, sent_unix_ms) in (any::<u64>(), any::<u64>(), any::<u64>()),
+        slice_hashes in vec(any::<[u8; 32]>(), 0..6),
     ) {
         roundtrip(&Contribution {
             run, round, inner_steps, samples, pseudo_gradient, loss, delta, bytes_down, term, params_hash, train_ms,
-            wall_ms, sent_unix_ms,
+            wall_ms, sent_unix_ms, slice_hashes,
         })?;
+    }
+
+    #[test]
+    fn slice(
+        run in any::<[u8; 32]>(), round in any::<u64>(), shard in any::<u32>(), worker in any::<[u8; 32]>(),
+        bytes in vec(any::<u8>(), 0..2048),
+    ) {
+        roundtrip(&Slice { run, round, shard, worker, bytes })?;
+    }
+
+    #[test]
+    fn slice_reports(run in any::<[u8; 32]>(), round in any::<u64>(), reports in vec(slice_report(), 0..6)) {
+        roundtrip(&SliceReports { run, round, reports })?;
+    }
+
+    #[test]
+    fn accepts(
+        run in any::<[u8; 32]>(), round in any::<u64>(), entries in vec(accept_entry(), 0..6),
+        closed in proptest::option::of(any::<u64>()),
+    ) {
+        roundtrip(&Accepts { run, round, entries, closed })?;
+    }
+
+    #[test]
+    fn shard_vote(
+        run in any::<[u8; 32]>(), round in any::<u64>(), shard in any::<u32>(),
+        outcome in prop_oneof![
+            (any::<[u8; 32]>(), parameter()).prop_map(Ok),
+            proptest::sample::select(vec![ShardFailure::Missing, ShardFailure::Duplicate, ShardFailure::PastClose])
+                .prop_map(Err),
+        ],
+    ) {
+        roundtrip(&ShardVote { run, round, shard, outcome })?;
     }
 
     #[test]
@@ -357,18 +429,37 @@ fn wrong_length_key_is_refused() {
 }
 
 #[test]
-fn only_contributions_may_carry_large_payloads() {
+fn only_contributions_and_slices_may_carry_large_payloads() {
     let envelope = |kind| SignedEnvelope {
         header: EnvelopeHeader { kind, signer: [1; 32], run: [2; 32], round: 3, nonce: 4, unix_ms: 5 },
         payload: vec![7; MAX_CONTROL_MESSAGE + 1],
         signature: [6; 64],
     };
-    let big = envelope(MessageKind::Contribution);
-    assert_eq!(SignedEnvelope::decode(&big.encode()).ok(), Some(big));
-    for kind in MessageKind::ALL.into_iter().filter(|k| *k != MessageKind::Contribution) {
+    for kind in [MessageKind::Contribution, MessageKind::Slice] {
+        let big = envelope(kind);
+        assert_eq!(SignedEnvelope::decode(&big.encode()).ok(), Some(big));
+    }
+    for kind in MessageKind::ALL.into_iter().filter(|k| !matches!(k, MessageKind::Contribution | MessageKind::Slice)) {
         let err = SignedEnvelope::decode(&envelope(kind).encode()).err();
         assert!(matches!(err, Some(DecodeError::TooLarge { .. })), "{kind:?}: {err:?}");
     }
+}
+
+#[test]
+fn a_slice_report_with_unpaired_statistics_is_refused() {
+    let entry = SliceReportEntry {
+        shard: 1,
+        worker: [2; 32],
+        hash: [3; 32],
+        norms: vec![1.0, 2.0],
+        maxes: vec![1.0, 2.0],
+        bounded_norm: 1.5,
+    };
+    let good = SliceReports { run: [4; 32], round: 5, reports: vec![entry.clone()] };
+    assert_eq!(SliceReports::decode(&good.encode()).ok(), Some(good));
+    let bad = SliceReports { run: [4; 32], round: 5, reports: vec![SliceReportEntry { maxes: vec![1.0], ..entry }] };
+    let err = SliceReports::decode(&bad.encode()).err();
+    assert!(matches!(err, Some(DecodeError::Invalid { field: "reports", .. })), "{err:?}");
 }
 
 #[test]

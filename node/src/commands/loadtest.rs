@@ -664,6 +664,7 @@ fn contribution(
         train_ms,
         wall_ms: train_ms,
         sent_unix_ms: wire::unix_ms(),
+        slice_hashes: Vec::new(),
     }
 }
 

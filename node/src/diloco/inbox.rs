@@ -209,6 +209,7 @@ mod tests {
             train_ms: 0,
             wall_ms: 0,
             sent_unix_ms: 0,
+            slice_hashes: Vec::new(),
         };
         request(n, &c)
     }

@@ -120,6 +120,7 @@ mod tests {
             steps_end_unix_ms: 0,
             screen_commit: [0; 32],
             screen_reveal: [0; 32],
+            aggregators: Vec::new(),
         }
     }
 

@@ -568,6 +568,7 @@ impl Host {
             steps_end_unix_ms: 0,
             screen_commit: [0; 32],
             screen_reveal: [0; 32],
+            aggregators: Vec::new(),
         };
         self.signer.seal(self.run, self.machine.completed(), &announcement)
     }
@@ -714,6 +715,7 @@ impl Host {
             steps_end_unix_ms: self.machine.steps_end_ms().unwrap_or(0),
             screen_commit,
             screen_reveal,
+            aggregators: Vec::new(),
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.book.served_at_open = self.node.stats().await.map(|s| served(&s)).unwrap_or(0);
@@ -734,7 +736,7 @@ impl Host {
     }
 
     /// Stores the current parameters: with one shard the whole blob, with more each
-    /// shard's alone (see [`wire::shard_refs`]), written once. Returns the
+    /// shard's alone (see [`wire::put_shards`]), written once. Returns the
     /// announcement's `parameters`: the whole blob first (with more than one shard,
     /// its hash and size only: what the shards must make up), then the shards.
     fn publish_params(&mut self) -> anyhow::Result<Vec<ParameterRef>> {
@@ -745,10 +747,7 @@ impl Host {
             false => wire::put_params(&self.store, params)?,
         };
         let mut refs = vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size }];
-        for (r, bytes) in wire::shard_refs(params, &self.layout.shards) {
-            self.store.put_bytes(&bytes)?;
-            refs.push(r);
-        }
+        refs.extend(wire::put_shards(&self.store, params, &self.layout.shards, self.plan.aggregate_threads)?);
         Ok(refs)
     }
 
@@ -837,6 +836,7 @@ impl Host {
             steps_end_unix_ms: 0,
             screen_commit: [0; 32],
             screen_reveal: [0; 32],
+            aggregators: Vec::new(),
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.lead.opened = None;

@@ -4,6 +4,7 @@
 use std::ops::Range;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use anyhow::Context as _;
 use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::fragments;
@@ -133,21 +134,45 @@ pub(crate) fn params_blob(params: &[Vec<f32>]) -> Vec<u8> {
     out
 }
 
-/// A round's shard blobs, each shard's tensors as an fp32 parameters blob, with the
-/// reference the announcement lists (`shard` 1, 2, …; the name says its tensors),
-/// made one at a time as the iterator goes (a shard's bytes, not the model's);
-/// none when one shard holds every tensor (the whole blob is then the shard).
-pub(crate) fn shard_refs<'a>(
-    params: &'a [Vec<f32>],
-    shards: &'a [Range<usize>],
-) -> impl Iterator<Item = (ParameterRef, Vec<u8>)> + 'a {
+/// Stores a round's shard blobs, each shard's tensors as an fp32 parameters blob,
+/// on `threads` threads (shard k on thread k mod `threads`, a shard's bytes at a
+/// time on each), each hashed once, as it is written; returns the references the
+/// announcement lists (`shard` 1, 2, …; the name says its tensors), in order. None
+/// when one shard holds every tensor (the whole blob is then the shard).
+pub(crate) fn put_shards(
+    store: &pcp_bootstrap::BlobStore,
+    params: &[Vec<f32>],
+    shards: &[Range<usize>],
+    threads: usize,
+) -> anyhow::Result<Vec<ParameterRef>> {
     let shards = if shards.len() <= 1 { &[][..] } else { shards };
-    (1..).zip(shards).map(move |(i, r)| {
+    let put = |k: usize| -> anyhow::Result<ParameterRef> {
+        let r = &shards[k];
         let bytes = params_blob(&params[r.clone()]);
-        let blob = *blake3::hash(&bytes).as_bytes();
+        let hash = store.put_bytes(&bytes).with_context(|| format!("storing parameter shard {}", k + 1))?;
         let name = format!("shard:{}-{}", r.start, r.end);
-        (ParameterRef { name, shard: i, blob, size: bytes.len() as u64 }, bytes)
-    })
+        Ok(ParameterRef { name, shard: k as u32 + 1, blob: hash.0, size: bytes.len() as u64 })
+    };
+    let threads = threads.clamp(1, shards.len().max(1));
+    if threads == 1 {
+        return (0..shards.len()).map(put).collect();
+    }
+    let mut refs: Vec<Option<ParameterRef>> = vec![None; shards.len()];
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let put = &put;
+        let handles: Vec<_> = (0..threads)
+            .map(|t| scope.spawn(move || (t..shards.len()).step_by(threads).map(|k| Ok((k, put(k)?))).collect()))
+            .collect();
+        for h in handles {
+            let done: anyhow::Result<Vec<(usize, ParameterRef)>> =
+                h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+            for (k, r) in done? {
+                refs[k] = Some(r);
+            }
+        }
+        Ok(())
+    })?;
+    Ok(refs.into_iter().flatten().collect())
 }
 
 /// The shard ranges of a run: its fragments' tensors, cut at the shard size
@@ -379,6 +404,31 @@ mod tests {
         assert!(read_params(&blob, &[2, 2]).is_err());
         assert!(read_params(&blob[..blob.len() - 1], &[2, 1]).is_err());
         assert_eq!(params_hash(&params), BlobHash(*blake3::hash(&blob).as_bytes()));
+    }
+
+    #[test]
+    fn shards_are_stored_once_in_order_whatever_the_threads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = pcp_bootstrap::BlobStore::open(dir.path()).expect("store");
+        let params: Tensors = (0..7).map(|t| (0..(t * 13 + 1)).map(|i| (i * t) as f32 * 0.5).collect()).collect();
+        let shards = [0..2, 2..3, 3..6, 6..7];
+        let one = put_shards(&store, &params, &shards, 1).expect("stored");
+        assert_eq!(one.len(), 4);
+        for (k, (r, range)) in one.iter().zip(&shards).enumerate() {
+            assert_eq!(
+                (r.shard, r.name.as_str()),
+                (k as u32 + 1, format!("shard:{}-{}", range.start, range.end).as_str())
+            );
+            let bytes = std::fs::read(store.path(&BlobHash(r.blob))).expect("the shard's blob");
+            assert_eq!(BlobHash(r.blob), BlobHash(*blake3::hash(&bytes).as_bytes()));
+            let sizes: Vec<usize> = params[range.clone()].iter().map(Vec::len).collect();
+            assert_eq!(read_params(&bytes, &sizes).ok().as_deref(), Some(&params[range.clone()]));
+        }
+        for threads in [2, 3, 8] {
+            assert_eq!(put_shards(&store, &params, &shards, threads).expect("stored"), one, "{threads} threads");
+        }
+        // one shard: the whole blob is the shard, and none is stored apart
+        assert!(put_shards(&store, &params, std::slice::from_ref(&(0..7)), 2).expect("nothing").is_empty());
     }
 
     #[test]

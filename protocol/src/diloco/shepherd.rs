@@ -85,15 +85,17 @@ use super::aggregate::{Accepted, Bounds, Delta, Rejection, RunningMean, norm_bou
 use super::outer::Nesterov;
 use super::rating::{Policy, Ratings};
 use super::sketch::Sketch;
-use super::sparse::{self, ErrorFeedback, Settings, SparseTensors};
+use super::sparse::{ErrorFeedback, Settings};
 use reference::{References, bounded_move, tensor_references, weighted_median};
 
 mod input;
 pub mod reference;
 mod snapshot;
+mod step;
 
 pub use input::{Input, Screen, Timing};
 pub use snapshot::{Learned, Snapshot};
+use step::Outer;
 
 /// Shepherd settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -410,53 +412,6 @@ struct OpenRound<P> {
     held_bytes: usize,
     /// Sketches of the contributions accepted (copies are refused).
     sketches: Vec<Sketch>,
-}
-
-/// The outer optimizer.
-#[derive(Clone, Debug, PartialEq)]
-enum Outer {
-    /// DiLoCo's Nesterov step on the mean.
-    Nesterov(Nesterov),
-    /// SparseLoCo: θ ← θ − Û, Û the sparse top-k of the error feedback plus lr × the mean.
-    Sparse {
-        /// The outer learning rate.
-        lr: f32,
-        /// The shepherd's error feedback (decay 1) in the update's layout.
-        feedback: ErrorFeedback,
-    },
-}
-
-impl Outer {
-    /// Nesterov's velocity, or the sparse error feedback: what a snapshot keeps.
-    fn state(&self) -> &Tensors {
-        match self {
-            Self::Nesterov(n) => &n.velocity,
-            Self::Sparse { feedback, .. } => &feedback.buffer,
-        }
-    }
-
-    fn state_mut(&mut self) -> &mut Tensors {
-        match self {
-            Self::Nesterov(n) => &mut n.velocity,
-            Self::Sparse { feedback, .. } => &mut feedback.buffer,
-        }
-    }
-
-    /// Applies `round`'s mean; returns the sparse update (seeded with the round), if
-    /// any, encoded and decoded.
-    fn step(&mut self, params: &mut Tensors, mean: &Tensors, round: u64) -> Option<(Vec<u8>, SparseTensors)> {
-        match self {
-            Self::Nesterov(n) => {
-                n.step(params, mean);
-                None
-            }
-            Self::Sparse { lr, feedback } => {
-                let (bytes, sent) = feedback.compress_seeded(mean, *lr, round);
-                sparse::subtract(params, &sent, 1.0);
-                Some((bytes, sent))
-            }
-        }
-    }
 }
 
 /// The shepherd.
@@ -1298,7 +1253,8 @@ impl<P: Ord + Clone> Shepherd<P> {
         if copies && self.refs.params_sketch.is_none() {
             self.refs.params_sketch = Some(Sketch::of_tensors(self.config.sketch_key, &self.params));
         }
-        let stepped = mean.and_then(|mean| self.outer.step(&mut self.params, &mean, round));
+        let threads = self.config.add_threads;
+        let stepped = mean.and_then(|mean| self.outer.step(&mut self.params, &mean, round, threads));
         let update = stepped.map(|(bytes, sent)| {
             if copies {
                 self.refs.update_sparse = Some(sent);

@@ -35,8 +35,11 @@ use super::Tensors;
 use super::bf16::{from_bf16, to_bf16};
 
 mod blocked;
+mod encode;
 
 pub use blocked::{BLOCK_ELEMENTS, add_batch};
+pub use encode::encode_seeded_on;
+use encode::groups;
 
 const MAGIC: &[u8; 4] = b"PCPS";
 const VERSION: u8 = 1;
@@ -397,73 +400,7 @@ pub fn reseed(bytes: &mut [u8], seed: u64) -> bool {
 /// Encodes what `layout` keeps of `tensors` in a message seeded `seed` (the
 /// round: it places a strided layout's entries and binds the message to it).
 pub fn encode_seeded(tensors: &Tensors, layout: Layout, seed: u64) -> (Vec<u8>, SparseTensors) {
-    let sizes: Vec<usize> = tensors.iter().map(Vec::len).collect();
-    let mut out = Vec::with_capacity(layout.seeded_len(&sizes, seed));
-    out.extend_from_slice(MAGIC);
-    out.push(VERSION);
-    out.extend_from_slice(&layout.chunk.to_le_bytes());
-    out.extend_from_slice(&layout.k.to_le_bytes());
-    out.push(layout.bits);
-    out.push(u8::from(layout.strided));
-    out.extend_from_slice(&seed.to_le_bytes());
-    out.extend_from_slice(&(tensors.len() as u32).to_le_bytes());
-    let mut decoded = Vec::with_capacity(tensors.len());
-    let mut order: Vec<u32> = Vec::new();
-    for (index, t) in tensors.iter().enumerate() {
-        out.extend_from_slice(&(t.len() as u32).to_le_bytes());
-        if layout.strided {
-            let indices: Vec<u32> =
-                (layout.first(seed, index)..t.len()).step_by(layout.stride()).map(|i| i as u32).collect();
-            let values: Vec<f32> = indices.iter().map(|i| t[*i as usize]).collect();
-            let (stored, table, codes) = quantize(&values, layout.bits);
-            stored.iter().for_each(|v| out.extend_from_slice(&to_bf16(*v).to_le_bytes()));
-            let mut bits = BitWriter::new(&mut out);
-            for c in &codes {
-                bits.put(u64::from(*c), usize::from(layout.bits));
-            }
-            bits.finish();
-            let values = codes.iter().map(|c| table[usize::from(*c)]).collect();
-            decoded.push(SparseTensor { indices, values });
-            continue;
-        }
-        // 1. the top-k offsets of every chunk, increasing
-        let mut indices: Vec<u32> = Vec::with_capacity(layout.kept_in(t.len()));
-        for (start, len) in layout.chunks(t.len()) {
-            let keep = layout.kept(len);
-            order.clear();
-            order.extend(0..len as u32);
-            let chunk = &t[start..start + len];
-            let by_magnitude = |a: &u32, b: &u32| chunk[*b as usize].abs().total_cmp(&chunk[*a as usize].abs());
-            if keep < len {
-                order.select_nth_unstable_by(keep - 1, by_magnitude);
-            }
-            let kept = &mut order[..keep];
-            kept.sort_unstable();
-            indices.extend(kept.iter().map(|o| start as u32 + o));
-        }
-        // 2. the kept values, quantized
-        let values: Vec<f32> = indices.iter().map(|i| t[*i as usize]).collect();
-        let (stored, table, codes) = quantize(&values, layout.bits);
-        stored.iter().for_each(|v| out.extend_from_slice(&to_bf16(*v).to_le_bytes()));
-        // 3. offsets then codes, chunk by chunk
-        let mut bits = BitWriter::new(&mut out);
-        let mut at = 0;
-        for (start, len) in layout.chunks(t.len()) {
-            let keep = layout.kept(len);
-            let width = offset_bits(len);
-            for i in &indices[at..at + keep] {
-                bits.put(u64::from(*i) - start as u64, width);
-            }
-            for c in &codes[at..at + keep] {
-                bits.put(u64::from(*c), usize::from(layout.bits));
-            }
-            at += keep;
-        }
-        bits.finish();
-        let values = codes.iter().map(|c| table[usize::from(*c)]).collect();
-        decoded.push(SparseTensor { indices, values });
-    }
-    (out, decoded)
+    encode_seeded_on(tensors, layout, seed, 1)
 }
 
 /// The statistical quantizer: what is stored (the bins' means, or at 8 bits the
@@ -884,18 +821,50 @@ impl ErrorFeedback {
     /// only its fragment's tensors) is left alone: its buffer neither decays nor
     /// drains, and the message carries it empty.
     pub fn compress_seeded(&mut self, delta: &Tensors, scale: f32, seed: u64) -> (Vec<u8>, SparseTensors) {
-        for (e, d) in self.buffer.iter_mut().zip(delta) {
-            for (e, d) in e.iter_mut().zip(d) {
-                *e = self.decay * *e + scale * d;
+        self.compress_seeded_on(delta, scale, seed, 1)
+    }
+
+    /// [`ErrorFeedback::compress_seeded`] on `threads` threads (the same message
+    /// and buffer on any number).
+    pub fn compress_seeded_on(
+        &mut self,
+        delta: &Tensors,
+        scale: f32,
+        seed: u64,
+        threads: usize,
+    ) -> (Vec<u8>, SparseTensors) {
+        let decay = self.decay;
+        let update = |buffer: &mut [Vec<f32>], delta: &[Vec<f32>]| {
+            for (e, d) in buffer.iter_mut().zip(delta) {
+                for (e, d) in e.iter_mut().zip(d) {
+                    *e = decay * *e + scale * d;
+                }
             }
+        };
+        let sizes: Vec<usize> = self.buffer.iter().map(Vec::len).collect();
+        let groups = groups(&sizes, threads);
+        if groups.len() <= 1 {
+            update(&mut self.buffer, delta);
+        } else {
+            std::thread::scope(|scope| {
+                let mut rest: &mut [Vec<f32>] = &mut self.buffer;
+                let mut at = 0;
+                for range in groups {
+                    let (mine, tail) = rest.split_at_mut(range.end - at);
+                    rest = tail;
+                    at = range.end;
+                    let delta = delta.get(range).unwrap_or_default();
+                    scope.spawn(move || update(mine, delta));
+                }
+            });
         }
         let masked = delta.iter().zip(&self.buffer).any(|(d, e)| d.is_empty() && !e.is_empty());
         let (bytes, sent) = if masked {
             let view: Tensors =
                 self.buffer.iter().zip(delta).map(|(e, d)| if d.is_empty() { Vec::new() } else { e.clone() }).collect();
-            encode_seeded(&view, self.layout, seed)
+            encode_seeded_on(&view, self.layout, seed, threads)
         } else {
-            encode_seeded(&self.buffer, self.layout, seed)
+            encode_seeded_on(&self.buffer, self.layout, seed, threads)
         };
         subtract(&mut self.buffer, &sent, 1.0);
         (bytes, sent)

@@ -342,6 +342,7 @@ impl Heartbeats {
             steps_end_unix_ms: 0,
             screen_commit: [0; 32],
             screen_reveal: [0; 32],
+            aggregators: Vec::new(),
         };
         let envelope = self.signer.seal(self.run, forged.round, &forged);
         if let Err(e) = self.node.publish(self.run, envelope.encode()).await {

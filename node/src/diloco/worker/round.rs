@@ -740,6 +740,7 @@ impl Trainer<'_> {
             train_ms: if hostile == Some(Hostile::Timing) { 1 } else { train_ms },
             wall_ms,
             sent_unix_ms: wire::unix_ms(),
+            slice_hashes: Vec::new(),
         };
         let late = hostile == Some(Hostile::Late);
         Outgoing { contribution, sent, trained_s, late }

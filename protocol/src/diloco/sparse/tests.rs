@@ -250,3 +250,38 @@ proptest! {
         let _ = decode(&bytes, &[n, 7], layout);
     }
 }
+
+#[test]
+fn tensors_are_grouped_in_order_by_size_without_empty_groups() {
+    assert_eq!(groups(&[10, 10, 10, 10], 2), vec![0..2, 2..4]);
+    assert_eq!(groups(&[100, 1, 1, 1], 3), vec![0..1, 1..4]);
+    assert_eq!(groups(&[5, 5], 8), vec![0..1, 1..2]);
+    assert_eq!(groups(&[5, 5], 1), vec![0..2]);
+    assert_eq!(groups(&[], 4), Vec::<std::ops::Range<usize>>::new());
+    assert_eq!(groups(&[0, 0, 0], 2), vec![0..3], "nothing to share");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// The shepherd's update on several threads is the one-thread message, byte for
+    /// byte, and leaves the same error feedback.
+    #[test]
+    fn the_message_and_the_feedback_are_the_same_on_any_number_of_threads(
+        sizes in proptest::collection::vec(0usize..700, 0..7),
+        seed in any::<u64>(),
+        strided in any::<bool>(),
+        threads in 2usize..6,
+    ) {
+        let layout = Layout { chunk: 64, k: 3, bits: 4, strided };
+        let delta: Tensors = sizes.iter().enumerate().map(|(i, n)| wave(*n, i as f32 + seed as f32 * 1e-9)).collect();
+        let mut one = ErrorFeedback::new(&sizes, 0.9, layout);
+        let mut many = one.clone();
+        for round in 0..3 {
+            let a = one.compress_seeded(&delta, 0.5, seed.wrapping_add(round));
+            let b = many.compress_seeded_on(&delta, 0.5, seed.wrapping_add(round), threads);
+            prop_assert_eq!(&a, &b);
+            prop_assert_eq!(&one.buffer, &many.buffer);
+        }
+    }
+}
