@@ -213,7 +213,7 @@ async fn sybil(
         peer: identity.public().0,
         protocol_version: 1,
         agent: "sybil".into(),
-        capabilities: Capabilities { backends: vec![backend], free_memory_bytes: 0 },
+        capabilities: Capabilities { backends: vec![backend], free_memory_bytes: 0, aggregate: false },
         certificate: Vec::new(),
         pow_nonce: 0,
     };

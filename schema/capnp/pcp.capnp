@@ -13,6 +13,7 @@ struct Backend {
 struct Capabilities {
   backends @0 :List(Backend);
   freeMemoryBytes @1 :UInt64;
+  aggregate @2 :Bool;       # offers to sum parameter shards (`--aggregate`)
 }
 
 struct NodeHello {

@@ -19,6 +19,8 @@ pub struct Capabilities {
     pub backends: Vec<Backend>,
     /// Free device memory in bytes.
     pub free_memory_bytes: u64,
+    /// It offers to sum parameter shards for the run (`--aggregate`).
+    pub aggregate: bool,
 }
 
 /// The first message a node sends about itself.
@@ -41,6 +43,7 @@ pub struct NodeHello {
 impl Capabilities {
     pub(crate) fn write(&self, mut b: capabilities::Builder<'_>) {
         b.set_free_memory_bytes(self.free_memory_bytes);
+        b.set_aggregate(self.aggregate);
         let mut list = b.init_backends(list_len(self.backends.len()));
         for (i, backend) in (0..).zip(&self.backends) {
             let mut e = list.reborrow().get(i);
@@ -58,7 +61,7 @@ impl Capabilities {
         for e in list.iter() {
             backends.push(read_backend(what, e)?);
         }
-        Ok(Self { backends, free_memory_bytes: r.get_free_memory_bytes() })
+        Ok(Self { backends, free_memory_bytes: r.get_free_memory_bytes(), aggregate: r.get_aggregate() })
     }
 }
 

@@ -55,8 +55,8 @@ fn backend() -> impl Strategy<Value = Backend> {
 }
 
 fn capabilities() -> impl Strategy<Value = Capabilities> {
-    (vec(backend(), 0..4), any::<u64>())
-        .prop_map(|(backends, free_memory_bytes)| Capabilities { backends, free_memory_bytes })
+    (vec(backend(), 0..4), any::<u64>(), any::<bool>())
+        .prop_map(|(backends, free_memory_bytes, aggregate)| Capabilities { backends, free_memory_bytes, aggregate })
 }
 
 fn parameter() -> impl Strategy<Value = ParameterRef> {

@@ -102,10 +102,9 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::aggregators::{AggregatorSetup, Pool};
+use crate::cpu::{Cpu, Screened};
 use crate::report::{FragmentCost, RoundStats, StrategyReport, Summary};
 use crate::world::{NodeSpec, Stream, World, rng};
-
-use crate::cpu::{Cpu, Screened};
 
 mod open;
 pub use crate::cpu::{CpuTotals, ScreenPolicy, ShepherdCosts};
@@ -907,7 +906,8 @@ impl Sim<'_> {
                     self.done.push(s);
                 }
                 Action::Finished => self.finished = true,
-                Action::WorkerJoined(_) | Action::WorkerLeft { .. } => {}
+                // joins, leaves; given whole contributions, it never waits on aggregators (`gather`)
+                _ => {}
             }
         }
     }

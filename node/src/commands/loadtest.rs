@@ -433,6 +433,7 @@ impl Synthetic {
             capabilities: Capabilities {
                 backends: vec![Backend { name: "cpu".into(), targets: vec![String::new()] }],
                 free_memory_bytes: 0,
+                aggregate: false,
             },
             certificate: Vec::new(),
             pow_nonce: 0,

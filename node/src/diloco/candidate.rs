@@ -545,6 +545,7 @@ async fn discover(
                         targets: vec![pcp_graph::Target::host().target.unwrap_or_default()],
                     }],
                     free_memory_bytes: 0,
+                    aggregate: false,
                 },
                 certificate: Vec::new(),
                 pow_nonce: 0,

@@ -646,6 +646,10 @@ impl Host {
                     }));
                 }
                 Action::Finished => {}
+                // this node gives its machine whole contributions (`Input::Contribution`) only
+                Action::Added { round, .. } | Action::Aggregate { round, .. } => {
+                    anyhow::bail!("round {round}: the state machine waits on aggregators this shepherd never assigned")
+                }
             }
         }
         // a close (the outer step, writing the round's blobs) holds this loop for seconds:

@@ -6,6 +6,8 @@
 //! elements. Decoding checks every count against the expected sizes before
 //! allocating, so a hostile header cannot make the receiver allocate.
 
+use std::ops::Range;
+
 use super::Tensors;
 use super::aggregate::Delta;
 use super::bf16::{from_bf16, to_bf16};
@@ -107,6 +109,10 @@ pub enum DecodeError {
     /// Fewer or more bytes than the header implies.
     #[error("truncated or oversized payload")]
     Length,
+    /// A strided sparse message: its tensors' layout depends on their place in
+    /// the whole, so it is not cut into slices.
+    #[error("a strided sparse message cannot be cut into slices")]
+    Strided,
     /// A sparse message that did not decode.
     #[error("sparse: {0}")]
     Sparse(#[from] sparse::DecodeError),
@@ -277,10 +283,79 @@ pub fn decode(bytes: &[u8], sizes: &[usize]) -> Result<(Tensors, Encoding), Deco
     Ok((tensors, encoding))
 }
 
+/// The tensors `tensors` of a message for tensors of `sizes` elements in
+/// `encoding`, as a message of their own (a sparse one seeded 0): what a worker
+/// sends each parameter shard's aggregators ([`super::aggregation`]). Every
+/// tensor's part of a message is byte-aligned and its length follows from its
+/// size alone, so the slice is the header and those parts, copied; a strided
+/// sparse layout, whose parts depend on their place, is refused. The whole
+/// message's length is checked; its contents are the receiver's to check.
+pub fn slice(bytes: &[u8], sizes: &[usize], encoding: Encoding, tensors: Range<usize>) -> Result<Vec<u8>, DecodeError> {
+    let (header, part): (usize, Box<dyn Fn(usize) -> usize>) = match encoding {
+        Encoding::Sparse(s) if s.up.strided => return Err(DecodeError::Strided),
+        Encoding::Sparse(s) => {
+            let empty = s.up.encoded_len(&[]);
+            (empty, Box::new(move |n| s.up.encoded_len(&[n]) - empty))
+        }
+        dense => {
+            let empty = encoded_len(&[], dense);
+            (empty, Box::new(move |n| encoded_len(&[n], dense) - empty))
+        }
+    };
+    let parts: Vec<usize> = sizes.iter().map(|n| part(*n)).collect();
+    if bytes.len() != header + parts.iter().sum::<usize>() {
+        return Err(DecodeError::Length);
+    }
+    if tensors.start > tensors.end || tensors.end > sizes.len() {
+        return Err(DecodeError::Size { index: usize::MAX, got: tensors.end, expected: sizes.len() });
+    }
+    let start = header + parts[..tensors.start].iter().sum::<usize>();
+    let len: usize = parts[tensors.clone()].iter().sum();
+    let mut out = Vec::with_capacity(header + len);
+    out.extend_from_slice(&bytes[..header]);
+    // the tensor count ends both headers; a sparse one's seed is the 8 bytes before it
+    out[header - 4..].copy_from_slice(&(tensors.len() as u32).to_le_bytes());
+    if encoding.sparse().is_some() {
+        out[header - 12..header - 4].copy_from_slice(&0u64.to_le_bytes());
+    }
+    out.extend_from_slice(&bytes[start..start + len]);
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_slice_decodes_to_the_whole_messages_tensors() {
+        let sizes = [300usize, 0, 7, 1000, 64];
+        let t: Tensors = sizes
+            .iter()
+            .enumerate()
+            .map(|(j, n)| (0..*n).map(|i| ((i * 7 + j) % 23) as f32 - 11.0).collect())
+            .collect();
+        let topk = Encoding::parse_spec("sparse:chunk=64,k=4,bits=4").expect("parses");
+        let strided = Encoding::parse_spec("sparse:chunk=64,k=4,select=stride").expect("parses");
+        for encoding in [Encoding::F32, Encoding::Bf16, Encoding::Int8, topk] {
+            let whole = match encoding {
+                Encoding::Sparse(s) => sparse::encode_seeded(&t, s.up, 9).0,
+                dense => encode(&t, dense),
+            };
+            let all = decode_delta_seeded(&whole, &sizes, encoding, 9).expect("decodes").to_dense(&sizes);
+            for range in [0..5, 0..1, 1..4, 3..5, 2..2] {
+                let cut = slice(&whole, &sizes, encoding, range.clone()).expect("slices");
+                let part = decode_delta(&cut, &sizes[range.clone()], encoding).expect("a slice decodes");
+                assert_eq!(part.to_dense(&sizes[range.clone()]), all[range.clone()].to_vec(), "{encoding:?} {range:?}");
+            }
+            let short = &whole[..whole.len() - 1];
+            assert_eq!(slice(short, &sizes, encoding, 0..1), Err(DecodeError::Length));
+            assert!(slice(&whole, &sizes, encoding, 4..6).is_err(), "past the last tensor");
+        }
+        let Encoding::Sparse(s) = strided else { unreachable!() };
+        let whole = sparse::encode_seeded(&t, s.up, 9).0;
+        assert_eq!(slice(&whole, &sizes, strided, 0..1), Err(DecodeError::Strided));
+    }
 
     #[test]
     fn fp32_is_exact_and_within_five_percent_of_raw_size() {

@@ -88,12 +88,13 @@ use super::sketch::Sketch;
 use super::sparse::{ErrorFeedback, Settings};
 use reference::{References, bounded_move, tensor_references, weighted_median};
 
+mod close;
 mod input;
 pub mod reference;
 mod snapshot;
 mod step;
 
-pub use input::{Input, Screen, Timing};
+pub use input::{Input, Report, Screen, Timing};
 pub use snapshot::{Learned, Snapshot};
 use step::Outer;
 
@@ -321,8 +322,44 @@ pub enum Action<P> {
         /// The new deadline.
         deadline_ms: u64,
     },
+    /// A contribution summed by aggregators ([`Input::Reported`]) was added to
+    /// the round at the bound in force: the host numbers it
+    /// ([`super::aggregation::Collect::accept`]) and passes it to the aggregators.
+    Added {
+        /// The round.
+        round: u64,
+        /// Whose.
+        peer: P,
+        /// The round it was made for: `round`, or the one before it, carried over.
+        of: u64,
+        /// Its weight in the mean.
+        weight: f64,
+        /// Its bounded norm.
+        norm: f64,
+        /// The norm bound it is held to.
+        bound: f64,
+    },
+    /// An aggregated round closed with `count` contributions added by its
+    /// aggregators: the host gathers their mean and hands it back
+    /// ([`Input::Aggregated`]); the parameters move, and the next round opens,
+    /// then.
+    Aggregate {
+        /// The round.
+        round: u64,
+        /// Contributions the aggregators added.
+        count: u64,
+    },
     /// Every round is done.
     Finished,
+}
+
+/// A contribution the round holds before adding it: its tensors, or (summed by
+/// aggregators) what they reported of them.
+#[derive(Clone, Debug, PartialEq)]
+enum Held {
+    Local(Delta),
+    /// What its aggregators reported, and the round it was made for.
+    Remote(Report, u64),
 }
 
 /// An accepted contribution, once added to the round's sum.
@@ -381,7 +418,9 @@ struct OpenRound<P> {
     mean: RunningMean,
     /// Contributions not added yet: the first of a run (no bound yet), or all of
     /// them with the trimmed mean.
-    held: Vec<(P, Entry, Delta)>,
+    held: Vec<(P, Entry, Held)>,
+    /// The contributions summed by aggregators.
+    remote: close::Remote<P>,
     /// Contributions scaled down to the bound, with their norms.
     scaled: Vec<(P, f64)>,
     /// The last bound applied.
@@ -402,12 +441,10 @@ struct OpenRound<P> {
     /// The screened, accepted contributions: the next norm bound's reference and
     /// the work their senders earn.
     references: Vec<Reference<P>>,
-    /// Every rated participant answered: the deadline gives those on probation a grace.
-    graced: bool,
     /// The participants rated (out of probation) when it opened.
     rated: BTreeSet<P>,
-    /// Half the participants answered: the deadline was cut to a factor of that time.
-    halved: bool,
+    /// The deadline rules that fired ([`Self::probation_grace`]).
+    cut: Cut,
     /// Bytes of `held`.
     held_bytes: usize,
     /// Sketches of the contributions accepted (copies are refused).
@@ -432,10 +469,8 @@ pub struct Shepherd<P> {
     norms: VecDeque<f64>,
     /// With fragments: each fragment's last round's norms (its bound's start).
     fragment_norms: BTreeMap<usize, Vec<f64>>,
-    /// Rounds completed when this shepherd started (non-zero after a resume).
-    resumed_at: u64,
-    /// The time of the first input.
-    first_input_ms: Option<u64>,
+    /// Rounds completed when this shepherd started, and its first input's time.
+    start: Start,
     /// Overlap: the round closed last, whose late contributions are carried over.
     previous: Option<Closed<P>>,
     /// Overlap: a time-boxed round and the median send of its contributions, from
@@ -450,6 +485,26 @@ pub struct Shepherd<P> {
     rated_norms: bool,
     /// When each worker joined (the ranking's seniority among unrated peers).
     joined: BTreeMap<P, u64>,
+    /// An aggregated round closed and waiting for its aggregators' mean.
+    pending: Option<close::Pending<P>>,
+}
+
+/// The deadline rules of [`Shepherd::probation_grace`] that fired in a round.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Cut {
+    /// Every rated participant answered: the deadline gives those on probation a grace.
+    graced: bool,
+    /// Half the participants answered: the deadline was cut to a factor of that time.
+    halved: bool,
+}
+
+/// When a shepherd started.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Start {
+    /// Rounds completed then (non-zero after a resume).
+    resumed_at: u64,
+    /// The time of the first input.
+    first_input_ms: Option<u64>,
 }
 
 /// Overlap: the last closed round, for the contributions carried over from it.
@@ -483,14 +538,14 @@ impl<P: Ord + Clone> Shepherd<P> {
             durations: VecDeque::new(),
             norms: VecDeque::new(),
             fragment_norms: BTreeMap::new(),
-            resumed_at: 0,
-            first_input_ms: None,
+            start: Start::default(),
             previous: None,
             sent_ms: None,
             ratings,
             refs: References::new(),
             rated_norms: false,
             joined: BTreeMap::new(),
+            pending: None,
         }
     }
 
@@ -683,7 +738,8 @@ impl<P: Ord + Clone> Shepherd<P> {
     /// Advances the state machine.
     pub fn handle(&mut self, input: Input<P>, now_ms: u64) -> Vec<Action<P>> {
         let mut actions = Vec::new();
-        self.first_input_ms.get_or_insert(now_ms);
+        self.start.first_input_ms.get_or_insert(now_ms);
+        let Some(input) = self.hold_late(input) else { return actions };
         match input {
             Input::Joined(peer) => {
                 self.earliest_seen = self.earliest_seen.min(now_ms);
@@ -699,67 +755,14 @@ impl<P: Ord + Clone> Shepherd<P> {
             }
             Input::Left(peer) => self.remove(peer, LeaveReason::Left, &mut actions),
             Input::Contribution { peer, round, samples, loss, delta, timing, screen } => {
-                if let Some(seen) = self.workers.get_mut(&peer) {
-                    *seen = now_ms;
-                }
-                // only overlapping runs learn from how contributions were made
-                let timing = timing.filter(|_| self.config.overlap.is_some());
-                let score = screen.improvement();
-                let result = self.admit(&peer, round).and_then(|carried| {
-                    if self.sits_out(&peer, round) {
-                        let until = self.ratings.get(&peer).map_or(round, |r| r.sits_out_until);
-                        return Err(Rejection::SitsOut { until });
-                    }
-                    self.check_samples(samples)?;
-                    // a carried contribution has its round's shape: the same without fragments
-                    let sizes = self.round_sizes(self.completed + 1);
-                    let norm = delta.validate(&sizes)?;
-                    // no work: a zero update counts for nothing and would only dilute the mean
-                    if norm == 0.0 {
-                        return Err(Rejection::Empty);
-                    }
-                    Ok((norm, carried))
-                });
-                let result = result.and_then(|(norm, carried)| {
-                    let sketch = self.check_copy(&delta)?;
-                    Ok((norm, carried, sketch))
-                });
-                match result {
-                    Ok((norm, carried, sketch)) => {
-                        let (factor, selected) = self.trust(&peer);
-                        let probation = self.config.rating.is_some() && self.ratings.on_probation(&peer);
-                        if let Some(improvement) = score.filter(|_| self.config.rating.is_some()) {
-                            self.ratings.passed(&peer, round, improvement);
-                        }
-                        if !selected {
-                            let max = self.config.aggregate_max;
-                            self.reject(peer, round, Rejection::NotSelected { max }, &mut actions);
-                        } else {
-                            let sent_ms = timing.map(|t| now_ms.saturating_sub(t.transfer_ms));
-                            let weight = samples as f64 * factor;
-                            let screened = self.config.rating.is_none() || score.is_some();
-                            let entry = Entry { samples, loss, norm, weight, probation, screened };
-                            // the step time: its claim over the steps its samples make (the
-                            // claimed steps only in tests that check no samples), at most
-                            // what the shepherd saw (reference.rs)
-                            let steps = match self.config.sample_unit {
-                                0 => timing.map_or(0, |t| t.steps),
-                                unit => samples / unit,
-                            };
-                            let opened = self.open.as_ref().map(|o| o.started_ms);
-                            let seen = self.refs.observed_step_ms(&peer, round, carried, now_ms, opened, steps);
-                            let claimed = timing.filter(|_| steps > 0).map(|t| t.train_ms as f64 / steps as f64);
-                            let step_ms = claimed.map(|c| seen.map_or(c, |s| c.min(reference::SEEN_FACTOR * s)));
-                            self.refs.arrived(peer.clone(), round, now_ms);
-                            if let (Some(sketch), Some(open)) = (sketch, self.open.as_mut()) {
-                                open.sketches.push(sketch);
-                            }
-                            self.accept(peer, entry, delta, carried, step_ms, sent_ms);
-                        }
-                    }
-                    Err(reason) => self.reject(peer, round, reason, &mut actions),
-                }
+                let held = Held::Local(delta);
+                self.contribution(peer, round, (samples, loss), held, timing, screen, now_ms, &mut actions);
             }
+            Input::Reported { peer, round, samples, loss, report, timing, screen } => {
+                let held = Held::Remote(report, round);
+                self.contribution(peer, round, (samples, loss), held, timing, screen, now_ms, &mut actions);
+            }
+            Input::Aggregated { round, mean } => self.aggregated(round, mean, now_ms, &mut actions),
             Input::Malformed { peer, round, reason } => {
                 let caught = matches!(reason, Rejection::NoImprovement { .. } | Rejection::SmallImprovement { .. });
                 if caught && self.config.rating.is_some() {
@@ -772,9 +775,92 @@ impl<P: Ord + Clone> Shepherd<P> {
             }
             Input::Tick => {}
         }
+        self.tell_added(&mut actions);
         self.expire(now_ms, &mut actions);
         self.progress(now_ms, &mut actions);
         actions
+    }
+
+    /// A contribution, whole or summed by aggregators: refused, or accepted and
+    /// added (or held) ([`Self::accept`]).
+    #[allow(clippy::too_many_arguments)]
+    fn contribution(
+        &mut self,
+        peer: P,
+        round: u64,
+        (samples, loss): (u64, f32),
+        held: Held,
+        timing: Option<Timing>,
+        screen: Screen,
+        now_ms: u64,
+        actions: &mut Vec<Action<P>>,
+    ) {
+        if let Some(seen) = self.workers.get_mut(&peer) {
+            *seen = now_ms;
+        }
+        // only overlapping runs learn from how contributions were made
+        let timing = timing.filter(|_| self.config.overlap.is_some());
+        let score = screen.improvement();
+        let result = self.admit(&peer, round).and_then(|carried| {
+            if self.sits_out(&peer, round) {
+                let until = self.ratings.get(&peer).map_or(round, |r| r.sits_out_until);
+                return Err(Rejection::SitsOut { until });
+            }
+            self.check_samples(samples)?;
+            // a carried contribution has its round's shape: the same without fragments
+            let sizes = self.round_sizes(self.completed + 1);
+            let norm = match &held {
+                Held::Local(delta) => delta.validate(&sizes)?,
+                Held::Remote(report, _) => report.validate(&sizes)?,
+            };
+            // no work: a zero update counts for nothing and would only dilute the mean
+            if norm == 0.0 {
+                return Err(Rejection::Empty);
+            }
+            Ok((norm, carried))
+        });
+        let result = result.and_then(|(norm, carried)| {
+            let sketch = match &held {
+                Held::Local(delta) => self.check_copy(delta)?,
+                Held::Remote(..) => None,
+            };
+            Ok((norm, carried, sketch))
+        });
+        match result {
+            Ok((norm, carried, sketch)) => {
+                let (factor, selected) = self.trust(&peer);
+                let probation = self.config.rating.is_some() && self.ratings.on_probation(&peer);
+                if let Some(improvement) = score.filter(|_| self.config.rating.is_some()) {
+                    self.ratings.passed(&peer, round, improvement);
+                }
+                if !selected {
+                    let max = self.config.aggregate_max;
+                    self.reject(peer, round, Rejection::NotSelected { max }, actions);
+                } else {
+                    let sent_ms = timing.map(|t| now_ms.saturating_sub(t.transfer_ms));
+                    let weight = samples as f64 * factor;
+                    let screened = self.config.rating.is_none() || score.is_some();
+                    let entry = Entry { samples, loss, norm, weight, probation, screened };
+                    // the step time: its claim over the steps its samples make (the
+                    // claimed steps only in tests that check no samples), at most
+                    // what the shepherd saw (reference.rs)
+                    let steps = match self.config.sample_unit {
+                        0 => timing.map_or(0, |t| t.steps),
+                        unit => samples / unit,
+                    };
+                    let opened = self.open.as_ref().map(|o| o.started_ms);
+                    let seen = self.refs.observed_step_ms(&peer, round, carried, now_ms, opened, steps);
+                    let claimed = timing.filter(|_| steps > 0).map(|t| t.train_ms as f64 / steps as f64);
+                    let step_ms = claimed.map(|c| seen.map_or(c, |s| c.min(reference::SEEN_FACTOR * s)));
+                    self.refs.arrived(peer.clone(), round, now_ms);
+                    if let (Some(sketch), Some(open)) = (sketch, self.open.as_mut()) {
+                        open.sketches.push(sketch);
+                    }
+                    self.accept(peer, entry, held, carried, step_ms, sent_ms);
+                }
+            }
+            Err(reason) => self.reject(peer, round, reason, actions),
+        }
     }
 
     /// With the copy check on, `delta`'s sketch, or its refusal as a copy of an
@@ -818,15 +904,7 @@ impl<P: Ord + Clone> Shepherd<P> {
     /// Adds a validated contribution (`carried`: the previous round's, late) to the
     /// open round's sum, or holds it while the round has no bound yet (or for the
     /// trimmed mean).
-    fn accept(
-        &mut self,
-        peer: P,
-        entry: Entry,
-        delta: Delta,
-        carried: bool,
-        step_ms: Option<f64>,
-        sent_ms: Option<u64>,
-    ) {
+    fn accept(&mut self, peer: P, entry: Entry, held: Held, carried: bool, step_ms: Option<f64>, sent_ms: Option<u64>) {
         let round = self.completed + 1;
         let no_previous = self.previous_norms(round).is_empty();
         let sizes = self.round_sizes(round).into_owned();
@@ -839,17 +917,26 @@ impl<P: Ord + Clone> Shepherd<P> {
         let Some(open) = self.open.as_mut() else { return };
         // the per-tensor bounds, one contribution at a time; the raw statistics are
         // the next round's reference
-        let (delta, bounded_norm) = if per_tensor {
-            if entry.screened {
-                open.stats.push((earned, delta.tensor_stats()));
+        let (held, bounded_norm) = match held {
+            Held::Local(delta) if per_tensor => {
+                if entry.screened {
+                    open.stats.push((earned, delta.tensor_stats()));
+                }
+                let (delta, norm, clipping) = delta.bounded(&open.bounds);
+                if clipping.any() {
+                    open.bounded.push((peer.clone(), clipping.elements, clipping.tensors));
+                }
+                (Held::Local(delta), norm)
             }
-            let (delta, norm, clipping) = delta.bounded(&open.bounds);
-            if clipping.any() {
-                open.bounded.push((peer.clone(), clipping.elements, clipping.tensors));
+            // its aggregators bounded it by this round's bounds, and reported its raw statistics
+            Held::Remote(report, of) if per_tensor => {
+                let norm = report.bounded_norm;
+                if entry.screened {
+                    open.stats.push((earned, report.raw.clone()));
+                }
+                (Held::Remote(report, of), norm)
             }
-            (delta, norm)
-        } else {
-            (delta, entry.norm)
+            held => (held, entry.norm),
         };
         if entry.weight < entry.samples as f64 {
             open.discounted.push((peer.clone(), entry.weight / entry.samples.max(1) as f64, entry.probation));
@@ -883,8 +970,10 @@ impl<P: Ord + Clone> Shepherd<P> {
             open.accepted.insert(peer.clone(), entry.clone());
         }
         let entry = Entry { norm: bounded_norm, ..entry };
-        open.held_bytes += delta.len_bytes();
-        open.held.push((peer, entry, delta));
+        if let Held::Local(delta) = &held {
+            open.held_bytes += delta.len_bytes();
+        }
+        open.held.push((peer, entry, held));
         // `running_bound` over the previous round's norms and this one's, kept sorted;
         // without a previous round an untrusted one holds its contributions until it
         // closes (up to FIRST_ROUND_HOLD bytes), so that a few tiny ones that arrive
@@ -906,8 +995,17 @@ impl<P: Ord + Clone> Shepherd<P> {
     fn flush(open: &mut OpenRound<P>, bound: f64, sizes: &[usize]) {
         open.bound = bound;
         open.held_bytes = 0;
-        for (peer, e, delta) in std::mem::take(&mut open.held) {
-            if open.mean.push(delta, e.weight, e.norm, bound, sizes) {
+        for (peer, e, held) in std::mem::take(&mut open.held) {
+            let scaled = match held {
+                Held::Local(delta) => open.mean.push(delta, e.weight, e.norm, bound, sizes),
+                // its aggregators add it as the mean would ([`super::aggregation::ShardSum`])
+                Held::Remote(_, of) => {
+                    open.remote.added.push((peer.clone(), of, e.weight, e.norm, bound));
+                    open.remote.count += 1;
+                    e.norm > bound
+                }
+            };
+            if scaled {
                 open.scaled.push((peer, e.norm));
             }
         }
@@ -1074,11 +1172,11 @@ impl<P: Ord + Clone> Shepherd<P> {
         let waiting_for_start = if self.completed == 0 {
             true
         } else {
-            let since = now_ms.saturating_sub(self.first_input_ms.unwrap_or(now_ms));
-            self.completed == self.resumed_at && since < self.config.resume_grace_ms
+            let since = now_ms.saturating_sub(self.start.first_input_ms.unwrap_or(now_ms));
+            self.completed == self.start.resumed_at && since < self.config.resume_grace_ms
         };
         let enough = if waiting_for_start { self.config.start_workers.max(1) } else { 1 };
-        if self.open.is_none() && !self.finished && self.workers.len() >= enough {
+        if self.open.is_none() && self.pending.is_none() && !self.finished && self.workers.len() >= enough {
             let budget_ms = self.budget();
             // the median worker started this round's steps when it sent the last round's
             let last = self.completed;
@@ -1120,6 +1218,7 @@ impl<P: Ord + Clone> Shepherd<P> {
                 pool,
                 mean: RunningMean::with_threads(self.config.add_threads),
                 held: Vec::new(),
+                remote: close::Remote::default(),
                 scaled: Vec::new(),
                 bound: f64::INFINITY,
                 bounds,
@@ -1129,9 +1228,8 @@ impl<P: Ord + Clone> Shepherd<P> {
                 bounded: Vec::new(),
                 discounted: Vec::new(),
                 references: Vec::new(),
-                graced: false,
                 rated,
-                halved: false,
+                cut: Cut::default(),
                 held_bytes: 0,
                 sketches: Vec::new(),
             });
@@ -1162,20 +1260,20 @@ impl<P: Ord + Clone> Shepherd<P> {
         let factor = self.config.deadline_factor;
         let Some(open) = self.open.as_mut() else { return };
         let live = |p: &&P| self.workers.contains_key(*p);
-        if !open.halved && open.budget_ms.is_none() {
+        if !open.cut.halved && open.budget_ms.is_none() {
             let participants = open.participants.iter().filter(live).count();
             if !open.answered.is_empty() && open.answered.len() * 2 >= participants {
-                open.halved = true;
+                open.cut.halved = true;
                 let elapsed = now_ms.saturating_sub(open.started_ms);
                 let wait = ((elapsed as f64 * factor) as u64).max(min);
                 open.deadline_ms = open.deadline_ms.min(open.started_ms.saturating_add(wait));
             }
         }
-        if open.graced || open.rated.is_empty() {
+        if open.cut.graced || open.rated.is_empty() {
             return;
         }
         if open.rated.iter().filter(live).all(|p| open.answered.contains(p)) {
-            open.graced = true;
+            open.cut.graced = true;
             let grace = (now_ms.saturating_sub(open.started_ms) as f64 * PROBATION_GRACE) as u64;
             open.deadline_ms = open.deadline_ms.min(now_ms.saturating_add(grace));
         }
@@ -1216,108 +1314,6 @@ impl<P: Ord + Clone> Shepherd<P> {
         let element =
             self.refs.tensors.iter().map(|r| r.map_or(f32::INFINITY, |(_, m)| (ef * f64::from(m)) as f32)).collect();
         Bounds { tensor, element }
-    }
-
-    fn close(&mut self, now_ms: u64, at_deadline: bool, actions: &mut Vec<Action<P>>) {
-        let Some(mut open) = self.open.take() else { return };
-        let round = self.completed + 1;
-        let peers: Vec<P> = open.accepted.keys().cloned().collect();
-        let averaged = || open.accepted.values().chain(open.carried.values());
-        let samples: u64 = averaged().fold(0u64, |sum, e| sum.saturating_add(e.samples));
-        let mean_loss = averaged().map(|e| f64::from(e.loss) * e.samples as f64).sum::<f64>() / samples.max(1) as f64;
-        let previous = self.previous_norms(round);
-        let sizes = self.round_sizes(round).into_owned();
-        let bound = norm_bound(&previous, &open.norms, self.config.norm_factor);
-        let mean = if self.config.trim > 0.0 && open.held.len() >= 3 {
-            // the trimmed mean: every contribution was held
-            let mut held = Vec::with_capacity(open.held.len());
-            for (p, e, d) in std::mem::take(&mut open.held) {
-                if e.norm > bound {
-                    open.scaled.push((p, e.norm));
-                }
-                held.push(Accepted { samples: e.samples, delta: d.to_dense(&sizes), norm: e.norm });
-            }
-            open.bound = bound;
-            Some(trimmed_mean(&held, bound, self.config.trim).0)
-        } else {
-            if !open.held.is_empty() {
-                // held until the close: bounded by all of this round's norms (one alone: its own)
-                Self::flush(&mut open, bound, &sizes);
-            }
-            std::mem::take(&mut open.mean).finish()
-        };
-        // the copy check's sketch of the update θ before − θ after (sketches are linear;
-        // the parameters' sketch is kept from the last close, one pass a round)
-        let applied = mean.is_some();
-        let copies = self.config.similarity <= 1.0 && applied;
-        if copies && self.refs.params_sketch.is_none() {
-            self.refs.params_sketch = Some(Sketch::of_tensors(self.config.sketch_key, &self.params));
-        }
-        let threads = self.config.add_threads;
-        let stepped = mean.and_then(|mean| self.outer.step(&mut self.params, &mean, round, threads));
-        let update = stepped.map(|(bytes, sent)| {
-            if copies {
-                self.refs.update_sparse = Some(sent);
-            }
-            bytes
-        });
-        if copies {
-            let key = self.config.sketch_key;
-            let after = Sketch::of_tensors(key, &self.params);
-            if let Some(before) = self.refs.params_sketch.replace(after.clone()) {
-                self.refs.update_sketch = Some(Sketch::difference(&before, &after));
-            }
-        }
-        self.completed = round;
-        let duration_ms = now_ms.saturating_sub(open.started_ms);
-        self.durations.push_back(duration_ms);
-        while self.durations.len() > self.config.deadline_window.max(1) {
-            self.durations.pop_front();
-        }
-        // the references ([`reference`]): from the screened, accepted contributions by
-        // their senders' earned weights, each moved a bounded factor
-        let stats = std::mem::take(&mut open.stats);
-        self.refs.tensors = tensor_references(&self.refs.tensors, &stats);
-        let norms: Vec<(f64, f64)> = open.references.iter().map(|r| (r.norm, r.weight)).collect();
-        if let Some(norm) = weighted_median(&norms) {
-            let before = lower_median(&previous);
-            // with ratings, arrivals stay out of the pool from this close on
-            self.rated_norms = self.config.rating.is_some();
-            self.norms = [bounded_move(norm, before)].into();
-            if self.config.fragments.len() > 1 {
-                let fragment = super::fragments::of_round(round, self.config.fragments.len());
-                self.fragment_norms.insert(fragment, self.norms.iter().copied().collect());
-            }
-        }
-        let excluded = open.participants.iter().filter(|p| !open.accepted.contains_key(p)).cloned().collect();
-        self.refs.earned.close_round(open.references.drain(..).filter(|r| r.earns).map(|r| (r.peer, r.samples)));
-        if self.config.overlap.is_some() {
-            if let Some(ms) = weighted_median(&open.step_ms) {
-                self.refs.step_ms = Some(bounded_move(ms, self.refs.step_ms));
-            }
-            let answered = std::mem::take(&mut open.answered);
-            self.previous = Some(Closed { round, participants: std::mem::take(&mut open.participants), answered });
-        }
-        actions.push(Action::RoundCompleted(RoundSummary {
-            round,
-            contributors: peers,
-            excluded,
-            mean_loss,
-            clipped: open.scaled.len(),
-            scaled: open.scaled,
-            norm_bound: open.bound,
-            duration_ms,
-            update,
-            carried: open.carried.into_keys().collect(),
-            budget_ms: open.budget_ms,
-            at_deadline,
-            bounded: open.bounded,
-            discounted: open.discounted,
-        }));
-        if self.completed >= self.config.rounds {
-            self.finished = true;
-            actions.push(Action::Finished);
-        }
     }
 }
 

@@ -129,6 +129,7 @@ async fn hello_once(identity: Identity, addr: Multiaddr, shepherd: PeerId, dir: 
         capabilities: Capabilities {
             backends: vec![Backend { name: "cpu".into(), targets: vec![String::new()] }],
             free_memory_bytes: 0,
+            aggregate: false,
         },
         certificate: Vec::new(),
         pow_nonce: 0,

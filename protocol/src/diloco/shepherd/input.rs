@@ -3,6 +3,7 @@
 //! so that the state machine decides on it whole and a host has no order of
 //! inputs to keep.
 
+use crate::diloco::Tensors;
 use crate::diloco::aggregate::{Delta, Rejection};
 
 /// What happens to the shepherd.
@@ -33,6 +34,39 @@ pub enum Input<P> {
         /// The screen's verdict (a failed screen is an [`Input::Malformed`]).
         screen: Screen,
     },
+    /// A contribution its aggregators summed: what their agreed reports say of it
+    /// ([`crate::diloco::aggregation::Collect`]). The shepherd holds none of its
+    /// tensors: once it is added, an [`super::Action::Added`] tells the host to
+    /// pass it on, and the round's close waits for the aggregators' mean
+    /// ([`Input::Aggregated`]). One made for the round before, carried over (an
+    /// overlapping run), is added to the open round's: the host sends its slices
+    /// to the open round's aggregators, which bound them by its bounds.
+    Reported {
+        /// Who sent it (the signer of its slice commitments).
+        peer: P,
+        /// The round it claims.
+        round: u64,
+        /// Samples (tokens) trained on.
+        samples: u64,
+        /// The worker's mean inner loss.
+        loss: f32,
+        /// What the aggregators reported of it.
+        report: Report,
+        /// How it was made, as for a contribution.
+        timing: Option<Timing>,
+        /// The screen's verdict.
+        screen: Screen,
+    },
+    /// The aggregators' mean of the contributions an aggregated round added
+    /// ([`super::Action::Aggregate`]): each shard's mean, joined in model order,
+    /// and the weights it divides by (`None`: the round is given up, and its
+    /// contributions added alone are applied).
+    Aggregated {
+        /// The round.
+        round: u64,
+        /// The mean and its total weight.
+        mean: Option<(Tensors, f64)>,
+    },
     /// A contribution refused before the state machine decides on it: it could
     /// not be decoded or verified, or the screen refused it (one it failed,
     /// [`Rejection::NoImprovement`] or [`Rejection::SmallImprovement`], catches
@@ -61,6 +95,32 @@ pub struct Timing {
     pub train_ms: u64,
     /// Milliseconds from the send to the host's measure.
     pub transfer_ms: u64,
+}
+
+/// What a contribution's aggregators agreed on ([`crate::diloco::aggregation::Reported::Ready`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    /// Each tensor's raw (L2 norm, largest magnitude), in model order.
+    pub raw: Vec<(f64, f32)>,
+    /// Its L2 norm once bounded by the round's per-tensor bounds.
+    pub bounded_norm: f64,
+}
+
+impl Report {
+    /// Its raw L2 norm, checked against the round's `sizes`: one statistic a
+    /// tensor, all finite and not negative.
+    pub fn validate(&self, sizes: &[usize]) -> Result<f64, Rejection> {
+        if self.raw.len() != sizes.len() {
+            return Err(Rejection::Count { got: self.raw.len(), expected: sizes.len() });
+        }
+        if let Some(index) = self.raw.iter().position(|(n, m)| !(n.is_finite() && *n >= 0.0 && m.is_finite())) {
+            return Err(Rejection::NonFinite { index });
+        }
+        if !(self.bounded_norm.is_finite() && self.bounded_norm >= 0.0) {
+            return Err(Rejection::NonFinite { index: 0 });
+        }
+        Ok(self.raw.iter().map(|(n, _)| n * n).sum::<f64>().sqrt())
+    }
 }
 
 /// The screen's verdict on a contribution the state machine is given.

@@ -67,7 +67,7 @@ impl<P: Ord + Clone> Shepherd<P> {
         let mut s = Self::new(config, snapshot.params);
         *s.outer.state_mut() = snapshot.velocity;
         s.completed = snapshot.completed;
-        s.resumed_at = snapshot.completed;
+        s.start.resumed_at = snapshot.completed;
         s.durations = snapshot.durations.into();
         s.norms = snapshot.norms.into();
         if s.config.fragments.len() > 1 && s.completed > 0 {
@@ -106,7 +106,7 @@ impl<P: Ord + Clone> Shepherd<P> {
     /// What [`Shepherd::snapshot`] keeps of its ratings and references, without
     /// copying the parameters.
     pub fn learned(&self) -> Learned<P> {
-        let returning = self.resumed_at > 0 && self.completed == self.resumed_at;
+        let returning = self.start.resumed_at > 0 && self.completed == self.start.resumed_at;
         let live = |p: &P| returning || self.workers.contains_key(p);
         Learned {
             ratings: self.ratings.records().filter(|(p, _)| live(p)).map(|(p, r)| (p.clone(), *r)).collect(),

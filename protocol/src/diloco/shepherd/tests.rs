@@ -480,3 +480,127 @@ fn snapshot_resumes_identically() {
     r.handle(contribution(1, 2, 0.2), 10);
     assert_eq!(r.params(), s.params());
 }
+
+/// Workers' contributions to three rounds, each tensor its own shard: a shepherd
+/// given them whole, and one given its aggregators' reports and mean.
+#[test]
+fn an_aggregated_round_moves_the_parameters_as_the_whole_contributions_would() {
+    use crate::diloco::aggregation::{Collect, Reported, ShardSum, assign, inspect, shard_bounds, slice_hash};
+    use rand::{Rng, SeedableRng};
+    let cfg = Config { start_workers: 3, tensor_factor: 1.5, element_factor: 4.0, ..config() };
+    let sizes = [6usize, 4];
+    let params: Tensors = sizes.iter().map(|n| vec![0.5; *n]).collect();
+    let (mut whole, mut summed) = (Shepherd::new(cfg.clone(), params.clone()), Shepherd::new(cfg, params));
+    let workers: Vec<Vec<u8>> = (1..=3u8).map(|i| vec![i; 32]).collect();
+    let aggregators: Vec<Vec<u8>> = (10..=12u8).map(|i| vec![i; 32]).collect();
+    for w in &workers {
+        whole.handle(Input::Joined(w.clone()), 0);
+        summed.handle(Input::Joined(w.clone()), 0);
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for round in 1..=3u64 {
+        let t = round * 10;
+        let bounds = summed.round_bounds().expect("open").clone();
+        let assignment = assign(&[3; 32], round, sizes.len(), 1, &aggregators).expect("assigned");
+        let mut collect = Collect::new(assignment.clone(), vec![0..1, 1..2], vec![Vec::new(); 2], 8);
+        let mut sums: Vec<ShardSum> =
+            sizes.iter().enumerate().map(|(s, n)| ShardSum::new(round, s, vec![*n], 1)).collect();
+        let mut slices = BTreeMap::new();
+        let mut actions = Vec::new();
+        for (i, w) in workers.iter().enumerate() {
+            let scale = 0.2 * (i + 1) as f32 * round as f32;
+            let delta: Tensors =
+                sizes.iter().map(|n| (0..*n).map(|_| rng.gen_range(-scale..scale)).collect()).collect();
+            whole.handle(Input::contribution(w.clone(), round, 10, 2.0, Delta::Dense(delta.clone())), t);
+            let hashes = (0..sizes.len()).map(|s| slice_hash(round, s, &[i as u8, s as u8])).collect::<Vec<_>>();
+            collect.commit(w.clone(), hashes.clone()).expect("committed");
+            let mut ready = Reported::Waiting;
+            for (s, tensor) in delta.into_iter().enumerate() {
+                let slice = Delta::Dense(vec![tensor]);
+                let (bounded, report) =
+                    inspect(slice, &sizes[s..=s], &shard_bounds(&bounds, &(s..s + 1))).expect("valid");
+                slices.insert((w.clone(), s), bounded);
+                let replica = assignment.replicas(s)[0].clone();
+                ready = collect.report(&replica, w, s, hashes[s], report).expect("reported");
+            }
+            let Reported::Ready { norm, raw } = ready else { panic!("not ready: {ready:?}") };
+            let report = Report { raw, bounded_norm: norm };
+            let input = Input::Reported {
+                peer: w.clone(),
+                round,
+                samples: 10,
+                loss: 2.0,
+                report,
+                timing: None,
+                screen: Screen::Unscreened,
+            };
+            actions.extend(summed.handle(input, t));
+        }
+        assert!(!actions.iter().any(|a| matches!(a, Action::RoundCompleted(_))), "waits for the mean: {actions:?}");
+        assert_eq!(summed.aggregating(), Some(round));
+        let count = actions.iter().find_map(|a| match a {
+            Action::Aggregate { round: r, count } if *r == round => Some(*count),
+            _ => None,
+        });
+        assert_eq!(count, Some(3), "{actions:?}");
+        for a in &actions {
+            if let Action::Added { peer, weight, bound, .. } = a {
+                let accept = collect.accept(peer, *weight, *bound).expect("ready");
+                for (s, sum) in sums.iter_mut().enumerate() {
+                    sum.accept(accept, slices[&(peer.clone(), s)].clone()).expect("in order");
+                }
+            }
+        }
+        let updates: Vec<_> = sums.into_iter().map(|s| s.finish(3).expect("complete")).collect();
+        let total = updates[0].total;
+        let mean: Tensors = updates.into_iter().flat_map(|u| u.mean).collect();
+        let done = summed.handle(Input::Aggregated { round, mean: Some((mean, total)) }, t + 1);
+        assert!(done.iter().any(|a| matches!(a, Action::RoundCompleted(s) if s.round == round)), "{done:?}");
+        assert_eq!(whole.completed(), round);
+        assert_eq!(summed.completed(), round);
+        for (a, b) in whole.params().iter().flatten().zip(summed.params().iter().flatten()) {
+            assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "round {round}: {a} against {b}");
+        }
+    }
+    assert_ne!(whole.params()[0][0], 0.5, "the parameters moved");
+}
+
+#[test]
+fn an_aggregated_mean_of_the_wrong_shape_moves_nothing_and_a_late_report_is_carried_over() {
+    let cfg = Config { start_workers: 3, heartbeat_timeout_ms: 10_000, overlap: Some(Overlap::new(4)), ..config() };
+    let mut s = Shepherd::new(cfg, vec![vec![1.0, 1.0]]);
+    for peer in 1..=3u32 {
+        s.handle(Input::Joined(peer), 0);
+    }
+    let report = |peer, raw: Vec<(f64, f32)>| Input::Reported {
+        peer,
+        round: 1,
+        samples: 10,
+        loss: 2.0,
+        report: Report { raw, bounded_norm: 1.0 },
+        timing: None,
+        screen: Screen::Unscreened,
+    };
+    s.handle(report(1, vec![(1.0, 0.8)]), 1);
+    // a report with another number of tensors than the round's is refused
+    let bad = s.handle(report(2, vec![]), 2);
+    assert!(bad.iter().any(|a| matches!(a, Action::Rejected { reason: Rejection::Count { .. }, .. })), "{bad:?}");
+    // worker 3 is silent: the round closes at its deadline
+    let a = s.handle(Input::Tick, 1001);
+    assert!(a.iter().any(|a| matches!(a, Action::Aggregate { round: 1, count: 1 })), "{a:?}");
+    assert!(s.handle(Input::Heartbeat(3), 1002).is_empty(), "no round opens while aggregating");
+    // worker 3's report comes while round 1 is aggregated: it waits for round 2, to be carried into it
+    assert!(s.handle(report(3, vec![(1.0, 0.8)]), 1002).is_empty());
+    let mut done = s.handle(Input::Aggregated { round: 1, mean: Some((vec![vec![0.5; 3]], 10.0)) }, 1003);
+    assert!(done.iter().any(|a| matches!(a, Action::RoundCompleted(_))), "{done:?}");
+    assert_eq!(opened(&done).map(|(r, _)| r), Some(2), "the next round opens once the mean is in: {done:?}");
+    assert_eq!(s.params(), &vec![vec![1.0, 1.0]], "a mean of the wrong shape is dropped");
+    assert!(!done.iter().any(|a| matches!(a, Action::Rejected { .. })), "carried over: {done:?}");
+    done.extend(s.handle(Input::Tick, 10_000));
+    let added = done.iter().find_map(|a| match a {
+        Action::Added { round, peer, of, .. } => Some((*round, *peer, *of)),
+        _ => None,
+    });
+    assert_eq!(added, Some((2, 3, 1)), "{done:?}");
+    assert!(done.iter().any(|a| matches!(a, Action::Aggregate { round: 2, count: 1 })), "{done:?}");
+}
