@@ -106,6 +106,7 @@ use crate::cpu::{Cpu, Screened};
 use crate::report::{FragmentCost, RoundStats, StrategyReport, Summary};
 use crate::world::{NodeSpec, Stream, World, rng};
 
+mod contribute;
 mod open;
 pub use crate::cpu::{CpuTotals, ScreenPolicy, ShepherdCosts};
 
@@ -216,6 +217,10 @@ enum Ev {
         r: u64,
         screened: Screened,
     },
+    /// Round `r`'s shard means are with the shepherd.
+    Aggregated {
+        r: u64,
+    },
     Deadline {
         r: u64,
     },
@@ -307,7 +312,8 @@ struct Sim<'a> {
     /// The shepherd's event loop and aggregate threads.
     cpu: Cpu,
     /// The aggregators, if any.
-    pool: Option<Pool>,
+    /// The aggregators, and the aggregated rounds' sums (`contribute.rs`).
+    agg: contribute::Aggregation,
     /// Live workers (connections held at the shepherd).
     alive: usize,
     /// Joins refused at the shepherd's connection cap.
@@ -366,7 +372,7 @@ pub fn run_star(world: World, setup: &StarSetup, progress: &mut dyn FnMut(u64)) 
         served: BTreeMap::new(),
         useful: Vec::new(),
         cpu: Cpu::new(setup.cpu.clone(), rng(setup.seed, Stream::Screen)),
-        pool: setup.aggregators.clone().map(|a| Pool::new(a, setup.seed)),
+        agg: contribute::Aggregation::new(setup.aggregators.clone().map(|a| Pool::new(a, setup.seed))),
         alive: 0,
         refused: 0,
         last_close: 0,
@@ -401,7 +407,7 @@ pub fn run_star(world: World, setup: &StarSetup, progress: &mut dyn FnMut(u64)) 
     if setup.overlap {
         summary.overall_utilization = Some(summary.utilization);
     }
-    summary.aggregators = sim.pool.as_ref().map(|p| p.totals);
+    summary.aggregators = sim.agg.pool.as_ref().map(|p| p.totals);
     summary.shepherd = Some(crate::report::ShepherdSummary {
         cpu: sim.cpu.totals,
         refused_joins: sim.refused,
@@ -456,7 +462,7 @@ impl Sim<'_> {
     /// aggregators' downlinks together (each slice reaches every replica of its
     /// shard: the worker's upload, then the first replica's forward).
     fn upload_link(&self) -> f64 {
-        match &self.pool {
+        match &self.agg.pool {
             Some(p) if p.active() => p.down() / p.setup().replicas.max(1) as f64,
             _ => self.world.shepherd.down,
         }
@@ -700,6 +706,7 @@ impl Sim<'_> {
                 self.arrived(w, r, now);
             }
             Ev::Decoded { w, r, screened } => self.contribute(w, r, now, screened),
+            Ev::Aggregated { r } => self.aggregated(r, now),
         }
     }
 
@@ -754,72 +761,6 @@ impl Sim<'_> {
         self.overlap_actions(w, &actions, now);
     }
 
-    /// Worker `w`'s contribution for round `r` reached the shepherd: its bytes, and
-    /// the shepherd's decode queue.
-    fn arrived(&mut self, w: u32, r: u64, now: u64) {
-        let cb = self.contribution_bytes(r);
-        self.window.worker_bytes_out += self.upload_bytes(r);
-        // the node validates, then screens what is for the open round (or carried into it)
-        let open = self.shepherd.completed() + 1;
-        let screenable = !self.workers[w as usize].spec.hostile && (r == open || (self.setup.overlap && r + 1 == open));
-        let must = self.shepherd.must_screen(&w);
-        let work = self.fragment(r).map_or(1.0, |f| f.work);
-        let (at, screened) = match self.pool.as_ref().filter(|p| p.active()).map(|p| p.setup().clone()) {
-            Some(a) => {
-                // its slices went to the aggregators, its commitment and their reports to the shepherd
-                self.window.shepherd_bytes_in += a.commit_bytes;
-                if let Some(pool) = self.pool.as_mut() {
-                    pool.arrived(now);
-                }
-                let (at, screened) = self.cpu.committed(now, cb, work, a.commit_s, must, screenable);
-                (at.max(now + us(a.report_s)), screened)
-            }
-            None => {
-                self.window.shepherd_bytes_in += cb;
-                self.cpu.contribution(now, cb, work, must, screenable)
-            }
-        };
-        self.push(at, Ev::Decoded { w, r, screened });
-    }
-
-    /// Hands worker `w`'s decoded and screened contribution for round `r` to the shepherd.
-    fn contribute(&mut self, w: u32, r: u64, now: u64, screened: Screened) {
-        let screen = match screened {
-            Screened::OverBudget => {
-                let reason = Rejection::Unscreened;
-                return self.shepherd_input(Input::Malformed { peer: w, round: r, reason }, now, false);
-            }
-            Screened::Passed => shepherd::Screen::Passed { improvement: 0.01 },
-            Screened::Skip => shepherd::Screen::Unscreened,
-        };
-        let hostile = self.workers[w as usize].spec.hostile;
-        let tensor: Vec<f32> = if hostile {
-            vec![f32::NAN, 0.0, 0.0, 0.0]
-        } else {
-            (0..4).map(|_| 0.01 * (1.0 + 0.1 * self.draws.delta.r#gen::<f32>())).collect()
-        };
-        // with fragments: the round's fragment's tensor, the others empty
-        let p = self.setup.fragments.len();
-        let delta = if p > 1 {
-            let f = pcp_protocol::diloco::fragments::of_round(r, p);
-            (0..p).map(|i| if i == f { tensor.clone() } else { Vec::new() }).collect()
-        } else {
-            vec![tensor]
-        };
-        let mut samples = self.setup.tau.max(1);
-        let mut timing = None;
-        if self.setup.overlap {
-            let ws = &mut self.workers[w as usize];
-            if let Some(i) = ws.sends.iter().position(|s| s.0 == r) {
-                let (_, sent, steps, train) = ws.sends.remove(i);
-                samples = steps;
-                timing = Some(shepherd::Timing { steps, train_ms: train / 1000, transfer_ms: (now - sent) / 1000 });
-            }
-        }
-        let input = Input::Contribution { peer: w, round: r, samples, loss: 2.0, delta: delta.into(), timing, screen };
-        self.shepherd_input(input, now, false);
-    }
-
     fn shepherd_input(&mut self, input: Input<u32>, now: u64, at_deadline: bool) {
         let actions = self.shepherd.handle(input, now / 1000);
         if self.setup.overlap
@@ -834,7 +775,7 @@ impl Sim<'_> {
         for action in actions {
             match action {
                 Action::OpenRound { round, deadline_ms, participants } => {
-                    if let Some(pool) = self.pool.as_mut() {
+                    if let Some(pool) = self.agg.pool.as_mut() {
                         pool.open(round);
                     }
                     if let Some(budget) = self.shepherd.budget_ms() {
@@ -896,30 +837,19 @@ impl Sim<'_> {
                     s.worker_bytes_in /= p;
                     s.worker_bytes_out /= p;
                     self.last_close = now;
-                    // aggregated: the shards' means are gathered first, then the shepherd closes
-                    let gathered = self.gather(r, now);
-                    if gathered > now {
-                        s.shepherd_bytes_in += self.setup.params_bytes;
-                    }
+                    // aggregated, the shards' means were gathered first (`Action::Aggregate`)
+                    s.shepherd_bytes_in += std::mem::take(&mut self.agg.gathered_bytes);
                     let work = self.fragment(r + 1).map_or(1.0, |f| f.work);
-                    self.closed_at = self.cpu.close(gathered, s.wall_s, work, (r, r == self.setup.rounds));
+                    self.closed_at = self.cpu.close(now, s.wall_s, work, (r, r == self.setup.rounds));
                     self.done.push(s);
                 }
                 Action::Finished => self.finished = true,
-                // joins, leaves; given whole contributions, it never waits on aggregators (`gather`)
-                _ => {}
+                Action::Added { round, peer, of, weight, norm, bound } => {
+                    self.added((round, of), peer, (weight, norm, bound));
+                }
+                Action::Aggregate { round, count } => self.aggregate(round, count, now),
+                Action::WorkerJoined(_) | Action::WorkerLeft { .. } => {}
             }
         }
-    }
-
-    /// Round `r` closed at `now`: when its aggregators' shard means are with the
-    /// shepherd (`now` when it summed alone).
-    fn gather(&mut self, r: u64, now: u64) -> u64 {
-        let bytes = self.contribution_bytes(r);
-        let Some(pool) = self.pool.as_mut() else { return now };
-        let inflow = pool.inflow(now);
-        let (c, down) = (&self.setup.cpu, self.world.shepherd.down);
-        let (slice_core_s, shepherd) = (c.decode_s + c.add_core_s, (down, c.threads));
-        pool.close(r, now, inflow, bytes, slice_core_s, self.setup.params_bytes, shepherd).ready_us
     }
 }

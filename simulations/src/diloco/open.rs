@@ -66,7 +66,7 @@ impl Sim<'_> {
                     })
                     .collect();
                 // aggregators seed the round's blobs too: they fetch them first, on their own links
-                let seeds = up + self.pool.as_ref().filter(|p| p.active()).map_or(0.0, Pool::up);
+                let seeds = up + self.agg.pool.as_ref().filter(|p| p.active()).map_or(0.0, Pool::up);
                 let fetched = fair_share_growing(seeds, fetches, &gains);
                 let total: f64 = fetches.iter().map(|f| f.bytes).sum();
                 let first = fetches.iter().map(|f| f.start).fold(f64::INFINITY, f64::min);
