@@ -51,6 +51,12 @@ pub(crate) enum Command {
         max: usize,
         reply: oneshot::Sender<Vec<PeerId>>,
     },
+    /// Looks `peer` up in the DHT and keeps its addresses, for a request to a peer
+    /// this node has no address of.
+    FindPeer {
+        peer: PeerId,
+        reply: oneshot::Sender<bool>,
+    },
     Request {
         peer: PeerId,
         envelope: SignedEnvelope,

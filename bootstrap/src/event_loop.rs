@@ -78,12 +78,21 @@ enum Work {
     Read(Served, ResponseChannel<BlobReply>),
 }
 
-/// A provider lookup for [`Command::Providers`].
+/// A provider lookup for [`Command::Providers`], or a peer's for [`Command::FindPeer`].
 #[derive(Debug)]
 struct Lookup {
     found: Vec<PeerId>,
     max: usize,
-    reply: oneshot::Sender<Vec<PeerId>>,
+    reply: LookupReply,
+}
+
+/// Where a lookup's result goes.
+#[derive(Debug)]
+enum LookupReply {
+    /// The providers found.
+    Providers(oneshot::Sender<Vec<PeerId>>),
+    /// Whether the peer's addresses were found (and are now dialable).
+    Peer(PeerId, oneshot::Sender<bool>),
 }
 
 /// Owns the swarm. Run it with [`EventLoop::run`].
@@ -495,7 +504,21 @@ impl EventLoop {
                     return;
                 }
                 let id = self.swarm.behaviour_mut().kad.get_providers(kad_key(&key));
+                let reply = LookupReply::Providers(reply);
                 self.lookups.insert(id, Lookup { found: Vec::new(), max: max.max(1), reply });
+            }
+            Command::FindPeer { peer, reply } => {
+                if self.swarm.is_connected(&peer) {
+                    let _ = reply.send(true);
+                    return;
+                }
+                if self.lookups.len() >= MAX_LOOKUPS {
+                    let _ = reply.send(false);
+                    return;
+                }
+                let id = self.swarm.behaviour_mut().kad.get_closest_peers(peer);
+                let reply = LookupReply::Peer(peer, reply);
+                self.lookups.insert(id, Lookup { found: Vec::new(), max: 1, reply });
             }
             Command::Request { peer, envelope, reply } => {
                 if self.rpc_out.len() >= MAX_RPC_OUTBOUND {

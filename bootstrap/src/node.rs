@@ -146,6 +146,13 @@ impl Node {
         self.ask(|reply| Command::Providers { key, max, reply }).await
     }
 
+    /// Finds `peer`'s addresses through the DHT (the peers it asks know them when it
+    /// is a DHT server), so that a request can dial it; `true` when it is connected
+    /// or its addresses were found.
+    pub async fn find_peer(&self, peer: PeerId) -> Result<bool, Stopped> {
+        self.ask(|reply| Command::FindPeer { peer, reply }).await
+    }
+
     /// Sends a signed request to `peer` and returns its verified, signed answer.
     pub async fn request(
         &self,

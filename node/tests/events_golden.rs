@@ -52,6 +52,18 @@ fn a_seeded_sim_emits_the_golden_events_field_for_field() {
     assert_eq!(started["encoding_spec"], "sparse:chunk=64,k=4,bits=2,decay=0.5,down=8,downbits=4", "{started}");
     let mut files = vec![ev];
     files.extend((1..=4).map(|n| dir.path().join(format!("sim/worker-{n}/events.jsonl"))));
+    // an aggregated run, one of whose aggregators lies: the aggregators' events
+    let agg = tempfile::tempdir().expect("tempdir");
+    let agg_ev = agg.path().join("events.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_pcp-node"))
+        .env("PCP_ARTIFACT_CACHE", std::env::temp_dir().join("pcp-test-artifact-cache").join("artifacts"))
+        .args(["sim", "--nodes", "4", "--rounds", "2", "--tau", "10", "--seed", "7", "--screen", "norm"])
+        .args(["--aggregators", "2", "--hostile", "agg-alter:1", "--data", &corpus()])
+        .args(["--events", agg_ev.to_str().expect("utf8"), "--data-dir", agg.path().to_str().expect("utf8")])
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    files.push(agg_ev);
     let got = shapes(&files);
     let golden_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/sim_events.json");
     if std::env::var_os("PCP_BLESS").is_some() {
@@ -82,6 +94,9 @@ fn a_seeded_sim_emits_the_golden_events_field_for_field() {
         "params_fetched",
         "contribution_sent",
         "update_merged",
+        "aggregator_assigned",
+        "shard_aggregated",
+        "aggregate_disputed",
     ] {
         assert!(got.contains_key(name), "no {name} event");
     }

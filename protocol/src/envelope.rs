@@ -41,6 +41,18 @@ impl Signable for Heartbeat {
 impl Signable for Ack {
     const KIND: MessageKind = MessageKind::Ack;
 }
+impl Signable for pcp_schema::Slice {
+    const KIND: MessageKind = MessageKind::Slice;
+}
+impl Signable for pcp_schema::SliceReports {
+    const KIND: MessageKind = MessageKind::SliceReports;
+}
+impl Signable for pcp_schema::Accepts {
+    const KIND: MessageKind = MessageKind::Accepts;
+}
+impl Signable for pcp_schema::ShardVote {
+    const KIND: MessageKind = MessageKind::ShardVote;
+}
 
 /// What a message is bound to, so that it cannot be replayed elsewhere or later: the
 /// part of an envelope's [`EnvelopeHeader`] that the caller of [`seal`] supplies.

@@ -136,6 +136,8 @@ struct RoundAnnouncement {
 struct ShardAggregators {
   replicas @0 :List(Data);  # ed25519 public keys
   auditor @1 :Data;         # an ed25519 public key; empty: none
+  tensorBounds @2 :List(Float64);  # the round's per-tensor L2 bounds of the shard's tensors
+  elementBounds @3 :List(Float32); # and its per-element bounds (infinite: none)
 }
 
 struct Contribution {

@@ -9,13 +9,17 @@ use crate::wire::pcp_capnp::{
     slice_reports,
 };
 
-/// Who sums one parameter shard of a round.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who sums one parameter shard of a round, and the bounds its slices are held to.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ShardAggregators {
     /// Its replicas' keys, in order: workers upload to the first, which forwards.
     pub replicas: Vec<[u8; 32]>,
     /// The shard's auditor, if one was drawn.
     pub auditor: Option<[u8; 32]>,
+    /// The round's per-tensor L2 bounds of the shard's tensors (infinite: none).
+    pub tensor_bounds: Vec<f64>,
+    /// The round's per-element bounds of the shard's tensors (infinite: none).
+    pub element_bounds: Vec<f32>,
 }
 
 impl ShardAggregators {
@@ -28,6 +32,14 @@ impl ShardAggregators {
             }
             if let Some(a) = &s.auditor {
                 e.set_auditor(&a[..]);
+            }
+            let mut tensor = e.reborrow().init_tensor_bounds(list_len(s.tensor_bounds.len()));
+            for (j, b) in (0..).zip(&s.tensor_bounds) {
+                tensor.set(j, *b);
+            }
+            let mut element = e.reborrow().init_element_bounds(list_len(s.element_bounds.len()));
+            for (j, b) in (0..).zip(&s.element_bounds) {
+                element.set(j, *b);
             }
         }
     }
@@ -46,7 +58,9 @@ impl ShardAggregators {
             }
             let auditor = e.get_auditor().map_err(|e| malformed(w, e))?;
             let auditor = if auditor.is_empty() { None } else { Some(fixed(w, "aggregators.auditor", auditor)?) };
-            out.push(Self { replicas, auditor });
+            let tensor_bounds = e.get_tensor_bounds().map_err(|e| malformed(w, e))?.iter().collect();
+            let element_bounds = e.get_element_bounds().map_err(|e| malformed(w, e))?.iter().collect();
+            out.push(Self { replicas, auditor, tensor_bounds, element_bounds });
         }
         Ok(out)
     }

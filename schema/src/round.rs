@@ -8,7 +8,7 @@ use crate::run::ParameterRef;
 use crate::wire::pcp_capnp::{ack, contribution, heartbeat, round_announcement};
 
 /// The shepherd opens a round: the parameters to start from and a deadline.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RoundAnnouncement {
     /// Run id.
     pub run: [u8; 32],
@@ -45,7 +45,8 @@ pub struct RoundAnnouncement {
     /// The previous round's screen seed (zeros: none), which anyone can check
     /// against that round's commit.
     pub screen_reveal: [u8; 32],
-    /// Parameter-shard aggregators, one entry a shard of `parameters` (empty: the
+    /// Parameter-shard aggregators, one entry a shard of the round's sum (the
+    /// model's tensors cut into as many contiguous shards, balanced by size; empty: the
     /// shepherd sums alone).
     pub aggregators: Vec<ShardAggregators>,
 }

@@ -13,8 +13,16 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 
 fn shard_aggregators() -> impl Strategy<Value = ShardAggregators> {
-    (vec(any::<[u8; 32]>(), 0..4), proptest::option::of(any::<[u8; 32]>()))
-        .prop_map(|(replicas, auditor)| ShardAggregators { replicas, auditor })
+    let tensor = vec(prop_oneof![Just(f64::INFINITY), 0.0f64..1e6], 0..4);
+    let element = vec(prop_oneof![Just(f32::INFINITY), 0.0f32..1e6], 0..4);
+    (vec(any::<[u8; 32]>(), 0..4), proptest::option::of(any::<[u8; 32]>()), tensor, element).prop_map(
+        |(replicas, auditor, tensor_bounds, element_bounds)| ShardAggregators {
+            replicas,
+            auditor,
+            tensor_bounds,
+            element_bounds,
+        },
+    )
 }
 
 fn slice_report() -> impl Strategy<Value = SliceReportEntry> {

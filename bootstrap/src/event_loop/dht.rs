@@ -6,7 +6,7 @@ use pcp_protocol::BlobHash;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{EventLoop, kad_key};
+use super::{EventLoop, Lookup, LookupReply, kad_key};
 use crate::events::Event;
 
 impl EventLoop {
@@ -61,6 +61,7 @@ impl EventLoop {
             } if self.lookups.contains_key(&id) => {
                 let local = self.peer_id();
                 let done = match (self.lookups.get_mut(&id), result) {
+                    (Some(Lookup { reply: LookupReply::Peer(..), .. }), _) => false,
                     (Some(lookup), Ok(kad::GetProvidersOk::FoundProviders { providers, .. })) => {
                         for p in providers {
                             if p != local && !self.banned.contains_key(&p) && !lookup.found.contains(&p) {
@@ -79,7 +80,36 @@ impl EventLoop {
                     {
                         query.finish();
                     }
-                    let _ = lookup.reply.send(lookup.found);
+                    if let LookupReply::Providers(reply) = lookup.reply {
+                        let _ = reply.send(lookup.found);
+                    }
+                }
+            }
+            kad::Event::OutboundQueryProgressed {
+                id, result: kad::QueryResult::GetClosestPeers(result), step, ..
+            } if self.lookups.contains_key(&id) => {
+                let Some(LookupReply::Peer(peer, _)) = self.lookups.get(&id).map(|l| &l.reply) else { return };
+                let peer = *peer;
+                let peers = match result {
+                    Ok(ok) => ok.peers,
+                    Err(kad::GetClosestPeersError::Timeout { peers, .. }) => peers,
+                };
+                let mut found = false;
+                for info in peers.into_iter().filter(|i| i.peer_id == peer) {
+                    for addr in info.addrs {
+                        self.swarm.add_peer_address(peer, addr);
+                        found = true;
+                    }
+                }
+                if (found || step.last)
+                    && let Some(Lookup { reply: LookupReply::Peer(_, reply), .. }) = self.lookups.remove(&id)
+                {
+                    if !step.last
+                        && let Some(mut query) = self.swarm.behaviour_mut().kad.query_mut(&id)
+                    {
+                        query.finish();
+                    }
+                    let _ = reply.send(found);
                 }
             }
             kad::Event::OutboundQueryProgressed {

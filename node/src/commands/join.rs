@@ -489,9 +489,11 @@ pub(crate) async fn run_node(
     };
     let mut config = args.config();
     // a coordinator (or one who may become it) must be found through the DHT by the
-    // workers and candidates it may lead, reachable address confirmed or not yet
-    config.dht_server = matches!(role, Role::Shepherd(..) | Role::Candidate(..));
-    if config.dht_server {
+    // workers and candidates it may lead, reachable address confirmed or not yet; a
+    // volunteer aggregator, by the workers that send it their slices
+    let coordinator = matches!(role, Role::Shepherd(..) | Role::Candidate(..));
+    config.dht_server = coordinator || matches!(&role, Role::Worker(p) if p.aggregate);
+    if coordinator {
         // every participant of its run holds a connection to it
         config.max_connections = COORDINATOR_MAX_CONNECTIONS;
     }

@@ -124,6 +124,14 @@ pub(crate) struct SimArgs {
     /// (with 3 or more contributions), instead of the token-weighted mean.
     #[arg(long, default_value_t = 0.0, value_parser = crate::diloco::parse_trim)]
     trim: f64,
+    /// Cut each round's sum into N parameter shards summed by volunteers: every
+    /// worker offers to aggregate (`--aggregate`), and the shepherd assigns
+    /// --aggregator-replicas of them a shard (needs --screen norm).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    aggregators: usize,
+    /// Volunteers summing each shard.
+    #[arg(long, default_value_t = 2, value_name = "R", value_parser = clap::value_parser!(u64).range(1..16))]
+    aggregator_replicas: u64,
     /// A worker silent for this long is dropped.
     #[arg(long, default_value_t = 5_000)]
     heartbeat_timeout_ms: u64,
@@ -222,6 +230,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
     let worker_args = WorkerArgs {
         backend: args.device.backend.clone(),
         target: args.device.target.clone(),
+        aggregate: args.aggregators > 0,
         ..WorkerArgs::default()
     };
     let worker_plan = WorkerPlan::new(&worker_args)?;
@@ -371,6 +380,8 @@ fn shepherd_plan(args: &SimArgs, net: &NetArgs, root: &std::path::Path) -> Resul
     plan.screen = crate::diloco::Screen::parse(&args.screen)?;
     plan.trust = crate::diloco::Trust::from_args(&args.trust, 0)?;
     plan.trim = args.trim;
+    plan.aggregation.shards = args.aggregators;
+    plan.aggregation.replicas = args.aggregator_replicas as usize;
     plan.overlap = !args.no_overlap;
     plan.participants_inline = args.participants_inline;
     let mut plan = plan.with_fragments(args.fragments)?;

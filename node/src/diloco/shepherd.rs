@@ -1,5 +1,6 @@
 //! The shepherd role: `pcp-node --shepherd`.
 
+mod aggregation;
 mod args;
 mod book;
 mod compile;
@@ -155,8 +156,10 @@ pub(super) struct Host {
     screener: screen::Screener,
     hooks: ShepherdHooks,
     out: std::io::Stdout,
-    /// DHT announcements of the run in progress.
+    /// DHT announcements of the run in progress, and requests sent unawaited.
     background: JoinSet<()>,
+    /// Aggregated rounds (`--aggregators`).
+    aggregation: aggregation::Aggregation,
 }
 
 impl std::fmt::Debug for Host {
@@ -232,6 +235,7 @@ impl Host {
                     Some(_) => {}
                     None => break,
                 },
+                Some(Ok(fetched)) = self.aggregation.fetches.join_next() => self.on_fetched(fetched).await?,
                 Some(done) = self.artifacts.compiles.join_next() => match done {
                     Ok(result) => self.on_compiled(result).await?,
                     Err(e) => tracing::warn!("compile task failed: {e}"),
@@ -239,6 +243,7 @@ impl Host {
                 _ = tick.tick() => {
                     self.machine.heard(requests.take_heard(), self.now_ms());
                     self.expire_hellos();
+                    self.expire_votes();
                     let actions = self.lead.consensus.handle(consensus_core::Input::Tick)?;
                     self.on_consensus(actions).await?;
                     if self.lead.stepped_down.is_none() && self.lead.consensus.core().is_leader() {
@@ -289,6 +294,7 @@ impl Host {
         let mut received = None;
         let mut busy = (0, 0);
         let input = match message.decode::<Contribution>() {
+            Ok(c) if !c.slice_hashes.is_empty() => return self.on_commitment(id, key, c).await,
             Ok(c) => {
                 received = Some((c.samples, c.loss, c.delta.len(), c.bytes_down));
                 busy = (c.train_ms, c.wall_ms);
@@ -428,6 +434,8 @@ impl Host {
                 Err(e) => self.refuse(id, binding.round, format!("bad heartbeat: {e}")).await,
             },
             MessageKind::Contribution => self.on_contribution(id, key, binding.round, &message).await,
+            MessageKind::SliceReports => self.on_slice_reports(id, &message).await,
+            MessageKind::ShardVote => self.on_shard_vote(id, &message).await,
             other => {
                 tracing::debug!(%peer, "unexpected {} request", other.tag());
                 self.refuse(id, binding.round, format!("a shepherd does not answer {} requests", other.tag())).await
@@ -636,6 +644,7 @@ impl Host {
                         LeaveReason::Timeout => ev::Departure::HeartbeatTimeout,
                     };
                     tracing::info!(peer = %peer_name(&peer), "worker left: {reason:?}");
+                    self.aggregation.left(&peer);
                     self.hello_left(peer);
                     self.events.emit(ev::Event::WorkerLeft(ev::WorkerLeft { peer: peer_name(&peer), reason }));
                 }
@@ -646,12 +655,13 @@ impl Host {
                     }));
                 }
                 Action::Finished => {}
-                // this node gives its machine whole contributions (`Input::Contribution`) only
-                Action::Added { round, .. } | Action::Aggregate { round, .. } => {
-                    anyhow::bail!("round {round}: the state machine waits on aggregators this shepherd never assigned")
+                Action::Added { round, peer, of, weight, norm, bound } => {
+                    self.added((round, of), peer, (weight, norm, bound));
                 }
+                Action::Aggregate { round, count } => self.aggregate(round, count),
             }
         }
+        self.send_accepts();
         // a close (the outer step, writing the round's blobs) holds this loop for seconds:
         // heartbeats dropped meanwhile are no worker's silence
         let took = deaf.elapsed();
@@ -688,6 +698,7 @@ impl Host {
         self.book.traffic.clear();
         // the screen's secret batch for this round: committed now, revealed with the next
         let (screen_commit, screen_reveal) = self.screener.open(round);
+        let aggregators = self.assign_aggregators(round, &participants);
         // the deadline was set at the input that closed the last round; the close (the
         // outer step, the parameters' shards, a checkpoint when due: 3 s for gpt2-124m)
         // came between, and the workers get the whole window after the announcement
@@ -719,7 +730,7 @@ impl Host {
             steps_end_unix_ms: self.machine.steps_end_ms().unwrap_or(0),
             screen_commit,
             screen_reveal,
-            aggregators: Vec::new(),
+            aggregators,
         };
         let envelope = self.signer.seal(self.run, round, &announcement);
         self.book.served_at_open = self.node.stats().await.map(|s| served(&s)).unwrap_or(0);
@@ -751,7 +762,7 @@ impl Host {
             false => wire::put_params(&self.store, params)?,
         };
         let mut refs = vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size }];
-        refs.extend(wire::put_shards(&self.store, params, &self.layout.shards, self.plan.aggregate_threads)?);
+        refs.extend(wire::put_shards(&self.store, params, &self.layout.shards, self.plan.aggregation.threads)?);
         Ok(refs)
     }
 

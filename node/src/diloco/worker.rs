@@ -1,5 +1,6 @@
 //! The worker role: the default for a node that is not a shepherd.
 
+mod aggregator;
 mod disk;
 mod heartbeats;
 mod hostile;
@@ -7,6 +8,7 @@ mod join;
 mod pow;
 mod round;
 mod send;
+mod slices;
 
 pub(crate) use hostile::{Attack, HOSTILE_KINDS, Hostile, ReplaySlot};
 
@@ -77,6 +79,11 @@ pub(crate) struct WorkerArgs {
     /// accumulates gradients over micro-batches.
     #[arg(long, value_name = "SIZE", value_parser = crate::training::memory::parse_size)]
     pub(crate) free_memory: Option<u64>,
+    /// Offer to sum parameter shards of the run: a shepherd with --aggregators
+    /// assigns shards to rated volunteers in its announcements, and this node sums
+    /// the slices its workers send (it still trains unless --no-train).
+    #[arg(long)]
+    pub(crate) aggregate: bool,
 }
 
 /// A worker's resolved settings.
@@ -100,6 +107,8 @@ pub(crate) struct WorkerPlan {
     free_memory: (u64, &'static str),
     /// The join certificate the hello carries (empty: none).
     certificate: Vec<u8>,
+    /// It offers to sum parameter shards (`--aggregate`).
+    pub(crate) aggregate: bool,
 }
 
 impl WorkerPlan {
@@ -123,6 +132,7 @@ impl WorkerPlan {
             Some(path) => read_certificate(path).map_err(Failure::input)?,
         };
         Ok(Self {
+            aggregate: args.aggregate,
             certificate,
             device,
             backend: device.name().to_owned(),
@@ -180,16 +190,76 @@ pub(crate) async fn run(
     let plan = WorkerPlan { verbose: plan.verbose && !crate::observe::tui::owns_stdout(), ..plan };
     let mut signer = Signer::new(identity);
     let gossip = Arc::new(tokio::sync::Mutex::new(gossip));
+    // a volunteer aggregator takes this worker's own slices straight (a node cannot dial itself)
+    let (own_slices, own_rx) = match plan.aggregate {
+        true => {
+            let (tx, rx) = mpsc::channel(OWN_SLICES);
+            (Some(tx), Some(Arc::new(tokio::sync::Mutex::new(rx))))
+        }
+        false => (None, None),
+    };
     loop {
         let Some(joined) = discover(&plan, (node, &data_dir), &mut signer, &cancel).await? else { return Ok(()) };
-        let io = TrainIo { node, events, data_dir: &data_dir, cancel: &cancel };
-        match train(&plan, io, &mut signer, &joined, gossip.clone()).await? {
+        let io = TrainIo { node, events, data_dir: &data_dir, cancel: &cancel, own_slices: own_slices.as_ref() };
+        match train(&plan, io, &mut signer, &joined, (gossip.clone(), own_rx.clone())).await? {
             Outcome::Finished | Outcome::Cancelled => return Ok(()),
             Outcome::Rejoin(reason) => {
                 tracing::warn!("leaving run {}: {reason}", RunId(joined.manifest.run));
                 events.emit(ev::Event::RunLeft(ev::RunLeft { run: RunId(joined.manifest.run).to_hex(), reason }));
             }
         }
+    }
+}
+
+/// Records (and, verbose, prints) that this worker joined `joined`'s run, and how
+/// its device takes the run's batch.
+fn say_joined(plan: &WorkerPlan, events: &Events, joined: &Joined, encoding: Encoding, micro_batches: u32) {
+    let m = &joined.manifest;
+    let run = RunId(m.run);
+    events.emit(ev::Event::RunJoined(ev::RunJoined {
+        run: run.to_hex(),
+        shepherd: joined.shepherd.to_string(),
+        backend: plan.backend.clone(),
+        target: plan.target.clone(),
+        artifact: BlobHash(joined.artifact.blob).to_hex(),
+        screen: m.screen.clone(),
+        trim: f64::from(m.trim),
+        rounds: m.rounds,
+        tau: u64::from(m.inner_steps),
+        encoding: encoding.name().to_owned(),
+        encoding_spec: encoding.spec(),
+        overlap: m.overlap,
+    }));
+    let recompute = if joined.artifact.recompute.is_empty() { &m.recompute } else { &joined.artifact.recompute };
+    events.emit(ev::Event::MicroBatches(ev::MicroBatches {
+        batch: u64::from(m.data.batch),
+        micro_batches: u64::from(micro_batches),
+        micro_batch: u64::from(m.data.batch / micro_batches),
+        free_bytes: plan.free_memory.0,
+        free_from: plan.free_memory.1.to_owned(),
+        estimate_bytes: joined.artifact.estimate_bytes,
+        recompute: recompute.clone(),
+        cache_bytes: 0,
+    }));
+    if plan.verbose && micro_batches > 1 {
+        println!(
+            "this device ({:.2} GB free) trains each batch of {} as {micro_batches} micro-batches of {}, recompute {recompute}",
+            plan.free_memory.0 as f64 / 1e9,
+            m.data.batch,
+            m.data.batch / micro_batches,
+        );
+    }
+    if plan.verbose {
+        println!(
+            "joined run {run} ({}): shepherd {}, {} rounds of τ={}{}, artifact for {} ({:.1} MB)",
+            m.name,
+            joined.shepherd,
+            m.rounds,
+            m.inner_steps,
+            if m.overlap { ", overlapped" } else { "" },
+            if plan.target.is_empty() { plan.backend.clone() } else { format!("{}:{}", plan.backend, plan.target) },
+            joined.artifact.size as f64 / 1e6
+        );
     }
 }
 
@@ -221,7 +291,18 @@ struct TrainIo<'a> {
     events: &'a Events,
     data_dir: &'a Path,
     cancel: &'a CancellationToken,
+    /// A volunteer aggregator's: where this worker's slices of its own shards go.
+    own_slices: Option<&'a mpsc::Sender<pcp_schema::Slice>>,
 }
+
+/// A worker's own slices its aggregator holds, queued at most.
+const OWN_SLICES: usize = 64;
+
+/// The requests of the worker's role, and a volunteer aggregator's own slices.
+type Inbound = (
+    Arc<tokio::sync::Mutex<mpsc::Receiver<Event>>>,
+    Option<Arc<tokio::sync::Mutex<mpsc::Receiver<pcp_schema::Slice>>>>,
+);
 
 /// A round's starting parameters and how they were had.
 struct RoundParams {
@@ -358,7 +439,7 @@ async fn train(
     io: TrainIo<'_>,
     signer: &mut Signer,
     joined: &Joined,
-    gossip: Arc<tokio::sync::Mutex<mpsc::Receiver<Event>>>,
+    (gossip, own_rx): Inbound,
 ) -> anyhow::Result<Outcome> {
     let TrainIo { node, events, data_dir, .. } = io;
     let m = &joined.manifest;
@@ -386,51 +467,7 @@ async fn train(
         tracing::warn!("subscribing to run {run}: {e}");
     }
     let me = signer.identity().public();
-    events.emit(ev::Event::RunJoined(ev::RunJoined {
-        run: run.to_hex(),
-        shepherd: joined.shepherd.to_string(),
-        backend: plan.backend.clone(),
-        target: plan.target.clone(),
-        artifact: BlobHash(joined.artifact.blob).to_hex(),
-        screen: m.screen.clone(),
-        trim: f64::from(m.trim),
-        rounds: m.rounds,
-        tau: u64::from(m.inner_steps),
-        encoding: encoding.name().to_owned(),
-        encoding_spec: encoding.spec(),
-        overlap: m.overlap,
-    }));
-    let recompute = if joined.artifact.recompute.is_empty() { &m.recompute } else { &joined.artifact.recompute };
-    events.emit(ev::Event::MicroBatches(ev::MicroBatches {
-        batch: u64::from(m.data.batch),
-        micro_batches: u64::from(micro_batches),
-        micro_batch: u64::from(m.data.batch / micro_batches),
-        free_bytes: plan.free_memory.0,
-        free_from: plan.free_memory.1.to_owned(),
-        estimate_bytes: joined.artifact.estimate_bytes,
-        recompute: recompute.clone(),
-        cache_bytes: 0,
-    }));
-    if plan.verbose && micro_batches > 1 {
-        println!(
-            "this device ({:.2} GB free) trains each batch of {} as {micro_batches} micro-batches of {}, recompute {recompute}",
-            plan.free_memory.0 as f64 / 1e9,
-            m.data.batch,
-            m.data.batch / micro_batches,
-        );
-    }
-    if plan.verbose {
-        println!(
-            "joined run {run} ({}): shepherd {}, {} rounds of τ={}{}, artifact for {} ({:.1} MB)",
-            m.name,
-            joined.shepherd,
-            m.rounds,
-            m.inner_steps,
-            if m.overlap { ", overlapped" } else { "" },
-            if plan.target.is_empty() { plan.backend.clone() } else { format!("{}:{}", plan.backend, plan.target) },
-            joined.artifact.size as f64 / 1e6
-        );
-    }
+    say_joined(plan, events, joined, encoding, micro_batches);
 
     let (latest_tx, latest) = watch::channel(Latest::Nothing);
     let (round_tx, round_rx) = watch::channel(0u64);
@@ -450,6 +487,31 @@ async fn train(
         forge: plan.hostile.is_some_and(|a| a.kind == Hostile::Forge),
         known: None,
         participants: None,
+        aggregator: None,
+    };
+    // a volunteer's aggregator takes the requests addressed to it
+    let (heartbeat, _aggregator) = match plan.aggregate {
+        false => (heartbeat, None),
+        true => {
+            let (tx, requests) = mpsc::channel(crate::diloco::inbox::CONTROL_QUEUE);
+            let task = aggregator::AggregatorTask {
+                node: node.clone(),
+                signer: Signer::new(signer.identity().clone()),
+                run,
+                me,
+                hostile: plan.hostile,
+                sizes: sizes.clone(),
+                encoding,
+                store: pcp_bootstrap::BlobStore::open(data_dir)?,
+                events: events.clone(),
+                leader: leader.clone(),
+                latest: latest.clone(),
+                requests,
+                own: own_rx,
+                cancel: io.cancel.child_token(),
+            };
+            (Heartbeats { aggregator: Some(tx), ..heartbeat }, Some(AbortOnDrop(tokio::spawn(task.run()))))
+        }
     };
     let _heartbeat = AbortOnDrop(tokio::spawn(heartbeat.run()));
     let trainer = Trainer {

@@ -115,15 +115,19 @@ pub fn assign<P: AsRef<[u8]> + Clone + PartialEq>(
     Some(Assignment { round, shards: shards.collect() })
 }
 
-/// The hash a worker commits for shard `shard`'s slice of its contribution to
-/// `round`: its encoded bytes, domain-separated.
-pub fn slice_hash(round: u64, shard: usize, bytes: &[u8]) -> [u8; 32] {
-    let mut h = blake3::Hasher::new();
-    h.update(b"pcp/aggregators/slice/v1");
-    h.update(&round.to_le_bytes());
-    h.update(&(shard as u64).to_le_bytes());
-    h.update(bytes);
-    *h.finalize().as_bytes()
+/// The hash a worker commits for a shard's slice of its contribution: the blake3
+/// content id of its encoded bytes, so that anyone holding the slice serves it
+/// as a blob ([`crate::diloco`] nodes fetch a slice they lack by it). Its round
+/// and shard are bound by the signed contribution that lists it.
+pub fn slice_hash(bytes: &[u8]) -> [u8; 32] {
+    *blake3::hash(bytes).as_bytes()
+}
+
+/// The tensors of each of `shards` aggregation shards of a model whose tensors
+/// have `sizes` elements: contiguous and balanced by elements
+/// ([`super::fragments::split`]); `None` for 0 shards or more than the tensors.
+pub fn shard_tensors(sizes: &[usize], shards: usize) -> Option<Vec<Range<usize>>> {
+    super::fragments::split(sizes, shards).ok()
 }
 
 /// The round's per-tensor bounds restricted to the tensors of one shard.
@@ -228,6 +232,52 @@ pub fn update_hash(round: u64, shard: usize, mean: &Tensors, total: f64) -> [u8;
         }
     }
     *h.finalize().as_bytes()
+}
+
+/// Why a shard update blob was not taken.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum UpdateError {
+    /// Not a shard update.
+    #[error("not a shard update blob")]
+    Magic,
+    /// The divisor is not a finite, non-negative number.
+    #[error("a shard update's total weight is not a finite, non-negative number")]
+    Total,
+    /// The mean did not decode to the shard's tensors.
+    #[error("a shard update's mean: {0}")]
+    Mean(#[from] super::compress::DecodeError),
+}
+
+const UPDATE_MAGIC: &[u8; 5] = b"PCPU\x01";
+
+impl ShardUpdate {
+    /// The update as a blob: `PCPU`, version 1, its total weight (f64, little-endian),
+    /// then its mean as an fp32 message ([`super::compress`]).
+    pub fn to_blob(&self) -> Vec<u8> {
+        let sizes: Vec<usize> = self.mean.iter().map(Vec::len).collect();
+        let mut out = Vec::with_capacity(13 + super::compress::encoded_len(&sizes, super::compress::Encoding::F32));
+        out.extend_from_slice(UPDATE_MAGIC);
+        out.extend_from_slice(&self.total.to_le_bytes());
+        super::compress::encode_dense_into(&self.mean, super::compress::Encoding::F32, &mut out);
+        out
+    }
+
+    /// Reads shard `shard`'s update of `round` (tensors of `sizes`) from its blob,
+    /// and hashes it ([`update_hash`]).
+    pub fn from_blob(round: u64, shard: usize, bytes: &[u8], sizes: &[usize]) -> Result<Self, UpdateError> {
+        let body = bytes.strip_prefix(UPDATE_MAGIC).ok_or(UpdateError::Magic)?;
+        let (total, mean) = body.split_first_chunk::<8>().ok_or(UpdateError::Magic)?;
+        let total = f64::from_le_bytes(*total);
+        if !(total.is_finite() && total >= 0.0) {
+            return Err(UpdateError::Total);
+        }
+        let (mean, encoding) = super::compress::decode(mean, sizes)?;
+        if encoding != super::compress::Encoding::F32 {
+            return Err(UpdateError::Magic);
+        }
+        let hash = update_hash(round, shard, &mean, total);
+        Ok(Self { mean, total, hash })
+    }
 }
 
 /// An aggregator's sum of one shard in one round: accepted slices added in the

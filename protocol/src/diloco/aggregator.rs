@@ -338,7 +338,7 @@ impl<P: Clone + Ord> Aggregator<P> {
             out.push(refuse(SliceRefusal::NotAssigned { round, shard }));
             return;
         };
-        let hash = slice_hash(round, shard, &bytes);
+        let hash = slice_hash(&bytes);
         if w.added.contains(&worker) || w.held.get(&worker).is_some_and(|h| h.hash == hash) {
             // a copy of what this aggregator has (a forward and a retry cross): nothing to do
             return;

@@ -92,6 +92,19 @@ pub(crate) struct ShepherdArgs {
     /// core of this machine).
     #[arg(long, default_value_t = 0, value_name = "N", requires = "shepherd")]
     pub(crate) aggregate_threads: usize,
+    /// Cut each round's sum into N parameter shards, each summed by
+    /// --aggregator-replicas rated volunteers (nodes started with --aggregate)
+    /// that the announcement names: the shepherd reads their reports and shard
+    /// means, not the contributions. 0: the shepherd sums alone, as it also does
+    /// while too few rated volunteers are live. Needs --screen norm (the score
+    /// screen reads each contribution) and a top-k or dense encoding.
+    #[arg(long, default_value_t = 0, value_name = "N", requires = "shepherd")]
+    pub(crate) aggregators: usize,
+    /// Volunteers summing each shard; their signed hashes of the shard's mean must
+    /// agree.
+    #[arg(long, default_value_t = 2, value_name = "R", value_parser = clap::value_parser!(u64).range(1..16),
+          requires = "shepherd")]
+    pub(crate) aggregator_replicas: u64,
     /// A round with more participants than this lists them in a blob the
     /// announcement names, not inline (an announcement stays within the control cap).
     #[arg(long, default_value_t = crate::diloco::participants::DEFAULT_INLINE, value_name = "N", requires = "shepherd")]
@@ -211,8 +224,8 @@ pub(crate) struct ShepherdPlan {
     pub(super) min_workers: usize,
     pub(super) encoding: Encoding,
     pub(super) heartbeat_timeout_ms: u64,
-    /// Threads adding contributions (`--aggregate-threads`; at least 1).
-    pub(crate) aggregate_threads: usize,
+    /// Threads adding contributions, and the shards aggregators sum.
+    pub(crate) aggregation: Aggregation,
     /// Participants a round lists inline (`--participants-inline`).
     pub(crate) participants_inline: usize,
     /// Copies are refused (not `--no-copy-check`).
@@ -317,7 +330,11 @@ impl ShepherdPlan {
             min_workers: args.min_workers.max(1),
             encoding,
             heartbeat_timeout_ms: args.heartbeat_timeout_ms.max(500),
-            aggregate_threads: aggregate_threads(args.aggregate_threads),
+            aggregation: Aggregation {
+                threads: aggregate_threads(args.aggregate_threads),
+                shards: args.aggregators,
+                replicas: args.aggregator_replicas as usize,
+            },
             participants_inline: args.participants_inline,
             copy_check: !args.no_copy_check,
             start: resumed.map_or(Start::New, |c| Start::Resume(Box::new(c))),
@@ -365,7 +382,7 @@ impl ShepherdPlan {
             min_workers,
             encoding,
             heartbeat_timeout_ms,
-            aggregate_threads: aggregate_threads(0),
+            aggregation: Aggregation::alone(),
             participants_inline: crate::diloco::participants::DEFAULT_INLINE,
             copy_check: true,
             start: Start::New,
@@ -384,6 +401,24 @@ impl ShepherdPlan {
             trust: Trust::default(),
             screen_split: None,
         }
+    }
+}
+
+/// How a round's contributions are added.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Aggregation {
+    /// Threads adding contributions (`--aggregate-threads`; at least 1).
+    pub(crate) threads: usize,
+    /// Parameter shards volunteers sum (`--aggregators`; 0: the shepherd alone).
+    pub(crate) shards: usize,
+    /// Volunteers a shard (`--aggregator-replicas`).
+    pub(crate) replicas: usize,
+}
+
+impl Aggregation {
+    /// The shepherd adds alone, on every core.
+    pub(crate) fn alone() -> Self {
+        Self { threads: aggregate_threads(0), shards: 0, replicas: 2 }
     }
 }
 
@@ -438,7 +473,7 @@ impl ShepherdPlan {
             min_workers: 1,
             encoding,
             heartbeat_timeout_ms: 10_000,
-            aggregate_threads: aggregate_threads(0),
+            aggregation: Aggregation::alone(),
             participants_inline: crate::diloco::participants::DEFAULT_INLINE,
             copy_check: true,
             candidates: manifest.candidates.iter().map(|k| PublicKey(*k)).collect(),

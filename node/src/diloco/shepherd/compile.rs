@@ -109,6 +109,9 @@ impl Host {
             tracing::info!(peer = %peer_name(&key), "hello refused: {reason}");
             return self.refuse(id, 0, reason).await;
         }
+        if hello.capabilities.aggregate {
+            self.aggregation.volunteered(key);
+        }
         let run_mode = step_config(&self.plan.experiment).recompute;
         let free = hello.capabilities.free_memory_bytes;
         // a device with room for the whole batch (or that did not say) needs no planning

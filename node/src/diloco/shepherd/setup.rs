@@ -399,7 +399,7 @@ pub(super) fn machine_config(
         rating: (plan.screen == Screen::Score).then_some(plan.trust.policy),
         aggregate_max: plan.trust.aggregate_max as usize,
         max_participants: plan.trust.max_participants as usize,
-        add_threads: plan.aggregate_threads.max(1),
+        add_threads: plan.aggregation.threads.max(1),
         untrusted: true,
         // copies (a replay from many keys, a scaled copy of the last update) are refused,
         // by sketches under a key of this process's own
@@ -572,6 +572,7 @@ impl Host {
             out: std::io::stdout(),
             plan,
             background,
+            aggregation: Default::default(),
         };
         host.started(resumed_at).await?;
         Ok(host)

@@ -115,6 +115,8 @@ pub(super) struct Heartbeats {
     pub(super) round: watch::Receiver<u64>,
     pub(super) events: Events,
     pub(super) gossip: Arc<tokio::sync::Mutex<mpsc::Receiver<Event>>>,
+    /// A volunteer's aggregator (`--aggregate`): the requests addressed to this node.
+    pub(super) aggregator: Option<mpsc::Sender<Event>>,
     /// A hostile worker's forgeries (tests).
     pub(super) forge: bool,
     /// The hash of the announcement last put in `latest` (see `known` in the
@@ -176,6 +178,7 @@ impl Heartbeats {
                             return;
                         }
                     }
+                    Some(request @ Event::Request { .. }) => self.to_aggregator(request),
                     Some(_) => {}
                     None => return,
                 },
@@ -194,6 +197,20 @@ impl Heartbeats {
                 self.known = None;
                 None
             }
+        }
+    }
+
+    /// Hands a request to this node's aggregator; one it cannot take (none, or its
+    /// queue is full) is left unanswered at once.
+    fn to_aggregator(&self, request: Event) {
+        let Event::Request { id, .. } = &request else { return };
+        let id = *id;
+        let refused = match &self.aggregator {
+            Some(tx) => tx.try_send(request).is_err(),
+            None => true,
+        };
+        if refused {
+            self.node.leave_unanswered(id);
         }
     }
 

@@ -49,11 +49,20 @@ pub(crate) enum Hostile {
     /// Junk the instant a round opens: one inner step, sent as random values at
     /// that step's norm.
     Early,
+    /// An aggregator's (`--aggregate`): honest training, but it signs a wrong sum
+    /// of its shards (their mean negated).
+    AggAlter,
+    /// An aggregator's: it signs its shards' sum without half their inputs (the
+    /// mean and its divisor halved).
+    AggDrop,
+    /// An aggregator's: it reports the slices but never votes on its shards.
+    AggStall,
 }
 
 /// The kinds `--hostile` takes, for its errors.
 pub(crate) const HOSTILE_KINDS: &str = "nan, scale, huge, flip, noise, forge, inflate, concentrate, late, drag, \
-     zero, copy, timing, early, sybil:N, replay:N, or sleeper:R:KIND (KIND after R honest rounds)";
+     zero, copy, timing, early, agg-alter, agg-drop, agg-stall, sybil:N, replay:N, or sleeper:R:KIND (KIND after R \
+     honest rounds)";
 
 /// An attack: its kind, and the honest rounds before it (a sleeper's).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -99,6 +108,9 @@ impl Hostile {
             "copy" => Some(Self::Copy),
             "timing" => Some(Self::Timing),
             "early" => Some(Self::Early),
+            "agg-alter" => Some(Self::AggAlter),
+            "agg-drop" => Some(Self::AggDrop),
+            "agg-stall" => Some(Self::AggStall),
             _ => {
                 let count =
                     |prefix: &str| s.strip_prefix(prefix).and_then(|n| n.parse::<u32>().ok()).filter(|n| *n >= 1);
@@ -183,7 +195,9 @@ impl Attacker {
                     }
                 }
             }
-            Some(Hostile::Forge | Hostile::Timing) | None => {}
+            // honest pseudo-gradients: their attacks are elsewhere (the heartbeats, the claimed timing, the aggregator)
+            Some(Hostile::Forge | Hostile::Timing | Hostile::AggAlter | Hostile::AggDrop | Hostile::AggStall)
+            | None => {}
         }
     }
 }

@@ -80,7 +80,7 @@ async fn join(
         capabilities: Capabilities {
             backends: vec![Backend { name: plan.backend.clone(), targets: vec![plan.target.clone()] }],
             free_memory_bytes: plan.free_memory.0,
-            aggregate: false,
+            aggregate: plan.aggregate,
         },
         certificate: plan.certificate.clone(),
         pow_nonce: kept,

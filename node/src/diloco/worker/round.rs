@@ -396,6 +396,13 @@ impl Driver<'_> {
         };
         let mut out = self.t.outgoing(&a, start, &end, &progress);
         out.contribution.bytes_down = self.bytes_down.remove(&r).unwrap_or(0);
+        if !a.aggregators.is_empty() {
+            let store = pcp_bootstrap::BlobStore::open(self.t.io.data_dir)?;
+            let layout = (self.t.sizes.as_slice(), self.t.encoding);
+            out.slices = super::slices::cut(&mut out.contribution, &a, layout, self.t.me, &store)?;
+            let kept = out.contribution.slice_hashes.iter().map(|h| BlobHash(*h)).collect::<Vec<_>>();
+            self.t.retention.advance(self.t.io.node, self.t.io.events, r, kept).await;
+        }
         self.anchors.insert(r, end);
         // anchor(t − 1) goes once round t is sent and merged: at most depth 2 stays
         while self.anchors.len() > 3 {
@@ -415,12 +422,17 @@ impl Driver<'_> {
         let mut signer = self.signer.take().context("a second send while one is in flight")?;
         out.contribution.sent_unix_ms = wire::unix_ms();
         let (courier, tx, contribution) = (self.t.courier(), self.done_tx.clone(), Arc::new(out.contribution.clone()));
-        let late = out.late;
+        let (late, slices) = (out.late, std::mem::take(&mut out.slices));
         let task = tokio::spawn(async move {
             if late {
                 courier.after_close(this).await;
             }
             let delivery = courier.deliver(&mut signer, &contribution, this).await;
+            // an aggregated round's slices go once the shepherd holds their commitment
+            if delivery.as_ref().is_some_and(|d| d.accepted) && !slices.is_empty() {
+                super::slices::send((&courier.node, courier.own_slices.as_ref()), &mut signer, courier.run, &slices)
+                    .await;
+            }
             let _ = tx.send(Done::Delivered(delivery, signer)).await;
         });
         self.sending = Some((out, AbortOnDrop(task), self.epoch));
@@ -566,6 +578,7 @@ impl Trainer<'_> {
             leader: self.leader.clone(),
             latest: self.latest.clone(),
             cancel: self.io.cancel.clone(),
+            own_slices: self.io.own_slices.cloned(),
         }
     }
 
@@ -743,7 +756,7 @@ impl Trainer<'_> {
             slice_hashes: Vec::new(),
         };
         let late = hostile == Some(Hostile::Late);
-        Outgoing { contribution, sent, trained_s, late }
+        Outgoing { contribution, sent, trained_s, late, slices: Vec::new() }
     }
 
     /// After a send: a refused contribution's sparse entries go back into the error

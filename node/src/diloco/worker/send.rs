@@ -31,6 +31,9 @@ pub(super) struct Outgoing {
     pub(super) trained_s: f64,
     /// A late attacker's: sent only after its round closed.
     pub(super) late: bool,
+    /// An aggregated round's: its slices, each with its shard's first replica,
+    /// sent once the shepherd took the commitment ([`super::slices`]).
+    pub(super) slices: Vec<(pcp_bootstrap::PeerId, pcp_schema::Slice)>,
 }
 
 /// How a sent contribution fared.
@@ -50,6 +53,8 @@ pub(super) struct Courier {
     pub(super) leader: watch::Receiver<Leader>,
     pub(super) latest: watch::Receiver<Latest>,
     pub(super) cancel: CancellationToken,
+    /// A volunteer aggregator's: its own slices go here, not over the network.
+    pub(super) own_slices: Option<tokio::sync::mpsc::Sender<pcp_schema::Slice>>,
 }
 
 impl Courier {

@@ -74,6 +74,13 @@ pub(crate) enum Event {
     ArtifactPublished(ArtifactPublished),
     CompileFailed(CompileFailed),
     ContributionRejected(ContributionRejected),
+    /// A volunteer sums these parameter shards of a round (`--aggregators`).
+    AggregatorAssigned(AggregatorAssigned),
+    /// A shard's mean is in: its aggregators agreed on it, or the shepherd summed it.
+    ShardAggregated(ShardAggregated),
+    /// A shard's aggregators disagreed or fell silent: the shepherd summed the shard
+    /// itself, and the `liars` never sum again.
+    AggregateDisputed(AggregateDisputed),
     /// A contribution the per-tensor bounds changed (values clipped, tensors scaled down).
     ContributionBounded(ContributionBounded),
     /// A contribution counted at less than its samples: probation, or a rating below the median.
@@ -251,6 +258,10 @@ fields! {
     ArtifactPublished { backend: String, target: String, hash: String, bytes: u64 }
     CompileFailed { backend: String, target: String, reason: String }
     ContributionRejected { round: u64, peer: String, reason: String }
+    AggregatorAssigned { round: u64, peer: String, shards: Vec<u64> }
+    /// `recomputed`: the shepherd summed it from the committed slices.
+    ShardAggregated { round: u64, shard: u64, hash: String, contributions: u64, recomputed: bool }
+    AggregateDisputed { round: u64, shard: u64, liars: Vec<String>, reason: String }
     ContributionBounded { round: u64, peer: String, elements: u64, tensors: u64 }
     ContributionDiscounted { round: u64, peer: String, factor: f64, reason: String }
     /// `seconds` scoring contributions, `share` of the round's; `hidden`: the batch came

@@ -259,6 +259,11 @@ impl<P: Clone + Ord> Collect<P> {
             .collect()
     }
 
+    /// The slice hashes `worker` committed, one a shard.
+    pub fn hashes(&self, worker: &P) -> Option<Vec<[u8; 32]>> {
+        self.contributions.get(worker).map(|c| c.hashes.clone())
+    }
+
     /// Counts `from`'s signed hash of `shard`'s update.
     pub fn vote(&mut self, from: &P, shard: usize, hash: [u8; 32]) -> Result<(), CollectError> {
         let votes = self.votes.get_mut(shard).ok_or(CollectError::NotReplica { shard })?;

@@ -72,12 +72,11 @@ fn too_few_volunteers_leave_the_sum_to_the_shepherd() {
 }
 
 #[test]
-fn a_slice_hash_names_its_round_shard_and_bytes() {
-    let h = slice_hash(3, 1, b"abc");
-    assert_eq!(h, slice_hash(3, 1, b"abc"));
-    assert_ne!(h, slice_hash(4, 1, b"abc"));
-    assert_ne!(h, slice_hash(3, 2, b"abc"));
-    assert_ne!(h, slice_hash(3, 1, b"abd"));
+fn a_slice_hash_is_its_blob_id() {
+    let h = slice_hash(b"abc");
+    assert_eq!(h, slice_hash(b"abc"));
+    assert_eq!(h, *blake3::hash(b"abc").as_bytes(), "a slice's blob id");
+    assert_ne!(h, slice_hash(b"abd"));
 }
 
 /// The round the shepherd would sum alone, and the same round summed by shard:
@@ -311,4 +310,19 @@ mod props {
             }
         }
     }
+}
+
+#[test]
+fn a_shard_update_blob_reads_back_with_its_hash_and_refuses_what_it_is_not() {
+    let mean: Tensors = vec![vec![0.5, -1.25, 3.0], vec![], vec![2.0]];
+    let update = ShardUpdate { hash: update_hash(4, 1, &mean, 12.5), mean, total: 12.5 };
+    let blob = update.to_blob();
+    assert_eq!(ShardUpdate::from_blob(4, 1, &blob, &[3, 0, 1]), Ok(update.clone()));
+    // another round or shard hashes otherwise: a replica's vote for it does not match
+    assert_ne!(ShardUpdate::from_blob(5, 1, &blob, &[3, 0, 1]).map(|u| u.hash), Ok(update.hash));
+    assert!(matches!(ShardUpdate::from_blob(4, 1, &blob, &[3, 1]), Err(UpdateError::Mean(_))));
+    assert_eq!(ShardUpdate::from_blob(4, 1, &blob[..4], &[3, 0, 1]), Err(UpdateError::Magic));
+    let mut nan = blob.clone();
+    nan[5..13].copy_from_slice(&f64::NAN.to_le_bytes());
+    assert_eq!(ShardUpdate::from_blob(4, 1, &nan, &[3, 0, 1]), Err(UpdateError::Total));
 }

@@ -34,7 +34,7 @@ fn slice(worker: u8, bytes: Vec<u8>, forwarded: bool) -> Input<u8> {
 
 fn accepted(worker: u8, b: &[u8], seq: u64) -> Input<u8> {
     let accept = Accept { seq, weight: 1.0 + seq as f64, norm: 0.0, bound: f64::INFINITY };
-    Input::Accepted { round: ROUND, shard: SHARD, worker, hash: slice_hash(ROUND, SHARD, b), accept }
+    Input::Accepted { round: ROUND, shard: SHARD, worker, hash: slice_hash(b), accept }
 }
 
 fn published(actions: &[Action<u8>]) -> Option<ShardUpdate> {
@@ -70,7 +70,7 @@ fn replicas_fed_in_different_orders_publish_the_shepherds_mean() {
             out.iter().any(|a| matches!(a, Action::Forward { to, worker, .. } if to == &vec![B] && worker == w)),
             "{out:?}"
         );
-        let hash = slice_hash(ROUND, SHARD, b);
+        let hash = slice_hash(b);
         assert!(out.iter().any(|a| matches!(a, Action::Report { hash: h, .. } if *h == hash)), "{out:?}");
     }
     // the second gets the forwards in reverse, and the accepts before some slices
@@ -103,7 +103,7 @@ fn a_slice_other_than_the_committed_one_is_dropped_and_the_committed_one_fetched
     agg.handle(slice(10, bytes(&other), true));
     agg.handle(accepted(10, &bytes(&honest), 0));
     let out = agg.handle(Input::Closed { round: ROUND, count: 1 });
-    let hash = slice_hash(ROUND, SHARD, &bytes(&honest));
+    let hash = slice_hash(&bytes(&honest));
     assert_eq!(out, vec![Action::Fetch { round: ROUND, shard: SHARD, worker: 10, hash }]);
     // the fetched slice completes the shard
     let update = published(&agg.handle(slice(10, bytes(&honest), true))).expect("published once fetched");

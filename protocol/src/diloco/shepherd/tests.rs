@@ -512,7 +512,7 @@ fn an_aggregated_round_moves_the_parameters_as_the_whole_contributions_would() {
             let delta: Tensors =
                 sizes.iter().map(|n| (0..*n).map(|_| rng.gen_range(-scale..scale)).collect()).collect();
             whole.handle(Input::contribution(w.clone(), round, 10, 2.0, Delta::Dense(delta.clone())), t);
-            let hashes = (0..sizes.len()).map(|s| slice_hash(round, s, &[i as u8, s as u8])).collect::<Vec<_>>();
+            let hashes = (0..sizes.len()).map(|s| slice_hash(&[i as u8, s as u8])).collect::<Vec<_>>();
             collect.commit(w.clone(), hashes.clone()).expect("committed");
             let mut ready = Reported::Waiting;
             for (s, tensor) in delta.into_iter().enumerate() {

@@ -39,7 +39,7 @@ fn slices(rng: &mut StdRng) -> Vec<(Vec<u8>, SliceReport)> {
 }
 
 fn hashes(s: &[(Vec<u8>, SliceReport)]) -> Vec<[u8; 32]> {
-    s.iter().enumerate().map(|(i, (b, _))| slice_hash(ROUND, i, b)).collect()
+    s.iter().map(|(b, _)| slice_hash(b)).collect()
 }
 
 /// Every replica of every shard reports `s` for `worker`; the last answer.
@@ -47,7 +47,7 @@ fn report_all(c: &mut Collect<Vec<u8>>, worker: &Vec<u8>, s: &[(Vec<u8>, SliceRe
     let mut last = Reported::Waiting;
     for (shard, (b, r)) in s.iter().enumerate() {
         for from in c.assignment.replicas(shard).to_vec() {
-            last = c.report(&from, worker, shard, slice_hash(ROUND, shard, b), r.clone()).unwrap();
+            last = c.report(&from, worker, shard, slice_hash(b), r.clone()).unwrap();
         }
     }
     last
@@ -63,18 +63,18 @@ fn a_contribution_is_ready_once_every_replica_agrees_and_is_numbered_in_order() 
     c.commit(w2.clone(), hashes(&s2)).unwrap();
     // one replica of one shard: waiting
     let first = c.assignment.replicas(0)[0].clone();
-    let got = c.report(&first, &w1, 0, slice_hash(ROUND, 0, &s1[0].0), s1[0].1.clone()).unwrap();
+    let got = c.report(&first, &w1, 0, slice_hash(&s1[0].0), s1[0].1.clone()).unwrap();
     assert_eq!(got, Reported::Waiting);
     assert_eq!(c.accept(&w1, 1.0, 1.0), Err(CollectError::NotReady));
     assert_eq!(
-        c.report(&first, &w1, 0, slice_hash(ROUND, 0, &s1[0].0), s1[0].1.clone()),
+        c.report(&first, &w1, 0, slice_hash(&s1[0].0), s1[0].1.clone()),
         Err(CollectError::Reported { shard: 0 })
     );
     // the rest: ready, with the whole contribution's bounded norm and raw statistics
     let rest = c.assignment.replicas(0)[1].clone();
-    c.report(&rest, &w1, 0, slice_hash(ROUND, 0, &s1[0].0), s1[0].1.clone()).unwrap();
+    c.report(&rest, &w1, 0, slice_hash(&s1[0].0), s1[0].1.clone()).unwrap();
     for from in c.assignment.replicas(1).to_vec() {
-        c.report(&from, &w1, 1, slice_hash(ROUND, 1, &s1[1].0), s1[1].1.clone()).unwrap();
+        c.report(&from, &w1, 1, slice_hash(&s1[1].0), s1[1].1.clone()).unwrap();
     }
     let Reported::Ready { norm, raw } = c.state(&w1) else { panic!("{:?}", c.state(&w1)) };
     let whole = (s1[0].1.bounded_norm.powi(2) + s1[1].1.bounded_norm.powi(2)).sqrt();
@@ -106,7 +106,7 @@ fn reports_of_strangers_other_slices_or_wrong_shapes_are_refused() {
     assert_eq!(c.commit(key(21), hashes(&s)), Err(CollectError::Full { max: 1 }));
     let replica = c.assignment.replicas(0)[0].clone();
     let stranger = key(99);
-    let h0 = slice_hash(ROUND, 0, &s[0].0);
+    let h0 = slice_hash(&s[0].0);
     assert_eq!(c.report(&stranger, &w, 0, h0, s[0].1.clone()), Err(CollectError::NotReplica { shard: 0 }));
     assert_eq!(c.report(&replica, &key(21), 0, h0, s[0].1.clone()), Err(CollectError::NoCommitment));
     assert_eq!(c.report(&replica, &w, 0, [1; 32], s[0].1.clone()), Err(CollectError::WrongSlice { shard: 0 }));
@@ -122,14 +122,14 @@ fn a_replica_that_lies_about_a_slice_disputes_it_and_is_named_when_settled() {
     let s = slices(&mut rng);
     c.commit(w.clone(), hashes(&s)).unwrap();
     let [honest, liar] = [0, 1].map(|j| c.assignment.replicas(0)[j].clone());
-    let h0 = slice_hash(ROUND, 0, &s[0].0);
+    let h0 = slice_hash(&s[0].0);
     // the liar shrinks the norm, to get a large slice accepted unscaled
     let small = SliceReport { bounded_norm: s[0].1.bounded_norm / 100.0, ..s[0].1.clone() };
     c.report(&liar, &w, 0, h0, small).unwrap();
     let got = c.report(&honest, &w, 0, h0, s[0].1.clone()).unwrap();
     assert_eq!(got, Reported::Disputed { shard: 0 });
     for from in c.assignment.replicas(1).to_vec() {
-        c.report(&from, &w, 1, slice_hash(ROUND, 1, &s[1].0), s[1].1.clone()).unwrap();
+        c.report(&from, &w, 1, slice_hash(&s[1].0), s[1].1.clone()).unwrap();
     }
     assert_eq!(c.state(&w), Reported::Disputed { shard: 0 });
     assert_eq!(c.accept(&w, 1.0, 1.0), Err(CollectError::NotReady), "a disputed contribution waits");

@@ -1,0 +1,538 @@
+//! Aggregated rounds, the shepherd's side (`--aggregators N`): who sums which
+//! parameter shard (in the announcement), the workers' slice commitments, the
+//! aggregators' reports fed to the state machine as [`Input::Reported`], the
+//! accepted list sent to them ([`Accepts`]), their votes on each shard's mean,
+//! and the means fetched, checked against the agreed hash and handed back
+//! ([`Input::Aggregated`]). A shard whose aggregators disagree or fall silent
+//! is summed here from the committed slices, fetched from the workers, and the
+//! aggregators whose vote differs lose the role for the run
+//! (`aggregate_disputed`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use pcp_bootstrap::InboundId;
+use pcp_protocol::BlobHash;
+use pcp_protocol::diloco::aggregate::{Bounds, Delta, Rejection};
+use pcp_protocol::diloco::aggregation::{
+    Collect, Outcome, Reported, ShardSum, ShardUpdate, SliceReport, assign, inspect, shard_bounds, shard_tensors,
+};
+use pcp_protocol::diloco::compress::{self, Encoding};
+use pcp_protocol::diloco::shepherd::{self, Input, Report};
+use pcp_protocol::{PublicKey, Verified};
+use pcp_schema::{AcceptEntry, Accepts, Ack, Contribution, ShardAggregators, ShardVote, SliceReports};
+use tokio::task::JoinSet;
+
+use super::Host;
+use crate::diloco::wire::{self, peer_name};
+use crate::observe::events as ev;
+
+/// How long after a round's close its shards' votes are waited for before the
+/// shepherd sums the missing shards itself: this many times as long as the last
+/// round's took to gather, within [`MIN_VOTE_WAIT`] and [`MAX_VOTE_WAIT`] (the
+/// maximum before any round gathered).
+const VOTE_WAIT_FACTOR: u32 = 4;
+const MIN_VOTE_WAIT: Duration = Duration::from_secs(2);
+const MAX_VOTE_WAIT: Duration = Duration::from_secs(30);
+/// Blob fetches of shard means and slices give up after this long.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A committed contribution's claim: what the state machine takes once its
+/// aggregators' reports agree.
+#[derive(Debug, Clone, Copy)]
+struct Claim {
+    samples: u64,
+    loss: f32,
+    timing: shepherd::Timing,
+    /// Fed to the state machine already.
+    fed: bool,
+}
+
+/// One aggregated round.
+#[derive(Debug)]
+struct Record {
+    collect: Collect<[u8; 32]>,
+    /// Each shard's tensors.
+    tensors: Vec<Range<usize>>,
+    /// The round's per-tensor bounds.
+    bounds: Bounds,
+    /// Each shard's replicas.
+    replicas: Vec<Vec<[u8; 32]>>,
+    claims: BTreeMap<[u8; 32], Claim>,
+    /// The accepted list, in order: each worker's slice hashes (its round's).
+    accepted: Vec<AcceptEntry>,
+    /// Accepts not yet sent.
+    unsent: usize,
+    /// The count was sent with them.
+    close_sent: bool,
+    /// The contributions added, once closed, and when.
+    closed: Option<(u64, Instant)>,
+    /// Shard means in, by shard.
+    means: BTreeMap<usize, (ShardUpdate, bool)>,
+    /// Shards being fetched or summed here.
+    busy: BTreeSet<usize>,
+}
+
+/// What a fetch brought back.
+#[derive(Debug)]
+pub(super) enum Fetched {
+    /// A shard's mean from a voter, or why it could not be had.
+    Mean { round: u64, shard: usize, hash: [u8; 32], bytes: Result<Vec<u8>, String> },
+    /// A shard summed here from its committed slices.
+    Summed { round: u64, shard: usize, update: Result<ShardUpdate, String> },
+}
+
+/// The shepherd's aggregation: the volunteers and the aggregated rounds.
+#[derive(Debug, Default)]
+pub(super) struct Aggregation {
+    /// Live workers that offered to aggregate.
+    volunteers: BTreeSet<[u8; 32]>,
+    /// Aggregators caught lying or silent: they never sum again in this run.
+    dropped: BTreeSet<[u8; 32]>,
+    rounds: BTreeMap<u64, Record>,
+    pub(super) fetches: JoinSet<Fetched>,
+    /// How long the last round whose aggregators all agreed took from its close
+    /// to its last shard's mean.
+    gathered: Option<Duration>,
+}
+
+impl Aggregation {
+    /// `key` offered to aggregate in its hello.
+    pub(super) fn volunteered(&mut self, key: PublicKey) {
+        self.volunteers.insert(key.0);
+    }
+
+    /// `key` left the run.
+    pub(super) fn left(&mut self, key: &PublicKey) {
+        self.volunteers.remove(&key.0);
+    }
+}
+
+impl Host {
+    /// Round `round`'s aggregators, for its announcement (empty: the shepherd sums
+    /// alone): `--aggregators` shards over the rated, live volunteers among its
+    /// participants, drawn from the run's id ([`assign`]).
+    pub(super) fn assign_aggregators(&mut self, round: u64, participants: &[PublicKey]) -> Vec<ShardAggregators> {
+        let a = self.plan.aggregation;
+        let strided = self.plan.encoding.sparse().is_some_and(|s| s.up.strided);
+        if a.shards == 0 || self.plan.screen == super::args::Screen::Score || self.layout.fragments.len() > 1 || strided
+        {
+            return Vec::new();
+        }
+        let agg = &self.aggregation;
+        let volunteers: Vec<[u8; 32]> = participants
+            .iter()
+            .filter(|p| agg.volunteers.contains(&p.0) && !agg.dropped.contains(&p.0))
+            .filter(|p| self.machine.config().rating.is_none() || !self.machine.ratings().on_probation(p))
+            .map(|p| p.0)
+            .collect();
+        let Some(tensors) = shard_tensors(&self.layout.sizes, a.shards) else { return Vec::new() };
+        let Some(assignment) = assign(&self.run.0, round, tensors.len(), a.replicas, &volunteers) else {
+            return Vec::new();
+        };
+        let bounds = self.machine.round_bounds().cloned().unwrap_or_else(Bounds::none);
+        let replicas: Vec<Vec<[u8; 32]>> = (0..tensors.len()).map(|s| assignment.replicas(s).to_vec()).collect();
+        let entries = tensors
+            .iter()
+            .zip(&replicas)
+            .map(|(t, r)| {
+                let cut = shard_bounds(&bounds, t);
+                ShardAggregators {
+                    replicas: r.clone(),
+                    auditor: None,
+                    tensor_bounds: cut.tensor,
+                    element_bounds: cut.element,
+                }
+            })
+            .collect();
+        let mut assigned: BTreeMap<[u8; 32], Vec<u64>> = BTreeMap::new();
+        for (s, r) in replicas.iter().enumerate() {
+            for key in r {
+                assigned.entry(*key).or_default().push(s as u64);
+            }
+        }
+        for (key, shards) in assigned {
+            let peer = peer_name(&PublicKey(key));
+            self.events.emit(ev::Event::AggregatorAssigned(ev::AggregatorAssigned { round, peer, shards }));
+        }
+        let collect = Collect::new(assignment, tensors.clone(), replicas.clone(), participants.len());
+        let record = Record {
+            collect,
+            tensors,
+            bounds,
+            replicas,
+            claims: BTreeMap::new(),
+            accepted: Vec::new(),
+            unsent: 0,
+            close_sent: false,
+            closed: None,
+            means: BTreeMap::new(),
+            busy: BTreeSet::new(),
+        };
+        self.aggregation.rounds.insert(round, record);
+        // an aggregated round is kept until applied, and the one before for its late commitments
+        let keep = round.saturating_sub(1);
+        self.aggregation.rounds.retain(|r, _| *r >= keep);
+        entries
+    }
+
+    /// A worker's commitment to its slices of an aggregated round: kept, and
+    /// answered at once (its acceptance comes with its aggregators' reports).
+    pub(super) async fn on_commitment(&mut self, id: InboundId, key: PublicKey, c: Contribution) -> anyhow::Result<()> {
+        let round = c.round;
+        let refused = match self.aggregation.rounds.get_mut(&round) {
+            None => Some(format!("round {round} is not aggregated: send the contribution whole")),
+            Some(_) if c.run != self.run.0 => Some("the commitment names another run".to_owned()),
+            Some(record) => match record.collect.commit(key.0, c.slice_hashes.clone()) {
+                Ok(()) => {
+                    let transfer_ms = match c.sent_unix_ms {
+                        0 => 0,
+                        sent => wire::unix_ms().saturating_sub(sent),
+                    };
+                    let timing =
+                        shepherd::Timing { steps: u64::from(c.inner_steps), train_ms: c.train_ms, transfer_ms };
+                    record.claims.insert(key.0, Claim { samples: c.samples, loss: c.loss, timing, fed: false });
+                    None
+                }
+                Err(e) => Some(format!("slice commitment refused: {e}")),
+            },
+        };
+        let ack = match &refused {
+            None => Ack::accept(self.run.0, round),
+            Some(reason) => {
+                self.events.emit(ev::Event::ContributionRejected(ev::ContributionRejected {
+                    round,
+                    peer: peer_name(&key),
+                    reason: reason.clone(),
+                }));
+                Ack::refuse(self.run.0, round, pcp_schema::AckCode::Malformed, reason.clone())
+            }
+        };
+        let envelope = self.signer.seal(self.run, round, &ack);
+        self.respond(id, envelope).await
+    }
+
+    /// An aggregator's reports of the slices it holds: each contribution whose
+    /// replicas all agree goes to the state machine.
+    pub(super) async fn on_slice_reports(&mut self, id: InboundId, message: &Verified) -> anyhow::Result<()> {
+        let from = message.signer();
+        let reports: SliceReports = match message.decode() {
+            Ok(r) => r,
+            Err(e) => return self.refuse(id, message.binding().round, format!("bad slice reports: {e}")).await,
+        };
+        let round = reports.round;
+        let mut ready = Vec::new();
+        if let Some(record) = self.aggregation.rounds.get_mut(&round) {
+            for e in reports.reports {
+                let raw = e.norms.iter().copied().zip(e.maxes.iter().copied()).collect();
+                let report = SliceReport { raw, bounded_norm: e.bounded_norm };
+                match record.collect.report(&from.0, &e.worker, e.shard as usize, e.hash, report) {
+                    Ok(Reported::Ready { norm, raw }) => ready.push((e.worker, norm, raw)),
+                    Ok(Reported::Disputed { shard }) => {
+                        tracing::warn!(
+                            round,
+                            shard,
+                            "replicas disagree on {}'s slice",
+                            peer_name(&PublicKey(e.worker))
+                        );
+                    }
+                    Ok(Reported::Waiting) => {}
+                    Err(err) => tracing::debug!(round, "a report of {} refused: {err}", peer_name(&from)),
+                }
+            }
+        }
+        let ack = Ack::accept(self.run.0, round);
+        let envelope = self.signer.seal(self.run, round, &ack);
+        self.respond(id, envelope).await?;
+        for (worker, norm, raw) in ready {
+            let Some(claim) = self.aggregation.rounds.get_mut(&round).and_then(|r| r.claims.get_mut(&worker)) else {
+                continue;
+            };
+            if std::mem::replace(&mut claim.fed, true) {
+                continue;
+            }
+            let claim = *claim;
+            let peer = PublicKey(worker);
+            let input = match self.admit(peer) {
+                Ok(()) => Input::Reported {
+                    peer,
+                    round,
+                    samples: claim.samples,
+                    loss: claim.loss,
+                    report: Report { raw, bounded_norm: norm },
+                    timing: Some(claim.timing),
+                    screen: shepherd::Screen::Unscreened,
+                },
+                Err(refusal) => Input::Malformed { peer, round, reason: Rejection::NotAdmitted(refusal.reason) },
+            };
+            let rejected = self.step(input).await?;
+            let reason = rejected.into_iter().find(|(p, _)| *p == peer).map(|(_, r)| r);
+            self.events.emit(ev::Event::ContributionReceived(ev::ContributionReceived {
+                round,
+                peer: peer_name(&peer),
+                tokens: claim.samples,
+                loss: f64::from(claim.loss),
+                bytes: 0,
+                bytes_down: 0,
+                accepted: reason.is_none(),
+                reason: reason.as_ref().map(ToString::to_string).unwrap_or_default(),
+            }));
+        }
+        Ok(())
+    }
+
+    /// The state machine added `peer`'s contribution made for round `of` to round
+    /// `round`'s sum: the next place in its accepted list.
+    pub(super) fn added(&mut self, (round, of): (u64, u64), peer: PublicKey, (weight, norm, bound): (f64, f64, f64)) {
+        let hashes = self.aggregation.rounds.get(&of).and_then(|r| r.collect.hashes(&peer.0));
+        let Some(record) = self.aggregation.rounds.get_mut(&round) else { return };
+        let Some(hashes) = hashes else {
+            tracing::warn!(round, "added {}'s contribution without its commitment", peer_name(&peer));
+            return;
+        };
+        let seq = record.accepted.len() as u64;
+        let hashes = hashes.into_iter().enumerate().map(|(s, h)| (s as u32, h)).collect();
+        record.accepted.push(AcceptEntry { worker: peer.0, seq, weight, norm, bound, hashes });
+        record.unsent += 1;
+    }
+
+    /// The state machine closed aggregated round `round` at `count` contributions.
+    pub(super) fn aggregate(&mut self, round: u64, count: u64) {
+        if let Some(record) = self.aggregation.rounds.get_mut(&round) {
+            record.closed = Some((count, Instant::now()));
+        }
+    }
+
+    /// Sends every aggregated round's accepts not yet sent (with its count once it
+    /// closed) to its aggregators.
+    pub(super) fn send_accepts(&mut self) {
+        for (round, record) in &mut self.aggregation.rounds {
+            let closed = record.closed.map(|(count, _)| count);
+            if record.unsent == 0 && (closed.is_none() || record.close_sent) {
+                continue;
+            }
+            record.close_sent = closed.is_some();
+            let entries = record.accepted[record.accepted.len() - record.unsent..].to_vec();
+            record.unsent = 0;
+            let accepts = Accepts { run: self.run.0, round: *round, entries, closed };
+            let to: BTreeSet<[u8; 32]> = record.replicas.iter().flatten().copied().collect();
+            for key in to {
+                let Some(peer) = pcp_bootstrap::peer_of(&PublicKey(key)) else { continue };
+                let envelope = self.signer.seal(self.run, *round, &accepts);
+                let node = self.node.clone();
+                self.background.spawn(async move {
+                    if let Err(e) = node.request(peer, envelope).await {
+                        tracing::debug!(%peer, "sending accepts: {e}");
+                    }
+                });
+            }
+        }
+    }
+
+    /// An aggregator's vote on a shard's mean: once every replica agrees, the mean
+    /// is fetched from the voter.
+    pub(super) async fn on_shard_vote(&mut self, id: InboundId, message: &Verified) -> anyhow::Result<()> {
+        let from = message.signer();
+        let vote: ShardVote = match message.decode() {
+            Ok(v) => v,
+            Err(e) => return self.refuse(id, message.binding().round, format!("bad shard vote: {e}")).await,
+        };
+        let (round, shard) = (vote.round, vote.shard as usize);
+        let ack = Ack::accept(self.run.0, round);
+        let envelope = self.signer.seal(self.run, round, &ack);
+        self.respond(id, envelope).await?;
+        let Some(record) = self.aggregation.rounds.get_mut(&round) else { return Ok(()) };
+        let Ok((hash, blob)) = vote.outcome else {
+            tracing::warn!(round, shard, "{} could not sum its shard", peer_name(&from));
+            return Ok(());
+        };
+        if let Err(e) = record.collect.vote(&from.0, shard, hash) {
+            tracing::debug!(round, shard, "a vote of {} refused: {e}", peer_name(&from));
+            return Ok(());
+        }
+        if record.means.contains_key(&shard) || record.busy.contains(&shard) {
+            return Ok(());
+        }
+        match record.collect.outcome(shard, false, false) {
+            Outcome::Waiting => {}
+            Outcome::Agreed(hash) => {
+                record.busy.insert(shard);
+                let (node, peer) = (self.node.clone(), message_peer(&from));
+                self.aggregation.fetches.spawn(async move {
+                    let bytes = fetch_bytes(&node, blob.blob, peer.into_iter().collect()).await;
+                    Fetched::Mean { round, shard, hash, bytes }
+                });
+            }
+            Outcome::Recompute => self.recompute(round, shard, "its aggregators' votes differ"),
+        }
+        Ok(())
+    }
+
+    /// Sums shard `shard` of `round` here from its committed slices, fetched from
+    /// the workers that committed them.
+    fn recompute(&mut self, round: u64, shard: usize, why: &str) {
+        let Some(record) = self.aggregation.rounds.get_mut(&round) else { return };
+        let Some((count, _)) = record.closed else { return };
+        tracing::warn!(round, shard, "summing shard {shard} here: {why}");
+        record.busy.insert(shard);
+        let sizes: Vec<usize> = record.tensors[shard].clone().map(|i| self.layout.sizes[i]).collect();
+        let bounds = shard_bounds(&record.bounds, &record.tensors[shard]);
+        let entries = record.accepted.clone();
+        let (node, encoding) = (self.node.clone(), self.plan.encoding);
+        self.aggregation.fetches.spawn(async move {
+            let update = sum_here(&node, (round, shard, count), &entries, (&sizes, &bounds), encoding).await;
+            Fetched::Summed { round, shard, update }
+        });
+    }
+
+    /// A fetch came back: a shard's mean, checked against its agreed hash, or one
+    /// summed here (whose hash names the liars). Once every shard's mean is in,
+    /// the state machine gets their join.
+    pub(super) async fn on_fetched(&mut self, fetched: Fetched) -> anyhow::Result<()> {
+        let (round, shard, taken) = match fetched {
+            Fetched::Mean { round, shard, hash, bytes } => {
+                let Some(record) = self.aggregation.rounds.get(&round) else { return Ok(()) };
+                let sizes: Vec<usize> = record.tensors[shard].clone().map(|i| self.layout.sizes[i]).collect();
+                let read =
+                    bytes.and_then(|b| ShardUpdate::from_blob(round, shard, &b, &sizes).map_err(|e| e.to_string()));
+                match read {
+                    Ok(update) if update.hash == hash => (round, shard, Some((update, false))),
+                    Ok(_) => {
+                        self.recompute(round, shard, "the agreed mean's blob hashes otherwise");
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        self.recompute(round, shard, &format!("its mean could not be had: {e}"));
+                        return Ok(());
+                    }
+                }
+            }
+            Fetched::Summed { round, shard, update } => match update {
+                Ok(update) => (round, shard, Some((update, true))),
+                Err(e) => {
+                    tracing::warn!(round, shard, "summing shard {shard} here failed: {e}");
+                    (round, shard, None)
+                }
+            },
+        };
+        let Some(record) = self.aggregation.rounds.get_mut(&round) else { return Ok(()) };
+        record.busy.remove(&shard);
+        let Some((update, recomputed)) = taken else {
+            // the round is given up: its aggregated contributions are not applied
+            return self.apply_means(round, false).await;
+        };
+        let count = record.closed.map_or(0, |(c, _)| c);
+        if recomputed {
+            let liars: Vec<String> =
+                record.collect.liars(shard, &update.hash).into_iter().map(|k| peer_name(&PublicKey(k))).collect();
+            for key in record.collect.liars(shard, &update.hash) {
+                self.aggregation.dropped.insert(key);
+            }
+            if !liars.is_empty() {
+                self.events.emit(ev::Event::AggregateDisputed(ev::AggregateDisputed {
+                    round,
+                    shard: shard as u64,
+                    liars,
+                    reason: "their vote differs from the shepherd's sum, or never came".into(),
+                }));
+            }
+        }
+        self.events.emit(ev::Event::ShardAggregated(ev::ShardAggregated {
+            round,
+            shard: shard as u64,
+            hash: hex::encode(update.hash),
+            contributions: count,
+            recomputed,
+        }));
+        let Some(record) = self.aggregation.rounds.get_mut(&round) else { return Ok(()) };
+        record.means.insert(shard, (update, recomputed));
+        if record.means.len() == record.tensors.len() {
+            return self.apply_means(round, true).await;
+        }
+        Ok(())
+    }
+
+    /// Hands round `round`'s joined shard means to the state machine (`whole`:
+    /// every shard's is in; otherwise none is applied).
+    async fn apply_means(&mut self, round: u64, whole: bool) -> anyhow::Result<()> {
+        let Some(mut record) = self.aggregation.rounds.remove(&round) else { return Ok(()) };
+        if whole && record.means.values().all(|(_, recomputed)| !recomputed) {
+            self.aggregation.gathered = record.closed.map(|(_, at)| at.elapsed());
+        }
+        let mean = whole.then(|| {
+            let total = record.means.values().next().map_or(0.0, |(u, _)| u.total);
+            let means = std::mem::take(&mut record.means);
+            (means.into_values().flat_map(|(u, _)| u.mean).collect(), total)
+        });
+        // the commitments of this round still serve its late contributions, carried
+        record.closed = None;
+        record.claims.retain(|_, c| !c.fed);
+        self.aggregation.rounds.insert(round, record);
+        self.step(Input::Aggregated { round, mean }).await?;
+        self.send_accepts();
+        Ok(())
+    }
+
+    /// Shards whose votes did not all come in time after the close (see
+    /// [`VOTE_WAIT_FACTOR`]) are summed here.
+    pub(super) fn expire_votes(&mut self) {
+        let wait = self
+            .aggregation
+            .gathered
+            .map_or(MAX_VOTE_WAIT, |g| (g * VOTE_WAIT_FACTOR).clamp(MIN_VOTE_WAIT, MAX_VOTE_WAIT));
+        let late: Vec<(u64, usize)> = self
+            .aggregation
+            .rounds
+            .iter()
+            .filter(|(_, r)| r.closed.is_some_and(|(_, at)| at.elapsed() >= wait))
+            .flat_map(|(round, r)| {
+                (0..r.tensors.len()).filter(|s| !r.means.contains_key(s) && !r.busy.contains(s)).map(|s| (*round, s))
+            })
+            .collect();
+        for (round, shard) in late {
+            self.recompute(round, shard, "its aggregators did not all vote in time");
+        }
+    }
+}
+
+/// The peer of a key, as a list to fetch from.
+fn message_peer(key: &PublicKey) -> Option<pcp_bootstrap::PeerId> {
+    pcp_bootstrap::peer_of(key)
+}
+
+/// Fetches blob `hash` from `from` and reads it.
+async fn fetch_bytes(
+    node: &pcp_bootstrap::Node,
+    hash: [u8; 32],
+    from: Vec<pcp_bootstrap::PeerId>,
+) -> Result<Vec<u8>, String> {
+    let report = node.fetch_from(BlobHash(hash), from, FETCH_TIMEOUT).await.map_err(|e| e.to_string())?;
+    std::fs::read(&report.path).map_err(|e| format!("reading {}: {e}", report.path.display()))
+}
+
+/// Shard `shard` of `round`, summed from the `count` accepted contributions'
+/// slices, each fetched from its worker, inspected by the shard's bounds and added
+/// at its place.
+async fn sum_here(
+    node: &pcp_bootstrap::Node,
+    (round, shard, count): (u64, usize, u64),
+    entries: &[AcceptEntry],
+    (sizes, bounds): (&[usize], &Bounds),
+    encoding: Encoding,
+) -> Result<ShardUpdate, String> {
+    let mut sum = ShardSum::new(round, shard, sizes.to_vec(), 1);
+    for e in entries.iter().take(count as usize) {
+        let Some((_, hash)) = e.hashes.iter().find(|(s, _)| *s as usize == shard) else {
+            return Err(format!("{} committed no slice of shard {shard}", peer_name(&PublicKey(e.worker))));
+        };
+        let from = pcp_bootstrap::peer_of(&PublicKey(e.worker)).into_iter().collect();
+        let bytes = fetch_bytes(node, *hash, from).await?;
+        let delta: Delta = compress::decode_delta(&bytes, sizes, encoding).map_err(|e| e.to_string())?;
+        let (bounded, _) = inspect(delta, sizes, bounds).map_err(|e| e.to_string())?;
+        let accept =
+            pcp_protocol::diloco::aggregation::Accept { seq: e.seq, weight: e.weight, norm: e.norm, bound: e.bound };
+        sum.accept(accept, bounded).map_err(|e| e.to_string())?;
+    }
+    sum.finish(count).map_err(|e| e.to_string())
+}

@@ -1,0 +1,356 @@
+//! A volunteer's aggregator (`--aggregate`): the shards an announcement assigns
+//! this node, summed by [`pcp_protocol::diloco::aggregator::Aggregator`]. Its
+//! driver takes the workers' slices and the shepherd's accepts (requests to
+//! this node), forwards slices to the other replicas, reports each slice to the
+//! shepherd, fetches accepted slices it lacks from their workers, and at the
+//! close stores each shard's mean as a blob and signs its hash for the shepherd.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use pcp_bootstrap::{BlobStore, Event, InboundId, Node, PeerId};
+use pcp_protocol::diloco::aggregate::Bounds;
+use pcp_protocol::diloco::aggregation::{Accept, ShardUpdate, SumError, shard_tensors, update_hash};
+use pcp_protocol::diloco::aggregator::{Action, Aggregator, Input, Place, ShardSpec};
+use pcp_protocol::diloco::compress::Encoding;
+use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
+use pcp_schema::{
+    Accepts, Ack, AckCode, MessageKind, ParameterRef, RoundAnnouncement, ShardFailure, ShardVote, Slice,
+    SliceReportEntry, SliceReports,
+};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::Leader;
+use super::heartbeats::Latest;
+use crate::diloco::wire::{Signer, peer_name};
+use crate::observe::events::{self as ev, Events};
+
+/// Slices held a shard at most: the largest round's participants.
+const MAX_SLICES: usize = 16_384;
+/// How long after a round's close an aggregator waits for accepted slices it
+/// fetches before it gives the shard up (the shepherd then sums it).
+const GIVE_UP: Duration = Duration::from_secs(15);
+/// A request to another node gives up after this long.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the aggregator needs of the run and the node.
+pub(super) struct AggregatorTask {
+    pub(super) node: Node,
+    pub(super) signer: Signer,
+    pub(super) run: RunId,
+    pub(super) me: PublicKey,
+    /// Testing only: a hostile aggregator's attack (`agg-alter`, `agg-drop`, `agg-stall`).
+    pub(super) hostile: Option<super::Attack>,
+    pub(super) sizes: Vec<usize>,
+    pub(super) encoding: Encoding,
+    pub(super) store: BlobStore,
+    pub(super) events: Events,
+    pub(super) leader: watch::Receiver<Leader>,
+    pub(super) latest: watch::Receiver<Latest>,
+    pub(super) requests: mpsc::Receiver<Event>,
+    /// This worker's own slices of the shards it sums.
+    pub(super) own: Option<std::sync::Arc<tokio::sync::Mutex<mpsc::Receiver<Slice>>>>,
+    pub(super) cancel: CancellationToken,
+}
+
+/// The driver's state besides its task's inputs.
+struct Driver {
+    machine: Aggregator<[u8; 32]>,
+    signer: Signer,
+    /// Rounds assigned, with each assigned shard's replicas.
+    rounds: BTreeMap<u64, BTreeMap<usize, Vec<[u8; 32]>>>,
+    /// When each round's count came.
+    closed: BTreeMap<u64, Instant>,
+    fetches: JoinSet<(u64, usize, [u8; 32], Result<Vec<u8>, String>)>,
+    sends: JoinSet<()>,
+}
+
+impl AggregatorTask {
+    /// Runs until cancelled or the worker's channels close.
+    pub(super) async fn run(mut self) {
+        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let mut d = Driver {
+            machine: Aggregator::new(MAX_SLICES, threads),
+            signer: Signer::new(self.signer.identity().clone()),
+            rounds: BTreeMap::new(),
+            closed: BTreeMap::new(),
+            fetches: JoinSet::new(),
+            sends: JoinSet::new(),
+        };
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let own = self.own.clone();
+        let mut own = match &own {
+            Some(o) => Some(o.lock().await),
+            None => None,
+        };
+        loop {
+            tokio::select! {
+                Some(slice) = async { match own.as_mut() { Some(rx) => rx.recv().await, None => None } } => {
+                    let (round, shard) = (slice.round, slice.shard as usize);
+                    if d.rounds.get(&round).is_some_and(|r| r.contains_key(&shard)) {
+                        let input = Input::Slice { round, shard, worker: self.me.0, bytes: slice.bytes, forwarded: false };
+                        let actions = d.machine.handle(input);
+                        self.carry_out(&mut d, actions);
+                    }
+                }
+                () = self.cancel.cancelled() => return,
+                changed = self.latest.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let latest = self.latest.borrow_and_update().clone();
+                    if let Latest::Round(a) = latest {
+                        self.assigned(&mut d, &a);
+                    }
+                }
+                event = self.requests.recv() => match event {
+                    Some(Event::Request { id, message, .. }) => self.on_request(&mut d, id, *message).await,
+                    Some(_) => {}
+                    None => return,
+                },
+                Some(Ok((round, shard, worker, bytes))) = d.fetches.join_next() => match bytes {
+                    Ok(bytes) => {
+                        let actions = d.machine.handle(Input::Slice { round, shard, worker, bytes, forwarded: true });
+                        self.carry_out(&mut d, actions);
+                    }
+                    Err(e) => tracing::warn!(round, shard, "fetching {}'s slice: {e}", peer_name(&PublicKey(worker))),
+                },
+                Some(_) = d.sends.join_next() => {}
+                _ = tick.tick() => {
+                    let late: Vec<u64> = d.closed.iter().filter(|(_, at)| at.elapsed() >= GIVE_UP).map(|(r, _)| *r).collect();
+                    for round in late {
+                        d.closed.remove(&round);
+                        let actions = d.machine.handle(Input::GiveUp { round });
+                        self.carry_out(&mut d, actions);
+                    }
+                }
+            }
+        }
+    }
+
+    /// An announcement that names this node among a shard's replicas.
+    fn assigned(&self, d: &mut Driver, a: &RoundAnnouncement) {
+        if a.aggregators.is_empty() || d.rounds.contains_key(&a.round) {
+            return;
+        }
+        let Some(tensors) = shard_tensors(&self.sizes, a.aggregators.len()) else { return };
+        let mut specs = Vec::new();
+        let mut mine = BTreeMap::new();
+        for (shard, (range, s)) in tensors.into_iter().zip(&a.aggregators).enumerate() {
+            let Some(j) = s.replicas.iter().position(|k| *k == self.me.0) else { continue };
+            let sizes = self.sizes[range.clone()].to_vec();
+            let bounds = Bounds { tensor: s.tensor_bounds.clone(), element: s.element_bounds.clone() };
+            mine.insert(shard, s.replicas.clone());
+            specs.push(ShardSpec {
+                shard,
+                tensors: range,
+                sizes,
+                bounds,
+                replicas: s.replicas.clone(),
+                place: Place::Replica(j),
+            });
+        }
+        if specs.is_empty() {
+            return;
+        }
+        tracing::info!(round = a.round, "summing shards {:?} of round {}", mine.keys().collect::<Vec<_>>(), a.round);
+        d.rounds.insert(a.round, mine);
+        let keep = a.round.saturating_sub(2);
+        d.rounds.retain(|r, _| *r >= keep);
+        d.closed.retain(|r, _| *r >= keep);
+        d.machine.handle(Input::Assigned { round: a.round, encoding: self.encoding, shards: specs });
+    }
+
+    async fn on_request(&self, d: &mut Driver, id: InboundId, message: Verified) {
+        let binding = message.binding();
+        let answer = match message.kind() {
+            _ if binding.run != self.run => Err(format!("this aggregator sums run {}, not {}", self.run, binding.run)),
+            MessageKind::Slice => self.on_slice(d, &message),
+            MessageKind::Accepts => self.on_accepts(d, &message),
+            other => Err(format!("a worker does not answer {} requests", other.tag())),
+        };
+        let ack = match answer {
+            Ok(()) => Ack::accept(self.run.0, binding.round),
+            Err(reason) => {
+                tracing::debug!("refused a {} request: {reason}", message.kind().tag());
+                Ack::refuse(self.run.0, binding.round, AckCode::Malformed, reason)
+            }
+        };
+        let envelope = d.signer.seal(self.run, binding.round, &ack);
+        let _ = self.node.respond(id, envelope).await;
+    }
+
+    fn on_slice(&self, d: &mut Driver, message: &Verified) -> Result<(), String> {
+        let slice: Slice = message.decode().map_err(|e| format!("bad slice: {e}"))?;
+        let (round, shard) = (slice.round, slice.shard as usize);
+        let replicas = d
+            .rounds
+            .get(&round)
+            .and_then(|r| r.get(&shard))
+            .ok_or_else(|| format!("shard {shard} of round {round} is not summed here"))?;
+        let signer = message.signer().0;
+        // from its worker, or forwarded by the shard's first replica
+        let forwarded = match signer {
+            s if s == slice.worker => false,
+            s if replicas.first() == Some(&s) => true,
+            _ => return Err("a slice signed by neither its worker nor the shard's first replica".into()),
+        };
+        let input = Input::Slice { round, shard, worker: slice.worker, bytes: slice.bytes, forwarded };
+        let actions = d.machine.handle(input);
+        let refused = actions.iter().find_map(|a| match a {
+            Action::Refuse { reason, .. } => Some(reason.to_string()),
+            _ => None,
+        });
+        self.carry_out(d, actions);
+        refused.map_or(Ok(()), Err)
+    }
+
+    fn on_accepts(&self, d: &mut Driver, message: &Verified) -> Result<(), String> {
+        let leader = self.leader.borrow().1;
+        if message.signer() != leader {
+            return Err("accepts not signed by the run's leader".into());
+        }
+        let accepts: Accepts = message.decode().map_err(|e| format!("bad accepts: {e}"))?;
+        let round = accepts.round;
+        let mut actions = Vec::new();
+        for e in accepts.entries {
+            let accept = Accept { seq: e.seq, weight: e.weight, norm: e.norm, bound: e.bound };
+            for (shard, hash) in e.hashes {
+                let shard = shard as usize;
+                if d.rounds.get(&round).is_some_and(|r| r.contains_key(&shard)) {
+                    actions.extend(d.machine.handle(Input::Accepted { round, shard, worker: e.worker, hash, accept }));
+                }
+            }
+        }
+        if let Some(count) = accepts.closed {
+            d.closed.insert(round, Instant::now());
+            actions.extend(d.machine.handle(Input::Closed { round, count }));
+        }
+        self.carry_out(d, actions);
+        Ok(())
+    }
+
+    /// Does what the machine asked.
+    fn carry_out(&self, d: &mut Driver, actions: Vec<Action<[u8; 32]>>) {
+        let mut reports: BTreeMap<u64, Vec<SliceReportEntry>> = BTreeMap::new();
+        for action in actions {
+            match action {
+                Action::Forward { round, shard, worker, to, bytes } => {
+                    let slice = Slice { run: self.run.0, round, shard: shard as u32, worker, bytes };
+                    for key in to {
+                        self.send(d, key, round, &slice);
+                    }
+                }
+                Action::Report { round, shard, worker, hash, report } => {
+                    let (norms, maxes) = report.raw.into_iter().unzip();
+                    let entry = SliceReportEntry {
+                        shard: shard as u32,
+                        worker,
+                        hash,
+                        norms,
+                        maxes,
+                        bounded_norm: report.bounded_norm,
+                    };
+                    reports.entry(round).or_default().push(entry);
+                }
+                Action::Refuse { round, worker, reason } => {
+                    tracing::debug!(round, "refused {}'s slice: {reason}", peer_name(&PublicKey(worker)));
+                }
+                Action::Fetch { round, shard, worker, hash } => {
+                    let node = self.node.clone();
+                    let from: Vec<PeerId> = pcp_bootstrap::peer_of(&PublicKey(worker)).into_iter().collect();
+                    d.fetches.spawn(async move {
+                        let bytes = match node.fetch_from(BlobHash(hash), from, REQUEST_TIMEOUT).await {
+                            Ok(report) => std::fs::read(&report.path).map_err(|e| e.to_string()),
+                            Err(e) => Err(e.to_string()),
+                        };
+                        (round, shard, worker, bytes)
+                    });
+                }
+                Action::Publish { round, shard, update } => {
+                    d.closed.remove(&round);
+                    let Some(update) = self.corrupt(round, shard, update) else { continue };
+                    let blob = update.to_blob();
+                    let outcome = match self.store.put_bytes(&blob) {
+                        Ok(hash) => {
+                            let size = blob.len() as u64;
+                            let r = ParameterRef {
+                                name: format!("shard-mean-{shard}"),
+                                shard: shard as u32,
+                                blob: hash.0,
+                                size,
+                            };
+                            Ok((update.hash, r))
+                        }
+                        Err(e) => {
+                            tracing::warn!(round, shard, "storing the shard's mean: {e}");
+                            Err(ShardFailure::Missing)
+                        }
+                    };
+                    self.vote(d, round, shard, outcome);
+                }
+                Action::Failed { round, shard, error } => {
+                    tracing::warn!(round, shard, "could not sum the shard: {error}");
+                    let failure = match error {
+                        SumError::Missing { .. } => ShardFailure::Missing,
+                        SumError::Duplicate { .. } => ShardFailure::Duplicate,
+                        SumError::PastClose { .. } => ShardFailure::PastClose,
+                    };
+                    self.vote(d, round, shard, Err(failure));
+                }
+            }
+        }
+        for (round, reports) in reports {
+            let reports = SliceReports { run: self.run.0, round, reports };
+            let leader = self.leader.borrow().1;
+            self.send(d, leader.0, round, &reports);
+        }
+    }
+
+    /// A hostile aggregator's shard mean (`None`: it never votes).
+    fn corrupt(&self, round: u64, shard: usize, update: ShardUpdate) -> Option<ShardUpdate> {
+        let (mean, total) = match self.hostile.and_then(|a| a.at(round)) {
+            Some(super::Hostile::AggStall) => return None,
+            Some(super::Hostile::AggAlter) => {
+                (update.mean.into_iter().map(|t| t.into_iter().map(|v| -v).collect()).collect(), update.total)
+            }
+            Some(super::Hostile::AggDrop) => (update.mean, update.total * 0.5),
+            _ => return Some(update),
+        };
+        let hash = update_hash(round, shard, &mean, total);
+        Some(ShardUpdate { mean, total, hash })
+    }
+
+    /// Signs shard `shard`'s outcome for the shepherd.
+    fn vote(&self, d: &mut Driver, round: u64, shard: usize, outcome: Result<([u8; 32], ParameterRef), ShardFailure>) {
+        if let Ok((hash, _)) = &outcome {
+            self.events.emit(ev::Event::ShardAggregated(ev::ShardAggregated {
+                round,
+                shard: shard as u64,
+                hash: hex::encode(hash),
+                contributions: 0,
+                recomputed: false,
+            }));
+        }
+        let vote = ShardVote { run: self.run.0, round, shard: shard as u32, outcome };
+        let leader = self.leader.borrow().1;
+        self.send(d, leader.0, round, &vote);
+    }
+
+    /// Sends `message` to `key` without waiting for its answer.
+    fn send<M: pcp_protocol::Signable>(&self, d: &mut Driver, key: [u8; 32], round: u64, message: &M) {
+        let Some(peer) = pcp_bootstrap::peer_of(&PublicKey(key)) else { return };
+        let envelope = d.signer.seal(self.run, round, message);
+        let node = self.node.clone();
+        d.sends.spawn(async move {
+            let _ = node.find_peer(peer).await;
+            match tokio::time::timeout(REQUEST_TIMEOUT, node.request(peer, envelope)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::debug!(%peer, "an aggregator's request: {e}"),
+                Err(_) => tracing::debug!(%peer, "an aggregator's request: no answer"),
+            }
+        });
+    }
+}

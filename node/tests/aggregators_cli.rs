@@ -1,0 +1,81 @@
+//! Parameter-shard aggregators in real nodes (`pcp-node sim --aggregators 2`):
+//! every worker volunteers, the shepherd assigns each shard two of them, reads
+//! their reports and shard means instead of the contributions, and a hostile
+//! aggregator's wrong sum is caught, summed again by the shepherd, and never
+//! applied.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+#[path = "support/common.rs"]
+mod common;
+use common::corpus;
+
+/// Runs an aggregated sim of 4 nodes (3 workers) and returns the shepherd's events.
+fn sim(dir: &Path, rounds: u32, hostile: Option<&str>) -> Vec<Value> {
+    let ev = dir.join("events.jsonl");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pcp-node"));
+    cmd.env("PCP_ARTIFACT_CACHE", std::env::temp_dir().join("pcp-test-artifact-cache").join("artifacts"))
+        .args(["sim", "--nodes", "4", "--rounds", &rounds.to_string(), "--tau", "10", "--seed", "7"])
+        .args(["--screen", "norm", "--aggregators", "2", "--data", &corpus()])
+        .args(["--events", ev.to_str().expect("utf8"), "--data-dir", dir.to_str().expect("utf8")]);
+    if let Some(h) = hostile {
+        cmd.args(["--hostile", h]);
+    }
+    let out = cmd.output().expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::read_to_string(&ev).expect("events").lines().map(|l| serde_json::from_str(l).expect("json")).collect()
+}
+
+fn named<'a>(events: &'a [Value], name: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["event"] == name).collect()
+}
+
+#[test]
+fn honest_aggregators_sum_every_round_and_the_shepherd_reads_no_contribution() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let events = sim(dir.path(), 3, None);
+    let rounds = named(&events, "round_completed");
+    assert_eq!(rounds.len(), 3, "every round closes");
+    for r in &rounds {
+        assert_eq!(r["contributors"], 3, "every worker's contribution is summed: {r}");
+        assert_eq!(r["bytes_in"], 0, "the shepherd reads no contribution: {r}");
+    }
+    assert!(named(&events, "aggregator_assigned").len() >= 3, "volunteers are assigned shards");
+    let shards = named(&events, "shard_aggregated");
+    assert_eq!(shards.len(), 6, "two shards a round: {shards:?}");
+    assert!(shards.iter().all(|s| s["recomputed"] == false && s["contributions"] == 3), "{shards:?}");
+    assert!(named(&events, "aggregate_disputed").is_empty());
+}
+
+#[test]
+fn a_hostile_aggregator_is_caught_its_sum_never_applied_and_the_run_goes_on() {
+    for kind in ["agg-alter", "agg-drop", "sleeper:1:agg-stall"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let events = sim(dir.path(), 4, Some(&format!("{kind}:1")));
+        let liar = named(&events, "worker_started")
+            .into_iter()
+            .find(|e| e["worker"] == 1)
+            .and_then(|e| e["peer"].as_str())
+            .expect("worker 1 started")
+            .to_owned();
+        let disputes = named(&events, "aggregate_disputed");
+        assert!(!disputes.is_empty(), "{kind}: the liar is caught");
+        for d in &disputes {
+            assert_eq!(d["liars"], serde_json::json!([liar]), "{kind}: only the liar loses its role: {d}");
+        }
+        // every shard it lied about was summed by the shepherd, whose hash was applied
+        let recomputed: Vec<_> =
+            named(&events, "shard_aggregated").into_iter().filter(|s| s["recomputed"] == true).collect();
+        assert_eq!(recomputed.len(), disputes.len(), "{kind}: {recomputed:?}");
+        // once caught it sums no more, and every round trains all three workers
+        let last = disputes.iter().filter_map(|d| d["round"].as_u64()).max().expect("a round");
+        let assigned = named(&events, "aggregator_assigned");
+        assert!(!assigned.iter().any(|a| a["round"].as_u64() > Some(last) && a["peer"] == liar.as_str()), "{kind}");
+        let rounds = named(&events, "round_completed");
+        assert_eq!(rounds.len(), 4, "{kind}: every round closes");
+        assert!(rounds.iter().all(|r| r["contributors"] == 3), "{kind}: {rounds:?}");
+    }
+}
