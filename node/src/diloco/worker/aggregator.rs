@@ -55,6 +55,9 @@ pub(super) struct AggregatorTask {
     pub(super) cancel: CancellationToken,
 }
 
+/// A fetched slice: its round, shard and worker, and its bytes or why not.
+type Fetched = (u64, usize, [u8; 32], Result<Vec<u8>, String>);
+
 /// The driver's state besides its task's inputs.
 struct Driver {
     machine: Aggregator<[u8; 32]>,
@@ -63,7 +66,7 @@ struct Driver {
     rounds: BTreeMap<u64, BTreeMap<usize, Vec<[u8; 32]>>>,
     /// When each round's count came.
     closed: BTreeMap<u64, Instant>,
-    fetches: JoinSet<(u64, usize, [u8; 32], Result<Vec<u8>, String>)>,
+    fetches: JoinSet<Fetched>,
     sends: JoinSet<()>,
 }
 
