@@ -36,6 +36,26 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 type Labels = Vec<(String, String)>;
 type FloatGauge = Gauge<f64, AtomicU64>;
 
+/// The contributions' series.
+#[derive(Debug, Default)]
+struct Contributions {
+    bytes_up: Counter,
+    bytes_down: Counter,
+    rejected: Family<Labels, Counter>,
+    clipped: Counter,
+    bounded: Counter,
+    discounted: Counter,
+}
+
+/// The aggregators' series (`--aggregators`).
+#[derive(Debug, Default)]
+struct Aggregation {
+    shards: Counter,
+    recomputed: Counter,
+    disputes: Counter,
+    seconds: FloatGauge,
+}
+
 /// Every series pcp exports.
 #[derive(Debug)]
 struct Metrics {
@@ -51,12 +71,8 @@ struct Metrics {
     round_bytes_in: Gauge,
     round_bytes_out: Gauge,
     round_update_bytes: Gauge,
-    contribution_bytes_up: Counter,
-    contribution_bytes_down: Counter,
-    rejected: Family<Labels, Counter>,
-    clipped: Counter,
-    bounded: Counter,
-    discounted: Counter,
+    contributions: Contributions,
+    aggregation: Aggregation,
     screen_seconds: FloatGauge,
     screen_share: FloatGauge,
     messages_rejected: Counter,
@@ -82,12 +98,8 @@ impl Metrics {
             round_bytes_in: Gauge::default(),
             round_bytes_out: Gauge::default(),
             round_update_bytes: Gauge::default(),
-            contribution_bytes_up: Counter::default(),
-            contribution_bytes_down: Counter::default(),
-            rejected: Family::default(),
-            clipped: Counter::default(),
-            bounded: Counter::default(),
-            discounted: Counter::default(),
+            contributions: Contributions::default(),
+            aggregation: Aggregation::default(),
             screen_seconds: FloatGauge::default(),
             screen_share: FloatGauge::default(),
             messages_rejected: Counter::default(),
@@ -123,24 +135,38 @@ impl Metrics {
         r.register(
             "contribution_bytes_up",
             "Bytes of contributions sent (a worker) or received (a shepherd)",
-            metrics.contribution_bytes_up.clone(),
+            metrics.contributions.bytes_up.clone(),
         );
         r.register(
             "contribution_bytes_down",
             "Parameter bytes workers fetched for the rounds they contributed to (their reports)",
-            metrics.contribution_bytes_down.clone(),
+            metrics.contributions.bytes_down.clone(),
         );
-        r.register("contributions_rejected", "Contributions refused, by reason", metrics.rejected.clone());
-        r.register("contributions_clipped", "Contributions scaled down to the norm bound", metrics.clipped.clone());
+        let c = &metrics.contributions;
+        r.register("contributions_rejected", "Contributions refused, by reason", c.rejected.clone());
+        r.register("contributions_clipped", "Contributions scaled down to the norm bound", c.clipped.clone());
         r.register(
             "contributions_bounded",
             "Contributions the per-tensor bounds changed (values clipped, tensors scaled down)",
-            metrics.bounded.clone(),
+            c.bounded.clone(),
         );
         r.register(
             "contributions_discounted",
             "Contributions counted at less than their samples (probation, or a rating below the median)",
-            metrics.discounted.clone(),
+            c.discounted.clone(),
+        );
+        let a = &metrics.aggregation;
+        r.register("shards_aggregated", "Shard means signed (an aggregator) or taken (a shepherd)", a.shards.clone());
+        r.register(
+            "shards_recomputed",
+            "Shards the shepherd summed itself (a dispute, or late votes)",
+            a.recomputed.clone(),
+        );
+        r.register("aggregate_disputes", "Shards whose aggregators lied or fell silent", a.disputes.clone());
+        r.register(
+            "shard_aggregation_seconds",
+            "Seconds from a round's close to its last shard mean (a shepherd) or to a signed mean (an aggregator)",
+            a.seconds.clone(),
         );
         r.register(
             "screen_seconds",
@@ -196,27 +222,39 @@ impl Metrics {
                 }
             }
             Event::ContributionReceived(e) => {
-                self.contribution_bytes_up.inc_by(e.bytes);
-                self.contribution_bytes_down.inc_by(e.bytes_down);
+                self.contributions.bytes_up.inc_by(e.bytes);
+                self.contributions.bytes_down.inc_by(e.bytes_down);
             }
             Event::ContributionSent(e) => {
                 if let Some(v) = e.utilization {
                     self.utilization.set(v);
                 }
-                self.contribution_bytes_up.inc_by(e.bytes_up);
-                self.contribution_bytes_down.inc_by(e.bytes_down);
+                self.contributions.bytes_up.inc_by(e.bytes_up);
+                self.contributions.bytes_down.inc_by(e.bytes_down);
             }
             Event::ContributionRejected(e) => {
-                self.rejected.get_or_create(&vec![("reason".into(), reason_kind(&e.reason))]).inc();
+                self.contributions.rejected.get_or_create(&vec![("reason".into(), reason_kind(&e.reason))]).inc();
             }
             Event::ContributionClipped(_) => {
-                self.clipped.inc();
+                self.contributions.clipped.inc();
             }
             Event::ContributionBounded(_) => {
-                self.bounded.inc();
+                self.contributions.bounded.inc();
             }
             Event::ContributionDiscounted(_) => {
-                self.discounted.inc();
+                self.contributions.discounted.inc();
+            }
+            Event::ShardAggregated(e) => {
+                self.aggregation.shards.inc();
+                if e.recomputed {
+                    self.aggregation.recomputed.inc();
+                }
+                if let Some(v) = finite(e.seconds) {
+                    self.aggregation.seconds.set(v);
+                }
+            }
+            Event::AggregateDisputed(_) => {
+                self.aggregation.disputes.inc();
             }
             Event::ScreenRound(e) => {
                 self.screen_seconds.set(e.seconds);
@@ -372,6 +410,9 @@ mod tests {
         m.observe_named("peer_connected", &json!({}));
         m.observe_named("peer_connected", &json!({}));
         m.observe_named("blob_fetched", &json!({"bytes": 4096, "seconds": 0.5}));
+        m.observe_named("shard_aggregated", &json!({"round": 2, "shard": 0, "recomputed": false, "seconds": 0.25}));
+        m.observe_named("shard_aggregated", &json!({"round": 2, "shard": 1, "recomputed": true, "seconds": 1.5}));
+        m.observe_named("aggregate_disputed", &json!({"round": 2, "shard": 1, "liars": ["a"]}));
         let text = m.text();
         for line in [
             "pcp_rounds_completed_total 1",
@@ -387,6 +428,10 @@ mod tests {
             "pcp_peers 2",
             "pcp_blob_fetched_bytes_total 4096",
             "pcp_blob_fetch_seconds_total 0.5",
+            "pcp_shards_aggregated_total 2",
+            "pcp_shards_recomputed_total 1",
+            "pcp_aggregate_disputes_total 1",
+            "pcp_shard_aggregation_seconds 1.5",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
         }

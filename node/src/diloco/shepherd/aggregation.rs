@@ -438,12 +438,14 @@ impl Host {
                 }));
             }
         }
+        let seconds = record.closed.map_or(0.0, |(_, at)| at.elapsed().as_secs_f64());
         self.events.emit(ev::Event::ShardAggregated(ev::ShardAggregated {
             round,
             shard: shard as u64,
             hash: hex::encode(update.hash),
             contributions: count,
             recomputed,
+            seconds,
         }));
         let Some(record) = self.aggregation.rounds.get_mut(&round) else { return Ok(()) };
         record.means.insert(shard, (update, recomputed));

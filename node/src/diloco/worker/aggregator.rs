@@ -273,7 +273,8 @@ impl AggregatorTask {
                     });
                 }
                 Action::Publish { round, shard, update } => {
-                    d.closed.remove(&round);
+                    // (the round's other shards keep their give-up timer)
+                    let seconds = d.closed.get(&round).map_or(0.0, |at| at.elapsed().as_secs_f64());
                     let Some(update) = self.corrupt(round, shard, update) else { continue };
                     let blob = update.to_blob();
                     let outcome = match self.store.put_bytes(&blob) {
@@ -292,7 +293,7 @@ impl AggregatorTask {
                             Err(ShardFailure::Missing)
                         }
                     };
-                    self.vote(d, round, shard, outcome);
+                    self.vote(d, (round, shard, seconds), outcome);
                 }
                 Action::Failed { round, shard, error } => {
                     tracing::warn!(round, shard, "could not sum the shard: {error}");
@@ -301,7 +302,7 @@ impl AggregatorTask {
                         SumError::Duplicate { .. } => ShardFailure::Duplicate,
                         SumError::PastClose { .. } => ShardFailure::PastClose,
                     };
-                    self.vote(d, round, shard, Err(failure));
+                    self.vote(d, (round, shard, 0.0), Err(failure));
                 }
             }
         }
@@ -327,7 +328,12 @@ impl AggregatorTask {
     }
 
     /// Signs shard `shard`'s outcome for the shepherd.
-    fn vote(&self, d: &mut Driver, round: u64, shard: usize, outcome: Result<([u8; 32], ParameterRef), ShardFailure>) {
+    fn vote(
+        &self,
+        d: &mut Driver,
+        (round, shard, seconds): (u64, usize, f64),
+        outcome: Result<([u8; 32], ParameterRef), ShardFailure>,
+    ) {
         if let Ok((hash, _)) = &outcome {
             self.events.emit(ev::Event::ShardAggregated(ev::ShardAggregated {
                 round,
@@ -335,6 +341,7 @@ impl AggregatorTask {
                 hash: hex::encode(hash),
                 contributions: 0,
                 recomputed: false,
+                seconds,
             }));
         }
         let vote = ShardVote { run: self.run.0, round, shard: shard as u32, outcome };

@@ -260,7 +260,11 @@ fields! {
     ContributionRejected { round: u64, peer: String, reason: String }
     AggregatorAssigned { round: u64, peer: String, shards: Vec<u64> }
     /// `recomputed`: the shepherd summed it from the committed slices.
-    ShardAggregated { round: u64, shard: u64, hash: String, contributions: u64, recomputed: bool }
+    /// `seconds`: from the round's close to the mean.
+    ShardAggregated {
+        round: u64, shard: u64, hash: String, contributions: u64, recomputed: bool,
+        #[serde(deserialize_with = "nan_if_null")] seconds: f64,
+    }
     AggregateDisputed { round: u64, shard: u64, liars: Vec<String>, reason: String }
     ContributionBounded { round: u64, peer: String, elements: u64, tensors: u64 }
     ContributionDiscounted { round: u64, peer: String, factor: f64, reason: String }
