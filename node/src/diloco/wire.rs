@@ -296,6 +296,23 @@ pub(crate) fn params_len(tensors: &[Vec<f32>]) -> u64 {
 }
 
 /// Stores `params` as a parameters blob, written as it is encoded (no copy of the
+/// Fetches blob `hash` (from `from` first) within `timeout`, and reads it if it
+/// is at most `max` bytes: a peer's blob of a known bound (a slice, a shard's
+/// mean) is never read whole past it.
+pub(crate) async fn fetch_bounded(
+    node: &pcp_bootstrap::Node,
+    hash: BlobHash,
+    from: Vec<pcp_bootstrap::PeerId>,
+    (timeout, max): (std::time::Duration, u64),
+) -> Result<Vec<u8>, String> {
+    let report = node.fetch_from(hash, from, timeout).await.map_err(|e| format!("fetching blob {hash}: {e}"))?;
+    let len = std::fs::metadata(&report.path).map_err(|e| format!("reading {}: {e}", report.path.display()))?.len();
+    if len > max {
+        return Err(format!("blob {hash} is {len} bytes, more than the {max} it may be"));
+    }
+    std::fs::read(&report.path).map_err(|e| format!("reading {}: {e}", report.path.display()))
+}
+
 /// model in memory); returns its content id and size.
 pub(crate) fn put_params(store: &pcp_bootstrap::BlobStore, params: &[Vec<f32>]) -> anyhow::Result<(BlobHash, u64)> {
     let size = params_len(params);

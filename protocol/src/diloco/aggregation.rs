@@ -262,6 +262,11 @@ impl ShardUpdate {
         out
     }
 
+    /// The length of [`ShardUpdate::to_blob`] for a mean of tensors of `sizes`.
+    pub fn blob_len(sizes: &[usize]) -> usize {
+        UPDATE_MAGIC.len() + 8 + super::compress::encoded_len(sizes, super::compress::Encoding::F32)
+    }
+
     /// Reads shard `shard`'s update of `round` (tensors of `sizes`) from its blob,
     /// and hashes it ([`update_hash`]).
     pub fn from_blob(round: u64, shard: usize, bytes: &[u8], sizes: &[usize]) -> Result<Self, UpdateError> {

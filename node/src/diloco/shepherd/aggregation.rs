@@ -35,6 +35,8 @@ use crate::observe::events as ev;
 const VOTE_WAIT_FACTOR: u32 = 4;
 const MIN_VOTE_WAIT: Duration = Duration::from_secs(2);
 const MAX_VOTE_WAIT: Duration = Duration::from_secs(30);
+/// Volunteers kept at most: the largest run's participants.
+const MAX_VOLUNTEERS: usize = 16_384;
 /// Blob fetches of shard means and slices give up after this long.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -99,8 +101,16 @@ pub(super) struct Aggregation {
 
 impl Aggregation {
     /// `key` offered to aggregate in its hello.
-    pub(super) fn volunteered(&mut self, key: PublicKey) {
-        self.volunteers.insert(key.0);
+    /// Volunteers are at most [`MAX_VOLUNTEERS`]: past it, those that are no
+    /// longer `live` workers are forgotten, and a new one is not kept while it
+    /// stays full (hellos that never become workers cannot grow the set).
+    pub(super) fn volunteered(&mut self, key: PublicKey, live: impl Fn(&[u8; 32]) -> bool) {
+        if self.volunteers.len() >= MAX_VOLUNTEERS {
+            self.volunteers.retain(|k| live(k));
+        }
+        if self.volunteers.len() < MAX_VOLUNTEERS {
+            self.volunteers.insert(key.0);
+        }
     }
 
     /// `key` left the run.
@@ -358,9 +368,13 @@ impl Host {
             Outcome::Waiting => {}
             Outcome::Agreed(hash) => {
                 record.busy.insert(shard);
-                let (node, peer) = (self.node.clone(), message_peer(&from));
+                let (node, peer) = (self.node.clone(), pcp_bootstrap::peer_of(&from));
+                // a mean is exactly its shard's fp32 message and divisor: no larger blob is read
+                let sizes: Vec<usize> = record.tensors[shard].clone().map(|i| self.layout.sizes[i]).collect();
+                let max = ShardUpdate::blob_len(&sizes) as u64;
                 self.aggregation.fetches.spawn(async move {
-                    let bytes = fetch_bytes(&node, blob.blob, peer.into_iter().collect()).await;
+                    let from = peer.into_iter().collect();
+                    let bytes = wire::fetch_bounded(&node, BlobHash(blob.blob), from, (FETCH_TIMEOUT, max)).await;
                     Fetched::Mean { round, shard, hash, bytes }
                 });
             }
@@ -498,21 +512,6 @@ impl Host {
     }
 }
 
-/// The peer of a key, as a list to fetch from.
-fn message_peer(key: &PublicKey) -> Option<pcp_bootstrap::PeerId> {
-    pcp_bootstrap::peer_of(key)
-}
-
-/// Fetches blob `hash` from `from` and reads it.
-async fn fetch_bytes(
-    node: &pcp_bootstrap::Node,
-    hash: [u8; 32],
-    from: Vec<pcp_bootstrap::PeerId>,
-) -> Result<Vec<u8>, String> {
-    let report = node.fetch_from(BlobHash(hash), from, FETCH_TIMEOUT).await.map_err(|e| e.to_string())?;
-    std::fs::read(&report.path).map_err(|e| format!("reading {}: {e}", report.path.display()))
-}
-
 /// Shard `shard` of `round`, summed from the `count` accepted contributions'
 /// slices, each fetched from its worker, inspected by the shard's bounds and added
 /// at its place.
@@ -529,7 +528,9 @@ async fn sum_here(
             return Err(format!("{} committed no slice of shard {shard}", peer_name(&PublicKey(e.worker))));
         };
         let from = pcp_bootstrap::peer_of(&PublicKey(e.worker)).into_iter().collect();
-        let bytes = fetch_bytes(node, *hash, from).await?;
+        // a slice reached its aggregators as a control message: no larger one is read
+        let max = pcp_schema::MAX_CONTROL_MESSAGE as u64;
+        let bytes = wire::fetch_bounded(node, BlobHash(*hash), from, (FETCH_TIMEOUT, max)).await?;
         let delta: Delta = compress::decode_delta(&bytes, sizes, encoding).map_err(|e| e.to_string())?;
         let (bounded, _) = inspect(delta, sizes, bounds).map_err(|e| e.to_string())?;
         let accept =

@@ -110,7 +110,8 @@ impl Host {
             return self.refuse(id, 0, reason).await;
         }
         if hello.capabilities.aggregate {
-            self.aggregation.volunteered(key);
+            let workers: std::collections::BTreeSet<[u8; 32]> = self.machine.workers().map(|w| w.0).collect();
+            self.aggregation.volunteered(key, |k| workers.contains(k));
         }
         let run_mode = step_config(&self.plan.experiment).recompute;
         let free = hello.capabilities.free_memory_bytes;

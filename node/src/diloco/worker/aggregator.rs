@@ -264,11 +264,10 @@ impl AggregatorTask {
                 Action::Fetch { round, shard, worker, hash } => {
                     let node = self.node.clone();
                     let from: Vec<PeerId> = pcp_bootstrap::peer_of(&PublicKey(worker)).into_iter().collect();
+                    // a slice travels as a control message: no larger one is read
+                    let limits = (REQUEST_TIMEOUT, pcp_schema::MAX_CONTROL_MESSAGE as u64);
                     d.fetches.spawn(async move {
-                        let bytes = match node.fetch_from(BlobHash(hash), from, REQUEST_TIMEOUT).await {
-                            Ok(report) => std::fs::read(&report.path).map_err(|e| e.to_string()),
-                            Err(e) => Err(e.to_string()),
-                        };
+                        let bytes = crate::diloco::wire::fetch_bounded(&node, BlobHash(hash), from, limits).await;
                         (round, shard, worker, bytes)
                     });
                 }

@@ -317,6 +317,7 @@ fn a_shard_update_blob_reads_back_with_its_hash_and_refuses_what_it_is_not() {
     let mean: Tensors = vec![vec![0.5, -1.25, 3.0], vec![], vec![2.0]];
     let update = ShardUpdate { hash: update_hash(4, 1, &mean, 12.5), mean, total: 12.5 };
     let blob = update.to_blob();
+    assert_eq!(blob.len(), ShardUpdate::blob_len(&[3, 0, 1]));
     assert_eq!(ShardUpdate::from_blob(4, 1, &blob, &[3, 0, 1]), Ok(update.clone()));
     // another round or shard hashes otherwise: a replica's vote for it does not match
     assert_ne!(ShardUpdate::from_blob(5, 1, &blob, &[3, 0, 1]).map(|u| u.hash), Ok(update.hash));
