@@ -10,6 +10,7 @@
 //! * [`compress`]: pseudo-gradient encodings for the wire (fp32, bf16, int8, sparse).
 //! * [`rating`]: how far the shepherd trusts each participant, from its screen.
 //! * [`committee`]: who screens a contribution, the committee's verdict, and spot checks.
+//! * [`liveness`]: how often workers heartbeat, and when a silent one is dropped.
 //! * [`fragments`]: Streaming DiLoCo's fragments and the parameter shards rounds are published in.
 //! * [`sketch`]: sketches of pseudo-gradients, to refuse copies.
 //! * [`sparse`]: SparseLoCo's chunked top-k with error feedback, both directions.
@@ -25,6 +26,7 @@ pub mod committee;
 pub mod compress;
 pub mod follower;
 pub mod fragments;
+pub mod liveness;
 pub mod outer;
 pub mod rating;
 pub mod shepherd;

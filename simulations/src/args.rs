@@ -242,9 +242,15 @@ pub struct SimulateArgs {
     /// participant answered or at its deadline (the strategy is named diloco-star).
     #[arg(long, visible_alias = "no-overlap")]
     pub lockstep: bool,
-    /// Workers' heartbeat interval (they learn of a round from its answer), milliseconds.
+    /// Workers' shortest heartbeat interval (they learn of a round from its answer),
+    /// milliseconds; larger runs heartbeat slower, as pcp-node's workers do
+    /// (`pcp_protocol::diloco::liveness`: 0.25 ms a worker, at most half the lease).
     #[arg(long, default_value_t = 500)]
     pub poll_ms: u64,
+    /// The leader's lease (pcp-node's `--lease-ms`), milliseconds: it caps the
+    /// workers' heartbeat interval at half of it.
+    #[arg(long, default_value_t = pcp_protocol::diloco::liveness::DEFAULT_LEASE_MS)]
+    pub lease_ms: u64,
     /// Fraction of workers that are stragglers.
     #[arg(long, default_value_t = 0.05)]
     pub stragglers: f64,

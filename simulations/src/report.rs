@@ -574,7 +574,7 @@ impl Report {
         writeln!(
             out,
             "shepherd CPU (calibration: {}; {} aggregate threads): a forward pass {} ({}), {} validation batches and {} \
-             of parameters a close ({} more with a checkpoint, every {} rounds), {} a heartbeat, {} connections at most",
+             of parameters a close ({} more with a checkpoint, every {} rounds), {} a heartbeat (every {}), {} connections at most",
             s.calibration_cpu,
             c.threads,
             seconds(c.forward_core_s / c.threads.max(1) as f64),
@@ -584,6 +584,7 @@ impl Report {
             seconds(c.checkpoint_s),
             c.checkpoint_rounds,
             seconds(c.heartbeat_s),
+            seconds(s.world.poll_s),
             c.max_connections,
         )?;
         for r in star {

@@ -211,7 +211,10 @@ fn settings(
         straggler_slowdown: args.straggler_slowdown,
         jitter: args.jitter,
         hostile: args.hostile,
-        poll_s: args.poll_ms as f64 / 1e3,
+        // the node's workers heartbeat slower in a large run (at its size from the start)
+        poll_s: args.poll_ms.max(pcp_protocol::diloco::liveness::interval_ms(nodes.saturating_sub(1), args.lease_ms))
+            as f64
+            / 1e3,
     };
     let shepherd_link = World::new(world.clone(), args.seed).shepherd;
     let sizes: Vec<usize> = model.tensor_sizes.iter().map(|n| *n as usize).collect();

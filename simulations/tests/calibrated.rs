@@ -112,7 +112,7 @@ fn the_connection_cap_keeps_workers_out() {
 #[test]
 fn a_large_round_lists_its_participants_in_a_blob() {
     let base = "--rounds 2 --model nanogpt-small --tau 10 --step-seconds 0.01 --screen norm --profile datacenter \
-                --encoding fp32 --seed 3 --decode-seconds 0";
+                --encoding fp32 --seed 3 --decode-seconds 0 --lease-ms 1000"; // heartbeats every 500 ms
     let (small, _) = simulate(&format!("{base} --nodes 4097"));
     let (large, _) = simulate(&format!("{base} --nodes 4098"));
     let params = small.settings.params_bytes as f64;

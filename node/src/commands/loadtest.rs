@@ -19,6 +19,7 @@ use anyhow::Context as _;
 use pcp_bootstrap::{Config, EventLoop, Multiaddr, Node, PeerId};
 use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::compress::{self, Encoding};
+use pcp_protocol::diloco::liveness;
 use pcp_protocol::{Identity, PublicKey, RunId, Verified};
 use pcp_schema::{
     Ack, Backend, Capabilities, Contribution, Heartbeat, MessageKind, NodeHello, ParameterRef, RoundAnnouncement,
@@ -508,7 +509,9 @@ impl Synthetic {
         let tau = u64::from(manifest.inner_steps);
         let (mut done, mut term, mut known) = (0u64, 0u64, None);
         let mut participants: crate::diloco::participants::Cached = None;
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let mut tick = tokio::time::interval(Duration::from_millis(liveness::HEARTBEAT_MS));
+        // heartbeats slow down in a large run, as a worker's do
+        let (mut period, mut asked) = (Duration::from_millis(liveness::HEARTBEAT_MS), None::<Instant>);
         // a round trained (its modelled compute: a sleep), then its contribution on its
         // way; heartbeats go on meanwhile, as a worker's do
         let mut training: Option<(std::pin::Pin<Box<tokio::time::Sleep>>, RoundAnnouncement)> = None;
@@ -552,6 +555,10 @@ impl Synthetic {
                     continue;
                 }
             }
+            if asked.is_some_and(|at| at.elapsed() + period / 4 < period) {
+                continue;
+            }
+            asked = Some(Instant::now());
             let hb = Heartbeat { follows: term, known, ..Heartbeat::new(run.0, done, wire::unix_ms()) };
             let envelope = self.signer.seal(run, done, &hb);
             let Ok(answer) = self.ask(envelope).await else {
@@ -582,6 +589,7 @@ impl Synthetic {
             }
             known = Some(answer.payload_hash());
             term = term.max(a.term);
+            period = Duration::from_millis(liveness::interval_ms(a.participants.len(), manifest.lease_ms.max(500)));
             tally.lock().await.opened.entry(a.round).or_insert_with(Instant::now);
             let last = if self.args.rounds > 0 { self.args.rounds } else { u64::MAX };
             if a.finished || (done >= last && sending.is_empty() && training.is_none()) {

@@ -154,7 +154,8 @@ pub(crate) struct SimArgs {
     #[arg(long, value_name = "ROUND", requires = "candidates")]
     kill_shepherd_at: Option<u64>,
     /// The leader's lease: candidates take over after this long without a heartbeat.
-    #[arg(long, default_value_t = 5_000)]
+    /// Workers heartbeat at most half of it apart.
+    #[arg(long, default_value_t = pcp_protocol::diloco::liveness::DEFAULT_LEASE_MS)]
     lease_ms: u64,
     #[command(flatten)]
     pub(crate) retention: RetentionArgs,

@@ -488,6 +488,7 @@ async fn train(
         known: None,
         participants: None,
         aggregator: None,
+        lease_ms: m.lease_ms.max(500),
     };
     // a volunteer's aggregator takes the requests addressed to it
     let (heartbeat, _aggregator) = match plan.aggregate {

@@ -121,7 +121,7 @@ pub struct Config {
     pub deadline_factor: f64,
     /// Recent rounds the median looks at.
     pub deadline_window: usize,
-    /// Drop a worker not heard from for this long.
+    /// Drop a worker not heard from for this long (or [`super::liveness::timeout_ms`]).
     pub heartbeat_timeout_ms: u64,
     /// Outer learning rate.
     pub outer_lr: f32,
@@ -1062,7 +1062,7 @@ impl<P: Ord + Clone> Shepherd<P> {
     }
 
     fn expire(&mut self, now_ms: u64, actions: &mut Vec<Action<P>>) {
-        let timeout = self.config.heartbeat_timeout_ms;
+        let timeout = super::liveness::timeout_ms(self.config.heartbeat_timeout_ms, self.workers.len());
         if now_ms.saturating_sub(self.earliest_seen) <= timeout {
             return;
         }

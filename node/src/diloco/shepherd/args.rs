@@ -141,7 +141,8 @@ pub(crate) struct ShepherdArgs {
     #[arg(long, num_args = 0..=1, default_missing_value = "", value_name = "PEER")]
     pub(crate) candidate: Vec<String>,
     /// The leader's lease: candidates take over after this long without a heartbeat.
-    #[arg(long, default_value_t = 5_000, requires = "shepherd")]
+    /// Workers heartbeat at most half of it apart.
+    #[arg(long, default_value_t = pcp_protocol::diloco::liveness::DEFAULT_LEASE_MS, requires = "shepherd")]
     pub(crate) lease_ms: u64,
     /// How the candidates agree on a leader and on each round. `majority` (the
     /// default from 3 candidates): a majority of all the candidates elects, holds

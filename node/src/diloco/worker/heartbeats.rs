@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use pcp_bootstrap::{Event, Node, PeerId};
 use pcp_protocol::diloco::follower::{self, Announced, Leases, Opening};
+use pcp_protocol::diloco::liveness;
 use pcp_protocol::{PublicKey, RunId, Verified};
 use pcp_schema::{Ack, Heartbeat, Message as _, MessageKind, RoundAnnouncement};
 use tokio::sync::{mpsc, watch};
@@ -19,8 +20,9 @@ use super::disk::save_term;
 use crate::diloco::wire::{self, Signer, peer_name};
 use crate::observe::events::{self as ev, Events};
 
-/// How often a worker heartbeats (and so polls for rounds).
-pub(super) const HEARTBEAT: Duration = Duration::from_millis(500);
+/// How often a worker heartbeats (and so polls for rounds) in a run of up to 2,000
+/// workers; larger runs heartbeat slower ([`pcp_protocol::diloco::liveness`]).
+pub(super) const HEARTBEAT: Duration = Duration::from_millis(liveness::HEARTBEAT_MS);
 
 /// A heartbeat with no answer within this long counts as missed.
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -125,6 +127,8 @@ pub(super) struct Heartbeats {
     pub(super) known: Option<[u8; 32]>,
     /// The last participants blob fetched (see [`super::participants`]).
     pub(super) participants: crate::diloco::participants::Cached,
+    /// The run's lease (its manifest's): heartbeats are at most half of it apart.
+    pub(super) lease_ms: u64,
 }
 
 type Asked = (PublicKey, PeerId, Result<Verified, String>);
@@ -138,13 +142,20 @@ impl Heartbeats {
         let gossip = self.gossip.clone();
         let mut gossip = gossip.lock().await;
         let mut beats = 0u64;
+        // the run's size sets how often to heartbeat: every tick up to 2,000 workers
+        let mut period = HEARTBEAT;
+        let mut asked: Option<std::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {
                     beats += 1;
-                    self.expire();
-                    if asking.is_empty() {
+                    if self.expire() {
+                        period = HEARTBEAT; // the next candidate, asked at once
+                        asked = None;
+                    }
+                    if asking.is_empty() && asked.is_none_or(|at| at.elapsed() + HEARTBEAT / 2 >= period) {
                         self.ask(&mut asking);
+                        asked = Some(std::time::Instant::now());
                     }
                     if self.forge && beats.is_multiple_of(4) {
                         self.forge().await;
@@ -156,6 +167,7 @@ impl Heartbeats {
                         Ok(Some(latest)) => {
                             missed = 0;
                             let Some(latest) = self.with_participants(latest, peer).await else { continue };
+                            period = self.pace(&latest).unwrap_or(period);
                             if self.latest.send(latest).is_err() {
                                 return;
                             }
@@ -174,6 +186,7 @@ impl Heartbeats {
                         let Some(latest) = self.on_gossip(&message) else { continue };
                         let leader = self.leader.borrow().0;
                         let Some(latest) = self.with_participants(latest, leader).await else { continue };
+                        period = self.pace(&latest).unwrap_or(period);
                         if self.latest.send(latest).is_err() {
                             return;
                         }
@@ -214,13 +227,23 @@ impl Heartbeats {
         }
     }
 
-    /// Reports a lapsed lease; the next heartbeat goes to the candidate awaited.
-    fn expire(&mut self) {
-        for (term, leader) in self.leases.tick(wire::mono_ms()) {
+    /// How often to heartbeat in the run `latest` announces (its participants).
+    fn pace(&self, latest: &Latest) -> Option<Duration> {
+        let Latest::Round(a) = latest else { return None };
+        Some(Duration::from_millis(liveness::interval_ms(a.participants.len(), self.lease_ms)))
+    }
+
+    /// Reports a lapsed lease (returns whether one lapsed); the next heartbeat goes
+    /// to the candidate awaited.
+    fn expire(&mut self) -> bool {
+        let lapsed = self.leases.tick(wire::mono_ms());
+        let any = !lapsed.is_empty();
+        for (term, leader) in lapsed {
             tracing::warn!("run {}: the lease of term {term} lapsed; asking the next candidate", self.run);
             self.events.emit(ev::Event::LeaseExpired(ev::LeaseExpired { term, peer: peer_name(&leader) }));
             self.heard = true; // from now on the election says whom to ask
         }
+        any
     }
 
     fn ask(&mut self, asking: &mut JoinSet<Asked>) {

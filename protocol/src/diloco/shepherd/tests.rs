@@ -183,6 +183,25 @@ fn time_the_shepherd_was_deaf_does_not_count_against_its_workers() {
 }
 
 #[test]
+fn a_large_run_waits_for_its_slower_heartbeats() {
+    // timeout 500 configured; 10,000 workers heartbeat every 2.5 s, so the shepherd
+    // waits 4 of those intervals (10 s) before it drops one
+    let n = 10_000u32;
+    let mut s = Shepherd::new(Config { start_workers: n as usize + 1, ..config() }, vec![vec![0.0, 0.0]]);
+    for p in 1..=n {
+        s.handle(Input::Joined(p), 0);
+    }
+    assert_eq!(crate::diloco::liveness::timeout_ms(500, n as usize), 10_000);
+    for p in 2..=n {
+        s.handle(Input::Heartbeat(p), 2_500);
+    }
+    assert!(s.handle(Input::Tick, 10_000).is_empty(), "1 was silent 10 s: not past 4 intervals");
+    let a = s.handle(Input::Tick, 10_001);
+    assert_eq!(a, vec![Action::WorkerLeft { peer: 1, reason: LeaveReason::Timeout }]);
+    assert_eq!(s.workers().count(), n as usize - 1);
+}
+
+#[test]
 fn heartbeats_heard_but_not_handled_keep_their_workers() {
     // timeout 500: 1's heartbeats are only heard (a busy host), 2 is silent, 9 unknown
     let mut s = Shepherd::new(Config { start_workers: 3, ..config() }, vec![vec![0.0, 0.0]]);
