@@ -244,6 +244,7 @@ impl Host {
                     self.machine.heard(requests.take_heard(), self.now_ms());
                     self.expire_hellos();
                     self.expire_votes();
+                    self.expire_reports();
                     let actions = self.lead.consensus.handle(consensus_core::Input::Tick)?;
                     self.on_consensus(actions).await?;
                     if self.lead.stepped_down.is_none() && self.lead.consensus.core().is_leader() {

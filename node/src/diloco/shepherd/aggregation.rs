@@ -74,6 +74,10 @@ struct Record {
     means: BTreeMap<usize, (ShardUpdate, bool)>,
     /// Shards being fetched or summed here.
     busy: BTreeSet<usize>,
+    /// Disputed slices (worker, shard) being inspected here.
+    inspecting: BTreeSet<([u8; 32], usize)>,
+    /// When each slice (worker, shard) still missing a replica's report got its first.
+    waiting: BTreeMap<([u8; 32], usize), Instant>,
 }
 
 /// What a fetch brought back.
@@ -83,6 +87,9 @@ pub(super) enum Fetched {
     Mean { round: u64, shard: usize, hash: [u8; 32], bytes: Result<Vec<u8>, String> },
     /// A shard summed here from its committed slices.
     Summed { round: u64, shard: usize, update: Result<ShardUpdate, String> },
+    /// A disputed slice (`silent`: one a replica did not report in time), inspected
+    /// here: the report its replicas should have sent.
+    Inspected { round: u64, worker: [u8; 32], shard: usize, silent: bool, report: Result<SliceReport, String> },
 }
 
 /// The shepherd's aggregation: the volunteers and the aggregated rounds.
@@ -179,6 +186,8 @@ impl Host {
             closed: None,
             means: BTreeMap::new(),
             busy: BTreeSet::new(),
+            inspecting: BTreeSet::new(),
+            waiting: BTreeMap::new(),
         };
         self.aggregation.rounds.insert(round, record);
         // an aggregated round is kept until applied, and the one before for its late commitments
@@ -232,22 +241,18 @@ impl Host {
             Err(e) => return self.refuse(id, message.binding().round, format!("bad slice reports: {e}")).await,
         };
         let round = reports.round;
-        let mut ready = Vec::new();
+        let (mut ready, mut disputed) = (Vec::new(), Vec::new());
         if let Some(record) = self.aggregation.rounds.get_mut(&round) {
             for e in reports.reports {
                 let raw = e.norms.iter().copied().zip(e.maxes.iter().copied()).collect();
                 let report = SliceReport { raw, bounded_norm: e.bounded_norm };
                 match record.collect.report(&from.0, &e.worker, e.shard as usize, e.hash, report) {
                     Ok(Reported::Ready { norm, raw }) => ready.push((e.worker, norm, raw)),
-                    Ok(Reported::Disputed { shard }) => {
-                        tracing::warn!(
-                            round,
-                            shard,
-                            "replicas disagree on {}'s slice",
-                            peer_name(&PublicKey(e.worker))
-                        );
+                    Ok(Reported::Disputed { shard }) => disputed.push((e.worker, shard)),
+                    Ok(Reported::Waiting) => {
+                        let key = (e.worker, e.shard as usize);
+                        record.waiting.entry(key).or_insert_with(Instant::now);
                     }
-                    Ok(Reported::Waiting) => {}
                     Err(err) => tracing::debug!(round, "a report of {} refused: {err}", peer_name(&from)),
                 }
             }
@@ -255,6 +260,15 @@ impl Host {
         let ack = Ack::accept(self.run.0, round);
         let envelope = self.signer.seal(self.run, round, &ack);
         self.respond(id, envelope).await?;
+        for (worker, shard) in disputed {
+            self.inspect_slice(round, worker, shard, false);
+        }
+        self.feed(round, ready).await
+    }
+
+    /// Feeds the state machine `round`'s contributions whose reports are settled:
+    /// (worker, bounded norm, each tensor's raw statistics).
+    async fn feed(&mut self, round: u64, ready: Vec<([u8; 32], f64, Vec<(f64, f32)>)>) -> anyhow::Result<()> {
         for (worker, norm, raw) in ready {
             let Some(claim) = self.aggregation.rounds.get_mut(&round).and_then(|r| r.claims.get_mut(&worker)) else {
                 continue;
@@ -383,6 +397,79 @@ impl Host {
         Ok(())
     }
 
+    /// The replicas of `shard` disagree on `worker`'s slice (`silent`: one did not
+    /// report it in time): the shepherd fetches the committed slice from its worker
+    /// and inspects it itself.
+    fn inspect_slice(&mut self, round: u64, worker: [u8; 32], shard: usize, silent: bool) {
+        let Some(record) = self.aggregation.rounds.get_mut(&round) else { return };
+        let Some(hash) = record.collect.hashes(&worker).and_then(|h| h.get(shard).copied()) else { return };
+        if !record.inspecting.insert((worker, shard)) {
+            return;
+        }
+        let why = if silent { "a replica did not report" } else { "replicas disagree on" };
+        tracing::warn!(round, shard, "{why} {}'s slice: inspecting it here", peer_name(&PublicKey(worker)));
+        let sizes: Vec<usize> = record.tensors[shard].clone().map(|i| self.layout.sizes[i]).collect();
+        let bounds = shard_bounds(&record.bounds, &record.tensors[shard]);
+        let (node, encoding) = (self.node.clone(), self.plan.encoding);
+        self.aggregation.fetches.spawn(async move {
+            let report = inspect_here(&node, (worker, hash), &sizes, &bounds, encoding).await;
+            Fetched::Inspected { round, worker, shard, silent, report }
+        });
+    }
+
+    /// A disputed slice inspected here settles its report: the replicas that
+    /// reported otherwise never sum again, and a contribution now settled goes to
+    /// the state machine.
+    async fn on_inspected(
+        &mut self,
+        (round, worker, shard, silent): (u64, [u8; 32], usize, bool),
+        report: Result<SliceReport, String>,
+    ) -> anyhow::Result<()> {
+        let Some(record) = self.aggregation.rounds.get_mut(&round) else { return Ok(()) };
+        record.inspecting.remove(&(worker, shard));
+        record.waiting.remove(&(worker, shard));
+        let who = peer_name(&PublicKey(worker));
+        let report = match report {
+            Ok(r) => r,
+            Err(e) => {
+                // its contribution is not summed: the slice it committed cannot be had
+                tracing::warn!(round, shard, "inspecting {who}'s disputed slice: {e}");
+                return Ok(());
+            }
+        };
+        let reporters = record.collect.reporters(&worker, shard);
+        let (liars, state) = match record.collect.settle(&worker, shard, report) {
+            Ok(settled) => settled,
+            Err(e) => {
+                tracing::debug!(round, shard, "settling {who}'s slice: {e}");
+                return Ok(());
+            }
+        };
+        // after a dispute, a replica that has not reported yet is not named: its
+        // report may still be on its way; after the wait, silence is named too
+        let liars: Vec<[u8; 32]> = liars.into_iter().filter(|k| silent || reporters.contains(k)).collect();
+        for key in &liars {
+            self.aggregation.dropped.insert(*key);
+        }
+        if !liars.is_empty() {
+            self.events.emit(ev::Event::AggregateDisputed(ev::AggregateDisputed {
+                round,
+                shard: shard as u64,
+                liars: liars.iter().map(|k| peer_name(&PublicKey(*k))).collect(),
+                reason: format!("their report of {who}'s slice differs from the shepherd's inspection, or never came"),
+            }));
+        }
+        match state {
+            Reported::Ready { norm, raw } => self.feed(round, vec![(worker, norm, raw)]).await,
+            // another of its shards is disputed too
+            Reported::Disputed { shard } => {
+                self.inspect_slice(round, worker, shard, false);
+                Ok(())
+            }
+            Reported::Waiting => Ok(()),
+        }
+    }
+
     /// Sums shard `shard` of `round` here from its committed slices, fetched from
     /// the workers that committed them.
     fn recompute(&mut self, round: u64, shard: usize, why: &str) {
@@ -405,6 +492,9 @@ impl Host {
     /// the state machine gets their join.
     pub(super) async fn on_fetched(&mut self, fetched: Fetched) -> anyhow::Result<()> {
         let (round, shard, taken) = match fetched {
+            Fetched::Inspected { round, worker, shard, silent, report } => {
+                return self.on_inspected((round, worker, shard, silent), report).await;
+            }
             Fetched::Mean { round, shard, hash, bytes } => {
                 let Some(record) = self.aggregation.rounds.get(&round) else { return Ok(()) };
                 let sizes: Vec<usize> = record.tensors[shard].clone().map(|i| self.layout.sizes[i]).collect();
@@ -490,13 +580,46 @@ impl Host {
         Ok(())
     }
 
+    /// How long votes, and a slice's reports after its first, are waited for (see
+    /// [`VOTE_WAIT_FACTOR`]).
+    fn wait(&self) -> Duration {
+        self.aggregation.gathered.map_or(MAX_VOTE_WAIT, |g| (g * VOTE_WAIT_FACTOR).clamp(MIN_VOTE_WAIT, MAX_VOTE_WAIT))
+    }
+
+    /// Slices one replica reported and another did not, within [`Self::wait`] of
+    /// the first report, are inspected here: a silent replica holds no contribution
+    /// back for longer.
+    pub(super) fn expire_reports(&mut self) {
+        let wait = self.wait();
+        let late: Vec<(u64, [u8; 32], usize)> = self
+            .aggregation
+            .rounds
+            .iter()
+            .flat_map(|(round, r)| {
+                r.waiting
+                    .iter()
+                    .filter(|(key, at)| at.elapsed() >= wait && !r.inspecting.contains(key))
+                    .filter(|((worker, _), _)| r.claims.get(worker).is_some_and(|c| !c.fed))
+                    .filter(|((worker, shard), _)| {
+                        r.collect.reporters(worker, *shard).len() < r.replicas.get(*shard).map_or(0, Vec::len)
+                    })
+                    .map(|((worker, shard), _)| (*round, *worker, *shard))
+            })
+            .collect();
+        for (round, worker, shard) in late {
+            self.inspect_slice(round, worker, shard, true);
+        }
+        // the slices whose contributions went on need no more waiting
+        for r in self.aggregation.rounds.values_mut() {
+            let claims = &r.claims;
+            r.waiting.retain(|(worker, _), _| claims.get(worker).is_some_and(|c| !c.fed));
+        }
+    }
+
     /// Shards whose votes did not all come in time after the close (see
     /// [`VOTE_WAIT_FACTOR`]) are summed here.
     pub(super) fn expire_votes(&mut self) {
-        let wait = self
-            .aggregation
-            .gathered
-            .map_or(MAX_VOTE_WAIT, |g| (g * VOTE_WAIT_FACTOR).clamp(MIN_VOTE_WAIT, MAX_VOTE_WAIT));
+        let wait = self.wait();
         let late: Vec<(u64, usize)> = self
             .aggregation
             .rounds
@@ -510,6 +633,23 @@ impl Host {
             self.recompute(round, shard, "its aggregators did not all vote in time");
         }
     }
+}
+
+/// `worker`'s committed slice `hash`, fetched from it and inspected by its
+/// shard's bounds: the report its replicas should have sent.
+async fn inspect_here(
+    node: &pcp_bootstrap::Node,
+    (worker, hash): ([u8; 32], [u8; 32]),
+    sizes: &[usize],
+    bounds: &Bounds,
+    encoding: Encoding,
+) -> Result<SliceReport, String> {
+    let from = pcp_bootstrap::peer_of(&PublicKey(worker)).into_iter().collect();
+    let max = pcp_schema::MAX_CONTROL_MESSAGE as u64;
+    let bytes = wire::fetch_bounded(node, BlobHash(hash), from, (FETCH_TIMEOUT, max)).await?;
+    let delta: Delta = compress::decode_delta(&bytes, sizes, encoding).map_err(|e| e.to_string())?;
+    let (_, report) = inspect(delta, sizes, bounds).map_err(|e| e.to_string())?;
+    Ok(report)
 }
 
 /// Shard `shard` of `round`, summed from the `count` accepted contributions'

@@ -41,7 +41,8 @@ pub(super) struct AggregatorTask {
     pub(super) signer: Signer,
     pub(super) run: RunId,
     pub(super) me: PublicKey,
-    /// Testing only: a hostile aggregator's attack (`agg-alter`, `agg-drop`, `agg-stall`).
+    /// Testing only: a hostile aggregator's attack (`agg-alter`, `agg-drop`, `agg-stall`,
+    /// `agg-misreport`, `agg-mute`).
     pub(super) hostile: Option<super::Attack>,
     pub(super) sizes: Vec<usize>,
     pub(super) encoding: Encoding,
@@ -246,7 +247,15 @@ impl AggregatorTask {
                         self.send(d, key, round, &slice);
                     }
                 }
-                Action::Report { round, shard, worker, hash, report } => {
+                Action::Report { round, shard, worker, hash, mut report } => {
+                    match self.hostile.and_then(|a| a.at(round)) {
+                        Some(super::Hostile::AggMisreport) => {
+                            report.raw.iter_mut().for_each(|(n, m)| (*n, *m) = (*n / 100.0, *m / 100.0));
+                            report.bounded_norm /= 100.0;
+                        }
+                        Some(super::Hostile::AggMute) => continue,
+                        _ => {}
+                    }
                     let (norms, maxes) = report.raw.into_iter().unzip();
                     let entry = SliceReportEntry {
                         shard: shard as u32,

@@ -57,11 +57,16 @@ pub(crate) enum Hostile {
     AggDrop,
     /// An aggregator's: it reports the slices but never votes on its shards.
     AggStall,
+    /// An aggregator's: it reports each slice's norms at a hundredth of the truth
+    /// (to drag the bounds down), and sums honestly.
+    AggMisreport,
+    /// An aggregator's: it never reports a slice, and sums and votes honestly.
+    AggMute,
 }
 
 /// The kinds `--hostile` takes, for its errors.
 pub(crate) const HOSTILE_KINDS: &str = "nan, scale, huge, flip, noise, forge, inflate, concentrate, late, drag, \
-     zero, copy, timing, early, agg-alter, agg-drop, agg-stall, sybil:N, replay:N, or sleeper:R:KIND (KIND after R \
+     zero, copy, timing, early, agg-alter, agg-drop, agg-stall, agg-misreport, agg-mute, sybil:N, replay:N, or sleeper:R:KIND (KIND after R \
      honest rounds)";
 
 /// An attack: its kind, and the honest rounds before it (a sleeper's).
@@ -111,6 +116,8 @@ impl Hostile {
             "agg-alter" => Some(Self::AggAlter),
             "agg-drop" => Some(Self::AggDrop),
             "agg-stall" => Some(Self::AggStall),
+            "agg-misreport" => Some(Self::AggMisreport),
+            "agg-mute" => Some(Self::AggMute),
             _ => {
                 let count =
                     |prefix: &str| s.strip_prefix(prefix).and_then(|n| n.parse::<u32>().ok()).filter(|n| *n >= 1);
@@ -196,7 +203,15 @@ impl Attacker {
                 }
             }
             // honest pseudo-gradients: their attacks are elsewhere (the heartbeats, the claimed timing, the aggregator)
-            Some(Hostile::Forge | Hostile::Timing | Hostile::AggAlter | Hostile::AggDrop | Hostile::AggStall)
+            Some(
+                Hostile::Forge
+                | Hostile::Timing
+                | Hostile::AggAlter
+                | Hostile::AggDrop
+                | Hostile::AggStall
+                | Hostile::AggMisreport
+                | Hostile::AggMute,
+            )
             | None => {}
         }
     }

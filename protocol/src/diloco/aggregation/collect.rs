@@ -214,6 +214,12 @@ impl<P: Clone + Ord> Collect<P> {
         Ok((liars, self.state(worker)))
     }
 
+    /// The replicas that reported `worker`'s slice of `shard` so far.
+    pub fn reporters(&self, worker: &P, shard: usize) -> Vec<P> {
+        let reports = self.contributions.get(worker).and_then(|c| c.reports.get(shard));
+        reports.map_or_else(Vec::new, |r| r.iter().map(|(p, _)| p.clone()).collect())
+    }
+
     /// Where `worker`'s contribution stands.
     pub fn state(&self, worker: &P) -> Reported {
         let Some(c) = self.contributions.get(worker) else { return Reported::Waiting };

@@ -126,6 +126,8 @@ fn a_replica_that_lies_about_a_slice_disputes_it_and_is_named_when_settled() {
     // the liar shrinks the norm, to get a large slice accepted unscaled
     let small = SliceReport { bounded_norm: s[0].1.bounded_norm / 100.0, ..s[0].1.clone() };
     c.report(&liar, &w, 0, h0, small).unwrap();
+    assert_eq!(c.reporters(&w, 0), vec![liar.clone()]);
+    assert!(c.reporters(&w, 1).is_empty() && c.reporters(&key(99), 0).is_empty());
     let got = c.report(&honest, &w, 0, h0, s[0].1.clone()).unwrap();
     assert_eq!(got, Reported::Disputed { shard: 0 });
     for from in c.assignment.replicas(1).to_vec() {
