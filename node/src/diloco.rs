@@ -45,6 +45,6 @@ pub(crate) use refusal::Refusal;
 pub(crate) use retention::{Retention, RetentionArgs};
 pub(crate) use shepherd::{
     SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, Trust, TrustArgs, parse_encoding, parse_key,
-    parse_trim,
+    parse_share, parse_trim,
 };
 pub(crate) use worker::{Attack, HOSTILE_KINDS, Hostile, ReplaySlot, WorkerArgs, WorkerPlan, run as worker_run};

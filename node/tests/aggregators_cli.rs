@@ -15,17 +15,22 @@ use serde_json::Value;
 mod common;
 use common::corpus;
 
-/// Runs an aggregated sim of 4 nodes (3 workers) and returns the shepherd's events.
-fn sim(dir: &Path, rounds: u32, hostile: Option<&str>) -> Vec<Value> {
+/// Runs an aggregated sim of 4 nodes (3 workers) and returns the shepherd's events;
+/// no shard is spot-checked unless `extra` says so.
+fn sim(dir: &Path, rounds: u32, hostile: &[&str], extra: &[&str]) -> Vec<Value> {
     let ev = dir.join("events.jsonl");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pcp-node"));
     cmd.env("PCP_ARTIFACT_CACHE", std::env::temp_dir().join("pcp-test-artifact-cache").join("artifacts"))
         .args(["sim", "--nodes", "4", "--rounds", &rounds.to_string(), "--tau", "10", "--seed", "7"])
         .args(["--screen", "norm", "--aggregators", "2", "--data", &corpus()])
         .args(["--events", ev.to_str().expect("utf8"), "--data-dir", dir.to_str().expect("utf8")]);
-    if let Some(h) = hostile {
+    for h in hostile {
         cmd.args(["--hostile", h]);
     }
+    if !extra.contains(&"--aggregator-spot-rate") {
+        cmd.args(["--aggregator-spot-rate", "0"]);
+    }
+    cmd.args(extra);
     let out = cmd.output().expect("runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     std::fs::read_to_string(&ev).expect("events").lines().map(|l| serde_json::from_str(l).expect("json")).collect()
@@ -38,7 +43,7 @@ fn named<'a>(events: &'a [Value], name: &str) -> Vec<&'a Value> {
 #[test]
 fn honest_aggregators_sum_every_round_and_the_shepherd_reads_no_contribution() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let events = sim(dir.path(), 3, None);
+    let events = sim(dir.path(), 3, &[], &[]);
     let rounds = named(&events, "round_completed");
     assert_eq!(rounds.len(), 3, "every round closes");
     for r in &rounds {
@@ -56,7 +61,7 @@ fn honest_aggregators_sum_every_round_and_the_shepherd_reads_no_contribution() {
 fn a_hostile_aggregator_is_caught_its_sum_never_applied_and_the_run_goes_on() {
     for kind in ["agg-alter", "agg-drop", "sleeper:1:agg-stall", "agg-misreport", "sleeper:1:agg-mute"] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let events = sim(dir.path(), 4, Some(&format!("{kind}:1")));
+        let events = sim(dir.path(), 4, &[&format!("{kind}:1")], &[]);
         let liar = named(&events, "worker_started")
             .into_iter()
             .find(|e| e["worker"] == 1)
@@ -83,4 +88,23 @@ fn a_hostile_aggregator_is_caught_its_sum_never_applied_and_the_run_goes_on() {
         assert_eq!(rounds.len(), 4, "{kind}: every round closes");
         assert!(rounds.iter().all(|r| r["contributors"] == 3), "{kind}: {rounds:?}");
     }
+}
+
+#[test]
+fn replicas_that_lie_alike_are_caught_by_spot_checks() {
+    // every worker signs the same wrong sum (its shard's mean negated), so every
+    // shard's replicas agree on it
+    let liars = ["agg-alter:1", "agg-alter:2", "agg-alter:3"];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let unchecked = sim(dir.path(), 2, &liars, &[]);
+    assert!(named(&unchecked, "aggregate_disputed").is_empty(), "without spot checks the lie passes");
+    let applied = named(&unchecked, "shard_aggregated");
+    assert!(!applied.is_empty() && applied.iter().all(|s| s["recomputed"] == false), "{applied:?}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let checked = sim(dir.path(), 2, &liars, &["--aggregator-spot-rate", "1"]);
+    let disputes = named(&checked, "aggregate_disputed");
+    assert!(!disputes.is_empty(), "a spot check catches them");
+    let shards = named(&checked, "shard_aggregated");
+    assert!(shards.iter().all(|s| s["recomputed"] == true), "only the shepherd's sums are applied: {shards:?}");
+    assert!(named(&checked, "round_completed").iter().all(|r| r["contributors"] == 3));
 }

@@ -29,9 +29,9 @@
 //!   calibration table's decode and add, the shard's share of them).
 //! * **Votes.** An honest replica signs the true hash when its shard is ready;
 //!   `agg-alter` and `agg-drop` sign another hash then (liars agree with each
-//!   other: the worst case); `agg-stall` never answers. A spot-checked shard gets
-//!   the protocol's [`auditor`], who receives the slices forwarded by the first
-//!   replica as the others do, and votes alike. The shepherd applies a shard all
+//!   other: the worst case); `agg-stall` never answers. A spot-checked shard
+//!   (drawn at `--aggregator-spot-rate` from the shepherd's secret, as pcp-node
+//!   draws it) is recomputed by the shepherd whatever its votes. The shepherd applies a shard all
 //!   its voters agree on; a disagreement recomputes it as soon as the votes are
 //!   in, and silence at the vote deadline. A recompute reads the shard's slices from the workers
 //!   (through the shepherd's downlink) and decodes and adds them on its aggregate
@@ -49,7 +49,7 @@
 //! screen's reads (the score screen still reads whole contributions: the
 //! shepherd's cost per screened contribution is unchanged).
 
-use pcp_protocol::diloco::aggregation::{Assignment, Outcome, Votes, assign, auditor, spot_checked};
+use pcp_protocol::diloco::aggregation::{Assignment, Outcome, Votes, assign, spot_checked, spot_share};
 use serde::Serialize;
 
 use crate::network::{Link, Profile};
@@ -108,9 +108,9 @@ pub struct AggregatorTotals {
     pub rounds: u64,
     /// Shards applied on their replicas' agreement.
     pub agreed: u64,
-    /// Shards the shepherd recomputed (disputes, silence, spot checks no auditor could take).
+    /// Shards the shepherd recomputed (disputes, silence, spot checks).
     pub recomputed: u64,
-    /// Shards spot-checked (audited, or recomputed when no auditor was left).
+    /// Shards spot-checked (recomputed by the shepherd).
     pub spot_checks: u64,
     /// Volunteers caught lying or silent (each loses the role).
     pub caught: u64,
@@ -273,15 +273,10 @@ impl Pool {
         let mut recompute_s = 0.0;
         let mut recompute_at = close;
         let mut gathered = close;
-        let live: Vec<[u8; 4]> =
-            self.volunteers.iter().enumerate().filter(|(_, v)| !v.caught).map(|(i, _)| key(i)).collect();
         for s in 0..shards {
-            let mut replicas = assignment.replicas(s).to_vec();
-            let drawn = spot_checked(&self.seed, round, s, self.setup.spot_rate);
-            let audit = drawn.then(|| auditor(&self.seed, round, s, &live, &replicas)).flatten();
-            // a spot check with nobody to audit is the shepherd's own
-            let spot = drawn && audit.is_none();
-            replicas.extend(audit);
+            let replicas = assignment.replicas(s).to_vec();
+            // a spot check is the shepherd's own, as pcp-node's: it sums the shard itself
+            let spot = spot_checked(&self.seed, round, s, spot_share(self.setup.spot_rate, n));
             let mut votes = Votes::new(replicas.clone());
             let mut voted_at = close;
             let mut silent = false;
@@ -303,7 +298,7 @@ impl Pool {
                 let _ = votes.vote(k, hash);
                 voted_at = voted_at.max(at);
             }
-            if drawn {
+            if spot {
                 self.totals.spot_checks += 1;
             }
             let outcome = match votes.outcome(spot, false) {

@@ -280,7 +280,7 @@ pub struct SimulateArgs {
     pub aggregator_cores: usize,
     /// Share of shards the shepherd recomputes from the committed slices whatever their
     /// replicas say.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = pcp_protocol::diloco::aggregation::DEFAULT_SPOT_RATE)]
     pub aggregator_spot_rate: f64,
     /// Fraction of aggregator volunteers that are hostile, doing --aggregator-attack.
     #[arg(long, default_value_t = 0.0)]

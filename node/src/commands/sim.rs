@@ -132,6 +132,10 @@ pub(crate) struct SimArgs {
     /// Volunteers summing each shard.
     #[arg(long, default_value_t = 2, value_name = "R", value_parser = clap::value_parser!(u64).range(1..16))]
     aggregator_replicas: u64,
+    /// The share of aggregated shards the shepherd spot-checks (sums itself).
+    #[arg(long, default_value_t = pcp_protocol::diloco::aggregation::DEFAULT_SPOT_RATE, value_name = "RATE",
+          value_parser = crate::diloco::parse_share)]
+    aggregator_spot_rate: f64,
     /// A worker silent for this long is dropped.
     #[arg(long, default_value_t = 5_000)]
     heartbeat_timeout_ms: u64,
@@ -383,6 +387,7 @@ fn shepherd_plan(args: &SimArgs, net: &NetArgs, root: &std::path::Path) -> Resul
     plan.trim = args.trim;
     plan.aggregation.shards = args.aggregators;
     plan.aggregation.replicas = args.aggregator_replicas as usize;
+    plan.aggregation.spot_rate = args.aggregator_spot_rate;
     plan.overlap = !args.no_overlap;
     plan.participants_inline = args.participants_inline;
     let mut plan = plan.with_fragments(args.fragments)?;

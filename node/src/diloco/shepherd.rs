@@ -13,7 +13,7 @@ mod setup;
 mod table;
 mod trust;
 
-pub(crate) use args::{SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdPlan, parse_encoding, parse_trim};
+pub(crate) use args::{SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdPlan, parse_encoding, parse_share, parse_trim};
 pub(super) use leadership::LeaseKeeper;
 use setup::ShepherdMeta;
 pub(crate) use trust::{Trust, TrustArgs, parse_key};

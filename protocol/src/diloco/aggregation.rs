@@ -344,6 +344,25 @@ impl ShardSum {
     }
 }
 
+/// The share of aggregated shards a shepherd recomputes whatever their replicas
+/// say, when a run names none (pcp-node's and the simulator's
+/// `--aggregator-spot-rate`).
+pub const DEFAULT_SPOT_RATE: f64 = 0.05;
+
+/// The most contributions a round's spot checks read at the full rate: in a round
+/// of more, the share of shards checked shrinks so that the checks read as many
+/// slices as at this size ([`spot_share`]). A spot check sums its shard on the
+/// shepherd, on the round's path: in the simulator at 1,000 gpt2-124m H100
+/// volunteers, 5% of the shards cost 3.8 points of utilization (93.3% → 89.5%),
+/// and at 10,000 the same share cost 36 points (91.3% → 54.9%).
+pub const SPOT_CONTRIBUTIONS: u64 = 1_000;
+
+/// The share of shards spot-checked in a round of `contributions` at the rate
+/// `rate`: `rate` up to [`SPOT_CONTRIBUTIONS`], then `rate` × that / `contributions`.
+pub fn spot_share(rate: f64, contributions: u64) -> f64 {
+    if contributions <= SPOT_CONTRIBUTIONS { rate } else { rate * SPOT_CONTRIBUTIONS as f64 / contributions as f64 }
+}
+
 /// Whether the shepherd recomputes shard `shard` of `round` whatever its replicas
 /// say, with probability `rate` (0: never, 1: always), drawn from `seed`.
 pub fn spot_checked(seed: &[u8; 32], round: u64, shard: usize, rate: f64) -> bool {

@@ -71,23 +71,21 @@ fn each_hostile_kind_is_recomputed_caught_and_never_applied() {
 }
 
 #[test]
-fn a_lone_replica_that_lies_is_found_only_by_audits() {
+fn a_lone_replica_that_lies_is_found_only_by_spot_checks() {
     let s = AggregatorSetup { replicas: 1, hostile: Some((HostileAggregator::AggAlter, 1.0)), ..setup(None) };
     let mut pool = Pool::new(s.clone(), 3);
     close(&mut pool, 1);
     assert_eq!(pool.totals.applied_wrong, 4, "with one replica and no spot checks a lie is applied");
-    // every shard audited: the auditors are liars too, so the shepherd's own
-    // recompute is what catches them, once nobody is left outside the replicas
+    // every shard spot-checked: the shepherd sums each itself and catches every liar
     let mut checked = Pool::new(AggregatorSetup { spot_rate: 1.0, ..s.clone() }, 3);
     close(&mut checked, 1);
-    assert_eq!(checked.totals.applied_wrong, 4, "liars audited by liars agree");
-    // one honest volunteer among them audits and catches every lie it sees
-    let mut mixed =
-        Pool::new(AggregatorSetup { spot_rate: 1.0, hostile: Some((HostileAggregator::AggAlter, 0.5)), ..s }, 3);
-    let honest = mixed.volunteers.iter().filter(|v| v.hostile.is_none()).count();
-    assert!(honest > 0 && honest < 4, "the draw mixes them: {honest} honest");
-    close(&mut mixed, 1);
-    assert!(mixed.totals.caught > 0 && mixed.totals.applied_wrong < 4, "{:?}", mixed.totals);
+    assert_eq!(checked.totals.applied_wrong, 0, "{:?}", checked.totals);
+    assert_eq!((checked.totals.spot_checks, checked.totals.recomputed), (4, 4));
+    assert!(checked.totals.caught > 0, "{:?}", checked.totals);
+    // half the shards checked: only the unchecked lies are applied
+    let mut half = Pool::new(AggregatorSetup { spot_rate: 0.5, ..s }, 3);
+    close(&mut half, 1);
+    assert_eq!(half.totals.applied_wrong + half.totals.spot_checks, 4, "{:?}", half.totals);
 }
 
 #[test]

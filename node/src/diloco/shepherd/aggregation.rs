@@ -17,6 +17,7 @@ use pcp_protocol::BlobHash;
 use pcp_protocol::diloco::aggregate::{Bounds, Delta, Rejection};
 use pcp_protocol::diloco::aggregation::{
     Collect, Outcome, Reported, ShardSum, ShardUpdate, SliceReport, assign, inspect, shard_bounds, shard_tensors,
+    spot_checked, spot_share,
 };
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::shepherd::{self, Input, Report};
@@ -93,8 +94,11 @@ pub(super) enum Fetched {
 }
 
 /// The shepherd's aggregation: the volunteers and the aggregated rounds.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Aggregation {
+    /// This shepherd's secret for drawing the spot-checked shards: no aggregator
+    /// can tell which of its shards will be checked.
+    spot_seed: [u8; 32],
     /// Live workers that offered to aggregate.
     volunteers: BTreeSet<[u8; 32]>,
     /// Aggregators caught lying or silent: they never sum again in this run.
@@ -104,6 +108,19 @@ pub(super) struct Aggregation {
     /// How long the last round whose aggregators all agreed took from its close
     /// to its last shard's mean.
     gathered: Option<Duration>,
+}
+
+impl Default for Aggregation {
+    fn default() -> Self {
+        Self {
+            spot_seed: rand::random(),
+            volunteers: BTreeSet::new(),
+            dropped: BTreeSet::new(),
+            rounds: BTreeMap::new(),
+            fetches: JoinSet::new(),
+            gathered: None,
+        }
+    }
 }
 
 impl Aggregation {
@@ -378,8 +395,12 @@ impl Host {
         if record.means.contains_key(&shard) || record.busy.contains(&shard) {
             return Ok(());
         }
-        match record.collect.outcome(shard, false, false) {
+        let count = record.closed.map_or(0, |(count, _)| count);
+        let share = spot_share(self.plan.aggregation.spot_rate, count);
+        let spot = spot_checked(&self.aggregation.spot_seed, round, shard, share);
+        match record.collect.outcome(shard, spot, false) {
             Outcome::Waiting => {}
+            Outcome::Recompute if spot => self.recompute(round, shard, "a spot check"),
             Outcome::Agreed(hash) => {
                 record.busy.insert(shard);
                 let (node, peer) = (self.node.clone(), pcp_bootstrap::peer_of(&from));

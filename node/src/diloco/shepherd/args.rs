@@ -105,6 +105,13 @@ pub(crate) struct ShepherdArgs {
     #[arg(long, default_value_t = 2, value_name = "R", value_parser = clap::value_parser!(u64).range(1..16),
           requires = "shepherd")]
     pub(crate) aggregator_replicas: u64,
+    /// The share of aggregated shards the shepherd sums itself whatever their
+    /// replicas vote (a spot check: replicas that lie alike are caught), drawn each
+    /// round from a secret of this shepherd; past 1,000 contributions a round the
+    /// share shrinks so the checks read no more slices.
+    #[arg(long, default_value_t = pcp_protocol::diloco::aggregation::DEFAULT_SPOT_RATE, value_name = "RATE",
+          value_parser = crate::diloco::parse_share, requires = "shepherd")]
+    pub(crate) aggregator_spot_rate: f64,
     /// A round with more participants than this lists them in a blob the
     /// announcement names, not inline (an announcement stays within the control cap).
     #[arg(long, default_value_t = crate::diloco::participants::DEFAULT_INLINE, value_name = "N", requires = "shepherd")]
@@ -183,6 +190,14 @@ pub(crate) fn parse_trim(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(t) if (0.0..0.5).contains(&t) => Ok(t),
         _ => Err(format!("{s:?} is not a fraction from 0 to below 0.5")),
+    }
+}
+
+/// `--aggregator-spot-rate`: a share from 0 to 1.
+pub(crate) fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if (0.0..=1.0).contains(&t) => Ok(t),
+        _ => Err(format!("{s:?} is not a share from 0 to 1")),
     }
 }
 
@@ -335,6 +350,7 @@ impl ShepherdPlan {
                 threads: aggregate_threads(args.aggregate_threads),
                 shards: args.aggregators,
                 replicas: args.aggregator_replicas as usize,
+                spot_rate: args.aggregator_spot_rate,
             },
             participants_inline: args.participants_inline,
             copy_check: !args.no_copy_check,
@@ -414,12 +430,14 @@ pub(crate) struct Aggregation {
     pub(crate) shards: usize,
     /// Volunteers a shard (`--aggregator-replicas`).
     pub(crate) replicas: usize,
+    /// The share of shards spot-checked (`--aggregator-spot-rate`).
+    pub(crate) spot_rate: f64,
 }
 
 impl Aggregation {
     /// The shepherd adds alone, on every core.
     pub(crate) fn alone() -> Self {
-        Self { threads: aggregate_threads(0), shards: 0, replicas: 2 }
+        Self { threads: aggregate_threads(0), shards: 0, replicas: 2, spot_rate: 0.0 }
     }
 }
 

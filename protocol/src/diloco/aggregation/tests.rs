@@ -327,3 +327,15 @@ fn a_shard_update_blob_reads_back_with_its_hash_and_refuses_what_it_is_not() {
     nan[5..13].copy_from_slice(&f64::NAN.to_le_bytes());
     assert_eq!(ShardUpdate::from_blob(4, 1, &nan, &[3, 0, 1]), Err(UpdateError::Total));
 }
+
+#[test]
+fn spot_checks_read_no_more_slices_past_a_thousand_contributions() {
+    use super::{SPOT_CONTRIBUTIONS, spot_share};
+    assert_eq!(spot_share(0.05, 10), 0.05);
+    assert_eq!(spot_share(0.05, SPOT_CONTRIBUTIONS), 0.05);
+    for n in [2_000u64, 10_000, 100_000] {
+        let read = spot_share(0.05, n) * n as f64;
+        assert!((read - 0.05 * SPOT_CONTRIBUTIONS as f64).abs() < 1e-9, "{n}: {read}");
+    }
+    assert_eq!(spot_share(0.0, 5_000), 0.0);
+}
