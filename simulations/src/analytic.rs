@@ -1,16 +1,10 @@
 //! Strategies pcp has no state machine for, modelled round by round with the
-//! same world, links and [`fair_share`] flows as the star: DiLoCo through
-//! regional aggregators, Streaming DiLoCo, and synchronous data-parallel
-//! ring all-reduce. Churn is not applied to them (they use the initial
-//! workers); stragglers, jitter and hostile workers are. In sparse runs the
-//! hierarchy's workers and aggregators fetch the shepherd's update after the
-//! first round (everyone took part in the previous one); Streaming DiLoCo and
+//! same world, links and [`fair_share`] flows as the star: Streaming DiLoCo,
+//! and synchronous data-parallel ring all-reduce. Churn is not applied to them (they use the initial
+//! workers); stragglers, jitter and hostile workers are. Streaming DiLoCo and
 //! all-reduce move fp32 parameters and the encoded pseudo-gradient, and nothing
-//! here charges the shepherd's (or an aggregator's) decode time.
+//! here charges the shepherd's decode time.
 
-use std::collections::VecDeque;
-
-use pcp_protocol::diloco::shepherd;
 use rand::Rng;
 
 use crate::network::{Flow, fair_share};
@@ -32,17 +26,12 @@ pub struct Setup {
     pub params_bytes: f64,
     /// Bytes of one encoded pseudo-gradient (or gradient, for all-reduce).
     pub contribution_bytes: f64,
-    /// Sparse runs: bytes of the shepherd's update, fetched instead of the parameters
-    /// by whoever holds the previous round's.
-    pub update_bytes: Option<f64>,
     /// Shepherd work between rounds, seconds.
     pub overhead_s: f64,
     /// Parameters are served at `swarm` × the hub's uplink.
     pub swarm: f64,
     /// Streaming DiLoCo fragments.
     pub fragments: u32,
-    /// Deadline settings (aggregators use the shepherd's rule).
-    pub shepherd: shepherd::Config,
     /// The run seed.
     pub seed: u64,
 }
@@ -61,132 +50,6 @@ fn steps(world: &World, nodes: &[NodeSpec], setup: &Setup, rng: &mut impl Rng) -
             (setup.step_seconds * n.slowdown + jitter * noise).max(0.0)
         })
         .collect()
-}
-
-/// The shepherd's adaptive deadline: factor × median of recent durations.
-#[derive(Debug)]
-struct Deadline {
-    config: shepherd::Config,
-    recent: VecDeque<f64>,
-}
-
-impl Deadline {
-    fn new(config: shepherd::Config) -> Self {
-        Self { config, recent: VecDeque::new() }
-    }
-
-    fn get(&self) -> f64 {
-        if self.recent.is_empty() {
-            return self.config.initial_deadline_ms as f64 / 1e3;
-        }
-        let mut v: Vec<f64> = self.recent.iter().copied().collect();
-        v.sort_by(f64::total_cmp);
-        (self.config.deadline_factor * v[v.len() / 2])
-            .clamp(self.config.min_deadline_ms as f64 / 1e3, self.config.max_deadline_ms as f64 / 1e3)
-    }
-
-    fn record(&mut self, d: f64) {
-        self.recent.push_back(d);
-        while self.recent.len() > self.config.deadline_window.max(1) {
-            self.recent.pop_front();
-        }
-    }
-}
-
-/// DiLoCo with one aggregator per region: the shepherd sends the parameters
-/// to the aggregators, each aggregator serves its region's workers, collects
-/// their contributions until all have answered or its deadline (the
-/// shepherd's rule: 2× the median of recent rounds), sums them and forwards
-/// one contribution of the same size. The shepherd then sees one
-/// contribution per region. Aggregators have the shepherd's link profile and
-/// relay whole blobs (store and forward).
-pub fn hierarchical(mut world: World, setup: &Setup, progress: &mut dyn FnMut(u64)) -> StrategyReport {
-    let nodes = population(&mut world, setup.workers);
-    let mut jitter = rng(setup.seed, Stream::Jitter);
-    let regions = world.aggregators.len();
-    let mut deadlines: Vec<Deadline> = (0..regions).map(|_| Deadline::new(setup.shepherd.clone())).collect();
-    let mut rounds = Vec::new();
-    let mut t = 0.0f64;
-    for r in 1..=setup.rounds {
-        let start = t + if r > 1 { setup.overhead_s } else { 0.0 };
-        let step = steps(&world, &nodes, setup, &mut jitter);
-        // every aggregator and worker holds the previous round's parameters
-        let fetch = match setup.update_bytes {
-            Some(update) if r > 1 => update,
-            _ => setup.params_bytes,
-        };
-        // shepherd -> aggregators
-        let level1: Vec<Flow> = world.aggregators.iter().map(|a| Flow { start, bytes: fetch, cap: a.down }).collect();
-        let got = fair_share(world.shepherd.up, &level1);
-        let mut stats = RoundStats { round: r, ..RoundStats::default() };
-        let mut compute = 0.0;
-        let mut forwards = Vec::with_capacity(regions);
-        for (k, got_k) in got.iter().enumerate() {
-            let agg = world.aggregators[k];
-            let ready = got_k + world.aggregator_latency(k);
-            let members: Vec<usize> = (0..nodes.len()).filter(|i| nodes[*i].region == k).collect();
-            if members.is_empty() {
-                continue;
-            }
-            let fetches: Vec<Flow> = members
-                .iter()
-                .map(|i| {
-                    let n = &nodes[*i];
-                    let lat = world.latency(n, k, &agg);
-                    Flow { start: world.next_poll(n, ready) + 3.0 * lat, bytes: fetch, cap: n.link.down }
-                })
-                .collect();
-            let fetched = fair_share(agg.up * setup.swarm.max(1.0), &fetches);
-            let uploads: Vec<Flow> = members
-                .iter()
-                .zip(&fetched)
-                .map(|(i, f)| {
-                    let n = &nodes[*i];
-                    let lat = world.latency(n, k, &agg);
-                    let train = setup.tau as f64 * step[*i];
-                    Flow { start: f + lat + train, bytes: setup.contribution_bytes, cap: n.link.up }
-                })
-                .collect();
-            let uploaded = fair_share(agg.down, &uploads);
-            let arrivals: Vec<f64> =
-                members.iter().zip(&uploaded).map(|(i, u)| u + world.latency(&nodes[*i], k, &agg)).collect();
-            let cutoff = ready + deadlines[k].get();
-            let last = arrivals.iter().copied().fold(ready, f64::max);
-            let close = if last <= cutoff { last } else { cutoff };
-            stats.at_quorum |= last > cutoff;
-            deadlines[k].record(close - ready);
-            for (i, a) in members.iter().zip(&arrivals) {
-                stats.participants += 1;
-                if *a > close {
-                    stats.dropped_late += 1;
-                } else if nodes[*i].hostile {
-                    stats.dropped_rejected += 1;
-                    compute += setup.tau as f64 * step[*i];
-                } else {
-                    stats.contributors += 1;
-                    compute += setup.tau as f64 * step[*i];
-                }
-            }
-            stats.worker_bytes_in += fetch * members.len() as f64;
-            stats.worker_bytes_out += setup.contribution_bytes * members.len() as f64;
-            forwards.push(Flow { start: close, bytes: setup.contribution_bytes, cap: agg.up });
-        }
-        let forwarded = fair_share(world.shepherd.down, &forwards);
-        let end = forwarded.iter().zip(0..).map(|(f, k)| f + world.aggregator_latency(k)).fold(start, f64::max);
-        let p = stats.participants.max(1) as f64;
-        stats.end_s = end;
-        stats.wall_s = end - t;
-        stats.utilization = compute / (p * stats.wall_s.max(1e-9));
-        stats.trained_steps = stats.contributors as f64 * setup.tau as f64;
-        stats.shepherd_bytes_in = setup.contribution_bytes * forwards.len() as f64;
-        stats.shepherd_bytes_out = fetch * regions as f64;
-        stats.worker_bytes_in /= p;
-        stats.worker_bytes_out /= p;
-        rounds.push(stats);
-        t = end;
-        progress(r);
-    }
-    report("diloco-hierarchical", rounds)
 }
 
 /// Streaming DiLoCo in a star: the parameters are split into `fragments`

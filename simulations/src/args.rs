@@ -41,7 +41,9 @@ pub enum ScreenMode {
 pub enum Topology {
     /// Every worker talks to the shepherd (pcp today; real state machines).
     Star,
-    /// One aggregator per region sums its workers' contributions.
+    /// The star with parameter-shard aggregators, as pcp-node runs them: each
+    /// shard summed by --aggregator-replicas volunteers (--aggregators shards, or the
+    /// fewest whose slices fit pcp-node's 256 KiB control messages).
     Hierarchical,
 }
 

@@ -2,7 +2,8 @@
 //! simulator that drives pcp's real DiLoCo state machines
 //! ([`pcp_protocol::diloco::shepherd::Shepherd`] and
 //! [`pcp_protocol::diloco::worker::Worker`]) with simulated time, links and
-//! compute, and compares DiLoCo (star and hierarchical), Streaming DiLoCo and
+//! compute, and compares DiLoCo (star, and hierarchical: the star with
+//! parameter-shard aggregators), Streaming DiLoCo and
 //! synchronous all-reduce.
 //!
 //! * [`model`]: parameter counts, wire sizes and FLOPs of the model presets.
@@ -14,7 +15,7 @@
 //! * [`world`]: the seeded world (links, regions, stragglers, hostile workers).
 //! * [`diloco`]: DiLoCo in a star on the real state machines, with churn.
 //! * [`aggregators`]: parameter-shard aggregators in the star, on the protocol's assignment and votes.
-//! * [`analytic`]: hierarchical DiLoCo, Streaming DiLoCo, ring all-reduce.
+//! * [`analytic`]: Streaming DiLoCo, ring all-reduce.
 //! * [`report`]: per-round statistics, summaries and the printed table.
 //! * [`plot`]: PNG plots.
 //! * [`faults`]: a deterministic fault simulator of shepherd failover: the real

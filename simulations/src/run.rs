@@ -242,16 +242,29 @@ fn settings(
     })
 }
 
-/// The star's aggregators (`--aggregators`), with the shepherd's cost per
+/// The largest slice pcp-node sends: a slice travels as one control message
+/// (`pcp_schema::MAX_CONTROL_MESSAGE`, 256 KiB).
+const SLICE_CAP_BYTES: f64 = 256.0 * 1024.0;
+
+/// The shards of the hierarchical topology: `--aggregators`, or the fewest whose
+/// slices of a contribution fit pcp-node's control cap (at least 2).
+fn hierarchical_shards(args: &SimulateArgs, settings: &Settings) -> usize {
+    match args.aggregators {
+        0 => ((settings.contribution_bytes as f64 / SLICE_CAP_BYTES).ceil() as usize).max(2),
+        n => n,
+    }
+}
+
+/// The star's aggregators (`shards` of them; 0: none), with the shepherd's cost per
 /// contribution from the calibration table.
-fn aggregators(args: &SimulateArgs, settings: &Settings) -> Option<AggregatorSetup> {
-    if args.aggregators == 0 {
+fn aggregators(args: &SimulateArgs, settings: &Settings, shards: usize) -> Option<AggregatorSetup> {
+    if shards == 0 {
         return None;
     }
     let c = &settings.shepherd_cpu;
-    let bytes = commitment_bytes(args.aggregators, args.aggregator_replicas, settings.model.tensor_sizes.len());
+    let bytes = commitment_bytes(shards, args.aggregator_replicas, settings.model.tensor_sizes.len());
     Some(AggregatorSetup {
-        shards: args.aggregators,
+        shards,
         replicas: args.aggregator_replicas,
         profile: args.aggregator_profile,
         cores: args.aggregator_cores,
@@ -332,7 +345,10 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
     let workers = settings.nodes - 1;
     let step_seconds = settings.compute.step_seconds;
     let shepherd = shepherd_config(args, settings.rounds);
-    if name == "diloco-star" {
+    // the hierarchical topology is the star with parameter-shard aggregators, as
+    // pcp-node runs them (`--aggregators`, or enough shards for the slices to fit)
+    let hierarchical = name == "diloco-hierarchical";
+    if name == "diloco-star" || hierarchical {
         let fragments = settings.fragments.clone();
         let tau = if fragments.len() > 1 { args.tau / fragments.len() as u64 } else { args.tau };
         let setup = StarSetup {
@@ -358,10 +374,17 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
             churn_per_hour: args.churn_per_hour,
             crash_fraction: args.crash_fraction,
             shepherd,
-            aggregators: aggregators(args, settings),
+            aggregators: match hierarchical {
+                true => aggregators(args, settings, hierarchical_shards(args, settings)),
+                false => aggregators(args, settings, args.aggregators),
+            },
             seed: args.seed,
         };
-        return with_goodput(run_star(world, &setup, progress), settings);
+        let mut report = run_star(world, &setup, progress);
+        if hierarchical {
+            report.strategy = report.strategy.replacen("diloco-star", "diloco-hierarchical", 1);
+        }
+        return with_goodput(report, settings);
     }
     let setup = Setup {
         rounds: settings.rounds,
@@ -370,15 +393,12 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
         step_seconds,
         params_bytes: settings.params_bytes as f64,
         contribution_bytes: settings.contribution_bytes as f64,
-        update_bytes: settings.update_bytes.map(|u| u as f64),
         overhead_s: args.overhead_seconds.unwrap_or(0.0),
         swarm: args.swarm.unwrap_or(1.0),
         fragments: args.fragments.unwrap_or(STREAMING_FRAGMENTS),
-        shepherd,
         seed: args.seed,
     };
     let report = match name {
-        "diloco-hierarchical" => analytic::hierarchical(world, &setup, progress),
         "streaming-diloco" => analytic::streaming(world, &setup, progress),
         _ => analytic::allreduce(world, &setup, progress),
     };

@@ -71,27 +71,29 @@ pub struct World {
     pub config: WorldConfig,
     /// The shepherd's link.
     pub shepherd: Link,
-    /// Each region's aggregator link (hierarchical topology).
-    pub aggregators: Vec<Link>,
     /// Extra one-way latency between regions (half an 80–250 ms RTT).
     inter: Vec<Vec<f64>>,
     rng: ChaCha8Rng,
 }
 
 impl World {
-    /// Draws the shepherd, the aggregators and the region latencies.
+    /// Draws the shepherd and the region latencies.
     pub fn new(config: WorldConfig, seed: u64) -> Self {
         let mut rng = rng(seed, Stream::World);
         let regions = if config.profile.spans_regions() { config.regions.max(1) } else { 1 };
         let shepherd = config.shepherd_profile.draw(&mut rng);
-        let aggregators = (0..regions).map(|_| config.shepherd_profile.draw(&mut rng)).collect();
+        // a link a region is drawn and left unused, so that the latencies drawn
+        // next keep each seed's world
+        for _ in 0..regions {
+            config.shepherd_profile.draw(&mut rng);
+        }
         let mut inter = vec![vec![0.0; regions]; regions];
         for (a, b) in (0..regions).flat_map(|a| (a + 1..regions).map(move |b| (a, b))) {
             let one_way = rng.gen_range(0.080..0.250) / 2.0;
             inter[a][b] = one_way;
             inter[b][a] = one_way;
         }
-        Self { config: WorldConfig { regions, ..config }, shepherd, aggregators, inter, rng }
+        Self { config: WorldConfig { regions, ..config }, shepherd, inter, rng }
     }
 
     /// Draws the next worker.
@@ -112,11 +114,6 @@ impl World {
     /// One-way latency between a worker and a hub in `region` with link `hub`.
     pub fn latency(&self, node: &NodeSpec, region: usize, hub: &Link) -> f64 {
         node.link.latency + hub.latency + self.inter[node.region][region]
-    }
-
-    /// One-way latency between the shepherd and region `r`'s aggregator.
-    pub fn aggregator_latency(&self, r: usize) -> f64 {
-        self.shepherd.latency + self.aggregators[r].latency + self.inter[0][r]
     }
 
     /// The slowest hop of a ring through `nodes` ordered by region: two access
