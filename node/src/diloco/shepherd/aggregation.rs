@@ -81,6 +81,10 @@ struct Record {
     waiting: BTreeMap<([u8; 32], usize), Instant>,
 }
 
+/// A contribution whose reports are settled: its worker, its bounded norm and
+/// each tensor's raw (norm, largest magnitude).
+type Settled = ([u8; 32], f64, Vec<(f64, f32)>);
+
 /// What a fetch brought back.
 #[derive(Debug)]
 pub(super) enum Fetched {
@@ -285,7 +289,7 @@ impl Host {
 
     /// Feeds the state machine `round`'s contributions whose reports are settled:
     /// (worker, bounded norm, each tensor's raw statistics).
-    async fn feed(&mut self, round: u64, ready: Vec<([u8; 32], f64, Vec<(f64, f32)>)>) -> anyhow::Result<()> {
+    async fn feed(&mut self, round: u64, ready: Vec<Settled>) -> anyhow::Result<()> {
         for (worker, norm, raw) in ready {
             let Some(claim) = self.aggregation.rounds.get_mut(&round).and_then(|r| r.claims.get_mut(&worker)) else {
                 continue;
