@@ -103,6 +103,7 @@ struct RunManifest {
   screenSample @33 :Float32; # a rated peer's contribution is screened with this probability once screening passes its share of the round
   failover @34 :UInt8;      # how candidates agree: 0 by their count (majority from 3), 1 majority, 2 best effort
   powJoinsPerHour @35 :UInt32; # "open": new keys an hour admitted at powBits; each doubling beyond adds a bit (0: powBits always)
+  aggregatorSpotRate @36 :Float32; # the share of aggregated shards the shepherd sums itself whatever their replicas vote (up to 1,000 contributions a round)
 }
 
 # --- rounds ----------------------------------------------------------------

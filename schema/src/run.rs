@@ -177,6 +177,9 @@ pub struct Admission {
     /// The probability a rated peer's contribution is screened once screening
     /// passes its share of the round.
     pub screen_sample: f32,
+    /// The share of aggregated shards the shepherd sums itself whatever their
+    /// replicas vote (spot checks; it shrinks past 1,000 contributions a round).
+    pub aggregator_spot_rate: f32,
 }
 
 impl TensorSpec {
@@ -356,6 +359,7 @@ impl Message for RunManifest {
         root.set_aggregate_max(a.aggregate_max);
         root.set_probation_rounds(a.probation_rounds);
         root.set_screen_sample(a.screen_sample);
+        root.set_aggregator_spot_rate(a.aggregator_spot_rate);
         codec::words(&message)
     }
 
@@ -430,6 +434,7 @@ impl Message for RunManifest {
                     aggregate_max: r.get_aggregate_max(),
                     probation_rounds: r.get_probation_rounds(),
                     screen_sample: r.get_screen_sample(),
+                    aggregator_spot_rate: r.get_aggregator_spot_rate(),
                 },
             })
         })

@@ -167,6 +167,7 @@ fn manifest(
             aggregate_max: inner_steps,
             probation_rounds: fragments,
             screen_sample: trim,
+            aggregator_spot_rate: trim / 2.0,
         },
     }
 }

@@ -492,7 +492,11 @@ impl ShepherdPlan {
             min_workers: 1,
             encoding,
             heartbeat_timeout_ms: 10_000,
-            aggregation: Aggregation::alone(),
+            // a successor sums alone (the run's spot-check rate kept)
+            aggregation: Aggregation {
+                spot_rate: f64::from(manifest.admission.aggregator_spot_rate),
+                ..Aggregation::alone()
+            },
             participants_inline: crate::diloco::participants::DEFAULT_INLINE,
             copy_check: true,
             candidates: manifest.candidates.iter().map(|k| PublicKey(*k)).collect(),

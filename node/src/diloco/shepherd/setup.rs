@@ -11,7 +11,7 @@ use pcp_protocol::diloco::{Tensors, compress, fragments, shepherd};
 use pcp_protocol::election::Succession;
 use pcp_protocol::failover::{CHECK_QUORUM_LEASES, Quorum, Replica};
 use pcp_protocol::{BlobHash, PublicKey, RunId};
-use pcp_schema::{DataSpec, ParameterRef, RunManifest, Schedule, TensorSpec};
+use pcp_schema::{Admission, DataSpec, ParameterRef, RunManifest, Schedule, TensorSpec};
 use tokio::task::JoinSet;
 
 use crate::diloco::consensus::{Consensus, Seat};
@@ -279,7 +279,7 @@ pub(super) fn new_manifest(
         fragments: plan.fragments,
         precision: e.precision.clone(),
         recompute: e.recompute.clone(),
-        admission: plan.trust.manifest(),
+        admission: Admission { aggregator_spot_rate: plan.aggregation.spot_rate as f32, ..plan.trust.manifest() },
     })
 }
 

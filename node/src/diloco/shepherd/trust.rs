@@ -205,6 +205,8 @@ impl Trust {
             aggregate_max: self.aggregate_max,
             probation_rounds: self.policy.probation_rounds,
             screen_sample: self.screen_sample,
+            // the shepherd's plan sets it (`--aggregator-spot-rate`)
+            aggregator_spot_rate: 0.0,
         }
     }
 
