@@ -159,10 +159,14 @@ impl Metrics {
         r.register("shards_aggregated", "Shard means signed (an aggregator) or taken (a shepherd)", a.shards.clone());
         r.register(
             "shards_recomputed",
-            "Shards the shepherd summed itself (a dispute, or late votes)",
+            "Shards the shepherd summed itself (a dispute, late votes, or a spot check)",
             a.recomputed.clone(),
         );
-        r.register("aggregate_disputes", "Shards whose aggregators lied or fell silent", a.disputes.clone());
+        r.register(
+            "aggregate_disputes",
+            "Shards whose aggregators lied or fell silent, and slices whose reports did",
+            a.disputes.clone(),
+        );
         r.register(
             "shard_aggregation_seconds",
             "Seconds from a round's close to its last shard mean (a shepherd) or to a signed mean (an aggregator)",
