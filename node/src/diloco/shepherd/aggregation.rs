@@ -271,8 +271,14 @@ impl Host {
                     Ok(Reported::Ready { norm, raw }) => ready.push((e.worker, norm, raw)),
                     Ok(Reported::Disputed { shard }) => disputed.push((e.worker, shard)),
                     Ok(Reported::Waiting) => {
+                        // a slice waits only while a replica of its shard has not reported it
                         let key = (e.worker, e.shard as usize);
-                        record.waiting.entry(key).or_insert_with(Instant::now);
+                        let replicas = record.replicas.get(key.1).map_or(0, Vec::len);
+                        if record.collect.reporters(&e.worker, key.1).len() < replicas {
+                            record.waiting.entry(key).or_insert_with(Instant::now);
+                        } else {
+                            record.waiting.remove(&key);
+                        }
                     }
                     Err(err) => tracing::debug!(round, "a report of {} refused: {err}", peer_name(&from)),
                 }
@@ -625,9 +631,6 @@ impl Host {
                     .iter()
                     .filter(|(key, at)| at.elapsed() >= wait && !r.inspecting.contains(key))
                     .filter(|((worker, _), _)| r.claims.get(worker).is_some_and(|c| !c.fed))
-                    .filter(|((worker, shard), _)| {
-                        r.collect.reporters(worker, *shard).len() < r.replicas.get(*shard).map_or(0, Vec::len)
-                    })
                     .map(|((worker, shard), _)| (*round, *worker, *shard))
             })
             .collect();
