@@ -70,6 +70,9 @@ use pcp_schema::{FrameHead, MAX_FRAME_HEAD, MessageKind};
 use known::{Known, Slot};
 
 mod known;
+mod slices;
+
+pub use slices::SLICES_IN_FLIGHT;
 
 /// The largest payload of a request that is not a contribution (hello, heartbeat).
 pub const SMALL_FRAME: usize = 64 << 10;
@@ -188,13 +191,24 @@ pub enum Refusal {
         /// The signer.
         signer: PublicKey,
     },
-    /// The run's contributions in flight already fill its budget (or what a retry may use of it).
-    #[error("contribution from {signer}: {budget} bytes of contributions already in flight or kept")]
+    /// The run's contributions in flight already fill its budget (or what a retry may use
+    /// of it); or, at an aggregator, the slices in flight fill theirs.
+    #[error("{kind} from {signer}: {budget} bytes of {kind}s already in flight or kept")]
     Full {
+        /// `contribution` or `slice`.
+        kind: &'static str,
         /// The signer.
         signer: PublicKey,
         /// The budget.
         budget: usize,
+    },
+    /// A sender of slices has sent every one its round allows it.
+    #[error("{signer} has sent every slice of round {round} that this aggregator reads from it")]
+    SlicesSpent {
+        /// The signer.
+        signer: PublicKey,
+        /// The round.
+        round: u64,
     },
     /// An allowance for small requests is spent.
     #[error("request from {signer}: {budget} bytes already in flight from {scope}")]
@@ -321,6 +335,8 @@ struct Inner {
     connections_opened: u64,
     /// [`Admission::count_loopback`].
     count_loopback: bool,
+    /// [`Admission::aggregate`]: the rounds whose slices this node reads.
+    slices: slices::Slices,
 }
 
 /// The runs this node serves and who may send it what. Shared by the node's handle
@@ -471,6 +487,15 @@ impl Admission {
         self.lock().count_loopback = count;
     }
 
+    /// This node sums shards of `run`'s round `round` (an aggregator): each of
+    /// `senders` may send it its count of slices (request kind `Slice`) of at most
+    /// `max_len` bytes, read while the slices in flight hold less than
+    /// [`SLICES_IN_FLIGHT`] × `max_len` and waited for past it, as contributions are;
+    /// anyone else's slice is a small frame. The newest rounds are kept.
+    pub fn aggregate(&self, (run, round): (RunId, u64), senders: &[(PublicKey, usize)], max_len: usize) {
+        self.lock().slices.open((run, round), senders, max_len);
+    }
+
     /// A connection to `peer` at `remote` is established. Only pcp peers' (whose peer id
     /// embeds an ed25519 key) are remembered, at most [`MAX_CONNECTIONS`] at once.
     pub(crate) fn connected(&self, id: ConnectionId, peer: PeerId, remote: &Multiaddr) {
@@ -604,10 +629,13 @@ impl Admission {
             return Err(Refusal::NotSender { kind: head.header.kind.tag(), signer });
         }
         let mut inner = self.lock();
-        let share = if head.header.kind == MessageKind::Contribution {
-            inner.contribution(head, signer)?
-        } else {
-            inner.small(head, signer, from.address)?
+        let share = match head.header.kind {
+            MessageKind::Contribution => inner.contribution(head, signer)?,
+            MessageKind::Slice => match inner.slices.permit(head, signer) {
+                Some(len) => Share::Slice { len: len? },
+                None => inner.small(head, signer, from.address)?,
+            },
+            _ => inner.small(head, signer, from.address)?,
         };
         Ok(Permit { admission: self.clone(), share })
     }
@@ -638,7 +666,7 @@ impl Inner {
         // a retry does not take the room of a participant's first contribution
         let kept = if taken == 0 { 0 } else { open.unstarted.saturating_mul(max) };
         if self.contribution_bytes.saturating_add(len).saturating_add(kept) > budget {
-            return Err(Refusal::Full { signer, budget });
+            return Err(Refusal::Full { kind: "contribution", signer, budget });
         }
         if taken == 0 {
             open.unstarted -= 1;
@@ -688,6 +716,7 @@ enum Share {
     None,
     Small { signer: PublicKey, address: Option<IpAddr>, known: bool, cost: usize },
     Contribution { signer: PublicKey, len: usize },
+    Slice { len: usize },
 }
 
 fn release<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: K, n: usize) {
@@ -730,7 +759,7 @@ impl Permit {
     /// Held on past the read if it is a contribution's ([`Hold`]); a small request's
     /// share ends with its read.
     pub(crate) fn hold(self) -> Option<Hold> {
-        matches!(self.share, Share::Contribution { .. }).then(|| Hold { _permit: Arc::new(self) })
+        matches!(self.share, Share::Contribution { .. } | Share::Slice { .. }).then(|| Hold { _permit: Arc::new(self) })
     }
 }
 
@@ -759,6 +788,11 @@ impl Drop for Permit {
             Share::Contribution { signer, len } => {
                 inner.contribution_bytes -= len;
                 inner.contributing.remove(&signer);
+                drop(inner);
+                self.admission.freed.notify_waiters();
+            }
+            Share::Slice { len } => {
+                inner.slices.release(len);
                 drop(inner);
                 self.admission.freed.notify_waiters();
             }

@@ -39,6 +39,7 @@ use crate::tls;
 use crate::transfers::{Action, Done, Serve, Served, Transfers};
 
 mod dht;
+mod outbox;
 mod replay;
 mod traversal;
 
@@ -125,7 +126,8 @@ pub struct EventLoop {
     replay: Replay,
     lookups: HashMap<kad::QueryId, Lookup>,
     /// Requests in flight: to whom, for which run (its answer must be bound to it).
-    rpc_out: HashMap<OutboundRequestId, (PeerId, RunId, Reply)>,
+    /// Outbound DiLoCo requests in flight, and those waiting their turn.
+    outbox: outbox::Outbox,
     /// Requests waiting for the owner's answer: the channel, when it came, from whom.
     rpc_in: HashMap<InboundId, (ResponseChannel<Frame>, Instant, PeerId)>,
     /// NAT traversal: relayed connections, hole punches, relays, reachability.
@@ -249,7 +251,7 @@ impl EventLoop {
             subscriptions: HashSet::new(),
             replay: Replay::new(admission.clone()),
             lookups: HashMap::new(),
-            rpc_out: HashMap::new(),
+            outbox: outbox::Outbox::default(),
             rpc_in: HashMap::new(),
             nat: Nat::new(config.nat.clone(), config.bootstrap.is_empty()),
             relay_listeners: HashMap::new(),
@@ -521,13 +523,15 @@ impl EventLoop {
                 self.lookups.insert(id, Lookup { found: Vec::new(), max: 1, reply });
             }
             Command::Request { peer, envelope, reply } => {
-                if self.rpc_out.len() >= MAX_RPC_OUTBOUND {
+                if self.outbox.sent.len() >= MAX_RPC_OUTBOUND {
                     let _ = reply.send(Err(RequestError::Busy { peer, max: MAX_RPC_OUTBOUND }));
                     return;
                 }
-                let run = RunId(envelope.header.run);
-                let id = self.swarm.behaviour_mut().rpc.send_request(&peer, envelope);
-                self.rpc_out.insert(id, (peer, run, reply));
+                if self.outbox.may_send(peer) {
+                    self.send_rpc(peer, envelope, reply);
+                } else if let Err(reply) = self.outbox.wait(peer, (envelope, reply)) {
+                    let _ = reply.send(Err(RequestError::Busy { peer, max: outbox::MAX_QUEUED }));
+                }
             }
             Command::Release { hashes, reply } => {
                 let released = self.transfers.release(hashes, Instant::now());
@@ -639,6 +643,20 @@ impl EventLoop {
         }
     }
 
+    /// Sends a DiLoCo request to `peer` (its turn came: see [`outbox`]).
+    fn send_rpc(&mut self, peer: PeerId, envelope: pcp_schema::SignedEnvelope, reply: Reply) {
+        let run = RunId(envelope.header.run);
+        let id = self.swarm.behaviour_mut().rpc.send_request(&peer, envelope);
+        self.outbox.sent.insert(id, (peer, run, reply));
+    }
+
+    /// A request to `peer` ended: the next waiting for it goes.
+    fn next_rpc(&mut self, peer: PeerId) {
+        if let Some((envelope, reply)) = self.outbox.done(peer) {
+            self.send_rpc(peer, envelope, reply);
+        }
+    }
+
     fn on_rpc(&mut self, event: request_response::Event<Frame, Frame>) {
         match event {
             request_response::Event::Message { peer, message, .. } => match message {
@@ -673,7 +691,8 @@ impl EventLoop {
                     }
                 }
                 request_response::Message::Response { request_id, response } => {
-                    if let Some((peer, run, reply)) = self.rpc_out.remove(&request_id) {
+                    if let Some((peer, run, reply)) = self.outbox.sent.remove(&request_id) {
+                        self.next_rpc(peer);
                         let result = match response {
                             Frame::In(verified) => self
                                 .replay
@@ -696,7 +715,8 @@ impl EventLoop {
                 }
             },
             request_response::Event::OutboundFailure { request_id, error, peer, .. } => {
-                if let Some((_, _, reply)) = self.rpc_out.remove(&request_id) {
+                if let Some((_, _, reply)) = self.outbox.sent.remove(&request_id) {
+                    self.next_rpc(peer);
                     let _ = reply.send(Err(RequestError::Failed { peer, reason: error.to_string() }));
                 }
             }

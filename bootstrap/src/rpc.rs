@@ -169,9 +169,10 @@ impl RpcCodec {
     ) -> Result<(Verified, Option<Hold>), String> {
         let head = read_head(io).await.map_err(|e| e.to_string())?;
         let signer = signed_by(&head, remote)?;
-        // a contribution that finds the budget full waits for room (within a runtime)
+        // a contribution (or an aggregator's slice) that finds its budget full waits for room
+        // (within a runtime)
         let permit: Permit = match tokio::runtime::Handle::try_current() {
-            Ok(_) if head.header.kind == MessageKind::Contribution => {
+            Ok(_) if matches!(head.header.kind, MessageKind::Contribution | MessageKind::Slice) => {
                 self.admission.wait_for_room(&head, signer, remote, CONTRIBUTION_WAIT).await
             }
             _ => self.admission.permit(&head, signer, remote),

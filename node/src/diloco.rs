@@ -47,4 +47,7 @@ pub(crate) use shepherd::{
     SPARSE_OUTER_LR, Screen, ShepherdArgs, ShepherdHooks, ShepherdPlan, Trust, TrustArgs, parse_encoding, parse_key,
     parse_share, parse_trim,
 };
-pub(crate) use worker::{Attack, HOSTILE_KINDS, Hostile, ReplaySlot, WorkerArgs, WorkerPlan, run as worker_run};
+pub(crate) use worker::{
+    Attack, HOSTILE_KINDS, Hostile, ReplaySlot, Standalone, WorkerArgs, WorkerPlan, commit_slices, cut_slices,
+    run as worker_run, send_slices,
+};

@@ -81,6 +81,17 @@ pub struct Slice {
     pub bytes: Vec<u8>,
 }
 
+impl Slice {
+    /// The most an encoded slice message carrying `bytes` bytes of slice takes: what
+    /// an aggregator reads at most for a shard whose slices are that long. Bytes past
+    /// the message's first segment go in a segment of their own, reached through a
+    /// far pointer: its landing pad and segment table entry are the 64 bytes kept.
+    pub fn encoded_len(bytes: usize) -> usize {
+        let empty = Self { run: [1; 32], round: u64::MAX, shard: u32::MAX, worker: [1; 32], bytes: Vec::new() };
+        empty.encode().len() + bytes.next_multiple_of(8) + 64
+    }
+}
+
 impl Message for Slice {
     const NAME: &'static str = "Slice";
     const MAX_SIZE: usize = MAX_CONTRIBUTION;

@@ -245,9 +245,16 @@ proptest! {
     #[test]
     fn slice(
         run in any::<[u8; 32]>(), round in any::<u64>(), shard in any::<u32>(), worker in any::<[u8; 32]>(),
-        bytes in vec(any::<u8>(), 0..2048),
+        bytes in vec(any::<u8>(), 0..2048), past_a_segment in 0usize..3,
     ) {
-        roundtrip(&Slice { run, round, shard, worker, bytes })?;
+        // past the first segment (8 KiB) and well past it
+        let mut bytes = bytes;
+        bytes.resize(bytes.len() + [0, 9 << 10, 300 << 10][past_a_segment], 5);
+        let len = bytes.len();
+        let slice = Slice { run, round, shard, worker, bytes };
+        let bound = Slice::encoded_len(len);
+        prop_assert!(slice.encode().len() <= bound && bound <= slice.encode().len() + 96, "{} of {bound}", slice.encode().len());
+        roundtrip(&slice)?;
     }
 
     #[test]

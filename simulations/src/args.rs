@@ -43,7 +43,7 @@ pub enum Topology {
     Star,
     /// The star with parameter-shard aggregators, as pcp-node runs them: each
     /// shard summed by --aggregator-replicas volunteers (--aggregators shards, or the
-    /// fewest whose slices fit pcp-node's 256 KiB control messages).
+    /// fewest whose slices are at most 256 KiB, a control message's size).
     Hierarchical,
 }
 

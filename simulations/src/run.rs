@@ -242,8 +242,8 @@ fn settings(
     })
 }
 
-/// The largest slice pcp-node sends: a slice travels as one control message
-/// (`pcp_schema::MAX_CONTROL_MESSAGE`, 256 KiB).
+/// The largest slice of the default shard count: a control message's size
+/// (`pcp_schema::MAX_CONTROL_MESSAGE`, 256 KiB; pcp-node's slices may be larger).
 const SLICE_CAP_BYTES: f64 = 256.0 * 1024.0;
 
 /// The shards of the hierarchical topology: `--aggregators`, or the fewest whose

@@ -534,3 +534,48 @@ fn only_the_candidates_gossip_once_they_are_known() {
     assert!(!admission.may_gossip(run, fresh));
     assert!(admission.may_gossip(other, fresh), "another run's candidates are not this one's");
 }
+
+#[test]
+fn an_aggregator_reads_large_slices_only_from_the_senders_it_named_for_the_round() {
+    let admission = Arc::new(Admission::default());
+    let (worker, replica, stranger) = (identity(1), identity(2), identity(3));
+    let run = RunId([9; 32]);
+    let big = (4 * SMALL_FRAME) as u64;
+    let ask = |who: &Identity, round, len| {
+        admission.permit(&head(MessageKind::Slice, who, run, round, len), who.public(), &remote(who, HOME))
+    };
+    // a slice is a small frame until the node aggregates the round
+    assert!(matches!(ask(&worker, 1, big), Err(Refusal::TooLarge { .. })));
+    admission.aggregate((run, 1), &[(worker.public(), 2), (replica.public(), 1)], big as usize);
+    let held = ask(&worker, 1, big).expect("a named worker's slice").hold().expect("held past its read");
+    drop(ask(&worker, 1, big).expect("its second"));
+    assert!(matches!(ask(&worker, 1, big), Err(Refusal::SlicesSpent { round: 1, .. })));
+    assert!(matches!(ask(&replica, 1, big + 1), Err(Refusal::TooLarge { .. })), "past the round's length");
+    assert!(matches!(ask(&stranger, 1, big), Err(Refusal::TooLarge { .. })), "a stranger's is a small frame");
+    assert!(matches!(ask(&worker, 2, big), Err(Refusal::TooLarge { .. })), "a round not aggregated here");
+    drop(ask(&replica, 1, big).expect("the first replica, forwarding"));
+    drop(held);
+    // the newest rounds are kept
+    for round in 2..=5 {
+        admission.aggregate((run, round), &[(worker.public(), 1)], 10);
+    }
+    assert!(matches!(ask(&replica, 1, big), Err(Refusal::TooLarge { .. })), "round 1 is forgotten");
+    drop(ask(&worker, 5, 10).expect("the newest round"));
+}
+
+#[test]
+fn slices_in_flight_fill_their_budget_and_free_it_when_handled() {
+    let admission = Arc::new(Admission::default());
+    let run = RunId([10; 32]);
+    let workers: Vec<Identity> = (0..=SLICES_IN_FLIGHT as u64).map(identity).collect();
+    let senders: Vec<(PublicKey, usize)> = workers.iter().map(|w| (w.public(), 1)).collect();
+    admission.aggregate((run, 1), &senders, 1000);
+    let ask = |who: &Identity| {
+        admission.permit(&head(MessageKind::Slice, who, run, 1, 1000), who.public(), &remote(who, HOME))
+    };
+    let mut held: Vec<Permit> = workers[..SLICES_IN_FLIGHT].iter().map(|w| ask(w).expect("room")).collect();
+    let last = &workers[SLICES_IN_FLIGHT];
+    assert!(matches!(ask(last), Err(Refusal::Full { kind: "slice", budget: 64_000, .. })));
+    held.pop();
+    drop(ask(last).expect("room once one is handled"));
+}

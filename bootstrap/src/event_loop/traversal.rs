@@ -326,7 +326,7 @@ impl EventLoop {
     /// Closes the relayed connections that direct ones replaced, once nothing is in
     /// flight on them (or the grace is over).
     fn close_upgraded(&mut self, now: Instant) {
-        let (transfers, rpc_out, rpc_in) = (&self.transfers, &self.rpc_out, &self.rpc_in);
+        let (transfers, rpc_out, rpc_in) = (&self.transfers, &self.outbox.sent, &self.rpc_in);
         let idle = |peer: &PeerId| {
             !transfers.is_busy_with(peer)
                 && !rpc_out.values().any(|(p, _, _)| p == peer)

@@ -492,9 +492,11 @@ pub(crate) async fn run_node(
     // workers and candidates it may lead, reachable address confirmed or not yet; a
     // volunteer aggregator, by the workers that send it their slices
     let coordinator = matches!(role, Role::Shepherd(..) | Role::Candidate(..));
-    config.dht_server = coordinator || matches!(&role, Role::Worker(p) if p.aggregate);
-    if coordinator {
-        // every participant of its run holds a connection to it
+    let aggregator = matches!(&role, Role::Worker(p) if p.aggregate);
+    config.dht_server = coordinator || aggregator;
+    if coordinator || aggregator {
+        // every participant of its run holds a connection to it (an aggregator: every
+        // worker that sends it a slice)
         config.max_connections = COORDINATOR_MAX_CONNECTIONS;
     }
     let mut running = Running::start_with(args, config).map_err(Failure::input)?;

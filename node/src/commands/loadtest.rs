@@ -8,7 +8,10 @@
 //! pseudo-gradient is random, at `--norm`: what a Sybil would send, or the load of
 //! honest workers whose quality does not matter. At the end it prints a table of
 //! each round (contributions sent, accepted, refused and why) and writes it as JSON
-//! with `--json`.
+//! with `--json`. In a round whose announcement names aggregators a synthetic worker
+//! commits to its slices and sends them to the shards' aggregators, as a worker does;
+//! `--aggregate` makes the synthetic nodes volunteers that sum shards and train
+//! nothing ([`aggregate`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -16,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use pcp_bootstrap::{Config, EventLoop, Multiaddr, Node, PeerId};
+use pcp_bootstrap::{BlobStore, Config, Event, EventLoop, Multiaddr, Node, PeerId};
 use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::liveness;
@@ -26,13 +29,14 @@ use pcp_schema::{
     RunManifest,
 };
 use rand::{Rng as _, SeedableRng as _};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::Failure;
 use crate::diloco::wire::{self, Signer};
 
+mod aggregate;
 mod flood;
 mod leave;
 
@@ -75,6 +79,12 @@ pub(crate) struct LoadtestArgs {
     /// gpt2-124m's takes a second; a worker's compute is a sleep).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     payloads: u64,
+    /// The synthetic nodes volunteer to aggregate (their hello's offer) and sum the
+    /// shards the shepherd assigns them, as `pcp-node --aggregate` does; they train
+    /// nothing. Each listens on an ephemeral 127.0.0.1 port and serves the DHT, so
+    /// the workers find it.
+    #[arg(long)]
+    aggregate: bool,
     #[command(flatten)]
     flood: flood::FloodArgs,
     #[command(flatten)]
@@ -97,6 +107,9 @@ struct RoundRow {
     dropped: u64,
     /// Contribution bytes sent (the encoded pseudo-gradients).
     bytes_up: u64,
+    /// Aggregated rounds: slices sent to the aggregators, and taken by them.
+    slices_sent: u64,
+    slices_taken: u64,
     /// Seconds from the first worker hearing of this round to the first hearing of
     /// the next.
     seconds: Option<f64>,
@@ -180,12 +193,21 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
     let gone = CancellationToken::new();
     let sampler = args.shepherd_pid.map(|pid| tokio::spawn(sample(pid, cancel.child_token(), gone.clone())));
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
+    let slicer = Arc::new(aggregate::Slicer::open(&data_dir.join("synthetic-slices")).map_err(Failure::input)?);
     for i in 0..args.workers {
         let identity = Identity::from_secret(rng.r#gen());
-        let config = dial_only(vec![args.shepherd.clone()], data_dir.join(format!("synthetic-{i}")));
+        let dir = data_dir.join(format!("synthetic-{i}"));
+        let mut config = dial_only(vec![args.shepherd.clone()], dir.clone());
+        if args.aggregate {
+            // the workers of the run dial it with their slices
+            config.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().expect("a valid multiaddr")];
+            config.dht_server = true;
+            config.max_connections = crate::commands::join::COORDINATOR_MAX_CONNECTIONS;
+        }
         peers.push(pcp_bootstrap::keypair(&identity).public().to_peer_id().to_string());
-        let (node, _events, event_loop): (Node, _, EventLoop) =
+        let (node, events, event_loop): (Node, _, EventLoop) =
             Node::new(&identity, config).map_err(|e| Failure::input(anyhow::anyhow!("synthetic worker {i}: {e}")))?;
+        let store = BlobStore::open(&dir).map_err(|e| Failure::input(anyhow::anyhow!("synthetic worker {i}: {e}")))?;
         let task_cancel = cancel.child_token();
         loops.spawn(event_loop.run(task_cancel.clone()));
         let worker = Synthetic {
@@ -195,6 +217,9 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
             args: args.clone(),
             index: i,
             payloads: payloads.clone(),
+            events: args.aggregate.then_some(events),
+            slicer: slicer.clone(),
+            store,
         };
         let tally = tally.clone();
         tasks.spawn(async move {
@@ -374,6 +399,14 @@ fn report(tally: &Tally, json: Option<&std::path::Path>) -> Result<(), Failure> 
         )
         .map_err(write)?;
     }
+    for row in tally.rounds.values().filter(|r| r.slices_sent > 0) {
+        writeln!(
+            out,
+            "round {}: {} slices sent to the aggregators, {} taken",
+            row.round, row.slices_sent, row.slices_taken
+        )
+        .map_err(write)?;
+    }
     if let Some(path) = json {
         let value = serde_json::json!({
             "joined": tally.joined,
@@ -409,6 +442,12 @@ struct Synthetic {
     index: usize,
     /// The run's pseudo-gradients, encoded: made once by the first worker to join.
     payloads: Arc<tokio::sync::OnceCell<Vec<Vec<u8>>>>,
+    /// `--aggregate`: the node's events, whose requests go to its aggregator.
+    events: Option<mpsc::Receiver<Event>>,
+    /// Aggregated rounds: the slices cut, shared by the synthetic workers.
+    slicer: Arc<aggregate::Slicer>,
+    /// The node's blob store, which serves its slices.
+    store: BlobStore,
 }
 
 impl Synthetic {
@@ -434,7 +473,7 @@ impl Synthetic {
             capabilities: Capabilities {
                 backends: vec![Backend { name: "cpu".into(), targets: vec![String::new()] }],
                 free_memory_bytes: 0,
-                aggregate: false,
+                aggregate: self.args.aggregate,
             },
             certificate: Vec::new(),
             pow_nonce: 0,
@@ -498,9 +537,12 @@ impl Synthetic {
         let run = RunId(manifest.run);
         let sizes = wire::sizes(&manifest);
         let encoding = Encoding::parse_spec(&manifest.encoding).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let layout = sizes.clone();
+        let (standalone, mut requests) = self.aggregator(run, (&layout, encoding), &cancel)?;
+        let mut served = aggregate::Served::default();
         let (count, norm, seed) = (self.args.payloads as usize, self.args.norm, self.args.seed);
-        let payloads = self
-            .payloads
+        let made = self.payloads.clone();
+        let payloads = made
             .get_or_try_init(|| async move {
                 tokio::task::spawn_blocking(move || make_payloads(&sizes, encoding, norm, seed, count)).await
             })
@@ -515,38 +557,26 @@ impl Synthetic {
         // a round trained (its modelled compute: a sleep), then its contribution on its
         // way; heartbeats go on meanwhile, as a worker's do
         let mut training: Option<(std::pin::Pin<Box<tokio::time::Sleep>>, RoundAnnouncement)> = None;
-        let mut sending: JoinSet<(u64, bool, u64, Result<Verified, String>)> = JoinSet::new();
+        let mut sending: JoinSet<Sent> = JoinSet::new();
         loop {
             tokio::select! {
                 () = cancel.cancelled() => return Ok(()),
                 _ = tick.tick() => {}
+                Some(request) = async { match requests.as_mut() { Some(rx) => rx.recv().await, None => None } } => {
+                    if let Some(aggregator) = &standalone {
+                        aggregator.request(request);
+                    }
+                    continue;
+                }
                 () = async { training.as_mut().expect("guarded").0.as_mut().await }, if training.is_some() => {
                     let (_, a) = training.take().expect("guarded");
                     tally.lock().await.training -= 1;
-                    let mut bytes = payloads[(self.index + a.round as usize) % payloads.len()].clone();
-                    if encoding.sparse().is_some() && !pcp_protocol::diloco::sparse::reseed(&mut bytes, a.round) {
-                        anyhow::bail!("the run's sparse layout is strided: its messages cannot be made ahead");
-                    }
-                    let params = a.parameters.first().map(|p| p.blob).unwrap_or_default();
-                    let steps = (tau, tau * tokens);
-                    let size = bytes.len() as u64;
-                    let c = contribution(run, a.round, steps, bytes, (a.term, params), self.args.step_ms * tau);
-                    let envelope = self.signer.seal(run, a.round, &c);
-                    drop(c);
-                    let on_time = {
-                        let mut tally = tally.lock().await;
-                        tally.in_flight += 1;
-                        !tally.opened.contains_key(&(a.round + 1))
-                    };
-                    let node = self.node.clone();
-                    let shepherd = self.shepherd;
-                    sending.spawn(async move {
-                        (a.round, on_time, size, node.request(shepherd, envelope).await.map_err(|e| e.to_string()))
-                    });
+                    let shape = Shape { run, sizes: &layout, encoding, steps: (tau, tau * tokens) };
+                    self.send(&a, (payloads, shape), (&tally, &mut served), &mut sending).await?;
                     continue;
                 }
-                Some(Ok((round, on_time, size, outcome))) = sending.join_next() => {
-                    record(&tally, round, on_time, size, outcome, self.index).await;
+                Some(Ok(sent)) = sending.join_next() => {
+                    record(&tally, sent, self.index).await;
                     // its last round answered: done, whether or not it hears the run end
                     // (a shepherd whose run is over may stop before it says so)
                     if self.args.rounds > 0 && done >= self.args.rounds && sending.is_empty() && training.is_none() {
@@ -591,11 +621,20 @@ impl Synthetic {
             term = term.max(a.term);
             period = Duration::from_millis(liveness::interval_ms(a.participants.len(), manifest.lease_ms.max(500)));
             tally.lock().await.opened.entry(a.round).or_insert_with(Instant::now);
+            if let Some(aggregator) = &standalone {
+                // it sums what it is assigned, and trains nothing
+                let over = self.args.rounds > 0 && a.round > self.args.rounds + 1;
+                if a.finished || over {
+                    return Ok(());
+                }
+                aggregator.announced(a);
+                continue;
+            }
             let last = if self.args.rounds > 0 { self.args.rounds } else { u64::MAX };
             if a.finished || (done >= last && sending.is_empty() && training.is_none()) {
                 // the answers on their way are recorded first
-                while let Some(Ok((round, on_time, size, outcome))) = sending.join_next().await {
-                    record(&tally, round, on_time, size, outcome, self.index).await;
+                while let Some(Ok(sent)) = sending.join_next().await {
+                    record(&tally, sent, self.index).await;
                 }
                 return Ok(());
             }
@@ -610,21 +649,117 @@ impl Synthetic {
     }
 }
 
-/// Records a contribution's answer.
-async fn record(
-    tally: &Mutex<Tally>,
+/// A contribution sent: its round, whether its round was still open, its bytes, its
+/// slices (an aggregated round's) sent and taken, and the shepherd's answer.
+struct Sent {
     round: u64,
     on_time: bool,
     size: u64,
-    outcome: Result<Verified, String>,
-    index: usize,
-) {
+    slices: (u64, u64),
+    answer: Result<Verified, String>,
+}
+
+/// Whether `answer` is an ack that accepted.
+fn accepted(answer: &Result<Verified, String>) -> bool {
+    answer.as_ref().ok().and_then(|v| v.decode::<Ack>().ok()).is_some_and(|ack| ack.accepted)
+}
+
+impl Synthetic {
+    /// An aggregate-only node's driver (`--aggregate`), and the node's events, whose
+    /// requests go to it.
+    fn aggregator(
+        &mut self,
+        run: RunId,
+        (sizes, encoding): (&[usize], Encoding),
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<(Option<crate::diloco::Standalone>, Option<mpsc::Receiver<Event>>)> {
+        let Some(events) = self.events.take() else { return Ok((None, None)) };
+        let key = pcp_bootstrap::key_of(&self.shepherd).context("the shepherd's peer id names no key")?;
+        let node = (self.node.clone(), self.signer.identity().clone());
+        let (store, leader) = (self.store.clone(), (self.shepherd, key));
+        let cancel = cancel.child_token();
+        let driver = crate::diloco::Standalone::spawn(node, run, (sizes.to_vec(), encoding), (store, leader), cancel);
+        Ok((Some(driver), Some(events)))
+    }
+}
+
+/// What a synthetic worker's contribution is made of: its run, the model's tensor
+/// sizes and encoding, and the steps and samples it claims.
+struct Shape<'a> {
+    run: RunId,
+    sizes: &'a [usize],
+    encoding: Encoding,
+    steps: (u64, u64),
+}
+
+impl Synthetic {
+    /// Round `a` trained: its contribution on its way in `sending` (an aggregated
+    /// round's commitment, then its slices once the shepherd takes it), made of one
+    /// of `payloads`.
+    async fn send(
+        &mut self,
+        a: &RoundAnnouncement,
+        (payloads, shape): (&[Vec<u8>], Shape<'_>),
+        (tally, served): (&Mutex<Tally>, &mut aggregate::Served),
+        sending: &mut JoinSet<Sent>,
+    ) -> anyhow::Result<()> {
+        let payload = (self.index + a.round as usize) % payloads.len();
+        let mut bytes = payloads[payload].clone();
+        if shape.encoding.sparse().is_some() && !pcp_protocol::diloco::sparse::reseed(&mut bytes, a.round) {
+            anyhow::bail!("the run's sparse layout is strided: its messages cannot be made ahead");
+        }
+        let (run, me) = (shape.run, self.me());
+        let params = a.parameters.first().map(|p| p.blob).unwrap_or_default();
+        let size = bytes.len() as u64;
+        let train_ms = self.args.step_ms * shape.steps.0;
+        let mut c = contribution(run, a.round, shape.steps, bytes, (a.term, params), train_ms);
+        let cut = match a.aggregators.is_empty() {
+            true => None,
+            false => {
+                let cut = self.slicer.cut(&mut c, (a, payload), (shape.sizes, shape.encoding), me, &self.store)?;
+                served.add(&self.store, a.round, c.slice_hashes.clone());
+                Some(cut)
+            }
+        };
+        let envelope = self.signer.seal(run, a.round, &c);
+        drop(c);
+        let on_time = {
+            let mut tally = tally.lock().await;
+            tally.in_flight += 1;
+            !tally.opened.contains_key(&(a.round + 1))
+        };
+        let (node, shepherd, round) = (self.node.clone(), self.shepherd, a.round);
+        let mut signer = cut.is_some().then(|| Signer::new(self.signer.identity().clone()));
+        let slicer = self.slicer.clone();
+        sending.spawn(async move {
+            let answer = node.request(shepherd, envelope).await.map_err(|e| e.to_string());
+            // an aggregated round's slices go once the shepherd holds their commitment
+            let slices = match (signer.as_mut(), cut) {
+                (Some(signer), Some(cut)) if accepted(&answer) => {
+                    let _turn = slicer.turn().await;
+                    let slices = cut.slices(me);
+                    let taken = crate::diloco::send_slices((&node, None), signer, run, &slices).await;
+                    (slices.len() as u64, taken as u64)
+                }
+                _ => (0, 0),
+            };
+            Sent { round, on_time, size, slices, answer }
+        });
+        Ok(())
+    }
+}
+
+/// Records a contribution's answer.
+async fn record(tally: &Mutex<Tally>, sent: Sent, index: usize) {
+    let Sent { round, on_time, size, slices, answer: outcome } = sent;
     let mut tally = tally.lock().await;
     tally.in_flight -= 1;
     let row = tally.rounds.entry(round).or_insert_with(|| RoundRow { round, ..RoundRow::default() });
     row.sent += 1;
     row.on_time += u64::from(on_time);
     row.bytes_up += size;
+    row.slices_sent += slices.0;
+    row.slices_taken += slices.1;
     match outcome {
         Ok(v) => match v.decode::<Ack>() {
             Ok(ack) if ack.accepted => row.accepted += 1,

@@ -584,13 +584,13 @@ impl Host {
 
     /// Feeds the state machine and performs its actions; returns the rejections.
     /// A round whose deadline comes while contributions are still being read (or
-    /// wait for room to be read: a burst of a thousand is read in turn) waits for
-    /// them, a second at a time, up to [`MAX_RECEIVING_EXTENSION_MS`] a round: they
-    /// were sent in time.
+    /// wait for room to be read: a burst of a thousand is read in turn), or while
+    /// committed contributions' slice reports keep coming, waits for them, a second
+    /// at a time, up to [`MAX_RECEIVING_EXTENSION_MS`] a round: they were sent in time.
     fn hold_deadline_while_receiving(&mut self) {
         let (Some(round), Some(deadline)) = (self.machine.open_round(), self.machine.deadline_ms()) else { return };
         let now = self.now_ms();
-        if now < deadline || self.node.admission().receiving() == 0 {
+        if now < deadline || self.node.admission().receiving() + self.aggregation.arriving(round) == 0 {
             return;
         }
         let extended = match self.book.receiving_extension {

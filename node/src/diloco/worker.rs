@@ -10,7 +10,9 @@ mod round;
 mod send;
 mod slices;
 
+pub(crate) use aggregator::Standalone;
 pub(crate) use hostile::{Attack, HOSTILE_KINDS, Hostile, ReplaySlot};
+pub(crate) use slices::{commit as commit_slices, cut as cut_slices, send as send_slices};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -112,7 +112,14 @@ pub(super) struct Aggregation {
     /// How long the last round whose aggregators all agreed took from its close
     /// to its last shard's mean.
     gathered: Option<Duration>,
+    /// When the last slice reports came.
+    reported: Option<Instant>,
 }
+
+/// A round's deadline waits for committed contributions whose reports have not
+/// all come only while reports keep coming, at most this long apart: a worker
+/// that commits and never sends its slices holds no round.
+const REPORTS_FLOWING: Duration = Duration::from_secs(2);
 
 impl Default for Aggregation {
     fn default() -> Self {
@@ -123,6 +130,7 @@ impl Default for Aggregation {
             rounds: BTreeMap::new(),
             fetches: JoinSet::new(),
             gathered: None,
+            reported: None,
         }
     }
 }
@@ -144,6 +152,16 @@ impl Aggregation {
     /// `key` left the run.
     pub(super) fn left(&mut self, key: &PublicKey) {
         self.volunteers.remove(&key.0);
+    }
+
+    /// Contributions to `round` whose commitments were taken and whose slices'
+    /// reports are still coming in (within [`REPORTS_FLOWING`] of the last):
+    /// their slices are on their way, as a contribution being read is.
+    pub(super) fn arriving(&self, round: u64) -> usize {
+        if self.reported.is_none_or(|at| at.elapsed() > REPORTS_FLOWING) {
+            return 0;
+        }
+        self.rounds.get(&round).map_or(0, |r| r.claims.values().filter(|c| !c.fed).count())
     }
 }
 
@@ -262,6 +280,7 @@ impl Host {
             Err(e) => return self.refuse(id, message.binding().round, format!("bad slice reports: {e}")).await,
         };
         let round = reports.round;
+        self.aggregation.reported = Some(Instant::now());
         let (mut ready, mut disputed) = (Vec::new(), Vec::new());
         if let Some(record) = self.aggregation.rounds.get_mut(&round) {
             for e in reports.reports {
@@ -364,20 +383,30 @@ impl Host {
                 continue;
             }
             record.close_sent = closed.is_some();
-            let entries = record.accepted[record.accepted.len() - record.unsent..].to_vec();
-            record.unsent = 0;
-            let accepts = Accepts { run: self.run.0, round: *round, entries, closed };
-            let to: BTreeSet<[u8; 32]> = record.replicas.iter().flatten().copied().collect();
-            for key in to {
+            let entries = &record.accepted[record.accepted.len() - record.unsent..];
+            let mut to: BTreeMap<[u8; 32], BTreeSet<u32>> = BTreeMap::new();
+            for (shard, replicas) in record.replicas.iter().enumerate() {
+                for key in replicas {
+                    to.entry(*key).or_default().insert(shard as u32);
+                }
+            }
+            for (key, shards) in to {
                 let Some(peer) = pcp_bootstrap::peer_of(&PublicKey(key)) else { continue };
-                let envelope = self.signer.seal(self.run, *round, &accepts);
                 let node = self.node.clone();
+                let envelopes: Vec<_> = accepts_for((self.run.0, *round), entries, &shards, closed)
+                    .iter()
+                    .map(|a| self.signer.seal(self.run, *round, a))
+                    .collect();
+                // in order: the count comes last
                 self.background.spawn(async move {
-                    if let Err(e) = node.request(peer, envelope).await {
-                        tracing::debug!(%peer, "sending accepts: {e}");
+                    for envelope in envelopes {
+                        if let Err(e) = node.request(peer, envelope).await {
+                            tracing::debug!(%peer, "sending accepts: {e}");
+                        }
                     }
                 });
             }
+            record.unsent = 0;
         }
     }
 
@@ -663,6 +692,42 @@ impl Host {
     }
 }
 
+/// The bytes of accepts a message carries at most, reckoned as [`accept_bytes`]
+/// (half a control message, for the encoding's own overhead).
+const ACCEPTS_PER_MESSAGE: usize = pcp_schema::MAX_CONTROL_MESSAGE / 2;
+
+/// What an accepts entry takes in its message, at most: its worker, place, weight,
+/// norm and bound, and each (shard, hash) with their pointers.
+fn accept_bytes(e: &AcceptEntry) -> usize {
+    128 + 48 * e.hashes.len()
+}
+
+/// The accepts of round `round` of `run` for the aggregator summing `shards`:
+/// `entries` with only those shards' hashes, in as few messages as fit a control
+/// message, the count `closed` (if the round closed) with the last.
+fn accepts_for(
+    (run, round): ([u8; 32], u64),
+    entries: &[AcceptEntry],
+    shards: &BTreeSet<u32>,
+    closed: Option<u64>,
+) -> Vec<Accepts> {
+    let mut out = vec![Accepts { run, round, entries: Vec::new(), closed: None }];
+    let mut bytes = 0;
+    for e in entries {
+        let hashes = e.hashes.iter().filter(|(s, _)| shards.contains(s)).copied().collect();
+        let entry = AcceptEntry { hashes, ..e.clone() };
+        let last = out.last_mut().expect("one message at least");
+        if !last.entries.is_empty() && bytes + accept_bytes(&entry) > ACCEPTS_PER_MESSAGE {
+            out.push(Accepts { run, round, entries: Vec::new(), closed: None });
+            bytes = 0;
+        }
+        bytes += accept_bytes(&entry);
+        out.last_mut().expect("one message at least").entries.push(entry);
+    }
+    out.last_mut().expect("one message at least").closed = closed;
+    out
+}
+
 /// `worker`'s committed slice `hash`, fetched from it and inspected by its
 /// shard's bounds: the report its replicas should have sent.
 async fn inspect_here(
@@ -673,7 +738,8 @@ async fn inspect_here(
     encoding: Encoding,
 ) -> Result<SliceReport, String> {
     let from = pcp_bootstrap::peer_of(&PublicKey(worker)).into_iter().collect();
-    let max = pcp_schema::MAX_CONTROL_MESSAGE as u64;
+    // a slice is exactly its shard's message in the run's encoding: no larger one is read
+    let max = compress::encoded_len(sizes, encoding) as u64;
     let bytes = wire::fetch_bounded(node, BlobHash(hash), from, (FETCH_TIMEOUT, max)).await?;
     let delta: Delta = compress::decode_delta(&bytes, sizes, encoding).map_err(|e| e.to_string())?;
     let (_, report) = inspect(delta, sizes, bounds).map_err(|e| e.to_string())?;
@@ -696,8 +762,8 @@ async fn sum_here(
             return Err(format!("{} committed no slice of shard {shard}", peer_name(&PublicKey(e.worker))));
         };
         let from = pcp_bootstrap::peer_of(&PublicKey(e.worker)).into_iter().collect();
-        // a slice reached its aggregators as a control message: no larger one is read
-        let max = pcp_schema::MAX_CONTROL_MESSAGE as u64;
+        // a slice is exactly its shard's message in the run's encoding: no larger one is read
+        let max = compress::encoded_len(sizes, encoding) as u64;
         let bytes = wire::fetch_bounded(node, BlobHash(*hash), from, (FETCH_TIMEOUT, max)).await?;
         let delta: Delta = compress::decode_delta(&bytes, sizes, encoding).map_err(|e| e.to_string())?;
         let (bounded, _) = inspect(delta, sizes, bounds).map_err(|e| e.to_string())?;
@@ -706,4 +772,40 @@ async fn sum_here(
         sum.accept(accept, bounded).map_err(|e| e.to_string())?;
     }
     sum.finish(count).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use pcp_schema::Message as _;
+
+    use super::*;
+
+    #[test]
+    fn a_thousand_accepts_go_in_messages_that_fit_each_with_the_aggregators_hashes_only() {
+        let hashes: Vec<(u32, [u8; 32])> = (0..64).map(|s| (s, [s as u8; 32])).collect();
+        let entries: Vec<AcceptEntry> = (0..1000)
+            .map(|i| AcceptEntry {
+                worker: [1; 32],
+                seq: i,
+                weight: 1.0,
+                norm: 0.5,
+                bound: 1.0,
+                hashes: hashes.clone(),
+            })
+            .collect();
+        for shards in [(0..64).collect::<BTreeSet<u32>>(), [3, 40].into()] {
+            let messages = accepts_for(([2; 32], 7), &entries, &shards, Some(1000));
+            for m in &messages {
+                assert!(m.encode().len() <= pcp_schema::MAX_CONTROL_MESSAGE, "{} bytes", m.encode().len());
+                assert!(m.entries.iter().all(|e| e.hashes.iter().all(|(s, _)| shards.contains(s))));
+            }
+            let (last, rest) = messages.split_last().expect("a message");
+            assert_eq!(last.closed, Some(1000));
+            assert!(rest.iter().all(|m| m.closed.is_none()), "the count goes last");
+            let seqs: Vec<u64> = messages.iter().flat_map(|m| m.entries.iter().map(|e| e.seq)).collect();
+            assert_eq!(seqs, (0..1000).collect::<Vec<_>>(), "every entry, in order");
+        }
+        let none = accepts_for(([2; 32], 7), &[], &[0].into(), Some(0));
+        assert_eq!(none.len(), 1, "a round closed empty still says so");
+    }
 }

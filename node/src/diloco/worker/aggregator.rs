@@ -12,7 +12,7 @@ use pcp_bootstrap::{BlobStore, Event, InboundId, Node, PeerId};
 use pcp_protocol::diloco::aggregate::Bounds;
 use pcp_protocol::diloco::aggregation::{Accept, ShardUpdate, SumError, shard_tensors, update_hash};
 use pcp_protocol::diloco::aggregator::{Action, Aggregator, Input, Place, ShardSpec};
-use pcp_protocol::diloco::compress::Encoding;
+use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::{BlobHash, PublicKey, RunId, Verified};
 use pcp_schema::{
     Accepts, Ack, AckCode, MessageKind, ParameterRef, RoundAnnouncement, ShardFailure, ShardVote, Slice,
@@ -56,6 +56,66 @@ pub(super) struct AggregatorTask {
     pub(super) cancel: CancellationToken,
 }
 
+/// An aggregate-only node's aggregator (`pcp-node loadtest --aggregate`): the
+/// driver a volunteer runs, fed by its owner's announcements and requests rather
+/// than a worker's heartbeat task; it follows one leader and records no events.
+pub(crate) struct Standalone {
+    latest: watch::Sender<Latest>,
+    requests: mpsc::Sender<Event>,
+    node: Node,
+    _task: super::heartbeats::AbortOnDrop,
+}
+
+impl Standalone {
+    /// Starts the driver of `identity`'s node for `run`, whose tensors have `sizes`
+    /// elements in `encoding`, following `leader`; its means go to `store`.
+    pub(crate) fn spawn(
+        (node, identity): (Node, pcp_protocol::Identity),
+        run: RunId,
+        (sizes, encoding): (Vec<usize>, Encoding),
+        (store, leader): (BlobStore, (PeerId, PublicKey)),
+        cancel: CancellationToken,
+    ) -> Self {
+        let (latest_tx, latest) = watch::channel(Latest::Nothing);
+        // the leader never changes: its receiver keeps the value once the sender is gone
+        let (_, leader) = watch::channel(leader);
+        let (tx, requests) = mpsc::channel(crate::diloco::inbox::CONTROL_QUEUE);
+        let task = AggregatorTask {
+            node: node.clone(),
+            me: identity.public(),
+            signer: Signer::new(identity),
+            run,
+            hostile: None,
+            sizes,
+            encoding,
+            store,
+            events: Events::default(),
+            leader,
+            latest,
+            requests,
+            own: None,
+            cancel,
+        };
+        let task = super::heartbeats::AbortOnDrop(tokio::spawn(task.run()));
+        Self { latest: latest_tx, requests: tx, node, _task: task }
+    }
+
+    /// The leader's latest announcement: the shards it assigns are summed here.
+    pub(crate) fn announced(&self, a: RoundAnnouncement) {
+        let _ = self.latest.send(Latest::Round(Box::new(a)));
+    }
+
+    /// A request to this node (a slice, the accepts); one the driver cannot take
+    /// (its queue is full) is left unanswered at once.
+    pub(crate) fn request(&self, request: Event) {
+        let Event::Request { id, .. } = &request else { return };
+        let id = *id;
+        if self.requests.try_send(request).is_err() {
+            self.node.leave_unanswered(id);
+        }
+    }
+}
+
 /// A fetched slice: its round, shard and worker, and its bytes or why not.
 type Fetched = (u64, usize, [u8; 32], Result<Vec<u8>, String>);
 
@@ -65,10 +125,30 @@ struct Driver {
     signer: Signer,
     /// Rounds assigned, with each assigned shard's replicas.
     rounds: BTreeMap<u64, BTreeMap<usize, Vec<[u8; 32]>>>,
+    /// Each assigned shard's slice length, by round: a fetched slice is read only
+    /// up to it.
+    lengths: BTreeMap<(u64, usize), u64>,
     /// When each round's count came.
     closed: BTreeMap<u64, Instant>,
     fetches: JoinSet<Fetched>,
     sends: JoinSet<()>,
+    /// The newest round this driver has heard of (assigned here or not).
+    heard: u64,
+    /// Slice reports not yet sent, by round, and the sends of those that were.
+    reports: BTreeMap<u64, Vec<SliceReportEntry>>,
+    reporting: JoinSet<()>,
+}
+
+/// Report sends in flight at once: reports that come meanwhile go together next.
+const REPORTS_IN_FLIGHT: usize = 2;
+/// The reports' bytes a message carries at most, reckoned as [`report_bytes`]
+/// (half a control message, for the encoding's own overhead).
+const REPORTS_PER_MESSAGE: usize = pcp_schema::MAX_CONTROL_MESSAGE / 2;
+
+/// What a report takes in its message, at most: its shard, worker, hash and bounded
+/// norm, each tensor's norm and largest magnitude, and their pointers.
+fn report_bytes(r: &SliceReportEntry) -> usize {
+    128 + 16 * r.norms.len().max(r.maxes.len())
 }
 
 impl AggregatorTask {
@@ -79,9 +159,13 @@ impl AggregatorTask {
             machine: Aggregator::new(MAX_SLICES, threads),
             signer: Signer::new(self.signer.identity().clone()),
             rounds: BTreeMap::new(),
+            lengths: BTreeMap::new(),
             closed: BTreeMap::new(),
             fetches: JoinSet::new(),
             sends: JoinSet::new(),
+            heard: 0,
+            reports: BTreeMap::new(),
+            reporting: JoinSet::new(),
         };
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let own = self.own.clone();
@@ -107,6 +191,7 @@ impl AggregatorTask {
                     let latest = self.latest.borrow_and_update().clone();
                     if let Latest::Round(a) = latest {
                         self.assigned(&mut d, &a);
+                        d.heard = d.heard.max(a.round);
                     }
                 }
                 event = self.requests.recv() => match event {
@@ -122,6 +207,7 @@ impl AggregatorTask {
                     Err(e) => tracing::warn!(round, shard, "fetching {}'s slice: {e}", peer_name(&PublicKey(worker))),
                 },
                 Some(_) = d.sends.join_next() => {}
+                Some(_) = d.reporting.join_next() => self.flush_reports(&mut d, false),
                 _ = tick.tick() => {
                     let late: Vec<u64> = d.closed.iter().filter(|(_, at)| at.elapsed() >= GIVE_UP).map(|(r, _)| *r).collect();
                     for round in late {
@@ -145,6 +231,7 @@ impl AggregatorTask {
         for (shard, (range, s)) in tensors.into_iter().zip(&a.aggregators).enumerate() {
             let Some(j) = s.replicas.iter().position(|k| *k == self.me.0) else { continue };
             let sizes = self.sizes[range.clone()].to_vec();
+            d.lengths.insert((a.round, shard), compress::encoded_len(&sizes, self.encoding) as u64);
             let bounds = Bounds { tensor: s.tensor_bounds.clone(), element: s.element_bounds.clone() };
             mine.insert(shard, s.replicas.clone());
             specs.push(ShardSpec {
@@ -159,18 +246,43 @@ impl AggregatorTask {
         if specs.is_empty() {
             return;
         }
+        self.admit(a, &specs);
         tracing::info!(round = a.round, "summing shards {:?} of round {}", mine.keys().collect::<Vec<_>>(), a.round);
         d.rounds.insert(a.round, mine);
         let keep = a.round.saturating_sub(2);
         d.rounds.retain(|r, _| *r >= keep);
+        d.lengths.retain(|(r, _), _| *r >= keep);
         d.closed.retain(|r, _| *r >= keep);
         d.machine.handle(Input::Assigned { round: a.round, encoding: self.encoding, shards: specs });
+    }
+
+    /// Tells the node's admission whose slices of round `a` to read, and how large:
+    /// each participant one a shard summed here and a retry, and each shard's first
+    /// replica, forwarding, one a participant.
+    fn admit(&self, a: &RoundAnnouncement, specs: &[ShardSpec<[u8; 32]>]) {
+        let mut senders: Vec<(PublicKey, usize)> =
+            a.participants.iter().map(|p| (PublicKey(*p), 2 * specs.len())).collect();
+        for spec in specs.iter().filter(|s| s.place != Place::Replica(0)) {
+            if let Some(first) = spec.replicas.first() {
+                senders.push((PublicKey(*first), a.participants.len()));
+            }
+        }
+        let longest = specs.iter().map(|s| compress::encoded_len(&s.sizes, self.encoding)).max().unwrap_or(0);
+        let max_len = Slice::encoded_len(longest);
+        self.node.admission().aggregate((self.run, a.round), &senders, max_len);
     }
 
     async fn on_request(&self, d: &mut Driver, id: InboundId, message: Verified) {
         let binding = message.binding();
         let answer = match message.kind() {
             _ if binding.run != self.run => Err(format!("this aggregator sums run {}, not {}", self.run, binding.run)),
+            MessageKind::Slice if self.ahead(d, binding.round) => {
+                // its worker heard of the round first: it sends again
+                let ack = Ack::refuse(self.run.0, binding.round, AckCode::WrongRound, "not assigned here yet");
+                let envelope = d.signer.seal(self.run, binding.round, &ack);
+                let _ = self.node.respond(id, envelope).await;
+                return;
+            }
             MessageKind::Slice => self.on_slice(d, &message),
             MessageKind::Accepts => self.on_accepts(d, &message),
             other => Err(format!("a worker does not answer {} requests", other.tag())),
@@ -184,6 +296,12 @@ impl AggregatorTask {
         };
         let envelope = d.signer.seal(self.run, binding.round, &ack);
         let _ = self.node.respond(id, envelope).await;
+    }
+
+    /// Whether `round` is newer than every round this driver has heard of: its
+    /// announcement is on its way here.
+    fn ahead(&self, d: &Driver, round: u64) -> bool {
+        round > d.heard
     }
 
     fn on_slice(&self, d: &mut Driver, message: &Verified) -> Result<(), String> {
@@ -273,8 +391,9 @@ impl AggregatorTask {
                 Action::Fetch { round, shard, worker, hash } => {
                     let node = self.node.clone();
                     let from: Vec<PeerId> = pcp_bootstrap::peer_of(&PublicKey(worker)).into_iter().collect();
-                    // a slice travels as a control message: no larger one is read
-                    let limits = (REQUEST_TIMEOUT, pcp_schema::MAX_CONTROL_MESSAGE as u64);
+                    // a slice is exactly its shard's message in the run's encoding: no larger one is read
+                    let max = d.lengths.get(&(round, shard)).copied().unwrap_or(0);
+                    let limits = (REQUEST_TIMEOUT, max);
                     d.fetches.spawn(async move {
                         let bytes = crate::diloco::wire::fetch_bounded(&node, BlobHash(hash), from, limits).await;
                         (round, shard, worker, bytes)
@@ -315,9 +434,33 @@ impl AggregatorTask {
             }
         }
         for (round, reports) in reports {
-            let reports = SliceReports { run: self.run.0, round, reports };
-            let leader = self.leader.borrow().1;
-            self.send(d, leader.0, round, &reports);
+            d.reports.entry(round).or_default().extend(reports);
+        }
+        self.flush_reports(d, false);
+    }
+
+    /// Sends the reports held to the leader, in as few messages as fit, unless
+    /// [`REPORTS_IN_FLIGHT`] sends are on their way (`force`: at once, as before a
+    /// vote, which the shepherd weighs against them).
+    fn flush_reports(&self, d: &mut Driver, force: bool) {
+        if d.reports.is_empty() || (!force && d.reporting.len() >= REPORTS_IN_FLIGHT) {
+            return;
+        }
+        let leader = self.leader.borrow().1;
+        for (round, reports) in std::mem::take(&mut d.reports) {
+            let mut chunk: Vec<SliceReportEntry> = Vec::new();
+            let mut bytes = 0;
+            for report in reports {
+                if !chunk.is_empty() && bytes + report_bytes(&report) > REPORTS_PER_MESSAGE {
+                    let reports = SliceReports { run: self.run.0, round, reports: std::mem::take(&mut chunk) };
+                    self.send_into((&mut d.signer, &mut d.reporting), leader.0, round, &reports);
+                    bytes = 0;
+                }
+                bytes += report_bytes(&report);
+                chunk.push(report);
+            }
+            let reports = SliceReports { run: self.run.0, round, reports: chunk };
+            self.send_into((&mut d.signer, &mut d.reporting), leader.0, round, &reports);
         }
     }
 
@@ -353,16 +496,28 @@ impl AggregatorTask {
             }));
         }
         let vote = ShardVote { run: self.run.0, round, shard: shard as u32, outcome };
+        self.flush_reports(d, true);
         let leader = self.leader.borrow().1;
         self.send(d, leader.0, round, &vote);
     }
 
     /// Sends `message` to `key` without waiting for its answer.
     fn send<M: pcp_protocol::Signable>(&self, d: &mut Driver, key: [u8; 32], round: u64, message: &M) {
+        self.send_into((&mut d.signer, &mut d.sends), key, round, message);
+    }
+
+    /// [`Self::send`], its task in `sends`.
+    fn send_into<M: pcp_protocol::Signable>(
+        &self,
+        (signer, sends): (&mut Signer, &mut JoinSet<()>),
+        key: [u8; 32],
+        round: u64,
+        message: &M,
+    ) {
         let Some(peer) = pcp_bootstrap::peer_of(&PublicKey(key)) else { return };
-        let envelope = d.signer.seal(self.run, round, message);
+        let envelope = signer.seal(self.run, round, message);
         let node = self.node.clone();
-        d.sends.spawn(async move {
+        sends.spawn(async move {
             let _ = node.find_peer(peer).await;
             match tokio::time::timeout(REQUEST_TIMEOUT, node.request(peer, envelope)).await {
                 Ok(Ok(_)) => {}
@@ -370,5 +525,30 @@ impl AggregatorTask {
                 Err(_) => tracing::debug!(%peer, "an aggregator's request: no answer"),
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pcp_schema::Message as _;
+
+    use super::*;
+
+    #[test]
+    fn a_message_of_reports_reckoned_within_its_share_fits_a_control_message() {
+        for tensors in [1, 5, 40, 400] {
+            let report = SliceReportEntry {
+                shard: u32::MAX,
+                worker: [7; 32],
+                hash: [9; 32],
+                norms: vec![1.0; tensors],
+                maxes: vec![1.0; tensors],
+                bounded_norm: 1.0,
+            };
+            let n = (REPORTS_PER_MESSAGE / report_bytes(&report)).max(1);
+            let message = SliceReports { run: [1; 32], round: u64::MAX, reports: vec![report; n] };
+            let len = message.encode().len();
+            assert!(len <= pcp_schema::MAX_CONTROL_MESSAGE, "{n} reports of {tensors} tensors: {len} bytes");
+        }
     }
 }

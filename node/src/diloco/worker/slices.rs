@@ -19,11 +19,14 @@ use crate::diloco::wire::Signer;
 
 /// How long a slice's send waits for its aggregator's answer.
 const SLICE_TIMEOUT: Duration = Duration::from_secs(60);
+/// An aggregator that has not yet heard of the round (`WrongRound`: the worker
+/// heard first) is sent the slice again this long after, this many times.
+const NOT_YET: (Duration, usize) = (Duration::from_secs(1), 10);
 
 /// Cuts `c` (encoded for tensors of `sizes` in `encoding`) into the slices of
 /// `a`'s shards, stores them in `store`, and makes `c` their commitment. Returns
 /// each slice with the first replica of its shard.
-pub(super) fn cut(
+pub(crate) fn cut(
     c: &mut Contribution,
     a: &RoundAnnouncement,
     (sizes, encoding): (&[usize], Encoding),
@@ -48,16 +51,22 @@ pub(super) fn cut(
         let slice = Slice { run: c.run, round: c.round, shard: shard as u32, worker: me.0, bytes };
         out.push((peer, slice));
     }
+    commit(c, hashes);
+    Ok(out)
+}
+
+/// Makes `c` the commitment to its slices of `hashes`: their hashes in place of its
+/// tensors.
+pub(crate) fn commit(c: &mut Contribution, hashes: Vec<[u8; 32]>) {
     c.slice_hashes = hashes;
     c.delta = Vec::new();
     c.pseudo_gradient.blob = *blake3::hash(&[]).as_bytes();
     c.pseudo_gradient.size = 0;
-    Ok(out)
 }
 
 /// Sends each slice to its aggregator (this node's own aggregator through `own`);
 /// returns how many it took.
-pub(super) async fn send(
+pub(crate) async fn send(
     (node, own): (&Node, Option<&mpsc::Sender<Slice>>),
     signer: &mut Signer,
     run: RunId,
@@ -73,21 +82,29 @@ pub(super) async fn send(
             }
             continue;
         }
-        let envelope = signer.seal(run, slice.round, slice);
         let (node, peer, shard) = (node.clone(), *peer, slice.shard);
+        let (mut signer, slice) = (Signer::new(signer.identity().clone()), slice.clone());
         sends.spawn(async move {
             // an aggregator is a DHT server: the shepherd knows where it listens
             let found = node.find_peer(peer).await;
             tracing::debug!(%peer, ?found, "looked the aggregator up");
-            let answer = tokio::time::timeout(SLICE_TIMEOUT, node.request(peer, envelope)).await;
-            let taken = match answer {
-                Ok(Ok(v)) => match v.decode::<pcp_schema::Ack>() {
-                    Ok(ack) if ack.accepted => Ok(()),
-                    Ok(ack) => Err(ack.reason),
-                    Err(e) => Err(e.to_string()),
-                },
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err("no answer".to_owned()),
+            let mut tries = 0;
+            let taken = loop {
+                let envelope = signer.seal(run, slice.round, &slice);
+                let answer = tokio::time::timeout(SLICE_TIMEOUT, node.request(peer, envelope)).await;
+                match answer {
+                    Ok(Ok(v)) => match v.decode::<pcp_schema::Ack>() {
+                        Ok(ack) if ack.accepted => break Ok(()),
+                        Ok(ack) if ack.code == pcp_schema::AckCode::WrongRound && tries < NOT_YET.1 => {
+                            tries += 1;
+                            tokio::time::sleep(NOT_YET.0).await;
+                        }
+                        Ok(ack) => break Err(ack.reason),
+                        Err(e) => break Err(e.to_string()),
+                    },
+                    Ok(Err(e)) => break Err(e.to_string()),
+                    Err(_) => break Err("no answer".to_owned()),
+                }
             };
             if let Err(reason) = &taken {
                 tracing::warn!(%peer, shard, "the aggregator did not take the slice: {reason}");
