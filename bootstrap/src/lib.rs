@@ -67,4 +67,4 @@ pub use libp2p::{Multiaddr, PeerId, multiaddr};
 pub use nat::parse_external_address;
 pub use node::Node;
 pub use rpc::RPC_PROTOCOL;
-pub use store::{BlobStore, Partial, StoreError};
+pub use store::{BlobStore, Durability, Partial, StoreError};

@@ -59,6 +59,19 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Sto
     move |source| StoreError::Io { op, path: path.to_owned(), source }
 }
 
+/// Whether a blob written here is on disk before it is named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Synced to disk first: it survives a crash of the machine.
+    Durable,
+    /// Left to the page cache: a crash of the machine may leave it torn, for blobs
+    /// written again each time they are needed (a round's parameter shards, which a
+    /// resumed shepherd writes anew, over any torn copy), whose readers check every
+    /// chunk against its outboard. Writing gpt2-124m's shards synced took 2.6 times
+    /// as long on this machine's disk (`dd` of 650 MiB: 2.17 s against 0.83 s).
+    Volatile,
+}
+
 /// Content-addressed blobs on disk.
 #[derive(Debug, Clone)]
 pub struct BlobStore {
@@ -228,10 +241,21 @@ impl BlobStore {
     /// Adds a blob of exactly `size` bytes that `fill` writes, hashing and writing it
     /// in one pass, never holding it whole: a shepherd's gpt2-124m state (a GB) goes
     /// from its tensors to disk without a copy in memory. Fails, storing nothing, if
-    /// `fill` fails or writes another size.
+    /// `fill` fails or writes another size. The blob is on disk before it is named
+    /// ([`Durability::Durable`]).
     pub fn put_stream(
         &self,
         size: u64,
+        fill: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<BlobHash, StoreError> {
+        self.put_stream_with(size, Durability::Durable, fill)
+    }
+
+    /// [`BlobStore::put_stream`], synced to disk or not as `durability` says.
+    pub fn put_stream_with(
+        &self,
+        size: u64,
+        durability: Durability,
         fill: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
     ) -> Result<BlobHash, StoreError> {
         if size > self.max_size {
@@ -253,7 +277,10 @@ impl BlobStore {
                 return Err(std::io::Error::other(format!("{} bytes written, {size} announced", sink.written)));
             }
             sink.file.flush()?;
-            sink.file.get_ref().sync_all()
+            match durability {
+                Durability::Durable => sink.file.get_ref().sync_all(),
+                Durability::Volatile => Ok(()),
+            }
         });
         let ChunkSink { builder, .. } = sink;
         let finished = done.map_err(io_err("write", &tmp)).and_then(|()| {
@@ -671,6 +698,14 @@ mod tests {
                 .expect("put streamed");
             assert_eq!(streamed, whole, "size {size}");
             assert_eq!(std::fs::read(store.path(&streamed)).expect("reads"), bytes);
+            // left to the page cache, the same blob and outboard
+            std::fs::remove_file(store.path(&streamed)).expect("removes");
+            let volatile = store
+                .put_stream_with(size as u64, Durability::Volatile, &mut |w| w.write_all(&bytes))
+                .expect("put volatile");
+            assert_eq!(volatile, whole, "size {size}");
+            assert_eq!(std::fs::read(store.path(&volatile)).expect("reads"), bytes);
+            assert_eq!(store.outboard(&volatile).expect("outboard").map(|o| o.size), Some(size as u64));
         }
         let partial = |store: &BlobStore| std::fs::read_dir(store.dir.join("partial")).expect("partial").count();
         let before = partial(&store);

@@ -31,12 +31,17 @@
 //!   `agg-alter` and `agg-drop` sign another hash then (liars agree with each
 //!   other: the worst case); `agg-stall` never answers. A spot-checked shard
 //!   (drawn at `--aggregator-spot-rate` from the shepherd's secret, as pcp-node
-//!   draws it) is recomputed by the shepherd whatever its votes. The shepherd applies a shard all
-//!   its voters agree on; a disagreement recomputes it as soon as the votes are
-//!   in, and silence at the vote deadline. A recompute reads the shard's slices from the workers
-//!   (through the shepherd's downlink) and decodes and adds them on its aggregate
-//!   threads, one shard after another; every replica [`Votes::liars`] names is
-//!   dropped for good.
+//!   draws it, at the share the round's contributions give where the node counts
+//!   its participants) is summed by the shepherd whatever its votes, as the round
+//!   gathers: every spot-checked slice read through the shepherd's downlink from
+//!   one report interval after the first contribution reached the aggregators, and
+//!   added on its aggregate threads, the last once the round closed; its sum is
+//!   taken once the votes are in (or their wait is over). The shepherd applies a
+//!   shard all its voters agree on; a disagreement recomputes it as soon as the
+//!   votes are in, and silence at the vote deadline. A recompute reads the shard's
+//!   slices from the workers (through the shepherd's downlink) and decodes and
+//!   adds them on its aggregate threads, one shard after another; every replica
+//!   [`Votes::liars`] names is dropped for good.
 //! * **The close** gathers every shard's mean (the fp32 parameters' bytes through
 //!   the shepherd's downlink, or the volunteers' uplinks together if slower),
 //!   then runs the shepherd's own close.
@@ -270,13 +275,25 @@ impl Pool {
             let one = slice_core_s * load as f64 / shards as f64 / self.setup.cores.max(1) as f64;
             received.max(first + n as f64 * one).max(close) + one
         };
-        let mut recompute_s = 0.0;
+        // a spot check is the shepherd's own, as pcp-node's: drawn when the round is
+        // assigned, it sums the shard itself as the round gathers, fetching each slice
+        // once it is accepted (one report after it reached its aggregators)
+        let share = spot_share(self.setup.spot_rate, n);
+        let spots: Vec<bool> = (0..shards).map(|s| spot_checked(&self.seed, round, s, share)).collect();
+        let checked = spots.iter().filter(|s| **s).count() as f64;
+        let (spot_ready, spot_s) = {
+            let down = shepherd_down.max(1.0);
+            let (from, to) = (first + self.setup.report_s, last + self.setup.report_s);
+            let received = (from + n as f64 * slice * checked / down).max(to + slice * checked / down);
+            let one = slice_core_s * checked / shards as f64 / threads.max(1) as f64;
+            let ready = received.max(from + n as f64 * one).max(close) + one;
+            (ready, n as f64 * (slice * checked / down + one))
+        };
+        let mut recompute_s = if checked > 0.0 { spot_s } else { 0.0 };
         let mut recompute_at = close;
         let mut gathered = close;
-        for s in 0..shards {
+        for (s, spot) in spots.into_iter().enumerate() {
             let replicas = assignment.replicas(s).to_vec();
-            // a spot check is the shepherd's own, as pcp-node's: it sums the shard itself
-            let spot = spot_checked(&self.seed, round, s, spot_share(self.setup.spot_rate, n));
             let mut votes = Votes::new(replicas.clone());
             let mut voted_at = close;
             let mut silent = false;
@@ -317,10 +334,15 @@ impl Pool {
                     self.totals.recomputed += 1;
                     // disputes are known once the votes are in; silence at the deadline
                     let known = if silent { timeout.max(voted_at) } else { voted_at };
-                    let read = n as f64 * slice / shepherd_down.max(1.0);
-                    let cpu = n as f64 * slice_core_s / shards as f64 / threads.max(1) as f64;
-                    recompute_at = recompute_at.max(known) + read + cpu;
-                    recompute_s += read + cpu;
+                    if spot {
+                        // summed as the round gathered: its votes, or their wait, decide when
+                        gathered = gathered.max(known.max(spot_ready));
+                    } else {
+                        let read = n as f64 * slice / shepherd_down.max(1.0);
+                        let cpu = n as f64 * slice_core_s / shards as f64 / threads.max(1) as f64;
+                        recompute_at = recompute_at.max(known) + read + cpu;
+                        recompute_s += read + cpu;
+                    }
                     for liar in votes.liars(&[1; 32]) {
                         let v = &mut self.volunteers[u32::from_le_bytes(liar) as usize];
                         if !v.caught {

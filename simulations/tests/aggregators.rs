@@ -33,8 +33,9 @@ fn aggregators_keep_a_thousand_h100s_busy_where_one_shepherd_cannot() {
     let unchecked = simulate("--aggregators 156 --aggregator-spot-rate 0");
     let (a, s) = (&star(&alone).summary, &star(&shared).summary);
     assert!(a.steady_utilization < 0.5, "one shepherd reading every contribution: {a:?}");
-    // the shepherd sums 5% of the shards itself (spot checks), on the round's path
-    assert!(s.steady_utilization >= 0.85, "with aggregators: {s:?}");
+    // the shepherd sums 5% of the shards itself (spot checks) as the round gathers
+    // (summed after the votes, they held it at 89.5%)
+    assert!(s.steady_utilization >= 0.9, "with aggregators: {s:?}");
     let u = &star(&unchecked).summary;
     assert!(u.steady_utilization >= 0.9 && u.steady_utilization > s.steady_utilization, "{u:?}");
     let (busy_a, busy_s) = (a.shepherd.unwrap().cpu.busy_s, s.shepherd.unwrap().cpu.busy_s);

@@ -135,10 +135,12 @@ pub(crate) fn params_blob(params: &[Vec<f32>]) -> Vec<u8> {
 }
 
 /// Stores a round's shard blobs, each shard's tensors as an fp32 parameters blob,
-/// on `threads` threads (shard k on thread k mod `threads`, a shard's bytes at a
-/// time on each), each hashed once, as it is written; returns the references the
-/// announcement lists (`shard` 1, 2, …; the name says its tensors), in order. None
-/// when one shard holds every tensor (the whole blob is then the shard).
+/// on `threads` threads (shard k on thread k mod `threads`), each encoded straight
+/// into the store and hashed once, as it is written, and left to the page cache
+/// ([`pcp_bootstrap::Durability::Volatile`]: a resumed shepherd writes its round's
+/// shards anew); returns the references the announcement lists (`shard` 1, 2, …;
+/// the name says its tensors), in order. None when one shard holds every tensor
+/// (the whole blob is then the shard).
 pub(crate) fn put_shards(
     store: &pcp_bootstrap::BlobStore,
     params: &[Vec<f32>],
@@ -148,10 +150,13 @@ pub(crate) fn put_shards(
     let shards = if shards.len() <= 1 { &[][..] } else { shards };
     let put = |k: usize| -> anyhow::Result<ParameterRef> {
         let r = &shards[k];
-        let bytes = params_blob(&params[r.clone()]);
-        let hash = store.put_bytes(&bytes).with_context(|| format!("storing parameter shard {}", k + 1))?;
+        let tensors = &params[r.clone()];
+        let size = params_len(tensors);
+        let hash = store
+            .put_stream_with(size, pcp_bootstrap::Durability::Volatile, &mut |w| write_params(w, tensors))
+            .with_context(|| format!("storing parameter shard {}", k + 1))?;
         let name = format!("shard:{}-{}", r.start, r.end);
-        Ok(ParameterRef { name, shard: k as u32 + 1, blob: hash.0, size: bytes.len() as u64 })
+        Ok(ParameterRef { name, shard: k as u32 + 1, blob: hash.0, size })
     };
     let threads = threads.clamp(1, shards.len().max(1));
     if threads == 1 {

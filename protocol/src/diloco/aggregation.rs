@@ -352,9 +352,10 @@ pub const DEFAULT_SPOT_RATE: f64 = 0.05;
 /// The most contributions a round's spot checks read at the full rate: in a round
 /// of more, the share of shards checked shrinks so that the checks read as many
 /// slices as at this size ([`spot_share`]). A spot check sums its shard on the
-/// shepherd, on the round's path: in the simulator at 1,000 gpt2-124m H100
-/// volunteers, 5% of the shards cost 3.8 points of utilization (93.3% → 89.5%),
-/// and at 10,000 the same share cost 36 points (91.3% → 54.9%).
+/// shepherd, reading every slice of it through the shepherd's downlink, as the
+/// round gathers: in the simulator at 1,000 gpt2-124m H100 volunteers, 5% of the
+/// shards cost 0.5 points of utilization (93.3% → 92.8%); at 10,000 the same share
+/// summed at the close cost 36 points (91.3% → 54.9%), and the shrunk share 0.6.
 pub const SPOT_CONTRIBUTIONS: u64 = 1_000;
 
 /// The share of shards spot-checked in a round of `contributions` at the rate

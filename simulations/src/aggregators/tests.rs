@@ -97,3 +97,18 @@ fn too_few_volunteers_leave_the_sum_to_the_shepherd() {
     let c = pool.close(2, 5_000_000, (10, 0, 0), 1e6, 0.01, 4e6, (1e9, 2));
     assert_eq!(c.ready_us, 5_000_000);
 }
+
+#[test]
+fn spot_checks_are_summed_as_the_round_gathers_not_after_its_votes() {
+    // every shard spot-checked: 100 slices of each read and added between 1 s and
+    // 3 s, so the means are in soon after the close, as an honest round's are
+    let mut checked = Pool::new(AggregatorSetup { spot_rate: 1.0, ..setup(None) }, 1);
+    let c = close(&mut checked, 1);
+    assert_eq!((checked.totals.spot_checks, checked.totals.recomputed, checked.totals.caught), (4, 4, 0));
+    assert!(c.recompute_s > 0.0, "the shepherd read and added them");
+    let honest = close(&mut Pool::new(setup(None), 1), 1);
+    assert!(c.ready_us < honest.ready_us + 20_000, "{} against {}", c.ready_us, honest.ready_us);
+    // summed after the votes, one shard after another, the four would take 0.5 s
+    // of adds (100 × 0.01 core-s a contribution, a quarter a shard, on 2 threads)
+    assert!(c.ready_us < 3_100_000, "{}", c.ready_us);
+}

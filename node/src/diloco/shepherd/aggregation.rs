@@ -16,8 +16,7 @@ use pcp_bootstrap::InboundId;
 use pcp_protocol::BlobHash;
 use pcp_protocol::diloco::aggregate::{Bounds, Delta, Rejection};
 use pcp_protocol::diloco::aggregation::{
-    Collect, Outcome, Reported, ShardSum, ShardUpdate, SliceReport, assign, inspect, shard_bounds, shard_tensors,
-    spot_checked, spot_share,
+    Collect, Outcome, Reported, ShardUpdate, SliceReport, assign, inspect, shard_bounds, shard_tensors,
 };
 use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::shepherd::{self, Input, Report};
@@ -25,9 +24,12 @@ use pcp_protocol::{PublicKey, Verified};
 use pcp_schema::{AcceptEntry, Accepts, Ack, Contribution, ShardAggregators, ShardVote, SliceReports};
 use tokio::task::JoinSet;
 
+use self::spot::{Feed, Spot};
 use super::Host;
 use crate::diloco::wire::{self, peer_name};
 use crate::observe::events as ev;
+
+mod spot;
 
 /// How long after a round's close its shards' votes are waited for before the
 /// shepherd sums the missing shards itself: this many times as long as the last
@@ -79,6 +81,8 @@ struct Record {
     inspecting: BTreeSet<([u8; 32], usize)>,
     /// When each slice (worker, shard) still missing a replica's report got its first.
     waiting: BTreeMap<([u8; 32], usize), Instant>,
+    /// The spot-checked shards, summed here as the round gathers.
+    spots: BTreeMap<usize, Spot>,
 }
 
 /// A contribution whose reports are settled: its worker, its bounded norm and
@@ -92,6 +96,8 @@ pub(super) enum Fetched {
     Mean { round: u64, shard: usize, hash: [u8; 32], bytes: Result<Vec<u8>, String> },
     /// A shard summed here from its committed slices.
     Summed { round: u64, shard: usize, update: Result<ShardUpdate, String> },
+    /// A spot-checked shard summed here as its round gathered.
+    Spot { round: u64, shard: usize, update: Result<ShardUpdate, String> },
     /// A disputed slice (`silent`: one a replica did not report in time), inspected
     /// here: the report its replicas should have sent.
     Inspected { round: u64, worker: [u8; 32], shard: usize, silent: bool, report: Result<SliceReport, String> },
@@ -227,8 +233,10 @@ impl Host {
             busy: BTreeSet::new(),
             inspecting: BTreeSet::new(),
             waiting: BTreeMap::new(),
+            spots: BTreeMap::new(),
         };
         self.aggregation.rounds.insert(round, record);
+        self.start_spot_checks(round, participants.len() as u64);
         // an aggregated round is kept until applied, and the one before for its late commitments
         let keep = round.saturating_sub(1);
         self.aggregation.rounds.retain(|r, _| *r >= keep);
@@ -363,7 +371,11 @@ impl Host {
         };
         let seq = record.accepted.len() as u64;
         let hashes = hashes.into_iter().enumerate().map(|(s, h)| (s as u32, h)).collect();
-        record.accepted.push(AcceptEntry { worker: peer.0, seq, weight, norm, bound, hashes });
+        let entry = AcceptEntry { worker: peer.0, seq, weight, norm, bound, hashes };
+        for spot in record.spots.values() {
+            spot.feed(Feed::Entry(entry.clone()));
+        }
+        record.accepted.push(entry);
         record.unsent += 1;
     }
 
@@ -371,6 +383,9 @@ impl Host {
     pub(super) fn aggregate(&mut self, round: u64, count: u64) {
         if let Some(record) = self.aggregation.rounds.get_mut(&round) {
             record.closed = Some((count, Instant::now()));
+            for spot in record.spots.values() {
+                spot.feed(Feed::Closed(count));
+            }
         }
     }
 
@@ -434,12 +449,10 @@ impl Host {
         if record.means.contains_key(&shard) || record.busy.contains(&shard) {
             return Ok(());
         }
-        let count = record.closed.map_or(0, |(count, _)| count);
-        let share = spot_share(self.plan.aggregation.spot_rate, count);
-        let spot = spot_checked(&self.aggregation.spot_seed, round, shard, share);
+        let spot = record.spots.contains_key(&shard);
         match record.collect.outcome(shard, spot, false) {
             Outcome::Waiting => {}
-            Outcome::Recompute if spot => self.recompute(round, shard, "a spot check"),
+            Outcome::Recompute if spot => self.spot_checked(round, shard),
             Outcome::Agreed(hash) => {
                 record.busy.insert(shard);
                 let (node, peer) = (self.node.clone(), pcp_bootstrap::peer_of(&from));
@@ -539,10 +552,10 @@ impl Host {
         record.busy.insert(shard);
         let sizes: Vec<usize> = record.tensors[shard].clone().map(|i| self.layout.sizes[i]).collect();
         let bounds = shard_bounds(&record.bounds, &record.tensors[shard]);
-        let entries = record.accepted.clone();
+        let feed = spot::fed(&record.accepted, count);
         let (node, encoding) = (self.node.clone(), self.plan.encoding);
         self.aggregation.fetches.spawn(async move {
-            let update = sum_here(&node, (round, shard, count), &entries, (&sizes, &bounds), encoding).await;
+            let update = spot::sum(node, (round, shard), feed, (sizes, bounds), encoding).await;
             Fetched::Summed { round, shard, update }
         });
     }
@@ -572,6 +585,10 @@ impl Host {
                     }
                 }
             }
+            Fetched::Spot { round, shard, update } => match self.spot_summed(round, shard, update) {
+                Some(taken) => (round, shard, Some((taken, true))),
+                None => return Ok(()),
+            },
             Fetched::Summed { round, shard, update } => match update {
                 Ok(update) => (round, shard, Some((update, true))),
                 Err(e) => {
@@ -634,6 +651,7 @@ impl Host {
         // the commitments of this round still serve its late contributions, carried
         record.closed = None;
         record.claims.retain(|_, c| !c.fed);
+        record.spots.clear();
         self.aggregation.rounds.insert(round, record);
         self.step(Input::Aggregated { round, mean }).await?;
         self.send_accepts();
@@ -687,7 +705,10 @@ impl Host {
             })
             .collect();
         for (round, shard) in late {
-            self.recompute(round, shard, "its aggregators did not all vote in time");
+            match self.aggregation.rounds.get(&round).is_some_and(|r| r.spots.contains_key(&shard)) {
+                true => self.spot_checked(round, shard),
+                false => self.recompute(round, shard, "its aggregators did not all vote in time"),
+            }
         }
     }
 }
@@ -744,34 +765,6 @@ async fn inspect_here(
     let delta: Delta = compress::decode_delta(&bytes, sizes, encoding).map_err(|e| e.to_string())?;
     let (_, report) = inspect(delta, sizes, bounds).map_err(|e| e.to_string())?;
     Ok(report)
-}
-
-/// Shard `shard` of `round`, summed from the `count` accepted contributions'
-/// slices, each fetched from its worker, inspected by the shard's bounds and added
-/// at its place.
-async fn sum_here(
-    node: &pcp_bootstrap::Node,
-    (round, shard, count): (u64, usize, u64),
-    entries: &[AcceptEntry],
-    (sizes, bounds): (&[usize], &Bounds),
-    encoding: Encoding,
-) -> Result<ShardUpdate, String> {
-    let mut sum = ShardSum::new(round, shard, sizes.to_vec(), 1);
-    for e in entries.iter().take(count as usize) {
-        let Some((_, hash)) = e.hashes.iter().find(|(s, _)| *s as usize == shard) else {
-            return Err(format!("{} committed no slice of shard {shard}", peer_name(&PublicKey(e.worker))));
-        };
-        let from = pcp_bootstrap::peer_of(&PublicKey(e.worker)).into_iter().collect();
-        // a slice is exactly its shard's message in the run's encoding: no larger one is read
-        let max = compress::encoded_len(sizes, encoding) as u64;
-        let bytes = wire::fetch_bounded(node, BlobHash(*hash), from, (FETCH_TIMEOUT, max)).await?;
-        let delta: Delta = compress::decode_delta(&bytes, sizes, encoding).map_err(|e| e.to_string())?;
-        let (bounded, _) = inspect(delta, sizes, bounds).map_err(|e| e.to_string())?;
-        let accept =
-            pcp_protocol::diloco::aggregation::Accept { seq: e.seq, weight: e.weight, norm: e.norm, bound: e.bound };
-        sum.accept(accept, bounded).map_err(|e| e.to_string())?;
-    }
-    sum.finish(count).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

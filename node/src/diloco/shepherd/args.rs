@@ -107,8 +107,9 @@ pub(crate) struct ShepherdArgs {
     pub(crate) aggregator_replicas: u64,
     /// The share of aggregated shards the shepherd sums itself whatever their
     /// replicas vote (a spot check: replicas that lie alike are caught), drawn each
-    /// round from a secret of this shepherd; past 1,000 contributions a round the
-    /// share shrinks so the checks read no more slices.
+    /// round from a secret of this shepherd and summed as the round's contributions
+    /// are accepted; past 1,000 participants a round the share shrinks so the
+    /// checks read no more slices.
     #[arg(long, default_value_t = pcp_protocol::diloco::aggregation::DEFAULT_SPOT_RATE, value_name = "RATE",
           value_parser = crate::diloco::parse_share, requires = "shepherd")]
     pub(crate) aggregator_spot_rate: f64,
