@@ -848,7 +848,7 @@ impl EventLoop {
                 }
                 request_response::Message::Response { request_id, response } => {
                     let relayed = self.nat.is_relayed_conn(connection_id);
-                    self.transfers.answered(request_id, response, relayed);
+                    self.transfers.answered(request_id, response, relayed, Instant::now());
                 }
             },
             request_response::Event::ResponseSent { request_id, .. } => {

@@ -15,6 +15,12 @@ use crate::command::FetchReport;
 use crate::error::FetchError;
 use crate::store::{ChunkWriter, Partial, StoreError};
 
+/// A provider that answered that it lacks the blob is asked again after this long:
+/// it may be storing it (a shepherd writes a round's parameter shards just after
+/// it announces them) or fetching it. A provider that still lacks it answers so
+/// at once, one small request a second.
+pub(crate) const LACKING_RETRY: Duration = Duration::from_secs(1);
+
 /// Where a fetch's outcome goes.
 pub(crate) type Reply = oneshot::Sender<Result<FetchReport, FetchError>>;
 
@@ -28,7 +34,8 @@ pub(crate) struct Fetch {
     providers: Vec<PeerId>,
     failures: HashMap<PeerId, u32>,
     max_failures: u32,
-    lacking: HashSet<PeerId>,
+    /// Providers that answered that they lack the blob, and when.
+    lacking: HashMap<PeerId, Instant>,
     outboard_request: Option<PeerId>,
     partial: Option<Partial>,
     queue: VecDeque<u32>,
@@ -57,7 +64,7 @@ impl Fetch {
             providers: Vec::new(),
             failures: HashMap::new(),
             max_failures,
-            lacking: HashSet::new(),
+            lacking: HashMap::new(),
             outboard_request: None,
             partial: None,
             queue: VecDeque::new(),
@@ -91,7 +98,7 @@ impl Fetch {
     /// Banned peers are removed, not counted here, and stay out.
     pub(crate) fn reconnected(&mut self, peer: &PeerId) -> bool {
         let failed = self.failures.remove(peer).is_some_and(|n| n > 0);
-        let lacked = self.lacking.remove(peer);
+        let lacked = self.lacking.remove(peer).is_some();
         failed || lacked
     }
 
@@ -114,8 +121,9 @@ impl Fetch {
         }
     }
 
-    fn usable(&self, peer: &PeerId) -> bool {
-        !self.lacking.contains(peer) && self.failures.get(peer).copied().unwrap_or(0) < self.max_failures
+    fn usable(&self, peer: &PeerId, now: Instant) -> bool {
+        self.lacking.get(peer).is_none_or(|at| now.duration_since(*at) >= LACKING_RETRY)
+            && self.failures.get(peer).copied().unwrap_or(0) < self.max_failures
     }
 
     pub(crate) fn query_started(&mut self, now: Instant) {
@@ -131,7 +139,7 @@ impl Fetch {
     /// Whether to ask the DHT for providers again: no query running and no provider left.
     pub(crate) fn needs_query(&self, now: Instant, every: Duration) -> bool {
         !self.query_running
-            && !self.providers.iter().any(|p| self.usable(p))
+            && !self.providers.iter().any(|p| self.usable(p, now))
             && self.last_query.is_none_or(|t| now.duration_since(t) >= every)
     }
 
@@ -148,7 +156,7 @@ impl Fetch {
         gather: Duration,
         held: &[PeerId],
     ) -> Vec<(PeerId, BlobWant)> {
-        let usable: Vec<PeerId> = self.providers.iter().copied().filter(|p| self.usable(p)).collect();
+        let usable: Vec<PeerId> = self.providers.iter().copied().filter(|p| self.usable(p, now)).collect();
         let mut out = Vec::new();
         if self.partial.is_none() {
             if self.outboard_request.is_none()
@@ -221,9 +229,9 @@ impl Fetch {
         }
     }
 
-    /// `peer` does not have the blob after all.
-    pub(crate) fn provider_lacks(&mut self, peer: PeerId, want: BlobWant) {
-        self.lacking.insert(peer);
+    /// `peer` does not have the blob, at `now` (see [`LACKING_RETRY`]).
+    pub(crate) fn provider_lacks(&mut self, peer: PeerId, want: BlobWant, now: Instant) {
+        self.lacking.insert(peer, now);
         self.release(peer, want);
     }
 

@@ -295,8 +295,8 @@ impl<O: Copy + Eq + Hash, I: Copy + Eq + Hash> Transfers<O, I> {
         self.pending.insert(id, request);
     }
 
-    /// The answer to request `id`; `relayed`: it came over a relayed connection.
-    pub(crate) fn answered(&mut self, id: O, response: BlobReply, relayed: bool) {
+    /// The answer to request `id`, at `now`; `relayed`: it came over a relayed connection.
+    pub(crate) fn answered(&mut self, id: O, response: BlobReply, relayed: bool, now: Instant) {
         let Some(Pending { hash, peer, want }) = self.pending.remove(&id) else {
             return;
         };
@@ -309,7 +309,7 @@ impl<O: Copy + Eq + Hash, I: Copy + Eq + Hash> Transfers<O, I> {
         }
         let verdict = match (want, response) {
             (_, BlobReply::Other(BlobResponse::NotFound | BlobResponse::Refused(_))) => {
-                fetch.provider_lacks(peer, want);
+                fetch.provider_lacks(peer, want, now);
                 Ok(())
             }
             (BlobWant::Outboard, BlobReply::Other(BlobResponse::Outboard { size, chunk_cvs })) => {

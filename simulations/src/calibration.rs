@@ -81,10 +81,14 @@ pub struct Calibration {
     pub ed25519_sign_s: f64,
     /// Forward-pass FLOP/s of one of the shepherd's cores (not measured here).
     pub forward_flops_per_core: f64,
-    /// Seconds of the shepherd's event loop per parameter to close a round: the
-    /// outer step and the update's encoding, the parameters' shards and the state
-    /// blob hashed and stored (not measured here).
+    /// Seconds of the shepherd's event loop per parameter to close a round, up to
+    /// the next announcement: the outer step and the update's encoding, the
+    /// parameters and their shards hashed, and the state blob stored (not measured
+    /// here).
     pub close_s_per_param: f64,
+    /// Seconds of the shepherd's event loop per parameter to write the parameters'
+    /// shards, after the announcement (not measured here).
+    pub shards_s_per_param: f64,
     /// Seconds of the shepherd's event loop per parameter to write a checkpoint,
     /// after every `--checkpoint-rounds` rounds (not measured here).
     pub checkpoint_s_per_param: f64,
@@ -118,6 +122,7 @@ impl Calibration {
             self.ed25519_sign_s,
             self.forward_flops_per_core,
             self.close_s_per_param,
+            self.shards_s_per_param,
             self.checkpoint_s_per_param,
         ];
         if figures.iter().chain(self.dense_decode_s_per_value.values()).any(|f| !(f.is_finite() && *f > 0.0)) {
@@ -180,15 +185,17 @@ impl Calibration {
                      {SAMPLE_PARAMS}-parameter contribution (sparse in batches of {DEFAULT_BATCH}), blake3 and \
                      ChaCha20-Poly1305 of 64 MiB, ed25519 over a 256-byte message"
                 ),
-                "forward_flops_per_core, close_s_per_param and checkpoint_s_per_param are not measured here: copied \
-                 from the table --calibrate started from"
+                "forward_flops_per_core, close_s_per_param, shards_s_per_param and checkpoint_s_per_param are not \
+                 measured here: copied from the table --calibrate started from"
                     .into(),
             ]
             .into_iter()
             .chain(
                 base.notes
                     .iter()
-                    .filter(|n| ["forward_flops", "close_s", "checkpoint_s"].iter().any(|f| n.starts_with(f)))
+                    .filter(|n| {
+                        ["forward_flops", "close_s", "shards_s", "checkpoint_s"].iter().any(|f| n.starts_with(f))
+                    })
                     .cloned(),
             )
             .collect(),
@@ -204,6 +211,7 @@ impl Calibration {
             ed25519_sign_s: sign,
             forward_flops_per_core: base.forward_flops_per_core,
             close_s_per_param: base.close_s_per_param,
+            shards_s_per_param: base.shards_s_per_param,
             checkpoint_s_per_param: base.checkpoint_s_per_param,
         }
     }

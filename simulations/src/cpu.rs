@@ -77,8 +77,12 @@ pub struct ShepherdCosts {
     pub screen: Option<ScreenPolicy>,
     /// Validation batches evaluated at each close.
     pub eval_batches: u64,
-    /// Event-loop seconds a close spends on the outer step, the parameters' shards and the state blob.
+    /// Event-loop seconds a close spends before the next announcement: the outer step,
+    /// the parameters' and their shards' hashes, and the state blob.
     pub close_s: f64,
+    /// Event-loop seconds a close spends writing the parameters' shards, after the
+    /// announcement.
+    pub shards_s: f64,
     /// Event-loop seconds a close spends writing a checkpoint, when one is due.
     pub checkpoint_s: f64,
     /// A checkpoint after every this many rounds (pcp-node `--checkpoint-rounds`), the
@@ -106,6 +110,7 @@ impl ShepherdCosts {
             screen: None,
             eval_batches: 0,
             close_s: 0.0,
+            shards_s: 0.0,
             checkpoint_s: 0.0,
             checkpoint_rounds: pcp_protocol::diloco::checkpoint::DEFAULT_CHECKPOINT_ROUNDS,
             heartbeat_s: 0.0,
@@ -304,9 +309,9 @@ impl Cpu {
     }
 
     /// Round `round` closed at `now` (µs) after `wall_s` seconds: its last batch's
-    /// add, validation, the parameters stored and, when due (`last`: the run's last
-    /// round), a checkpoint. Returns when the loop is done (the next announcement
-    /// goes out then).
+    /// add, validation, the parameters hashed and, when due (`last`: the run's last
+    /// round), a checkpoint. Returns when the loop is done with them (the next
+    /// announcement goes out then); the shards' writes hold it after that.
     pub fn close(&mut self, now: u64, wall_s: f64, work: f64, (round, last): (u64, bool)) -> u64 {
         let c = &self.costs;
         let threads = c.threads.max(1) as f64;
@@ -322,8 +327,11 @@ impl Cpu {
             self.last_round_s = Some(rest);
         }
         self.screens = (0, 0.0);
-        self.totals.close_s += s / (1.0 - self.load);
-        self.run(now, s)
+        self.totals.close_s += (s + c.shards_s) / (1.0 - self.load);
+        let shards_s = c.shards_s;
+        let announced = self.run(now, s);
+        self.run(announced, shards_s);
+        announced
     }
 }
 
@@ -353,6 +361,15 @@ mod tests {
         // a close adds what is pending and validates: one 1 s forward pass on 2 threads
         cpu.contribution(1_000_000, 0.0, 1.0, false, true);
         assert_eq!(cpu.close(1_010_000, 10.0, 1.0, (1, false)), 1_010_000 + 20_000 + 1_000_000);
+    }
+
+    #[test]
+    fn the_shards_are_written_after_the_announcement_and_hold_the_loop() {
+        let costs = ShepherdCosts { close_s: 1.0, shards_s: 0.5, ..ShepherdCosts::free(1) };
+        let mut cpu = Cpu::new(costs, ChaCha8Rng::seed_from_u64(1));
+        let announced = cpu.close(0, 10.0, 1.0, (2, false));
+        assert_eq!(announced, 1_000_000, "the announcement waits for the close, not the shards");
+        assert_eq!(cpu.run(announced, 0.1), 1_600_000, "the loop's next work waits for the shards");
     }
 
     #[test]

@@ -574,13 +574,15 @@ impl Report {
         writeln!(
             out,
             "shepherd CPU (calibration: {}; {} aggregate threads): a forward pass {} ({}), {} validation batches and {} \
-             of parameters a close ({} more with a checkpoint, every {} rounds), {} a heartbeat (every {}), {} connections at most",
+             of parameters a close ({} of shards written after the announcement; {} more with a checkpoint, every {} \
+             rounds), {} a heartbeat (every {}), {} connections at most",
             s.calibration_cpu,
             c.threads,
             seconds(c.forward_core_s / c.threads.max(1) as f64),
             screen,
             c.eval_batches,
             seconds(c.close_s),
+            seconds(c.shards_s),
             seconds(c.checkpoint_s),
             c.checkpoint_rounds,
             seconds(c.heartbeat_s),

@@ -163,6 +163,7 @@ fn shepherd_costs(args: &SimulateArgs, base: &ModelSpec, table: &Calibration) ->
         }),
         eval_batches: args.eval_batches,
         close_s: table.close_s_per_param * model.params() as f64,
+        shards_s: table.shards_s_per_param * model.params() as f64,
         checkpoint_s: table.checkpoint_s_per_param * model.params() as f64,
         checkpoint_rounds: args.checkpoint_rounds,
         heartbeat_s: table.ed25519_verify_s
@@ -363,7 +364,8 @@ fn simulate(args: &SimulateArgs, settings: &Settings, name: &str, progress: &mut
             cpu: match args.overhead_seconds {
                 // a given overhead replaces the modelled close
                 Some(_) => {
-                    ShepherdCosts { eval_batches: 0, close_s: 0.0, checkpoint_s: 0.0, ..settings.shepherd_cpu.clone() }
+                    let cpu = settings.shepherd_cpu.clone();
+                    ShepherdCosts { eval_batches: 0, close_s: 0.0, shards_s: 0.0, checkpoint_s: 0.0, ..cpu }
                 }
                 None => settings.shepherd_cpu.clone(),
             },

@@ -14,6 +14,7 @@ use tokio::sync::oneshot::error::TryRecvError;
 
 use super::*;
 use crate::command::Released;
+use crate::fetch::LACKING_RETRY;
 
 type T = Transfers<u64, u64>;
 
@@ -187,7 +188,7 @@ impl Net {
                 return;
             }
         };
-        self.node.answered(id, reply, false);
+        self.node.answered(id, reply, false, now);
     }
 
     fn asked(&self, who: PeerId) -> Vec<BlobWant> {
@@ -240,6 +241,27 @@ fn a_download_skips_a_provider_that_lacks_the_blob() {
     assert_eq!(net.provided, vec![hash], "a fetched blob is announced");
     assert!(matches!(net.events[..], [Event::BlobFetched { chunks: 3, providers: 1, .. }]));
     assert!(!net.node.has_work() && net.node.fetches.is_empty() && net.node.pending.is_empty());
+}
+
+#[test]
+fn a_provider_that_lacked_the_blob_is_asked_again_once_it_may_have_it() {
+    // a shepherd announces a round's parameter shards and stores them just after
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shepherd = peer(2);
+    let providers = vec![(shepherd, Provider::Honest(transfers(store(dir.path(), "shepherd"))))];
+    let mut net = Net::new(transfers(store(dir.path(), "node")), providers);
+    let (_, hash, data) = holding(dir.path(), "elsewhere", 9);
+    let mut rx = net.fetch(hash, Duration::from_secs(60));
+    net.settle();
+    assert_eq!(net.asked(shepherd), vec![BlobWant::Outboard], "it lacks the blob: asked once");
+    net.wait(LACKING_RETRY / 2);
+    assert_eq!(net.asked(shepherd).len(), 1, "not again before the retry");
+    assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)), "the fetch waits");
+    store(dir.path(), "shepherd").put_bytes(&data).expect("stored now");
+    net.wait(LACKING_RETRY / 2);
+    let report = outcome(&mut rx).expect("fetched once it was stored");
+    assert_eq!(std::fs::read(&report.path).expect("read"), data);
+    assert!(net.bans.is_empty(), "lacking a blob for a while is no offence");
 }
 
 #[test]

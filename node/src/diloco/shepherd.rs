@@ -688,6 +688,7 @@ impl Host {
             self.book.close.push(("parameters", shards_at.elapsed()));
         }
         let hash = BlobHash(parameters[0].blob);
+        let shards = parameters[1..].to_vec();
         self.book.last_base = self.book.round_base.replace(hash).map(|b| (round - 1, b));
         // past the inline threshold, the participants go in a blob of their own
         let (listed, participants_blob) =
@@ -748,23 +749,7 @@ impl Host {
         let at = Instant::now();
         self.lead.opened = Some(leadership::Opened { round, state, envelope, event, at, held_back });
         self.release().await;
-        Ok(())
-    }
-
-    /// Stores the current parameters: with one shard the whole blob, with more each
-    /// shard's alone (see [`wire::put_shards`]), written once. Returns the
-    /// announcement's `parameters`: the whole blob first (with more than one shard,
-    /// its hash and size only: what the shards must make up), then the shards.
-    fn publish_params(&mut self) -> anyhow::Result<Vec<ParameterRef>> {
-        let params = self.machine.params();
-        let closed = self.book.next_params.take().filter(|(round, _)| *round == self.machine.completed());
-        let (hash, size) = match self.layout.shards.len() > 1 {
-            true => (closed.map_or_else(|| wire::params_hash(params), |(_, h)| h), wire::params_len(params)),
-            false => wire::put_params(&self.store, params)?,
-        };
-        let mut refs = vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size }];
-        refs.extend(wire::put_shards(&self.store, params, &self.layout.shards, self.plan.aggregation.threads)?);
-        Ok(refs)
+        self.store_shards(round, &shards)
     }
 
     /// The held-out loss at `params`, or NaN with `eval_batches: 0` (a run that

@@ -134,39 +134,64 @@ pub(crate) fn params_blob(params: &[Vec<f32>]) -> Vec<u8> {
     out
 }
 
-/// Stores a round's shard blobs, each shard's tensors as an fp32 parameters blob,
-/// on `threads` threads (shard k on thread k mod `threads`), each encoded straight
+/// The references of a round's shard blobs (each shard's tensors as an fp32
+/// parameters blob), hashed on `threads` threads (shard k on thread k mod
+/// `threads`) and not stored: what the announcement lists (`shard` 1, 2, …; the
+/// name says its tensors), in order, before [`put_shards`] writes them. None when
+/// one shard holds every tensor (the whole blob is then the shard).
+pub(crate) fn shard_refs(params: &[Vec<f32>], shards: &[Range<usize>], threads: usize) -> Vec<ParameterRef> {
+    let hashed = on_shards(shards, threads, |k, r| {
+        let mut hasher = blake3::Hasher::new();
+        write_params(&mut hasher, &params[r.clone()])?;
+        Ok(shard_ref(k, r, BlobHash(*hasher.finalize().as_bytes()), params_len(&params[r.clone()])))
+    });
+    // hashing into memory cannot fail
+    hashed.unwrap_or_default()
+}
+
+/// Stores a round's shard blobs, as [`shard_refs`] names them, each encoded straight
 /// into the store and hashed once, as it is written, and left to the page cache
 /// ([`pcp_bootstrap::Durability::Volatile`]: a resumed shepherd writes its round's
-/// shards anew); returns the references the announcement lists (`shard` 1, 2, …;
-/// the name says its tensors), in order. None when one shard holds every tensor
-/// (the whole blob is then the shard).
+/// shards anew); returns their references.
 pub(crate) fn put_shards(
     store: &pcp_bootstrap::BlobStore,
     params: &[Vec<f32>],
     shards: &[Range<usize>],
     threads: usize,
 ) -> anyhow::Result<Vec<ParameterRef>> {
-    let shards = if shards.len() <= 1 { &[][..] } else { shards };
-    let put = |k: usize| -> anyhow::Result<ParameterRef> {
-        let r = &shards[k];
+    on_shards(shards, threads, |k, r| {
         let tensors = &params[r.clone()];
         let size = params_len(tensors);
         let hash = store
             .put_stream_with(size, pcp_bootstrap::Durability::Volatile, &mut |w| write_params(w, tensors))
             .with_context(|| format!("storing parameter shard {}", k + 1))?;
-        let name = format!("shard:{}-{}", r.start, r.end);
-        Ok(ParameterRef { name, shard: k as u32 + 1, blob: hash.0, size })
-    };
+        Ok(shard_ref(k, r, hash, size))
+    })
+}
+
+/// Shard `k` (tensors `r`) of blob `hash` and `size` bytes, as the announcement names it.
+fn shard_ref(k: usize, r: &Range<usize>, hash: BlobHash, size: u64) -> ParameterRef {
+    ParameterRef { name: format!("shard:{}-{}", r.start, r.end), shard: k as u32 + 1, blob: hash.0, size }
+}
+
+/// `each` of a round's shards (none when one holds every tensor) on `threads`
+/// threads, shard k on thread k mod `threads`; the results in shard order.
+fn on_shards<F>(shards: &[Range<usize>], threads: usize, each: F) -> anyhow::Result<Vec<ParameterRef>>
+where
+    F: Fn(usize, &Range<usize>) -> anyhow::Result<ParameterRef> + Sync,
+{
+    let shards = if shards.len() <= 1 { &[][..] } else { shards };
     let threads = threads.clamp(1, shards.len().max(1));
     if threads == 1 {
-        return (0..shards.len()).map(put).collect();
+        return shards.iter().enumerate().map(|(k, r)| each(k, r)).collect();
     }
     let mut refs: Vec<Option<ParameterRef>> = vec![None; shards.len()];
     std::thread::scope(|scope| -> anyhow::Result<()> {
-        let put = &put;
+        let each = &each;
         let handles: Vec<_> = (0..threads)
-            .map(|t| scope.spawn(move || (t..shards.len()).step_by(threads).map(|k| Ok((k, put(k)?))).collect()))
+            .map(|t| {
+                scope.spawn(move || (t..shards.len()).step_by(threads).map(|k| Ok((k, each(k, &shards[k])?))).collect())
+            })
             .collect();
         for h in handles {
             let done: anyhow::Result<Vec<(usize, ParameterRef)>> =
@@ -446,11 +471,14 @@ mod tests {
             let sizes: Vec<usize> = params[range.clone()].iter().map(Vec::len).collect();
             assert_eq!(read_params(&bytes, &sizes).ok().as_deref(), Some(&params[range.clone()]));
         }
-        for threads in [2, 3, 8] {
+        for threads in [1, 2, 3, 8] {
             assert_eq!(put_shards(&store, &params, &shards, threads).expect("stored"), one, "{threads} threads");
+            // what the announcement names before they are written
+            assert_eq!(shard_refs(&params, &shards, threads), one, "{threads} threads");
         }
         // one shard: the whole blob is the shard, and none is stored apart
         assert!(put_shards(&store, &params, std::slice::from_ref(&(0..7)), 2).expect("nothing").is_empty());
+        assert!(shard_refs(&params, std::slice::from_ref(&(0..7)), 2).is_empty());
     }
 
     #[test]

@@ -248,4 +248,42 @@ impl Host {
             }));
         }
     }
+
+    /// The current parameters for the announcement's `parameters`: the whole blob
+    /// first (with more than one shard, its hash and size only: what the shards must
+    /// make up), then the shards, hashed here and written once the round is
+    /// announced ([`Self::store_shards`]). With one shard the whole blob is stored
+    /// now.
+    pub(super) fn publish_params(&mut self) -> anyhow::Result<Vec<ParameterRef>> {
+        let params = self.machine.params();
+        let closed = self.book.next_params.take().filter(|(round, _)| *round == self.machine.completed());
+        let (hash, size) = match self.layout.shards.len() > 1 {
+            true => (closed.map_or_else(|| wire::params_hash(params), |(_, h)| h), wire::params_len(params)),
+            false => wire::put_params(&self.store, params)?,
+        };
+        let mut refs = vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size }];
+        refs.extend(wire::shard_refs(params, &self.layout.shards, self.plan.aggregation.threads));
+        Ok(refs)
+    }
+
+    /// Writes round `round`'s parameter shards, `announced` (those
+    /// [`Self::publish_params`] named), once it is announced: the workers that hold
+    /// the last round's parameters fetch its update meanwhile, and a joiner that asks
+    /// for a shard first is told the shepherd lacks it and asks again a second later
+    /// (`pcp_bootstrap`'s fetch). So the writes are off the path from the round's
+    /// last contribution to the next announcement (`docs/running-a-run.md`).
+    pub(super) fn store_shards(&mut self, round: u64, announced: &[ParameterRef]) -> anyhow::Result<()> {
+        if announced.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let threads = self.plan.aggregation.threads;
+        let stored = wire::put_shards(&self.store, self.machine.params(), &self.layout.shards, threads)?;
+        anyhow::ensure!(stored == announced, "round {round}'s parameter shards were written otherwise than announced");
+        tracing::info!(
+            "round {round}'s parameter shards written in {:.2} s, after its announcement",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
 }
