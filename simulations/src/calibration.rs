@@ -18,12 +18,14 @@
 //! * blake3 and ChaCha20-Poly1305 (the transport's cipher) per byte, one core;
 //! * an ed25519 signature check and a signature (a heartbeat's envelope and its answer).
 //!
-//! Two figures are not measured here, because only the node can (its IREE
-//! engine and its state directory): the shepherd's forward-pass FLOP rate per
-//! core (the screen's and the validation's forward passes), and a round's close
-//! and a checkpoint per parameter (every round: the outer step, the parameters'
-//! shards and the state blob hashed and written; every `--checkpoint-rounds`:
-//! the checkpoint). `--calibrate` copies them from the table it started from;
+//! Some figures are not measured here, because only the node can (its IREE
+//! engine, its state directory, its transport): the shepherd's forward-pass FLOP
+//! rate per core (the screen's and the validation's forward passes); a round's
+//! close and a checkpoint per parameter (every round: the outer step, the
+//! parameters' shards and the state blob hashed and written; every
+//! `--checkpoint-rounds`: the checkpoint); and what receiving a contribution
+//! costs the receiver's cores beyond the table's other figures, per byte (the TCP
+//! stack, TLS, yamux and the frame's copies). `--calibrate` copies them from the table it started from;
 //! the committed figures are named in `notes` with where they came from.
 //!
 //! A measurement takes each figure in the measuring thread's CPU time
@@ -75,6 +77,10 @@ pub struct Calibration {
     pub blake3_s_per_byte: f64,
     /// Seconds of a core to encrypt or decrypt one byte with ChaCha20-Poly1305.
     pub chacha20poly1305_s_per_byte: f64,
+    /// Core-seconds per byte a contribution costs its receiver beyond decode, check,
+    /// add, blake3 and the cipher: the TCP stack, TLS, yamux and the frame's copies
+    /// (not measured here).
+    pub transport_s_per_byte: f64,
     /// Seconds of a core to check one ed25519 signature.
     pub ed25519_verify_s: f64,
     /// Seconds of a core to make one ed25519 signature.
@@ -118,6 +124,7 @@ impl Calibration {
             self.dense_add_s_per_value,
             self.blake3_s_per_byte,
             self.chacha20poly1305_s_per_byte,
+            self.transport_s_per_byte,
             self.ed25519_verify_s,
             self.ed25519_sign_s,
             self.forward_flops_per_core,
@@ -185,8 +192,8 @@ impl Calibration {
                      {SAMPLE_PARAMS}-parameter contribution (sparse in batches of {DEFAULT_BATCH}), blake3 and \
                      ChaCha20-Poly1305 of 64 MiB, ed25519 over a 256-byte message"
                 ),
-                "forward_flops_per_core, close_s_per_param, shards_s_per_param and checkpoint_s_per_param are not \
-                 measured here: copied from the table --calibrate started from"
+                "forward_flops_per_core, transport_s_per_byte, close_s_per_param, shards_s_per_param and \
+                 checkpoint_s_per_param are not measured here: copied from the table --calibrate started from"
                     .into(),
             ]
             .into_iter()
@@ -194,7 +201,9 @@ impl Calibration {
                 base.notes
                     .iter()
                     .filter(|n| {
-                        ["forward_flops", "close_s", "shards_s", "checkpoint_s"].iter().any(|f| n.starts_with(f))
+                        ["forward_flops", "transport_s", "close_s", "shards_s", "checkpoint_s"]
+                            .iter()
+                            .any(|f| n.starts_with(f))
                     })
                     .cloned(),
             )
@@ -207,6 +216,7 @@ impl Calibration {
             dense_add_s_per_value: dense_add,
             blake3_s_per_byte: time_blake3() / CIPHER_BYTES as f64,
             chacha20poly1305_s_per_byte: time_chacha() / CIPHER_BYTES as f64,
+            transport_s_per_byte: base.transport_s_per_byte,
             ed25519_verify_s: verify,
             ed25519_sign_s: sign,
             forward_flops_per_core: base.forward_flops_per_core,

@@ -11,7 +11,10 @@
 //! split over the aggregate threads). The loop awaits the forward passes and
 //! the adds, so the simulator charges everything to one FIFO server: serial
 //! work at a core's speed, parallel work (forward passes and adds) at
-//! `threads` cores' speed. A round's close holds the loop too: the last
+//! `threads` cores' speed. Receiving a contribution's bytes (the TCP stack,
+//! TLS, yamux and the frame's copies, measured with the node) runs on libp2p's
+//! connection tasks, on the same cores: it is charged as parallel work too, before
+//! the contribution reaches the loop. A round's close holds the loop too: the last
 //! batch's add, the validation batches' forward passes, and the parameters
 //! hashed and stored with the checkpoint and the state blob.
 //!
@@ -69,6 +72,9 @@ pub struct ShepherdCosts {
     pub verify_s: f64,
     /// Core-seconds to add a contribution of the whole model.
     pub add_core_s: f64,
+    /// Core-seconds per byte of a contribution received beyond the cipher and blake3:
+    /// the TCP stack, TLS, yamux and the frame's copies.
+    pub transport_s_per_byte: f64,
     /// Contributions added together (32 for sparse, 1 for dense).
     pub add_batch: usize,
     /// Core-seconds of one forward pass on the screen's (and a validation) batch.
@@ -105,6 +111,7 @@ impl ShepherdCosts {
             per_byte_s: 0.0,
             verify_s: 0.0,
             add_core_s: 0.0,
+            transport_s_per_byte: 0.0,
             add_batch: 1,
             forward_core_s: 0.0,
             screen: None,
@@ -277,7 +284,7 @@ impl Cpu {
         (must, screenable): (bool, bool),
     ) -> (u64, Screened) {
         let c = &self.costs;
-        let read = c.decode_s * work + c.per_byte_s * bytes;
+        let read = c.decode_s * work + c.per_byte_s * bytes + c.transport_s_per_byte * bytes / c.threads.max(1) as f64;
         let verdict = self.decide(must, screenable);
         let mut s = match committed {
             Some(commit) if verdict == Screened::Passed => commit + read,
@@ -361,6 +368,16 @@ mod tests {
         // a close adds what is pending and validates: one 1 s forward pass on 2 threads
         cpu.contribution(1_000_000, 0.0, 1.0, false, true);
         assert_eq!(cpu.close(1_010_000, 10.0, 1.0, (1, false)), 1_010_000 + 20_000 + 1_000_000);
+    }
+
+    #[test]
+    fn a_contributions_bytes_cost_the_transport_on_every_core() {
+        let transport = ShepherdCosts { screen: None, transport_s_per_byte: 1e-8, ..costs() };
+        let mut cpu = Cpu::new(transport, ChaCha8Rng::seed_from_u64(1));
+        // 10 ms of decode, and 1 MB at 10 ns a byte over 2 threads: 5 ms more
+        assert_eq!(cpu.contribution(0, 1e6, 1.0, false, true).0, 15_000);
+        // a contribution summed by aggregators is not read: its commitment is all
+        assert_eq!(cpu.committed(15_000, 1e6, 1.0, 0.001, false, true).0, 16_000);
     }
 
     #[test]

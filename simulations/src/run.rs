@@ -153,6 +153,7 @@ fn shepherd_costs(args: &SimulateArgs, base: &ModelSpec, table: &Calibration) ->
         per_byte_s: table.blake3_s_per_byte + cipher,
         verify_s: table.ed25519_verify_s,
         add_core_s,
+        transport_s_per_byte: table.transport_s_per_byte,
         add_batch,
         // a forward pass is a third of a training step, on the run's batch × block
         forward_core_s: model.flops_per_step / 3.0 / table.forward_flops_per_core,

@@ -126,7 +126,7 @@ impl Sim<'_> {
         let Some(pool) = self.agg.pool.as_mut() else { return now };
         let inflow = pool.inflow(now);
         let (c, down) = (&self.setup.cpu, self.world.shepherd.down);
-        let (slice_core_s, shepherd) = (c.decode_s + c.add_core_s, (down, c.threads));
+        let (slice_core_s, shepherd) = (c.decode_s + c.add_core_s + c.transport_s_per_byte * bytes, (down, c.threads));
         pool.close(r, now, inflow, bytes, slice_core_s, self.setup.params_bytes, shepherd).ready_us
     }
 
