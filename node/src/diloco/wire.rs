@@ -149,6 +149,17 @@ pub(crate) fn shard_refs(params: &[Vec<f32>], shards: &[Range<usize>], threads: 
     hashed.unwrap_or_default()
 }
 
+/// The parameters blob's hash ([`params_hash`]) and its shards' references
+/// ([`shard_refs`]), hashed at once: the whole blob on a thread of its own while the
+/// shards take `threads`.
+pub(crate) fn hash_params(params: &Tensors, shards: &[Range<usize>], threads: usize) -> (BlobHash, Vec<ParameterRef>) {
+    std::thread::scope(|scope| {
+        let whole = scope.spawn(|| params_hash(params));
+        let refs = shard_refs(params, shards, threads);
+        (whole.join().unwrap_or_else(|e| std::panic::resume_unwind(e)), refs)
+    })
+}
+
 /// Stores a round's shard blobs, as [`shard_refs`] names them, each encoded straight
 /// into the store and hashed once, as it is written, and left to the page cache
 /// ([`pcp_bootstrap::Durability::Volatile`]: a resumed shepherd writes its round's
@@ -475,6 +486,9 @@ mod tests {
             assert_eq!(put_shards(&store, &params, &shards, threads).expect("stored"), one, "{threads} threads");
             // what the announcement names before they are written
             assert_eq!(shard_refs(&params, &shards, threads), one, "{threads} threads");
+            // and with the whole blob's hash, hashed beside them
+            let whole = BlobHash(*blake3::hash(&params_blob(&params)).as_bytes());
+            assert_eq!(hash_params(&params, &shards, threads), (whole, one.clone()), "{threads} threads");
         }
         // one shard: the whole blob is the shard, and none is stored apart
         assert!(put_shards(&store, &params, std::slice::from_ref(&(0..7)), 2).expect("nothing").is_empty());

@@ -56,9 +56,10 @@ pub(super) struct RoundBook {
     pub(super) traffic: BTreeMap<PublicKey, Traffic>,
     /// The parameters blob of the open round: what its update applies to.
     pub(super) round_base: Option<BlobHash>,
-    /// The parameters' hash the last close computed, with the rounds completed then:
-    /// the next announcement names it without hashing them again.
-    pub(super) next_params: Option<(u64, BlobHash)>,
+    /// The parameters' hash and their shards' references the last close computed,
+    /// with the rounds completed then: the next announcement names them without
+    /// hashing the parameters again.
+    pub(super) next_params: Option<(u64, BlobHash, Vec<ParameterRef>)>,
     /// The round before the open one and its parameters blob: the fence of a
     /// contribution an overlapping run carries over from it.
     pub(super) last_base: Option<(u64, BlobHash)>,
@@ -101,8 +102,9 @@ impl Host {
             book.close.push((name, now - lap));
             lap = now;
         };
-        let params_hash = wire::params_hash(self.machine.params());
-        self.book.next_params = Some((self.machine.completed(), params_hash));
+        let threads = self.plan.aggregation.threads;
+        let (params_hash, shards) = wire::hash_params(self.machine.params(), &self.layout.shards, threads);
+        self.book.next_params = Some((self.machine.completed(), params_hash, shards));
         // a sparse run publishes the update: workers holding this round's parameters fetch it instead
         let update_bytes = summary.update.as_ref().map_or(0, Vec::len) as u64;
         self.book.update = match (&summary.update, self.book.round_base) {
@@ -256,13 +258,16 @@ impl Host {
     /// now.
     pub(super) fn publish_params(&mut self) -> anyhow::Result<Vec<ParameterRef>> {
         let params = self.machine.params();
-        let closed = self.book.next_params.take().filter(|(round, _)| *round == self.machine.completed());
+        let threads = self.plan.aggregation.threads;
+        let closed = self.book.next_params.take().filter(|(round, ..)| *round == self.machine.completed());
+        let (hash, shards) =
+            closed.map_or_else(|| wire::hash_params(params, &self.layout.shards, threads), |(_, h, s)| (h, s));
         let (hash, size) = match self.layout.shards.len() > 1 {
-            true => (closed.map_or_else(|| wire::params_hash(params), |(_, h)| h), wire::params_len(params)),
+            true => (hash, wire::params_len(params)),
             false => wire::put_params(&self.store, params)?,
         };
         let mut refs = vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size }];
-        refs.extend(wire::shard_refs(params, &self.layout.shards, self.plan.aggregation.threads));
+        refs.extend(shards);
         Ok(refs)
     }
 
