@@ -260,11 +260,16 @@ impl Host {
         let params = self.machine.params();
         let threads = self.plan.aggregation.threads;
         let closed = self.book.next_params.take().filter(|(round, ..)| *round == self.machine.completed());
-        let (hash, shards) =
-            closed.map_or_else(|| wire::hash_params(params, &self.layout.shards, threads), |(_, h, s)| (h, s));
-        let (hash, size) = match self.layout.shards.len() > 1 {
-            true => (hash, wire::params_len(params)),
-            false => wire::put_params(&self.store, params)?,
+        let (hash, size, shards) = match self.layout.shards.len() > 1 {
+            true => {
+                let (hash, shards) =
+                    closed.map_or_else(|| wire::hash_params(params, &self.layout.shards, threads), |(_, h, s)| (h, s));
+                (hash, wire::params_len(params), shards)
+            }
+            false => {
+                let (hash, size) = wire::put_params(&self.store, params)?;
+                (hash, size, Vec::new())
+            }
         };
         let mut refs = vec![ParameterRef { name: "params".into(), shard: 0, blob: hash.0, size }];
         refs.extend(shards);
