@@ -47,7 +47,8 @@
 //!   costs no one compute and no longer: once half its participants answered,
 //!   its deadline becomes the median time their contributions were sent (the
 //!   arrival less the send-to-arrival time of their [`Timing`]) plus the budget,
-//!   less the time an announcement takes to reach the workers
+//!   less the time the shepherd's close takes (as the host reports it,
+//!   [`Shepherd::announced`]) and an announcement takes to reach the workers
 //!   ([`Overlap::notice_ms`]); before that it is two budgets after the opening
 //!   (within the deadline bounds). [`Shepherd::deadline_ms`] gives the deadline
 //!   in force. A round still closes as soon as every participant answered, and
@@ -1113,26 +1114,23 @@ impl<P: Ord + Clone> Shepherd<P> {
 
     /// Overlap: once half the participants of a time-boxed round answered, its
     /// deadline becomes the median send of their contributions plus the budget,
-    /// less the notice: when the median worker, which started the next round's
-    /// steps at its send, will be done with them, less the time the next round's
-    /// announcement takes to reach it. Waiting for the slow links until then costs
+    /// less [`Self::lead_ms`]: when the median worker, which started the next round's
+    /// steps at its send, will be done with them, less the time the close and the
+    /// next round's announcement take to reach it. Waiting for the slow links until then costs
     /// no worker any compute; what comes later is carried over. (Never later than
     /// the deadline it had, never before now.)
     fn settle(&mut self, now_ms: u64) {
-        let notice = self.config.overlap.map_or(0, |o| o.notice_ms);
         let round = self.completed + 1;
+        let Some(budget) = self.open.as_ref().and_then(|o| o.budget_ms.filter(|_| !o.settled)) else { return };
+        let lead = self.lead_ms(budget);
         let Some(open) = self.open.as_mut() else { return };
-        let Some(budget) = open.budget_ms.filter(|_| !open.settled) else { return };
         if open.answered.len() * 2 < open.participants.len() {
             return;
         }
         open.settled = true;
         open.sent_ms.sort_unstable();
         if let Some(sent) = open.sent_ms.get(open.sent_ms.len() / 2) {
-            // the notice is at most a quarter of the budget: short rounds (a small
-            // model) would otherwise close before anyone but the fastest is done
-            let notice = notice.min(budget / 4);
-            let deadline = sent.saturating_add(budget).saturating_sub(notice).max(now_ms);
+            let deadline = sent.saturating_add(budget).saturating_sub(lead).max(now_ms);
             open.deadline_ms = open.deadline_ms.min(deadline);
             self.sent_ms = Some((round, *sent));
         }

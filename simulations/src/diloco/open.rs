@@ -35,6 +35,8 @@ impl Sim<'_> {
     fn deadline_and_visibility(&mut self, r: u64, deadline_ms: u64) -> f64 {
         let overhead = if r > 1 { self.setup.overhead_s } else { 0.0 };
         let visible = secs(self.now.max(self.closed_at)) + overhead;
+        // the close, from the input that decided it, leads the next deadline
+        self.shepherd.announced(us(visible) / 1000);
         let late_ms = us(visible).saturating_sub(self.now) / 1000;
         let deadline_ms = match late_ms {
             0 => deadline_ms,

@@ -354,6 +354,8 @@ impl Host {
             }
         }
         self.set_published(Some(envelope.clone()));
+        // the close, from the input that decided it to here, leads the next deadlines
+        self.machine.announced(self.now_ms());
         use pcp_schema::Message as _;
         if let Err(e) = self.node.publish(self.run, envelope.encode()).await {
             tracing::debug!("gossiping round {}: {e}", opened.round);

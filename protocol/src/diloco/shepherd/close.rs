@@ -35,7 +35,63 @@ pub(super) struct Pending<P> {
     late: Vec<Input<P>>,
 }
 
+/// How long the last closes took: from the input that closed a round to the
+/// announcement of the next, as the host reports it ([`Shepherd::announced`]).
+/// A time-boxed round closes this much earlier ([`Shepherd::lead_ms`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct CloseTimes {
+    /// When the round being closed was decided.
+    decided_ms: Option<u64>,
+    /// The last [`CLOSES_KEPT`] closes, milliseconds, oldest first.
+    recent: VecDeque<u64>,
+}
+
+/// Closes [`CloseTimes`] keeps: its lower median passes over a checkpoint's close
+/// (one round in ten by default) and follows a lasting change within three.
+const CLOSES_KEPT: usize = 5;
+
+impl CloseTimes {
+    pub(super) fn decided(&mut self, now_ms: u64) {
+        self.decided_ms = Some(now_ms);
+    }
+
+    fn announced(&mut self, now_ms: u64) {
+        let Some(at) = self.decided_ms.take() else { return };
+        self.recent.push_back(now_ms.saturating_sub(at));
+        while self.recent.len() > CLOSES_KEPT {
+            self.recent.pop_front();
+        }
+    }
+
+    /// The lower median of the recent closes; 0 before any.
+    pub(super) fn typical_ms(&self) -> u64 {
+        let mut sorted: Vec<u64> = self.recent.iter().copied().collect();
+        sorted.sort_unstable();
+        sorted.get(sorted.len().saturating_sub(1) / 2).copied().unwrap_or(0)
+    }
+}
+
 impl<P: Ord + Clone> Shepherd<P> {
+    /// The host announced the round the last close opened, at `now_ms` (the
+    /// time it took, from the input that closed the round, is the close a
+    /// time-boxed round's deadline leaves room for: see [`Self::lead_ms`]).
+    /// Without a close pending (the first round, a reopened one) it is ignored.
+    pub fn announced(&mut self, now_ms: u64) {
+        self.refs.close.announced(now_ms);
+    }
+
+    /// Overlap: how long before the median worker's steps of the next round end a
+    /// time-boxed round's deadline comes, its budget `budget_ms`: the notice (at most
+    /// a quarter of the budget: short rounds, a small model's, would otherwise close
+    /// before anyone but the fastest is done) and the typical close, so that the
+    /// next announcement reaches the median worker as its steps end instead of a
+    /// close later (at most half the budget in all). What the earlier deadline
+    /// leaves out is carried into the next round.
+    pub(super) fn lead_ms(&self, budget_ms: u64) -> u64 {
+        let notice = self.config.overlap.map_or(0, |o| o.notice_ms).min(budget_ms / 4);
+        notice.saturating_add(self.refs.close.typical_ms()).min(budget_ms / 2)
+    }
+
     /// Tells the host the aggregated contributions added since it was last told
     /// ([`Action::Added`]).
     pub(super) fn tell_added(&mut self, actions: &mut Vec<Action<P>>) {
@@ -99,6 +155,7 @@ impl<P: Ord + Clone> Shepherd<P> {
 
     pub(super) fn close(&mut self, now_ms: u64, at_deadline: bool, actions: &mut Vec<Action<P>>) {
         let Some(mut open) = self.open.take() else { return };
+        self.refs.close.decided(now_ms);
         let round = self.completed + 1;
         let peers: Vec<P> = open.accepted.keys().cloned().collect();
         let averaged = || open.accepted.values().chain(open.carried.values());

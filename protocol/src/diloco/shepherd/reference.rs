@@ -202,6 +202,8 @@ pub(super) struct References<P> {
     /// The copy check, a sparse run: the last round's update itself, held against
     /// sparse contributions on its support ([`crate::diloco::sketch::support_share`]).
     pub(super) update_sparse: Option<crate::diloco::sparse::SparseTensors>,
+    /// How long the last closes took (the deadline's lead).
+    pub(super) close: super::close::CloseTimes,
 }
 
 impl<P: Ord + Clone> References<P> {
@@ -214,6 +216,7 @@ impl<P: Ord + Clone> References<P> {
             update_sketch: None,
             params_sketch: None,
             update_sparse: None,
+            close: super::close::CloseTimes::default(),
         }
     }
 

@@ -366,6 +366,44 @@ fn overlapping_rounds_are_time_boxed_by_the_step_time() {
     assert_eq!(s.budget_ms(), None);
 }
 
+/// A time-boxed round closes the shepherd's typical close earlier than the notice
+/// alone would have it (the lower median of the last closes, at most half the
+/// budget in all), so the next announcement reaches the median worker as its
+/// steps end, not a close later.
+#[test]
+fn a_time_boxed_round_leaves_room_for_the_close() {
+    let config = Config { sample_unit: 10, max_steps: 50, initial_deadline_ms: 10_000, ..overlapping(3) };
+    // round 2's deadline when round 1's close took `closes` (each announced that
+    // long after its round was decided; the last is round 1's)
+    let deadline = |closes: &[u64]| {
+        let mut s = Shepherd::new(config.clone(), vec![vec![0.0, 0.0]]);
+        for p in 1..=3 {
+            s.handle(Input::Joined(p), 0);
+        }
+        for close in closes {
+            // a close before the first: decided and announced with nothing open
+            s.refs.close.decided(0);
+            s.announced(*close);
+        }
+        for (p, at) in [(1, 600), (2, 1100), (3, 2000)] {
+            s.handle(timed(p, 1, 50, 1000, 10), at);
+        }
+        assert_eq!((s.completed(), s.budget_ms()), (1, Some(1000)));
+        // round 1 closed at 2000, the input that decided it
+        s.announced(2000 + closes.last().copied().unwrap_or(0));
+        s.handle(timed(1, 2, 50, 1000, 10), 2960);
+        s.handle(timed(2, 2, 50, 1000, 10), 2960);
+        s.deadline_ms()
+    };
+    // the median worker is done at 3950: the notice (100 ms) and the close before
+    assert_eq!(deadline(&[]), Some(3850));
+    assert_eq!(deadline(&[200]), Some(3650));
+    // a checkpoint's long close among short ones moves nothing
+    assert_eq!(deadline(&[200, 200, 200, 2000]), Some(3650));
+    // at most half the budget
+    assert_eq!(deadline(&[5000]), Some(3450));
+}
+
 /// The `timing` attack: keys that earned nothing cannot cut the budget by
 /// claiming 1 ms, however many they are, and neither can sleepers holding a
 /// minority of the earned weight. (With the median of claims, ten fresh keys
