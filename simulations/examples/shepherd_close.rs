@@ -14,6 +14,8 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::Parser;
+use pcp_protocol::diloco::compress::{self, Encoding};
+use pcp_protocol::diloco::sketch::{Sketch, sketch_and_share};
 use pcp_protocol::diloco::sparse::{self, ErrorFeedback, Settings};
 use pcp_simulations::ModelPreset;
 
@@ -54,6 +56,14 @@ fn main() -> anyhow::Result<()> {
         cli.threads
     )?;
     let (mut mean_s, mut encode_s, mut apply_s) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+    let (mut params_sketch_s, mut update_sketch_s) = (f64::INFINITY, f64::INFINITY);
+    // a worker's contribution (the default k 4), as the shepherd decodes it
+    let encoding = Encoding::Sparse(Settings::default());
+    let contribution = {
+        let tensors: Vec<Vec<f32>> = sizes.iter().map(|n| wave(*n, 11)).collect();
+        compress::decode_delta(&compress::encode(&tensors, encoding), &sizes, encoding)?
+    };
+    let mut check_s = f64::INFINITY;
     for round in 0..cli.repeats.max(1) as u64 {
         let mut sum: Vec<Vec<f32>> = sizes.iter().map(|n| wave(*n, round as u32)).collect();
         let at = Clock::now();
@@ -67,12 +77,32 @@ fn main() -> anyhow::Result<()> {
         sparse::subtract(&mut theta, &sent, 1.0);
         apply_s = apply_s.min(at.seconds());
         std::hint::black_box(bytes);
+        // the copy check's sketch of the update: of the parameters after it, or of the sparse update itself
+        let at = Clock::now();
+        std::hint::black_box(Sketch::of_tensors(0x5eed, &theta));
+        params_sketch_s = params_sketch_s.min(at.seconds());
+        let at = Clock::now();
+        std::hint::black_box(Sketch::of_sparse(0x5eed, &sent));
+        update_sketch_s = update_sketch_s.min(at.seconds());
+        // and each contribution's: its sketch and its share on the update's support
+        let at = Clock::now();
+        std::hint::black_box(sketch_and_share(0x5eed, &contribution, Some(&sent), cli.threads));
+        check_s = check_s.min(at.seconds());
     }
     writeln!(
         out,
         "mean {mean_s:.3} s, error feedback + encode {encode_s:.3} s, parameters {apply_s:.3} s: {:.3} s ({:.2e} s a parameter)",
         mean_s + encode_s + apply_s,
         (mean_s + encode_s + apply_s) / params as f64
+    )?;
+    writeln!(
+        out,
+        "the copy check's update sketch: {params_sketch_s:.3} s from the parameters, {update_sketch_s:.3} s from the sparse update"
+    )?;
+    writeln!(
+        out,
+        "the copy check of a contribution (its sketch and its share on the update's support): {:.1} ms",
+        check_s * 1e3
     )?;
     Ok(())
 }

@@ -870,7 +870,10 @@ impl<P: Ord + Clone> Shepherd<P> {
         if self.config.similarity > 1.0 {
             return Ok(None);
         }
-        let sketch = Sketch::of(self.config.sketch_key, delta);
+        // the sketch and the share on the update's support in one pass, on the add threads
+        let update = self.refs.update_sparse.as_ref();
+        let (key, threads) = (self.config.sketch_key, self.config.add_threads);
+        let (sketch, on_support) = crate::diloco::sketch::sketch_and_share(key, delta, update, threads);
         let threshold = self.config.similarity;
         if let Some(update) = &self.refs.update_sketch {
             let cosine = sketch.cosine(update);
@@ -879,7 +882,6 @@ impl<P: Ord + Clone> Shepherd<P> {
             }
         }
         // a sparse run: a copy of part of the update, at any precision, lies on its support
-        let on_support = self.refs.update_sparse.as_ref().and_then(|u| crate::diloco::sketch::support_share(u, delta));
         if let Some(share) = on_support.filter(|s| *s >= crate::diloco::sketch::SUPPORT_SHARE) {
             return Err(Rejection::OnUpdate { share });
         }

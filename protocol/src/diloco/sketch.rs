@@ -89,21 +89,25 @@ impl Sketch {
     pub fn of(key: u64, delta: &Delta) -> Self {
         match delta {
             Delta::Dense(t) => Self::of_tensors(key, t),
-            Delta::Sparse(s) => {
-                let mut out = Self::empty();
-                for (t, tensor) in s.iter().enumerate() {
-                    for (i, v) in tensor.indices.iter().zip(&tensor.values) {
-                        out.add(key, t, *i as usize, *v);
-                    }
-                }
-                out
-            }
+            Delta::Sparse(s) => Self::of_sparse(key, s),
             Delta::Packed(p) => {
                 let mut out = Self::empty();
-                p.for_each_kept(|t, i, v| out.add(key, t, i, v));
+                p.for_each_kept(0..p.sizes().len(), |t, i, v| out.add(key, t, i, v));
                 out
             }
         }
+    }
+
+    /// The sketch of sparse tensors (a sparse run's update: the sketch of θ before
+    /// − θ after without a pass over the parameters).
+    pub fn of_sparse(key: u64, sparse: &SparseTensors) -> Self {
+        let mut out = Self::empty();
+        for (t, tensor) in sparse.iter().enumerate() {
+            for (i, v) in tensor.indices.iter().zip(&tensor.values) {
+                out.add(key, t, *i as usize, *v);
+            }
+        }
+        out
     }
 
     /// `a − b` (a sketch of the difference: sketches are linear).
@@ -120,37 +124,109 @@ impl Sketch {
     }
 }
 
+/// A contribution's [`Sketch`] and, given the last `update`, its [`support_share`],
+/// in one pass over its entries, its tensors split over `threads` threads (sketches
+/// add; the parts are summed in tensor order, so one thread count gives one result).
+pub fn sketch_and_share(
+    key: u64,
+    delta: &Delta,
+    update: Option<&SparseTensors>,
+    threads: usize,
+) -> (Sketch, Option<f64>) {
+    let sizes: Vec<usize> = match delta {
+        Delta::Dense(t) => t.iter().map(Vec::len).collect(),
+        Delta::Sparse(s) => s.iter().map(|t| t.indices.len()).collect(),
+        Delta::Packed(p) => p.sizes().collect(),
+    };
+    let groups = super::sparse::groups(&sizes, threads);
+    let parts: Vec<Part> = if groups.len() <= 1 {
+        vec![Part::of(key, delta, update, 0..sizes.len())]
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> =
+                groups.into_iter().map(|range| scope.spawn(move || Part::of(key, delta, update, range))).collect();
+            // a panic in a sketching thread is a bug here: it surfaces as one
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+        })
+    };
+    let mut whole = Part { sketch: Sketch::empty(), kept: 0, agree: 0 };
+    for part in parts {
+        whole.sketch.buckets.iter_mut().zip(&part.sketch.buckets).for_each(|(a, b)| *a += b);
+        (whole.kept, whole.agree) = (whole.kept + part.kept, whole.agree + part.agree);
+    }
+    let sparse = !matches!(delta, Delta::Dense(_));
+    let share =
+        (sparse && update.is_some() && whole.kept >= MIN_SHARED).then(|| whole.agree as f64 / whole.kept as f64);
+    (whole.sketch, share)
+}
+
+/// A range of tensors' part of [`sketch_and_share`].
+struct Part {
+    sketch: Sketch,
+    /// Non-zero entries kept, and those the update holds with their sign.
+    kept: usize,
+    agree: usize,
+}
+
+impl Part {
+    fn of(key: u64, delta: &Delta, update: Option<&SparseTensors>, tensors: std::ops::Range<usize>) -> Self {
+        let mut part = Self { sketch: Sketch::empty(), kept: 0, agree: 0 };
+        if let Delta::Dense(t) = delta {
+            for (index, values) in t.iter().enumerate().take(tensors.end).skip(tensors.start) {
+                for (i, v) in values.iter().enumerate().filter(|(_, v)| **v != 0.0) {
+                    part.sketch.add(key, index, i, *v);
+                }
+            }
+            return part;
+        }
+        // the tensor being walked, the update's part of it and cursor in it, and the
+        // last index seen
+        let (mut tensor, mut of, mut at, mut last) = (usize::MAX, None, 0usize, 0u32);
+        let mut visit = |t: usize, i: usize, v: f32| {
+            if v == 0.0 {
+                return;
+            }
+            part.sketch.add(key, t, i, v);
+            part.kept += 1;
+            let i = i as u32;
+            if t != tensor {
+                (tensor, of, at, last) = (t, update.and_then(|u| u.get(t)), 0, 0);
+            }
+            let Some(u) = of else { return };
+            if i < last {
+                at = u.indices.partition_point(|x| *x < i);
+            }
+            last = i;
+            while u.indices.get(at).is_some_and(|x| *x < i) {
+                at += 1;
+            }
+            if u.indices.get(at) == Some(&i) && u.values[at] != 0.0 && (u.values[at] > 0.0) == (v > 0.0) {
+                part.agree += 1;
+            }
+        };
+        match delta {
+            Delta::Dense(_) => {}
+            Delta::Sparse(s) => {
+                for (t, tensor) in s.iter().enumerate().take(tensors.end).skip(tensors.start) {
+                    for (i, v) in tensor.indices.iter().zip(&tensor.values) {
+                        visit(t, *i as usize, *v);
+                    }
+                }
+            }
+            Delta::Packed(p) => p.for_each_kept(tensors, visit),
+        }
+        part
+    }
+}
+
 /// The share of the entries a sparse `delta` kept that `update` holds with the
 /// same sign; `None` for a dense delta, or one that kept fewer than [`MIN_SHARED`]
 /// entries. `update`'s indices are strictly increasing per tensor (as
-/// [`super::sparse::SparseTensor`] keeps them).
+/// [`super::sparse::SparseTensor`] keeps them). The delta's entries come in
+/// increasing order too, so the two are walked together: a merge, not a search
+/// an entry (an entry out of order is searched for).
 pub fn support_share(update: &SparseTensors, delta: &Delta) -> Option<f64> {
-    let (mut kept, mut agree) = (0usize, 0usize);
-    let mut visit = |t: usize, i: usize, v: f32| {
-        if v == 0.0 {
-            return;
-        }
-        kept += 1;
-        let Some(u) = update.get(t) else { return };
-        if let Ok(at) = u.indices.binary_search(&(i as u32))
-            && u.values[at] != 0.0
-            && (u.values[at] > 0.0) == (v > 0.0)
-        {
-            agree += 1;
-        }
-    };
-    match delta {
-        Delta::Dense(_) => return None,
-        Delta::Sparse(s) => {
-            for (t, tensor) in s.iter().enumerate() {
-                for (i, v) in tensor.indices.iter().zip(&tensor.values) {
-                    visit(t, *i as usize, *v);
-                }
-            }
-        }
-        Delta::Packed(p) => p.for_each_kept(&mut visit),
-    }
-    (kept >= MIN_SHARED).then(|| agree as f64 / kept as f64)
+    sketch_and_share(0, delta, Some(update), 1).1
 }
 
 #[cfg(test)]
@@ -175,6 +251,47 @@ mod tests {
     fn strided(first: u32, step: u32, values: &[f32]) -> sparse::SparseTensor {
         let indices = (0..values.len() as u32).map(|j| first + j * step).collect();
         sparse::SparseTensor { indices, values: values.to_vec() }
+    }
+
+    #[test]
+    fn a_sparse_updates_sketch_is_the_parameters_sketches_difference() {
+        let key = 0x5eed;
+        let before = vec![noise(1, 3000), noise(2, 500)];
+        let update = vec![strided(1, 3, &noise(3, 900)), strided(0, 5, &noise(4, 100))];
+        let mut after = before.clone();
+        sparse::subtract(&mut after, &update, 1.0);
+        let through_params = Sketch::difference(&Sketch::of_tensors(key, &before), &Sketch::of_tensors(key, &after));
+        let direct = Sketch::of_sparse(key, &update);
+        assert!(direct.cosine(&through_params) > 0.999_999, "{}", direct.cosine(&through_params));
+        let norm = |s: &Sketch| s.buckets.iter().map(|b| b * b).sum::<f64>().sqrt();
+        assert!((norm(&direct) / norm(&through_params) - 1.0).abs() < 1e-4);
+    }
+
+    #[test]
+    fn one_pass_on_any_threads_gives_the_sketch_and_share_of_each_check() {
+        let sizes = [4096, 64, 2048, 1000];
+        let tensors: Tensors = sizes.iter().enumerate().map(|(t, n)| noise(20 + t as u64, *n)).collect();
+        let layout = Layout { chunk: 64, k: 4, bits: 2, strided: false };
+        let (bytes, decoded) = sparse::encode_seeded(&tensors, layout, 3);
+        let packed = Delta::Packed(Packed::check(&bytes, &sizes, layout, 3).expect("its own message"));
+        let (_, update) = sparse::encode_seeded(
+            &tensors.iter().map(|t| t.iter().map(|v| v * 0.5 + 0.01).collect()).collect(),
+            Layout { k: 8, ..layout },
+            4,
+        );
+        let key = 0x5eed;
+        let alone = (Sketch::of(key, &Delta::Sparse(decoded.clone())), support_share(&update, &Delta::Sparse(decoded)));
+        assert!(alone.1.is_some());
+        for threads in [1, 2, 3, 8] {
+            let (sketch, share) = sketch_and_share(key, &packed, Some(&update), threads);
+            assert!(sketch.cosine(&alone.0) > 0.999_999_9, "{threads} threads");
+            assert_eq!(share, alone.1, "{threads} threads");
+        }
+        // without an update, no share; a dense delta's sketch is its tensors'
+        assert_eq!(sketch_and_share(key, &packed, None, 2).1, None);
+        let (dense, share) = sketch_and_share(key, &Delta::Dense(tensors.clone()), Some(&update), 2);
+        assert!(dense.cosine(&Sketch::of_tensors(key, &tensors)) > 0.999_999_9);
+        assert_eq!(share, None);
     }
 
     #[test]

@@ -39,7 +39,7 @@ mod encode;
 
 pub use blocked::{BLOCK_ELEMENTS, add_batch};
 pub use encode::encode_seeded_on;
-use encode::groups;
+pub(crate) use encode::groups;
 
 const MAGIC: &[u8; 4] = b"PCPS";
 const VERSION: u8 = 1;
@@ -653,9 +653,9 @@ impl Packed {
     }
 
     /// Calls `f(tensor, flat index, value)` for every kept entry, in order, without
-    /// unpacking.
-    pub fn for_each_kept(&self, mut f: impl FnMut(usize, usize, f32)) {
-        for (index, t) in self.tensors.iter().enumerate() {
+    /// unpacking, in the tensors of the range `tensors`.
+    pub fn for_each_kept(&self, tensors: std::ops::Range<usize>, mut f: impl FnMut(usize, usize, f32)) {
+        for (index, t) in self.tensors.iter().enumerate().take(tensors.end).skip(tensors.start) {
             // checked when it was made: visiting cannot fail
             let _ = visit(&self.bytes, self.layout, self.seed, index, t, 0..self.chunks(index), |i, code| {
                 f(index, i, t.table[code]);

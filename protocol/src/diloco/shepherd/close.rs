@@ -242,22 +242,25 @@ impl<P: Ord + Clone> Shepherd<P> {
 
     /// Moves the parameters by `mean` and reports the round closed.
     fn apply(&mut self, mean: Option<Tensors>, mut summary: RoundSummary<P>, actions: &mut Vec<Action<P>>) {
-        // the copy check's sketch of the update θ before − θ after (sketches are linear;
-        // the parameters' sketch is kept from the last close, one pass a round)
+        // the copy check's sketch of the update θ before − θ after (sketches are linear):
+        // a sparse step's from the update itself; Nesterov's from the parameters' (kept
+        // from the last close, one pass over the parameters a round)
         let (round, applied) = (summary.round, mean.is_some());
         let copies = self.config.similarity <= 1.0 && applied;
-        if copies && self.refs.params_sketch.is_none() {
+        let dense = matches!(self.outer, Outer::Nesterov(_));
+        if copies && dense && self.refs.params_sketch.is_none() {
             self.refs.params_sketch = Some(Sketch::of_tensors(self.config.sketch_key, &self.params));
         }
         let threads = self.config.add_threads;
         let stepped = mean.and_then(|mean| self.outer.step(&mut self.params, &mean, round, threads));
         summary.update = stepped.map(|(bytes, sent)| {
             if copies {
+                self.refs.update_sketch = Some(Sketch::of_sparse(self.config.sketch_key, &sent));
                 self.refs.update_sparse = Some(sent);
             }
             bytes
         });
-        if copies {
+        if copies && dense {
             let key = self.config.sketch_key;
             let after = Sketch::of_tensors(key, &self.params);
             if let Some(before) = self.refs.params_sketch.replace(after.clone()) {

@@ -55,7 +55,7 @@ pub fn encode_seeded_on(tensors: &Tensors, layout: Layout, seed: u64, threads: u
 
 /// Consecutive tensor ranges of about equal total size, at most `threads` of
 /// them (none empty).
-pub(super) fn groups(sizes: &[usize], threads: usize) -> Vec<Range<usize>> {
+pub(crate) fn groups(sizes: &[usize], threads: usize) -> Vec<Range<usize>> {
     let total: usize = sizes.iter().sum();
     let threads = threads.max(1).min(sizes.len().max(1));
     let share = total.div_ceil(threads).max(1);
