@@ -118,7 +118,7 @@ fn simulated_round(dir: &Path, workers: usize) -> (f64, Value) {
         .args(["simulate", "--nodes", &nodes, "--rounds", &ROUNDS.to_string(), "--model", "gpt2-124m"])
         .args(["--params", PARAMS, "--encoding", "sparse:k=2", "--tau", "2", "--step-seconds", "2"])
         .args(["--profile", "loopback", "--shepherd-profile", "loopback", "--regions", "1"])
-        .args(["--screen", "norm", "--eval-batches", "0", "--aggregate-threads", "2"])
+        .args(["--screen", "norm", "--eval-batches", "0", "--aggregate-threads", "2", "--no-copy-check"])
         // the loadtest's workers: no fetches, no stragglers, no jitter; lockstep, as its shepherd (--no-overlap)
         .args(["--synthetic-workers", "--stragglers", "0", "--jitter", "0", "--lockstep"])
         .args(["--out", &out.display().to_string()])

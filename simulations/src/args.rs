@@ -185,8 +185,8 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub overhead_seconds: Option<f64>,
     /// Core-seconds the shepherd spends decoding, validating and adding one contribution,
-    /// spread over the aggregate threads in place of the calibration table's decode and add
-    /// [default: from the calibration table, for the model and encoding].
+    /// spread over the aggregate threads in place of the calibration table's decode, add
+    /// and copy check [default: from the calibration table, for the model and encoding].
     #[arg(long)]
     pub decode_seconds: Option<f64>,
     /// Threads the shepherd adds contributions, screens and validates on (pcp-node
@@ -219,6 +219,10 @@ pub struct SimulateArgs {
     /// Validation batches the shepherd evaluates when a round closes (pcp-node's eval_batches).
     #[arg(long, default_value_t = 8)]
     pub eval_batches: u64,
+    /// The shepherd holds no contribution it reads itself to the copy check (pcp-node
+    /// `--no-copy-check`; on by default, as in the node, at the calibration table's cost).
+    #[arg(long)]
+    pub no_copy_check: bool,
     /// Connections the shepherd admits (pcp-node: 16,384); workers beyond it cannot join.
     #[arg(long, default_value_t = 16_384)]
     pub max_connections: usize,

@@ -81,6 +81,12 @@ pub struct Calibration {
     /// add, blake3 and the cipher: the TCP stack, TLS, yamux and the frame's copies
     /// (not measured here).
     pub transport_s_per_byte: f64,
+    /// Seconds of a core to hold one kept entry of a sparse contribution to the copy
+    /// check (its sketch and its share on the last update's support).
+    pub copy_sparse_s_per_entry: f64,
+    /// Seconds of a core to hold one value of a dense contribution to the copy check
+    /// (its sketch).
+    pub copy_dense_s_per_value: f64,
     /// Seconds of a core to check one ed25519 signature.
     pub ed25519_verify_s: f64,
     /// Seconds of a core to make one ed25519 signature.
@@ -125,6 +131,8 @@ impl Calibration {
             self.blake3_s_per_byte,
             self.chacha20poly1305_s_per_byte,
             self.transport_s_per_byte,
+            self.copy_sparse_s_per_entry,
+            self.copy_dense_s_per_value,
             self.ed25519_verify_s,
             self.ed25519_sign_s,
             self.forward_flops_per_core,
@@ -171,6 +179,7 @@ impl Calibration {
         let sizes = sample_sizes();
         let sparse = Encoding::Sparse(Settings::default());
         let (check, add) = time_sparse(&sizes, sparse);
+        let copy_sparse = time_copy_sparse(&sizes, sparse);
         let entries = kept(&sizes, Settings::default()) as f64;
         let values = sizes.iter().sum::<usize>() as f64;
         let mut dense_decode = BTreeMap::new();
@@ -217,6 +226,8 @@ impl Calibration {
             blake3_s_per_byte: time_blake3() / CIPHER_BYTES as f64,
             chacha20poly1305_s_per_byte: time_chacha() / CIPHER_BYTES as f64,
             transport_s_per_byte: base.transport_s_per_byte,
+            copy_sparse_s_per_entry: copy_sparse / entries,
+            copy_dense_s_per_value: time_copy_dense(&sizes) / SAMPLE_PARAMS as f64,
             ed25519_verify_s: verify,
             ed25519_sign_s: sign,
             forward_flops_per_core: base.forward_flops_per_core,
@@ -299,6 +310,32 @@ fn time_sparse(sizes: &[usize], encoding: Encoding) -> (f64, f64) {
         }
     }
     (check, add)
+}
+
+/// Seconds of a core to hold one sparse contribution to the copy check: its sketch
+/// and its share on an update's support (the sample's own top-k at the update's layout).
+fn time_copy_sparse(sizes: &[usize], encoding: Encoding) -> f64 {
+    let Encoding::Sparse(settings) = encoding else { return 0.0 };
+    let tensors = tensors(sizes);
+    let Ok(delta) = compress::decode_delta(&compress::encode(&tensors, encoding), sizes, encoding) else {
+        return 0.0;
+    };
+    let (_, update) = pcp_protocol::diloco::sparse::encode(&tensors, settings.down());
+    best(|| {
+        let started = Stopwatch::start();
+        std::hint::black_box(pcp_protocol::diloco::sketch::sketch_and_share(0x5eed, &delta, Some(&update), 1));
+        started.seconds()
+    })
+}
+
+/// Seconds of a core to hold one dense contribution to the copy check (its sketch).
+fn time_copy_dense(sizes: &[usize]) -> f64 {
+    let delta = pcp_protocol::diloco::aggregate::Delta::Dense(tensors(sizes));
+    best(|| {
+        let started = Stopwatch::start();
+        std::hint::black_box(pcp_protocol::diloco::sketch::sketch_and_share(0x5eed, &delta, None, 1));
+        started.seconds()
+    })
 }
 
 /// Seconds of a core to decode and check, and to add, one dense contribution.

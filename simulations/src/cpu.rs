@@ -75,6 +75,9 @@ pub struct ShepherdCosts {
     /// Core-seconds per byte of a contribution received beyond the cipher and blake3:
     /// the TCP stack, TLS, yamux and the frame's copies.
     pub transport_s_per_byte: f64,
+    /// Core-seconds to hold a contribution of the whole model that the shepherd reads
+    /// itself to the copy check (on the aggregate threads, the loop waiting); 0 without it.
+    pub copy_check_core_s: f64,
     /// Contributions added together (32 for sparse, 1 for dense).
     pub add_batch: usize,
     /// Core-seconds of one forward pass on the screen's (and a validation) batch.
@@ -112,6 +115,7 @@ impl ShepherdCosts {
             verify_s: 0.0,
             add_core_s: 0.0,
             transport_s_per_byte: 0.0,
+            copy_check_core_s: 0.0,
             add_batch: 1,
             forward_core_s: 0.0,
             screen: None,
@@ -284,7 +288,12 @@ impl Cpu {
         (must, screenable): (bool, bool),
     ) -> (u64, Screened) {
         let c = &self.costs;
-        let read = c.decode_s * work + c.per_byte_s * bytes + c.transport_s_per_byte * bytes / c.threads.max(1) as f64;
+        let threads = c.threads.max(1) as f64;
+        let mut read = c.decode_s * work + c.per_byte_s * bytes + c.transport_s_per_byte * bytes / threads;
+        if committed.is_none() {
+            // read here, not through aggregators: held to the copy check
+            read += c.copy_check_core_s * work / threads;
+        }
         let verdict = self.decide(must, screenable);
         let mut s = match committed {
             Some(commit) if verdict == Screened::Passed => commit + read,
@@ -378,6 +387,18 @@ mod tests {
         assert_eq!(cpu.contribution(0, 1e6, 1.0, false, true).0, 15_000);
         // a contribution summed by aggregators is not read: its commitment is all
         assert_eq!(cpu.committed(15_000, 1e6, 1.0, 0.001, false, true).0, 16_000);
+    }
+
+    #[test]
+    fn a_contribution_the_shepherd_reads_is_held_to_the_copy_check() {
+        let copies = ShepherdCosts { screen: None, copy_check_core_s: 0.04, ..costs() };
+        let mut cpu = Cpu::new(copies, ChaCha8Rng::seed_from_u64(1));
+        // 10 ms of decode, and 40 ms of a core's copy check over 2 threads: 20 ms more
+        assert_eq!(cpu.contribution(0, 0.0, 1.0, false, true).0, 30_000);
+        // half the model (a fragment): half the check
+        assert_eq!(cpu.contribution(30_000, 0.0, 0.5, false, true).0, 45_000);
+        // one summed by aggregators is not held to it: its commitment is all
+        assert_eq!(cpu.committed(45_000, 0.0, 1.0, 0.001, false, true).0, 46_000);
     }
 
     #[test]

@@ -567,9 +567,13 @@ impl Report {
         if star.is_empty() {
             return Ok(());
         }
-        let screen = match c.screen {
+        let mut screen = match c.screen {
             Some(p) => format!("screen score ({:.0}% share, {:.0}% sample)", 100.0 * p.share, 100.0 * p.sample),
             None => "screen norm".into(),
+        };
+        screen += &match c.copy_check_core_s {
+            0.0 => "; no copy check".into(),
+            s => format!("; copy check {} of the loop a contribution read", seconds(s / c.threads.max(1) as f64)),
         };
         writeln!(
             out,

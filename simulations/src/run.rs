@@ -154,6 +154,11 @@ fn shepherd_costs(args: &SimulateArgs, base: &ModelSpec, table: &Calibration) ->
         verify_s: table.ed25519_verify_s,
         add_core_s,
         transport_s_per_byte: table.transport_s_per_byte,
+        copy_check_core_s: match args.encoding.encoding().sparse() {
+            _ if args.no_copy_check || args.decode_seconds.is_some() => 0.0,
+            Some(s) => table.copy_sparse_s_per_entry * sizes.iter().map(|n| s.up.kept_in(*n)).sum::<usize>() as f64,
+            None => table.copy_dense_s_per_value * sizes.iter().sum::<usize>() as f64,
+        },
         add_batch,
         // a forward pass is a third of a training step, on the run's batch × block
         forward_core_s: model.flops_per_step / 3.0 / table.forward_flops_per_core,
