@@ -38,6 +38,12 @@ mod spot;
 const VOTE_WAIT_FACTOR: u32 = 4;
 const MIN_VOTE_WAIT: Duration = Duration::from_secs(2);
 const MAX_VOTE_WAIT: Duration = Duration::from_secs(30);
+/// The least a round that averages a contribution carried from the round before
+/// waits for its votes: that contribution's slices went to the last round's
+/// aggregators, so this round's fetch them from its worker at the close, and an
+/// aggregator gives such a fetch up 15 s after the close. Honest replicas still
+/// fetching are not silent ones.
+const FETCHING_VOTE_WAIT: Duration = Duration::from_secs(20);
 /// Volunteers kept at most: the largest run's participants.
 const MAX_VOLUNTEERS: usize = 16_384;
 /// Blob fetches of shard means and slices give up after this long.
@@ -83,6 +89,9 @@ struct Record {
     waiting: BTreeMap<([u8; 32], usize), Instant>,
     /// The spot-checked shards, summed here as the round gathers.
     spots: BTreeMap<usize, Spot>,
+    /// A contribution made for the round before was added (its slices are fetched
+    /// by this round's aggregators: see [`FETCHING_VOTE_WAIT`]).
+    carried: bool,
 }
 
 /// A contribution whose reports are settled: its worker, its bounded norm and
@@ -234,6 +243,7 @@ impl Host {
             inspecting: BTreeSet::new(),
             waiting: BTreeMap::new(),
             spots: BTreeMap::new(),
+            carried: false,
         };
         self.aggregation.rounds.insert(round, record);
         self.start_spot_checks(round, participants.len() as u64);
@@ -377,6 +387,7 @@ impl Host {
         }
         record.accepted.push(entry);
         record.unsent += 1;
+        record.carried |= of != round;
     }
 
     /// The state machine closed aggregated round `round` at `count` contributions.
@@ -699,7 +710,10 @@ impl Host {
             .aggregation
             .rounds
             .iter()
-            .filter(|(_, r)| r.closed.is_some_and(|(_, at)| at.elapsed() >= wait))
+            .filter(|(_, r)| {
+                let wait = if r.carried { wait.max(FETCHING_VOTE_WAIT) } else { wait };
+                r.closed.is_some_and(|(_, at)| at.elapsed() >= wait)
+            })
             .flat_map(|(round, r)| {
                 (0..r.tensors.len()).filter(|s| !r.means.contains_key(s) && !r.busy.contains(s)).map(|s| (*round, s))
             })
