@@ -173,6 +173,14 @@ impl Calibration {
         }
     }
 
+    /// Core-seconds to hold a contribution of `sizes` in `encoding` to the copy check.
+    pub fn copy_check_s(&self, sizes: &[usize], encoding: WireEncoding) -> f64 {
+        match encoding.encoding() {
+            Encoding::Sparse(s) => self.copy_sparse_s_per_entry * kept(sizes, s) as f64,
+            _ => self.copy_dense_s_per_value * sizes.iter().sum::<usize>() as f64,
+        }
+    }
+
     /// Measures what this crate can on this machine; the node's figures
     /// (forward FLOP/s, close per parameter) are copied from `base`.
     pub fn measure(base: &Self) -> Self {

@@ -154,10 +154,9 @@ fn shepherd_costs(args: &SimulateArgs, base: &ModelSpec, table: &Calibration) ->
         verify_s: table.ed25519_verify_s,
         add_core_s,
         transport_s_per_byte: table.transport_s_per_byte,
-        copy_check_core_s: match args.encoding.encoding().sparse() {
-            _ if args.no_copy_check || args.decode_seconds.is_some() => 0.0,
-            Some(s) => table.copy_sparse_s_per_entry * sizes.iter().map(|n| s.up.kept_in(*n)).sum::<usize>() as f64,
-            None => table.copy_dense_s_per_value * sizes.iter().sum::<usize>() as f64,
+        copy_check_core_s: match args.no_copy_check || args.decode_seconds.is_some() {
+            true => 0.0,
+            false => table.copy_check_s(&sizes, args.encoding),
         },
         add_batch,
         // a forward pass is a third of a training step, on the run's batch × block

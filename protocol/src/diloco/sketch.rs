@@ -87,15 +87,7 @@ impl Sketch {
 
     /// The sketch of a contribution, dense or sparse (visiting only kept entries).
     pub fn of(key: u64, delta: &Delta) -> Self {
-        match delta {
-            Delta::Dense(t) => Self::of_tensors(key, t),
-            Delta::Sparse(s) => Self::of_sparse(key, s),
-            Delta::Packed(p) => {
-                let mut out = Self::empty();
-                p.for_each_kept(0..p.sizes().len(), |t, i, v| out.add(key, t, i, v));
-                out
-            }
-        }
+        sketch_and_share(key, delta, None, 1).0
     }
 
     /// The sketch of sparse tensors (a sparse run's update: the sketch of θ before
