@@ -43,18 +43,57 @@ fn named<'a>(events: &'a [Value], name: &str) -> Vec<&'a Value> {
 #[test]
 fn honest_aggregators_sum_every_round_and_the_shepherd_reads_no_contribution() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let events = sim(dir.path(), 3, &[], &[]);
-    let rounds = named(&events, "round_completed");
+    honest_rounds(&sim(dir.path(), 3, &[], &[]));
+    assert!(spill_dirs(dir.path()).is_empty(), "1 GiB holds every slice of a small run");
+}
+
+/// With no memory for slices not yet accepted, every slice waits on disk until its
+/// accept comes, is read back and summed: the same rounds.
+#[test]
+fn aggregators_with_no_memory_for_slices_spill_them_and_sum_the_same() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    honest_rounds(&sim(dir.path(), 3, &[], &["--aggregate-memory", "0"]));
+    let spills = spill_dirs(dir.path());
+    assert!(!spills.is_empty(), "the aggregators spilled");
+    for d in spills {
+        // read back once accepted, deleted with their round
+        let left: Vec<_> = std::fs::read_dir(&d).expect("readable").collect();
+        assert!(left.len() <= 4, "{} holds {} slices: only the last rounds' may wait", d.display(), left.len());
+    }
+}
+
+/// The aggregators' spill directories under `dir`.
+fn spill_dirs(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                if path.file_name().is_some_and(|n| n == "aggregator-spill") {
+                    found.push(path.clone());
+                }
+                stack.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// Every round of an honest aggregated run: every contribution summed by the
+/// aggregators, none read by the shepherd, no shard recomputed.
+fn honest_rounds(events: &[Value]) {
+    let rounds = named(events, "round_completed");
     assert_eq!(rounds.len(), 3, "every round closes");
     for r in &rounds {
         assert_eq!(r["contributors"], 3, "every worker's contribution is summed: {r}");
         assert_eq!(r["bytes_in"], 0, "the shepherd reads no contribution: {r}");
     }
-    assert!(named(&events, "aggregator_assigned").len() >= 3, "volunteers are assigned shards");
-    let shards = named(&events, "shard_aggregated");
+    assert!(named(events, "aggregator_assigned").len() >= 3, "volunteers are assigned shards");
+    let shards = named(events, "shard_aggregated");
     assert_eq!(shards.len(), 6, "two shards a round: {shards:?}");
     assert!(shards.iter().all(|s| s["recomputed"] == false && s["contributions"] == 3), "{shards:?}");
-    assert!(named(&events, "aggregate_disputed").is_empty());
+    assert!(named(events, "aggregate_disputed").is_empty());
 }
 
 #[test]

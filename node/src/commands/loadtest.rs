@@ -220,6 +220,7 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
             events: args.aggregate.then_some(events),
             slicer: slicer.clone(),
             store,
+            dir,
         };
         let tally = tally.clone();
         tasks.spawn(async move {
@@ -448,6 +449,8 @@ struct Synthetic {
     slicer: Arc<aggregate::Slicer>,
     /// The node's blob store, which serves its slices.
     store: BlobStore,
+    /// Its data directory.
+    dir: PathBuf,
 }
 
 impl Synthetic {
@@ -678,7 +681,9 @@ impl Synthetic {
         let node = (self.node.clone(), self.signer.identity().clone());
         let (store, leader) = (self.store.clone(), (self.shepherd, key));
         let cancel = cancel.child_token();
-        let driver = crate::diloco::Standalone::spawn(node, run, (sizes.to_vec(), encoding), (store, leader), cancel);
+        let spill = self.dir.join("aggregator-spill");
+        let driver =
+            crate::diloco::Standalone::spawn(node, run, (sizes.to_vec(), encoding), (store, leader), spill, cancel);
         Ok((Some(driver), Some(events)))
     }
 }

@@ -132,6 +132,10 @@ pub(crate) struct SimArgs {
     /// Volunteers summing each shard.
     #[arg(long, default_value_t = 2, value_name = "R", value_parser = clap::value_parser!(u64).range(1..16))]
     aggregator_replicas: u64,
+    /// The memory each aggregator's slices not yet accepted may take (`--aggregate-memory`);
+    /// 0 keeps every one on disk until its accept comes.
+    #[arg(long, value_name = "SIZE", value_parser = crate::training::memory::parse_size)]
+    aggregate_memory: Option<u64>,
     /// The share of aggregated shards the shepherd spot-checks (sums itself).
     #[arg(long, default_value_t = pcp_protocol::diloco::aggregation::DEFAULT_SPOT_RATE, value_name = "RATE",
           value_parser = crate::diloco::parse_share)]
@@ -236,6 +240,7 @@ pub(crate) async fn run(args: SimArgs, net: &NetArgs, quit: CancellationToken) -
         backend: args.device.backend.clone(),
         target: args.device.target.clone(),
         aggregate: args.aggregators > 0,
+        aggregate_memory: args.aggregate_memory,
         ..WorkerArgs::default()
     };
     let worker_plan = WorkerPlan::new(&worker_args)?;

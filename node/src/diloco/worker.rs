@@ -86,6 +86,10 @@ pub(crate) struct WorkerArgs {
     /// the slices its workers send (it still trains unless --no-train).
     #[arg(long)]
     pub(crate) aggregate: bool,
+    /// With --aggregate: the memory the slices not yet accepted may take (default
+    /// 1GiB); the rest wait on disk, in the data directory, until their accepts come.
+    #[arg(long, value_name = "SIZE", value_parser = crate::training::memory::parse_size)]
+    pub(crate) aggregate_memory: Option<u64>,
 }
 
 /// A worker's resolved settings.
@@ -111,6 +115,8 @@ pub(crate) struct WorkerPlan {
     certificate: Vec<u8>,
     /// It offers to sum parameter shards (`--aggregate`).
     pub(crate) aggregate: bool,
+    /// The bytes of slices not yet accepted its aggregator holds in memory (`--aggregate-memory`).
+    aggregate_memory: u64,
 }
 
 impl WorkerPlan {
@@ -135,6 +141,7 @@ impl WorkerPlan {
         };
         Ok(Self {
             aggregate: args.aggregate,
+            aggregate_memory: args.aggregate_memory.unwrap_or(aggregator::DEFAULT_MEMORY),
             certificate,
             device,
             backend: device.name().to_owned(),
@@ -506,6 +513,10 @@ async fn train(
                 sizes: sizes.clone(),
                 encoding,
                 store: pcp_bootstrap::BlobStore::open(data_dir)?,
+                spill: (
+                    data_dir.join("aggregator-spill"),
+                    usize::try_from(plan.aggregate_memory).unwrap_or(usize::MAX),
+                ),
                 events: events.clone(),
                 leader: leader.clone(),
                 latest: latest.clone(),

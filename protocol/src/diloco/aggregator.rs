@@ -27,7 +27,14 @@
 //!
 //! Memory is bounded: at most `max_slices` slices are held a shard (the
 //! round's participants), and a round's shards are forgotten once published,
-//! failed, or when a later round is assigned past `keep_rounds`.
+//! failed, or when a later round is assigned past `keep_rounds`. The bytes of
+//! slices not yet accepted are bounded too ([`Aggregator::holding`]): a slice
+//! past that budget is inspected and reported as usual, then handed to the
+//! driver to keep on disk ([`Action::Spill`]), and read back once the shepherd
+//! accepts it ([`Action::Load`], [`Input::Loaded`]). At gpt2-124m's size a
+//! shard's slice is about 1.9 MB (sparse k 4, 4 shards), so 1,000 workers'
+//! slices held in memory until their accepts came took 3.3–3.5 GiB an
+//! aggregator.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -111,6 +118,18 @@ pub enum Input<P> {
         round: u64,
         /// Contributions accepted.
         count: u64,
+    },
+    /// A slice this aggregator spilled ([`Action::Load`]), read back (empty if it
+    /// could not be: the committed slice is then fetched from its worker).
+    Loaded {
+        /// The round.
+        round: u64,
+        /// The shard.
+        shard: usize,
+        /// The worker.
+        worker: P,
+        /// Its bytes.
+        bytes: Vec<u8>,
     },
     /// The wait for missing slices of `round` is over.
     GiveUp {
@@ -203,6 +222,33 @@ pub enum Action<P> {
         /// The committed hash.
         hash: [u8; 32],
     },
+    /// Keep this slice, inspected and reported, on disk: holding it would pass
+    /// the budget of [`Aggregator::holding`]. The machine asks for it back with
+    /// [`Action::Load`] if it is accepted; the driver may delete it once the round
+    /// is no longer in [`Aggregator::rounds`].
+    Spill {
+        /// The round.
+        round: u64,
+        /// The shard.
+        shard: usize,
+        /// The worker.
+        worker: P,
+        /// The slice's hash.
+        hash: [u8; 32],
+        /// The slice.
+        bytes: Vec<u8>,
+    },
+    /// Read back the slice spilled as `hash` and feed it as [`Input::Loaded`].
+    Load {
+        /// The round.
+        round: u64,
+        /// The shard.
+        shard: usize,
+        /// The worker.
+        worker: P,
+        /// The slice's hash.
+        hash: [u8; 32],
+    },
     /// Store the shard's update as a blob and sign its hash for the shepherd.
     Publish {
         /// The round.
@@ -223,11 +269,12 @@ pub enum Action<P> {
     },
 }
 
-/// A held slice: its hash and its bounded tensors.
+/// A held slice: its hash, its bounded tensors and its encoded length.
 #[derive(Debug)]
 struct Held {
     hash: [u8; 32],
     bounded: Delta,
+    len: usize,
 }
 
 /// One assigned shard's work in one round.
@@ -237,6 +284,10 @@ struct Work<P> {
     sum: ShardSum,
     /// Slices received and not yet added, by worker.
     held: BTreeMap<P, Held>,
+    /// Slices received, reported and spilled ([`Action::Spill`]), by worker: their hashes.
+    spilled: BTreeMap<P, [u8; 32]>,
+    /// Accepted slices being read back ([`Action::Load`]).
+    loading: BTreeMap<P, [u8; 32]>,
     /// Accepted contributions whose slice has not come (or came with another hash).
     waiting: BTreeMap<P, ([u8; 32], Accept)>,
     /// Workers whose slice was added.
@@ -260,12 +311,35 @@ pub struct Aggregator<P> {
     max_slices: usize,
     /// Threads a shard's adds use.
     threads: usize,
+    /// The most bytes of slices held in memory, not yet accepted.
+    max_held: usize,
+    /// The bytes of slices held, not yet accepted.
+    held_bytes: usize,
 }
 
 impl<P: Clone + Ord> Aggregator<P> {
-    /// An aggregator holding at most `max_slices` slices a shard, adding on `threads` threads.
+    /// An aggregator holding at most `max_slices` slices a shard, adding on
+    /// `threads` threads, with no budget on their bytes.
     pub fn new(max_slices: usize, threads: usize) -> Self {
-        Self { rounds: BTreeMap::new(), max_slices: max_slices.max(1), threads: threads.max(1) }
+        Self {
+            rounds: BTreeMap::new(),
+            max_slices: max_slices.max(1),
+            threads: threads.max(1),
+            max_held: usize::MAX,
+            held_bytes: 0,
+        }
+    }
+
+    /// At most `bytes` of slices not yet accepted are held in memory; the rest are
+    /// spilled ([`Action::Spill`]).
+    pub fn holding(mut self, bytes: usize) -> Self {
+        self.max_held = bytes;
+        self
+    }
+
+    /// The bytes of slices held in memory, not yet accepted.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
     }
 
     /// Rounds with shards still being summed.
@@ -289,7 +363,7 @@ impl<P: Clone + Ord> Aggregator<P> {
                     r.closed = Some(count);
                     // accepted slices that have not come (an auditor's: all of them)
                     for (shard, w) in &r.shards {
-                        for (worker, (hash, _)) in &w.waiting {
+                        for (worker, (hash, _)) in w.waiting.iter().filter(|(k, _)| !w.loading.contains_key(*k)) {
                             let (shard, worker, hash) = (*shard, worker.clone(), *hash);
                             out.push(Action::Fetch { round, shard, worker, hash });
                         }
@@ -297,6 +371,7 @@ impl<P: Clone + Ord> Aggregator<P> {
                     self.finish(round, false, &mut out);
                 }
             }
+            Input::Loaded { round, shard, worker, bytes } => self.loaded(round, shard, worker, &bytes, &mut out),
             Input::GiveUp { round } => self.finish(round, true, &mut out),
         }
         out
@@ -308,14 +383,19 @@ impl<P: Clone + Ord> Aggregator<P> {
             .into_iter()
             .map(|spec| {
                 let sum = ShardSum::new(round, spec.shard, spec.sizes.clone(), threads);
-                let w = Work { spec, sum, held: BTreeMap::new(), waiting: BTreeMap::new(), added: Vec::new() };
+                let (held, spilled, loading, waiting) = Default::default();
+                let w = Work { spec, sum, held, spilled, loading, waiting, added: Vec::new() };
                 (w.spec.shard, w)
             })
             .collect();
-        self.rounds.insert(round, RoundWork { encoding, shards: work, closed: None });
+        if let Some(old) = self.rounds.insert(round, RoundWork { encoding, shards: work, closed: None }) {
+            self.held_bytes -= held_in(old.shards.values());
+        }
         // rounds older than the last KEEP_ROUNDS go, finished or not
         let first = (round + 1).saturating_sub(KEEP_ROUNDS);
-        self.rounds = self.rounds.split_off(&first);
+        let kept = self.rounds.split_off(&first);
+        let gone = std::mem::replace(&mut self.rounds, kept);
+        self.held_bytes -= held_in(gone.values().flat_map(|r| r.shards.values()));
     }
 
     fn slice(
@@ -323,7 +403,7 @@ impl<P: Clone + Ord> Aggregator<P> {
         round: u64,
         shard: usize,
         worker: P,
-        bytes: Vec<u8>,
+        mut bytes: Vec<u8>,
         forwarded: bool,
         out: &mut Vec<Action<P>>,
     ) {
@@ -339,16 +419,19 @@ impl<P: Clone + Ord> Aggregator<P> {
             return;
         };
         let hash = slice_hash(&bytes);
-        if w.added.contains(&worker) || w.held.get(&worker).is_some_and(|h| h.hash == hash) {
+        let has = |w: &Work<P>| {
+            w.held.get(&worker).map(|h| h.hash).or_else(|| w.spilled.get(&worker).or(w.loading.get(&worker)).copied())
+        };
+        if w.added.contains(&worker) || has(w) == Some(hash) {
             // a copy of what this aggregator has (a forward and a retry cross): nothing to do
             return;
         }
         let expected = w.waiting.get(&worker).map(|(h, _)| *h);
-        if w.held.contains_key(&worker) && expected != Some(hash) {
+        if has(w).is_some() && expected != Some(hash) {
             out.push(refuse(SliceRefusal::Duplicate { shard }));
             return;
         }
-        if w.held.len() >= max && expected.is_none() {
+        if w.held.len() + w.spilled.len() >= max && expected.is_none() {
             out.push(refuse(SliceRefusal::Full { shard, max }));
             return;
         }
@@ -362,14 +445,49 @@ impl<P: Clone + Ord> Aggregator<P> {
                 return;
             }
         };
-        if !forwarded && w.spec.place == Place::Replica(0) && w.spec.replicas.len() > 1 {
+        let len = bytes.len();
+        let spill = expected.is_none() && self.held_bytes.saturating_add(len) > self.max_held;
+        let forward = !forwarded && w.spec.place == Place::Replica(0) && w.spec.replicas.len() > 1;
+        if forward {
             let to = w.spec.replicas[1..].to_vec();
-            out.push(Action::Forward { round, shard, worker: worker.clone(), to, bytes });
+            let sent = if spill { bytes.clone() } else { std::mem::take(&mut bytes) };
+            out.push(Action::Forward { round, shard, worker: worker.clone(), to, bytes: sent });
         }
         out.push(Action::Report { round, shard, worker: worker.clone(), hash, report });
-        w.held.insert(worker.clone(), Held { hash, bounded });
+        if spill {
+            // past the budget: kept on disk until it is accepted
+            w.spilled.insert(worker.clone(), hash);
+            out.push(Action::Spill { round, shard, worker, hash, bytes });
+            return;
+        }
+        w.held.insert(worker.clone(), Held { hash, bounded, len });
+        self.held_bytes += len;
         if expected == Some(hash) {
-            Self::add(w, &worker, out, round);
+            self.held_bytes -= Self::add(w, &worker, out, round);
+        }
+        self.finish(round, false, out);
+    }
+
+    /// A spilled slice read back: added if it is the accepted one, else fetched
+    /// from its worker at the close.
+    fn loaded(&mut self, round: u64, shard: usize, worker: P, bytes: &[u8], out: &mut Vec<Action<P>>) {
+        let Some(r) = self.rounds.get_mut(&round) else { return };
+        let encoding = r.encoding;
+        let closed = r.closed.is_some();
+        let Some(w) = r.shards.get_mut(&shard) else { return };
+        let Some(hash) = w.loading.remove(&worker) else { return };
+        let decoded = (slice_hash(bytes) == hash)
+            .then(|| compress::decode_delta(bytes, &w.spec.sizes, encoding).ok())
+            .flatten()
+            .and_then(|d| inspect(d, &w.spec.sizes, &w.spec.bounds).ok());
+        match decoded {
+            Some((bounded, _)) => {
+                w.held.insert(worker.clone(), Held { hash, bounded, len: 0 });
+                Self::add(w, &worker, out, round);
+            }
+            // lost or damaged on disk: the committed slice is fetched from its worker
+            None if closed => out.push(Action::Fetch { round, shard, worker, hash }),
+            None => {}
         }
         self.finish(round, false, out);
     }
@@ -389,22 +507,29 @@ impl<P: Clone + Ord> Aggregator<P> {
         }
         w.waiting.insert(worker.clone(), (hash, accept));
         match w.held.get(&worker) {
-            Some(h) if h.hash == hash => Self::add(w, &worker, out, round),
+            Some(h) if h.hash == hash => self.held_bytes -= Self::add(w, &worker, out, round),
             // the worker sent this replica another slice than it committed: the
             // committed one is fetched if it has not come by the close
-            Some(_) => drop(w.held.remove(&worker)),
-            None => {}
+            Some(_) => self.held_bytes -= w.held.remove(&worker).map_or(0, |h| h.len),
+            None => match w.spilled.remove(&worker) {
+                Some(spilled) if spilled == hash => {
+                    w.loading.insert(worker.clone(), hash);
+                    out.push(Action::Load { round, shard, worker, hash });
+                }
+                _ => {}
+            },
         }
         self.finish(round, false, out);
     }
 
-    /// Adds `worker`'s held slice at its accepted place.
-    fn add(w: &mut Work<P>, worker: &P, out: &mut Vec<Action<P>>, round: u64) {
-        let (Some(held), Some((_, accept))) = (w.held.remove(worker), w.waiting.remove(worker)) else { return };
+    /// Adds `worker`'s held slice at its accepted place; returns the bytes it held.
+    fn add(w: &mut Work<P>, worker: &P, out: &mut Vec<Action<P>>, round: u64) -> usize {
+        let (Some(held), Some((_, accept))) = (w.held.remove(worker), w.waiting.remove(worker)) else { return 0 };
         match w.sum.accept(accept, held.bounded) {
             Ok(()) => w.added.push(worker.clone()),
             Err(error) => out.push(Action::Failed { round, shard: w.spec.shard, error }),
         }
+        held.len
     }
 
     /// Publishes every shard of `round` whose places are all added once it closed;
@@ -416,6 +541,7 @@ impl<P: Clone + Ord> Aggregator<P> {
             r.shards.iter().filter(|(_, w)| give_up || w.sum.added() >= count).map(|(s, _)| *s).collect();
         for shard in done {
             let Some(w) = r.shards.remove(&shard) else { continue };
+            self.held_bytes -= held_in([&w]);
             match w.sum.finish(count) {
                 Ok(update) => out.push(Action::Publish { round, shard, update }),
                 Err(error) => out.push(Action::Failed { round, shard, error }),
@@ -425,6 +551,11 @@ impl<P: Clone + Ord> Aggregator<P> {
             self.rounds.remove(&round);
         }
     }
+}
+
+/// The bytes the shards `works` hold in memory, not yet accepted.
+fn held_in<'a, P: 'a>(works: impl IntoIterator<Item = &'a Work<P>>) -> usize {
+    works.into_iter().flat_map(|w| w.held.values()).map(|h| h.len).sum()
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! close stores each shard's mean as a blob and signs its hash for the shepherd.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use pcp_bootstrap::{BlobStore, Event, InboundId, Node, PeerId};
@@ -34,6 +35,9 @@ const MAX_SLICES: usize = 16_384;
 const GIVE_UP: Duration = Duration::from_secs(15);
 /// A request to another node gives up after this long.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The bytes of slices not yet accepted an aggregator holds in memory by default
+/// (`--aggregate-memory`); the rest wait on disk ([`Action::Spill`]).
+pub(crate) const DEFAULT_MEMORY: u64 = 1 << 30;
 
 /// What the aggregator needs of the run and the node.
 pub(super) struct AggregatorTask {
@@ -47,6 +51,8 @@ pub(super) struct AggregatorTask {
     pub(super) sizes: Vec<usize>,
     pub(super) encoding: Encoding,
     pub(super) store: BlobStore,
+    /// Where slices past the memory budget wait, and the budget in bytes.
+    pub(super) spill: (PathBuf, usize),
     pub(super) events: Events,
     pub(super) leader: watch::Receiver<Leader>,
     pub(super) latest: watch::Receiver<Latest>,
@@ -74,6 +80,7 @@ impl Standalone {
         run: RunId,
         (sizes, encoding): (Vec<usize>, Encoding),
         (store, leader): (BlobStore, (PeerId, PublicKey)),
+        spill: PathBuf,
         cancel: CancellationToken,
     ) -> Self {
         let (latest_tx, latest) = watch::channel(Latest::Nothing);
@@ -89,6 +96,7 @@ impl Standalone {
             sizes,
             encoding,
             store,
+            spill: (spill, usize::try_from(DEFAULT_MEMORY).unwrap_or(usize::MAX)),
             events: Events::default(),
             leader,
             latest,
@@ -137,6 +145,8 @@ struct Driver {
     /// Slice reports not yet sent, by round, and the sends of those that were.
     reports: BTreeMap<u64, Vec<SliceReportEntry>>,
     reporting: JoinSet<()>,
+    /// Slices spilled to disk ([`Action::Spill`]), by round.
+    spilled: BTreeMap<u64, Vec<PathBuf>>,
 }
 
 /// Report sends in flight at once: reports that come meanwhile go together next.
@@ -156,7 +166,7 @@ impl AggregatorTask {
     pub(super) async fn run(mut self) {
         let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
         let mut d = Driver {
-            machine: Aggregator::new(MAX_SLICES, threads),
+            machine: Aggregator::new(MAX_SLICES, threads).holding(self.spill.1),
             signer: Signer::new(self.signer.identity().clone()),
             rounds: BTreeMap::new(),
             lengths: BTreeMap::new(),
@@ -166,7 +176,10 @@ impl AggregatorTask {
             heard: 0,
             reports: BTreeMap::new(),
             reporting: JoinSet::new(),
+            spilled: BTreeMap::new(),
         };
+        // what a run before this one left there is of no use
+        let _ = std::fs::remove_dir_all(&self.spill.0);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let own = self.own.clone();
         let mut own = match &own {
@@ -357,8 +370,27 @@ impl AggregatorTask {
     /// Does what the machine asked.
     fn carry_out(&self, d: &mut Driver, actions: Vec<Action<[u8; 32]>>) {
         let mut reports: BTreeMap<u64, Vec<SliceReportEntry>> = BTreeMap::new();
+        let mut loaded = Vec::new();
         for action in actions {
             match action {
+                Action::Spill { round, shard, worker: _, hash, bytes } => {
+                    let path = self.spill.0.join(format!("{round}-{shard}-{}", hex::encode(hash)));
+                    let written = std::fs::create_dir_all(&self.spill.0).and_then(|()| std::fs::write(&path, &bytes));
+                    if let Err(e) = written {
+                        // read back as lost: the committed slice is fetched from its worker
+                        tracing::warn!(round, shard, "spilling a slice to {}: {e}", path.display());
+                    }
+                    d.spilled.entry(round).or_default().push(path);
+                }
+                Action::Load { round, shard, worker, hash } => {
+                    let path = self.spill.0.join(format!("{round}-{shard}-{}", hex::encode(hash)));
+                    let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+                        tracing::warn!(round, shard, "reading the spilled slice {}: {e}", path.display());
+                        Vec::new()
+                    });
+                    let _ = std::fs::remove_file(&path);
+                    loaded.push(Input::Loaded { round, shard, worker, bytes });
+                }
                 Action::Forward { round, shard, worker, to, bytes } => {
                     let slice = Slice { run: self.run.0, round, shard: shard as u32, worker, bytes };
                     for key in to {
@@ -437,6 +469,18 @@ impl AggregatorTask {
             d.reports.entry(round).or_default().extend(reports);
         }
         self.flush_reports(d, false);
+        // a loaded slice's actions load nothing more
+        for input in loaded {
+            let actions = d.machine.handle(input);
+            self.carry_out(d, actions);
+        }
+        // the spilled slices of rounds the machine has let go
+        let live = d.machine.rounds();
+        for (_, paths) in d.spilled.extract_if(.., |round, _| !live.contains(round)) {
+            for path in paths {
+                let _ = std::fs::remove_file(path);
+            }
+        }
     }
 
     /// Sends the reports held to the leader, in as few messages as fit, unless

@@ -3,6 +3,7 @@ use crate::diloco::Tensors;
 use crate::diloco::aggregate::RunningMean;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
 
 const SIZES: [usize; 2] = [12, 5];
 const ROUND: u64 = 4;
@@ -178,4 +179,58 @@ fn a_missing_slice_fails_the_shard_at_the_give_up_and_old_rounds_are_forgotten()
         agg.handle(Input::Assigned { round, encoding: Encoding::F32, shards });
     }
     assert_eq!(agg.rounds(), (15 - KEEP_ROUNDS..15).collect::<Vec<_>>());
+}
+
+#[test]
+fn slices_past_the_memory_budget_are_spilled_and_read_back_once_accepted() {
+    // a flood of valid slices nobody has accepted yet: without a budget every one
+    // is held in memory; with a budget of two slices the rest go to disk, each
+    // reported all the same, and the shard sums to the same mean
+    let mut rng = StdRng::seed_from_u64(12);
+    let contributions: Vec<Tensors> = (0..6).map(|_| tensors(&mut rng)).collect();
+    let len = bytes(&contributions[0]).len();
+    let mut unbounded = Aggregator::new(64, 1);
+    assigned(&mut unbounded, Place::Replica(1));
+    let mut budget = Aggregator::new(64, 1).holding(2 * len);
+    assigned(&mut budget, Place::Replica(1));
+    let mut disk = BTreeMap::new();
+    for (i, t) in contributions.iter().enumerate() {
+        let worker = 10 + i as u8;
+        unbounded.handle(slice(worker, bytes(t), true));
+        let out = budget.handle(slice(worker, bytes(t), true));
+        assert!(out.iter().any(|a| matches!(a, Action::Report { .. })), "every slice is reported: {out:?}");
+        for a in out {
+            if let Action::Spill { worker, hash, bytes, .. } = a {
+                assert_eq!(hash, slice_hash(&bytes));
+                disk.insert(worker, bytes);
+            }
+        }
+    }
+    assert_eq!(unbounded.held_bytes(), 6 * len, "unbounded, the flood is held whole");
+    assert_eq!(budget.held_bytes(), 2 * len);
+    assert_eq!(disk.keys().copied().collect::<Vec<_>>(), vec![12, 13, 14, 15]);
+    // a spilled slice sent again is a no-op, another one from the same worker a duplicate
+    assert!(budget.handle(slice(12, bytes(&contributions[2]), true)).is_empty());
+    let other = bytes(&tensors(&mut rng));
+    assert!(matches!(budget.handle(slice(12, other, true)).as_slice(), [Action::Refuse { .. }]));
+    // the accepts come: held slices are added, spilled ones read back
+    for (i, t) in contributions.iter().enumerate() {
+        let worker = 10 + i as u8;
+        let out = budget.handle(accepted(worker, &bytes(t), i as u64));
+        let loads: Vec<_> = out.iter().filter(|a| matches!(a, Action::Load { .. })).collect();
+        assert_eq!(loads.len(), usize::from(i >= 2), "{out:?}");
+        if i == 3 {
+            // lost on disk: the committed slice is fetched from its worker at the close
+            assert!(budget.handle(Input::Loaded { round: ROUND, shard: SHARD, worker, bytes: Vec::new() }).is_empty());
+        } else if i >= 2 {
+            let bytes = disk.remove(&worker).expect("spilled");
+            assert!(budget.handle(Input::Loaded { round: ROUND, shard: SHARD, worker, bytes }).is_empty());
+        }
+    }
+    assert_eq!(budget.held_bytes(), 0);
+    let out = budget.handle(Input::Closed { round: ROUND, count: 6 });
+    let hash = slice_hash(&bytes(&contributions[3]));
+    assert_eq!(out, vec![Action::Fetch { round: ROUND, shard: SHARD, worker: 13, hash }]);
+    let update = published(&budget.handle(slice(13, bytes(&contributions[3]), true))).expect("published");
+    assert_eq!(update.mean, reference(&contributions));
 }
