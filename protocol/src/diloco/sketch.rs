@@ -350,6 +350,40 @@ mod tests {
         assert!((d.cosine(&Sketch::of_tensors(key, &diff)) - 1.0).abs() < 1e-9);
     }
 
+    /// Why the key is the shepherd's secret, and why no aggregator can sketch a
+    /// slice for it: whoever knows the key can push a copy's sketch off its
+    /// original's with a perturbation a few hundredths of a percent of its norm,
+    /// every value of it signed into one bucket, where random noise needs about 1%
+    /// (`√(2 (1 − 0.9999))` of the norm, spread over every bucket). The gain grows
+    /// as `√(n / WIDTH)`: about 700× at gpt2-124m's size.
+    #[test]
+    fn a_known_key_lets_a_copy_escape_with_a_perturbation_too_small_to_matter() {
+        let key = 0xc0ffee;
+        let n = 1 << 20;
+        let a = vec![noise(21, n)];
+        let norm = |t: &[f32]| t.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>().sqrt();
+        let original = Sketch::of_tensors(key, &a);
+        // knowing the key: a tiny value in every entry of bucket 0, with its sign
+        let mut aimed = vec![0.0f32; n];
+        for (i, d) in aimed.iter_mut().enumerate() {
+            let (bucket, sign) = slot(key, 0, i);
+            if bucket == 0 {
+                *d = 0.0015 * sign as f32;
+            }
+        }
+        let share = norm(&aimed) / norm(&a[0]);
+        let moved = |d: &[f32]| vec![a[0].iter().zip(d).map(|(x, d)| x + d).collect::<Vec<f32>>()];
+        let escaped = original.cosine(&Sketch::of_tensors(key, &moved(&aimed)));
+        assert!(share < 5e-4, "the aimed perturbation is {:.4}% of the norm", share * 100.0);
+        assert!(escaped < DEFAULT_SIMILARITY, "aimed: cosine {escaped}");
+        // blind: random noise of the same norm leaves a copy
+        let blind = noise(22, n);
+        let scale = (norm(&aimed) / norm(&blind)) as f32;
+        let blind: Vec<f32> = blind.iter().map(|v| v * scale).collect();
+        let caught = original.cosine(&Sketch::of_tensors(key, &moved(&blind)));
+        assert!(caught >= DEFAULT_SIMILARITY, "blind: cosine {caught}");
+    }
+
     #[test]
     fn a_sparse_message_sketches_as_its_dense_form() {
         let sizes = [640usize, 64];

@@ -727,9 +727,12 @@ impl Host {
     }
 }
 
-/// The bytes of accepts a message carries at most, reckoned as [`accept_bytes`]
-/// (half a control message, for the encoding's own overhead).
-const ACCEPTS_PER_MESSAGE: usize = pcp_schema::MAX_CONTROL_MESSAGE / 2;
+/// The bytes of accepts a message carries at most, reckoned as [`accept_bytes`]:
+/// half a small frame, the most an aggregator's admission reads of a request that
+/// is not a slice ([`pcp_bootstrap::admission::SMALL_FRAME`]), for the encoding's
+/// own overhead. (Half a control message, 128 KiB, made the accepts of 500
+/// contributions 76 KB, and every aggregator refused them.)
+const ACCEPTS_PER_MESSAGE: usize = pcp_bootstrap::admission::SMALL_FRAME / 2;
 
 /// What an accepts entry takes in its message, at most: its worker, place, weight,
 /// norm and bound, and each (shard, hash) with their pointers.
@@ -803,7 +806,8 @@ mod tests {
         for shards in [(0..64).collect::<BTreeSet<u32>>(), [3, 40].into()] {
             let messages = accepts_for(([2; 32], 7), &entries, &shards, Some(1000));
             for m in &messages {
-                assert!(m.encode().len() <= pcp_schema::MAX_CONTROL_MESSAGE, "{} bytes", m.encode().len());
+                let len = m.encode().len();
+                assert!(len <= pcp_bootstrap::admission::SMALL_FRAME, "{len} bytes: an aggregator reads a small frame");
                 assert!(m.entries.iter().all(|e| e.hashes.iter().all(|(s, _)| shards.contains(s))));
             }
             let (last, rest) = messages.split_last().expect("a message");
@@ -811,6 +815,12 @@ mod tests {
             assert!(rest.iter().all(|m| m.closed.is_none()), "the count goes last");
             let seqs: Vec<u64> = messages.iter().flat_map(|m| m.entries.iter().map(|e| e.seq)).collect();
             assert_eq!(seqs, (0..1000).collect::<Vec<_>>(), "every entry, in order");
+        }
+        // the loadtest's: 500 contributions, each aggregator one shard of 4
+        let one: Vec<AcceptEntry> =
+            entries.iter().take(500).map(|e| AcceptEntry { hashes: hashes[..4].to_vec(), ..e.clone() }).collect();
+        for m in accepts_for(([2; 32], 7), &one, &[2].into(), Some(500)) {
+            assert!(m.encode().len() <= pcp_bootstrap::admission::SMALL_FRAME, "{} bytes", m.encode().len());
         }
         let none = accepts_for(([2; 32], 7), &[], &[0].into(), Some(0));
         assert_eq!(none.len(), 1, "a round closed empty still says so");

@@ -151,9 +151,11 @@ struct Driver {
 
 /// Report sends in flight at once: reports that come meanwhile go together next.
 const REPORTS_IN_FLIGHT: usize = 2;
-/// The reports' bytes a message carries at most, reckoned as [`report_bytes`]
-/// (half a control message, for the encoding's own overhead).
-const REPORTS_PER_MESSAGE: usize = pcp_schema::MAX_CONTROL_MESSAGE / 2;
+/// The reports' bytes a message carries at most, reckoned as [`report_bytes`]:
+/// half a small frame, the most the shepherd's admission reads of a request that
+/// is not a contribution ([`pcp_bootstrap::admission::SMALL_FRAME`]), for the
+/// encoding's own overhead.
+const REPORTS_PER_MESSAGE: usize = pcp_bootstrap::admission::SMALL_FRAME / 2;
 
 /// What a report takes in its message, at most: its shard, worker, hash and bounded
 /// norm, each tensor's norm and largest magnitude, and their pointers.
@@ -579,7 +581,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_message_of_reports_reckoned_within_its_share_fits_a_control_message() {
+    fn a_message_of_reports_reckoned_within_its_share_fits_a_small_frame() {
         for tensors in [1, 5, 40, 400] {
             let report = SliceReportEntry {
                 shard: u32::MAX,
@@ -592,7 +594,7 @@ mod tests {
             let n = (REPORTS_PER_MESSAGE / report_bytes(&report)).max(1);
             let message = SliceReports { run: [1; 32], round: u64::MAX, reports: vec![report; n] };
             let len = message.encode().len();
-            assert!(len <= pcp_schema::MAX_CONTROL_MESSAGE, "{n} reports of {tensors} tensors: {len} bytes");
+            assert!(len <= pcp_bootstrap::admission::SMALL_FRAME, "{n} reports of {tensors} tensors: {len} bytes");
         }
     }
 }
