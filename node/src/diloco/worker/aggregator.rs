@@ -375,8 +375,10 @@ impl AggregatorTask {
         let mut loaded = Vec::new();
         for action in actions {
             match action {
-                Action::Spill { round, shard, worker: _, hash, bytes } => {
-                    let path = self.spill.0.join(format!("{round}-{shard}-{}", hex::encode(hash)));
+                Action::Spill { round, shard, worker, hash: _, bytes } => {
+                    // by worker, not by hash: workers that send the same slice (a
+                    // replay, the load test's shared payloads) each have their own
+                    let path = self.spill.0.join(format!("{round}-{shard}-{}", hex::encode(worker)));
                     let written = std::fs::create_dir_all(&self.spill.0).and_then(|()| std::fs::write(&path, &bytes));
                     if let Err(e) = written {
                         // read back as lost: the committed slice is fetched from its worker
@@ -384,8 +386,8 @@ impl AggregatorTask {
                     }
                     d.spilled.entry(round).or_default().push(path);
                 }
-                Action::Load { round, shard, worker, hash } => {
-                    let path = self.spill.0.join(format!("{round}-{shard}-{}", hex::encode(hash)));
+                Action::Load { round, shard, worker, hash: _ } => {
+                    let path = self.spill.0.join(format!("{round}-{shard}-{}", hex::encode(worker)));
                     let bytes = std::fs::read(&path).unwrap_or_else(|e| {
                         tracing::warn!(round, shard, "reading the spilled slice {}: {e}", path.display());
                         Vec::new()
