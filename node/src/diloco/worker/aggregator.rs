@@ -376,9 +376,7 @@ impl AggregatorTask {
         for action in actions {
             match action {
                 Action::Spill { round, shard, worker, hash: _, bytes } => {
-                    // by worker, not by hash: workers that send the same slice (a
-                    // replay, the load test's shared payloads) each have their own
-                    let path = self.spill.0.join(format!("{round}-{shard}-{}", hex::encode(worker)));
+                    let path = self.spill_path(round, shard, worker);
                     let written = std::fs::create_dir_all(&self.spill.0).and_then(|()| std::fs::write(&path, &bytes));
                     if let Err(e) = written {
                         // read back as lost: the committed slice is fetched from its worker
@@ -387,7 +385,7 @@ impl AggregatorTask {
                     d.spilled.entry(round).or_default().push(path);
                 }
                 Action::Load { round, shard, worker, hash: _ } => {
-                    let path = self.spill.0.join(format!("{round}-{shard}-{}", hex::encode(worker)));
+                    let path = self.spill_path(round, shard, worker);
                     let bytes = std::fs::read(&path).unwrap_or_else(|e| {
                         tracing::warn!(round, shard, "reading the spilled slice {}: {e}", path.display());
                         Vec::new()
@@ -485,6 +483,13 @@ impl AggregatorTask {
                 let _ = std::fs::remove_file(path);
             }
         }
+    }
+
+    /// Where `worker`'s spilled slice of `shard` in `round` waits: by worker, not by
+    /// hash, since workers that send the same slice (a replay, the load test's
+    /// shared payloads) each need their own.
+    fn spill_path(&self, round: u64, shard: usize, worker: [u8; 32]) -> PathBuf {
+        self.spill.0.join(format!("{round}-{shard}-{}", hex::encode(worker)))
     }
 
     /// Sends the reports held to the leader, in as few messages as fit, unless
