@@ -51,7 +51,8 @@ fn named<'a>(events: &'a [Value], name: &str) -> Vec<&'a Value> {
 #[test]
 fn honest_aggregators_sum_every_round_and_the_shepherd_reads_no_contribution() {
     let dir = tempfile::tempdir().expect("tempdir");
-    honest_rounds(&sim(dir.path(), 3, &[], &[]));
+    let (events, log) = sim_logged(dir.path(), 3, &[], &[]);
+    honest_rounds(&events, &log);
     assert!(spill_dirs(dir.path()).is_empty(), "1 GiB holds every slice of a small run");
 }
 
@@ -63,7 +64,8 @@ fn honest_aggregators_sum_every_round_and_the_shepherd_reads_no_contribution() {
 #[test]
 fn aggregators_with_no_memory_for_slices_spill_them_and_sum_the_same() {
     let dir = tempfile::tempdir().expect("tempdir");
-    honest_rounds(&sim(dir.path(), 3, &[], &["--aggregate-memory", "0"]));
+    let (events, log) = sim_logged(dir.path(), 3, &[], &["--aggregate-memory", "0"]);
+    honest_rounds(&events, &log);
     let replayed = tempfile::tempdir().expect("tempdir");
     let (events, log) = sim_logged(replayed.path(), 3, &["replay:2:1"], &["--aggregate-memory", "0"]);
     assert!(!log.contains("reading the spilled slice"), "a spilled slice was lost:\n{log}");
@@ -98,11 +100,12 @@ fn spill_dirs(dir: &Path) -> Vec<std::path::PathBuf> {
 
 /// Every round of an honest aggregated run: every contribution summed by the
 /// aggregators, none read by the shepherd, no shard recomputed.
-fn honest_rounds(events: &[Value]) {
+fn honest_rounds(events: &[Value], log: &str) {
     let rounds = named(events, "round_completed");
     assert_eq!(rounds.len(), 3, "every round closes");
+    let rejected = named(events, "contribution_rejected");
     for r in &rounds {
-        assert_eq!(r["contributors"], 3, "every worker's contribution is summed: {r}");
+        assert_eq!(r["contributors"], 3, "every worker's contribution is summed: {r}\nrejected: {rejected:?}\n{log}");
         assert_eq!(r["bytes_in"], 0, "the shepherd reads no contribution: {r}");
     }
     assert!(named(events, "aggregator_assigned").len() >= 3, "volunteers are assigned shards");

@@ -15,6 +15,7 @@
 //! an optimized build (`scripts/test.sh` runs the suite with `--release`), one at a
 //! time, and are ignored in a debug one.
 
+use std::cell::RefCell;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -31,7 +32,7 @@ mod serial;
 #[path = "support/cluster.rs"]
 #[allow(dead_code, reason = "shared with the other multi-process tests")]
 mod cluster;
-use cluster::{Proc, pcp_node, wait_for};
+use cluster::{Proc, pcp_node, wait_for, wait_unless};
 
 /// The node's gpt2-124m with GPT-2's vocabulary (`vocab_size` in the config).
 const PARAMS: &str = "163037184";
@@ -82,15 +83,28 @@ fn loadtest_rounds(dir: &Path, workers: usize) -> (Vec<f64>, Value) {
     ]
     .map(str::to_owned)
     .to_vec();
-    let shepherd = Proc::spawn("shepherd", Command::new(pcp_node()), &args, &dir.join("shepherd.log"));
-    let listening =
-        wait_for(&events, "the shepherd to listen", Duration::from_secs(120), |e| e["event"] == "listening");
+    let shepherd = RefCell::new(Proc::spawn("shepherd", Command::new(pcp_node()), &args, &dir.join("shepherd.log")));
+    // a shepherd that cannot start (a full disk) fails the test at once, not at the timeout
+    let listening = wait_unless(
+        &events,
+        "the shepherd to listen",
+        Duration::from_secs(120),
+        |e| e["event"] == "listening",
+        || shepherd.borrow_mut().exited(),
+    );
     let addr =
         format!("{}/p2p/{}", listening["addr"].as_str().expect("addr"), listening["peer"].as_str().expect("peer"));
     let json = dir.join("loadtest.json");
     let run = Command::new(pcp_node())
         .args(["loadtest", "--shepherd", &addr, "--workers", &n, "--step-ms", &STEP_MS.to_string()])
-        .args(["--rounds", &ROUNDS.to_string(), "--timeout-s", "900", "--shepherd-pid", &shepherd.pid().to_string()])
+        .args([
+            "--rounds",
+            &ROUNDS.to_string(),
+            "--timeout-s",
+            "900",
+            "--shepherd-pid",
+            &shepherd.borrow().pid().to_string(),
+        ])
         .args(["--json", &json.display().to_string(), "--data-dir", &dir.join("workers").display().to_string()])
         .output()
         .expect("loadtest runs");

@@ -29,6 +29,7 @@ use serde_json::Value;
 #[allow(dead_code, reason = "shared with failover_cli.rs")]
 mod chain;
 #[path = "support/cluster.rs"]
+#[allow(dead_code, reason = "shared with the other multi-process tests")]
 mod cluster;
 #[path = "support/common.rs"]
 mod common;

@@ -45,6 +45,15 @@ impl Proc {
         self.child.id()
     }
 
+    /// How it ended, once it has: a wait can stop there instead of at its timeout.
+    pub(crate) fn exited(&mut self) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Some(format!("{} exited ({status})", self.name)),
+            Ok(None) => None,
+            Err(e) => Some(format!("{}: {e}", self.name)),
+        }
+    }
+
     pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
