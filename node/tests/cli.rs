@@ -208,3 +208,25 @@ fn bench_blob_reports_medians_of_its_rounds() -> anyhow::Result<()> {
     assert_eq!(bad.status.code(), Some(2), "--repeat 0 is refused by the parser");
     Ok(())
 }
+
+/// `bench step --steps 0` times forward passes alone (the shepherd's screen and
+/// validation), with their rate by the simulator's FLOP count, and a vocabulary
+/// smaller than the corpus's is refused in one line.
+#[test]
+fn bench_step_times_forward_passes_alone() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path().to_str().unwrap_or_default();
+    let cache = std::env::temp_dir().join("pcp-test-artifact-cache").join("artifacts");
+    let out = Command::new(BIN)
+        .env("PCP_ARTIFACT_CACHE", &cache)
+        .args(["bench", "step", "--steps", "0", "--forwards", "2", "--vocab", "80", "--data-dir", d])
+        .stdin(Stdio::null())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "bench step failed: {}", String::from_utf8_lossy(&out.stderr));
+    let forward = stdout.lines().find(|l| l.starts_with("forward")).context("no forward line")?;
+    assert!(forward.contains("2 passes") && forward.contains("GFLOP/s"), "{forward}");
+    assert!(!stdout.contains("tokens/s") && !stdout.lines().any(|l| l.starts_with("steps")), "no step ran: {stdout}");
+    assert_usage_error(&["bench", "step", "--vocab", "10", "--data-dir", d], "--vocab 10 is smaller")?;
+    Ok(())
+}

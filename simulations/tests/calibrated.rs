@@ -88,7 +88,8 @@ fn the_score_screen_costs_the_shepherd_forward_passes() {
     let (score, table) = simulate(base);
     let (n, s) = (&norm.strategies[0].summary, &score.strategies[0].summary);
     let cpu = s.shepherd.expect("a star").cpu;
-    assert!(cpu.screened >= 8 && cpu.screen_s > 100.0 * cpu.screened as f64 * 0.9, "{cpu:?}");
+    // two passes of 13.6 s each: the table's 81 GFLOP/s a core (measured) on its 2 cores
+    assert!(cpu.screened >= 8 && cpu.screen_s > 2.0 * 13.6 * cpu.screened as f64 * 0.9, "{cpu:?}");
     assert!(s.mean_round_s > 3.0 * n.mean_round_s, "{s:?} vs {n:?}");
     assert!(s.steady_utilization < n.steady_utilization, "{s:?} vs {n:?}");
     assert_eq!(n.shepherd.expect("a star").cpu.screened, 0);

@@ -17,9 +17,17 @@ pub(crate) struct StepArgs {
     /// nanogpt-small, nanogpt-medium or a .mlir loss module.
     #[arg(long, default_value = "nanogpt-small")]
     model: String,
-    /// Timed steps (after 3 warmup steps).
+    /// Timed steps (after 3 warmup steps; 0: no step, only the forward passes).
     #[arg(long, default_value_t = 50)]
     steps: u64,
+    /// Timed forward passes of a batch (after one warmup pass): the loss alone, as the
+    /// shepherd's screen and validation run it.
+    #[arg(long, default_value_t = 3)]
+    forwards: u64,
+    /// The preset's vocabulary, when larger than the corpus's (gpt2-124m's 50257 on a
+    /// character corpus): the extra rows are never a target [default: the corpus's].
+    #[arg(long)]
+    vocab: Option<usize>,
     /// The corpus [default: the demo corpus].
     #[arg(long)]
     data: Option<PathBuf>,
@@ -47,7 +55,9 @@ pub(crate) async fn run(args: StepArgs, net: &NetArgs) -> Result<(), Failure> {
     experiment.set_precision(Some(&args.precision)).map_err(Failure::input)?;
     experiment.set_recompute(Some(&args.recompute)).map_err(Failure::input)?;
     experiment.set_attention(Some(&args.attention)).map_err(Failure::input)?;
-    step(experiment, args.steps, args.data, net.data_dir.clone(), (args.device, args.memory)).await
+    experiment.vocab_size = args.vocab;
+    let counts = Counts { steps: args.steps, forwards: args.forwards };
+    step(experiment, counts, args.data, net.data_dir.clone(), (args.device, args.memory)).await
 }
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -60,9 +70,16 @@ fn peak_rss() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// What to time.
+#[derive(Clone, Copy, Debug)]
+struct Counts {
+    steps: u64,
+    forwards: u64,
+}
+
 async fn step(
     experiment: Experiment,
-    steps: u64,
+    Counts { steps, forwards }: Counts,
     data: Option<PathBuf>,
     data_dir: PathBuf,
     (device, memory): (DeviceArgs, MemoryArgs),
@@ -72,7 +89,16 @@ async fn step(
         None => None,
     };
     let source = experiment.model.clone().unwrap_or_default();
-    let vocab_size = corpus.as_ref().map_or(65, |c| c.vocab.size());
+    let corpus_vocab = corpus.as_ref().map_or(65, |c| c.vocab.size());
+    let vocab_size = match experiment.vocab_size {
+        Some(v) if v < corpus_vocab => {
+            return Err(Failure::input(anyhow::anyhow!(
+                "--vocab {v} is smaller than the corpus's vocabulary of {corpus_vocab}"
+            )));
+        }
+        Some(v) => v,
+        None => corpus_vocab,
+    };
     let mut model = Model::load_with_batch(&source, vocab_size, experiment.batch_size).map_err(Failure::input)?;
     let (batch, block) = model.batch_block()?;
     let plan = plan_micro_batches(&experiment, &model, vocab_size, &memory, &device)?;
@@ -90,7 +116,8 @@ async fn step(
     };
     let mut sampler = Sampler::new(split, batch, block, 1)?;
     let mut out = std::io::stdout().lock();
-    for s in 1..=3 {
+    let warmup = if steps == 0 { 0 } else { 3 };
+    for s in 1..=warmup {
         engine.step(s, 1e-3, &sampler.next_batch()).await?;
     }
     let timer = Instant::now();
@@ -99,6 +126,7 @@ async fn step(
         loss = engine.step(s, 1e-3, &sampler.next_batch()).await?;
     }
     let seconds = timer.elapsed().as_secs_f64();
+    let forward_s = time_forwards(&mut engine, &mut sampler, forwards).await?;
     let tokens = (batch * block) as f64 * steps as f64;
     let params: i64 = model.params.iter().map(|p| p.ty.elements()).sum();
     let state_bytes = params as f64 * 4.0 * 3.0;
@@ -129,12 +157,27 @@ async fn step(
         plan.estimate_bytes as f64 / GIB
     )?;
     writeln!(out, "setup        {load_seconds:.1} s (build, compile or cache hit, load)")?;
-    writeln!(
-        out,
-        "steps        {steps} in {seconds:.2} s, {:.2} ms/step, last loss {loss:.4}",
-        1e3 * seconds / steps.max(1) as f64
-    )?;
-    writeln!(out, "tokens/s     {:.0}", tokens / seconds)?;
+    if steps > 0 {
+        writeln!(
+            out,
+            "steps        {steps} in {seconds:.2} s, {:.2} ms/step, last loss {loss:.4}",
+            1e3 * seconds / steps as f64
+        )?;
+    }
+    if steps > 0 {
+        writeln!(out, "tokens/s     {:.0}", tokens / seconds)?;
+    }
+    if let Some(pass_s) = forward_s {
+        let flops = pcp_graph::models::preset(&source)
+            .map(|c| forward_flops(params as f64, &c.with_vocab_size(vocab_size), batch * block));
+        let rate = flops.map_or(String::new(), |f| {
+            format!(
+                ", {:.1} GFLOP/s (the simulator's count: 2 x matmul params x tokens + 2 x layers x context x width x tokens)",
+                f / pass_s / 1e9
+            )
+        });
+        writeln!(out, "forward      {forwards} passes, {:.1} ms/pass{rate}", 1e3 * pass_s)?;
+    }
     writeln!(out, "peak RSS     {:.1} MiB", rss / 1048576.0)?;
     writeln!(
         out,
@@ -144,4 +187,37 @@ async fn step(
         rss / (state_bytes + activations)
     )?;
     Ok(())
+}
+
+/// Seconds of one forward pass (the loss of a batch), the median of `n` after one
+/// warmup pass; `None` when `n` is 0.
+async fn time_forwards(
+    engine: &mut crate::training::engine::Engine,
+    sampler: &mut Sampler,
+    n: u64,
+) -> anyhow::Result<Option<f64>> {
+    if n == 0 {
+        return Ok(None);
+    }
+    let batch = sampler.next_batch();
+    engine.eval(&batch).await?;
+    let mut passes = Vec::new();
+    for _ in 0..n {
+        let timer = Instant::now();
+        engine.eval(&batch).await?;
+        passes.push(timer.elapsed().as_secs_f64());
+    }
+    passes.sort_by(f64::total_cmp);
+    Ok(Some(passes[passes.len() / 2]))
+}
+
+/// A forward pass's FLOPs, as the simulator counts them (a third of Kaplan et al.'s
+/// training FLOPs): `2 × params × tokens` for the matmuls, `2 × layers × context ×
+/// width × tokens` for attention's score and value products. The presets' head is
+/// untied: their token embedding, a lookup, is left out, and the head's matmul
+/// stands for it, as in the simulator's tied gpt2-124m.
+fn forward_flops(params: f64, config: &pcp_graph::models::NanoGptConfig, tokens: usize) -> f64 {
+    let matmul = params - (config.vocab_size * config.n_embd) as f64;
+    let attention = (config.n_layer * config.block_size * config.n_embd) as f64;
+    2.0 * matmul * tokens as f64 + 2.0 * attention * tokens as f64
 }
