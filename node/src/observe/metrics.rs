@@ -56,6 +56,16 @@ struct Aggregation {
     seconds: FloatGauge,
 }
 
+/// The shepherd's screen's series (`--screen score`).
+#[derive(Debug, Default)]
+struct Screening {
+    seconds: FloatGauge,
+    share: FloatGauge,
+    /// Contributions the screen decided on, by outcome: `screened`, `skipped` (a
+    /// rated peer not drawn past the budget), `over_budget` (refused unscreened).
+    contributions: Family<Labels, Counter>,
+}
+
 /// Every series pcp exports.
 #[derive(Debug)]
 struct Metrics {
@@ -73,8 +83,7 @@ struct Metrics {
     round_update_bytes: Gauge,
     contributions: Contributions,
     aggregation: Aggregation,
-    screen_seconds: FloatGauge,
-    screen_share: FloatGauge,
+    screening: Screening,
     messages_rejected: Counter,
     peers: Gauge,
     workers: Gauge,
@@ -100,8 +109,7 @@ impl Metrics {
             round_update_bytes: Gauge::default(),
             contributions: Contributions::default(),
             aggregation: Aggregation::default(),
-            screen_seconds: FloatGauge::default(),
-            screen_share: FloatGauge::default(),
+            screening: Screening::default(),
             messages_rejected: Counter::default(),
             peers: Gauge::default(),
             workers: Gauge::default(),
@@ -172,12 +180,15 @@ impl Metrics {
             "Seconds from a round's close to its last shard mean (a shepherd) or to a signed mean (an aggregator)",
             a.seconds.clone(),
         );
+        let s = &metrics.screening;
+        r.register("screen_seconds", "Seconds the last round spent screening contributions", s.seconds.clone());
+        r.register("screen_share", "The share of the last round spent screening", s.share.clone());
         r.register(
-            "screen_seconds",
-            "Seconds the last round spent screening contributions",
-            metrics.screen_seconds.clone(),
+            "screen_contributions",
+            "Contributions the score screen decided on, by outcome: screened, skipped (a rated peer not drawn past the \
+             budget) or over_budget (refused unscreened); screened over all is the share screened",
+            s.contributions.clone(),
         );
-        r.register("screen_share", "The share of the last round spent screening", metrics.screen_share.clone());
         r.register("messages_rejected", "Requests refused before they were read", metrics.messages_rejected.clone());
         r.register("peers", "Connected peers", metrics.peers.clone());
         r.register("workers", "Workers the shepherd counts as live", metrics.workers.clone());
@@ -261,8 +272,11 @@ impl Metrics {
                 self.aggregation.disputes.inc();
             }
             Event::ScreenRound(e) => {
-                self.screen_seconds.set(e.seconds);
-                self.screen_share.set(e.share);
+                self.screening.seconds.set(e.seconds);
+                self.screening.share.set(e.share);
+                for (outcome, n) in [("screened", e.screened), ("skipped", e.skipped), ("over_budget", e.over_budget)] {
+                    self.screening.contributions.get_or_create(&vec![("outcome".into(), outcome.into())]).inc_by(n);
+                }
             }
             Event::MessageRejected(_) => {
                 self.messages_rejected.inc();
@@ -417,6 +431,13 @@ mod tests {
         m.observe_named("shard_aggregated", &json!({"round": 2, "shard": 0, "recomputed": false, "seconds": 0.25}));
         m.observe_named("shard_aggregated", &json!({"round": 2, "shard": 1, "recomputed": true, "seconds": 1.5}));
         m.observe_named("aggregate_disputed", &json!({"round": 2, "shard": 1, "liars": ["a"]}));
+        for (screened, skipped) in [(8, 0), (9, 3)] {
+            m.observe_named(
+                "screen_round",
+                &json!({"round": 1, "screened": screened, "skipped": skipped, "over_budget": 1, "seconds": 2.5,
+                        "share": 0.25, "hidden": true, "commit": "", "seed": ""}),
+            );
+        }
         let text = m.text();
         for line in [
             "pcp_rounds_completed_total 1",
@@ -436,6 +457,11 @@ mod tests {
             "pcp_shards_recomputed_total 1",
             "pcp_aggregate_disputes_total 1",
             "pcp_shard_aggregation_seconds 1.5",
+            "pcp_screen_seconds 2.5",
+            "pcp_screen_share 0.25",
+            "pcp_screen_contributions_total{outcome=\"screened\"} 17",
+            "pcp_screen_contributions_total{outcome=\"skipped\"} 3",
+            "pcp_screen_contributions_total{outcome=\"over_budget\"} 2",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
         }
