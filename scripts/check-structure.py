@@ -70,7 +70,6 @@ WIDE = {
     ("protocol/src/diloco/shepherd.rs", "Config"): 28,
     ("node/src/observe/tui/state.rs", "State"): 28,
     ("simulations/src/diloco.rs", "Sim"): 24,
-    ("node/src/observe/metrics.rs", "Metrics"): 21,
     ("node/src/diloco/worker.rs", "Trainer"): 24,
     ("bootstrap/src/nat.rs", "Nat"): 24,
     ("simulations/src/report.rs", "RoundStats"): 22,

@@ -18,8 +18,14 @@
 //!   whose losses disagree with the shepherd's by more than the numeric noise of
 //!   different devices ([`agrees`]: [`ABS_TOLERANCE`] plus [`REL_TOLERANCE`] of
 //!   the loss) is caught: it loses its rating and its screening role.
+//! * **A round's machine** ([`screening::Screening`]): assigns each contribution
+//!   its committee on receipt, takes a verdict only from agreeing answers, and
+//!   asks the shepherd to score it whenever they disagree, fall silent or the
+//!   spot check draws it.
 
 use super::rating::Ratings;
+
+pub mod screening;
 
 /// Losses within this much of the shepherd's agree, whatever their size.
 pub const ABS_TOLERANCE: f32 = 2e-3;
