@@ -23,6 +23,7 @@ pub(crate) mod inbox;
 pub(crate) mod participants;
 mod refusal;
 mod retention;
+mod scoring;
 mod shepherd;
 pub(crate) mod wire;
 mod worker;

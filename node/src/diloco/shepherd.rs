@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use pcp_bootstrap::{BlobStore, Event, InboundId, Node, PeerId, Stats};
 use pcp_protocol::diloco::aggregate::Rejection;
+use pcp_protocol::diloco::committee::Losses;
 use pcp_protocol::diloco::compress;
 use pcp_protocol::diloco::fragments;
 use pcp_protocol::diloco::shepherd::{self, Action, Input, LeaveReason, Shepherd};
@@ -477,7 +478,7 @@ impl Host {
         }
         let Some(applied) = self.machine.as_applied(delta) else { return Ok(input) };
         let params = self.machine.params().clone();
-        let engine = self.engine.as_mut().context("the loss screen without the model on this host")?;
+        let engine = self.engine.as_ref().context("the loss screen without the model on this host")?;
         let verdict = self.screener.score(engine, &params, &applied).await?;
         let min_gain = self.screener.min_gain();
         let improvement = f64::from(verdict.before - verdict.after);
@@ -490,7 +491,7 @@ impl Host {
             }
             return Ok(input);
         }
-        let screen::Verdict { before, after, reversed } = verdict;
+        let Losses { before, after, reversed } = verdict;
         let reason = if verdict.improves() {
             Rejection::SmallImprovement { gain: f64::from(before - after), needed: min_gain }
         } else {

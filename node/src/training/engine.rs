@@ -138,9 +138,21 @@ impl Engine {
     /// The loss on `batch` without updating anything (the mean over its
     /// micro-batches when accumulating).
     pub(crate) async fn eval(&self, batch: &Batch) -> anyhow::Result<f32> {
+        self.eval_with(&self.params, batch).await
+    }
+
+    /// The loss on `batch` at `params`, leaving the engine's own parameters (a
+    /// worker's training) as they are: a screener's score of another's
+    /// contribution.
+    pub(crate) async fn eval_at(&self, params: Vec<Vec<f32>>, batch: &Batch) -> anyhow::Result<f32> {
+        let buffers = self.upload_all(params).await?;
+        self.eval_with(&buffers, batch).await
+    }
+
+    async fn eval_with(&self, params: &[Buffer], batch: &Batch) -> anyhow::Result<f32> {
         let mut total = 0.0;
         for micro in batch.split(self.micro_batches) {
-            let mut args: Vec<Arg> = self.params.iter().map(|b| Arg::from(b.clone())).collect();
+            let mut args: Vec<Arg> = params.iter().map(|b| Arg::from(b.clone())).collect();
             args.extend(self.data_args(&micro)?);
             let outputs = self.session.invoke("module.eval_loss", args).await?;
             total += scalar(&self.session, outputs.first().context("eval_loss returned nothing")?).await?;

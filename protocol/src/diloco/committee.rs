@@ -51,6 +51,12 @@ impl Losses {
         self.after < self.before && self.after < self.reversed && f64::from(self.before - self.after) >= min_gain
     }
 
+    /// Whether the contribution lowers the loss, and more than its opposite does
+    /// (NaN does not), whatever the gain.
+    pub fn improves(&self) -> bool {
+        self.after < self.before && self.after < self.reversed
+    }
+
     /// The loss without the contribution less the loss with it.
     pub fn improvement(&self) -> f64 {
         f64::from(self.before) - f64::from(self.after)

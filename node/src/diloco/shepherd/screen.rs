@@ -29,9 +29,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::aggregate::Delta;
+use pcp_protocol::diloco::committee::Losses;
 use rand::{Rng as _, SeedableRng as _};
 
 use super::Screen;
+use crate::diloco::scoring;
 use crate::training::data::{Batch, Sampler, Split, TokenFormat, Tokens, Vocab};
 use crate::training::engine::Engine;
 
@@ -160,30 +162,6 @@ pub(crate) enum Decision {
     Skip,
     /// Refuse it this round: it must be screened and the budget is spent.
     OverBudget,
-}
-
-/// A screen's verdict.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Verdict {
-    /// The held-out loss at the round's parameters.
-    pub(crate) before: f32,
-    /// With the contribution applied.
-    pub(crate) after: f32,
-    /// With it applied reversed.
-    pub(crate) reversed: f32,
-}
-
-impl Verdict {
-    /// Whether it passed: it lowers the loss by at least `min_gain`, and more than its
-    /// opposite does (NaN fails).
-    pub(crate) fn passed(&self, min_gain: f64) -> bool {
-        self.improves() && f64::from(self.before - self.after) >= min_gain
-    }
-
-    /// Whether it lowers the loss, and more than its opposite does (NaN does not).
-    pub(crate) fn improves(&self) -> bool {
-        self.after < self.before && self.after < self.reversed
-    }
 }
 
 /// Contributions a round screens whatever its budget: a small run, whose every
@@ -335,12 +313,7 @@ impl Screener {
     }
 
     /// Scores `applied` (the contribution as the round applies it) at `params`.
-    pub(crate) async fn score(
-        &mut self,
-        engine: &mut Engine,
-        params: &Tensors,
-        applied: &Delta,
-    ) -> anyhow::Result<Verdict> {
+    pub(crate) async fn score(&mut self, engine: &Engine, params: &Tensors, applied: &Delta) -> anyhow::Result<Losses> {
         let started = std::time::Instant::now();
         if self.batch.is_none() {
             let mut first = [0u8; 8];
@@ -349,20 +322,11 @@ impl Screener {
             self.batch = Some((sampler.next_batch(), None));
         }
         let Some((batch, before)) = self.batch.as_mut() else { anyhow::bail!("no screen batch") };
-        let before = match before {
-            Some(b) => *b,
-            None => {
-                engine.set_params(params.clone()).await.context("loading parameters to screen")?;
-                let b = engine.eval(batch).await?;
-                *before = Some(b);
-                b
-            }
-        };
-        let after = loss_moved(engine, params, applied, self.scale, batch).await?;
-        let reversed = loss_moved(engine, params, applied, -self.scale, batch).await?;
+        let losses = scoring::losses(engine, params, (applied, self.scale), batch, *before).await?;
+        *before = Some(losses.before);
         self.stats.screened += 1;
         self.stats.seconds += started.elapsed().as_secs_f64();
-        Ok(Verdict { before, after, reversed })
+        Ok(losses)
     }
 
     /// Closes the open round, which took `seconds`: its screening, for the event.
@@ -422,20 +386,6 @@ impl GainBar {
             self.last = Some(gains[(gains.len() - 1) / 2]);
         }
     }
-}
-
-/// The loss on `batch` at `params − sign × delta`.
-async fn loss_moved(
-    engine: &mut Engine,
-    params: &Tensors,
-    delta: &Delta,
-    sign: f32,
-    batch: &Batch,
-) -> anyhow::Result<f32> {
-    let mut moved = params.clone();
-    delta.add_to(&mut moved, -sign);
-    engine.set_params(moved).await.context("loading parameters to screen")?;
-    engine.eval(batch).await
 }
 
 #[cfg(test)]

@@ -1,0 +1,78 @@
+//! A contribution's score on a held-out batch: the losses the shepherd's screen
+//! computes, and that a screening committee's members compute alike on their
+//! own devices.
+
+use pcp_protocol::diloco::Tensors;
+use pcp_protocol::diloco::aggregate::Delta;
+use pcp_protocol::diloco::committee::Losses;
+
+use crate::training::data::Batch;
+use crate::training::engine::Engine;
+
+/// The loss on `batch` at `params` (`before`, when known already), with `applied`
+/// (the contribution as the round applies it) added at `scale`, and with it
+/// subtracted. The engine's own parameters are left as they are.
+pub(crate) async fn losses(
+    engine: &Engine,
+    params: &Tensors,
+    (applied, scale): (&Delta, f32),
+    batch: &Batch,
+    before: Option<f32>,
+) -> anyhow::Result<Losses> {
+    let before = match before {
+        Some(b) => b,
+        None => engine.eval_at(params.clone(), batch).await?,
+    };
+    let after = loss_moved(engine, params, applied, scale, batch).await?;
+    let reversed = loss_moved(engine, params, applied, -scale, batch).await?;
+    Ok(Losses { before, after, reversed })
+}
+
+/// The loss with `delta` applied at `sign` × its scale: a pseudo-gradient is
+/// θ_start − θ_end, so the step it stands for subtracts it.
+async fn loss_moved(engine: &Engine, params: &Tensors, delta: &Delta, sign: f32, batch: &Batch) -> anyhow::Result<f32> {
+    let mut moved = params.clone();
+    delta.add_to(&mut moved, -sign);
+    engine.eval_at(moved, batch).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commands::train::{DeviceArgs, load_engine};
+    use crate::training::config::Experiment;
+    use crate::training::data::{Corpus, Sampler, default_corpus};
+    use crate::training::model::Model;
+
+    /// A real pseudo-gradient (θ_start − θ_end of 20 steps) lowers the held-out
+    /// loss, and more than its opposite does; a zero one changes nothing; and the
+    /// engine that scored them keeps training from its own parameters.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_trained_pseudo_gradient_improves_and_the_engine_keeps_its_parameters() -> anyhow::Result<()> {
+        let corpus = Corpus::load(&default_corpus().expect("the demo corpus"), "char", None, 0.1)?;
+        let model = Model::load_with_batch("nanogpt-small", corpus.vocab.size(), None)?;
+        let experiment = Experiment { model: Some("nanogpt-small".into()), ..Experiment::default() };
+        let device = DeviceArgs { backend: "cpu".into(), target: None };
+        // the artifacts the multi-process tests share (PCP_ARTIFACT_CACHE)
+        let cache = std::env::temp_dir().join("pcp-test-artifact-cache");
+        let mut engine = load_engine(&experiment, &model, &device, &cache, None, 1).await?;
+        let (batch, block) = model.batch_block()?;
+        let start = engine.params().await?;
+        let mut sampler = Sampler::new(corpus.train.clone(), batch, block, 1)?;
+        for s in 1..=20 {
+            engine.step(s, 3e-3, &sampler.next_batch()).await?;
+        }
+        let end = engine.params().await?;
+        let delta: Tensors =
+            start.iter().zip(&end).map(|(a, b)| a.iter().zip(b).map(|(x, y)| x - y).collect()).collect();
+        let held_out = Sampler::new(corpus.val.clone(), batch, block, 2)?.next_batch();
+        let l = losses(&engine, &start, (&Delta::Dense(delta), 1.0), &held_out, None).await?;
+        assert!(l.improves(), "{l:?}");
+        assert_eq!(engine.params().await?, end, "scoring leaves the engine's parameters");
+        assert_eq!(engine.eval(&held_out).await?, engine.eval_at(end.clone(), &held_out).await?);
+        let zeros: Tensors = start.iter().map(|t| vec![0.0; t.len()]).collect();
+        let z = losses(&engine, &start, (&Delta::Dense(zeros), 1.0), &held_out, Some(l.before)).await?;
+        assert_eq!((z.before, z.after, z.reversed), (l.before, l.before, l.before), "{z:?}");
+        Ok(())
+    }
+}
