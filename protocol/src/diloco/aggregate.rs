@@ -96,62 +96,61 @@ impl Delta {
         }
     }
 
-    /// The delta bounded one tensor at a time: every value of tensor t clipped to
-    /// ±`bounds.element[t]`, then the tensor scaled down to at most
-    /// `bounds.tensor[t]` in norm (a sparse message: its value tables, see
+    /// The delta bounded one tensor at a time: tensor t scaled down to at most
+    /// `bounds.tensor[t]` in norm, then every value clipped to
+    /// ±`bounds.element[t]` (a sparse message: its value tables, see
     /// [`Packed::bounded`]). Returns the bounded delta, its norm, and what the
     /// bounds changed. A delta the bounds leave alone is returned as it is.
+    ///
+    /// Scaling first keeps a scaled-up honest delta's shape: 10⁶ × an honest Δ
+    /// comes out as that Δ at the bound. Clipping first made it ±clip in every
+    /// value, a sign vector at the bound, which a rated peer sampled out of the
+    /// screen got averaged (fp32, 9 of 20 sleepers sending it: +21% val loss). A
+    /// delta whose norm sits on a few values is still clipped once scaled.
     pub fn bounded(self, bounds: &Bounds) -> (Self, f64, Clipping) {
         let stats = self.tensor_stats();
         let at = |v: &[f64], t: usize| v.get(t).copied().unwrap_or(f64::INFINITY);
-        let at32 = |v: &[f32], t: usize| v.get(t).copied().unwrap_or(f32::INFINITY);
         let mut clipping = Clipping::default();
-        let over_clip = stats.iter().enumerate().any(|(t, (_, max))| *max > at32(&bounds.element, t));
-        // the norm of each tensor after the element clip (measured again below if any)
-        let scales = |stats: &[(f64, f32)], clipping: &mut Clipping| -> Vec<f32> {
-            stats
-                .iter()
-                .enumerate()
-                .map(|(t, (norm, _))| {
-                    let bound = at(&bounds.tensor, t);
-                    if *norm > bound {
-                        clipping.tensors += 1;
-                        (bound / norm) as f32
-                    } else {
-                        1.0
-                    }
-                })
-                .collect()
-        };
-        let clips: Vec<f32> = (0..stats.len()).map(|t| at32(&bounds.element, t)).collect();
+        let scales: Vec<f32> = stats
+            .iter()
+            .enumerate()
+            .map(|(t, (norm, _))| {
+                let bound = at(&bounds.tensor, t);
+                if *norm > bound {
+                    clipping.tensors += 1;
+                    (bound / norm) as f32
+                } else {
+                    1.0
+                }
+            })
+            .collect();
+        let clips: Vec<f32> =
+            (0..stats.len()).map(|t| bounds.element.get(t).copied().unwrap_or(f32::INFINITY)).collect();
+        let over_clip = stats.iter().zip(scales.iter().zip(&clips)).any(|((_, max), (s, c))| max * s > *c);
         match self {
             Self::Packed(p) => {
-                let (clipped, count) = if over_clip { p.bounded(&vec![1.0; clips.len()], &clips) } else { (p, 0) };
+                if clipping.tensors == 0 && !over_clip {
+                    let norm = p.norm();
+                    return (Self::Packed(p), norm, clipping);
+                }
+                // a value clipped to ±c after the scale s is one clipped to ±c/s before it
+                let before: Vec<f32> =
+                    clips.iter().zip(&scales).map(|(c, s)| if *s > 0.0 { c / s } else { *c }).collect();
+                let (p, count) = p.bounded(&scales, &before);
                 clipping.elements = count;
-                let stats = clipped.tensor_stats();
-                let scales = scales(&stats, &mut clipping);
-                let p = if clipping.tensors > 0 {
-                    clipped.bounded(&scales, &vec![f32::INFINITY; scales.len()]).0
-                } else {
-                    clipped
-                };
                 let norm = p.norm();
                 (Self::Packed(p), norm, clipping)
             }
             Self::Dense(mut t) => {
-                clip_values(t.iter_mut().map(Vec::as_mut_slice), &clips, &mut clipping);
-                let stats: Vec<(f64, f32)> = t.iter().map(|v| stats_of(v)).collect();
-                let scales = scales(&stats, &mut clipping);
                 scale_values(t.iter_mut().map(Vec::as_mut_slice), &scales);
+                clip_values(t.iter_mut().map(Vec::as_mut_slice), &clips, &mut clipping);
                 let d = Self::Dense(t);
                 let norm = d.norm();
                 (d, norm, clipping)
             }
             Self::Sparse(mut s) => {
-                clip_values(s.iter_mut().map(|t| t.values.as_mut_slice()), &clips, &mut clipping);
-                let stats: Vec<(f64, f32)> = s.iter().map(|t| stats_of(&t.values)).collect();
-                let scales = scales(&stats, &mut clipping);
                 scale_values(s.iter_mut().map(|t| t.values.as_mut_slice()), &scales);
+                clip_values(s.iter_mut().map(|t| t.values.as_mut_slice()), &clips, &mut clipping);
                 let d = Self::Sparse(s);
                 let norm = d.norm();
                 (d, norm, clipping)
@@ -189,9 +188,9 @@ impl Delta {
     }
 }
 
-/// Per-tensor limits on one contribution ([`Delta::bounded`]): a tensor's
-/// elements are clipped to ±`element[t]`, then the tensor is scaled down to at
-/// most `tensor[t]` in L2 norm. Missing entries are no limit.
+/// Per-tensor limits on one contribution ([`Delta::bounded`]): a tensor is
+/// scaled down to at most `tensor[t]` in L2 norm, then its elements are clipped
+/// to ±`element[t]`. Missing entries are no limit.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Bounds {
     /// Each tensor's norm bound.
