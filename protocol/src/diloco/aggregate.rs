@@ -103,10 +103,10 @@ impl Delta {
     /// bounds changed. A delta the bounds leave alone is returned as it is.
     ///
     /// Scaling first keeps a scaled-up honest delta's shape: 10⁶ × an honest Δ
-    /// comes out as that Δ at the bound. Clipping first made it ±clip in every
-    /// value, a sign vector at the bound, which a rated peer sampled out of the
-    /// screen got averaged (fp32, 9 of 20 sleepers sending it: +21% val loss). A
-    /// delta whose norm sits on a few values is still clipped once scaled.
+    /// comes out as that Δ at the bound. Clipped first, it would be ±clip in every
+    /// value, a sign vector at the bound (with that order, 9 of 20 fp32 sleepers
+    /// sending it past the screen's budget cost 21% of the val loss). A delta
+    /// whose norm sits on a few values is still clipped once scaled.
     pub fn bounded(self, bounds: &Bounds) -> (Self, f64, Clipping) {
         let stats = self.tensor_stats();
         let at = |v: &[f64], t: usize| v.get(t).copied().unwrap_or(f64::INFINITY);

@@ -48,7 +48,7 @@ impl Losses {
     /// Whether the contribution lowers the loss by at least `min_gain`, and more
     /// than its opposite does (NaN does not).
     pub fn passed(&self, min_gain: f64) -> bool {
-        self.after < self.before && self.after < self.reversed && f64::from(self.before - self.after) >= min_gain
+        self.improves() && self.improvement() >= min_gain
     }
 
     /// Whether the contribution lowers the loss, and more than its opposite does

@@ -163,8 +163,6 @@ async fn step(
             "steps        {steps} in {seconds:.2} s, {:.2} ms/step, last loss {loss:.4}",
             1e3 * seconds / steps as f64
         )?;
-    }
-    if steps > 0 {
         writeln!(out, "tokens/s     {:.0}", tokens / seconds)?;
     }
     if let Some(pass_s) = forward_s {

@@ -113,9 +113,9 @@ fn a_contribution_concentrated_on_one_coordinate_is_clipped_to_the_rated_peers_s
 }
 
 /// A scaled-up honest delta (`huge`: 10⁶ × an honest Δ) comes out as that Δ at
-/// its tensor's bound: the scale comes before the element clip. Clipping first
-/// made it ±clip in every value, a sign vector at the bound (cosine 0.91 to the
-/// honest Δ here), which averaged unscreened cost an fp32 run 21% of its loss
+/// its tensor's bound: the scale comes before the element clip. Clipped first, it
+/// would be ±clip in every value, a sign vector at the bound (cosine 0.91 to the
+/// honest Δ here), which averaged unscreened costs an fp32 run 21% of its loss
 /// (`bench/sleepers.sh`, 9 of 20 sleepers past the screen's budget).
 #[test]
 fn a_scaled_up_honest_delta_keeps_its_shape_at_the_bound() {
