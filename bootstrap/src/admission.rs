@@ -70,8 +70,10 @@ use pcp_schema::{FrameHead, MAX_FRAME_HEAD, MessageKind};
 use known::{Known, Slot};
 
 mod known;
+mod screens;
 mod slices;
 
+pub use screens::SCREENS_IN_FLIGHT;
 pub use slices::SLICES_IN_FLIGHT;
 
 /// The largest payload of a request that is not a contribution (hello, heartbeat).
@@ -337,6 +339,8 @@ struct Inner {
     count_loopback: bool,
     /// [`Admission::aggregate`]: the rounds whose slices this node reads.
     slices: slices::Slices,
+    /// [`Admission::screen_for`]: the leaders whose screen requests this node reads.
+    screens: screens::Screens,
 }
 
 /// The runs this node serves and who may send it what. Shared by the node's handle
@@ -496,6 +500,14 @@ impl Admission {
         self.lock().slices.open((run, round), senders, max_len);
     }
 
+    /// This node screens for `run` (a worker): `leader`'s screen requests (request
+    /// kind `ScreenRequest`) of at most `max_len` bytes are read while those in
+    /// flight hold less than [`SCREENS_IN_FLIGHT`] × `max_len`, and refused past
+    /// it; anyone else's is a small frame. A new leader replaces the last.
+    pub fn screen_for(&self, run: RunId, leader: PublicKey, max_len: usize) {
+        self.lock().screens.open(run, leader, max_len);
+    }
+
     /// A connection to `peer` at `remote` is established. Only pcp peers' (whose peer id
     /// embeds an ed25519 key) are remembered, at most [`MAX_CONNECTIONS`] at once.
     pub(crate) fn connected(&self, id: ConnectionId, peer: PeerId, remote: &Multiaddr) {
@@ -635,6 +647,10 @@ impl Admission {
                 Some(len) => Share::Slice { len: len? },
                 None => inner.small(head, signer, from.address)?,
             },
+            MessageKind::ScreenRequest => match inner.screens.permit(head, signer) {
+                Some(len) => Share::Screen { len: len? },
+                None => inner.small(head, signer, from.address)?,
+            },
             _ => inner.small(head, signer, from.address)?,
         };
         Ok(Permit { admission: self.clone(), share })
@@ -717,6 +733,7 @@ enum Share {
     Small { signer: PublicKey, address: Option<IpAddr>, known: bool, cost: usize },
     Contribution { signer: PublicKey, len: usize },
     Slice { len: usize },
+    Screen { len: usize },
 }
 
 fn release<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: K, n: usize) {
@@ -796,6 +813,7 @@ impl Drop for Permit {
                 drop(inner);
                 self.admission.freed.notify_waiters();
             }
+            Share::Screen { len } => inner.screens.release(len),
         }
     }
 }

@@ -64,6 +64,19 @@ fn a_seeded_sim_emits_the_golden_events_field_for_field() {
         .expect("runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     files.push(agg_ev);
+    // screening by committees, one of whose screeners lies: the committees' events
+    let screened = tempfile::tempdir().expect("tempdir");
+    let screened_ev = screened.path().join("events.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_pcp-node"))
+        .env("PCP_ARTIFACT_CACHE", std::env::temp_dir().join("pcp-test-artifact-cache").join("artifacts"))
+        .args(["sim", "--nodes", "5", "--rounds", "4", "--tau", "10", "--seed", "7", "--screeners", "2"])
+        .args(["--probation-rounds", "1", "--hostile", "screen-high:4", "--data", &corpus()])
+        .args(["--events", screened_ev.to_str().expect("utf8"), "--data-dir", screened.path().to_str().expect("utf8")])
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    files.push(screened_ev);
+    files.extend((1..=4).map(|n| screened.path().join(format!("sim/worker-{n}/events.jsonl"))));
     let got = shapes(&files);
     let golden_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/sim_events.json");
     if std::env::var_os("PCP_BLESS").is_some() {
@@ -97,6 +110,10 @@ fn a_seeded_sim_emits_the_golden_events_field_for_field() {
         "aggregator_assigned",
         "shard_aggregated",
         "aggregate_disputed",
+        "screen_assigned",
+        "screen_reported",
+        "screen_decided",
+        "screen_answered",
     ] {
         assert!(got.contains_key(name), "no {name} event");
     }

@@ -503,3 +503,54 @@ fn fragments_sync_a_part_per_round_and_workers_fetch_only_changed_shards() {
     let (l, f) = (final_val(&dense), final_val(&streaming));
     assert!(f <= l * 1.03, "fragments val loss {f} vs DiLoCo {l}");
 }
+
+/// Screening by committees (`--screeners 3`), with a lying screener of each
+/// kind and a worker sending noise: every liar whose lie a committee counted is
+/// caught (`screener_caught`) and no honest screener is; the noise is never
+/// accepted; some verdicts are the committees' own; and honest contributions
+/// are accepted in every round.
+#[test]
+fn lying_screeners_are_caught_and_honest_contributions_still_pass() {
+    let _serial = serial::serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ev = dir.path().join("events.jsonl");
+    let out = pcp_node()
+        .args(["sim", "--nodes", "8", "--rounds", "8", "--tau", "20", "--seed", "1337", "--screeners", "3"])
+        .args(["--hostile", "screen-high:5", "--hostile", "screen-low:6", "--hostile", "noise:7"])
+        .args(["--data", &corpus(), "--events", ev.to_str().expect("utf8")])
+        .args(["--data-dir", dir.path().to_str().expect("utf8")])
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let events: Vec<Value> =
+        std::fs::read_to_string(&ev).expect("events").lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    fn of<'a>(events: &'a [Value], name: &'static str) -> impl Iterator<Item = &'a Value> {
+        events.iter().filter(move |e| e["event"] == name)
+    }
+    let (high, low, noise) = (worker_peer(&events, 5), worker_peer(&events, 6), worker_peer(&events, 7));
+    let caught: std::collections::BTreeSet<&str> =
+        of(&events, "screener_caught").filter_map(|e| e["screener"].as_str()).collect();
+    // a lie is the truth's `before` with `after` 0.5 away: counted reports of one
+    let lied: std::collections::BTreeSet<&str> = of(&events, "screen_reported")
+        .filter(|e| {
+            let (b, a) = (e["before"].as_f64().unwrap_or(0.0), e["after"].as_f64().unwrap_or(0.0));
+            ((a - b).abs() - 0.5).abs() < 1e-3
+        })
+        .filter_map(|e| e["screener"].as_str())
+        .collect();
+    assert!(!lied.is_empty(), "no liar ever screened: {:?}", of(&events, "screen_assigned").collect::<Vec<_>>());
+    assert!(lied.iter().all(|l| *l == high || *l == low), "only the liars lie: {lied:?}");
+    assert_eq!(lied, caught, "every liar that screened is caught, and nobody else");
+    let decided: Vec<&Value> = of(&events, "screen_decided").collect();
+    assert!(decided.iter().any(|e| e["source"] == "committee"), "committees decide: {decided:?}");
+    for e in of(&events, "contribution_received") {
+        assert!(!(e["peer"] == noise.as_str() && e["accepted"] == true), "the noise is never accepted: {e}");
+    }
+    let honest = |e: &&Value| e["peer"] != high.as_str() && e["peer"] != low.as_str() && e["peer"] != noise.as_str();
+    for round in 1..=8 {
+        assert!(
+            of(&events, "contribution_received").filter(honest).any(|e| e["round"] == round && e["accepted"] == true),
+            "round {round} accepted no honest contribution"
+        );
+    }
+}

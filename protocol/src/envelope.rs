@@ -53,6 +53,12 @@ impl Signable for pcp_schema::Accepts {
 impl Signable for pcp_schema::ShardVote {
     const KIND: MessageKind = MessageKind::ShardVote;
 }
+impl Signable for pcp_schema::ScreenRequest {
+    const KIND: MessageKind = MessageKind::ScreenRequest;
+}
+impl Signable for pcp_schema::ScreenReport {
+    const KIND: MessageKind = MessageKind::ScreenReport;
+}
 
 /// What a message is bound to, so that it cannot be replayed elsewhere or later: the
 /// part of an envelope's [`EnvelopeHeader`] that the caller of [`seal`] supplies.

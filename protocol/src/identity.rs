@@ -15,6 +15,12 @@ pub struct Identity {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct PublicKey(pub [u8; 32]);
 
+impl AsRef<[u8]> for PublicKey {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 impl Identity {
     /// The identity whose secret key is `secret` (32 uniformly random bytes).
     pub fn from_secret(secret: [u8; 32]) -> Self {

@@ -229,6 +229,33 @@ enum ShardFailure {
   pastClose @3;             # places past the round's count were given
 }
 
+# The shepherd asks a screener (a rated worker on the contribution's committee)
+# to score one contribution of the open round, on a batch from the withheld split.
+struct ScreenRequest {
+  run @0 :Data;
+  round @1 :UInt64;             # the open round: its parameters are the base
+  contribution @2 :Data;        # blake3 of the encoded pseudo-gradient: its id
+  contributionRound @3 :UInt64; # the round it was made for (its encoding's seed and fragment)
+  paramsHash @4 :Data;          # the parameters blob it is scored at
+  delta @5 :Data;               # the pseudo-gradient, encoded as its sender sent it
+  tensorBounds @6 :List(Float64); # the round's per-tensor L2 bounds (infinite: none)
+  elementBounds @7 :List(Float32); # the round's per-element clips (infinite: none)
+  boundScale @8 :Float32;       # the global norm bound's scale, after the per-tensor bounds
+  outerScale @9 :Float32;       # the scale the outer step applies it at
+  rows @10 :UInt32;             # the batch's windows
+  windows @11 :Data;            # rows x (block + 1) u16 tokens, little-endian
+}
+
+# A screener's held-out losses for one contribution: the answer to a ScreenRequest.
+struct ScreenReport {
+  run @0 :Data;
+  round @1 :UInt64;
+  contribution @2 :Data;
+  before @3 :Float32;           # at the round's parameters
+  after @4 :Float32;            # with the contribution applied
+  reversed @5 :Float32;         # with it applied reversed
+}
+
 # The shepherd's answer to a contribution, or its refusal of any request.
 struct Ack {
   run @0 :Data;
@@ -324,6 +351,8 @@ enum MessageKind {
   sliceReports @7;
   accepts @8;
   shardVote @9;
+  screenRequest @10;
+  screenReport @11;
 }
 
 struct SignedEnvelope {

@@ -27,11 +27,15 @@ pub enum MessageKind {
     Accepts,
     /// [`crate::ShardVote`].
     ShardVote,
+    /// [`crate::ScreenRequest`].
+    ScreenRequest,
+    /// [`crate::ScreenReport`].
+    ScreenReport,
 }
 
 impl MessageKind {
     /// Every kind.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 12] = [
         Self::NodeHello,
         Self::RunManifest,
         Self::RoundAnnouncement,
@@ -42,6 +46,8 @@ impl MessageKind {
         Self::SliceReports,
         Self::Accepts,
         Self::ShardVote,
+        Self::ScreenRequest,
+        Self::ScreenReport,
     ];
 
     /// A stable tag for signing.
@@ -57,13 +63,15 @@ impl MessageKind {
             Self::SliceReports => "slice-reports",
             Self::Accepts => "accepts",
             Self::ShardVote => "shard-vote",
+            Self::ScreenRequest => "screen-request",
+            Self::ScreenReport => "screen-report",
         }
     }
 
     /// The largest payload an envelope of this kind may carry.
     pub fn max_payload(self) -> usize {
         match self {
-            Self::Contribution | Self::Slice => MAX_CONTRIBUTION,
+            Self::Contribution | Self::Slice | Self::ScreenRequest => MAX_CONTRIBUTION,
             _ => MAX_CONTROL_MESSAGE,
         }
     }
@@ -81,6 +89,8 @@ impl MessageKind {
             Self::SliceReports => K::SliceReports,
             Self::Accepts => K::Accepts,
             Self::ShardVote => K::ShardVote,
+            Self::ScreenRequest => K::ScreenRequest,
+            Self::ScreenReport => K::ScreenReport,
         }
     }
 
@@ -97,6 +107,8 @@ impl MessageKind {
             K::SliceReports => Self::SliceReports,
             K::Accepts => Self::Accepts,
             K::ShardVote => Self::ShardVote,
+            K::ScreenRequest => Self::ScreenRequest,
+            K::ScreenReport => Self::ScreenReport,
         }
     }
 }

@@ -5,8 +5,8 @@
 
 use pcp_schema::{
     AcceptEntry, Accepts, Ack, BlobRequest, BlobResponse, BlobWant, Contribution, EnvelopeHeader, FrameHead, Heartbeat,
-    Message, MessageKind, NodeHello, RoundAnnouncement, RunManifest, ShardFailure, ShardVote, SignedEnvelope, Slice,
-    SliceReportEntry, SliceReports,
+    Message, MessageKind, NodeHello, RoundAnnouncement, RunManifest, ScreenReport, ScreenRequest, ShardFailure,
+    ShardVote, SignedEnvelope, Slice, SliceReportEntry, SliceReports,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -36,6 +36,8 @@ fn every_decoder(bytes: &[u8]) -> Result<(), TestCaseError> {
     survives::<SliceReports>(bytes)?;
     survives::<Accepts>(bytes)?;
     survives::<ShardVote>(bytes)?;
+    survives::<ScreenRequest>(bytes)?;
+    survives::<ScreenReport>(bytes)?;
     let _ = BlobResponse::chunk_range(bytes);
     Ok(())
 }
@@ -99,6 +101,22 @@ fn seeds() -> Vec<Vec<u8>> {
         }
         .encode(),
         ShardVote { run: [1; 32], round: 2, shard: 3, outcome: Err(ShardFailure::Missing) }.encode(),
+        ScreenRequest {
+            run: [1; 32],
+            round: 2,
+            contribution: [3; 32],
+            contribution_round: 1,
+            params_hash: [4; 32],
+            delta: vec![5; 40],
+            tensor_bounds: vec![1.0, f64::INFINITY],
+            element_bounds: vec![0.5],
+            bound_scale: 1.0,
+            outer_scale: 0.7,
+            rows: 2,
+            windows: vec![7; 10],
+        }
+        .encode(),
+        ScreenReport { run: [1; 32], round: 2, contribution: [3; 32], before: 2.0, after: 1.9, reversed: 2.1 }.encode(),
     ]
 }
 

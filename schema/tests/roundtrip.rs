@@ -1,7 +1,8 @@
 //! Every wire message round-trips; hostile input fails cleanly and within its bounds.
 
 use pcp_schema::{
-    AcceptEntry, Accepts, ShardAggregators, ShardFailure, ShardVote, Slice, SliceReportEntry, SliceReports,
+    AcceptEntry, Accepts, ScreenReport, ScreenRequest, ShardAggregators, ShardFailure, ShardVote, Slice,
+    SliceReportEntry, SliceReports,
 };
 use pcp_schema::{
     Ack, AckCode, Admission, ArtifactRef, Backend, BlobRequest, BlobResponse, BlobWant, CHUNK_SIZE, Capabilities,
@@ -283,6 +284,29 @@ proptest! {
     }
 
     #[test]
+    fn screen_request(
+        run in any::<[u8; 32]>(), round in any::<u64>(), contribution in any::<[u8; 32]>(),
+        contribution_round in any::<u64>(), params_hash in any::<[u8; 32]>(), delta in vec(any::<u8>(), 0..256),
+        tensor_bounds in vec(-1e30f64..1e30, 0..8), element_bounds in vec(-1e30f32..1e30, 0..8),
+        bound_scale in -1e3f32..1e3, outer_scale in -1e3f32..1e3, rows in 1u32..5, width in 2usize..9,
+        token in any::<u16>(),
+    ) {
+        let windows = (0..rows as usize * width).map(|i| token.wrapping_add(i as u16)).collect();
+        roundtrip(&ScreenRequest {
+            run, round, contribution, contribution_round, params_hash, delta, tensor_bounds, element_bounds,
+            bound_scale, outer_scale, rows, windows,
+        })?;
+    }
+
+    #[test]
+    fn screen_report(
+        run in any::<[u8; 32]>(), round in any::<u64>(), contribution in any::<[u8; 32]>(),
+        before in -1e30f32..1e30, after in -1e30f32..1e30, reversed in -1e30f32..1e30,
+    ) {
+        roundtrip(&ScreenReport { run, round, contribution, before, after, reversed })?;
+    }
+
+    #[test]
     fn ack(
         run in any::<[u8; 32]>(), round in any::<u64>(), accepted in any::<bool>(), reason in text(),
         code in proptest::sample::select(AckCode::ALL), pow_bits in any::<u8>(),
@@ -445,17 +469,18 @@ fn wrong_length_key_is_refused() {
 }
 
 #[test]
-fn only_contributions_and_slices_may_carry_large_payloads() {
+fn only_contributions_slices_and_screen_requests_may_carry_large_payloads() {
     let envelope = |kind| SignedEnvelope {
         header: EnvelopeHeader { kind, signer: [1; 32], run: [2; 32], round: 3, nonce: 4, unix_ms: 5 },
         payload: vec![7; MAX_CONTROL_MESSAGE + 1],
         signature: [6; 64],
     };
-    for kind in [MessageKind::Contribution, MessageKind::Slice] {
+    let large = [MessageKind::Contribution, MessageKind::Slice, MessageKind::ScreenRequest];
+    for kind in large {
         let big = envelope(kind);
         assert_eq!(SignedEnvelope::decode(&big.encode()).ok(), Some(big));
     }
-    for kind in MessageKind::ALL.into_iter().filter(|k| !matches!(k, MessageKind::Contribution | MessageKind::Slice)) {
+    for kind in MessageKind::ALL.into_iter().filter(|k| !large.contains(k)) {
         let err = SignedEnvelope::decode(&envelope(kind).encode()).err();
         assert!(matches!(err, Some(DecodeError::TooLarge { .. })), "{kind:?}: {err:?}");
     }

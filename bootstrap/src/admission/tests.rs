@@ -579,3 +579,29 @@ fn slices_in_flight_fill_their_budget_and_free_it_when_handled() {
     held.pop();
     drop(ask(last).expect("room once one is handled"));
 }
+
+#[test]
+fn a_worker_reads_large_screen_requests_only_from_its_runs_leader_and_a_few_at_once() {
+    let admission = Arc::new(Admission::default());
+    let (leader, successor, stranger) = (identity(1), identity(2), identity(3));
+    let run = RunId([11; 32]);
+    let big = (4 * SMALL_FRAME) as u64;
+    let ask = |who: &Identity, run, len| {
+        admission.permit(&head(MessageKind::ScreenRequest, who, run, 1, len), who.public(), &remote(who, HOME))
+    };
+    // a small frame until the node screens for the run
+    assert!(matches!(ask(&leader, run, big), Err(Refusal::TooLarge { .. })));
+    admission.screen_for(run, leader.public(), big as usize);
+    let mut held: Vec<Permit> = (0..SCREENS_IN_FLIGHT).map(|_| ask(&leader, run, big).expect("the leader's")).collect();
+    assert!(matches!(ask(&leader, run, big), Err(Refusal::Full { kind: "screen request", .. })));
+    held.pop();
+    drop(ask(&leader, run, big).expect("room once one is handled"));
+    assert!(matches!(ask(&leader, run, big + 1), Err(Refusal::TooLarge { .. })), "past the run's length");
+    assert!(matches!(ask(&stranger, run, big), Err(Refusal::TooLarge { .. })), "a stranger's is a small frame");
+    assert!(matches!(ask(&leader, RunId([12; 32]), big), Err(Refusal::TooLarge { .. })), "another run's");
+    // a new leader replaces the last
+    admission.screen_for(run, successor.public(), big as usize);
+    assert!(matches!(ask(&leader, run, big), Err(Refusal::TooLarge { .. })));
+    drop(held);
+    drop(ask(&successor, run, big).expect("the new leader's"));
+}

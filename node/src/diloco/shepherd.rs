@@ -3,6 +3,7 @@
 mod aggregation;
 mod args;
 mod book;
+mod committees;
 mod compile;
 mod hellos;
 mod layout;
@@ -25,7 +26,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use pcp_bootstrap::{BlobStore, Event, InboundId, Node, PeerId, Stats};
 use pcp_protocol::diloco::aggregate::Rejection;
-use pcp_protocol::diloco::committee::Losses;
 use pcp_protocol::diloco::compress;
 use pcp_protocol::diloco::fragments;
 use pcp_protocol::diloco::shepherd::{self, Action, Input, LeaveReason, Shepherd};
@@ -237,6 +237,7 @@ impl Host {
                     None => break,
                 },
                 Some(Ok(fetched)) = self.aggregation.fetches.join_next() => self.on_fetched(fetched).await?,
+                Some(Ok(answer)) = self.screener.committees.answers.join_next() => self.on_screen_answer(answer).await?,
                 Some(done) = self.artifacts.compiles.join_next() => match done {
                     Ok(result) => self.on_compiled(result).await?,
                     Err(e) => tracing::warn!("compile task failed: {e}"),
@@ -246,6 +247,7 @@ impl Host {
                     self.expire_hellos();
                     self.expire_votes();
                     self.expire_reports();
+                    self.committee_tick().await?;
                     let actions = self.lead.consensus.handle(consensus_core::Input::Tick)?;
                     self.on_consensus(actions).await?;
                     if self.lead.stepped_down.is_none() && self.lead.consensus.core().is_leader() {
@@ -284,7 +286,8 @@ impl Host {
     }
 
     /// A contribution for `round`: fed to the state machine as one input (with its timing
-    /// and the screen's verdict), recorded, and answered.
+    /// and the screen's verdict), recorded, and answered; by committees, once they
+    /// decided ([`committees`]).
     async fn on_contribution(
         &mut self,
         id: InboundId,
@@ -298,7 +301,8 @@ impl Host {
         let input = match message.decode::<Contribution>() {
             Ok(c) if !c.slice_hashes.is_empty() => return self.on_commitment(id, key, c).await,
             Ok(c) => {
-                received = Some((c.samples, c.loss, c.delta.len(), c.bytes_down));
+                let stats = (c.samples, c.loss, c.delta.len(), c.bytes_down);
+                received = Some(stats);
                 busy = (c.train_ms, c.wall_ms);
                 // overlap: how it was made (its budget and deadline learn from it)
                 let transfer_ms = match c.sent_unix_ms {
@@ -306,11 +310,19 @@ impl Host {
                     sent => wire::unix_ms().saturating_sub(sent),
                 };
                 let timing = shepherd::Timing { steps: u64::from(c.inner_steps), train_ms: c.train_ms, transfer_ms };
+                let bytes = self.screener.by_committees().then(|| c.delta.clone());
                 let input = match self.admit(key) {
                     Ok(()) => self.contribution_input(key, round, c, timing),
                     Err(refusal) => {
                         Input::Malformed { peer: key, round, reason: Rejection::NotAdmitted(refusal.reason) }
                     }
+                };
+                let input = match bytes {
+                    Some(bytes) => match self.defer((id, &bytes), input, (stats, busy)).await? {
+                        committees::Deferral::Deferred => return Ok(()),
+                        committees::Deferral::Not(input) => *input,
+                    },
+                    None => input,
                 };
                 self.screened(input).await?
             }
@@ -320,6 +332,20 @@ impl Host {
                 reason: Rejection::Encoding(format!("undecodable contribution: {e}")),
             },
         };
+        self.conclude(id, key, round, input, received, busy).await
+    }
+
+    /// A contribution's `input`, screened: recorded, fed to the state machine and
+    /// answered through `id`.
+    async fn conclude(
+        &mut self,
+        id: InboundId,
+        key: PublicKey,
+        round: u64,
+        input: Input<PublicKey>,
+        received: Option<(u64, f32, usize, u64)>,
+        busy: (u64, u64),
+    ) -> anyhow::Result<()> {
         if let Some((_, _, bytes, bytes_down)) = received
             && (self.book.traffic.len() < MAX_BACKEND_RECORDS || self.book.traffic.contains_key(&key))
         {
@@ -445,61 +471,6 @@ impl Host {
         }
     }
 
-    /// The screen, with [`Screen::Score`]: a contribution Δ, as the round would apply
-    /// it (bounded per tensor and to the norm bound), is evaluated alone on the
-    /// round's secret held-out batch ([`screen`]): the loss at θ − Δ must be below the
-    /// loss at θ, and below the loss at θ + Δ (a sign-flipped Δ lowers the loss less
-    /// than its opposite). Random values at a typical norm raise the loss in both
-    /// directions (curvature) and are refused by the first test, −Δ by both. A
-    /// passed screen is the contribution's [`shepherd::Screen::Passed`], which rates
-    /// its sender; a failed one refuses it ([`Input::Malformed`]); a contribution
-    /// carried from the round before is screened too. Past the round's screening
-    /// budget, a rated peer's contribution is screened by sample and one on
-    /// probation refused.
-    async fn screened(&mut self, mut input: Input<PublicKey>) -> anyhow::Result<Input<PublicKey>> {
-        let Input::Contribution { peer, round, delta, samples, .. } = &input else { return Ok(input) };
-        let (peer, round) = (*peer, *round);
-        let open = self.machine.completed() + 1;
-        let carried = self.plan.overlap && round + 1 == open;
-        if (round != open && !carried) || self.machine.check_samples(*samples).is_err() {
-            return Ok(input); // the machine names why it is refused
-        }
-        if delta.validate(&self.round_sizes(self.machine.completed() + 1)).is_err() {
-            return Ok(input); // the machine names the shape or NaN
-        }
-        // a key the screen caught lately is refused before the screen is spent on it
-        if self.machine.sits_out(&peer, round) {
-            return Ok(input); // the machine names why it is refused
-        }
-        match self.screener.decide(self.machine.must_screen(&peer)) {
-            screen::Decision::Skip => return Ok(input),
-            screen::Decision::OverBudget => return Ok(Input::Malformed { peer, round, reason: Rejection::Unscreened }),
-            screen::Decision::Screen => {}
-        }
-        let Some(applied) = self.machine.as_applied(delta) else { return Ok(input) };
-        let params = self.machine.params().clone();
-        let engine = self.engine.as_ref().context("the loss screen without the model on this host")?;
-        let verdict = self.screener.score(engine, &params, &applied).await?;
-        let min_gain = self.screener.min_gain();
-        let improvement = f64::from(verdict.before - verdict.after);
-        if verdict.improves() {
-            self.screener.improved(improvement, !self.machine.ratings().on_probation(&peer));
-        }
-        if verdict.passed(min_gain) {
-            if let Input::Contribution { screen, .. } = &mut input {
-                *screen = shepherd::Screen::Passed { improvement };
-            }
-            return Ok(input);
-        }
-        let Losses { before, after, reversed } = verdict;
-        let reason = if verdict.improves() {
-            Rejection::SmallImprovement { gain: f64::from(before - after), needed: min_gain }
-        } else {
-            Rejection::NoImprovement { before, after, reversed }
-        };
-        Ok(Input::Malformed { peer, round, reason })
-    }
-
     /// The tensor sizes of round `round`'s pseudo-gradients: its fragment's, the
     /// other tensors empty (every tensor without fragments).
     fn round_sizes(&self, round: u64) -> Vec<usize> {
@@ -591,7 +562,8 @@ impl Host {
     fn hold_deadline_while_receiving(&mut self) {
         let (Some(round), Some(deadline)) = (self.machine.open_round(), self.machine.deadline_ms()) else { return };
         let now = self.now_ms();
-        if now < deadline || self.node.admission().receiving() + self.aggregation.arriving(round) == 0 {
+        let arriving = self.aggregation.arriving(round) + self.screener.committees.screening(round);
+        if now < deadline || self.node.admission().receiving() + arriving == 0 {
             return;
         }
         let extended = match self.book.receiving_extension {
@@ -701,6 +673,9 @@ impl Host {
         self.book.traffic.clear();
         // the screen's secret batch for this round: committed now, revealed with the next
         let (screen_commit, screen_reveal) = self.screener.open(round);
+        if self.screener.by_committees() {
+            self.open_committees(round, hash)?;
+        }
         let aggregators = self.assign_aggregators(round, &participants);
         // the deadline was set at the input that closed the last round; the close (the
         // outer step, the parameters' shards, a checkpoint when due: 3 s for gpt2-124m)

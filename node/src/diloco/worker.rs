@@ -7,6 +7,7 @@ mod hostile;
 mod join;
 mod pow;
 mod round;
+mod screener;
 mod send;
 mod slices;
 
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use pcp_bootstrap::{Event, Node, PeerId};
 use pcp_protocol::diloco::Tensors;
-use pcp_protocol::diloco::compress::Encoding;
+use pcp_protocol::diloco::compress::{self, Encoding};
 use pcp_protocol::diloco::follower::{Leases, Rounds};
 use pcp_protocol::diloco::fragments;
 use pcp_protocol::diloco::sparse::{self, ErrorFeedback, Layout};
@@ -481,6 +482,12 @@ async fn train(
     let (latest_tx, latest) = watch::channel(Latest::Nothing);
     let (round_tx, round_rx) = watch::channel(0u64);
     let (leader_tx, leader) = watch::channel((joined.shepherd, joined.shepherd_key));
+    // the leader's screen requests, scored between inner steps
+    let (screen_tx, screen_rx) = mpsc::channel(screener::QUEUED);
+    let screen_len = compress::encoded_len(&sizes, encoding) + screener::request_overhead(sizes.len());
+    node.admission().screen_for(run, joined.shepherd_key, screen_len);
+    let screens =
+        screener::Screens { requests: screen_rx, signer: Signer::new(signer.identity().clone()), before: None };
     let heartbeat = Heartbeats {
         node: node.clone(),
         signer: Signer::new(signer.identity().clone()),
@@ -497,6 +504,7 @@ async fn train(
         known: None,
         participants: None,
         aggregator: None,
+        screens: (screen_tx, screen_len),
         lease_ms: m.lease_ms.max(500),
     };
     // a volunteer's aggregator takes the requests addressed to it
@@ -554,7 +562,7 @@ async fn train(
         clock: Clock::default(),
         attacker: hostile::Attacker::default(),
     };
-    round::run(trainer, signer).await
+    round::run(trainer, signer, screens).await
 }
 
 /// A worker's time in inner steps since its last contribution, and since when.

@@ -64,6 +64,11 @@ struct Screening {
     /// Contributions the screen decided on, by outcome: `screened`, `skipped` (a
     /// rated peer not drawn past the budget), `over_budget` (refused unscreened).
     contributions: Family<Labels, Counter>,
+    /// Screens decided by committees (`--screeners`), by who decided: `committee`
+    /// or `shepherd`.
+    decided: Family<Labels, Counter>,
+    /// Screeners caught lying.
+    caught: Counter,
 }
 
 /// Every series pcp exports.
@@ -189,6 +194,13 @@ impl Metrics {
              budget) or over_budget (refused unscreened); screened over all is the share screened",
             s.contributions.clone(),
         );
+        r.register(
+            "screen_decided",
+            "Contributions screened by committees, by who decided: committee (every member agreeing) or shepherd \
+             (no committee, a spot check, a disagreement or a silence); committee over all is the committees' share",
+            s.decided.clone(),
+        );
+        r.register("screeners_caught", "Screeners whose losses contradicted the shepherd's own", s.caught.clone());
         r.register("messages_rejected", "Requests refused before they were read", metrics.messages_rejected.clone());
         r.register("peers", "Connected peers", metrics.peers.clone());
         r.register("workers", "Workers the shepherd counts as live", metrics.workers.clone());
@@ -277,6 +289,12 @@ impl Metrics {
                 for (outcome, n) in [("screened", e.screened), ("skipped", e.skipped), ("over_budget", e.over_budget)] {
                     self.screening.contributions.get_or_create(&vec![("outcome".into(), outcome.into())]).inc_by(n);
                 }
+            }
+            Event::ScreenDecided(e) => {
+                self.screening.decided.get_or_create(&vec![("source".into(), e.source.clone())]).inc();
+            }
+            Event::ScreenerCaught(_) => {
+                self.screening.caught.inc();
             }
             Event::MessageRejected(_) => {
                 self.messages_rejected.inc();
@@ -438,6 +456,10 @@ mod tests {
                         "share": 0.25, "hidden": true, "commit": "", "seed": ""}),
             );
         }
+        for source in ["committee", "committee", "shepherd"] {
+            m.observe_named("screen_decided", &json!({"round": 2, "source": source, "passed": true}));
+        }
+        m.observe_named("screener_caught", &json!({"round": 2, "screener": "a"}));
         let text = m.text();
         for line in [
             "pcp_rounds_completed_total 1",
@@ -462,6 +484,9 @@ mod tests {
             "pcp_screen_contributions_total{outcome=\"screened\"} 17",
             "pcp_screen_contributions_total{outcome=\"skipped\"} 3",
             "pcp_screen_contributions_total{outcome=\"over_budget\"} 2",
+            "pcp_screen_decided_total{source=\"committee\"} 2",
+            "pcp_screen_decided_total{source=\"shepherd\"} 1",
+            "pcp_screeners_caught_total 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
         }

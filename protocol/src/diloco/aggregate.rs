@@ -186,6 +186,17 @@ impl Delta {
             }
         }
     }
+
+    /// The delta times `scale` (a global norm bound's), as dense tensors of `sizes`
+    /// elements; itself when `scale` is 1.
+    pub fn scaled(self, scale: f32, sizes: &[usize]) -> Self {
+        if scale == 1.0 {
+            return self;
+        }
+        let mut dense = self.to_dense(sizes);
+        dense.iter_mut().flatten().for_each(|v| *v *= scale);
+        Self::Dense(dense)
+    }
 }
 
 /// Per-tensor limits on one contribution ([`Delta::bounded`]): a tensor is

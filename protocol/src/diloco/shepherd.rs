@@ -89,12 +89,14 @@ use super::sketch::Sketch;
 use super::sparse::{ErrorFeedback, Settings};
 use reference::{References, bounded_move, tensor_references, weighted_median};
 
+mod applied;
 mod close;
 mod input;
 pub mod reference;
 mod snapshot;
 mod step;
 
+pub use applied::Applied;
 pub use input::{Input, Report, Screen, Timing};
 pub use snapshot::{Learned, Snapshot};
 use step::Outer;
@@ -701,24 +703,6 @@ impl<P: Ord + Clone> Shepherd<P> {
             return Err(Rejection::Samples { claimed: samples, unit, max });
         }
         Ok(())
-    }
-
-    /// A contribution to the open round as the round would apply it: bounded per
-    /// tensor, then scaled down to the norm bound in force now (what the screen
-    /// should score). `None` without an open round or for a delta of the wrong shape.
-    pub fn as_applied(&self, delta: &Delta) -> Option<Delta> {
-        let open = self.open.as_ref()?;
-        let sizes = self.round_sizes(self.completed + 1);
-        delta.validate(&sizes).ok()?;
-        let (bounded, norm, _) = delta.clone().bounded(&open.bounds);
-        let bound = self.bound_now(open, norm);
-        if norm <= bound || !bound.is_finite() {
-            return Some(bounded);
-        }
-        let mut dense = bounded.to_dense(&sizes);
-        let scale = (bound / norm) as f32;
-        dense.iter_mut().flatten().for_each(|v| *v *= scale);
-        Some(Delta::Dense(dense))
     }
 
     /// The global norm bound a contribution of `norm` arriving now is held to

@@ -27,9 +27,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use pcp_protocol::PublicKey;
 use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::aggregate::Delta;
+use pcp_protocol::diloco::aggregate::Rejection;
 use pcp_protocol::diloco::committee::Losses;
+use pcp_protocol::diloco::shepherd::{self, Input};
 use rand::{Rng as _, SeedableRng as _};
 
 use super::Screen;
@@ -215,6 +218,8 @@ pub(crate) struct Screener {
     /// outer learning rate of a dense run (at most 1), 1 for a sparse one.
     scale: f32,
     bar: GainBar,
+    /// Screening by committees (`--screeners`).
+    pub(crate) committees: super::committees::Committees,
 }
 
 impl std::fmt::Debug for Screener {
@@ -225,13 +230,15 @@ impl std::fmt::Debug for Screener {
 
 impl Screener {
     /// A screen on `split` (`hidden`: withheld from workers) of batches `shape`,
-    /// scoring a contribution at `scale` (see [`Screener`]'s field).
+    /// scoring a contribution at `scale` (see [`Screener`]'s field), by
+    /// `committees` where they have screeners.
     pub(crate) fn new(
         mode: Screen,
         (split, hidden): (Split, bool),
         (sample, share): (f64, f64),
         shape: (usize, usize),
         scale: f32,
+        committees: super::committees::Committees,
     ) -> Self {
         Self {
             scale,
@@ -249,6 +256,7 @@ impl Screener {
             last_round_s: None,
             stats: RoundScreen::default(),
             bar: GainBar::default(),
+            committees,
         }
     }
 
@@ -315,18 +323,40 @@ impl Screener {
     /// Scores `applied` (the contribution as the round applies it) at `params`.
     pub(crate) async fn score(&mut self, engine: &Engine, params: &Tensors, applied: &Delta) -> anyhow::Result<Losses> {
         let started = std::time::Instant::now();
+        let scale = self.scale;
+        let (batch, before) = self.batch()?;
+        let losses = scoring::losses(engine, params, (applied, scale), batch, *before).await?;
+        *before = Some(losses.before);
+        self.scored(started.elapsed().as_secs_f64());
+        Ok(losses)
+    }
+
+    /// The open round's batch, drawn from its secret seed, and its loss at the
+    /// round's parameters once known.
+    pub(crate) fn batch(&mut self) -> anyhow::Result<&mut (Batch, Option<f32>)> {
         if self.batch.is_none() {
             let mut first = [0u8; 8];
             first.copy_from_slice(&blake3::hash(&self.seed).as_bytes()[..8]);
             let mut sampler = Sampler::new(self.split.clone(), self.shape.0, self.shape.1, u64::from_le_bytes(first))?;
             self.batch = Some((sampler.next_batch(), None));
         }
-        let Some((batch, before)) = self.batch.as_mut() else { anyhow::bail!("no screen batch") };
-        let losses = scoring::losses(engine, params, (applied, self.scale), batch, *before).await?;
-        *before = Some(losses.before);
+        self.batch.as_mut().context("no screen batch")
+    }
+
+    /// The scale the outer step applies a contribution at ([`Screener`]'s field).
+    pub(crate) fn scale(&self) -> f32 {
+        self.scale
+    }
+
+    /// The shepherd scored a contribution in `seconds`.
+    pub(crate) fn scored(&mut self, seconds: f64) {
         self.stats.screened += 1;
-        self.stats.seconds += started.elapsed().as_secs_f64();
-        Ok(losses)
+        self.stats.seconds += seconds;
+    }
+
+    /// Whether it screens by committees (`--screeners` and the score screen).
+    pub(crate) fn by_committees(&self) -> bool {
+        self.mode == Screen::Score && self.committees.k() > 0
     }
 
     /// Closes the open round, which took `seconds`: its screening, for the event.
@@ -385,6 +415,81 @@ impl GainBar {
             gains.sort_by(f64::total_cmp);
             self.last = Some(gains[(gains.len() - 1) / 2]);
         }
+    }
+}
+
+/// The screen as the shepherd's host runs it.
+impl super::Host {
+    /// The screen, with [`Screen::Score`]: a contribution Δ, as the round would apply
+    /// it (bounded per tensor and to the norm bound), is evaluated alone on the
+    /// round's secret held-out batch ([`screen`]): the loss at θ − Δ must be below the
+    /// loss at θ, and below the loss at θ + Δ (a sign-flipped Δ lowers the loss less
+    /// than its opposite). Random values at a typical norm raise the loss in both
+    /// directions (curvature) and are refused by the first test, −Δ by both. A
+    /// passed screen is the contribution's [`shepherd::Screen::Passed`], which rates
+    /// its sender; a failed one refuses it ([`Input::Malformed`]); a contribution
+    /// carried from the round before is screened too. Past the round's screening
+    /// budget, a rated peer's contribution is screened by sample and one on
+    /// probation refused.
+    pub(super) async fn screened(&mut self, mut input: Input<PublicKey>) -> anyhow::Result<Input<PublicKey>> {
+        let Some(peer) = self.screenable(&input) else { return Ok(input) };
+        let Input::Contribution { round, delta, .. } = &input else { return Ok(input) };
+        let round = *round;
+        match self.screener.decide(self.machine.must_screen(&peer)) {
+            Decision::Skip => return Ok(input),
+            Decision::OverBudget => return Ok(Input::Malformed { peer, round, reason: Rejection::Unscreened }),
+            Decision::Screen => {}
+        }
+        let Some(applied) = self.machine.as_applied(delta) else { return Ok(input) };
+        let params = self.machine.params().clone();
+        let engine = self.engine.as_ref().context("the loss screen without the model on this host")?;
+        let verdict = self.screener.score(engine, &params, &applied).await?;
+        let rated = !self.machine.ratings().on_probation(&peer);
+        match self.judge(verdict, rated) {
+            None => {
+                if let Input::Contribution { screen, .. } = &mut input {
+                    *screen = shepherd::Screen::Passed { improvement: f64::from(verdict.before - verdict.after) };
+                }
+                Ok(input)
+            }
+            Some(reason) => Ok(Input::Malformed { peer, round, reason }),
+        }
+    }
+
+    /// The sender of `input` if it is a contribution the screen scores: to the
+    /// open round (or carried into it), of whole samples and the round's shape,
+    /// from a key not sitting out. The state machine names why any other is refused.
+    pub(super) fn screenable(&self, input: &Input<PublicKey>) -> Option<PublicKey> {
+        let Input::Contribution { peer, round, delta, samples, .. } = input else { return None };
+        let open = self.machine.completed() + 1;
+        let carried = self.plan.overlap && round + 1 == open;
+        if (*round != open && !carried) || self.machine.check_samples(*samples).is_err() {
+            return None;
+        }
+        if delta.validate(&self.round_sizes(open)).is_err() {
+            return None;
+        }
+        // a key the screen caught lately is refused before the screen is spent on it
+        (!self.machine.sits_out(peer, *round)).then_some(*peer)
+    }
+
+    /// Whether a contribution with held-out `losses` (`rated`: its sender is out
+    /// of probation) passes the screen (`None`), or why it is refused.
+    pub(super) fn judge(&mut self, losses: Losses, rated: bool) -> Option<Rejection> {
+        let min_gain = self.screener.min_gain();
+        let improvement = f64::from(losses.before - losses.after);
+        if losses.improves() {
+            self.screener.improved(improvement, rated);
+        }
+        if losses.passed(min_gain) {
+            return None;
+        }
+        let Losses { before, after, reversed } = losses;
+        Some(if losses.improves() {
+            Rejection::SmallImprovement { gain: improvement, needed: min_gain }
+        } else {
+            Rejection::NoImprovement { before, after, reversed }
+        })
     }
 }
 

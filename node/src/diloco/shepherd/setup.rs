@@ -365,7 +365,8 @@ fn screener(plan: &mut ShepherdPlan, manifest: &RunManifest) -> screen::Screener
     // (dense); a sparse run's update is re-sparsified at the shepherd: its scale is 1
     let scale = if plan.encoding.sparse().is_some() { 1.0 } else { (plan.experiment.outer_lr as f32).min(1.0) };
     let sharing = (f64::from(t.screen_sample), t.screen_share);
-    screen::Screener::new(plan.screen, (split, hidden), sharing, shape, scale)
+    let committees = super::committees::Committees::new(t.screeners, t.spot_rate);
+    screen::Screener::new(plan.screen, (split, hidden), sharing, shape, scale, committees)
 }
 
 /// The state machine's settings. A resumed or elected shepherd waits a moment for

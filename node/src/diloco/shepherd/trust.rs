@@ -67,7 +67,20 @@ pub(crate) struct TrustArgs {
     /// is not counted: `sim` runs every node on it).
     #[arg(long, default_value_t = 4)]
     pub(crate) max_workers_per_ip: usize,
+    /// Rated workers that score each contribution on their own devices (its
+    /// screening committee, drawn from the round's secret seed); the shepherd takes
+    /// their median, and scores a contribution itself when they disagree, fall
+    /// silent or the spot check draws it. 0: the shepherd scores them all.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) screeners: u32,
+    /// With --screeners: the share of contributions the shepherd scores itself
+    /// however their committee answered.
+    #[arg(long, default_value_t = DEFAULT_SPOT_RATE)]
+    pub(crate) screen_spot_rate: f64,
 }
+
+/// `--screen-spot-rate`'s default: a tenth of contributions.
+pub(crate) const DEFAULT_SPOT_RATE: f64 = 0.1;
 
 impl Default for TrustArgs {
     fn default() -> Self {
@@ -84,6 +97,8 @@ impl Default for TrustArgs {
             tensor_bound: 2.0,
             element_clip: 4.0,
             max_workers_per_ip: 4,
+            screeners: 0,
+            screen_spot_rate: DEFAULT_SPOT_RATE,
         }
     }
 }
@@ -102,6 +117,10 @@ pub(crate) struct Trust {
     pub(crate) tensor_bound: f64,
     pub(crate) element_clip: f64,
     pub(crate) max_workers_per_ip: usize,
+    /// Screeners a committee (0: none).
+    pub(crate) screeners: usize,
+    /// The share of committee-screened contributions the shepherd scores itself.
+    pub(crate) spot_rate: f64,
 }
 
 impl Default for Trust {
@@ -122,6 +141,8 @@ impl Default for Trust {
             tensor_bound: args.tensor_bound,
             element_clip: args.element_clip,
             max_workers_per_ip: args.max_workers_per_ip,
+            screeners: args.screeners as usize,
+            spot_rate: args.screen_spot_rate,
         }
     }
 }
@@ -185,6 +206,8 @@ impl Trust {
             tensor_bound: factor(args.tensor_bound),
             element_clip: factor(args.element_clip),
             max_workers_per_ip: args.max_workers_per_ip.max(1),
+            screeners: args.screeners as usize,
+            spot_rate: args.screen_spot_rate.clamp(0.0, 1.0),
         })
     }
 

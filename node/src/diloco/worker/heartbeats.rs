@@ -119,6 +119,9 @@ pub(super) struct Heartbeats {
     pub(super) gossip: Arc<tokio::sync::Mutex<mpsc::Receiver<Event>>>,
     /// A volunteer's aggregator (`--aggregate`): the requests addressed to this node.
     pub(super) aggregator: Option<mpsc::Sender<Event>>,
+    /// The training loop's screen requests, and their largest length (the
+    /// leader's are read up to it: [`pcp_bootstrap::Admission::screen_for`]).
+    pub(super) screens: (mpsc::Sender<Event>, usize),
     /// A hostile worker's forgeries (tests).
     pub(super) forge: bool,
     /// The hash of the announcement last put in `latest` (see `known` in the
@@ -191,7 +194,7 @@ impl Heartbeats {
                             return;
                         }
                     }
-                    Some(request @ Event::Request { .. }) => self.to_aggregator(request),
+                    Some(request @ Event::Request { .. }) => self.route(request),
                     Some(_) => {}
                     None => return,
                 },
@@ -213,12 +216,17 @@ impl Heartbeats {
         }
     }
 
-    /// Hands a request to this node's aggregator; one it cannot take (none, or its
-    /// queue is full) is left unanswered at once.
-    fn to_aggregator(&self, request: Event) {
-        let Event::Request { id, .. } = &request else { return };
+    /// Hands a request to the training loop (a screen request) or this node's
+    /// aggregator; one they cannot take (none, or its queue is full) is left
+    /// unanswered at once.
+    fn route(&self, request: Event) {
+        let Event::Request { id, message, .. } = &request else { return };
         let id = *id;
-        let refused = match &self.aggregator {
+        let to = match message.kind() {
+            MessageKind::ScreenRequest => Some(&self.screens.0),
+            _ => self.aggregator.as_ref(),
+        };
+        let refused = match to {
             Some(tx) => tx.try_send(request).is_err(),
             None => true,
         };
@@ -289,6 +297,7 @@ impl Heartbeats {
                                 .emit(ev::Event::LeaderFollowed(ev::LeaderFollowed { term, peer: peer.to_string() }));
                         }
                         let _ = self.leader.send((peer, leader));
+                        self.node.admission().screen_for(self.run, leader, self.screens.1);
                     }
                 }
                 follower::Action::SaveChain(_) => {}

@@ -7,6 +7,7 @@
 use std::sync::{Arc, Mutex};
 
 use pcp_protocol::diloco::Tensors;
+use pcp_protocol::diloco::committee::Losses;
 
 /// How a hostile worker corrupts its pseudo-gradient.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -62,11 +63,17 @@ pub(crate) enum Hostile {
     AggMisreport,
     /// An aggregator's: it never reports a slice, and sums and votes honestly.
     AggMute,
+    /// A screener's (`--screeners`): honest training, but every contribution it
+    /// screens looks harmful (the loss with it above the loss without).
+    ScreenHigh,
+    /// A screener's: every contribution it screens looks helpful (the loss with
+    /// it well below the loss without and reversed).
+    ScreenLow,
 }
 
 /// The kinds `--hostile` takes, for its errors.
 pub(crate) const HOSTILE_KINDS: &str = "nan, scale, huge, flip, noise, forge, inflate, concentrate, late, drag, \
-     zero, copy, timing, early, agg-alter, agg-drop, agg-stall, agg-misreport, agg-mute, sybil:N, replay:N, or sleeper:R:KIND (KIND after R \
+     zero, copy, timing, early, agg-alter, agg-drop, agg-stall, agg-misreport, agg-mute, screen-high, screen-low, sybil:N, replay:N, or sleeper:R:KIND (KIND after R \
      honest rounds)";
 
 /// An attack: its kind, and the honest rounds before it (a sleeper's).
@@ -118,6 +125,8 @@ impl Hostile {
             "agg-stall" => Some(Self::AggStall),
             "agg-misreport" => Some(Self::AggMisreport),
             "agg-mute" => Some(Self::AggMute),
+            "screen-high" => Some(Self::ScreenHigh),
+            "screen-low" => Some(Self::ScreenLow),
             _ => {
                 let count =
                     |prefix: &str| s.strip_prefix(prefix).and_then(|n| n.parse::<u32>().ok()).filter(|n| *n >= 1);
@@ -135,6 +144,18 @@ impl Hostile {
         match hostile {
             Some(Self::Drag | Self::Early) => tau.min(1),
             _ => tau,
+        }
+    }
+
+    /// What a screener attacking in `round` reports for a contribution whose
+    /// honest losses are `honest`: `screen-high` makes it look harmful,
+    /// `screen-low` helpful; anyone else reports the truth.
+    pub(crate) fn screened(attack: Option<Attack>, round: u64, honest: Losses) -> Losses {
+        let before = honest.before;
+        match attack.and_then(|a| a.at(round)) {
+            Some(Self::ScreenHigh) => Losses { before, after: before + 0.5, reversed: before - 0.5 },
+            Some(Self::ScreenLow) => Losses { before, after: before - 0.5, reversed: before + 0.5 },
+            _ => honest,
         }
     }
 
@@ -202,7 +223,8 @@ impl Attacker {
                     }
                 }
             }
-            // honest pseudo-gradients: their attacks are elsewhere (the heartbeats, the claimed timing, the aggregator)
+            // honest pseudo-gradients: their attacks are elsewhere (the heartbeats, the claimed timing, the aggregator,
+            // the screener)
             Some(
                 Hostile::Forge
                 | Hostile::Timing
@@ -210,7 +232,9 @@ impl Attacker {
                 | Hostile::AggDrop
                 | Hostile::AggStall
                 | Hostile::AggMisreport
-                | Hostile::AggMute,
+                | Hostile::AggMute
+                | Hostile::ScreenHigh
+                | Hostile::ScreenLow,
             )
             | None => {}
         }

@@ -73,6 +73,7 @@ use tokio::sync::mpsc;
 
 use super::disk::{save_chain, save_feedback};
 use super::heartbeats::{AbortOnDrop, Latest, announced, newer_arrives, opening};
+use super::screener::Screens;
 use super::send::{Courier, Delivery, Outgoing};
 use super::{Fetched, Held, Hostile, Next, Outcome, ParamsSource, Progress, RoundParams, Trainer, round_params};
 use crate::diloco::wire::{self, Signer};
@@ -147,11 +148,13 @@ struct Driver<'a> {
     queued: VecDeque<(Outgoing, Opening)>,
     /// The update fetch in flight (its task is aborted with it).
     fetching: Option<AbortOnDrop>,
+    /// Screen requests, answered between inner steps.
+    screens: Screens,
 }
 
 /// Runs the run's rounds, lockstep or overlapped as its manifest says, until the
 /// run ends, the worker must rejoin, or it is cancelled.
-pub(super) async fn run(t: Trainer<'_>, signer: &Signer) -> anyhow::Result<Outcome> {
+pub(super) async fn run(t: Trainer<'_>, signer: &Signer, screens: Screens) -> anyhow::Result<Outcome> {
     let (done_tx, done) = mpsc::channel(4);
     let mut driver = Driver {
         machine: fresh_machine(&t),
@@ -170,6 +173,7 @@ pub(super) async fn run(t: Trainer<'_>, signer: &Signer) -> anyhow::Result<Outco
         epoch: 0,
         queued: VecDeque::new(),
         fetching: None,
+        screens,
     };
     let outcome = driver.drive().await?;
     driver.finish_sends().await;
@@ -196,6 +200,10 @@ impl Driver<'_> {
             if let Some(outcome) = self.take_latest().await? {
                 return Ok(outcome);
             }
+            // a committee's screens go between two inner steps
+            while let Ok(request) = self.screens.requests.try_recv() {
+                self.t.answer_screen(request, &mut self.screens).await;
+            }
             if let Some(steps) = self.training.as_mut() {
                 let started = Instant::now();
                 steps.progress.loss_sum +=
@@ -220,6 +228,9 @@ impl Driver<'_> {
                 Some(done) = self.done.recv() => if let Some(outcome) = self.landed(done).await? {
                     return Ok(outcome);
                 },
+                Some(request) = self.screens.requests.recv() => {
+                    self.t.answer_screen(request, &mut self.screens).await;
+                }
             }
         }
     }

@@ -87,6 +87,15 @@ pub(crate) enum Event {
     ContributionDiscounted(ContributionDiscounted),
     /// A round's screening: its cost, and its committed (and now revealed) secret seed.
     ScreenRound(ScreenRound),
+    /// A contribution's screening committee was drawn (`--screeners`).
+    ScreenAssigned(ScreenAssigned),
+    /// A committee member's losses for a contribution.
+    ScreenReported(ScreenReported),
+    /// A screener's losses contradict the shepherd's own: it loses its rating and
+    /// never screens again.
+    ScreenerCaught(ScreenerCaught),
+    /// A contribution's screen decided: by its committee or the shepherd.
+    ScreenDecided(ScreenDecided),
     WorkerJoined(WorkerJoined),
     WorkerLeft(WorkerLeft),
     AdmissionHeld(AdmissionHeld),
@@ -110,6 +119,8 @@ pub(crate) enum Event {
     UpdateLate(UpdateLate),
     UpdateMerged(UpdateMerged),
     ContributionSent(ContributionSent),
+    /// A worker on a screening committee answered a screen request.
+    ScreenAnswered(ScreenAnswered),
     RoundAbandoned(RoundAbandoned),
     /// A worker's or a candidate's: the leader's lease ran out.
     LeaseExpired(LeaseExpired),
@@ -274,6 +285,22 @@ fields! {
     ScreenRound {
         round: u64, screened: u64, skipped: u64, over_budget: u64, seconds: f64, share: f64, hidden: bool,
         commit: String, seed: String,
+    }
+    /// `seconds` the worker's engine spent scoring it; `reason`: why it could not
+    /// (empty when it answered with losses).
+    ScreenAnswered { round: u64, contribution: String, seconds: f64, reason: String }
+    /// `contribution`: the first 8 hex digits of its hash; `peer`: its sender.
+    ScreenAssigned { round: u64, contribution: String, peer: String, screeners: Vec<String> }
+    ScreenReported {
+        round: u64, contribution: String, screener: String, before: f64, after: f64, reversed: f64,
+    }
+    /// `claimed`: its losses (before, after, reversed); `checked`: the shepherd's.
+    ScreenerCaught { round: u64, contribution: String, screener: String, claimed: Vec<f64>, checked: Vec<f64> }
+    /// `source`: `committee` or `shepherd`; `why` (the shepherd's): `no committee`,
+    /// `spot check`, `disagreement` or `silence`; `silent`: members that never answered.
+    ScreenDecided {
+        round: u64, contribution: String, peer: String, source: String, why: String, passed: bool,
+        silent: Vec<String>,
     }
     WorkerJoined { peer: String, backend: String }
     WorkerLeft { peer: String, reason: Departure }

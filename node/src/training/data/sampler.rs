@@ -82,6 +82,37 @@ impl Batch {
         self.targets.iter().map(|&token| i32::from(token)).collect()
     }
 
+    /// A batch of `rows` windows from `tokens`, row-major, `rows` × (block + 1) of
+    /// them: each row's first `block` are its inputs, its last `block` its targets.
+    /// `None` unless they make whole rows of at least two tokens.
+    pub(crate) fn from_windows(rows: usize, tokens: &[u16]) -> Option<Self> {
+        if rows == 0 || !tokens.len().is_multiple_of(rows) || tokens.len() / rows < 2 {
+            return None;
+        }
+        let width = tokens.len() / rows;
+        let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+        for row in tokens.chunks_exact(width) {
+            inputs.extend_from_slice(&row[..width - 1]);
+            targets.extend_from_slice(&row[1..]);
+        }
+        Some(Self { batch: rows, block: width - 1, inputs, targets })
+    }
+
+    /// The batch's windows, as [`Self::from_windows`] takes them.
+    pub(crate) fn windows(&self) -> Vec<u16> {
+        let mut out = Vec::with_capacity(self.batch * (self.block + 1));
+        for (inputs, targets) in self.inputs.chunks_exact(self.block).zip(self.targets.chunks_exact(self.block)) {
+            out.extend_from_slice(inputs);
+            out.extend_from_slice(&targets[self.block - 1..]);
+        }
+        out
+    }
+
+    /// The largest token it holds (0 for none).
+    pub(crate) fn max_token(&self) -> u16 {
+        self.inputs.iter().chain(&self.targets).copied().max().unwrap_or(0)
+    }
+
     /// The batch as `k` micro-batches of `batch / k` consecutive rows each (`k`
     /// divides the batch; [`crate::training::memory`] chooses it so).
     pub(crate) fn split(&self, k: usize) -> Vec<Batch> {
@@ -240,6 +271,18 @@ mod tests {
             assert_eq!(batch.inputs_i32(), inputs.iter().map(|&x| x as i32).collect::<Vec<_>>());
             assert_eq!(batch.targets_i32().len(), 32);
         }
+    }
+
+    #[test]
+    fn a_batch_travels_as_its_windows() {
+        let batch = Sampler::new(corpus(1000).all(), 3, 8, 5).unwrap().next_batch();
+        let windows = batch.windows();
+        assert_eq!(windows.len(), 3 * 9);
+        assert_eq!(Batch::from_windows(3, &windows), Some(batch.clone()));
+        assert_eq!(batch.max_token(), windows.iter().copied().max().unwrap());
+        assert_eq!(Batch::from_windows(0, &windows), None, "no rows");
+        assert_eq!(Batch::from_windows(2, &windows), None, "not whole rows");
+        assert_eq!(Batch::from_windows(3, &windows[..3]), None, "rows of one token");
     }
 
     #[test]

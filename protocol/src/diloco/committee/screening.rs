@@ -156,6 +156,20 @@ impl<P: AsRef<[u8]> + Clone + PartialEq> Screening<P> {
         &self.barred
     }
 
+    /// `screener` may screen this round's later contributions (its own is
+    /// committed, so a batch it sees can no longer shape it); a barred or enlisted
+    /// one is left as it is.
+    pub fn enlist(&mut self, screener: P) {
+        if !self.barred.contains(&screener) && !self.eligible.contains(&screener) {
+            self.eligible.push(screener);
+        }
+    }
+
+    /// The screeners a contribution may draw now.
+    pub fn eligible(&self) -> &[P] {
+        &self.eligible
+    }
+
     /// Contributions awaiting a verdict.
     pub fn pending(&self) -> usize {
         self.pending.len()

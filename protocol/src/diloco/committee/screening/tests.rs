@@ -248,3 +248,20 @@ fn the_order_of_the_screeners_changes_nothing() {
     reversed.reverse();
     assert_eq!(run(keys(12)), run(reversed));
 }
+
+#[test]
+fn screeners_enlisted_as_their_own_contributions_arrive_screen_the_later_ones() {
+    // nobody eligible when the round opens: the first contributions are the shepherd's
+    let mut s: Screening<Vec<u8>> = Screening::new([7; 32], config(3, 0.0), Vec::new(), vec![key(9)]);
+    let first = s.on(Input::Received { contribution: id(1), sender: key(1), now_ms: 0 }).expect("received");
+    assert_eq!(first, [Action::Score { contribution: id(1), why: Why::NoCommittee }]);
+    for k in [1, 2, 2, 9] {
+        s.enlist(key(k));
+    }
+    assert_eq!(s.eligible(), [key(1), key(2)], "once each, and never a barred screener");
+    // two eligible besides the sender: a committee of two, a quorum of three's
+    assert_eq!(receive(&mut s, 2, 3).len(), 2);
+    // its own sender is left out: one is not a quorum
+    let own = s.on(Input::Received { contribution: id(3), sender: key(1), now_ms: 0 }).expect("received");
+    assert_eq!(own, [Action::Score { contribution: id(3), why: Why::NoCommittee }]);
+}

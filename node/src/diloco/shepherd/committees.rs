@@ -1,0 +1,416 @@
+//! Screening by committees (`--screeners K`): rated workers score each
+//! contribution on their own devices, so the score screen keeps pace with a
+//! round of thousands. The decisions are the protocol's
+//! ([`pcp_protocol::diloco::committee::screening::Screening`]); this part carries
+//! them out.
+//!
+//! * **Committed, then drawn.** A contribution's hash is its commitment. Once
+//!   the shepherd holds it, its committee is drawn from the round's secret screen
+//!   seed (revealed with the next round, so anyone can audit the draw) among the
+//!   screeners eligible then: rated workers, never the sender, whose own
+//!   contribution to the round is already committed. A screener therefore sees
+//!   the round's batch only after it can no longer shape its own contribution to
+//!   it; the first contributions of a round, before any screener is committed,
+//!   are the shepherd's to score.
+//! * **What a screener receives.** The contribution as its sender encoded it,
+//!   the round's bounds and scales (so it applies it as the round would), the
+//!   hash of the parameters it is scored at, and the round's batch of the
+//!   withheld split ([`ScreenRequest`]). Its sender is told nothing of any score.
+//! * **The verdict.** Every member's losses agreeing: their median. A
+//!   disagreement, a silence past [`WAIT`], a committee too small, or the spot
+//!   check (`--screen-spot-rate` of contributions, drawn from the seed): the
+//!   shepherd scores it itself, and every member its score contradicts is caught
+//!   (`screener_caught`): it loses its rating and never screens again.
+//! * **The sender waits for the verdict**: its contribution is answered, and
+//!   fed to the state machine, once decided. A round's deadline waits for the
+//!   contributions being screened, as for those being read.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+use pcp_bootstrap::InboundId;
+use pcp_protocol::diloco::Tensors;
+use pcp_protocol::diloco::committee::Losses;
+use pcp_protocol::diloco::committee::screening::{Action, Config, ContributionId, Input, Screening, Source, Why};
+use pcp_protocol::diloco::shepherd::{self, Applied};
+use pcp_protocol::{PublicKey, Verified};
+use pcp_schema::{MessageKind, ScreenReport, ScreenRequest};
+use tokio::task::JoinSet;
+
+use super::Host;
+use crate::diloco::scoring;
+use crate::diloco::wire::peer_name;
+use crate::observe::events as ev;
+use crate::training::data::Batch;
+
+/// How long a committee has to answer from its request, before the shepherd
+/// scores the contribution itself.
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
+
+/// A contribution's id as events name it.
+fn short(id: &ContributionId) -> String {
+    id[..4].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One member's answer to a screen request, or why there is none.
+pub(crate) type Answer = (ContributionId, PublicKey, Result<Verified, String>);
+
+/// A round's screening: its machine and what its requests carry.
+struct RoundCommittees {
+    round: u64,
+    machine: Screening<PublicKey>,
+    /// The round's parameters (what every contribution of it is scored at).
+    params: Arc<Tensors>,
+    params_hash: [u8; 32],
+    /// The round's batch and its loss at `params` once known.
+    batch: Arc<Batch>,
+    before: Option<f32>,
+}
+
+/// A contribution waiting for its verdict, and what answering it needs.
+pub(crate) struct Deferred {
+    pub(crate) id: InboundId,
+    /// Its input, unscreened.
+    pub(crate) input: shepherd::Input<PublicKey>,
+    /// What `contribution_received` reports: samples, loss, bytes, bytes down,
+    /// and the sender's busy time.
+    pub(crate) received: (u64, f32, usize, u64),
+    pub(crate) busy: (u64, u64),
+    /// The round whose machine screens it.
+    screened_in: u64,
+    applied: Applied,
+    at: Instant,
+    /// Why the shepherd scored it, if it did.
+    why: Option<Why>,
+    silent: Vec<PublicKey>,
+}
+
+/// Screening by committees: the open round's and those of rounds before it
+/// whose contributions are still being decided.
+pub(crate) struct Committees {
+    config: Config,
+    rounds: Vec<RoundCommittees>,
+    deferred: BTreeMap<ContributionId, Deferred>,
+    /// The screen requests in flight.
+    pub(crate) answers: JoinSet<Answer>,
+    /// Screeners caught lying, for the rest of the run.
+    barred: Vec<PublicKey>,
+}
+
+impl Committees {
+    /// `k` screeners a committee (0: none), and the spot check's rate.
+    pub(crate) fn new(k: usize, spot_rate: f64) -> Self {
+        let config = Config { k, spot_rate, wait_ms: WAIT.as_millis() as u64 };
+        Self { config, rounds: Vec::new(), deferred: BTreeMap::new(), answers: JoinSet::new(), barred: Vec::new() }
+    }
+
+    /// Screeners a committee.
+    pub(crate) fn k(&self) -> usize {
+        self.config.k
+    }
+
+    /// Contributions of `round` being screened (a round's deadline waits for them).
+    pub(crate) fn screening(&self, round: u64) -> usize {
+        self.deferred.values().filter(|d| d.input_round() == round).count()
+    }
+
+    /// Opens `round`, screened with `seed` at `params` (blob `params_hash`) on
+    /// `batch`. Earlier rounds are kept while they decide their contributions.
+    pub(crate) fn open(&mut self, round: u64, seed: [u8; 32], params: (Arc<Tensors>, [u8; 32]), batch: Batch) {
+        self.rounds.retain(|r| r.machine.pending() > 0 && r.round != round);
+        let machine = Screening::new(seed, self.config, Vec::new(), self.barred.clone());
+        let (params, params_hash) = params;
+        self.rounds.push(RoundCommittees { round, machine, params, params_hash, batch: Arc::new(batch), before: None });
+    }
+
+    fn round_mut(&mut self, round: u64) -> Option<&mut RoundCommittees> {
+        self.rounds.iter_mut().find(|r| r.round == round)
+    }
+}
+
+impl Deferred {
+    fn input_round(&self) -> u64 {
+        match &self.input {
+            shepherd::Input::Contribution { round, .. } => *round,
+            _ => 0,
+        }
+    }
+
+    fn peer(&self) -> Option<PublicKey> {
+        match &self.input {
+            shepherd::Input::Contribution { peer, .. } => Some(*peer),
+            _ => None,
+        }
+    }
+}
+
+/// What [`Host::defer`] makes of a contribution.
+pub(super) enum Deferral {
+    /// Its committee screens it: it is answered at its verdict.
+    Deferred,
+    /// Not one for a committee: the shepherd's own screen takes it.
+    Not(Box<shepherd::Input<PublicKey>>),
+}
+
+impl Host {
+    /// Hands `input` (a contribution of `bytes`, answered through `id`) to its
+    /// round's committee, or back when it is not one a committee screens: not a
+    /// contribution to the open round or carried into it, of the wrong shape or
+    /// samples, from a key sitting out, or with no round screening by committees.
+    pub(super) async fn defer(
+        &mut self,
+        (id, bytes): (InboundId, &[u8]),
+        input: shepherd::Input<PublicKey>,
+        (received, busy): ((u64, f32, usize, u64), (u64, u64)),
+    ) -> anyhow::Result<Deferral> {
+        let open = self.machine.completed() + 1;
+        let Some(peer) = self.screenable(&input) else { return Ok(Deferral::Not(Box::new(input))) };
+        let shepherd::Input::Contribution { delta, .. } = &input else { return Ok(Deferral::Not(Box::new(input))) };
+        let Some(applied) = self.machine.applied(delta) else { return Ok(Deferral::Not(Box::new(input))) };
+        let contribution = *blake3::hash(bytes).as_bytes();
+        let now_ms = self.now_ms();
+        let committees = &mut self.screener.committees;
+        if committees.deferred.contains_key(&contribution) {
+            return Ok(Deferral::Not(Box::new(input)));
+        }
+        let Some(rc) = committees.round_mut(open) else { return Ok(Deferral::Not(Box::new(input))) };
+        let Ok(actions) = rc.machine.on(Input::Received { contribution, sender: peer, now_ms }) else {
+            return Ok(Deferral::Not(Box::new(input)));
+        };
+        // its own contribution committed, a rated sender may screen the round's later ones
+        let ratings = self.machine.ratings();
+        if ratings.get(&peer).is_some() && !ratings.on_probation(&peer) && !ratings.sits_out(&peer, open) {
+            rc.machine.enlist(peer);
+        }
+        let deferred = Deferred {
+            id,
+            input,
+            received,
+            busy,
+            screened_in: open,
+            applied,
+            at: Instant::now(),
+            why: None,
+            silent: Vec::new(),
+        };
+        committees.deferred.insert(contribution, deferred);
+        self.on_screening(actions, Some(bytes)).await?;
+        Ok(Deferral::Deferred)
+    }
+
+    /// Carries out a round's screening actions (`bytes`: the contribution a
+    /// request carries), and the actions they lead to.
+    async fn on_screening(&mut self, actions: Vec<Action<PublicKey>>, bytes: Option<&[u8]>) -> anyhow::Result<()> {
+        let mut queue: std::collections::VecDeque<Action<PublicKey>> = actions.into();
+        while let Some(action) = queue.pop_front() {
+            match action {
+                Action::Request { contribution, screeners } => self.request_screens(contribution, screeners, bytes),
+                Action::Score { contribution, why } => queue.extend(self.score_deferred(contribution, why).await?),
+                Action::Verdict { contribution, losses, source } => self.decided(contribution, losses, source).await?,
+                Action::Caught { screener, contribution, claimed, checked } => {
+                    let round = self.screener.committees.deferred.get(&contribution).map_or(0, |d| d.screened_in);
+                    tracing::warn!(screener = %peer_name(&screener), round, "a screener's losses contradict the shepherd's");
+                    self.machine.screener_caught(&screener);
+                    let committees = &mut self.screener.committees;
+                    if !committees.barred.contains(&screener) {
+                        committees.barred.push(screener);
+                    }
+                    let losses = |l: Losses| vec![f64::from(l.before), f64::from(l.after), f64::from(l.reversed)];
+                    self.events.emit(ev::Event::ScreenerCaught(ev::ScreenerCaught {
+                        round,
+                        contribution: short(&contribution),
+                        screener: peer_name(&screener),
+                        claimed: losses(claimed),
+                        checked: losses(checked),
+                    }));
+                }
+                Action::Silent { contribution, screeners } => {
+                    if let Some(d) = self.screener.committees.deferred.get_mut(&contribution) {
+                        d.silent = screeners;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `contribution`'s screen request to each of `screeners`.
+    fn request_screens(&mut self, contribution: ContributionId, screeners: Vec<PublicKey>, bytes: Option<&[u8]>) {
+        let outer_scale = self.screener.scale();
+        let committees = &mut self.screener.committees;
+        let (Some(d), Some(bytes)) = (committees.deferred.get(&contribution), bytes) else { return };
+        let Some(rc) = committees.rounds.iter().find(|r| r.round == d.screened_in) else { return };
+        let request = ScreenRequest {
+            run: self.run.0,
+            round: rc.round,
+            contribution,
+            contribution_round: d.input_round(),
+            params_hash: rc.params_hash,
+            delta: bytes.to_vec(),
+            tensor_bounds: d.applied.bounds.tensor.clone(),
+            element_bounds: d.applied.bounds.element.clone(),
+            bound_scale: d.applied.scale,
+            outer_scale,
+            rows: rc.batch.shape()[0] as u32,
+            windows: rc.batch.windows(),
+        };
+        let envelope = self.signer.seal(self.run, rc.round, &request);
+        self.events.emit(ev::Event::ScreenAssigned(ev::ScreenAssigned {
+            round: rc.round,
+            contribution: short(&contribution),
+            peer: d.peer().map(|p| peer_name(&p)).unwrap_or_default(),
+            screeners: screeners.iter().map(peer_name).collect(),
+        }));
+        for screener in screeners {
+            let Some(peer) = pcp_bootstrap::peer_of(&screener) else { continue };
+            let (node, envelope) = (self.node.clone(), envelope.clone());
+            committees.answers.spawn(async move {
+                let answer = match tokio::time::timeout(WAIT, node.request(peer, envelope)).await {
+                    Ok(Ok(v)) => Ok(v),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!("no answer in {} s", WAIT.as_secs())),
+                };
+                (contribution, screener, answer)
+            });
+        }
+    }
+
+    /// The shepherd scores `contribution` itself (`why`); what its score leads to.
+    async fn score_deferred(
+        &mut self,
+        contribution: ContributionId,
+        why: Why,
+    ) -> anyhow::Result<Vec<Action<PublicKey>>> {
+        let started = Instant::now();
+        let scale = self.screener.scale();
+        let engine = self.engine.as_ref();
+        let committees = &mut self.screener.committees;
+        let Some(d) = committees.deferred.get_mut(&contribution) else { return Ok(Vec::new()) };
+        d.why = Some(why);
+        let Some(rc) = committees.rounds.iter_mut().find(|r| r.round == d.screened_in) else { return Ok(Vec::new()) };
+        let engine = engine.context("the loss screen without the model on this host")?;
+        let losses = scoring::losses(engine, &rc.params, (&d.applied.delta, scale), &rc.batch, rc.before).await?;
+        rc.before = Some(losses.before);
+        let actions = rc.machine.on(Input::Scored { contribution, losses }).unwrap_or_default();
+        self.screener.scored(started.elapsed().as_secs_f64());
+        Ok(actions)
+    }
+
+    /// `contribution`'s screen decided on `losses`: it passes or is refused as the
+    /// shepherd's own screen would, and is answered.
+    async fn decided(&mut self, contribution: ContributionId, losses: Losses, source: Source) -> anyhow::Result<()> {
+        let Some(d) = self.screener.committees.deferred.remove(&contribution) else { return Ok(()) };
+        let Deferred { id, mut input, received, busy, screened_in, at, why, silent, .. } = d;
+        let Some(peer) = (match &input {
+            shepherd::Input::Contribution { peer, .. } => Some(*peer),
+            _ => None,
+        }) else {
+            return Ok(());
+        };
+        let round = match &input {
+            shepherd::Input::Contribution { round, .. } => *round,
+            _ => screened_in,
+        };
+        let rated = !self.machine.ratings().on_probation(&peer);
+        let judged = self.judge(losses, rated);
+        let passed = judged.is_none();
+        match judged {
+            None => {
+                if let shepherd::Input::Contribution { screen, timing, .. } = &mut input {
+                    *screen = shepherd::Screen::Passed { improvement: f64::from(losses.before - losses.after) };
+                    // the wait for its verdict is not its transfer
+                    if let Some(t) = timing {
+                        t.transfer_ms = t.transfer_ms.saturating_add(at.elapsed().as_millis() as u64);
+                    }
+                }
+            }
+            Some(reason) => input = shepherd::Input::Malformed { peer, round, reason },
+        }
+        let why = match why {
+            None => String::new(),
+            Some(Why::NoCommittee) => "no committee".into(),
+            Some(Why::SpotCheck) => "spot check".into(),
+            Some(Why::Disagreement) => "disagreement".into(),
+            Some(Why::Silence) => "silence".into(),
+        };
+        self.events.emit(ev::Event::ScreenDecided(ev::ScreenDecided {
+            round: screened_in,
+            contribution: short(&contribution),
+            peer: peer_name(&peer),
+            source: match source {
+                Source::Committee => "committee".into(),
+                Source::Shepherd => "shepherd".into(),
+            },
+            why,
+            passed,
+            silent: silent.iter().map(peer_name).collect(),
+        }));
+        self.conclude(id, peer, round, input, Some(received), busy).await
+    }
+
+    /// A screen request's answer: its member's losses, counted by the round that
+    /// screens the contribution.
+    pub(super) async fn on_screen_answer(&mut self, (contribution, screener, answer): Answer) -> anyhow::Result<()> {
+        let report = match answer {
+            Ok(v) if v.kind() == MessageKind::ScreenReport && v.signer() == screener => {
+                v.decode::<ScreenReport>().map_err(|e| e.to_string())
+            }
+            Ok(v) => Err(format!("a {} answer", v.kind().tag())),
+            Err(e) => Err(e),
+        };
+        let report = match report {
+            Ok(r) if r.run == self.run.0 && r.contribution == contribution => Ok(r),
+            Ok(_) => Err("a report of another run or contribution".to_owned()),
+            Err(e) => Err(e),
+        };
+        let report = match report {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(screener = %peer_name(&screener), "no screen from it: {e}");
+                return Ok(());
+            }
+        };
+        let Some(d) = self.screener.committees.deferred.get(&contribution) else { return Ok(()) };
+        let round = d.screened_in;
+        let losses = Losses { before: report.before, after: report.after, reversed: report.reversed };
+        self.events.emit(ev::Event::ScreenReported(ev::ScreenReported {
+            round,
+            contribution: short(&contribution),
+            screener: peer_name(&screener),
+            before: f64::from(losses.before),
+            after: f64::from(losses.after),
+            reversed: f64::from(losses.reversed),
+        }));
+        let Some(rc) = self.screener.committees.round_mut(round) else { return Ok(()) };
+        match rc.machine.on(Input::Reported { contribution, screener, losses }) {
+            Ok(actions) => self.on_screening(actions, None).await,
+            Err(e) => {
+                tracing::debug!(screener = %peer_name(&screener), "screen answer not counted: {e}");
+                Ok(())
+            }
+        }
+    }
+
+    /// Opens `round`'s committees: its secret seed, its parameters (blob `hash`)
+    /// and its batch.
+    pub(super) fn open_committees(&mut self, round: u64, hash: pcp_protocol::BlobHash) -> anyhow::Result<()> {
+        let params = Arc::new(self.machine.params().clone());
+        let seed = self.screener.seed();
+        let batch = self.screener.batch()?.0.clone();
+        self.screener.committees.open(round, seed, (params, hash.0), batch);
+        Ok(())
+    }
+
+    /// Time passed: committees whose wait is over are settled.
+    pub(super) async fn committee_tick(&mut self) -> anyhow::Result<()> {
+        let now_ms = self.now_ms();
+        let mut actions = Vec::new();
+        for rc in &mut self.screener.committees.rounds {
+            actions.extend(rc.machine.on(Input::Tick { now_ms }).unwrap_or_default());
+        }
+        self.on_screening(actions, None).await
+    }
+}
