@@ -18,12 +18,15 @@
 //!   withheld split ([`ScreenRequest`]). Its sender is told nothing of any score.
 //! * **The verdict.** Every member's losses agreeing: their median. A
 //!   disagreement, a silence past [`WAIT`], a committee too small, or the spot
-//!   check (`--screen-spot-rate` of contributions, drawn from the seed): the
-//!   shepherd scores it itself, and every member its score contradicts is caught
+//!   check (`--screen-spot-rate` of contributions, drawn from the seed, while the
+//!   round's screening is within its budget, `--screen-share`): the shepherd
+//!   scores it itself, and every member its score contradicts is caught
 //!   (`screener_caught`): it loses its rating and never screens again.
 //! * **The sender waits for the verdict**: its contribution is answered, and
 //!   fed to the state machine, once decided. A round's deadline waits for the
-//!   contributions being screened, as for those being read.
+//!   contributions being screened, as for those being read. At most
+//!   [`MAX_DEFERRED`] wait at once; past them the shepherd's own screen takes a
+//!   contribution, within its budget.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -49,6 +52,11 @@ use crate::training::data::Batch;
 /// How long a committee has to answer from its request, before the shepherd
 /// scores the contribution itself.
 pub(crate) const WAIT: Duration = Duration::from_secs(10);
+
+/// Contributions held for their verdicts at most: past them, a contribution goes
+/// to the shepherd's own screen and its budget, so that what the shepherd holds
+/// stays bounded however many arrive at once.
+pub(crate) const MAX_DEFERRED: usize = 64;
 
 /// A contribution's id as events name it.
 fn short(id: &ContributionId) -> String {
@@ -173,16 +181,18 @@ impl Host {
         let contribution = *blake3::hash(bytes).as_bytes();
         let now_ms = self.now_ms();
         let committees = &mut self.screener.committees;
-        if committees.deferred.contains_key(&contribution) {
+        if committees.deferred.contains_key(&contribution) || committees.deferred.len() >= MAX_DEFERRED {
             return Ok(Deferral::Not(Box::new(input)));
         }
         let Some(rc) = committees.round_mut(open) else { return Ok(Deferral::Not(Box::new(input))) };
         let Ok(actions) = rc.machine.on(Input::Received { contribution, sender: peer, now_ms }) else {
             return Ok(Deferral::Not(Box::new(input)));
         };
-        // its own contribution committed, a rated sender may screen the round's later ones
+        // its own contribution to the round committed (not one carried into it), a rated
+        // sender may screen the round's later ones
         let ratings = self.machine.ratings();
-        if ratings.get(&peer).is_some() && !ratings.on_probation(&peer) && !ratings.sits_out(&peer, open) {
+        let own = matches!(&input, shepherd::Input::Contribution { round, .. } if *round == open);
+        if own && ratings.get(&peer).is_some() && !ratings.on_probation(&peer) && !ratings.sits_out(&peer, open) {
             rc.machine.enlist(peer);
         }
         let deferred = Deferred {
@@ -208,6 +218,10 @@ impl Host {
         while let Some(action) = queue.pop_front() {
             match action {
                 Action::Request { contribution, screeners } => self.request_screens(contribution, screeners, bytes),
+                // a spot check waits for the budget; the rest must be scored
+                Action::Score { contribution, why: Why::SpotCheck } if !self.screener.within_budget() => {
+                    queue.extend(self.waive(contribution));
+                }
                 Action::Score { contribution, why } => queue.extend(self.score_deferred(contribution, why).await?),
                 Action::Verdict { contribution, losses, source } => self.decided(contribution, losses, source).await?,
                 Action::Caught { screener, contribution, claimed, checked } => {
@@ -297,6 +311,15 @@ impl Host {
         let actions = rc.machine.on(Input::Scored { contribution, losses }).unwrap_or_default();
         self.screener.scored(started.elapsed().as_secs_f64());
         Ok(actions)
+    }
+
+    /// The spot check of `contribution` waived: its committee decides.
+    fn waive(&mut self, contribution: ContributionId) -> Vec<Action<PublicKey>> {
+        let committees = &mut self.screener.committees;
+        let Some(d) = committees.deferred.get(&contribution) else { return Vec::new() };
+        let round = d.screened_in;
+        let Some(rc) = committees.round_mut(round) else { return Vec::new() };
+        rc.machine.on(Input::Waived { contribution }).unwrap_or_default()
     }
 
     /// `contribution`'s screen decided on `losses`: it passes or is refused as the

@@ -300,6 +300,13 @@ impl Screener {
         self.seed
     }
 
+    /// Whether the open round's screening is still within its budget (as
+    /// [`Screener::decide`] counts it, counting nothing itself).
+    pub(crate) fn within_budget(&self) -> bool {
+        let budget = self.last_round_s.map_or(f64::INFINITY, |s| s * self.share);
+        self.stats.seconds < budget || self.stats.screened < MIN_SCREENS
+    }
+
     /// Whether to score a contribution: `must` for one on probation.
     pub(crate) fn decide(&mut self, must: bool) -> Decision {
         if self.mode != Screen::Score {

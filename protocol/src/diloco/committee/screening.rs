@@ -13,7 +13,8 @@
 //!   the devices' noise ([`agrees`]), and the contribution was not drawn for a
 //!   spot check ([`spot_checked`]). Otherwise (a disagreement, a spot check, or
 //!   no quorum in time) the shepherd scores it itself, and its own losses are
-//!   the verdict.
+//!   the verdict. A spot check alone the shepherd may waive when its screening
+//!   budget is spent ([`Input::Waived`]): the agreeing median decides.
 //! * **Liars are caught by the shepherd's own score.** Every member whose
 //!   answer disagrees with it is caught ([`Action::Caught`]) and barred from
 //!   screening for the rest of the run ([`Screening::barred`]): a lie costs the
@@ -94,6 +95,9 @@ pub enum Input<P> {
     Reported { contribution: ContributionId, screener: P, losses: Losses },
     /// The shepherd's own score of a contribution it was asked to score.
     Scored { contribution: ContributionId, losses: Losses },
+    /// The shepherd waives a spot check it was asked for (its screening budget is
+    /// spent): the committee's agreeing median decides.
+    Waived { contribution: ContributionId },
     /// The time, for the waits.
     Tick { now_ms: u64 },
 }
@@ -110,8 +114,9 @@ pub enum Ignored {
     /// The member's answer was not counted.
     #[error("an answer for contribution {id}: {why}")]
     Answer { id: String, why: Refused },
-    /// A score the machine did not ask for.
-    #[error("contribution {0} was not given to the shepherd to score")]
+    /// A score the machine did not ask for, or a waiver of a score that is not a
+    /// spot check.
+    #[error("contribution {0} was not given to the shepherd to score, or not as a spot check")]
     NotAsked(String),
     /// The screener was caught lying: its answers no longer count.
     #[error("an answer for contribution {0} from a screener caught lying")]
@@ -124,6 +129,9 @@ struct Pending<P> {
     due_ms: u64,
     /// Whether the shepherd scores it: the verdict then waits for its score.
     scoring: bool,
+    /// Whether that score is a spot check (the committee agreed), which the
+    /// shepherd may waive.
+    spot: bool,
 }
 
 /// One round's screening: its seed, its screeners and its contributions. The
@@ -197,6 +205,7 @@ impl<P: AsRef<[u8]> + Clone + PartialEq> Screening<P> {
                 Ok(if all && !pending.scoring { self.settle(contribution) } else { Vec::new() })
             }
             Input::Scored { contribution, losses } => self.scored(contribution, losses),
+            Input::Waived { contribution } => self.waived(contribution),
             Input::Tick { now_ms } => {
                 let due: Vec<ContributionId> =
                     self.pending.iter().filter(|(_, p)| !p.scoring && p.due_ms <= now_ms).map(|(id, _)| *id).collect();
@@ -213,11 +222,11 @@ impl<P: AsRef<[u8]> + Clone + PartialEq> Screening<P> {
         let enough = self.config.k > 0 && members.len() > self.config.k / 2;
         let due_ms = now_ms.saturating_add(self.config.wait_ms);
         if !enough {
-            let pending = Pending { tally: Tally::new(Vec::new()), due_ms, scoring: true };
+            let pending = Pending { tally: Tally::new(Vec::new()), due_ms, scoring: true, spot: false };
             self.pending.insert(contribution, pending);
             return Ok(vec![Action::Score { contribution, why: Why::NoCommittee }]);
         }
-        let pending = Pending { tally: Tally::new(members.clone()), due_ms, scoring: false };
+        let pending = Pending { tally: Tally::new(members.clone()), due_ms, scoring: false, spot: false };
         self.pending.insert(contribution, pending);
         Ok(vec![Action::Request { contribution, screeners: members }])
     }
@@ -248,8 +257,21 @@ impl<P: AsRef<[u8]> + Clone + PartialEq> Screening<P> {
             }
         };
         pending.scoring = true;
+        pending.spot = why == Why::SpotCheck;
         actions.push(Action::Score { contribution, why });
         actions
+    }
+
+    fn waived(&mut self, contribution: ContributionId) -> Result<Vec<Action<P>>, Ignored> {
+        match self.pending.get(&contribution) {
+            None => return Err(Ignored::Unknown(short(&contribution))),
+            Some(p) if !p.spot => return Err(Ignored::NotAsked(short(&contribution))),
+            Some(_) => {}
+        }
+        let Some(median) = self.pending.remove(&contribution).and_then(|p| p.tally.verdict()) else {
+            return Ok(Vec::new());
+        };
+        Ok(vec![Action::Verdict { contribution, losses: median, source: Source::Committee }])
     }
 
     fn scored(&mut self, contribution: ContributionId, checked: Losses) -> Result<Vec<Action<P>>, Ignored> {

@@ -265,3 +265,27 @@ fn screeners_enlisted_as_their_own_contributions_arrive_screen_the_later_ones() 
     let own = s.on(Input::Received { contribution: id(3), sender: key(1), now_ms: 0 }).expect("received");
     assert_eq!(own, [Action::Score { contribution: id(3), why: Why::NoCommittee }]);
 }
+
+/// A spot check the shepherd has no budget for is waived: the agreeing median
+/// decides. Only a spot check is waived: a disagreement must be scored.
+#[test]
+fn a_spot_check_may_be_waived_and_a_disagreement_may_not() {
+    let mut s = Screening::new([7; 32], config(3, 1.0), keys(10), Vec::new());
+    let members = receive(&mut s, 1, 1);
+    let mut actions = Vec::new();
+    for m in &members {
+        actions = report(&mut s, 1, m, HONEST);
+    }
+    assert_eq!(actions, [Action::Score { contribution: id(1), why: Why::SpotCheck }]);
+    let actions = s.on(Input::Waived { contribution: id(1) }).expect("a spot check");
+    assert_eq!(actions, [Action::Verdict { contribution: id(1), losses: HONEST, source: Source::Committee }]);
+    assert_eq!(s.pending(), 0);
+    // a disagreement
+    let members = receive(&mut s, 2, 1);
+    report(&mut s, 2, &members[0], LOW);
+    report(&mut s, 2, &members[1], HONEST);
+    let actions = report(&mut s, 2, &members[2], HONEST);
+    assert_eq!(actions, [Action::Score { contribution: id(2), why: Why::Disagreement }]);
+    assert!(matches!(s.on(Input::Waived { contribution: id(2) }), Err(Ignored::NotAsked(_))));
+    assert!(matches!(s.on(Input::Waived { contribution: id(9) }), Err(Ignored::Unknown(_))));
+}
