@@ -213,6 +213,18 @@ pub struct SimulateArgs {
     /// (pcp-node `--screen-sample`); one on probation is refused for the round.
     #[arg(long, default_value_t = 0.25)]
     pub screen_sample: f64,
+    /// Screeners a committee (pcp-node `--screeners`): rated workers score each
+    /// contribution on their devices between their inner steps (each worker about
+    /// this many a round, two forward passes each, a forward pass a third of a
+    /// step); the shepherd scores a round's contributions before two rated senders'
+    /// arrived, and the spot checks. Overlapped runs without aggregators, as the
+    /// node runs them. 0: the shepherd screens.
+    #[arg(long, default_value_t = 0)]
+    pub screeners: u32,
+    /// With --screeners: the share of contributions the shepherd spot-checks while
+    /// its screening is within --screen-share (pcp-node `--screen-spot-rate`).
+    #[arg(long, default_value_t = 0.1)]
+    pub screen_spot_rate: f64,
     /// Screens a key must pass before it is rated (pcp-node `--probation-rounds`).
     #[arg(long, default_value_t = 3)]
     pub probation_rounds: u32,

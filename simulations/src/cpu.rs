@@ -57,6 +57,11 @@ pub struct ScreenPolicy {
     pub sample: f64,
     /// Screens a key passes before it is rated.
     pub probation_rounds: u32,
+    /// Screeners a committee (pcp-node `--screeners`; 0: the shepherd screens).
+    pub screeners: u32,
+    /// With committees: the share of contributions the shepherd spot-checks
+    /// within its budget (pcp-node `--screen-spot-rate`).
+    pub spot_rate: f64,
 }
 
 /// What the shepherd's CPU work costs in a run (from the calibration table).
@@ -145,6 +150,9 @@ pub enum Screened {
     Passed,
     /// On probation past the budget: refused for the round.
     OverBudget,
+    /// Screened by its committee (and passed), not by the shepherd, unless it
+    /// was spot-checked too.
+    ByCommittee,
 }
 
 /// What the CPU did over a run, for the report.
@@ -165,6 +173,10 @@ pub struct CpuTotals {
     pub serve_s: f64,
     /// The largest heartbeat share of the loop seen (may pass 1: the loop is overloaded).
     pub peak_heartbeat_load: f64,
+    /// With committees: contributions their committees decided alone.
+    pub by_committee: u64,
+    /// With committees: contributions the shepherd spot-checked besides.
+    pub spot_checks: u64,
 }
 
 /// The shepherd's loop: when it is next free, and the screen's round state.
@@ -179,6 +191,9 @@ pub struct Cpu {
     load: f64,
     /// The open round's screens and their seconds.
     screens: (u64, f64),
+    /// With committees: the rated senders whose contributions to the open round
+    /// arrived (the node's eligible screeners).
+    screeners: u64,
     /// The last closed round's duration less its screening, seconds.
     last_round_s: Option<f64>,
     /// Whether a checkpoint was written yet.
@@ -201,6 +216,7 @@ impl Cpu {
             pending: 0,
             load: 0.0,
             screens: (0, 0.0),
+            screeners: 0,
             last_round_s: None,
             checkpointed: false,
             rng,
@@ -257,6 +273,30 @@ impl Cpu {
         if self.rng.gen_bool(policy.sample.clamp(0.0, 1.0)) { Screened::Passed } else { Screened::Skip }
     }
 
+    /// With committees (the node's `Screening` machine): a round's contributions
+    /// before two rated senders' arrived have no committee, and the shepherd
+    /// scores them ([`Screened::Passed`]); the rest their committees do
+    /// ([`Screened::ByCommittee`]), and the shepherd scores the spot checks too
+    /// while the round's screening is within its budget. Every contribution is
+    /// screened: none is over budget.
+    fn by_committee(&mut self, policy: ScreenPolicy, must: bool) -> Screened {
+        let quorum = u64::from(policy.screeners / 2 + 1);
+        let committee = self.screeners >= quorum;
+        if !must {
+            self.screeners += 1;
+        }
+        if !committee {
+            return Screened::Passed;
+        }
+        // within the budget, without the floor of screens a run screening alone keeps
+        let budget = self.last_round_s.map_or(f64::INFINITY, |s| s * policy.share);
+        if self.screens.1 < budget && self.rng.gen_bool(policy.spot_rate.clamp(0.0, 1.0)) {
+            self.totals.spot_checks += 1;
+            return Screened::Passed;
+        }
+        Screened::ByCommittee
+    }
+
     /// A contribution of `bytes` reached the shepherd at `now` (µs); `work` is its
     /// share of the model (fragments). Returns when the state machine gets it and
     /// the screen's verdict.
@@ -294,7 +334,10 @@ impl Cpu {
             // read here, not through aggregators: held to the copy check
             read += c.copy_check_core_s * work / threads;
         }
-        let verdict = self.decide(must, screenable);
+        let verdict = match self.costs.screen.filter(|p| p.screeners > 0 && screenable && committed.is_none()) {
+            Some(policy) => self.by_committee(policy, must),
+            None => self.decide(must, screenable),
+        };
         let mut s = match committed {
             Some(commit) if verdict == Screened::Passed => commit + read,
             Some(commit) => commit,
@@ -309,6 +352,9 @@ impl Cpu {
             self.totals.screened += 1;
             self.totals.screen_s += screen / (1.0 - self.load);
             s += screen;
+        }
+        if verdict == Screened::ByCommittee {
+            self.totals.by_committee += 1;
         }
         if verdict == Screened::OverBudget {
             self.totals.over_budget += 1;
@@ -343,6 +389,7 @@ impl Cpu {
             self.last_round_s = Some(rest);
         }
         self.screens = (0, 0.0);
+        self.screeners = 0;
         self.totals.close_s += (s + c.shards_s) / (1.0 - self.load);
         let shards_s = c.shards_s;
         let announced = self.run(now, s);
@@ -362,7 +409,7 @@ mod tests {
             add_core_s: 0.04,
             add_batch: 4,
             forward_core_s: 2.0,
-            screen: Some(ScreenPolicy { share: 0.25, sample: 0.0, probation_rounds: 3 }),
+            screen: Some(ScreenPolicy { share: 0.25, sample: 0.0, probation_rounds: 3, screeners: 0, spot_rate: 0.0 }),
             eval_batches: 1,
             ..ShepherdCosts::free(2)
         }

@@ -255,6 +255,8 @@ struct WorkerState {
     sends: Vec<(u64, u64, u64, u64)>,
     /// Overlap: compute has been waiting for the network since then.
     waiting: Option<u64>,
+    /// With committees: its screening after the round's steps, µs (not training).
+    screening: u64,
 }
 
 fn us(s: f64) -> u64 {
@@ -510,6 +512,7 @@ impl Sim<'_> {
             steps: (0, 0),
             sends: Vec::new(),
             waiting: None,
+            screening: 0,
         });
         if leave_us < u64::MAX / 4 {
             self.push(leave_us, Ev::Leave { w });
@@ -518,8 +521,15 @@ impl Sim<'_> {
         self.shepherd_input(Input::Joined(w), now, false);
     }
 
-    /// Worker `w` ran round `r`'s inner steps from `since` to `now` (µs).
+    /// Screeners a committee (0: the shepherd screens).
+    fn screeners(&self) -> u32 {
+        self.cpu.costs().screen.map_or(0, |p| p.screeners)
+    }
+
+    /// Worker `w` ran round `r`'s inner steps from `since` to `now` (µs), its
+    /// screening last.
     fn computed(&mut self, r: u64, w: u32, since: u64, now: u64) {
+        let now = now.saturating_sub(self.workers[w as usize].screening).max(since);
         // overlap: a round closed may still be carried into the next
         let open = if self.setup.overlap { r >= self.closed } else { r > self.closed };
         if open {
@@ -555,8 +565,11 @@ impl Sim<'_> {
                         Some(b) if step > 0.0 => (*steps).min(((*b as f64 / 1e3) / step).ceil().max(1.0) as u64),
                         _ => *steps,
                     };
-                    let train = us(n as f64 * step);
+                    // with committees, each worker screens about `screeners` contributions a round
+                    let screening = us(self.screeners() as f64 * 2.0 / 3.0 * step);
+                    let train = us(n as f64 * step) + screening;
                     let ws = &mut self.workers[w as usize];
+                    ws.screening = screening;
                     if let Some(since) = ws.waiting.take() {
                         self.window.waited_s += secs(now - since);
                     }
@@ -573,7 +586,8 @@ impl Sim<'_> {
                     let ws = &mut self.workers[w as usize];
                     let up = planned.unwrap_or_else(|| us(bytes / ws.spec.link.up.max(1e-9)));
                     let (n, train) = ws.steps;
-                    ws.sends.push((*r, now, n, train));
+                    // its claimed time is its inner steps', as the node's
+                    ws.sends.push((*r, now, n, train.saturating_sub(ws.screening)));
                     self.push(now + up + us(lat), Ev::Arrive { w, r: *r });
                 }
                 worker::Action::Abandon(r) => {
@@ -593,9 +607,9 @@ impl Sim<'_> {
                         continue;
                     }
                     // the step under way finishes
-                    let step = train as f64 / n as f64;
+                    let step = train.saturating_sub(ws.screening) as f64 / n as f64;
                     let k = (((by.saturating_sub(start)) as f64 / step).ceil() as u64).clamp(1, n);
-                    let train = (step * k as f64).round() as u64;
+                    let train = (step * k as f64).round() as u64 + ws.screening;
                     ws.steps = (k, train);
                     ws.trained_at = Some((t, start + train));
                     self.window.cut_short += 1;

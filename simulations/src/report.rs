@@ -568,6 +568,13 @@ impl Report {
             return Ok(());
         }
         let mut screen = match c.screen {
+            Some(p) if p.screeners > 0 => format!(
+                "screen score by committees of {} (a screen two forward passes of a worker's device, a third of a \
+                 step each; {:.0}% spot-checked within a {:.0}% share)",
+                p.screeners,
+                100.0 * p.spot_rate,
+                100.0 * p.share
+            ),
             Some(p) => format!("screen score ({:.0}% share, {:.0}% sample)", 100.0 * p.share, 100.0 * p.sample),
             None => "screen norm".into(),
         };
@@ -610,6 +617,13 @@ impl Report {
                 100.0 * t.peak_heartbeat_load,
                 if sh.heartbeat_overload { " (OVERLOADED: modelled at 95%)" } else { "" },
             )?;
+            if c.screen.is_some_and(|p| p.screeners > 0) {
+                writeln!(
+                    out,
+                    "{}: committees decided {} contributions alone; the shepherd scored {} ({} spot checks)",
+                    r.strategy, t.by_committee, t.screened, t.spot_checks
+                )?;
+            }
             writeln!(
                 out,
                 "{}: serving blobs took {} of the shepherd's cores off the loop",

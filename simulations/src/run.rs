@@ -68,6 +68,14 @@ fn check(args: &SimulateArgs) -> Result<(), Error> {
     if !(fraction(args.screen_sample) && args.screen_share.is_finite() && args.screen_share >= 0.0) {
         return bad("--screen-sample is a fraction in [0, 1] and --screen-share a share, at least 0");
     }
+    if !fraction(args.screen_spot_rate) {
+        return bad("--screen-spot-rate is a fraction in [0, 1]");
+    }
+    if args.screeners > 0 && (!args.overlap() || args.aggregators > 0 || args.screen != ScreenMode::Score) {
+        return bad(
+            "--screeners needs the score screen and overlapped rounds without --aggregators, as the node runs them",
+        );
+    }
     if args.max_connections == 0 {
         return bad("--max-connections must be at least 1");
     }
@@ -165,6 +173,8 @@ fn shepherd_costs(args: &SimulateArgs, base: &ModelSpec, table: &Calibration) ->
             share: args.screen_share,
             sample: args.screen_sample,
             probation_rounds: args.probation_rounds,
+            screeners: args.screeners,
+            spot_rate: args.screen_spot_rate,
         }),
         eval_batches: args.eval_batches,
         close_s: table.close_s_per_param * model.params() as f64,

@@ -392,3 +392,30 @@ fn goodput_counts_the_tokens_averaged() {
     assert!(m.goodput.is_some() && m.tokens_per_s.is_none() && custom.settings.device_tokens_per_s.is_none());
     assert!(!to_json(&custom).expect("json").contains("tokens_per_s\""));
 }
+
+/// Screening committees (`--screeners 3`) take the scoring off the shepherd: its
+/// screens fall to the contributions without a committee (a run's first round,
+/// probation, each round's first arrivals) and the spot checks, the rest their
+/// committees decide alone; and the same seed gives the same bytes. A committee
+/// needs the score screen and overlapped rounds without aggregators, as the node.
+#[test]
+fn committees_take_the_scoring_off_the_shepherd() {
+    let base = "--nodes 200 --rounds 6 --model nanogpt-medium --tau 20 --seed 3 --decode-seconds 0.002 \
+                --probation-rounds 1";
+    let star = |extra: &str| {
+        let report = simulate(&format!("{base} {extra}"));
+        let star = strategy(&report, "diloco-star+overlap").summary.clone();
+        star.shepherd.expect("the star's shepherd").cpu
+    };
+    let alone = star("");
+    let shared = star("--screeners 3");
+    assert!(shared.by_committee > 0, "{shared:?}");
+    assert!(shared.screened * 2 < alone.screened, "the shepherd scored {} of {}", shared.screened, alone.screened);
+    assert_eq!(alone.by_committee, 0);
+    let again = to_json(&simulate(&format!("{base} --screeners 3"))).expect("json");
+    assert_eq!(to_json(&simulate(&format!("{base} --screeners 3"))).expect("json"), again);
+    for bad in ["--screeners 3 --lockstep", "--screeners 3 --screen norm", "--screeners 3 --aggregators 4"] {
+        let err = run(&args(&format!("{base} {bad}")), &mut Vec::new()).expect_err(bad);
+        assert!(err.to_string().contains("--screeners"), "{bad}: {err}");
+    }
+}

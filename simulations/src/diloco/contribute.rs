@@ -60,7 +60,11 @@ impl Sim<'_> {
             }
             None => {
                 self.window.shepherd_bytes_in += cb;
-                self.cpu.contribution(now, cb, work, must, screenable)
+                let (at, screened) = self.cpu.contribution(now, cb, work, must, screenable);
+                match screened {
+                    Screened::ByCommittee => (at + self.committee_delay(w, cb), screened),
+                    _ => (at, screened),
+                }
             }
         };
         self.push(at, Ev::Decoded { w, r, screened });
@@ -73,7 +77,7 @@ impl Sim<'_> {
                 let reason = Rejection::Unscreened;
                 return self.shepherd_input(Input::Malformed { peer: w, round: r, reason }, now, false);
             }
-            Screened::Passed => shepherd::Screen::Passed { improvement: 0.01 },
+            Screened::Passed | Screened::ByCommittee => shepherd::Screen::Passed { improvement: 0.01 },
             Screened::Skip => shepherd::Screen::Unscreened,
         };
         let hostile = self.workers[w as usize].spec.hostile;
@@ -134,6 +138,22 @@ impl Sim<'_> {
     /// aggregated, or the shepherd is aggregating the round just closed (its
     /// late contributions are carried into the next round, whose aggregators
     /// the pool assigns when it opens).
+    /// How long worker `w`'s contribution of `bytes` waits for its committee: the
+    /// shepherd sends it to each screener (its bytes over a screener's downlink,
+    /// the sender's link standing for the screener's), which answers after the
+    /// inner step under way and two forward passes (a forward pass a third of a
+    /// step), and the answer comes back. The shepherd's uplink carries `screeners`
+    /// copies (counted in its bytes out, not queued behind its other sends).
+    fn committee_delay(&mut self, w: u32, bytes: f64) -> u64 {
+        let k = self.cpu.costs().screen.map_or(0, |p| p.screeners);
+        self.window.shepherd_bytes_out += f64::from(k) * bytes;
+        self.window.worker_bytes_in += f64::from(k) * bytes;
+        let spec = &self.workers[w as usize].spec;
+        let lat = self.world.latency(spec, 0, &self.world.shepherd);
+        let transfer = bytes / spec.link.down.max(1e-9);
+        us(self.setup.step_seconds * (1.0 + 2.0 / 3.0) + transfer + 2.0 * lat)
+    }
+
     fn aggregated_now(&self) -> bool {
         self.agg.pool.as_ref().is_some_and(|p| p.active() || self.shepherd.aggregating().is_some())
     }

@@ -300,11 +300,13 @@ impl Screener {
         self.seed
     }
 
-    /// Whether the open round's screening is still within its budget (as
-    /// [`Screener::decide`] counts it, counting nothing itself).
+    /// Whether the open round's screening is still within its budget, its share
+    /// of the last round: a committee's spot check waits for it (without the
+    /// [`MIN_SCREENS`] floor [`Screener::decide`] keeps for a run that screens
+    /// alone: committees screen every contribution anyway).
     pub(crate) fn within_budget(&self) -> bool {
         let budget = self.last_round_s.map_or(f64::INFINITY, |s| s * self.share);
-        self.stats.seconds < budget || self.stats.screened < MIN_SCREENS
+        self.stats.seconds < budget
     }
 
     /// Whether to score a contribution: `must` for one on probation.
