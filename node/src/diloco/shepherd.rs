@@ -674,7 +674,7 @@ impl Host {
         // the screen's secret batch for this round: committed now, revealed with the next
         let (screen_commit, screen_reveal) = self.screener.open(round);
         if self.screener.by_committees() {
-            self.open_committees(round, hash)?;
+            self.open_committees(round, hash).await?;
         }
         let aggregators = self.assign_aggregators(round, &participants);
         // the deadline was set at the input that closed the last round; the close (the

@@ -36,6 +36,7 @@ use anyhow::Context as _;
 
 use pcp_bootstrap::InboundId;
 use pcp_protocol::diloco::Tensors;
+use pcp_protocol::diloco::aggregate::Rejection;
 use pcp_protocol::diloco::committee::Losses;
 use pcp_protocol::diloco::committee::screening::{Action, Config, ContributionId, Input, Screening, Source, Why};
 use pcp_protocol::diloco::shepherd::{self, Applied};
@@ -127,11 +128,27 @@ impl Committees {
 
     /// Opens `round`, screened with `seed` at `params` (blob `params_hash`) on
     /// `batch`. Earlier rounds are kept while they decide their contributions.
-    pub(crate) fn open(&mut self, round: u64, seed: [u8; 32], params: (Arc<Tensors>, [u8; 32]), batch: Batch) {
+    /// Returns the contributions of a round opened again (a new term's) that
+    /// its old machine was screening: they are refused unscreened.
+    pub(crate) fn open(
+        &mut self,
+        round: u64,
+        seed: [u8; 32],
+        params: (Arc<Tensors>, [u8; 32]),
+        batch: Batch,
+    ) -> Vec<Deferred> {
         self.rounds.retain(|r| r.machine.pending() > 0 && r.round != round);
+        let orphans: Vec<ContributionId> = self
+            .deferred
+            .iter()
+            .filter(|(_, d)| !self.rounds.iter().any(|r| r.round == d.screened_in))
+            .map(|(id, _)| *id)
+            .collect();
+        let orphans = orphans.into_iter().filter_map(|id| self.deferred.remove(&id)).collect();
         let machine = Screening::new(seed, self.config, Vec::new(), self.barred.clone());
         let (params, params_hash) = params;
         self.rounds.push(RoundCommittees { round, machine, params, params_hash, batch: Arc::new(batch), before: None });
+        orphans
     }
 
     fn round_mut(&mut self, round: u64) -> Option<&mut RoundCommittees> {
@@ -419,11 +436,18 @@ impl Host {
 
     /// Opens `round`'s committees: its secret seed, its parameters (blob `hash`)
     /// and its batch.
-    pub(super) fn open_committees(&mut self, round: u64, hash: pcp_protocol::BlobHash) -> anyhow::Result<()> {
+    pub(super) async fn open_committees(&mut self, round: u64, hash: pcp_protocol::BlobHash) -> anyhow::Result<()> {
         let params = Arc::new(self.machine.params().clone());
         let seed = self.screener.seed();
         let batch = self.screener.batch()?.0.clone();
-        self.screener.committees.open(round, seed, (params, hash.0), batch);
+        let orphans = self.screener.committees.open(round, seed, (params, hash.0), batch);
+        // answered, not fed to the state machine: this runs inside its step
+        for d in orphans {
+            let (round, refused) = (d.input_round(), Rejection::Unscreened);
+            let ack = pcp_schema::Ack::refuse(self.run.0, round, refused.code(), refused.told());
+            let envelope = self.signer.seal(self.run, round, &ack);
+            self.respond(d.id, envelope).await?;
+        }
         Ok(())
     }
 
