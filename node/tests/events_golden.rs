@@ -69,8 +69,11 @@ fn a_seeded_sim_emits_the_golden_events_field_for_field() {
     let screened_ev = screened.path().join("events.jsonl");
     let out = Command::new(env!("CARGO_BIN_EXE_pcp-node"))
         .env("PCP_ARTIFACT_CACHE", std::env::temp_dir().join("pcp-test-artifact-cache").join("artifacts"))
-        .args(["sim", "--nodes", "5", "--rounds", "4", "--tau", "10", "--seed", "7", "--screeners", "2"])
-        .args(["--probation-rounds", "1", "--hostile", "screen-high:4", "--data", &corpus()])
+        // one screener a committee, every verdict spot-checked: committees form from
+        // round 2 on whatever the arrival order, and a lie is caught when told
+        .args(["sim", "--nodes", "5", "--rounds", "4", "--tau", "10", "--seed", "7", "--screeners", "1"])
+        .args(["--screen-spot-rate", "1", "--probation-rounds", "1", "--hostile", "screen-high:4"])
+        .args(["--data", &corpus()])
         .args(["--events", screened_ev.to_str().expect("utf8"), "--data-dir", screened.path().to_str().expect("utf8")])
         .output()
         .expect("runs");
