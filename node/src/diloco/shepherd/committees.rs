@@ -61,7 +61,7 @@ pub(crate) const MAX_DEFERRED: usize = 64;
 
 /// A contribution's id as events name it.
 fn short(id: &ContributionId) -> String {
-    id[..4].iter().map(|b| format!("{b:02x}")).collect()
+    pcp_protocol::BlobHash(*id).to_hex()[..8].to_owned()
 }
 
 /// One member's answer to a screen request, or why there is none.
@@ -343,17 +343,8 @@ impl Host {
     /// shepherd's own screen would, and is answered.
     async fn decided(&mut self, contribution: ContributionId, losses: Losses, source: Source) -> anyhow::Result<()> {
         let Some(d) = self.screener.committees.deferred.remove(&contribution) else { return Ok(()) };
+        let (Some(peer), round) = (d.peer(), d.input_round()) else { return Ok(()) };
         let Deferred { id, mut input, received, busy, screened_in, at, why, silent, .. } = d;
-        let Some(peer) = (match &input {
-            shepherd::Input::Contribution { peer, .. } => Some(*peer),
-            _ => None,
-        }) else {
-            return Ok(());
-        };
-        let round = match &input {
-            shepherd::Input::Contribution { round, .. } => *round,
-            _ => screened_in,
-        };
         let rated = !self.machine.ratings().on_probation(&peer);
         let judged = self.judge(losses, rated);
         let passed = judged.is_none();

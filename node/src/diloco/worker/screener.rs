@@ -65,7 +65,7 @@ pub(super) enum ScreenError {
 }
 
 fn short(hash: &[u8; 32]) -> String {
-    hash[..4].iter().map(|b| format!("{b:02x}")).collect()
+    pcp_protocol::BlobHash(*hash).to_hex()[..8].to_owned()
 }
 
 impl Trainer<'_> {
@@ -130,12 +130,8 @@ impl Trainer<'_> {
             .map_err(|e| ScreenError::Contribution(e.to_string()))?;
         delta.validate(&sizes).map_err(|e| ScreenError::Contribution(e.to_string()))?;
         let applied = applied(delta, &r, &sizes)?;
-        let batch = Batch::from_windows(r.rows as usize, &r.windows)
-            .ok_or_else(|| ScreenError::Batch(format!("{} tokens in {} rows", r.windows.len(), r.rows)))?;
-        let vocab = self.corpus.vocab.size();
-        if usize::from(batch.max_token()) >= vocab {
-            return Err(ScreenError::Batch(format!("token {} past the vocabulary of {vocab}", batch.max_token())));
-        }
+        let shape = (self.m.data.batch as usize, self.m.data.block as usize);
+        let batch = batch_of(r.rows as usize, &r.windows, shape, self.corpus.vocab.size())?;
         let mut at = blake3::Hasher::new();
         at.update(&r.params_hash);
         r.windows.iter().for_each(|t| {
@@ -151,6 +147,21 @@ impl Trainer<'_> {
     }
 }
 
+/// The request's batch: `rows` windows of `tokens`, the run's `(batch, block)`
+/// shape (the step is compiled for it), every token within `vocab`.
+fn batch_of(rows: usize, tokens: &[u16], shape: (usize, usize), vocab: usize) -> Result<Batch, ScreenError> {
+    let batch = Batch::from_windows(rows, tokens)
+        .ok_or_else(|| ScreenError::Batch(format!("{} tokens in {rows} rows", tokens.len())))?;
+    if batch.shape() != [shape.0, shape.1] {
+        let [b, t] = batch.shape();
+        return Err(ScreenError::Batch(format!("{b} x {t}, not the run's {} x {}", shape.0, shape.1)));
+    }
+    if usize::from(batch.max_token()) >= vocab {
+        return Err(ScreenError::Batch(format!("token {} past the vocabulary of {vocab}", batch.max_token())));
+    }
+    Ok(batch)
+}
+
 /// `delta` as the round applies it: bounded as the request says, then scaled.
 fn applied(delta: Delta, r: &ScreenRequest, sizes: &[usize]) -> Result<Delta, ScreenError> {
     let finite = |x: f32| x.is_finite() && x > 0.0;
@@ -159,4 +170,43 @@ fn applied(delta: Delta, r: &ScreenRequest, sizes: &[usize]) -> Result<Delta, Sc
     }
     let bounds = Bounds { tensor: r.tensor_bounds.clone(), element: r.element_bounds.clone() };
     Ok(delta.bounded(&bounds).0.scaled(r.bound_scale, sizes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a hostile or broken leader's request may carry fails in one line, before
+    /// the engine sees it: a batch not of the run's shape, a token past the
+    /// vocabulary, rows that are not whole, a scale that is not a positive number.
+    #[test]
+    fn a_bad_request_is_refused_before_the_engine() {
+        let windows: Vec<u16> = (0..2 * 9).map(|i| i as u16).collect();
+        assert!(batch_of(2, &windows, (2, 8), 64).is_ok());
+        let wrong = batch_of(2, &windows, (4, 8), 64).expect_err("another shape");
+        assert_eq!(wrong.to_string(), "the batch: 2 x 8, not the run's 4 x 8");
+        assert!(
+            batch_of(2, &windows, (2, 8), 10).expect_err("vocab").to_string().contains("past the vocabulary of 10")
+        );
+        assert!(batch_of(5, &windows, (2, 8), 64).is_err(), "not whole rows");
+        let request = |bound_scale: f32, outer_scale: f32| ScreenRequest {
+            run: [0; 32],
+            round: 1,
+            contribution: [0; 32],
+            contribution_round: 1,
+            params_hash: [0; 32],
+            delta: Vec::new(),
+            tensor_bounds: Vec::new(),
+            element_bounds: Vec::new(),
+            bound_scale,
+            outer_scale,
+            rows: 2,
+            windows: windows.clone(),
+        };
+        let delta = || Delta::Dense(vec![vec![1.0, 2.0]]);
+        assert!(applied(delta(), &request(0.5, 1.0), &[2]).is_ok());
+        for (b, o) in [(f32::NAN, 1.0), (0.0, 1.0), (-1.0, 1.0), (1.0, f32::INFINITY)] {
+            assert!(applied(delta(), &request(b, o), &[2]).is_err(), "{b} {o}");
+        }
+    }
 }
