@@ -13,6 +13,8 @@
 #             eager and torch.compile on the same GPU when torch is installed
 #   mixed     a `sim` with one worker on the backend and one on cpu, both contributing
 #             every round
+#   screen    a `sim` whose shepherd screens every contribution (the score screen, no
+#             committees) with its own engine on the backend: its seconds a contribution
 #   profile   the fused step under IREE's HAL profiler: the three slowest dispatches
 #             (needs iree-benchmark-module and iree-profile: .venv/bin or PATH)
 #   parity-bf16, speed-bf16   the same with --precision bf16 (parity against cpu bf16)
@@ -168,6 +170,40 @@ mixed() {
     fi
 }
 
+screen() {
+    # the shepherd's score screen on the device (--shepherd-backend, --screeners 0): every
+    # contribution of every round scored there (screen_round: screened, none skipped);
+    # refusals are allowed, since a few-step, tiny-batch update may move the loss by a hair
+    if ! timeout "${PART_TIMEOUT:-150}" "$BIN" sim --nodes 3 --rounds "$SIM_ROUNDS" --tau "$SIM_TAU" --batch "$SIM_BATCH" \
+        --encoding fp32 --no-overlap --screen score --screeners 0 --worker-backend "1:$BACKEND" \
+        --shepherd-backend "$BACKEND" "${DATA[@]}" --data-dir "$WORK/screen" --events "$OUT/screen.jsonl" \
+        > "$OUT/screen.log" 2>&1; then
+        record screen fail "$(tail -1 "$OUT/screen.log")"; return
+    fi
+    local summary
+    summary=$(python3 - "$OUT/screen.jsonl" "$BACKEND" "$SIM_ROUNDS" <<'PY'
+import json, sys
+events = [json.loads(l) for l in open(sys.argv[1])]
+backend, rounds = sys.argv[2], int(sys.argv[3])
+named = lambda n: [e for e in events if e.get("event") == n]
+engine = next((e.get("engine", "") for e in named("run_started")), "")
+screens, closed = named("screen_round"), named("round_completed")
+received = {}
+for e in named("contribution_received"):
+    received[e["round"]] = received.get(e["round"], 0) + 1
+short = [s["round"] for s in screens if s["skipped"] or s["screened"] < received.get(s["round"], 0)]
+ok = engine.split(":")[0] == backend and len(closed) == rounds and len(screens) == rounds and not short
+n = sum(s["screened"] for s in screens)
+secs = sum(s["seconds"] for s in screens)
+print("pass" if ok else "fail", end="\t")
+print(f"{len(closed)} of {rounds} rounds on a {engine or 'no'} shepherd engine, {n} contributions screened "
+      f"({secs / max(n, 1):.2f} s each), "
+      f"rounds short of their contributions: {short or 'none'}")
+PY
+) || { record screen fail "reading $OUT/screen.jsonl"; return; }
+    record screen "${summary%%$'\t'*}" "${summary#*$'\t'}"
+}
+
 profile() {
     local tools="${VENV_BIN}" driver=$BACKEND mode=dispatch-events
     [ "$BACKEND" = rocm ] && driver=hip
@@ -221,6 +257,7 @@ part parity 150 parity f32 parity
 # H200's 16 cores), then 3 warmup and 20 timed steps of 1.9 s in f32; 90 s cut it short
 part speed 180 speed f32 speed
 part mixed 120 mixed
+part screen 150 screen
 if [ "$PROFILE" = 1 ]; then part profile 90 profile; else record profile skipped "--no-profile"; fi
 part parity-bf16 150 parity bf16 parity-bf16
 part speed-bf16 180 speed bf16 speed-bf16
