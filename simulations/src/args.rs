@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::aggregators::HostileAggregator;
 use crate::compute::Device;
+use crate::cpu::ScreenerAttack;
 use crate::faults::Rule;
 use crate::network::Profile;
 
@@ -225,6 +226,14 @@ pub struct SimulateArgs {
     /// its screening is within --screen-share (pcp-node `--screen-spot-rate`).
     #[arg(long, default_value_t = 0.1)]
     pub screen_spot_rate: f64,
+    /// With --screeners: the share of workers that lie when they screen, doing
+    /// --screener-attack (the shepherd's score catches them when their committee
+    /// disagrees or is spot-checked; a committee of liars alone decides otherwise).
+    #[arg(long, default_value_t = 0.0)]
+    pub hostile_screeners: f64,
+    /// What lying screeners report (pcp-node's `--hostile screen-high`, `screen-low`).
+    #[arg(long, value_enum, default_value_t = ScreenerAttack::ScreenHigh)]
+    pub screener_attack: ScreenerAttack,
     /// Screens a key must pass before it is rated (pcp-node `--probation-rounds`).
     #[arg(long, default_value_t = 3)]
     pub probation_rounds: u32,

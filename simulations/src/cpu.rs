@@ -43,6 +43,10 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+mod committee;
+pub use committee::ScreenerAttack;
+use committee::{Committees, Draw};
+
 /// Contributions a round screens whatever its budget (the node's `MIN_SCREENS`).
 pub const MIN_SCREENS: u64 = 8;
 /// The most of the loop heartbeats are taken to use: past it the report warns.
@@ -62,6 +66,9 @@ pub struct ScreenPolicy {
     /// With committees: the share of contributions the shepherd spot-checks
     /// within its budget (pcp-node `--screen-spot-rate`).
     pub spot_rate: f64,
+    /// With committees: what lying screeners report, and the share of workers
+    /// that lie (`--hostile-screeners`).
+    pub liars: Option<(ScreenerAttack, f64)>,
 }
 
 /// What the shepherd's CPU work costs in a run (from the calibration table).
@@ -153,6 +160,12 @@ pub enum Screened {
     /// Screened by its committee (and passed), not by the shepherd, unless it
     /// was spot-checked too.
     ByCommittee,
+    /// Its committee's answers disagreed (some members lied): the shepherd
+    /// scored it (and it passed) once they were in, and caught the liars.
+    Disputed,
+    /// A committee of liars agreed that it hurts the loss (`screen-high`), and
+    /// no spot check caught them: refused as `NoImprovement`.
+    Misjudged,
 }
 
 /// What the CPU did over a run, for the report.
@@ -177,6 +190,12 @@ pub struct CpuTotals {
     pub by_committee: u64,
     /// With committees: contributions the shepherd spot-checked besides.
     pub spot_checks: u64,
+    /// With lying screeners: contributions whose committee disagreed, which the shepherd scored.
+    pub disputed: u64,
+    /// With lying screeners: honest contributions a committee of liars refused.
+    pub misjudged: u64,
+    /// With lying screeners: screeners caught (barred and their ratings lost).
+    pub screeners_caught: u64,
 }
 
 /// The shepherd's loop: when it is next free, and the screen's round state.
@@ -192,8 +211,8 @@ pub struct Cpu {
     /// The open round's screens and their seconds.
     screens: (u64, f64),
     /// With committees: the rated senders whose contributions to the open round
-    /// arrived (the node's eligible screeners).
-    screeners: u64,
+    /// arrived (the node's eligible screeners), and the liars.
+    committees: Committees,
     /// The last closed round's duration less its screening, seconds.
     last_round_s: Option<f64>,
     /// Whether a checkpoint was written yet.
@@ -208,15 +227,16 @@ fn us(s: f64) -> u64 {
 }
 
 impl Cpu {
-    /// A loop free from time 0.
-    pub fn new(costs: ShepherdCosts, rng: ChaCha8Rng) -> Self {
+    /// A loop free from time 0; `liars` draws the lying screeners and their committees.
+    pub fn new(costs: ShepherdCosts, rng: ChaCha8Rng, liars: ChaCha8Rng) -> Self {
+        let committees = Committees::new(costs.screen.and_then(|p| p.liars), liars);
         Self {
             costs,
             free: 0,
             pending: 0,
             load: 0.0,
             screens: (0, 0.0),
-            screeners: 0,
+            committees,
             last_round_s: None,
             checkpointed: false,
             rng,
@@ -278,30 +298,68 @@ impl Cpu {
     /// scores them ([`Screened::Passed`]); the rest their committees do
     /// ([`Screened::ByCommittee`]), and the shepherd scores the spot checks too
     /// while the round's screening is within its budget. Every contribution is
-    /// screened: none is over budget.
-    fn by_committee(&mut self, policy: ScreenPolicy, must: bool) -> Screened {
-        let quorum = u64::from(policy.screeners / 2 + 1);
-        let committee = self.screeners >= quorum;
+    /// screened: none is over budget. A committee with liars disagrees, and the
+    /// shepherd scores it whatever its budget ([`Screened::Disputed`]); one of
+    /// liars only decides unless spot-checked (`committee.rs`).
+    fn by_committee(&mut self, policy: ScreenPolicy, must: bool, w: u32) -> Screened {
+        let quorum = (policy.screeners / 2 + 1) as usize;
+        let committee = self.committees.eligible() >= quorum;
         if !must {
-            self.screeners += 1;
+            self.committees.enlist(w);
         }
         if !committee {
             return Screened::Passed;
         }
+        let draw = self.committees.draw(policy.screeners);
         // within the budget, without the floor of screens a run screening alone keeps
         let budget = self.last_round_s.map_or(f64::INFINITY, |s| s * policy.share);
-        if self.screens.1 < budget && self.rng.gen_bool(policy.spot_rate.clamp(0.0, 1.0)) {
-            self.totals.spot_checks += 1;
-            return Screened::Passed;
+        let spot = self.screens.1 < budget && self.rng.gen_bool(policy.spot_rate.clamp(0.0, 1.0));
+        match draw {
+            Draw::Disputed(liars) => {
+                self.catch(&liars);
+                self.totals.disputed += 1;
+                Screened::Disputed
+            }
+            _ if spot => {
+                if let Draw::Lying(liars, _) = draw {
+                    self.catch(&liars);
+                }
+                self.totals.spot_checks += 1;
+                Screened::Passed
+            }
+            Draw::Lying(_, ScreenerAttack::ScreenHigh) => {
+                self.totals.misjudged += 1;
+                Screened::Misjudged
+            }
+            Draw::Honest | Draw::Lying(_, ScreenerAttack::ScreenLow) => Screened::ByCommittee,
         }
-        Screened::ByCommittee
+    }
+
+    fn catch(&mut self, liars: &[u32]) {
+        self.committees.catch(liars);
+    }
+
+    /// The screeners caught lying since the last call: the state machine takes
+    /// their ratings (`Shepherd::screener_caught`).
+    pub fn caught_screeners(&mut self) -> Vec<u32> {
+        let caught = self.committees.take_caught();
+        self.totals.screeners_caught += caught.len() as u64;
+        caught
     }
 
     /// A contribution of `bytes` reached the shepherd at `now` (µs); `work` is its
     /// share of the model (fragments). Returns when the state machine gets it and
     /// the screen's verdict.
-    pub fn contribution(&mut self, now: u64, bytes: f64, work: f64, must: bool, screenable: bool) -> (u64, Screened) {
-        self.received(now, bytes, work, None, (must, screenable))
+    /// `w`: its sender.
+    pub fn contribution(
+        &mut self,
+        now: u64,
+        w: u32,
+        (bytes, work): (f64, f64),
+        must: bool,
+        screenable: bool,
+    ) -> (u64, Screened) {
+        self.received(now, (w, bytes), work, None, (must, screenable))
     }
 
     /// [`Cpu::contribution`] of a contribution whose shards aggregators sum: the loop
@@ -316,13 +374,13 @@ impl Cpu {
         must: bool,
         screenable: bool,
     ) -> (u64, Screened) {
-        self.received(now, bytes, work, Some(commit_s), (must, screenable))
+        self.received(now, (u32::MAX, bytes), work, Some(commit_s), (must, screenable))
     }
 
     fn received(
         &mut self,
         now: u64,
-        bytes: f64,
+        (w, bytes): (u32, f64),
         work: f64,
         committed: Option<f64>,
         (must, screenable): (bool, bool),
@@ -335,7 +393,7 @@ impl Cpu {
             read += c.copy_check_core_s * work / threads;
         }
         let verdict = match self.costs.screen.filter(|p| p.screeners > 0 && screenable && committed.is_none()) {
-            Some(policy) => self.by_committee(policy, must),
+            Some(policy) => self.by_committee(policy, must, w),
             None => self.decide(must, screenable),
         };
         let mut s = match committed {
@@ -343,7 +401,7 @@ impl Cpu {
             Some(commit) => commit,
             None => read,
         };
-        if verdict == Screened::Passed {
+        if matches!(verdict, Screened::Passed | Screened::Disputed) {
             // the loss before, once a round, then with the contribution and reversed
             let passes = if self.screens.0 == 0 { 3.0 } else { 2.0 };
             let screen = passes * self.costs.forward_s();
@@ -353,7 +411,7 @@ impl Cpu {
             self.totals.screen_s += screen / (1.0 - self.load);
             s += screen;
         }
-        if verdict == Screened::ByCommittee {
+        if matches!(verdict, Screened::ByCommittee | Screened::Misjudged) {
             self.totals.by_committee += 1;
         }
         if verdict == Screened::OverBudget {
@@ -389,7 +447,7 @@ impl Cpu {
             self.last_round_s = Some(rest);
         }
         self.screens = (0, 0.0);
-        self.screeners = 0;
+        self.committees.next_round();
         self.totals.close_s += (s + c.shards_s) / (1.0 - self.load);
         let shards_s = c.shards_s;
         let announced = self.run(now, s);
@@ -409,7 +467,14 @@ mod tests {
             add_core_s: 0.04,
             add_batch: 4,
             forward_core_s: 2.0,
-            screen: Some(ScreenPolicy { share: 0.25, sample: 0.0, probation_rounds: 3, screeners: 0, spot_rate: 0.0 }),
+            screen: Some(ScreenPolicy {
+                share: 0.25,
+                sample: 0.0,
+                probation_rounds: 3,
+                screeners: 0,
+                spot_rate: 0.0,
+                liars: None,
+            }),
             eval_batches: 1,
             ..ShepherdCosts::free(2)
         }
@@ -417,21 +482,25 @@ mod tests {
 
     #[test]
     fn the_loop_serves_in_order_and_adds_in_batches_on_all_threads() {
-        let mut cpu = Cpu::new(ShepherdCosts { screen: None, ..costs() }, ChaCha8Rng::seed_from_u64(1));
+        let mut cpu = Cpu::new(
+            ShepherdCosts { screen: None, ..costs() },
+            ChaCha8Rng::seed_from_u64(1),
+            ChaCha8Rng::seed_from_u64(2),
+        );
         // three decodes of 10 ms, then the fourth adds the batch: 4 × 40 ms over 2 threads
-        let done: Vec<u64> = (0..4).map(|_| cpu.contribution(0, 0.0, 1.0, false, true).0).collect();
+        let done: Vec<u64> = (0..4).map(|_| cpu.contribution(0, 0, (0.0, 1.0), false, true).0).collect();
         assert_eq!(done, vec![10_000, 20_000, 30_000, 120_000]);
         // a close adds what is pending and validates: one 1 s forward pass on 2 threads
-        cpu.contribution(1_000_000, 0.0, 1.0, false, true);
+        cpu.contribution(1_000_000, 0, (0.0, 1.0), false, true);
         assert_eq!(cpu.close(1_010_000, 10.0, 1.0, (1, false)), 1_010_000 + 20_000 + 1_000_000);
     }
 
     #[test]
     fn a_contributions_bytes_cost_the_transport_on_every_core() {
         let transport = ShepherdCosts { screen: None, transport_s_per_byte: 1e-8, ..costs() };
-        let mut cpu = Cpu::new(transport, ChaCha8Rng::seed_from_u64(1));
+        let mut cpu = Cpu::new(transport, ChaCha8Rng::seed_from_u64(1), ChaCha8Rng::seed_from_u64(2));
         // 10 ms of decode, and 1 MB at 10 ns a byte over 2 threads: 5 ms more
-        assert_eq!(cpu.contribution(0, 1e6, 1.0, false, true).0, 15_000);
+        assert_eq!(cpu.contribution(0, 0, (1e6, 1.0), false, true).0, 15_000);
         // a contribution summed by aggregators is not read: its commitment is all
         assert_eq!(cpu.committed(15_000, 1e6, 1.0, 0.001, false, true).0, 16_000);
     }
@@ -439,11 +508,11 @@ mod tests {
     #[test]
     fn a_contribution_the_shepherd_reads_is_held_to_the_copy_check() {
         let copies = ShepherdCosts { screen: None, copy_check_core_s: 0.04, ..costs() };
-        let mut cpu = Cpu::new(copies, ChaCha8Rng::seed_from_u64(1));
+        let mut cpu = Cpu::new(copies, ChaCha8Rng::seed_from_u64(1), ChaCha8Rng::seed_from_u64(2));
         // 10 ms of decode, and 40 ms of a core's copy check over 2 threads: 20 ms more
-        assert_eq!(cpu.contribution(0, 0.0, 1.0, false, true).0, 30_000);
+        assert_eq!(cpu.contribution(0, 0, (0.0, 1.0), false, true).0, 30_000);
         // half the model (a fragment): half the check
-        assert_eq!(cpu.contribution(30_000, 0.0, 0.5, false, true).0, 45_000);
+        assert_eq!(cpu.contribution(30_000, 0, (0.0, 0.5), false, true).0, 45_000);
         // one summed by aggregators is not held to it: its commitment is all
         assert_eq!(cpu.committed(45_000, 0.0, 1.0, 0.001, false, true).0, 46_000);
     }
@@ -451,7 +520,7 @@ mod tests {
     #[test]
     fn the_shards_are_written_after_the_announcement_and_hold_the_loop() {
         let costs = ShepherdCosts { close_s: 1.0, shards_s: 0.5, ..ShepherdCosts::free(1) };
-        let mut cpu = Cpu::new(costs, ChaCha8Rng::seed_from_u64(1));
+        let mut cpu = Cpu::new(costs, ChaCha8Rng::seed_from_u64(1), ChaCha8Rng::seed_from_u64(2));
         let announced = cpu.close(0, 10.0, 1.0, (2, false));
         assert_eq!(announced, 1_000_000, "the announcement waits for the close, not the shards");
         assert_eq!(cpu.run(announced, 0.1), 1_600_000, "the loop's next work waits for the shards");
@@ -460,7 +529,7 @@ mod tests {
     #[test]
     fn a_close_writes_a_checkpoint_first_every_kth_round_and_last() {
         let costs = ShepherdCosts { close_s: 1.0, checkpoint_s: 2.0, checkpoint_rounds: 3, ..ShepherdCosts::free(1) };
-        let mut cpu = Cpu::new(costs, ChaCha8Rng::seed_from_u64(1));
+        let mut cpu = Cpu::new(costs, ChaCha8Rng::seed_from_u64(1), ChaCha8Rng::seed_from_u64(2));
         let mut at = 0;
         let seconds: Vec<u64> = (1..=7)
             .map(|r| {
@@ -475,29 +544,32 @@ mod tests {
 
     #[test]
     fn past_the_budget_probation_is_refused_and_rated_peers_skipped() {
-        let mut cpu = Cpu::new(costs(), ChaCha8Rng::seed_from_u64(1));
+        let mut cpu = Cpu::new(costs(), ChaCha8Rng::seed_from_u64(1), ChaCha8Rng::seed_from_u64(2));
         // round 1 has no budget yet: everything is screened
         for _ in 0..10 {
-            assert_eq!(cpu.contribution(0, 0.0, 1.0, true, true).1, Screened::Passed);
+            assert_eq!(cpu.contribution(0, 0, (0.0, 1.0), true, true).1, Screened::Passed);
         }
         // 21 s of screening (3 passes, then 2 a contribution, of 1 s) in a 40 s round
         cpu.close(0, 40.0, 1.0, (1, false));
         // round 2: 8 screens whatever the budget (a quarter of 19 s)
-        let verdicts: Vec<Screened> = (0..10).map(|i| cpu.contribution(0, 0.0, 1.0, i % 2 == 0, true).1).collect();
+        let verdicts: Vec<Screened> = (0..10).map(|i| cpu.contribution(0, 0, (0.0, 1.0), i % 2 == 0, true).1).collect();
         assert!(verdicts[..8].iter().all(|v| *v == Screened::Passed), "{verdicts:?}");
         assert_eq!(verdicts[8..], [Screened::OverBudget, Screened::Skip]);
         assert_eq!(cpu.totals.over_budget, 1);
         // hostile (unscreenable) contributions are neither screened nor added
-        assert_eq!(cpu.contribution(0, 0.0, 1.0, true, false).1, Screened::Skip);
+        assert_eq!(cpu.contribution(0, 0, (0.0, 1.0), true, false).1, Screened::Skip);
     }
 
     #[test]
     fn heartbeats_slow_the_loop() {
-        let mut cpu =
-            Cpu::new(ShepherdCosts { heartbeat_s: 1e-4, screen: None, ..costs() }, ChaCha8Rng::seed_from_u64(1));
+        let mut cpu = Cpu::new(
+            ShepherdCosts { heartbeat_s: 1e-4, screen: None, ..costs() },
+            ChaCha8Rng::seed_from_u64(1),
+            ChaCha8Rng::seed_from_u64(2),
+        );
         // 2,500 workers every 0.5 s at 100 µs: half the loop
         cpu.heartbeats(2_500, 0.5);
-        assert_eq!(cpu.contribution(0, 0.0, 1.0, false, true).0, 20_000);
+        assert_eq!(cpu.contribution(0, 0, (0.0, 1.0), false, true).0, 20_000);
         cpu.heartbeats(100_000, 0.5);
         assert!(cpu.totals.peak_heartbeat_load > 19.0);
     }

@@ -373,7 +373,7 @@ pub fn run_star(world: World, setup: &StarSetup, progress: &mut dyn FnMut(u64)) 
         budgets: BTreeMap::new(),
         served: BTreeMap::new(),
         useful: Vec::new(),
-        cpu: Cpu::new(setup.cpu.clone(), rng(setup.seed, Stream::Screen)),
+        cpu: Cpu::new(setup.cpu.clone(), rng(setup.seed, Stream::Screen), rng(setup.seed, Stream::Screeners)),
         agg: contribute::Aggregation::new(setup.aggregators.clone().map(|a| Pool::new(a, setup.seed))),
         alive: 0,
         refused: 0,

@@ -623,6 +623,19 @@ impl Report {
                     "{}: committees decided {} contributions alone; the shepherd scored {} ({} spot checks)",
                     r.strategy, t.by_committee, t.screened, t.spot_checks
                 )?;
+                if let Some((attack, share)) = c.screen.and_then(|p| p.liars) {
+                    writeln!(
+                        out,
+                        "{}: lying screeners ({:?}, {:.0}% of workers): {} caught; {} disputed contributions the shepherd \
+                         scored; {} honest contributions refused by committees of liars",
+                        r.strategy,
+                        attack,
+                        100.0 * share,
+                        t.screeners_caught,
+                        t.disputed,
+                        t.misjudged
+                    )?;
+                }
             }
             writeln!(
                 out,

@@ -68,8 +68,11 @@ fn check(args: &SimulateArgs) -> Result<(), Error> {
     if !(fraction(args.screen_sample) && args.screen_share.is_finite() && args.screen_share >= 0.0) {
         return bad("--screen-sample is a fraction in [0, 1] and --screen-share a share, at least 0");
     }
-    if !fraction(args.screen_spot_rate) {
-        return bad("--screen-spot-rate is a fraction in [0, 1]");
+    if !fraction(args.screen_spot_rate) || !fraction(args.hostile_screeners) {
+        return bad("--screen-spot-rate and --hostile-screeners are fractions in [0, 1]");
+    }
+    if args.hostile_screeners > 0.0 && args.screeners == 0 {
+        return bad("--hostile-screeners needs committees (--screeners)");
     }
     if args.screeners > 0 && (!args.overlap() || args.aggregators > 0 || args.screen != ScreenMode::Score) {
         return bad(
@@ -175,6 +178,7 @@ fn shepherd_costs(args: &SimulateArgs, base: &ModelSpec, table: &Calibration) ->
             probation_rounds: args.probation_rounds,
             screeners: args.screeners,
             spot_rate: args.screen_spot_rate,
+            liars: (args.hostile_screeners > 0.0).then_some((args.screener_attack, args.hostile_screeners)),
         }),
         eval_batches: args.eval_batches,
         close_s: table.close_s_per_param * model.params() as f64,

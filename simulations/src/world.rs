@@ -19,6 +19,7 @@ pub(crate) enum Stream {
     Delta = 4,
     Screen = 5,
     Aggregators = 6,
+    Screeners = 7,
 }
 
 /// The generator of `stream` for `seed`.

@@ -419,3 +419,34 @@ fn committees_take_the_scoring_off_the_shepherd() {
         assert!(err.to_string().contains("--screeners"), "{bad}: {err}");
     }
 }
+
+/// Lying screeners (`--hostile-screeners`, `--screener-attack`): a committee with
+/// some liars disagrees, so the shepherd scores its contribution and catches them
+/// (they screen no more); a committee of liars agrees with itself and decides
+/// unless spot-checked, and `screen-high` then refuses honest contributions.
+#[test]
+fn lying_screeners_are_caught_when_their_committee_disagrees_or_is_spot_checked() {
+    let base = "--nodes 200 --rounds 6 --model nanogpt-medium --tau 20 --seed 3 --decode-seconds 0.002 \
+                --probation-rounds 1";
+    let cpu = |extra: &str| {
+        let report = simulate(&format!("{base} --screeners 3 {extra}"));
+        let star = strategy(&report, "diloco-star+overlap").summary.clone();
+        star.shepherd.expect("the star's shepherd").cpu
+    };
+    let honest = cpu("");
+    assert_eq!((honest.disputed, honest.misjudged, honest.screeners_caught), (0, 0, 0), "{honest:?}");
+    let some = cpu("--hostile-screeners 0.2");
+    assert!(some.screeners_caught > 0 && some.disputed > 0, "{some:?}");
+    assert!(some.screened > honest.screened, "the disputes are the shepherd's to score: {some:?}");
+    assert!(some.misjudged < some.disputed, "caught before committees of liars form: {some:?}");
+    let unchecked = cpu("--hostile-screeners 1 --screen-spot-rate 0");
+    assert!(unchecked.misjudged > 0 && unchecked.screeners_caught == 0, "{unchecked:?}");
+    let low = cpu("--hostile-screeners 1 --screen-spot-rate 0 --screener-attack screen-low");
+    assert_eq!(low.misjudged, 0, "a lie that every contribution helps refuses none: {low:?}");
+    let checked = cpu("--hostile-screeners 1 --screen-spot-rate 1 --screen-share 100");
+    assert!(checked.screeners_caught > 0 && checked.misjudged < unchecked.misjudged, "{checked:?}");
+    for bad in ["--screeners 3 --hostile-screeners 1.5", "--hostile-screeners 0.2"] {
+        let err = run(&args(&format!("{base} {bad}")), &mut Vec::new()).expect_err(bad);
+        assert!(err.to_string().contains("--hostile-screeners"), "{bad}: {err}");
+    }
+}

@@ -60,9 +60,15 @@ impl Sim<'_> {
             }
             None => {
                 self.window.shepherd_bytes_in += cb;
-                let (at, screened) = self.cpu.contribution(now, cb, work, must, screenable);
+                let (at, screened) = self.cpu.contribution(now, w, (cb, work), must, screenable);
+                for liar in self.cpu.caught_screeners() {
+                    self.shepherd.screener_caught(&liar);
+                }
                 match screened {
-                    Screened::ByCommittee => (at + self.committee_delay(w, cb), screened),
+                    // a disputed contribution is scored once its committee answered
+                    Screened::ByCommittee | Screened::Disputed | Screened::Misjudged => {
+                        (at + self.committee_delay(w, cb), screened)
+                    }
                     _ => (at, screened),
                 }
             }
@@ -77,7 +83,14 @@ impl Sim<'_> {
                 let reason = Rejection::Unscreened;
                 return self.shepherd_input(Input::Malformed { peer: w, round: r, reason }, now, false);
             }
-            Screened::Passed | Screened::ByCommittee => shepherd::Screen::Passed { improvement: 0.01 },
+            Screened::Misjudged => {
+                // the lying committee's losses: the loss with it half a nat above the loss without
+                let reason = Rejection::NoImprovement { before: 2.0, after: 2.5, reversed: 1.5 };
+                return self.shepherd_input(Input::Malformed { peer: w, round: r, reason }, now, false);
+            }
+            Screened::Passed | Screened::ByCommittee | Screened::Disputed => {
+                shepherd::Screen::Passed { improvement: 0.01 }
+            }
             Screened::Skip => shepherd::Screen::Unscreened,
         };
         let hostile = self.workers[w as usize].spec.hostile;
