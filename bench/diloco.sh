@@ -29,7 +29,7 @@ JSON
 export PCP_ARTIFACT_CACHE=${PCP_ARTIFACT_CACHE:-$HOME/.pcp/artifacts}
 
 start=$(date +%s.%N)
-"$BIN" sim --nodes $((WORKERS + 1)) --rounds "$R" --tau "$TAU" --encoding fp32 --no-overlap --data "$DATA" \
+"$BIN" sim --nodes $((WORKERS + 1)) --rounds "$R" --tau "$TAU" --encoding fp32 --no-overlap --screeners 0 --data "$DATA" \
   --data-dir "$tmp/sim" --events "$tmp/sim.jsonl" >&2
 t_sim=$(echo "$(date +%s.%N) - $start" | bc)
 start=$(date +%s.%N)

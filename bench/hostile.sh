@@ -28,6 +28,9 @@ while (($#)); do
     *) echo "hostile.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+# the shepherd's own screen, as these figures were measured, unless the flags after
+# `--` name committees (open runs default to --screeners 3)
+case " ${EXTRA[*]} " in *" --screeners "*) ;; *) EXTRA+=(--screeners 0) ;; esac
 [ -x "$BIN" ] || { echo "hostile.sh: no $BIN; cargo build --release -p pcp-node" >&2; exit 2; }
 DATA=${PCP_DATA:-../shared/data/tiny_shakespeare.txt}
 [ -f "$DATA" ] || DATA=.data/tiny_shakespeare.txt

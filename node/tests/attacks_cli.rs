@@ -21,6 +21,8 @@ fn sim(rounds: u64, extra: &[&str]) -> Vec<Value> {
     let out = Command::new(env!("CARGO_BIN_EXE_pcp-node"))
         .env("PCP_ARTIFACT_CACHE", std::env::temp_dir().join("pcp-test-artifact-cache").join("artifacts"))
         .args(["sim", "--rounds", &rounds, "--tau", "10", "--data", &corpus()])
+        // the shepherd's own screen, unless `extra` names committees (open runs default to 3)
+        .args(if extra.contains(&"--screeners") { &[][..] } else { &["--screeners", "0"][..] })
         .args(extra)
         .args(["--events", ev.to_str().expect("utf8"), "--data-dir", dir.path().to_str().expect("utf8")])
         .output()

@@ -136,10 +136,13 @@ fn shepherd_flags(extra: &[&str], listen: &str, data_dir: &str, events: &Path, r
     // the lockstep fp32 rounds these tests were written for, unless `extra` names its own
     let pinned: &[&str] =
         if extra.contains(&"--encoding") { &["--no-overlap"] } else { &["--no-overlap", "--encoding", "fp32"] };
+    // the shepherd's own screen, unless `extra` names committees (open runs default to 3)
+    let screen: &[&str] = if extra.contains(&"--screeners") { &[] } else { &["--screeners", "0"] };
     let mut args: Vec<String> =
         ["--shepherd", "--pow-bits", "0", "--min-workers", "3", "--heartbeat-timeout-ms", "3000"]
             .iter()
             .chain(pinned)
+            .chain(screen)
             .chain(extra)
             .map(|s| s.to_string())
             .collect();

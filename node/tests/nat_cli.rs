@@ -548,6 +548,8 @@ fn one_public_node_without_external_address_names_the_flag() {
 /// `--shepherd` on the demo corpus: nanogpt-small, τ=10, `extra`.
 fn shepherd_args<'a>(corpus: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec!["--shepherd", "--pow-bits", "0", "--model", "nanogpt-small", "--tau", "10", "--data", corpus];
+    // the shepherd's own screen (open runs default to committees of 3)
+    args.extend(["--screeners", "0"]);
     args.extend(extra);
     args
 }

@@ -16,7 +16,7 @@ fn sim(dir: &Path, rounds: u64) -> Vec<Value> {
     let out = Command::new(env!("CARGO_BIN_EXE_pcp-node"))
         .env("PCP_ARTIFACT_CACHE", std::env::temp_dir().join("pcp-test-artifact-cache").join("artifacts"))
         .args(["sim", "--nodes", "3", "--rounds", &rounds.to_string(), "--tau", "2", "--seed", "7"])
-        .args(["--encoding", "fp32", "--no-overlap"])
+        .args(["--encoding", "fp32", "--no-overlap", "--screeners", "0"])
         .args(["--data", &corpus()])
         .args(["--events", ev.to_str().expect("utf8"), "--data-dir", dir.to_str().expect("utf8")])
         .output()

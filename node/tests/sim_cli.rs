@@ -31,6 +31,8 @@ fn workers_train_die_and_join() {
             "--encoding",
             "fp32",
             "--no-overlap",
+            "--screeners",
+            "0",
             "--nodes",
             "4",
             "--rounds",
@@ -316,6 +318,8 @@ fn run_sim(rounds: u64, extra: &[&str], env: &[(&str, &str)]) -> (tempfile::Temp
         // the lockstep fp32 rounds these tests were written for, unless `extra` names its own
         .args(["--no-overlap"])
         .args(if extra.contains(&"--encoding") { &[][..] } else { &["--encoding", "fp32"][..] })
+        // the shepherd's own screen, unless `extra` names committees (open runs default to 3)
+        .args(if extra.contains(&"--screeners") { &[][..] } else { &["--screeners", "0"][..] })
         .args(extra)
         .args(["--events", ev.to_str().expect("utf8"), "--data-dir", dir.path().to_str().expect("utf8")])
         .output()

@@ -60,7 +60,7 @@ fn a_killed_worker_is_restarted_and_contributes_again() {
     let mut shepherd = Command::new(bin)
         .args(["--shepherd", "--rounds", "30", "--tau", "20", "--min-workers", "2", "--heartbeat-timeout-ms", "3000"])
         .args(["--data", &corpus(), "--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", &d("shepherd")])
-        .args(["--encoding", "fp32", "--no-overlap", "--pow-bits", "0"])
+        .args(["--encoding", "fp32", "--no-overlap", "--pow-bits", "0", "--screeners", "0"])
         .args(["--events", shepherd_events.to_str().expect("utf8")])
         .stdout(Stdio::piped())
         .spawn()

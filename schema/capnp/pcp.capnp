@@ -104,6 +104,8 @@ struct RunManifest {
   failover @34 :UInt8;      # how candidates agree: 0 by their count (majority from 3), 1 majority, 2 best effort
   powJoinsPerHour @35 :UInt32; # "open": new keys an hour admitted at powBits; each doubling beyond adds a bit (0: powBits always)
   aggregatorSpotRate @36 :Float32; # the share of aggregated shards the shepherd sums itself whatever their replicas vote (up to 1,000 contributions a round)
+  screeners @37 :UInt32;    # rated workers that score each contribution (its committee); 0: the shepherd scores them all
+  screenSpotRate @38 :Float32; # with screeners: the share of contributions the shepherd scores itself whatever their committee says
 }
 
 # --- rounds ----------------------------------------------------------------

@@ -180,6 +180,12 @@ pub struct Admission {
     /// The share of aggregated shards the shepherd sums itself whatever their
     /// replicas vote (spot checks; it shrinks past 1,000 contributions a round).
     pub aggregator_spot_rate: f32,
+    /// Rated workers that score each contribution (its screening committee); 0:
+    /// the shepherd scores every contribution itself.
+    pub screeners: u32,
+    /// With `screeners`: the share of contributions the shepherd scores itself
+    /// whatever their committee says (spot checks, within its screening budget).
+    pub screen_spot_rate: f32,
 }
 
 impl TensorSpec {
@@ -360,6 +366,8 @@ impl Message for RunManifest {
         root.set_probation_rounds(a.probation_rounds);
         root.set_screen_sample(a.screen_sample);
         root.set_aggregator_spot_rate(a.aggregator_spot_rate);
+        root.set_screeners(a.screeners);
+        root.set_screen_spot_rate(a.screen_spot_rate);
         codec::words(&message)
     }
 
@@ -435,6 +443,8 @@ impl Message for RunManifest {
                     probation_rounds: r.get_probation_rounds(),
                     screen_sample: r.get_screen_sample(),
                     aggregator_spot_rate: r.get_aggregator_spot_rate(),
+                    screeners: r.get_screeners(),
+                    screen_spot_rate: r.get_screen_spot_rate(),
                 },
             })
         })

@@ -169,6 +169,8 @@ fn manifest(
             probation_rounds: fragments,
             screen_sample: trim,
             aggregator_spot_rate: trim / 2.0,
+            screeners: inner_steps / 2,
+            screen_spot_rate: trim / 3.0,
         },
     }
 }

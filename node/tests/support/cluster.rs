@@ -169,10 +169,13 @@ pub(crate) fn shepherd_args(extra: &[&str]) -> Vec<String> {
     // the lockstep fp32 rounds these tests were written for, unless `extra` names its own
     let pinned: &[&str] =
         if extra.contains(&"--encoding") { &["--no-overlap"] } else { &["--no-overlap", "--encoding", "fp32"] };
+    // the shepherd's own screen, unless `extra` names committees (open runs default to 3)
+    let screen: &[&str] = if extra.contains(&"--screeners") { &[] } else { &["--screeners", "0"] };
     // no proof of work: the default asks a CPU-minute of each key
     let mut args: Vec<String> = ["--shepherd", "--pow-bits", "0", "--heartbeat-timeout-ms", "3000"]
         .iter()
         .chain(pinned)
+        .chain(screen)
         .chain(extra)
         .map(|s| s.to_string())
         .collect();

@@ -163,6 +163,10 @@ pub(crate) fn shepherd_on(dir: &Path, cpu: Option<usize>, extra: &[&str]) -> (Pr
     if !extra.contains(&"--encoding") {
         args.extend(s(&["--encoding", "fp32"]));
     }
+    // the shepherd's own screen, unless `extra` names committees (open runs default to 3)
+    if !extra.contains(&"--screeners") {
+        args.extend(s(&["--screeners", "0"]));
+    }
     args.extend(s(extra));
     args.extend(["--data".into(), corpus(), "--data-dir".into(), dir.join("shepherd").display().to_string()]);
     args.extend(["--events".into(), events.display().to_string()]);

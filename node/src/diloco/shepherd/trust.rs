@@ -71,8 +71,9 @@ pub(crate) struct TrustArgs {
     /// screening committee, drawn from the round's secret seed); the shepherd takes
     /// their median, and scores a contribution itself when they disagree, fall
     /// silent or the spot check draws it. 0: the shepherd scores them all.
-    #[arg(long, default_value_t = 0)]
-    pub(crate) screeners: u32,
+    /// [default: 3 in open runs, 0 in allowlist and authorizer runs]
+    #[arg(long)]
+    pub(crate) screeners: Option<u32>,
     /// With --screeners: the share of contributions the shepherd scores itself
     /// however their committee answered.
     #[arg(long, default_value_t = DEFAULT_SPOT_RATE)]
@@ -81,6 +82,19 @@ pub(crate) struct TrustArgs {
 
 /// `--screen-spot-rate`'s default: a tenth of contributions.
 pub(crate) const DEFAULT_SPOT_RATE: f64 = 0.1;
+
+/// `--screeners`' default in open runs, where identities are free and a round's
+/// contributions too many for the shepherd's own screen.
+pub(crate) const DEFAULT_SCREENERS: usize = 3;
+
+/// `--screeners`' default: committees of [`DEFAULT_SCREENERS`] in open runs; in
+/// allowlist and authorizer runs the shepherd scores every contribution itself.
+pub(crate) fn default_screeners(admit: &Admit) -> usize {
+    match admit {
+        Admit::Open { .. } => DEFAULT_SCREENERS,
+        Admit::Allowlist(_) | Admit::Authorizer(_) => 0,
+    }
+}
 
 impl Default for TrustArgs {
     fn default() -> Self {
@@ -97,7 +111,7 @@ impl Default for TrustArgs {
             tensor_bound: 2.0,
             element_clip: 4.0,
             max_workers_per_ip: 4,
-            screeners: 0,
+            screeners: None,
             screen_spot_rate: DEFAULT_SPOT_RATE,
         }
     }
@@ -141,7 +155,7 @@ impl Default for Trust {
             tensor_bound: args.tensor_bound,
             element_clip: args.element_clip,
             max_workers_per_ip: args.max_workers_per_ip,
-            screeners: args.screeners as usize,
+            screeners: DEFAULT_SCREENERS,
             spot_rate: args.screen_spot_rate,
         }
     }
@@ -190,6 +204,7 @@ impl Trust {
         if args.pow_bits.is_some_and(|b| b > 0) && !matches!(admit, Admit::Open { .. }) {
             return Err(bad("--pow-bits applies to `--admit open` only".into()));
         }
+        let screeners = args.screeners.map_or_else(|| default_screeners(&admit), |k| k as usize);
         let factor = |f: f64| if f > 0.0 { f } else { f64::INFINITY };
         Ok(Self {
             admit,
@@ -206,7 +221,7 @@ impl Trust {
             tensor_bound: factor(args.tensor_bound),
             element_clip: factor(args.element_clip),
             max_workers_per_ip: args.max_workers_per_ip.max(1),
-            screeners: args.screeners as usize,
+            screeners,
             spot_rate: args.screen_spot_rate.clamp(0.0, 1.0),
         })
     }
@@ -230,6 +245,8 @@ impl Trust {
             screen_sample: self.screen_sample,
             // the shepherd's plan sets it (`--aggregator-spot-rate`)
             aggregator_spot_rate: 0.0,
+            screeners: u32::try_from(self.screeners).unwrap_or(u32::MAX),
+            screen_spot_rate: self.spot_rate as f32,
         }
     }
 
@@ -244,6 +261,8 @@ impl Trust {
         };
         let defaults = Self::default();
         Ok(Self {
+            screeners: a.screeners as usize,
+            spot_rate: f64::from(a.screen_spot_rate).clamp(0.0, 1.0),
             admit,
             joins_per_hour: a.pow_joins_per_hour,
             max_participants: a.max_participants,
@@ -287,5 +306,30 @@ impl Trust {
             ref other => other,
         };
         admit.check(run, key, &Proof { certificate, pow_nonce }, now_ms).map_err(|e| Refusal::admission(&e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_runs_screen_by_committees_of_three_unless_told_and_closed_runs_on_the_shepherd() {
+        let resolve = |admit: &[&str], screeners: Option<u32>| {
+            let args =
+                TrustArgs { admit: admit.iter().map(|s| (*s).to_owned()).collect(), screeners, ..TrustArgs::default() };
+            Trust::from_args(&args, 0).expect("resolves").screeners
+        };
+        let authorizer = ["authorizer", &"ab".repeat(32)];
+        assert_eq!(resolve(&["open"], None), DEFAULT_SCREENERS);
+        assert_eq!(resolve(&["open"], Some(0)), 0, "a test of the shepherd's own screen pins 0");
+        assert_eq!(resolve(&authorizer, None), 0);
+        assert_eq!(resolve(&authorizer, Some(5)), 5);
+        // a successor screens as the run's signed manifest says
+        let pinned = TrustArgs { screeners: Some(0), screen_spot_rate: 0.5, ..TrustArgs::default() };
+        let succeeded = Trust::from_manifest(&Trust::from_args(&pinned, 0).expect("open").manifest()).expect("open");
+        assert_eq!((succeeded.screeners, succeeded.spot_rate), (0, 0.5));
+        let open = Trust::from_manifest(&Trust::default().manifest()).expect("open");
+        assert_eq!((open.screeners, open.spot_rate), (DEFAULT_SCREENERS, f64::from(DEFAULT_SPOT_RATE as f32)));
     }
 }
