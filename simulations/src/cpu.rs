@@ -196,6 +196,9 @@ pub struct CpuTotals {
     pub misjudged: u64,
     /// With lying screeners: screeners caught (barred and their ratings lost).
     pub screeners_caught: u64,
+    /// With committees: contributions that found the contributions waiting for
+    /// verdicts at the node's bounds, and went to the shepherd's own screen.
+    pub undeferred: u64,
 }
 
 /// The shepherd's loop: when it is next free, and the screen's round state.
@@ -300,8 +303,16 @@ impl Cpu {
     /// while the round's screening is within its budget. Every contribution is
     /// screened: none is over budget. A committee with liars disagrees, and the
     /// shepherd scores it whatever its budget ([`Screened::Disputed`]); one of
-    /// liars only decides unless spot-checked (`committee.rs`).
-    fn by_committee(&mut self, policy: ScreenPolicy, must: bool, w: u32) -> Screened {
+    /// liars only decides unless spot-checked (`committee.rs`). Contributions
+    /// waiting for their committees' verdicts are bounded as in the node
+    /// (`MAX_DEFERRED`, `MAX_DEFERRED_BYTES`, each holding twice its `bytes`: its
+    /// delta and its bounded copy): past them the shepherd's own budgeted screen
+    /// takes a contribution, and its sender screens none of the round's.
+    fn by_committee(&mut self, policy: ScreenPolicy, (must, w): (bool, u32), (at, bytes): (u64, f64)) -> Screened {
+        if !self.committees.room(at, 2.0 * bytes) {
+            self.totals.undeferred += 1;
+            return self.decide(must, true);
+        }
         let quorum = (policy.screeners / 2 + 1) as usize;
         let committee = self.committees.eligible() >= quorum;
         if !must {
@@ -337,6 +348,11 @@ impl Cpu {
 
     fn catch(&mut self, liars: &[u32]) {
         self.committees.catch(liars);
+    }
+
+    /// A contribution of `bytes` waits for its committee's verdict until `until` (µs).
+    pub fn deferred_until(&mut self, until: u64, bytes: f64) {
+        self.committees.wait(until, 2.0 * bytes);
     }
 
     /// The screeners caught lying since the last call: the state machine takes
@@ -393,7 +409,7 @@ impl Cpu {
             read += c.copy_check_core_s * work / threads;
         }
         let verdict = match self.costs.screen.filter(|p| p.screeners > 0 && screenable && committed.is_none()) {
-            Some(policy) => self.by_committee(policy, must, w),
+            Some(policy) => self.by_committee(policy, (must, w), (self.free.max(now), bytes)),
             None => self.decide(must, screenable),
         };
         let mut s = match committed {

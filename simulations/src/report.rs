@@ -620,8 +620,14 @@ impl Report {
             if c.screen.is_some_and(|p| p.screeners > 0) {
                 writeln!(
                     out,
-                    "{}: committees decided {} contributions alone; the shepherd scored {} ({} spot checks)",
-                    r.strategy, t.by_committee, t.screened, t.spot_checks
+                    "{}: committees decided {} contributions alone; the shepherd scored {} ({} spot checks); {} \
+                     found {} contributions waiting for verdicts (or 1 GiB) and went to its own screen",
+                    r.strategy,
+                    t.by_committee,
+                    t.screened,
+                    t.spot_checks,
+                    t.undeferred,
+                    pcp_protocol::diloco::committee::screening::MAX_DEFERRED
                 )?;
                 if let Some((attack, share)) = c.screen.and_then(|p| p.liars) {
                     writeln!(

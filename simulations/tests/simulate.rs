@@ -412,6 +412,10 @@ fn committees_take_the_scoring_off_the_shepherd() {
     assert!(shared.by_committee > 0, "{shared:?}");
     assert!(shared.screened * 2 < alone.screened, "the shepherd scored {} of {}", shared.screened, alone.screened);
     assert_eq!(alone.by_committee, 0);
+    // at most MAX_DEFERRED contributions wait for verdicts, as in the node: a
+    // round's arrivals outpace the verdicts, and the rest go to the shepherd's
+    // own screen
+    assert!(shared.undeferred > 0, "{shared:?}");
     let again = to_json(&simulate(&format!("{base} --screeners 3"))).expect("json");
     assert_eq!(to_json(&simulate(&format!("{base} --screeners 3"))).expect("json"), again);
     for bad in ["--screeners 3 --lockstep", "--screeners 3 --screen norm", "--screeners 3 --aggregators 4"] {

@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use pcp_protocol::diloco::committee::screening::may_defer;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -58,6 +59,9 @@ pub(crate) struct Committees {
     barred: BTreeSet<u32>,
     liars: Option<Liars>,
     caught: Vec<u32>,
+    /// Contributions waiting for their committees' verdicts: until when (µs), and
+    /// the bytes each holds meanwhile.
+    waiting: Vec<(u64, f64)>,
 }
 
 impl Committees {
@@ -78,6 +82,19 @@ impl Committees {
         if !self.barred.contains(&w) {
             self.eligible.push(w);
         }
+    }
+
+    /// Whether a contribution holding `bytes` may wait for its verdict at `now`
+    /// (µs) beside those waiting (the node's `may_defer`).
+    pub(crate) fn room(&mut self, now: u64, bytes: f64) -> bool {
+        self.waiting.retain(|(until, _)| *until > now);
+        let held: f64 = self.waiting.iter().map(|(_, b)| b).sum();
+        may_defer(self.waiting.len(), held as usize, bytes as usize)
+    }
+
+    /// A contribution holding `bytes` waits for its verdict until `until` (µs).
+    pub(crate) fn wait(&mut self, until: u64, bytes: f64) {
+        self.waiting.push((until, bytes));
     }
 
     /// A new round: nobody has sent to it yet.

@@ -67,7 +67,9 @@ impl Sim<'_> {
                 match screened {
                     // a disputed contribution is scored once its committee answered
                     Screened::ByCommittee | Screened::Disputed | Screened::Misjudged => {
-                        (at + self.committee_delay(w, cb), screened)
+                        let until = at + self.committee_delay(w, cb);
+                        self.cpu.deferred_until(until, cb);
+                        (until, screened)
                     }
                     _ => (at, screened),
                 }

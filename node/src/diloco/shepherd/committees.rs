@@ -25,8 +25,9 @@
 //! * **The sender waits for the verdict**: its contribution is answered, and
 //!   fed to the state machine, once decided. A round's deadline waits for the
 //!   contributions being screened, as for those being read. At most
-//!   [`MAX_DEFERRED`] wait at once; past them the shepherd's own screen takes a
-//!   contribution, within its budget.
+//!   [`MAX_DEFERRED`](pcp_protocol::diloco::committee::screening::MAX_DEFERRED)
+//!   wait at once, holding at most 1 GiB;
+//!   past them the shepherd's own screen takes a contribution, within its budget.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -38,7 +39,9 @@ use pcp_bootstrap::InboundId;
 use pcp_protocol::diloco::Tensors;
 use pcp_protocol::diloco::aggregate::Rejection;
 use pcp_protocol::diloco::committee::Losses;
-use pcp_protocol::diloco::committee::screening::{Action, Config, ContributionId, Input, Screening, Source, Why};
+use pcp_protocol::diloco::committee::screening::{
+    Action, Config, ContributionId, Input, Screening, Source, Why, may_defer,
+};
 use pcp_protocol::diloco::shepherd::{self, Applied};
 use pcp_protocol::{PublicKey, Verified};
 use pcp_schema::{MessageKind, ScreenReport, ScreenRequest};
@@ -54,10 +57,14 @@ use crate::training::data::Batch;
 /// scores the contribution itself.
 pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
-/// Contributions held for their verdicts at most: past them, a contribution goes
-/// to the shepherd's own screen and its budget, so that what the shepherd holds
-/// stays bounded however many arrive at once.
-pub(crate) const MAX_DEFERRED: usize = 64;
+/// The bytes a deferred contribution holds: its delta, and its bounded copy.
+fn held_bytes(input: &shepherd::Input<PublicKey>, applied: &Applied) -> usize {
+    let delta = match input {
+        shepherd::Input::Contribution { delta, .. } => delta.len_bytes(),
+        _ => 0,
+    };
+    delta.saturating_add(applied.delta.len_bytes())
+}
 
 /// A contribution's id as events name it.
 fn short(id: &ContributionId) -> String {
@@ -198,7 +205,9 @@ impl Host {
         let contribution = *blake3::hash(bytes).as_bytes();
         let now_ms = self.now_ms();
         let committees = &mut self.screener.committees;
-        if committees.deferred.contains_key(&contribution) || committees.deferred.len() >= MAX_DEFERRED {
+        let held: usize = committees.deferred.values().map(|d| held_bytes(&d.input, &d.applied)).sum();
+        let room = may_defer(committees.deferred.len(), held, held_bytes(&input, &applied));
+        if committees.deferred.contains_key(&contribution) || !room {
             return Ok(Deferral::Not(Box::new(input)));
         }
         let Some(rc) = committees.round_mut(open) else { return Ok(Deferral::Not(Box::new(input))) };
@@ -450,5 +459,47 @@ impl Host {
             actions.extend(rc.machine.on(Input::Tick { now_ms }).unwrap_or_default());
         }
         self.on_screening(actions, None).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pcp_protocol::diloco::aggregate::{Bounds, Delta};
+    use pcp_protocol::diloco::committee::screening::{MAX_DEFERRED, MAX_DEFERRED_BYTES};
+
+    /// A contribution sent over the norm bound is held twice while its committee
+    /// screens it: as it came, and dense once scaled down. The count alone let 64
+    /// of gpt2-124m's wait, 32 GB; the byte budget lets two.
+    #[test]
+    fn contributions_over_the_bound_cannot_fill_the_shepherds_memory() {
+        let dense = Delta::Dense(vec![vec![0.5; 1 << 20]]);
+        let input = shepherd::Input::Contribution {
+            peer: PublicKey([1; 32]),
+            round: 1,
+            samples: 1,
+            loss: 2.0,
+            delta: dense.clone(),
+            timing: None,
+            screen: shepherd::Screen::Unscreened,
+        };
+        let applied = Applied { delta: dense, bounds: Bounds::none(), scale: 0.5 };
+        let filled = |each: usize| {
+            let (mut count, mut held) = (0, 0);
+            while may_defer(count, held, each) {
+                count += 1;
+                held += each;
+            }
+            (count, held)
+        };
+        let small = held_bytes(&input, &applied);
+        assert_eq!(small, 8 << 20, "4 MiB as it came and 4 MiB bounded");
+        assert_eq!(filled(small).0, MAX_DEFERRED, "small contributions: the count bounds them");
+        // gpt2-124m: a sparse contribution of 3.9 MB, and its copy scaled down, dense
+        let gpt2 = 3_900_000 + 4 * 124_439_808;
+        assert!(MAX_DEFERRED * gpt2 > 32_000_000_000, "the count alone held {} bytes", MAX_DEFERRED * gpt2);
+        let (count, held) = filled(gpt2);
+        assert_eq!(count, 2);
+        assert!(held <= MAX_DEFERRED_BYTES);
     }
 }

@@ -36,6 +36,24 @@ use super::{Losses, Refused, Tally, agrees, committee, spot_checked};
 /// A contribution's id: the hash it was committed by.
 pub type ContributionId = [u8; 32];
 
+/// Contributions a shepherd holds for their verdicts at once, at most: past them
+/// (or past [`MAX_DEFERRED_BYTES`]) a contribution goes to the shepherd's own
+/// screen and its budget, so that what it holds stays bounded however many
+/// arrive at once (pcp-node's `committees.rs`, and the simulator's model of it).
+pub const MAX_DEFERRED: usize = 64;
+
+/// The memory contributions held for their verdicts may take at most: each one's
+/// decoded delta and its bounded copy, which is dense once scaled down to the
+/// norm bound (498 MB for gpt2-124m, however sparse the contribution came), so
+/// contributions sent over the bound cannot fill the shepherd's memory.
+pub const MAX_DEFERRED_BYTES: usize = 1 << 30;
+
+/// Whether a contribution holding `bytes` may wait for its verdict beside
+/// `count` others holding `held` bytes.
+pub fn may_defer(count: usize, held: usize, bytes: usize) -> bool {
+    count < MAX_DEFERRED && held.saturating_add(bytes) <= MAX_DEFERRED_BYTES
+}
+
 /// How a round screens.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Config {
