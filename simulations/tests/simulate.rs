@@ -393,6 +393,17 @@ fn goodput_counts_the_tokens_averaged() {
     assert!(!to_json(&custom).expect("json").contains("tokens_per_s\""));
 }
 
+/// The committee tests' run: 200 nanogpt-medium nodes, 6 rounds, one probation round.
+const COMMITTEE_RUN: &str =
+    "--nodes 200 --rounds 6 --model nanogpt-medium --tau 20 --seed 3 --decode-seconds 0.002 --probation-rounds 1";
+
+/// The overlapped star's shepherd CPU totals of `simulate ARGS`.
+fn star_cpu(args: &str) -> pcp_simulations::cpu::CpuTotals {
+    let report = simulate(args);
+    let star = strategy(&report, "diloco-star+overlap").summary.clone();
+    star.shepherd.expect("the star's shepherd").cpu
+}
+
 /// Screening committees (`--screeners 3`) take the scoring off the shepherd: its
 /// screens fall to the contributions without a committee (a run's first round,
 /// probation, each round's first arrivals) and the spot checks, the rest their
@@ -400,13 +411,8 @@ fn goodput_counts_the_tokens_averaged() {
 /// needs the score screen and overlapped rounds without aggregators, as the node.
 #[test]
 fn committees_take_the_scoring_off_the_shepherd() {
-    let base = "--nodes 200 --rounds 6 --model nanogpt-medium --tau 20 --seed 3 --decode-seconds 0.002 \
-                --probation-rounds 1";
-    let star = |extra: &str| {
-        let report = simulate(&format!("{base} {extra}"));
-        let star = strategy(&report, "diloco-star+overlap").summary.clone();
-        star.shepherd.expect("the star's shepherd").cpu
-    };
+    let base = COMMITTEE_RUN;
+    let star = |extra: &str| star_cpu(&format!("{base} {extra}"));
     let alone = star("");
     let shared = star("--screeners 3");
     assert!(shared.by_committee > 0, "{shared:?}");
@@ -430,13 +436,8 @@ fn committees_take_the_scoring_off_the_shepherd() {
 /// unless spot-checked, and `screen-high` then refuses honest contributions.
 #[test]
 fn lying_screeners_are_caught_when_their_committee_disagrees_or_is_spot_checked() {
-    let base = "--nodes 200 --rounds 6 --model nanogpt-medium --tau 20 --seed 3 --decode-seconds 0.002 \
-                --probation-rounds 1";
-    let cpu = |extra: &str| {
-        let report = simulate(&format!("{base} --screeners 3 {extra}"));
-        let star = strategy(&report, "diloco-star+overlap").summary.clone();
-        star.shepherd.expect("the star's shepherd").cpu
-    };
+    let base = COMMITTEE_RUN;
+    let cpu = |extra: &str| star_cpu(&format!("{base} --screeners 3 {extra}"));
     let honest = cpu("");
     assert_eq!((honest.disputed, honest.misjudged, honest.screeners_caught), (0, 0, 0), "{honest:?}");
     let some = cpu("--hostile-screeners 0.2");

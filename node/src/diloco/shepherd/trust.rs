@@ -83,6 +83,11 @@ pub(crate) struct TrustArgs {
 /// `--screen-spot-rate`'s default: a tenth of contributions.
 pub(crate) const DEFAULT_SPOT_RATE: f64 = 0.1;
 
+/// A spot-check rate as a fraction (NaN, from the flag or a manifest: the default).
+fn spot_rate(rate: f64) -> f64 {
+    if rate.is_nan() { DEFAULT_SPOT_RATE } else { rate.clamp(0.0, 1.0) }
+}
+
 /// `--screeners`' default in open runs, where identities are free and a round's
 /// contributions too many for the shepherd's own screen.
 pub(crate) const DEFAULT_SCREENERS: usize = 3;
@@ -222,7 +227,7 @@ impl Trust {
             element_clip: factor(args.element_clip),
             max_workers_per_ip: args.max_workers_per_ip.max(1),
             screeners,
-            spot_rate: args.screen_spot_rate.clamp(0.0, 1.0),
+            spot_rate: spot_rate(args.screen_spot_rate),
         })
     }
 
@@ -262,7 +267,7 @@ impl Trust {
         let defaults = Self::default();
         Ok(Self {
             screeners: a.screeners as usize,
-            spot_rate: f64::from(a.screen_spot_rate).clamp(0.0, 1.0),
+            spot_rate: spot_rate(f64::from(a.screen_spot_rate)),
             admit,
             joins_per_hour: a.pow_joins_per_hour,
             max_participants: a.max_participants,
@@ -329,6 +334,8 @@ mod tests {
         let pinned = TrustArgs { screeners: Some(0), screen_spot_rate: 0.5, ..TrustArgs::default() };
         let succeeded = Trust::from_manifest(&Trust::from_args(&pinned, 0).expect("open").manifest()).expect("open");
         assert_eq!((succeeded.screeners, succeeded.spot_rate), (0, 0.5));
+        let nan = TrustArgs { screen_spot_rate: f64::NAN, ..TrustArgs::default() };
+        assert_eq!(Trust::from_args(&nan, 0).expect("open").spot_rate, DEFAULT_SPOT_RATE);
         let open = Trust::from_manifest(&Trust::default().manifest()).expect("open");
         assert_eq!((open.screeners, open.spot_rate), (DEFAULT_SCREENERS, f64::from(DEFAULT_SPOT_RATE as f32)));
     }
