@@ -673,8 +673,14 @@ impl Host {
         self.book.traffic.clear();
         // the screen's secret batch for this round: committed now, revealed with the next
         let (screen_commit, screen_reveal) = self.screener.open(round);
-        if self.screener.by_committees() {
+        if self.screener.committees_open() {
             self.open_committees(round, hash).await?;
+        } else if self.screener.by_committees() && round.checked_sub(1) == Some(self.screener.slices()) {
+            tracing::warn!(
+                "round {round}: the withheld split's {} slices are spent (one a round of committees); \
+                 the shepherd screens alone from now on",
+                self.screener.slices()
+            );
         }
         let aggregators = self.assign_aggregators(round, &participants);
         // the deadline was set at the input that closed the last round; the close (the

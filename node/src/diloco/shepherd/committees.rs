@@ -14,8 +14,9 @@
 //!   are the shepherd's to score.
 //! * **What a screener receives.** The contribution as its sender encoded it,
 //!   the round's bounds and scales (so it applies it as the round would), the
-//!   hash of the parameters it is scored at, and the round's batch of the
-//!   withheld split ([`ScreenRequest`]). Its sender is told nothing of any score.
+//!   hash of the parameters it is scored at, and the round's batch: on the
+//!   withheld split, the round's own slice of it, which no other round screens
+//!   on ([`ScreenRequest`]; `screen.rs`). Its sender is told nothing of any score.
 //! * **The verdict.** Every member's losses agreeing: their median. A
 //!   disagreement, a silence past [`WAIT`], a committee too small, or the spot
 //!   check (`--screen-spot-rate` of contributions, drawn from the seed, while the

@@ -14,6 +14,13 @@
 //!   ([`commit`]), the next round's announcement the seed itself, so anyone
 //!   holding the split can audit which batch screened a round, but no worker
 //!   knows it while it could still tune an update to it.
+//! * **A committee's batch is spent.** Where committees screen on the
+//!   withheld split, their members learn a round's batch: round `r`'s is then
+//!   the split's slice `r − 1` (`rows` consecutive windows, [`Screener::slice`]),
+//!   which no other round uses, so what a screener learned never screens again.
+//!   The split lasts [`Screener::slices`] rounds of committees (5% of
+//!   OpenWebText's 9 × 10⁹ tokens: 55,000 rounds of gpt2-124m's 8 × 1,025);
+//!   past them the shepherd screens alone, on batches drawn from the seed.
 //! * **A bounded cost.** Screening takes two forward passes per contribution on
 //!   the shepherd's loop. Once a round's screening has taken `share` of the last
 //!   round's duration, a rated peer's contribution is screened with the
@@ -340,16 +347,52 @@ impl Screener {
         Ok(losses)
     }
 
-    /// The open round's batch, drawn from its secret seed, and its loss at the
-    /// round's parameters once known.
+    /// The open round's batch and its loss at the round's parameters once known:
+    /// its slice of the withheld split where committees screen on it
+    /// ([`Self::committees_open`]), else drawn from its secret seed.
     pub(crate) fn batch(&mut self) -> anyhow::Result<&mut (Batch, Option<f32>)> {
         if self.batch.is_none() {
-            let mut first = [0u8; 8];
-            first.copy_from_slice(&blake3::hash(&self.seed).as_bytes()[..8]);
-            let mut sampler = Sampler::new(self.split.clone(), self.shape.0, self.shape.1, u64::from_le_bytes(first))?;
-            self.batch = Some((sampler.next_batch(), None));
+            let batch = match self.slice(self.round).filter(|_| self.spends_slices()) {
+                Some(batch) => batch,
+                None => {
+                    let mut first = [0u8; 8];
+                    first.copy_from_slice(&blake3::hash(&self.seed).as_bytes()[..8]);
+                    let seed = u64::from_le_bytes(first);
+                    Sampler::new(self.split.clone(), self.shape.0, self.shape.1, seed)?.next_batch()
+                }
+            };
+            self.batch = Some((batch, None));
         }
         self.batch.as_mut().context("no screen batch")
+    }
+
+    /// Whether committees reveal the batches of a split workers never receive, so
+    /// that each round's must be a slice of its own.
+    fn spends_slices(&self) -> bool {
+        self.hidden && self.by_committees()
+    }
+
+    /// The slices of the split, one a round: `rows` windows of `block + 1` tokens.
+    pub(crate) fn slices(&self) -> u64 {
+        let (rows, block) = self.shape;
+        (self.split.len() / (rows * (block + 1)).max(1)) as u64
+    }
+
+    /// Round `round`'s slice of the split: its `rows` consecutive windows from
+    /// token `(round − 1) × rows × (block + 1)`, none past the split's end.
+    pub(crate) fn slice(&self, round: u64) -> Option<Batch> {
+        let (rows, block) = self.shape;
+        let index = round.checked_sub(1).filter(|&i| i < self.slices())?;
+        let len = rows * (block + 1);
+        let start = usize::try_from(index).ok()? * len;
+        let tokens: Option<Vec<u16>> = (start..start + len).map(|i| self.split.get(i)).collect();
+        Batch::from_windows(rows, &tokens?)
+    }
+
+    /// Whether the open round screens by committees: they are on, and where their
+    /// batches come from the withheld split, the round still has a slice of it.
+    pub(crate) fn committees_open(&self) -> bool {
+        self.by_committees() && (!self.hidden || self.round.checked_sub(1).is_some_and(|i| i < self.slices()))
     }
 
     /// The scale the outer step applies a contribution at ([`Screener`]'s field).
@@ -505,6 +548,54 @@ impl super::Host {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A committee run's screen: 3 screeners a committee, on `hidden` tokens
+    /// `0..n`, batches of 2 rows of 4 (windows of 5 tokens).
+    fn screener(n: u16, hidden: bool) -> Screener {
+        let split = Tokens::from_vec((0..n).collect(), "split").all();
+        let committees = super::super::committees::Committees::new(3, 0.1);
+        Screener::new(Screen::Score, (split, hidden), (0.25, 0.5), (2, 4), 1.0, committees)
+    }
+
+    /// Every round a committee screens on the withheld split reveals its batch to
+    /// the committee: each round's batch is a slice no other round uses, and once
+    /// the slices are spent no committee opens (before, each round drew 2 windows
+    /// anywhere in the split, so screeners came to know the batches of later
+    /// rounds: of the 8 windows rounds 2–5 would have drawn, 6 overlapped one an
+    /// earlier round revealed).
+    #[test]
+    fn each_committee_round_screens_on_a_slice_of_the_split_no_other_round_uses() {
+        let mut s = screener(53, true);
+        assert_eq!(s.slices(), 5, "53 tokens: five slices of 2 windows of 5 tokens, 3 left over");
+        let mut seen = std::collections::BTreeSet::new();
+        let mut seed_drawn = std::collections::BTreeSet::new();
+        let mut overlapped = 0;
+        for round in 1..=5 {
+            s.open(round);
+            assert!(s.committees_open(), "round {round} has a slice");
+            let windows = s.batch().expect("a batch").0.windows();
+            let start = (round as u16 - 1) * 10;
+            assert_eq!(windows, (start..start + 10).collect::<Vec<_>>(), "round {round}'s slice");
+            assert!(windows.iter().all(|t| seen.insert(*t)), "round {round} reuses a token");
+            // what a draw from a seed (here the round) would have been
+            let drawn = Sampler::new(s.split.clone(), 2, 4, round).expect("sampler").next_batch();
+            for w in drawn.windows().chunks(5) {
+                overlapped += usize::from(w.iter().any(|t| seed_drawn.contains(t)));
+            }
+            seed_drawn.extend(drawn.windows());
+        }
+        const OVERLAPPED: usize = 6;
+        assert_eq!(overlapped, OVERLAPPED, "windows drawn at random that an earlier round revealed");
+        s.open(6);
+        assert!(!s.committees_open(), "the split is spent: the shepherd screens alone");
+        assert!(s.batch().is_ok(), "and still has a batch, drawn from the seed");
+        // a successor's public split reveals nothing: its batches are drawn from the seed
+        let mut public = screener(53, false);
+        public.open(7);
+        assert!(public.committees_open());
+        assert!(public.batch().is_ok());
+        assert!(screener(9, true).slice(1).is_none(), "a split shorter than one slice has none");
+    }
 
     #[test]
     fn a_u16_corpus_withholds_its_tail_at_a_token_boundary() {
