@@ -164,6 +164,11 @@ pub struct SimulateArgs {
     /// Device preset for the step time (FLOPs / sustained FLOP/s).
     #[arg(long, value_enum, default_value_t = Device::H100)]
     pub device: Device,
+    /// The shepherd screens and validates on this device (pcp-node `--backend` and
+    /// `--target` on a shepherd): a forward pass a third of the device's modelled
+    /// step. Default: on its CPU's aggregate threads, at the calibration table's rate.
+    #[arg(long, value_enum)]
+    pub shepherd_device: Option<Device>,
     /// Measured seconds per inner step (`pcp-node bench step`), overriding the FLOP model.
     #[arg(long)]
     pub step_seconds: Option<f64>,

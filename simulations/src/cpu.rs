@@ -92,8 +92,12 @@ pub struct ShepherdCosts {
     pub copy_check_core_s: f64,
     /// Contributions added together (32 for sparse, 1 for dense).
     pub add_batch: usize,
-    /// Core-seconds of one forward pass on the screen's (and a validation) batch.
-    pub forward_core_s: f64,
+    /// Seconds of one forward pass on the screen's (and a validation) batch, where
+    /// the shepherd runs it: its aggregate threads, or its device.
+    pub forward_s: f64,
+    /// Where it runs, for the report: the calibration CPU's cores, or a device
+    /// (derived: a third of its modelled step).
+    pub forward_on: String,
     /// The screen, with `--screen score`.
     pub screen: Option<ScreenPolicy>,
     /// Validation batches evaluated at each close.
@@ -129,7 +133,8 @@ impl ShepherdCosts {
             transport_s_per_byte: 0.0,
             copy_check_core_s: 0.0,
             add_batch: 1,
-            forward_core_s: 0.0,
+            forward_s: 0.0,
+            forward_on: String::new(),
             screen: None,
             eval_batches: 0,
             close_s: 0.0,
@@ -142,9 +147,9 @@ impl ShepherdCosts {
         }
     }
 
-    /// Seconds of one forward pass on the aggregate threads.
+    /// Seconds of one forward pass.
     fn forward_s(&self) -> f64 {
-        self.forward_core_s / self.threads.max(1) as f64
+        self.forward_s
     }
 }
 
@@ -482,7 +487,8 @@ mod tests {
             decode_s: 0.01,
             add_core_s: 0.04,
             add_batch: 4,
-            forward_core_s: 2.0,
+            // 2 core-seconds on 2 threads
+            forward_s: 1.0,
             screen: Some(ScreenPolicy {
                 share: 0.25,
                 sample: 0.0,

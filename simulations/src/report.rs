@@ -584,12 +584,13 @@ impl Report {
         };
         writeln!(
             out,
-            "shepherd CPU (calibration: {}; {} aggregate threads): a forward pass {} ({}), {} validation batches and {} \
+            "shepherd CPU (calibration: {}; {} aggregate threads): a forward pass {} on {} ({}), {} validation batches and {} \
              of parameters a close ({} of shards written after the announcement; {} more with a checkpoint, every {} \
              rounds), {} a heartbeat (every {}), {} connections at most",
             s.calibration_cpu,
             c.threads,
-            seconds(c.forward_core_s / c.threads.max(1) as f64),
+            seconds(c.forward_s),
+            c.forward_on,
             screen,
             c.eval_batches,
             seconds(c.close_s),

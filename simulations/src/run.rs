@@ -171,7 +171,14 @@ fn shepherd_costs(args: &SimulateArgs, base: &ModelSpec, table: &Calibration) ->
         },
         add_batch,
         // a forward pass is a third of a training step, on the run's batch × block
-        forward_core_s: model.flops_per_step / 3.0 / table.forward_flops_per_core,
+        forward_s: match args.shepherd_device {
+            Some(device) => model.flops_per_step / 3.0 / device.flops(),
+            None => model.flops_per_step / 3.0 / table.forward_flops_per_core / threads as f64,
+        },
+        forward_on: match args.shepherd_device {
+            Some(device) => format!("{} (derived: a third of its modelled step)", device.name()),
+            None => format!("{threads} cores (measured rate)"),
+        },
         screen: (args.screen == ScreenMode::Score).then_some(ScreenPolicy {
             share: args.screen_share,
             sample: args.screen_sample,
