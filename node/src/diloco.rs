@@ -50,5 +50,5 @@ pub(crate) use shepherd::{
 };
 pub(crate) use worker::{
     Attack, HOSTILE_KINDS, Hostile, ReplaySlot, Standalone, WorkerArgs, WorkerPlan, commit_slices, cut_slices,
-    run as worker_run, send_slices,
+    run as worker_run, screen_request_overhead, send_slices,
 };

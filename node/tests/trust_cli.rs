@@ -209,3 +209,53 @@ fn a_loadtest_ends_at_once_when_the_shepherd_dies() {
     let report: Value = serde_json::from_slice(&std::fs::read(&json).expect("the report")).expect("json");
     assert!(report["rounds"].as_array().is_some_and(|r| !r.is_empty()), "{report}");
 }
+
+/// Committees keep pace with a round that arrives at once: 30 synthetic workers
+/// that sit on committees (`loadtest --screen-ms 100`: each answers a screen
+/// request after 100 ms, computing nothing) against a shepherd with committees of
+/// 3, no spot checks (the synthetic losses would be caught) and no probation.
+/// From round 2 committees decide contributions, and no contribution of any round
+/// is accepted unscreened (`screen_round`'s `skipped`, which counts what the
+/// shepherd's spent budget let through).
+#[test]
+fn committees_of_synthetic_screeners_screen_every_contribution() {
+    let _one = serial::serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let flags = [
+        "--overlap",
+        "--encoding",
+        "sparse",
+        "--rounds",
+        "4",
+        "--tau",
+        "20",
+        "--min-workers",
+        "30",
+        "--screeners",
+        "3",
+        "--screen-spot-rate",
+        "0",
+        "--probation-rounds",
+        "0",
+    ];
+    let (_shepherd, addr, events) = shepherd(dir.path(), &flags);
+    let json = dir.path().join("loadtest.json");
+    let mut args = s(&["loadtest", "--shepherd", &addr, "--workers", "30", "--rounds", "4", "--step-ms", "20"]);
+    args.extend(s(&["--screen-ms", "100", "--payloads", "60", "--timeout-s", "300"]));
+    args.extend(["--json".into(), json.display().to_string()]);
+    args.extend(["--data-dir".into(), dir.path().join("synthetic").display().to_string()]);
+    Proc::spawn("loadtest", dir.path(), &args).wait();
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).expect("the loadtest report")).expect("json");
+    let rounds = report["rounds"].as_array().expect("rounds");
+    let answered: u64 = rounds.iter().filter_map(|r| r["screens"].as_u64()).sum();
+    let record = wait_for(&events, "round 4's screen", |e| e["event"] == "screen_round" && e["round"] == 4);
+    let all = runs::events(&events);
+    let by_committee = all.iter().filter(|e| e["event"] == "screen_decided" && e["source"] == "committee").count();
+    // a verdict takes a quorum of its committee, 2 of 3
+    assert!(by_committee >= 20 && answered >= 2 * by_committee as u64, "{by_committee} decided, {answered} answered");
+    for e in all.iter().filter(|e| e["event"] == "screen_round") {
+        assert_eq!(e["skipped"], 0, "{e}");
+        assert_eq!(e["over_budget"], 0, "{e}");
+    }
+    assert!(record["screened"].as_u64().is_some(), "{record}");
+}

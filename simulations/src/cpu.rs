@@ -310,11 +310,11 @@ impl Cpu {
     /// shepherd scores it whatever its budget ([`Screened::Disputed`]); one of
     /// liars only decides unless spot-checked (`committee.rs`). Contributions
     /// waiting for their committees' verdicts are bounded as in the node
-    /// (`MAX_DEFERRED`, `MAX_DEFERRED_BYTES`, each holding twice its `bytes`: its
-    /// delta and its bounded copy): past them the shepherd's own budgeted screen
+    /// (`MAX_DEFERRED`, `MAX_DEFERRED_BYTES`, each holding its `bytes` 2 + K
+    /// times: its delta, its bounded copy and its K screen requests): past them the shepherd's own budgeted screen
     /// takes a contribution, and its sender screens none of the round's.
     fn by_committee(&mut self, policy: ScreenPolicy, (must, w): (bool, u32), (at, bytes): (u64, f64)) -> Screened {
-        if !self.committees.room(at, 2.0 * bytes) {
+        if !self.committees.room(at, (2.0 + f64::from(policy.screeners)) * bytes) {
             self.totals.undeferred += 1;
             return self.decide(must, true);
         }

@@ -39,6 +39,7 @@ use crate::diloco::wire::{self, Signer};
 mod aggregate;
 mod flood;
 mod leave;
+mod screen;
 
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct LoadtestArgs {
@@ -76,8 +77,12 @@ pub(crate) struct LoadtestArgs {
     #[arg(long, value_name = "PID")]
     shepherd_pid: Option<u32>,
     /// Distinct random pseudo-gradients made once and sent in turn (making one of
-    /// gpt2-124m's takes a second; a worker's compute is a sleep).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    /// gpt2-124m's takes a second; a worker's compute is a sleep). With twice
+    /// `--workers`, no two contributions of a round, or of one round and one carried
+    /// from the round before, are the same bytes; with fewer, the shepherd's copy
+    /// check refuses the copies, and committees screen a contribution, named by its
+    /// hash, once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=16_384))]
     payloads: u64,
     /// The synthetic nodes volunteer to aggregate (their hello's offer) and sum the
     /// shards the shepherd assigns them, as `pcp-node --aggregate` does; they train
@@ -85,6 +90,12 @@ pub(crate) struct LoadtestArgs {
     /// the workers find it.
     #[arg(long)]
     aggregate: bool,
+    /// The synthetic workers sit on screening committees: each answers a screen
+    /// request after this many milliseconds with losses that pass it, computing
+    /// nothing (run the shepherd with `--screen-spot-rate 0`, or its spot checks
+    /// catch them).
+    #[arg(long, value_name = "MS")]
+    screen_ms: Option<u64>,
     #[command(flatten)]
     flood: flood::FloodArgs,
     #[command(flatten)]
@@ -110,6 +121,8 @@ struct RoundRow {
     /// Aggregated rounds: slices sent to the aggregators, and taken by them.
     slices_sent: u64,
     slices_taken: u64,
+    /// Screen requests of this round answered (`--screen-ms`).
+    screens: u64,
     /// Seconds from the first worker hearing of this round to the first hearing of
     /// the next.
     seconds: Option<f64>,
@@ -217,7 +230,7 @@ pub(crate) async fn run(args: LoadtestArgs, data_dir: PathBuf) -> Result<(), Fai
             args: args.clone(),
             index: i,
             payloads: payloads.clone(),
-            events: args.aggregate.then_some(events),
+            events: (args.aggregate || args.screen_ms.is_some()).then_some(events),
             slicer: slicer.clone(),
             store,
             dir,
@@ -408,6 +421,9 @@ fn report(tally: &Tally, json: Option<&std::path::Path>) -> Result<(), Failure> 
         )
         .map_err(write)?;
     }
+    for row in tally.rounds.values().filter(|r| r.screens > 0) {
+        writeln!(out, "round {}: {} screen requests answered", row.round, row.screens).map_err(write)?;
+    }
     if let Some(path) = json {
         let value = serde_json::json!({
             "joined": tally.joined,
@@ -566,8 +582,9 @@ impl Synthetic {
                 () = cancel.cancelled() => return Ok(()),
                 _ = tick.tick() => {}
                 Some(request) = async { match requests.as_mut() { Some(rx) => rx.recv().await, None => None } } => {
-                    if let Some(aggregator) = &standalone {
-                        aggregator.request(request);
+                    match &standalone {
+                        Some(aggregator) => aggregator.request(request),
+                        None => self.screen(run, request, &tally).await,
                     }
                     continue;
                 }
@@ -669,7 +686,7 @@ fn accepted(answer: &Result<Verified, String>) -> bool {
 
 impl Synthetic {
     /// An aggregate-only node's driver (`--aggregate`), and the node's events, whose
-    /// requests go to it.
+    /// requests go to it (or, for a screener, to [`Self::screen`]).
     fn aggregator(
         &mut self,
         run: RunId,
@@ -677,6 +694,11 @@ impl Synthetic {
         cancel: &CancellationToken,
     ) -> anyhow::Result<(Option<crate::diloco::Standalone>, Option<mpsc::Receiver<Event>>)> {
         let Some(events) = self.events.take() else { return Ok((None, None)) };
+        if !self.args.aggregate {
+            // a screener (`--screen-ms`): it reads the shepherd's screen requests
+            screen::enlist(&self.node, self.shepherd, run, (sizes, encoding))?;
+            return Ok((None, Some(events)));
+        }
         let key = pcp_bootstrap::key_of(&self.shepherd).context("the shepherd's peer id names no key")?;
         let node = (self.node.clone(), self.signer.identity().clone());
         let (store, leader) = (self.store.clone(), (self.shepherd, key));
@@ -708,7 +730,10 @@ impl Synthetic {
         (tally, served): (&Mutex<Tally>, &mut aggregate::Served),
         sending: &mut JoinSet<Sent>,
     ) -> anyhow::Result<()> {
-        let payload = (self.index + a.round as usize) % payloads.len();
+        // worker i sends payload i in even rounds and i + workers in odd ones: with
+        // 2 × --workers of them no two contributions of a round, or of one round and
+        // one carried from the round before, are the same bytes
+        let payload = (self.index + (a.round as usize % 2) * self.args.workers) % payloads.len();
         let mut bytes = payloads[payload].clone();
         if shape.encoding.sparse().is_some() && !pcp_protocol::diloco::sparse::reseed(&mut bytes, a.round) {
             anyhow::bail!("the run's sparse layout is strided: its messages cannot be made ahead");
@@ -751,6 +776,22 @@ impl Synthetic {
             Sent { round, on_time, size, slices, answer }
         });
         Ok(())
+    }
+}
+
+impl Synthetic {
+    /// Answers `request` if it is a screen request and this worker screens
+    /// (`--screen-ms`), counted by its round.
+    async fn screen(&mut self, run: RunId, request: Event, tally: &Mutex<Tally>) {
+        let Some(ms) = self.args.screen_ms else { return };
+        let round = match &request {
+            Event::Request { message, .. } => message.binding().round,
+            _ => 0,
+        };
+        if screen::answer(&self.node, &mut self.signer, run, request, Duration::from_millis(ms)) {
+            let mut tally = tally.lock().await;
+            tally.rounds.entry(round).or_insert_with(|| RoundRow { round, ..RoundRow::default() }).screens += 1;
+        }
     }
 }
 

@@ -13,6 +13,7 @@ mod slices;
 
 pub(crate) use aggregator::Standalone;
 pub(crate) use hostile::{Attack, HOSTILE_KINDS, Hostile, ReplaySlot};
+pub(crate) use screener::request_overhead as screen_request_overhead;
 pub(crate) use slices::{commit as commit_slices, cut as cut_slices, send as send_slices};
 
 use std::path::{Path, PathBuf};

@@ -58,13 +58,15 @@ use crate::training::data::Batch;
 /// scores the contribution itself.
 pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
-/// The bytes a deferred contribution holds: its delta, and its bounded copy.
-fn held_bytes(input: &shepherd::Input<PublicKey>, applied: &Applied) -> usize {
+/// The bytes a deferred contribution holds: its delta, its bounded copy, and
+/// `requests` bytes of screen requests in flight (each member's holds the
+/// contribution as it came and the round's batch).
+fn held_bytes(input: &shepherd::Input<PublicKey>, applied: &Applied, requests: usize) -> usize {
     let delta = match input {
         shepherd::Input::Contribution { delta, .. } => delta.len_bytes(),
         _ => 0,
     };
-    delta.saturating_add(applied.delta.len_bytes())
+    delta.saturating_add(applied.delta.len_bytes()).saturating_add(requests)
 }
 
 /// A contribution's id as events name it.
@@ -99,6 +101,8 @@ pub(crate) struct Deferred {
     /// The round whose machine screens it.
     screened_in: u64,
     applied: Applied,
+    /// The bytes it holds ([`held_bytes`]).
+    held: usize,
     at: Instant,
     /// Why the shepherd scored it, if it did.
     why: Option<Why>,
@@ -206,8 +210,11 @@ impl Host {
         let contribution = *blake3::hash(bytes).as_bytes();
         let now_ms = self.now_ms();
         let committees = &mut self.screener.committees;
-        let held: usize = committees.deferred.values().map(|d| held_bytes(&d.input, &d.applied)).sum();
-        let room = may_defer(committees.deferred.len(), held, held_bytes(&input, &applied));
+        let held: usize = committees.deferred.values().map(|d| d.held).sum();
+        let windows = committees.round_mut(open).map_or(0, |rc| 2 * rc.batch.windows().len());
+        let requests = committees.config.k.saturating_mul(bytes.len().saturating_add(windows));
+        let held_now = held_bytes(&input, &applied, requests);
+        let room = may_defer(committees.deferred.len(), held, held_now);
         if committees.deferred.contains_key(&contribution) || !room {
             return Ok(Deferral::Not(Box::new(input)));
         }
@@ -229,6 +236,7 @@ impl Host {
             busy,
             screened_in: open,
             applied,
+            held: held_now,
             at: Instant::now(),
             why: None,
             silent: Vec::new(),
@@ -411,7 +419,13 @@ impl Host {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(screener = %peer_name(&screener), "no screen from it: {e}");
-                return Ok(());
+                // its committee need not wait for it
+                let Some(round) = self.screener.committees.deferred.get(&contribution).map(|d| d.screened_in) else {
+                    return Ok(());
+                };
+                let Some(rc) = self.screener.committees.round_mut(round) else { return Ok(()) };
+                let actions = rc.machine.on(Input::Declined { contribution, screener }).unwrap_or_default();
+                return self.on_screening(actions, None).await;
             }
         };
         let Some(d) = self.screener.committees.deferred.get(&contribution) else { return Ok(()) };
@@ -470,11 +484,12 @@ mod tests {
     use pcp_protocol::diloco::committee::screening::{MAX_DEFERRED, MAX_DEFERRED_BYTES};
 
     /// A contribution sent over the norm bound is held twice while its committee
-    /// screens it: as it came, and dense once scaled down. The count alone let 64
-    /// of gpt2-124m's wait, 32 GB; the byte budget lets two.
+    /// screens it: as it came, and dense once scaled down, besides its screen
+    /// requests. The count alone let 64 of gpt2-124m's wait, 32 GB; the byte
+    /// budget lets two.
     #[test]
     fn contributions_over_the_bound_cannot_fill_the_shepherds_memory() {
-        let dense = Delta::Dense(vec![vec![0.5; 1 << 20]]);
+        let dense = Delta::Dense(vec![vec![0.5; 1 << 16]]);
         let input = shepherd::Input::Contribution {
             peer: PublicKey([1; 32]),
             round: 1,
@@ -493,8 +508,9 @@ mod tests {
             }
             (count, held)
         };
-        let small = held_bytes(&input, &applied);
-        assert_eq!(small, 8 << 20, "4 MiB as it came and 4 MiB bounded");
+        let small = held_bytes(&input, &applied, 0);
+        assert_eq!(small, 512 << 10, "256 KiB as it came and 256 KiB bounded");
+        assert_eq!(held_bytes(&input, &applied, 3 << 10), small + (3 << 10), "and its 3 requests");
         assert_eq!(filled(small).0, MAX_DEFERRED, "small contributions: the count bounds them");
         // gpt2-124m: a sparse contribution of 3.9 MB, and its copy scaled down, dense
         let gpt2 = 3_900_000 + 4 * 124_439_808;

@@ -30,7 +30,7 @@ pub(super) const QUEUED: usize = pcp_bootstrap::admission::SCREENS_IN_FLIGHT;
 
 /// A screen request's bytes besides the contribution's: its fields, the bounds
 /// and the batch's windows.
-pub(super) fn request_overhead(tensors: usize) -> usize {
+pub(crate) fn request_overhead(tensors: usize) -> usize {
     (1 << 20) + 16 * tensors
 }
 

@@ -40,12 +40,18 @@ pub type ContributionId = [u8; 32];
 /// (or past [`MAX_DEFERRED_BYTES`]) a contribution goes to the shepherd's own
 /// screen and its budget, so that what it holds stays bounded however many
 /// arrive at once (pcp-node's `committees.rs`, and the simulator's model of it).
-pub const MAX_DEFERRED: usize = 64;
+/// A round's contributions arrive together: at 64, 200 synthetic workers whose
+/// screeners answer in 200 ms left 40–50 a round to the shepherd's budget, which
+/// passed them unscreened (`pcp-node loadtest --screen-ms`); at 1,024, none. The
+/// bytes, not the count, bound the memory.
+pub const MAX_DEFERRED: usize = 1024;
 
 /// The memory contributions held for their verdicts may take at most: each one's
 /// decoded delta and its bounded copy, which is dense once scaled down to the
-/// norm bound (498 MB for gpt2-124m, however sparse the contribution came), so
-/// contributions sent over the bound cannot fill the shepherd's memory.
+/// norm bound (498 MB for gpt2-124m, however sparse the contribution came), and
+/// its screen requests in flight (a copy of its bytes and the round's batch for
+/// each member), so contributions sent over the bound cannot fill the
+/// shepherd's memory.
 pub const MAX_DEFERRED_BYTES: usize = 1 << 30;
 
 /// Whether a contribution holding `bytes` may wait for its verdict beside
@@ -111,6 +117,11 @@ pub enum Input<P> {
     Received { contribution: ContributionId, sender: P, now_ms: u64 },
     /// A member's signed answer.
     Reported { contribution: ContributionId, screener: P, losses: Losses },
+    /// A member will not answer: its request was refused (a screener takes a few
+    /// at once), failed, or was answered with something else. Once every member
+    /// answered or declined, or too many declined for a quorum, the committee
+    /// settles without waiting out its wait.
+    Declined { contribution: ContributionId, screener: P },
     /// The shepherd's own score of a contribution it was asked to score.
     Scored { contribution: ContributionId, losses: Losses },
     /// The shepherd waives a spot check it was asked for (its screening budget is
@@ -150,6 +161,18 @@ struct Pending<P> {
     /// Whether that score is a spot check (the committee agreed), which the
     /// shepherd may waive.
     spot: bool,
+    /// Members that will not answer.
+    declined: Vec<P>,
+}
+
+impl<P: AsRef<[u8]> + Clone + PartialEq> Pending<P> {
+    /// Whether the committee is done: every member answered or declined, or so
+    /// many declined that no quorum can answer.
+    fn done(&self) -> bool {
+        let members = self.tally.members().len();
+        self.tally.answers().len() + self.declined.len() >= members
+            || members.saturating_sub(self.declined.len()) < self.tally.quorum()
+    }
 }
 
 /// One round's screening: its seed, its screeners and its contributions. The
@@ -219,8 +242,17 @@ impl<P: AsRef<[u8]> + Clone + PartialEq> Screening<P> {
                     .tally
                     .answer(&screener, losses)
                     .map_err(|why| Ignored::Answer { id: short(&contribution), why })?;
-                let all = pending.tally.answers().len() == pending.tally.members().len();
-                Ok(if all && !pending.scoring { self.settle(contribution) } else { Vec::new() })
+                Ok(if pending.done() && !pending.scoring { self.settle(contribution) } else { Vec::new() })
+            }
+            Input::Declined { contribution, screener } => {
+                let pending = self.pending.get_mut(&contribution).ok_or(Ignored::Unknown(short(&contribution)))?;
+                let member = pending.tally.members().contains(&screener);
+                let answered = pending.tally.answers().iter().any(|(a, _)| *a == screener);
+                if !member || answered || pending.declined.contains(&screener) {
+                    return Ok(Vec::new());
+                }
+                pending.declined.push(screener);
+                Ok(if pending.done() && !pending.scoring { self.settle(contribution) } else { Vec::new() })
             }
             Input::Scored { contribution, losses } => self.scored(contribution, losses),
             Input::Waived { contribution } => self.waived(contribution),
@@ -240,11 +272,13 @@ impl<P: AsRef<[u8]> + Clone + PartialEq> Screening<P> {
         let enough = self.config.k > 0 && members.len() > self.config.k / 2;
         let due_ms = now_ms.saturating_add(self.config.wait_ms);
         if !enough {
-            let pending = Pending { tally: Tally::new(Vec::new()), due_ms, scoring: true, spot: false };
+            let pending =
+                Pending { tally: Tally::new(Vec::new()), due_ms, scoring: true, spot: false, declined: Vec::new() };
             self.pending.insert(contribution, pending);
             return Ok(vec![Action::Score { contribution, why: Why::NoCommittee }]);
         }
-        let pending = Pending { tally: Tally::new(members.clone()), due_ms, scoring: false, spot: false };
+        let pending =
+            Pending { tally: Tally::new(members.clone()), due_ms, scoring: false, spot: false, declined: Vec::new() };
         self.pending.insert(contribution, pending);
         Ok(vec![Action::Request { contribution, screeners: members }])
     }

@@ -133,6 +133,43 @@ fn a_silent_member_is_named_and_a_silent_majority_makes_the_shepherd_score() {
     assert!(s.on(Input::Tick { now_ms: 5_000 }).expect("tick").is_empty(), "asked once");
 }
 
+/// A member that declines (its request refused: a screener takes a few at once)
+/// settles the committee as soon as the others answered, rather than at the end
+/// of the wait: before, a committee one of whose members refused waited out its
+/// whole wait (10 s in pcp-node) even with a quorum answered.
+#[test]
+fn a_declining_member_settles_its_committee_without_the_wait() {
+    let mut s = Screening::new([7; 32], config(3, 0.0), keys(10), Vec::new());
+    let declined = |s: &mut Screening<Vec<u8>>, i: u8, m: &[u8]| {
+        s.on(Input::Declined { contribution: id(i), screener: m.to_vec() }).expect("counted")
+    };
+    let members = receive(&mut s, 1, 1);
+    assert!(report(&mut s, 1, &members[0], HONEST).is_empty());
+    assert!(declined(&mut s, 1, &members[1]).is_empty(), "one member still to answer");
+    assert!(declined(&mut s, 1, &members[1]).is_empty(), "declining twice counts once");
+    assert!(declined(&mut s, 1, &key(200)).is_empty(), "a non-member is ignored");
+    let actions = report(&mut s, 1, &members[2], HONEST_ELSEWHERE);
+    assert_eq!(
+        actions,
+        [
+            Action::Silent { contribution: id(1), screeners: vec![members[1].clone()] },
+            Action::Verdict { contribution: id(1), losses: HONEST, source: Source::Committee },
+        ]
+    );
+    // no quorum left: the shepherd scores it at once
+    let members = receive(&mut s, 2, 1);
+    assert!(declined(&mut s, 2, &members[0]).is_empty());
+    let actions = declined(&mut s, 2, &members[1]);
+    assert_eq!(
+        actions,
+        [
+            Action::Silent { contribution: id(2), screeners: members.clone() },
+            Action::Score { contribution: id(2), why: Why::Silence },
+        ]
+    );
+    assert!(s.on(Input::Tick { now_ms: 5_000 }).expect("tick").is_empty(), "asked once");
+}
+
 #[test]
 fn too_few_screeners_make_the_shepherd_score_alone() {
     // two eligible, one of them the sender: no majority of 3
