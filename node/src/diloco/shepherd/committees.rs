@@ -211,7 +211,11 @@ impl Host {
         let now_ms = self.now_ms();
         let committees = &mut self.screener.committees;
         let held: usize = committees.deferred.values().map(|d| d.held).sum();
-        let windows = committees.round_mut(open).map_or(0, |rc| 2 * rc.batch.windows().len());
+        // the batch's windows as a request carries them: rows × (block + 1) u16 tokens
+        let windows = committees.round_mut(open).map_or(0, |rc| {
+            let [rows, block] = rc.batch.shape();
+            2 * rows * (block + 1)
+        });
         let requests = committees.config.k.saturating_mul(bytes.len().saturating_add(windows));
         let held_now = held_bytes(&input, &applied, requests);
         let room = may_defer(committees.deferred.len(), held, held_now);
