@@ -16,6 +16,8 @@
 //! * [`diloco`]: DiLoCo in a star on the real state machines, with churn.
 //! * [`aggregators`]: parameter-shard aggregators in the star, on the protocol's assignment and votes.
 //! * [`analytic`]: Streaming DiLoCo, ring all-reduce.
+//! * [`ceiling`]: what screening committees given whole contributions cost the
+//!   volunteers' uplinks, and the utilization they leave at most.
 //! * [`report`]: per-round statistics, summaries and the printed table.
 //! * [`plot`]: PNG plots.
 //! * [`faults`]: a deterministic fault simulator of shepherd failover: the real
@@ -31,6 +33,7 @@ pub mod aggregators;
 pub mod analytic;
 mod args;
 pub mod calibration;
+pub mod ceiling;
 pub mod compute;
 pub mod cpu;
 pub mod decode;
