@@ -577,6 +577,10 @@ impl Synthetic {
         // way; heartbeats go on meanwhile, as a worker's do
         let mut training: Option<(std::pin::Pin<Box<tokio::time::Sleep>>, RoundAnnouncement)> = None;
         let mut sending: JoinSet<Sent> = JoinSet::new();
+        // one contribution on its way at a time, as a worker's: the next waits for
+        // its answer (the shepherd refuses a second in flight from one key)
+        let mut queued: std::collections::VecDeque<RoundAnnouncement> = std::collections::VecDeque::new();
+        let shape = Shape { run, sizes: &layout, encoding, steps: (tau, tau * tokens) };
         loop {
             tokio::select! {
                 () = cancel.cancelled() => return Ok(()),
@@ -591,15 +595,22 @@ impl Synthetic {
                 () = async { training.as_mut().expect("guarded").0.as_mut().await }, if training.is_some() => {
                     let (_, a) = training.take().expect("guarded");
                     tally.lock().await.training -= 1;
-                    let shape = Shape { run, sizes: &layout, encoding, steps: (tau, tau * tokens) };
-                    self.send(&a, (payloads, shape), (&tally, &mut served), &mut sending).await?;
+                    if sending.is_empty() {
+                        self.send(&a, (payloads, shape), (&tally, &mut served), &mut sending).await?;
+                    } else {
+                        queued.push_back(a);
+                    }
                     continue;
                 }
                 Some(Ok(sent)) = sending.join_next() => {
                     record(&tally, sent, self.index).await;
+                    if let Some(a) = queued.pop_front() {
+                        self.send(&a, (payloads, shape), (&tally, &mut served), &mut sending).await?;
+                    }
                     // its last round answered: done, whether or not it hears the run end
                     // (a shepherd whose run is over may stop before it says so)
-                    if self.args.rounds > 0 && done >= self.args.rounds && sending.is_empty() && training.is_none() {
+                    let idle = sending.is_empty() && training.is_none();
+                    if self.args.rounds > 0 && done >= self.args.rounds && idle {
                         return Ok(());
                     }
                     continue;
@@ -652,7 +663,7 @@ impl Synthetic {
             }
             let last = if self.args.rounds > 0 { self.args.rounds } else { u64::MAX };
             if a.finished || (done >= last && sending.is_empty() && training.is_none()) {
-                // the answers on their way are recorded first
+                // the answers on their way are recorded first; one queued behind them is moot
                 while let Some(Ok(sent)) = sending.join_next().await {
                     record(&tally, sent, self.index).await;
                 }
@@ -712,6 +723,7 @@ impl Synthetic {
 
 /// What a synthetic worker's contribution is made of: its run, the model's tensor
 /// sizes and encoding, and the steps and samples it claims.
+#[derive(Clone, Copy)]
 struct Shape<'a> {
     run: RunId,
     sizes: &'a [usize],
