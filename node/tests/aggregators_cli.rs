@@ -29,11 +29,17 @@ fn sim_logged(dir: &Path, rounds: u32, hostile: &[&str], extra: &[&str]) -> (Vec
     let ev = dir.join("events.jsonl");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pcp-node"));
     cmd.env("PCP_ARTIFACT_CACHE", std::env::temp_dir().join("pcp-test-artifact-cache").join("artifacts"))
-        .args(["sim", "--nodes", "4", "--rounds", &rounds.to_string(), "--tau", "10", "--seed", "7"])
-        .args(["--screen", "norm", "--aggregators", "2", "--no-overlap", "--data", &corpus()])
+        .args(["sim", "--rounds", &rounds.to_string(), "--tau", "10", "--seed", "7"])
+        .args(["--aggregators", "2", "--no-overlap", "--data", &corpus()])
         .args(["--events", ev.to_str().expect("utf8"), "--data-dir", dir.to_str().expect("utf8")]);
     for h in hostile {
         cmd.args(["--hostile", h]);
+    }
+    if !extra.contains(&"--screen") {
+        cmd.args(["--screen", "norm"]);
+    }
+    if !extra.contains(&"--nodes") {
+        cmd.args(["--nodes", "4"]);
     }
     if !extra.contains(&"--aggregator-spot-rate") {
         cmd.args(["--aggregator-spot-rate", "0"]);
@@ -168,4 +174,39 @@ fn replicas_that_lie_alike_are_caught_by_spot_checks() {
     let shards = named(&checked, "shard_aggregated");
     assert!(shards.iter().all(|s| s["recomputed"] == true), "only the shepherd's sums are applied: {shards:?}");
     assert!(named(&checked, "round_completed").iter().all(|r| r["contributors"] == 3));
+}
+
+/// The score screen in an aggregated run: committees of rated workers screen
+/// each contribution from its slices, fetched from its sender (the shepherd
+/// never holds one whole, and fetches the slices itself only for what it scores:
+/// a round's first contributions, before two screeners are committed; round 1,
+/// before anyone is rated, is neither aggregated nor screened by committees). A worker
+/// sending its Δ reversed after two honest rounds is refused by the screen, the honest ones are summed.
+#[test]
+fn committees_screen_aggregated_contributions_from_their_slices() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = ["--nodes", "5", "--screen", "score", "--screeners", "3", "--probation-rounds", "0"];
+    let (events, log) =
+        sim_logged(dir.path(), 4, &["sleeper:2:flip:1"], &[extra.as_slice(), &["--screen-spot-rate", "0"]].concat());
+    let rounds = named(&events, "round_completed");
+    assert_eq!(rounds.len(), 4, "every round closes\n{log}");
+    // round 1 has no rated volunteer to aggregate: its contributions come whole
+    assert!(rounds.iter().skip(1).all(|r| r["bytes_in"] == 0), "the shepherd reads no contribution: {rounds:?}");
+    assert!(rounds.iter().all(|r| r["contributors"].as_u64() >= Some(3)), "{rounds:?}\n{log}");
+    let decided = named(&events, "screen_decided");
+    let by = |source: &str| decided.iter().filter(|d| d["source"] == source).count();
+    assert!(by("committee") >= 2, "committees decide once workers are rated: {decided:?}\n{log}");
+    let fetched = decided.iter().filter(|d| d["source"] == "shepherd" && d["round"].as_u64() > Some(1)).count();
+    assert!(fetched >= 1, "the shepherd scores an aggregated contribution from its slices: {decided:?}");
+    assert!(named(&events, "screen_assigned").len() >= 2);
+    let shards = named(&events, "shard_aggregated");
+    assert!(!shards.is_empty() && shards.iter().all(|s| s["recomputed"] == false), "{shards:?}");
+    let liar = named(&events, "worker_started")
+        .iter()
+        .find(|e| e["worker"] == 1)
+        .and_then(|e| e["peer"].as_str())
+        .map(str::to_owned);
+    let refused: Vec<_> = decided.iter().filter(|d| d["passed"] == false).collect();
+    assert!(refused.iter().any(|d| d["round"].as_u64() > Some(1)), "the reversed Δ is refused: {decided:?}");
+    assert!(refused.iter().all(|d| liar.as_deref().is_none_or(|l| d["peer"] == l)), "only the liar: {refused:?}");
 }

@@ -246,6 +246,8 @@ struct ScreenRequest {
   outerScale @9 :Float32;       # the scale the outer step applies it at
   rows @10 :UInt32;             # the batch's windows
   windows @11 :Data;            # rows x (block + 1) u16 tokens, little-endian
+  sliceHashes @12 :List(Data);  # an aggregated contribution: its shards' slice hashes, in shard order (`delta` empty)
+  sender @13 :Data;             # with sliceHashes: the contributor's key, which serves the slices
 }
 
 # A screener's held-out losses for one contribution: the answer to a ScreenRequest.

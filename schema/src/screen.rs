@@ -33,6 +33,11 @@ pub struct ScreenRequest {
     pub rows: u32,
     /// `rows` × (block + 1) tokens, row-major.
     pub windows: Vec<u16>,
+    /// An aggregated contribution: its sender's key and its
+    /// shards' slice hashes, in shard order, fetched from the sender (its id is
+    /// `pcp_protocol::diloco::aggregation::sliced_id` of them, and `delta` is
+    /// empty).
+    pub slices: Option<([u8; 32], Vec<[u8; 32]>)>,
 }
 
 impl Message for ScreenRequest {
@@ -61,6 +66,13 @@ impl Message for ScreenRequest {
         root.set_rows(self.rows);
         let windows: Vec<u8> = self.windows.iter().flat_map(|t| t.to_le_bytes()).collect();
         root.set_windows(&windows);
+        if let Some((sender, hashes)) = &self.slices {
+            root.set_sender(&sender[..]);
+            let mut list = root.reborrow().init_slice_hashes(list_len(hashes.len()));
+            for (i, h) in (0..).zip(hashes) {
+                list.set(i, &h[..]);
+            }
+        }
         codec::words(&message)
     }
 
@@ -80,6 +92,16 @@ impl Message for ScreenRequest {
                 });
             }
             let windows = raw.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+            let list = r.get_slice_hashes().map_err(|e| malformed(W, e))?;
+            let slices = if list.is_empty() {
+                None
+            } else {
+                let mut hashes = Vec::with_capacity(list.len() as usize);
+                for h in list.iter() {
+                    hashes.push(fixed(W, "sliceHashes", h.map_err(|e| malformed(W, e))?)?);
+                }
+                Some((fixed(W, "sender", r.get_sender().map_err(|e| malformed(W, e))?)?, hashes))
+            };
             Ok(Self {
                 run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
                 round: r.get_round(),
@@ -93,6 +115,7 @@ impl Message for ScreenRequest {
                 outer_scale: r.get_outer_scale(),
                 rows,
                 windows,
+                slices,
             })
         })
     }

@@ -291,12 +291,12 @@ proptest! {
         contribution_round in any::<u64>(), params_hash in any::<[u8; 32]>(), delta in vec(any::<u8>(), 0..256),
         tensor_bounds in vec(-1e30f64..1e30, 0..8), element_bounds in vec(-1e30f32..1e30, 0..8),
         bound_scale in -1e3f32..1e3, outer_scale in -1e3f32..1e3, rows in 1u32..5, width in 2usize..9,
-        token in any::<u16>(),
+        token in any::<u16>(), slices in proptest::option::of((any::<[u8; 32]>(), vec(any::<[u8; 32]>(), 1..4))),
     ) {
         let windows = (0..rows as usize * width).map(|i| token.wrapping_add(i as u16)).collect();
         roundtrip(&ScreenRequest {
             run, round, contribution, contribution_round, params_hash, delta, tensor_bounds, element_bounds,
-            bound_scale, outer_scale, rows, windows,
+            bound_scale, outer_scale, rows, windows, slices,
         })?;
     }
 

@@ -577,8 +577,7 @@ impl Synthetic {
         // way; heartbeats go on meanwhile, as a worker's do
         let mut training: Option<(std::pin::Pin<Box<tokio::time::Sleep>>, RoundAnnouncement)> = None;
         let mut sending: JoinSet<Sent> = JoinSet::new();
-        // one contribution on its way at a time, as a worker's: the next waits for
-        // its answer (the shepherd refuses a second in flight from one key)
+        // one contribution on its way at a time, as a worker's (the shepherd refuses a second)
         let mut queued: std::collections::VecDeque<RoundAnnouncement> = std::collections::VecDeque::new();
         let shape = Shape { run, sizes: &layout, encoding, steps: (tau, tau * tokens) };
         loop {
@@ -626,15 +625,7 @@ impl Synthetic {
                 tally.lock().await.unanswered += 1;
                 continue;
             };
-            {
-                let mut tally = tally.lock().await;
-                tally.answer_bytes += answer.payload_len() as u64;
-                match answer.kind() {
-                    MessageKind::RoundAnnouncement => tally.announcements += 1,
-                    MessageKind::Heartbeat => tally.current += 1,
-                    _ => {}
-                }
-            }
+            tally.lock().await.heard(&answer);
             if answer.kind() != MessageKind::RoundAnnouncement {
                 continue; // the announcement held is current (or a refusal)
             }
@@ -808,6 +799,18 @@ impl Synthetic {
         if screen::answer(&self.node, &mut self.signer, run, request, Duration::from_millis(ms)) {
             let mut tally = tally.lock().await;
             tally.rounds.entry(round).or_insert_with(|| RoundRow { round, ..RoundRow::default() }).screens += 1;
+        }
+    }
+}
+
+impl Tally {
+    /// Counts a heartbeat's answer: the announcement, or "current".
+    fn heard(&mut self, answer: &Verified) {
+        self.answer_bytes += answer.payload_len() as u64;
+        match answer.kind() {
+            MessageKind::RoundAnnouncement => self.announcements += 1,
+            MessageKind::Heartbeat => self.current += 1,
+            _ => {}
         }
     }
 }

@@ -126,7 +126,8 @@ pub(crate) struct SimArgs {
     trim: f64,
     /// Cut each round's sum into N parameter shards summed by volunteers: every
     /// worker offers to aggregate (`--aggregate`), and the shepherd assigns
-    /// --aggregator-replicas of them a shard (needs --screen norm).
+    /// --aggregator-replicas of them a shard (under the score screen, while
+    /// committees screen: --screeners).
     #[arg(long, default_value_t = 0, value_name = "N")]
     aggregators: usize,
     /// Volunteers summing each shard.

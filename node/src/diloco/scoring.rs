@@ -36,6 +36,63 @@ async fn loss_moved(engine: &Engine, params: &Tensors, delta: &Delta, sign: f32,
     engine.eval_at(moved, batch).await
 }
 
+/// How long fetching one slice of an aggregated contribution may take.
+pub(crate) const SLICE_FETCH: std::time::Duration = std::time::Duration::from_secs(10);
+/// Slices of one contribution fetched at once.
+const SLICES_IN_FLIGHT: usize = 16;
+
+/// An aggregated contribution made whole to be scored: each of its `hashes` (one
+/// slice a shard, in shard order) fetched from its `sender`, decoded as its
+/// shard's tensors of `sizes` in `encoding`, and joined, dense. A slice is read
+/// only up to its shard's encoded length; a slice fetched here is released once
+/// read (one this node held already is kept). The error names the slice.
+pub(crate) async fn fetch_sliced(
+    node: &pcp_bootstrap::Node,
+    sender: pcp_protocol::PublicKey,
+    hashes: &[[u8; 32]],
+    (sizes, encoding): (&[usize], pcp_protocol::diloco::compress::Encoding),
+) -> Result<Delta, String> {
+    use futures::StreamExt as _;
+    use pcp_protocol::diloco::compress;
+    let tensors = pcp_protocol::diloco::aggregation::shard_tensors(sizes, hashes.len())
+        .ok_or_else(|| format!("{} slices of a model of {} tensors", hashes.len(), sizes.len()))?;
+    let from: Vec<_> = pcp_bootstrap::peer_of(&sender).into_iter().collect();
+    let slices: Vec<(usize, Vec<usize>, [u8; 32])> = tensors
+        .into_iter()
+        .zip(hashes.iter().copied())
+        .enumerate()
+        .map(|(i, (r, h))| (i, sizes[r].to_vec(), h))
+        .collect();
+    let fetches = slices.into_iter().map(|(shard, shard_sizes, hash)| {
+        let (from, node) = (from.clone(), node.clone());
+        async move {
+            let hash = pcp_protocol::BlobHash(hash);
+            let max = compress::encoded_len(&shard_sizes, encoding) as u64;
+            let report = node.fetch_from(hash, from, SLICE_FETCH).await.map_err(|e| format!("slice {shard}: {e}"))?;
+            let len = report.bytes;
+            let read = if len > max {
+                Err(format!("slice {shard} is {len} bytes, more than the {max} it may be"))
+            } else {
+                std::fs::read(&report.path)
+                    .map_err(|e| format!("slice {shard}: reading {}: {e}", report.path.display()))
+            };
+            if report.providers > 0 {
+                let _ = node.release(vec![hash]).await;
+            }
+            let delta =
+                compress::decode_delta(&read?, &shard_sizes, encoding).map_err(|e| format!("slice {shard}: {e}"))?;
+            delta.validate(&shard_sizes).map_err(|e| format!("slice {shard}: {e}"))?;
+            Ok::<_, String>(delta.to_dense(&shard_sizes))
+        }
+    });
+    let mut joined: Tensors = Vec::with_capacity(sizes.len());
+    let mut slices = futures::stream::iter(fetches).buffered(SLICES_IN_FLIGHT);
+    while let Some(slice) = slices.next().await {
+        joined.extend(slice?);
+    }
+    Ok(Delta::Dense(joined))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

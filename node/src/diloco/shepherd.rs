@@ -238,6 +238,7 @@ impl Host {
                 },
                 Some(Ok(fetched)) = self.aggregation.fetches.join_next() => self.on_fetched(fetched).await?,
                 Some(Ok(answer)) = self.screener.committees.answers.join_next() => self.on_screen_answer(answer).await?,
+                Some(Ok(whole)) = self.screener.committees.fetching.join_next() => self.on_sliced(whole).await?,
                 Some(done) = self.artifacts.compiles.join_next() => match done {
                     Ok(result) => self.on_compiled(result).await?,
                     Err(e) => tracing::warn!("compile task failed: {e}"),
@@ -320,7 +321,7 @@ impl Host {
                 let input = match bytes {
                     Some(bytes) => match self.defer((id, &bytes), input, (stats, busy)).await? {
                         committees::Deferral::Deferred => return Ok(()),
-                        committees::Deferral::Not(input) => *input,
+                        committees::Deferral::Not(input) | committees::Deferral::Full(input) => *input,
                     },
                     None => input,
                 };

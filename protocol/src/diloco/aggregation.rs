@@ -123,6 +123,18 @@ pub fn slice_hash(bytes: &[u8]) -> [u8; 32] {
     *blake3::hash(bytes).as_bytes()
 }
 
+/// An aggregated contribution's id: blake3 of its slices' hashes in shard order
+/// (its commitment), as a whole contribution's is blake3 of its bytes; what
+/// screening committees name it by.
+pub fn sliced_id(hashes: &[[u8; 32]]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(b"pcp sliced contribution");
+    for hash in hashes {
+        h.update(hash);
+    }
+    *h.finalize().as_bytes()
+}
+
 /// The tensors of each of `shards` aggregation shards of a model whose tensors
 /// have `sizes` elements: contiguous and balanced by elements
 /// ([`super::fragments::split`]); `None` for 0 shards or more than the tensors.

@@ -26,6 +26,7 @@ use tokio::task::JoinSet;
 
 use self::spot::{Feed, Spot};
 use super::Host;
+use super::committees::Deferral;
 use crate::diloco::wire::{self, peer_name};
 use crate::observe::events as ev;
 
@@ -187,8 +188,10 @@ impl Host {
     pub(super) fn assign_aggregators(&mut self, round: u64, participants: &[PublicKey]) -> Vec<ShardAggregators> {
         let a = self.plan.aggregation;
         let strided = self.plan.encoding.sparse().is_some_and(|s| s.up.strided);
-        if a.shards == 0 || self.plan.screen == super::args::Screen::Score || self.layout.fragments.len() > 1 || strided
-        {
+        // the score screen is its committees', which screen an aggregated contribution
+        // from its slices; the shepherd's own screen needs it whole
+        let unscreened = self.plan.screen == super::args::Screen::Score && !self.screener.committees_open_in(round);
+        if a.shards == 0 || unscreened || self.layout.fragments.len() > 1 || strided {
             return Vec::new();
         }
         let agg = &self.aggregation;
@@ -342,7 +345,7 @@ impl Host {
             }
             let claim = *claim;
             let peer = PublicKey(worker);
-            let input = match self.admit(peer) {
+            let mut input = match self.admit(peer) {
                 Ok(()) => Input::Reported {
                     peer,
                     round,
@@ -354,19 +357,45 @@ impl Host {
                 },
                 Err(refusal) => Input::Malformed { peer, round, reason: Rejection::NotAdmitted(refusal.reason) },
             };
-            let rejected = self.step(input).await?;
-            let reason = rejected.into_iter().find(|(p, _)| *p == peer).map(|(_, r)| r);
-            self.events.emit(ev::Event::ContributionReceived(ev::ContributionReceived {
-                round,
-                peer: peer_name(&peer),
-                tokens: claim.samples,
-                loss: f64::from(claim.loss),
-                bytes: 0,
-                bytes_down: 0,
-                accepted: reason.is_none(),
-                reason: reason.as_ref().map(ToString::to_string).unwrap_or_default(),
-            }));
+            // under the score screen its committee screens it, its members fetching its slices
+            let hashes = self.aggregation.rounds.get(&round).and_then(|r| r.collect.hashes(&worker));
+            if self.plan.screen == super::args::Screen::Score
+                && matches!(input, Input::Reported { .. })
+                && let Some(hashes) = hashes
+            {
+                let received = (claim.samples, claim.loss, 0, 0);
+                input = match self.defer_reported(input, hashes, received).await? {
+                    Deferral::Deferred => continue,
+                    Deferral::Not(input) => *input,
+                    Deferral::Full(_) => Input::Malformed { peer, round, reason: Rejection::Unscreened },
+                };
+            }
+            self.conclude_reported(peer, round, input, (claim.samples, claim.loss)).await?;
         }
+        Ok(())
+    }
+
+    /// Steps an aggregated contribution's input (`samples` and `loss` as it
+    /// claimed), and records it.
+    pub(super) async fn conclude_reported(
+        &mut self,
+        peer: PublicKey,
+        round: u64,
+        input: Input<PublicKey>,
+        (samples, loss): (u64, f32),
+    ) -> anyhow::Result<()> {
+        let rejected = self.step(input).await?;
+        let reason = rejected.into_iter().find(|(p, _)| *p == peer).map(|(_, r)| r);
+        self.events.emit(ev::Event::ContributionReceived(ev::ContributionReceived {
+            round,
+            peer: peer_name(&peer),
+            tokens: samples,
+            loss: f64::from(loss),
+            bytes: 0,
+            bytes_down: 0,
+            accepted: reason.is_none(),
+            reason: reason.as_ref().map(ToString::to_string).unwrap_or_default(),
+        }));
         Ok(())
     }
 

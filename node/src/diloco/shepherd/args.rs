@@ -96,9 +96,11 @@ pub(crate) struct ShepherdArgs {
     /// --aggregator-replicas rated volunteers (nodes started with --aggregate)
     /// that the announcement names: the shepherd reads their reports and shard
     /// means, not the contributions. 0: the shepherd sums alone, as it also does
-    /// while too few rated volunteers are live. Needs --screen norm (the score
-    /// screen reads each contribution) and a top-k or dense encoding. Past a few
-    /// hundred volunteers, about one shard for every 60 (docs/running-a-run.md).
+    /// while too few rated volunteers are live. Under the score screen, only
+    /// while committees screen (--screeners, and a round's slice of the withheld
+    /// split left): their members fetch each contribution's slices from its
+    /// sender. Needs a top-k or dense encoding. Past a few hundred volunteers,
+    /// about one shard for every 60 (docs/running-a-run.md).
     #[arg(long, default_value_t = 0, value_name = "N", requires = "shepherd")]
     pub(crate) aggregators: usize,
     /// Volunteers summing each shard; their signed hashes of the shard's mean must

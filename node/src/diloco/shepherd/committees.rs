@@ -38,7 +38,8 @@ use anyhow::Context as _;
 
 use pcp_bootstrap::InboundId;
 use pcp_protocol::diloco::Tensors;
-use pcp_protocol::diloco::aggregate::Rejection;
+use pcp_protocol::diloco::aggregate::{Bounds, Delta, Rejection};
+use pcp_protocol::diloco::aggregation::sliced_id;
 use pcp_protocol::diloco::committee::Losses;
 use pcp_protocol::diloco::committee::screening::{
     Action, Config, ContributionId, Input, Screening, Source, Why, may_defer,
@@ -74,6 +75,10 @@ fn short(id: &ContributionId) -> String {
     pcp_protocol::BlobHash(*id).to_hex()[..8].to_owned()
 }
 
+/// What `contribution_received` reports of a contribution: samples, loss,
+/// bytes and bytes down.
+pub(crate) type Received = (u64, f32, usize, u64);
+
 /// One member's answer to a screen request, or why there is none.
 pub(crate) type Answer = (ContributionId, PublicKey, Result<Verified, String>);
 
@@ -89,9 +94,37 @@ struct RoundCommittees {
     before: Option<f32>,
 }
 
+/// What a deferred contribution is screened as: itself, bounded and scaled as
+/// the round applies it, or an aggregated contribution's slice hashes with the
+/// bounds and scale its screeners apply it with (fetched from its sender, and
+/// made whole, only if the shepherd scores it).
+pub(crate) enum Held {
+    Whole(Applied),
+    Sliced { hashes: Vec<[u8; 32]>, bounds: Bounds, scale: f32, applied: Option<Delta> },
+}
+
+impl Held {
+    fn bounds(&self) -> (&Bounds, f32) {
+        match self {
+            Held::Whole(a) => (&a.bounds, a.scale),
+            Held::Sliced { bounds, scale, .. } => (bounds, *scale),
+        }
+    }
+
+    /// The contribution as the round applies it, once the shepherd holds it.
+    fn applied(&self) -> Option<&Delta> {
+        match self {
+            Held::Whole(a) => Some(&a.delta),
+            Held::Sliced { applied, .. } => applied.as_ref(),
+        }
+    }
+}
+
 /// A contribution waiting for its verdict, and what answering it needs.
 pub(crate) struct Deferred {
-    pub(crate) id: InboundId,
+    /// Its request, answered at its verdict (none for an aggregated one: its
+    /// commitment was answered when it came).
+    pub(crate) id: Option<InboundId>,
     /// Its input, unscreened.
     pub(crate) input: shepherd::Input<PublicKey>,
     /// What `contribution_received` reports: samples, loss, bytes, bytes down,
@@ -100,7 +133,7 @@ pub(crate) struct Deferred {
     pub(crate) busy: (u64, u64),
     /// The round whose machine screens it.
     screened_in: u64,
-    applied: Applied,
+    applied: Held,
     /// The bytes it holds ([`held_bytes`]).
     held: usize,
     at: Instant,
@@ -117,6 +150,8 @@ pub(crate) struct Committees {
     deferred: BTreeMap<ContributionId, Deferred>,
     /// The screen requests in flight.
     pub(crate) answers: JoinSet<Answer>,
+    /// Aggregated contributions the shepherd scores, their slices being fetched.
+    pub(crate) fetching: JoinSet<(ContributionId, Result<Delta, String>)>,
     /// Screeners caught lying, for the rest of the run.
     barred: Vec<PublicKey>,
 }
@@ -125,7 +160,8 @@ impl Committees {
     /// `k` screeners a committee (0: none), and the spot check's rate.
     pub(crate) fn new(k: usize, spot_rate: f64) -> Self {
         let config = Config { k, spot_rate, wait_ms: WAIT.as_millis() as u64 };
-        Self { config, rounds: Vec::new(), deferred: BTreeMap::new(), answers: JoinSet::new(), barred: Vec::new() }
+        let (rounds, deferred, barred) = (Vec::new(), BTreeMap::new(), Vec::new());
+        Self { config, rounds, deferred, answers: JoinSet::new(), fetching: JoinSet::new(), barred }
     }
 
     /// Screeners a committee.
@@ -171,14 +207,14 @@ impl Committees {
 impl Deferred {
     fn input_round(&self) -> u64 {
         match &self.input {
-            shepherd::Input::Contribution { round, .. } => *round,
+            shepherd::Input::Contribution { round, .. } | shepherd::Input::Reported { round, .. } => *round,
             _ => 0,
         }
     }
 
     fn peer(&self) -> Option<PublicKey> {
         match &self.input {
-            shepherd::Input::Contribution { peer, .. } => Some(*peer),
+            shepherd::Input::Contribution { peer, .. } | shepherd::Input::Reported { peer, .. } => Some(*peer),
             _ => None,
         }
     }
@@ -190,6 +226,19 @@ pub(super) enum Deferral {
     Deferred,
     /// Not one for a committee: the shepherd's own screen takes it.
     Not(Box<shepherd::Input<PublicKey>>),
+    /// One for a committee, with no room to wait for its verdict (or no round
+    /// screening by committees): an aggregated contribution, which nothing else
+    /// screens, is refused unscreened.
+    Full(Box<shepherd::Input<PublicKey>>),
+}
+
+/// A contribution entering its committee: its id, its sender, what it is
+/// screened as, and the bytes it holds.
+struct Entering {
+    contribution: ContributionId,
+    peer: PublicKey,
+    held: Held,
+    bytes: usize,
 }
 
 impl Host {
@@ -203,33 +252,91 @@ impl Host {
         input: shepherd::Input<PublicKey>,
         (received, busy): ((u64, f32, usize, u64), (u64, u64)),
     ) -> anyhow::Result<Deferral> {
-        let open = self.machine.completed() + 1;
         let Some(peer) = self.screenable(&input) else { return Ok(Deferral::Not(Box::new(input))) };
         let shepherd::Input::Contribution { delta, .. } = &input else { return Ok(Deferral::Not(Box::new(input))) };
         let Some(applied) = self.machine.applied(delta) else { return Ok(Deferral::Not(Box::new(input))) };
-        let contribution = *blake3::hash(bytes).as_bytes();
+        let requests =
+            self.screener.committees.config.k.saturating_mul(bytes.len().saturating_add(self.windows_bytes()));
+        let held = held_bytes(&input, &applied, requests);
+        let entering =
+            Entering { contribution: *blake3::hash(bytes).as_bytes(), peer, held: Held::Whole(applied), bytes: held };
+        match self.enter((entering, Some(bytes)), input, (Some(id), received, busy)).await? {
+            Deferral::Full(input) => Ok(Deferral::Not(input)),
+            other => Ok(other),
+        }
+    }
+
+    /// Hands an aggregated contribution (`input`, an [`shepherd::Input::Reported`]
+    /// whose slices are `hashes`) to its round's committee: its members fetch
+    /// the slices from its sender. Back as [`Deferral::Not`] when it is not one a
+    /// committee screens (the state machine refuses it for what it is), and as
+    /// [`Deferral::Full`] when it is but cannot wait.
+    pub(super) async fn defer_reported(
+        &mut self,
+        input: shepherd::Input<PublicKey>,
+        hashes: Vec<[u8; 32]>,
+        received: (u64, f32, usize, u64),
+    ) -> anyhow::Result<Deferral> {
+        let open = self.machine.completed() + 1;
+        let shepherd::Input::Reported { peer, round, samples, report, .. } = &input else {
+            return Ok(Deferral::Not(Box::new(input)));
+        };
+        let peer = *peer;
+        let carried = self.plan.overlap && round + 1 == open;
+        let late = *round != open && !carried;
+        let bad = self.machine.check_samples(*samples).is_err() || report.validate(&self.round_sizes(open)).is_err();
+        if late || bad || self.machine.sits_out(&peer, *round) {
+            return Ok(Deferral::Not(Box::new(input)));
+        }
+        let Some((bounds, scale)) = self.machine.bounds_for(report.bounded_norm) else {
+            return Ok(Deferral::Full(Box::new(input)));
+        };
+        let requests = self.screener.committees.config.k.saturating_mul(self.windows_bytes() + 32 * hashes.len());
+        let contribution = sliced_id(&hashes);
+        let held = Held::Sliced { hashes, bounds, scale, applied: None };
+        let entering = Entering { contribution, peer, held, bytes: requests };
+        self.enter((entering, None), input, (None, received, (0, 0))).await
+    }
+
+    /// The open round's batch as a screen request carries it: rows × (block + 1)
+    /// u16 tokens.
+    fn windows_bytes(&mut self) -> usize {
+        let open = self.machine.completed() + 1;
+        self.screener.committees.round_mut(open).map_or(0, |rc| {
+            let [rows, block] = rc.batch.shape();
+            2 * rows * (block + 1)
+        })
+    }
+
+    /// `input` enters its round's committee, if there is room and a round
+    /// screening by committees.
+    /// `bytes`: a whole contribution as it came, which its requests carry.
+    async fn enter(
+        &mut self,
+        (entering, bytes): (Entering, Option<&[u8]>),
+        input: shepherd::Input<PublicKey>,
+        (id, received, busy): (Option<InboundId>, Received, (u64, u64)),
+    ) -> anyhow::Result<Deferral> {
+        let Entering { contribution, peer, held: applied, bytes: held_now } = entering;
+        let open = self.machine.completed() + 1;
         let now_ms = self.now_ms();
         let committees = &mut self.screener.committees;
         let held: usize = committees.deferred.values().map(|d| d.held).sum();
-        // the batch's windows as a request carries them: rows × (block + 1) u16 tokens
-        let windows = committees.round_mut(open).map_or(0, |rc| {
-            let [rows, block] = rc.batch.shape();
-            2 * rows * (block + 1)
-        });
-        let requests = committees.config.k.saturating_mul(bytes.len().saturating_add(windows));
-        let held_now = held_bytes(&input, &applied, requests);
         let room = may_defer(committees.deferred.len(), held, held_now);
         if committees.deferred.contains_key(&contribution) || !room {
-            return Ok(Deferral::Not(Box::new(input)));
+            return Ok(Deferral::Full(Box::new(input)));
         }
-        let Some(rc) = committees.round_mut(open) else { return Ok(Deferral::Not(Box::new(input))) };
+        let Some(rc) = committees.round_mut(open) else { return Ok(Deferral::Full(Box::new(input))) };
         let Ok(actions) = rc.machine.on(Input::Received { contribution, sender: peer, now_ms }) else {
-            return Ok(Deferral::Not(Box::new(input)));
+            return Ok(Deferral::Full(Box::new(input)));
         };
         // its own contribution to the round committed (not one carried into it), a rated
         // sender may screen the round's later ones
         let ratings = self.machine.ratings();
-        let own = matches!(&input, shepherd::Input::Contribution { round, .. } if *round == open);
+        let own = match &input {
+            shepherd::Input::Contribution { round, .. } | shepherd::Input::Reported { round, .. } => *round == open,
+            _ => false,
+        };
         if own && ratings.get(&peer).is_some() && !ratings.on_probation(&peer) && !ratings.sits_out(&peer, open) {
             rc.machine.enlist(peer);
         }
@@ -246,7 +353,7 @@ impl Host {
             silent: Vec::new(),
         };
         committees.deferred.insert(contribution, deferred);
-        self.on_screening(actions, Some(bytes)).await?;
+        self.on_screening(actions, bytes).await?;
         Ok(Deferral::Deferred)
     }
 
@@ -294,21 +401,29 @@ impl Host {
     fn request_screens(&mut self, contribution: ContributionId, screeners: Vec<PublicKey>, bytes: Option<&[u8]>) {
         let outer_scale = self.screener.scale();
         let committees = &mut self.screener.committees;
-        let (Some(d), Some(bytes)) = (committees.deferred.get(&contribution), bytes) else { return };
+        let Some(d) = committees.deferred.get(&contribution) else { return };
+        // a whole contribution goes in its request; an aggregated one's members fetch its slices
+        let (delta, slices) = match (&d.applied, bytes, d.peer()) {
+            (Held::Sliced { hashes, .. }, _, Some(peer)) => (Vec::new(), Some((peer.0, hashes.clone()))),
+            (Held::Whole(_), Some(bytes), _) => (bytes.to_vec(), None),
+            _ => return,
+        };
         let Some(rc) = committees.rounds.iter().find(|r| r.round == d.screened_in) else { return };
+        let (bounds, bound_scale) = d.applied.bounds();
         let request = ScreenRequest {
             run: self.run.0,
             round: rc.round,
             contribution,
             contribution_round: d.input_round(),
             params_hash: rc.params_hash,
-            delta: bytes.to_vec(),
-            tensor_bounds: d.applied.bounds.tensor.clone(),
-            element_bounds: d.applied.bounds.element.clone(),
-            bound_scale: d.applied.scale,
+            delta,
+            tensor_bounds: bounds.tensor.clone(),
+            element_bounds: bounds.element.clone(),
+            bound_scale,
             outer_scale,
             rows: rc.batch.shape()[0] as u32,
             windows: rc.batch.windows(),
+            slices,
         };
         let envelope = self.signer.seal(self.run, rc.round, &request);
         self.events.emit(ev::Event::ScreenAssigned(ev::ScreenAssigned {
@@ -343,9 +458,21 @@ impl Host {
         let committees = &mut self.screener.committees;
         let Some(d) = committees.deferred.get_mut(&contribution) else { return Ok(Vec::new()) };
         d.why = Some(why);
+        let Some(applied) = d.applied.applied() else {
+            // an aggregated contribution: scored once its slices are here
+            if let (Held::Sliced { hashes, .. }, Some(peer)) = (&d.applied, d.peer()) {
+                let (node, hashes) = (self.node.clone(), hashes.clone());
+                let layout = (self.layout.sizes.clone(), self.plan.encoding);
+                committees.fetching.spawn(async move {
+                    let whole = scoring::fetch_sliced(&node, peer, &hashes, (&layout.0, layout.1)).await;
+                    (contribution, whole)
+                });
+            }
+            return Ok(Vec::new());
+        };
         let Some(rc) = committees.rounds.iter_mut().find(|r| r.round == d.screened_in) else { return Ok(Vec::new()) };
         let engine = engine.context("the loss screen without the model on this host")?;
-        let losses = scoring::losses(engine, &rc.params, (&d.applied.delta, scale), &rc.batch, rc.before).await?;
+        let losses = scoring::losses(engine, &rc.params, (applied, scale), &rc.batch, rc.before).await?;
         rc.before = Some(losses.before);
         let actions = rc.machine.on(Input::Scored { contribution, losses }).unwrap_or_default();
         self.screener.scored(started.elapsed().as_secs_f64());
@@ -372,7 +499,9 @@ impl Host {
         let passed = judged.is_none();
         match judged {
             None => {
-                if let shepherd::Input::Contribution { screen, timing, .. } = &mut input {
+                if let shepherd::Input::Contribution { screen, timing, .. }
+                | shepherd::Input::Reported { screen, timing, .. } = &mut input
+                {
                     *screen = shepherd::Screen::Passed { improvement: f64::from(losses.before - losses.after) };
                     // the wait for its verdict is not its transfer
                     if let Some(t) = timing {
@@ -401,7 +530,41 @@ impl Host {
             passed,
             silent: silent.iter().map(peer_name).collect(),
         }));
-        self.conclude(id, peer, round, input, Some(received), busy).await
+        match id {
+            Some(id) => self.conclude(id, peer, round, input, Some(received), busy).await,
+            None => self.conclude_reported(peer, round, input, (received.0, received.1)).await,
+        }
+    }
+
+    /// An aggregated contribution's slices fetched for the shepherd's own score
+    /// (made whole, or why not): it is scored, or, if its sender would not serve
+    /// them, withdrawn from its committee and refused unscreened.
+    pub(super) async fn on_sliced(
+        &mut self,
+        (contribution, whole): (ContributionId, Result<Delta, String>),
+    ) -> anyhow::Result<()> {
+        let sizes = self.layout.sizes.clone();
+        let committees = &mut self.screener.committees;
+        let Some(d) = committees.deferred.get_mut(&contribution) else { return Ok(()) };
+        let (Some(peer), round, screened_in) = (d.peer(), d.input_round(), d.screened_in) else { return Ok(()) };
+        match (whole, &mut d.applied) {
+            (Ok(delta), Held::Sliced { bounds, scale, applied, .. }) => {
+                *applied = Some(delta.bounded(bounds).0.scaled(*scale, &sizes));
+                let why = d.why.unwrap_or(Why::NoCommittee);
+                let actions = self.score_deferred(contribution, why).await?;
+                self.on_screening(actions, None).await
+            }
+            (whole, _) => {
+                let e = whole.err().unwrap_or_else(|| "not an aggregated contribution".into());
+                tracing::warn!(round, "{}'s slices, for its screen: {e}", peer_name(&peer));
+                committees.deferred.remove(&contribution);
+                if let Some(rc) = committees.round_mut(screened_in) {
+                    let _ = rc.machine.on(Input::Withdrawn { contribution });
+                }
+                let input = shepherd::Input::Malformed { peer, round, reason: Rejection::Unscreened };
+                self.conclude_reported(peer, round, input, (0, 0.0)).await
+            }
+        }
     }
 
     /// A screen request's answer: its member's losses, counted by the round that
@@ -462,10 +625,12 @@ impl Host {
         let orphans = self.screener.committees.open(round, seed, (params, hash.0), batch);
         // answered, not fed to the state machine: this runs inside its step
         for d in orphans {
+            // an aggregated contribution's commitment was answered when it came
+            let Some(id) = d.id else { continue };
             let (round, refused) = (d.input_round(), Rejection::Unscreened);
             let ack = pcp_schema::Ack::refuse(self.run.0, round, refused.code(), refused.told());
             let envelope = self.signer.seal(self.run, round, &ack);
-            self.respond(d.id, envelope).await?;
+            self.respond(id, envelope).await?;
         }
         Ok(())
     }

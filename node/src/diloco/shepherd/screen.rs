@@ -392,7 +392,14 @@ impl Screener {
     /// Whether the open round screens by committees: they are on, and where their
     /// batches come from the withheld split, the round still has a slice of it.
     pub(crate) fn committees_open(&self) -> bool {
-        self.by_committees() && (!self.hidden || self.round.checked_sub(1).is_some_and(|i| i < self.slices()))
+        self.committees_open_in(self.round)
+    }
+
+    /// Whether `round` will screen by committees ([`Self::committees_open`]):
+    /// an aggregated round's contributions, which the shepherd never holds
+    /// whole, are screened only so.
+    pub(crate) fn committees_open_in(&self, round: u64) -> bool {
+        self.by_committees() && (!self.hidden || round.checked_sub(1).is_some_and(|i| i < self.slices()))
     }
 
     /// The scale the outer step applies a contribution at ([`Screener`]'s field).

@@ -2,7 +2,8 @@
 //! contribution of the open round, and it answers between two of its own inner
 //! steps, on its own engine, with the losses signed.
 //!
-//! The request carries the contribution as its sender encoded it, the round's
+//! The request carries the contribution as its sender encoded it (an aggregated
+//! one's slice hashes instead, fetched from its sender: [`scoring::fetch_sliced`]), the round's
 //! bounds and scales (so the screener applies it exactly as the round would:
 //! [`pcp_protocol::diloco::shepherd::Shepherd::applied`]) and a batch of the
 //! withheld split. The screener scores it at the round's parameters, which it
@@ -11,10 +12,11 @@
 //! Its training parameters are untouched ([`scoring::losses`]).
 
 use pcp_bootstrap::{Event, InboundId};
-use pcp_protocol::Verified;
 use pcp_protocol::diloco::aggregate::{Bounds, Delta};
+use pcp_protocol::diloco::aggregation::sliced_id;
 use pcp_protocol::diloco::committee::Losses;
 use pcp_protocol::diloco::{compress, fragments};
+use pcp_protocol::{PublicKey, Verified};
 use pcp_schema::{Ack, AckCode, ScreenReport, ScreenRequest};
 use tokio::sync::mpsc;
 
@@ -123,11 +125,25 @@ impl Trainer<'_> {
         let held = held.ok_or_else(|| ScreenError::Stale(short(&r.params_hash)))?;
         let fragment = &self.fragments[fragments::of_round(r.contribution_round, self.fragments.len())];
         let sizes = fragments::masked(&self.sizes, fragment);
-        if blake3::hash(&r.delta).as_bytes() != &r.contribution {
-            return Err(ScreenError::Contribution("it does not hash to its id".into()));
-        }
-        let delta = compress::decode_delta_seeded(&r.delta, &sizes, self.encoding, r.contribution_round)
-            .map_err(|e| ScreenError::Contribution(e.to_string()))?;
+        let delta = match &r.slices {
+            // an aggregated contribution: its slices, fetched from its sender
+            Some((sender, hashes)) => {
+                if sliced_id(hashes) != r.contribution || !r.delta.is_empty() {
+                    return Err(ScreenError::Contribution("its slices do not hash to its id".into()));
+                }
+                let layout = (sizes.as_slice(), self.encoding);
+                scoring::fetch_sliced(self.io.node, PublicKey(*sender), hashes, layout)
+                    .await
+                    .map_err(ScreenError::Contribution)?
+            }
+            None => {
+                if blake3::hash(&r.delta).as_bytes() != &r.contribution {
+                    return Err(ScreenError::Contribution("it does not hash to its id".into()));
+                }
+                compress::decode_delta_seeded(&r.delta, &sizes, self.encoding, r.contribution_round)
+                    .map_err(|e| ScreenError::Contribution(e.to_string()))?
+            }
+        };
         delta.validate(&sizes).map_err(|e| ScreenError::Contribution(e.to_string()))?;
         let applied = applied(delta, &r, &sizes)?;
         let shape = (self.m.data.batch as usize, self.m.data.block as usize);
@@ -202,6 +218,7 @@ mod tests {
             outer_scale,
             rows: 2,
             windows: windows.clone(),
+            slices: None,
         };
         let delta = || Delta::Dense(vec![vec![1.0, 2.0]]);
         assert!(applied(delta(), &request(0.5, 1.0), &[2]).is_ok());

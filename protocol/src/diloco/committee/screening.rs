@@ -127,6 +127,10 @@ pub enum Input<P> {
     /// The shepherd waives a spot check it was asked for (its screening budget is
     /// spent): the committee's agreeing median decides.
     Waived { contribution: ContributionId },
+    /// The contribution cannot be screened at all (an aggregated one whose
+    /// sender did not serve the shepherd its slices): it is dropped without a
+    /// verdict, and no member's answer is held against it.
+    Withdrawn { contribution: ContributionId },
     /// The time, for the waits.
     Tick { now_ms: u64 },
 }
@@ -256,6 +260,10 @@ impl<P: AsRef<[u8]> + Clone + PartialEq> Screening<P> {
             }
             Input::Scored { contribution, losses } => self.scored(contribution, losses),
             Input::Waived { contribution } => self.waived(contribution),
+            Input::Withdrawn { contribution } => {
+                self.pending.remove(&contribution).ok_or(Ignored::Unknown(short(&contribution)))?;
+                Ok(Vec::new())
+            }
             Input::Tick { now_ms } => {
                 let due: Vec<ContributionId> =
                     self.pending.iter().filter(|(_, p)| !p.scoring && p.due_ms <= now_ms).map(|(id, _)| *id).collect();

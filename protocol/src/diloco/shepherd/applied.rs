@@ -40,8 +40,18 @@ impl<P: Ord + Clone> Shepherd<P> {
         let sizes = self.round_sizes(self.completed + 1);
         delta.validate(&sizes).ok()?;
         let (bounded, norm, _) = delta.clone().bounded(&open.bounds);
-        let bound = self.bound_now(open, norm);
-        let scale = if norm <= bound || !bound.is_finite() { 1.0 } else { (bound / norm) as f32 };
-        Some(Applied { delta: bounded.scaled(scale, &sizes), bounds: open.bounds.clone(), scale })
+        let (bounds, scale) = self.bounds_for(norm)?;
+        Some(Applied { delta: bounded.scaled(scale, &sizes), bounds, scale })
+    }
+
+    /// The open round's per-tensor bounds, and the global norm bound's scale for
+    /// a contribution whose norm is `bounded_norm` once they bound it (an
+    /// aggregated contribution's, as its aggregators report it): what its
+    /// screeners apply it with.
+    pub fn bounds_for(&self, bounded_norm: f64) -> Option<(Bounds, f32)> {
+        let open = self.open.as_ref()?;
+        let bound = self.bound_now(open, bounded_norm);
+        let scale = if bounded_norm <= bound || !bound.is_finite() { 1.0 } else { (bound / bounded_norm) as f32 };
+        Some((open.bounds.clone(), scale))
     }
 }

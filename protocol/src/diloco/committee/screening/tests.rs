@@ -326,3 +326,20 @@ fn a_spot_check_may_be_waived_and_a_disagreement_may_not() {
     assert!(matches!(s.on(Input::Waived { contribution: id(2) }), Err(Ignored::NotAsked(_))));
     assert!(matches!(s.on(Input::Waived { contribution: id(9) }), Err(Ignored::Unknown(_))));
 }
+
+/// A contribution the shepherd cannot have to score (an aggregated one whose
+/// sender serves it no slice) is withdrawn: no verdict, nobody caught, and a
+/// member's late answer is ignored.
+#[test]
+fn a_withdrawn_contribution_leaves_without_a_verdict() {
+    let mut s = Screening::new([7; 32], config(3, 0.0), keys(10), Vec::new());
+    let members = receive(&mut s, 1, 1);
+    assert!(report(&mut s, 1, &members[0], LOW).is_empty());
+    let actions = s.on(Input::Withdrawn { contribution: id(1) }).expect("withdrawn");
+    assert!(actions.is_empty(), "{actions:?}");
+    assert_eq!(s.pending(), 0);
+    assert!(matches!(report_err(&mut s, 1, &members[1]), Ignored::Unknown(_)));
+    assert!(s.on(Input::Tick { now_ms: 5_000 }).expect("tick").is_empty());
+    let again = s.on(Input::Withdrawn { contribution: id(1) }).expect_err("unknown");
+    assert!(matches!(again, Ignored::Unknown(_)));
+}
