@@ -223,8 +223,9 @@ pub struct SimulateArgs {
     /// contribution on their devices between their inner steps (each worker about
     /// this many a round, two forward passes each, a forward pass a third of a
     /// step); the shepherd scores a round's contributions before two rated senders'
-    /// arrived, and the spot checks. Overlapped runs without aggregators, as the
-    /// node runs them. 0: the shepherd screens.
+    /// arrived, and the spot checks. Overlapped runs, as the node runs them; with
+    /// --aggregators the members fetch each contribution from its sender, whose
+    /// upload carries K more copies. 0: the shepherd screens.
     #[arg(long, default_value_t = 0)]
     pub screeners: u32,
     /// With --screeners: the share of contributions the shepherd spot-checks while

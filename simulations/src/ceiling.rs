@@ -21,8 +21,10 @@
 //!   shepherd that relays pays for the bytes on its cores too, which this
 //!   leaves out.
 //!
-//! `pcp-node simulate` models no committee in an aggregated run (the node has
-//! none); these ceilings say what one could reach at best.
+//! `pcp-node simulate --screeners K --aggregators N` runs the node's design (the
+//! members fetch from the sender: the first ceiling's) with everything else a
+//! round costs; these ceilings say what any design moving whole contributions
+//! could reach at best.
 
 use crate::world::World;
 

@@ -311,10 +311,11 @@ impl Cpu {
     /// liars only decides unless spot-checked (`committee.rs`). Contributions
     /// waiting for their committees' verdicts are bounded as in the node
     /// (`MAX_DEFERRED`, `MAX_DEFERRED_BYTES`, each holding its `bytes` 2 + K
-    /// times: its delta, its bounded copy and its K screen requests): past them the shepherd's own budgeted screen
-    /// takes a contribution, and its sender screens none of the round's.
+    /// times: its delta, its bounded copy and its K screen requests; an aggregated
+    /// one, nothing: `bytes` is what it holds): past them the shepherd's own
+    /// budgeted screen takes a contribution, and its sender screens none of the round's.
     fn by_committee(&mut self, policy: ScreenPolicy, (must, w): (bool, u32), (at, bytes): (u64, f64)) -> Screened {
-        if !self.committees.room(at, (2.0 + f64::from(policy.screeners)) * bytes) {
+        if !self.committees.room(at, bytes) {
             self.totals.undeferred += 1;
             return self.decide(must, true);
         }
@@ -413,8 +414,13 @@ impl Cpu {
             // read here, not through aggregators: held to the copy check
             read += c.copy_check_core_s * work / threads;
         }
-        let verdict = match self.costs.screen.filter(|p| p.screeners > 0 && screenable && committed.is_none()) {
-            Some(policy) => self.by_committee(policy, (must, w), (self.free.max(now), bytes)),
+        let verdict = match self.costs.screen.filter(|p| p.screeners > 0 && screenable) {
+            // a whole contribution waits as it came, bounded, and in its K requests; an
+            // aggregated one holds nothing here (its members fetch its slices)
+            Some(policy) => {
+                let held = if committed.is_some() { 0.0 } else { (2.0 + f64::from(policy.screeners)) * bytes };
+                self.by_committee(policy, (must, w), (self.free.max(now), held))
+            }
             None => self.decide(must, screenable),
         };
         let mut s = match committed {

@@ -74,10 +74,8 @@ fn check(args: &SimulateArgs) -> Result<(), Error> {
     if args.hostile_screeners > 0.0 && args.screeners == 0 {
         return bad("--hostile-screeners needs committees (--screeners)");
     }
-    if args.screeners > 0 && (!args.overlap() || args.aggregators > 0 || args.screen != ScreenMode::Score) {
-        return bad(
-            "--screeners needs the score screen and overlapped rounds without --aggregators, as the node runs them",
-        );
+    if args.screeners > 0 && (!args.overlap() || args.screen != ScreenMode::Score) {
+        return bad("--screeners needs the score screen and overlapped rounds, as the node runs them");
     }
     if args.max_connections == 0 {
         return bad("--max-connections must be at least 1");

@@ -408,7 +408,7 @@ fn star_cpu(args: &str) -> pcp_simulations::cpu::CpuTotals {
 /// screens fall to the contributions without a committee (a run's first round,
 /// probation, each round's first arrivals) and the spot checks, the rest their
 /// committees decide alone; and the same seed gives the same bytes. A committee
-/// needs the score screen and overlapped rounds without aggregators, as the node.
+/// needs the score screen and overlapped rounds, as the node.
 #[test]
 fn committees_take_the_scoring_off_the_shepherd() {
     let base = COMMITTEE_RUN;
@@ -426,10 +426,33 @@ fn committees_take_the_scoring_off_the_shepherd() {
     assert!(dense.undeferred > 0 && dense.by_committee > 0, "{dense:?}");
     let again = to_json(&simulate(&format!("{base} --screeners 3"))).expect("json");
     assert_eq!(to_json(&simulate(&format!("{base} --screeners 3"))).expect("json"), again);
-    for bad in ["--screeners 3 --lockstep", "--screeners 3 --screen norm", "--screeners 3 --aggregators 4"] {
+    for bad in ["--screeners 3 --lockstep", "--screeners 3 --screen norm"] {
         let err = run(&args(&format!("{base} {bad}")), &mut Vec::new()).expect_err(bad);
         assert!(err.to_string().contains("--screeners"), "{bad}: {err}");
     }
+}
+
+/// Committees in an aggregated run, as the node runs them: the shepherd reads no
+/// contribution, its screens fall to the contributions without a committee and
+/// the spot checks, none is let through unscreened, and each worker's upload
+/// carries its committee's K copies besides its slices.
+#[test]
+fn committees_screen_an_aggregated_run_from_the_senders_uploads() {
+    let base = format!("{COMMITTEE_RUN} --aggregators 4");
+    let aggregated = |extra: &str| {
+        let report = simulate(&format!("{base} {extra}"));
+        strategy(&report, "diloco-star+overlap").summary.clone()
+    };
+    let norm = aggregated("--screen norm");
+    let committees = aggregated("--screeners 3");
+    let cpu = committees.shepherd.as_ref().expect("the star's shepherd").cpu;
+    assert!(cpu.by_committee > 0 && cpu.screened < cpu.by_committee, "{cpu:?}");
+    assert_eq!((cpu.over_budget, cpu.undeferred), (0, 0), "{cpu:?}");
+    let out = |s: &pcp_simulations::report::Summary| s.worker_bytes_out;
+    let ratio = out(&committees) / out(&norm);
+    // K + 1 copies a contribution, not quite every round aggregated, and the rounds'
+    // counts of contributions not quite the norm run's: 4.19 in this run
+    assert!((3.0..=4.5).contains(&ratio), "a worker uploads {ratio:.2} × the norm run's: K copies more");
 }
 
 /// Lying screeners (`--hostile-screeners`, `--screener-attack`): a committee with

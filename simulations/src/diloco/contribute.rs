@@ -56,7 +56,19 @@ impl Sim<'_> {
                     pool.arrived(now);
                 }
                 let (at, screened) = self.cpu.committed(now, cb, work, a.commit_s, must, screenable);
-                (at.max(now + us(a.report_s)), screened)
+                let at = at.max(now + us(a.report_s));
+                for liar in self.cpu.caught_screeners() {
+                    self.shepherd.screener_caught(&liar);
+                }
+                match screened {
+                    // its committee fetched its slices from it (in its upload) and screens them
+                    Screened::ByCommittee | Screened::Disputed | Screened::Misjudged => {
+                        let until = at + self.committee_delay(w, cb, false);
+                        self.cpu.deferred_until(until, 0.0);
+                        (until, screened)
+                    }
+                    _ => (at, screened),
+                }
             }
             None => {
                 self.window.shepherd_bytes_in += cb;
@@ -67,7 +79,7 @@ impl Sim<'_> {
                 match screened {
                     // a disputed contribution is scored once its committee answered
                     Screened::ByCommittee | Screened::Disputed | Screened::Misjudged => {
-                        let until = at + self.committee_delay(w, cb);
+                        let until = at + self.committee_delay(w, cb, true);
                         self.cpu.deferred_until(until, cb);
                         (until, screened)
                     }
@@ -157,11 +169,15 @@ impl Sim<'_> {
     /// shepherd sends it to each screener (its bytes over a screener's downlink,
     /// the sender's link standing for the screener's), which answers after the
     /// inner step under way and two forward passes (a forward pass a third of a
-    /// step), and the answer comes back. The shepherd's uplink carries `screeners`
-    /// copies (counted in its bytes out, not queued behind its other sends).
-    fn committee_delay(&mut self, w: u32, bytes: f64) -> u64 {
+    /// step), and the answer comes back. `relayed`: the shepherd's uplink carries
+    /// `screeners` copies (counted in its bytes out, not queued behind its other
+    /// sends); else (an aggregated contribution) the screeners fetch them from the
+    /// sender, whose upload carried them ([`Sim::upload_bytes`]).
+    fn committee_delay(&mut self, w: u32, bytes: f64, relayed: bool) -> u64 {
         let k = self.cpu.costs().screen.map_or(0, |p| p.screeners);
-        self.window.shepherd_bytes_out += f64::from(k) * bytes;
+        if relayed {
+            self.window.shepherd_bytes_out += f64::from(k) * bytes;
+        }
         self.window.worker_bytes_in += f64::from(k) * bytes;
         let spec = &self.workers[w as usize].spec;
         let lat = self.world.latency(spec, 0, &self.world.shepherd);
@@ -169,7 +185,7 @@ impl Sim<'_> {
         us(self.setup.step_seconds * (1.0 + 2.0 / 3.0) + transfer + 2.0 * lat)
     }
 
-    fn aggregated_now(&self) -> bool {
+    pub(super) fn aggregated_now(&self) -> bool {
         self.agg.pool.as_ref().is_some_and(|p| p.active() || self.shepherd.aggregating().is_some())
     }
 

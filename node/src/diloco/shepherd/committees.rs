@@ -658,7 +658,7 @@ mod tests {
     /// budget lets two.
     #[test]
     fn contributions_over_the_bound_cannot_fill_the_shepherds_memory() {
-        let dense = Delta::Dense(vec![vec![0.5; 1 << 16]]);
+        let dense = Delta::Dense(vec![vec![0.5; 1 << 12]]);
         let input = shepherd::Input::Contribution {
             peer: PublicKey([1; 32]),
             round: 1,
@@ -678,7 +678,7 @@ mod tests {
             (count, held)
         };
         let small = held_bytes(&input, &applied, 0);
-        assert_eq!(small, 512 << 10, "256 KiB as it came and 256 KiB bounded");
+        assert_eq!(small, 32 << 10, "16 KiB as it came and 16 KiB bounded");
         assert_eq!(held_bytes(&input, &applied, 3 << 10), small + (3 << 10), "and its 3 requests");
         assert_eq!(filled(small).0, MAX_DEFERRED, "small contributions: the count bounds them");
         // gpt2-124m: a sparse contribution of 3.9 MB, and its copy scaled down, dense

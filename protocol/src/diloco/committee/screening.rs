@@ -42,9 +42,12 @@ pub type ContributionId = [u8; 32];
 /// arrive at once (pcp-node's `committees.rs`, and the simulator's model of it).
 /// A round's contributions arrive together: at 64, 200 synthetic workers whose
 /// screeners answer in 200 ms left 40–50 a round to the shepherd's budget, which
-/// passed them unscreened (`pcp-node loadtest --screen-ms`); at 1,024, none. The
-/// bytes, not the count, bound the memory.
-pub const MAX_DEFERRED: usize = 1024;
+/// passed them unscreened (`pcp-node loadtest --screen-ms`); at 1,024, none. An
+/// aggregated contribution holds only its requests (its slices stay with its
+/// sender), so a round of 10,000 fits: at 1,024, 6,208 of a simulated
+/// 10,000-volunteer run's went to the shepherd's own screen. The bytes, not the
+/// count, bound the memory.
+pub const MAX_DEFERRED: usize = 16_384;
 
 /// The memory contributions held for their verdicts may take at most: each one's
 /// decoded delta and its bounded copy, which is dense once scaled down to the
