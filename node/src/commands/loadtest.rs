@@ -736,9 +736,7 @@ impl Synthetic {
         // with 2 × --workers payloads, worker i sends payload i in even rounds and
         // i + workers in odd ones, so no two contributions of a round, or of one round
         // and one carried from the round before, are the same bytes; with fewer, the
-        // workers take them in turn, a round further each round (the calibration
-        // test's rounds, timed so, ran 13.1 s at 300 workers against 15.3 s with
-        // every worker keeping one payload)
+        // workers take them in turn, a round further each round
         let round = a.round as usize;
         let offset = if payloads.len() >= 2 * self.args.workers { (round % 2) * self.args.workers } else { round };
         let payload = (self.index + offset) % payloads.len();

@@ -68,19 +68,14 @@ pub(crate) async fn fetch_sliced(
         async move {
             let hash = pcp_protocol::BlobHash(hash);
             let max = compress::encoded_len(&shard_sizes, encoding) as u64;
-            let report = node.fetch_from(hash, from, SLICE_FETCH).await.map_err(|e| format!("slice {shard}: {e}"))?;
-            let len = report.bytes;
-            let read = if len > max {
-                Err(format!("slice {shard} is {len} bytes, more than the {max} it may be"))
-            } else {
-                std::fs::read(&report.path)
-                    .map_err(|e| format!("slice {shard}: reading {}: {e}", report.path.display()))
-            };
-            if report.providers > 0 {
+            let (read, fetched) =
+                crate::diloco::wire::fetch_bounded_report(&node, hash, from, (SLICE_FETCH, max)).await;
+            if fetched {
                 let _ = node.release(vec![hash]).await;
             }
+            let bytes = read.map_err(|e| format!("slice {shard}: {e}"))?;
             let delta =
-                compress::decode_delta(&read?, &shard_sizes, encoding).map_err(|e| format!("slice {shard}: {e}"))?;
+                compress::decode_delta(&bytes, &shard_sizes, encoding).map_err(|e| format!("slice {shard}: {e}"))?;
             delta.validate(&shard_sizes).map_err(|e| format!("slice {shard}: {e}"))?;
             Ok::<_, String>(delta.to_dense(&shard_sizes))
         }

@@ -344,14 +344,32 @@ pub(crate) async fn fetch_bounded(
     node: &pcp_bootstrap::Node,
     hash: BlobHash,
     from: Vec<pcp_bootstrap::PeerId>,
-    (timeout, max): (std::time::Duration, u64),
+    bound: (std::time::Duration, u64),
 ) -> Result<Vec<u8>, String> {
-    let report = node.fetch_from(hash, from, timeout).await.map_err(|e| format!("fetching blob {hash}: {e}"))?;
-    let len = std::fs::metadata(&report.path).map_err(|e| format!("reading {}: {e}", report.path.display()))?.len();
-    if len > max {
-        return Err(format!("blob {hash} is {len} bytes, more than the {max} it may be"));
-    }
-    std::fs::read(&report.path).map_err(|e| format!("reading {}: {e}", report.path.display()))
+    fetch_bounded_report(node, hash, from, bound).await.0
+}
+
+/// [`fetch_bounded`], and whether the blob came over the network (`false`: this
+/// node held it already, or the fetch failed), so that a caller reading a blob
+/// only once can release it.
+pub(crate) async fn fetch_bounded_report(
+    node: &pcp_bootstrap::Node,
+    hash: BlobHash,
+    from: Vec<pcp_bootstrap::PeerId>,
+    (timeout, max): (std::time::Duration, u64),
+) -> (Result<Vec<u8>, String>, bool) {
+    let report = match node.fetch_from(hash, from, timeout).await {
+        Ok(report) => report,
+        Err(e) => return (Err(format!("fetching blob {hash}: {e}")), false),
+    };
+    let read = || {
+        let len = std::fs::metadata(&report.path).map_err(|e| format!("reading {}: {e}", report.path.display()))?.len();
+        if len > max {
+            return Err(format!("blob {hash} is {len} bytes, more than the {max} it may be"));
+        }
+        std::fs::read(&report.path).map_err(|e| format!("reading {}: {e}", report.path.display()))
+    };
+    (read(), report.providers > 0)
 }
 
 /// model in memory); returns its content id and size.

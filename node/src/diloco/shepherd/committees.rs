@@ -148,6 +148,8 @@ pub(crate) struct Committees {
     config: Config,
     rounds: Vec<RoundCommittees>,
     deferred: BTreeMap<ContributionId, Deferred>,
+    /// The bytes the deferred contributions hold, together (each one's `held`).
+    held: usize,
     /// The screen requests in flight.
     pub(crate) answers: JoinSet<Answer>,
     /// Aggregated contributions the shepherd scores, their slices being fetched.
@@ -161,7 +163,8 @@ impl Committees {
     pub(crate) fn new(k: usize, spot_rate: f64) -> Self {
         let config = Config { k, spot_rate, wait_ms: WAIT.as_millis() as u64 };
         let (rounds, deferred, barred) = (Vec::new(), BTreeMap::new(), Vec::new());
-        Self { config, rounds, deferred, answers: JoinSet::new(), fetching: JoinSet::new(), barred }
+        let (answers, fetching) = (JoinSet::new(), JoinSet::new());
+        Self { config, rounds, deferred, held: 0, answers, fetching, barred }
     }
 
     /// Screeners a committee.
@@ -192,11 +195,24 @@ impl Committees {
             .filter(|(_, d)| !self.rounds.iter().any(|r| r.round == d.screened_in))
             .map(|(id, _)| *id)
             .collect();
-        let orphans = orphans.into_iter().filter_map(|id| self.deferred.remove(&id)).collect();
+        let orphans = orphans.into_iter().filter_map(|id| self.take(&id)).collect();
         let machine = Screening::new(seed, self.config, Vec::new(), self.barred.clone());
         let (params, params_hash) = params;
         self.rounds.push(RoundCommittees { round, machine, params, params_hash, batch: Arc::new(batch), before: None });
         orphans
+    }
+
+    /// `d` waits for its verdict as `contribution`.
+    fn put(&mut self, contribution: ContributionId, d: Deferred) {
+        self.held = self.held.saturating_add(d.held);
+        self.deferred.insert(contribution, d);
+    }
+
+    /// `contribution` waits no more.
+    fn take(&mut self, contribution: &ContributionId) -> Option<Deferred> {
+        let d = self.deferred.remove(contribution)?;
+        self.held = self.held.saturating_sub(d.held);
+        Some(d)
     }
 
     fn round_mut(&mut self, round: u64) -> Option<&mut RoundCommittees> {
@@ -321,8 +337,7 @@ impl Host {
         let open = self.machine.completed() + 1;
         let now_ms = self.now_ms();
         let committees = &mut self.screener.committees;
-        let held: usize = committees.deferred.values().map(|d| d.held).sum();
-        let room = may_defer(committees.deferred.len(), held, held_now);
+        let room = may_defer(committees.deferred.len(), committees.held, held_now);
         if committees.deferred.contains_key(&contribution) || !room {
             return Ok(Deferral::Full(Box::new(input)));
         }
@@ -352,7 +367,7 @@ impl Host {
             why: None,
             silent: Vec::new(),
         };
-        committees.deferred.insert(contribution, deferred);
+        committees.put(contribution, deferred);
         self.on_screening(actions, bytes).await?;
         Ok(Deferral::Deferred)
     }
@@ -491,7 +506,7 @@ impl Host {
     /// `contribution`'s screen decided on `losses`: it passes or is refused as the
     /// shepherd's own screen would, and is answered.
     async fn decided(&mut self, contribution: ContributionId, losses: Losses, source: Source) -> anyhow::Result<()> {
-        let Some(d) = self.screener.committees.deferred.remove(&contribution) else { return Ok(()) };
+        let Some(d) = self.screener.committees.take(&contribution) else { return Ok(()) };
         let (Some(peer), round) = (d.peer(), d.input_round()) else { return Ok(()) };
         let Deferred { id, mut input, received, busy, screened_in, at, why, silent, .. } = d;
         let rated = !self.machine.ratings().on_probation(&peer);
@@ -557,7 +572,7 @@ impl Host {
             (whole, _) => {
                 let e = whole.err().unwrap_or_else(|| "not an aggregated contribution".into());
                 tracing::warn!(round, "{}'s slices, for its screen: {e}", peer_name(&peer));
-                committees.deferred.remove(&contribution);
+                committees.take(&contribution);
                 if let Some(rc) = committees.round_mut(screened_in) {
                     let _ = rc.machine.on(Input::Withdrawn { contribution });
                 }
