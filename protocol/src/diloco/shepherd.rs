@@ -28,9 +28,10 @@
 //!
 //! * **Time-boxed rounds.** Each round has a compute budget, τ × the median time
 //!   per inner step of the contributions averaged in the last round that reported
-//!   any (× `budget_factor`), learned from their [`Timing`] (the worker's own
-//!   claim: a median, so a few liars move it little) and given to workers with the
-//!   round ([`Shepherd::budget_ms`]). A worker runs τ steps or the budget,
+//!   any (× `budget_factor`), learned from their [`Timing`] (the workers' own
+//!   claims, by earned weight, falling no lower than a budget of three quarters
+//!   of the last round: [`reference`]) and given to workers with the round
+//!   ([`Shepherd::budget_ms`]). A worker runs τ steps or the budget,
 //!   whichever ends first, and its contribution is weighted by the samples it
 //!   trained on, so a straggler adds fewer tokens instead of holding the round:
 //!   its compute still counts in full. This is the time-boxed step of

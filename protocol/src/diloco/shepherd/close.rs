@@ -209,9 +209,11 @@ impl<P: Ord + Clone> Shepherd<P> {
         }
         let excluded = open.participants.iter().filter(|p| !open.accepted.contains_key(p)).cloned().collect();
         self.refs.earned.close_round(open.references.drain(..).filter(|r| r.earns).map(|r| (r.peer, r.samples)));
-        if self.config.overlap.is_some() {
+        if let Some(overlap) = self.config.overlap {
             if let Some(ms) = weighted_median(&open.step_ms) {
-                self.refs.step_ms = Some(bounded_move(ms, self.refs.step_ms));
+                let budget_steps = overlap.tau as f64 * overlap.budget_factor;
+                let claimed = bounded_move(ms, self.refs.step_ms);
+                self.refs.step_ms = Some(reference::paced(claimed, self.refs.step_ms, duration_ms, budget_steps));
             }
             let answered = std::mem::take(&mut open.answered);
             self.previous = Some(Closed { round, participants: std::mem::take(&mut open.participants), answered });

@@ -31,6 +31,16 @@
 //!   stays, and a liar's weighs by its earned work like any other reference
 //!   (claims of 1 ms from fresh keys, or from a minority of the earned weight,
 //!   move nothing), and can only lower the step time by ÷2 a round.
+//! * **A pace no claim sets.** A majority of the earned weight could still halve
+//!   the step time every round (the screen's false refusals can hand sleepers
+//!   that majority). So a fall stops at the step time whose budget is
+//!   [`PACE_SHARE`] of the round just closed, which the shepherd timed itself:
+//!   under the attack the budget holds where it was if the workers' compute was
+//!   under three quarters of the round, and otherwise falls to about three
+//!   times the round's own overhead (the close, the uploads, the announcement),
+//!   where it would fall to one step. The pace only stops falls: it never raises
+//!   the step time, so a long round (a run's start, a checkpoint) lengthens no
+//!   budget.
 
 use std::collections::BTreeMap;
 
@@ -42,6 +52,10 @@ pub const EARNED_DECAY: f64 = 1.0 / 16.0;
 
 /// A step time claimed is at most this × the time the shepherd saw.
 pub const SEEN_FACTOR: f64 = 2.0;
+
+/// A fall of the step time stops at a budget of this share of the round just
+/// closed.
+pub const PACE_SHARE: f64 = 0.75;
 
 /// A contribution earns its samples if its norm is at least this share of the
 /// norm reference (`REFERENCE_STEP`⁻²: two rounds of the most a reference moves).
@@ -159,6 +173,20 @@ pub fn bounded_move(new: f64, previous: Option<f64>) -> f64 {
     }
 }
 
+/// The step time's next reference: `claimed` (the round's weighted median claim,
+/// moved by [`bounded_move`]), but, where it falls below `previous`, no lower than
+/// the step time that gives a budget of [`PACE_SHARE`] of the round just closed
+/// (`round_ms`, over `budget_steps`: τ × the budget's factor). Never above the
+/// larger of `claimed` and `previous`.
+pub fn paced(claimed: f64, previous: Option<f64>, round_ms: u64, budget_steps: f64) -> f64 {
+    let Some(previous) = previous.filter(|p| p.is_finite() && *p > 0.0) else { return claimed };
+    if claimed >= previous || budget_steps.is_nan() || budget_steps <= 0.0 {
+        return claimed;
+    }
+    let pace = PACE_SHARE * round_ms as f64 / budget_steps;
+    claimed.max(pace.min(previous))
+}
+
 /// Each tensor's reference (norm, largest magnitude) from a round's screened,
 /// accepted contributions' statistics and their senders' weights, each moved at
 /// most [`REFERENCE_STEP`] from `previous`. A tensor no contribution carried keeps
@@ -252,6 +280,22 @@ impl<P: Ord + Clone> References<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pace_stops_a_fall_at_three_quarters_of_the_round_and_raises_nothing() {
+        // a claimed fall from 20 ms to 10 ms a step, τ = 50: a round of 2 s allows a
+        // budget of 1.5 s, 30 ms a step (held at 20); one of 600 ms, 9 ms (the
+        // claim's 10 ms); one of 1.2 s, 18 ms
+        assert_eq!(paced(10.0, Some(20.0), 2_000, 50.0), 20.0);
+        assert_eq!(paced(10.0, Some(20.0), 600, 50.0), 10.0);
+        assert_eq!(paced(10.0, Some(20.0), 1_200, 50.0), 18.0);
+        // a rise, a first reference, or no budget: the claim as it is
+        assert_eq!(paced(30.0, Some(20.0), 60_000, 50.0), 30.0);
+        assert_eq!(paced(10.0, None, 60_000, 50.0), 10.0);
+        assert_eq!(paced(10.0, Some(20.0), 60_000, 0.0), 10.0);
+        // a long round (a start, a checkpoint) holds the step time, never raises it
+        assert_eq!(paced(10.0, Some(20.0), 600_000, 50.0), 20.0);
+    }
 
     #[test]
     fn the_weighted_median_is_the_lower_median_at_equal_weights_and_leaves_zeros_out() {

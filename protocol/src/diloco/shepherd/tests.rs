@@ -448,6 +448,46 @@ fn fresh_keys_and_a_minority_claiming_fast_steps_do_not_move_the_step_budget() {
     }
 }
 
+/// The `timing` attack by a majority of the earned weight (the screen's false
+/// refusals can hand sleepers that majority): four of seven, honest for two
+/// rounds, then claiming 1 ms a step, move the weighted median of claims ÷2 a
+/// round. The step time stops falling at a budget of [`reference::PACE_SHARE`]
+/// (¾) of the round just closed, which no claim sets: each worker runs steps of
+/// 20 ms for the budget (at most τ = 50) and its contribution arrives `upload`
+/// ms after its steps end. Where the honest budget is under ¾ of the round, it
+/// holds; otherwise it falls to about 3 × the upload, not to a step.
+#[test]
+fn a_majority_claiming_fast_steps_cuts_the_budget_to_three_quarters_of_the_round_at_most() {
+    // deadlines past every arrival: each round closes once all seven answered
+    let config = Config { sample_unit: 10, max_steps: 50, rounds: 13, min_deadline_ms: 5_000, ..overlapping(7) };
+    let budgets = |upload: u64| {
+        let mut s = Shepherd::new(config.clone(), vec![vec![0.0, 0.0]]);
+        for p in 1..=7 {
+            s.handle(Input::Joined(p), 0);
+        }
+        let (mut opened, mut budgets) = (0, Vec::new());
+        for round in 1..=12 {
+            let steps = s.budget_ms().map_or(50, |b| (b / 20).clamp(1, 50));
+            let arrives = opened + steps * 20 + upload;
+            for p in 1..=7 {
+                let train = if p >= 4 && round > 2 { 1 } else { steps * 20 };
+                s.handle(timed(p, round, steps, train, 0), arrives);
+            }
+            assert_eq!(s.completed(), round);
+            opened = arrives;
+            budgets.push(s.budget_ms().unwrap_or(0));
+        }
+        budgets
+    };
+    // without the pace, either way: 1000, 1000, 500, 250, … 25 ms (one step of 20 ms a round)
+    assert_eq!(budgets(500), vec![1000; 12], "compute was under ¾ of each round: held");
+    let fast = budgets(100);
+    assert_eq!(&fast[..2], &[1000, 1000], "honest rounds: τ × 20 ms");
+    assert!(fast.iter().all(|b| *b >= 250), "{fast:?}");
+    let last = *fast.last().expect("rounds");
+    assert!((250..=350).contains(&last), "3 × the 100 ms upload: {fast:?}");
+}
+
 #[test]
 fn a_contribution_one_round_late_is_carried_into_the_next_round() {
     let cfg = Config { initial_deadline_ms: 100, ..overlapping(3) };
