@@ -225,12 +225,13 @@ pub struct SimulateArgs {
     /// step); the shepherd scores a round's contributions before two rated senders'
     /// arrived, and the spot checks. Overlapped runs, as the node runs them; with
     /// --aggregators the members fetch each contribution from its sender, whose
-    /// upload carries K more copies. 0: the shepherd screens.
-    #[arg(long, default_value_t = 0)]
-    pub screeners: u32,
+    /// upload carries K more copies. 0: the shepherd screens. Default: 3 under the
+    /// score screen with overlapped rounds (an open run's, as pcp-node's), else 0.
+    #[arg(long, value_name = "K")]
+    pub screeners: Option<u32>,
     /// With --screeners: the share of contributions the shepherd spot-checks while
     /// its screening is within --screen-share (pcp-node `--screen-spot-rate`).
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = pcp_protocol::diloco::committee::DEFAULT_SPOT_RATE)]
     pub screen_spot_rate: f64,
     /// With --screeners: the share of workers that lie when they screen, doing
     /// --screener-attack (the shepherd's score catches them when their committee
@@ -372,5 +373,13 @@ impl SimulateArgs {
     /// Whether workers overlap rounds: the default, off with `--lockstep`.
     pub fn overlap(&self) -> bool {
         !self.lockstep
+    }
+
+    /// Screeners a committee: `--screeners`, or an open run's default (3 under
+    /// the score screen with overlapped rounds, where the node's committees
+    /// screen; 0 otherwise).
+    pub fn screeners(&self) -> u32 {
+        let committees = self.overlap() && self.screen == ScreenMode::Score;
+        self.screeners.unwrap_or(if committees { pcp_protocol::diloco::committee::DEFAULT_SCREENERS } else { 0 })
     }
 }

@@ -71,10 +71,10 @@ fn check(args: &SimulateArgs) -> Result<(), Error> {
     if !fraction(args.screen_spot_rate) || !fraction(args.hostile_screeners) {
         return bad("--screen-spot-rate and --hostile-screeners are fractions in [0, 1]");
     }
-    if args.hostile_screeners > 0.0 && args.screeners == 0 {
+    if args.hostile_screeners > 0.0 && args.screeners() == 0 {
         return bad("--hostile-screeners needs committees (--screeners)");
     }
-    if args.screeners > 0 && (!args.overlap() || args.screen != ScreenMode::Score) {
+    if args.screeners.is_some_and(|k| k > 0) && (!args.overlap() || args.screen != ScreenMode::Score) {
         return bad("--screeners needs the score screen and overlapped rounds, as the node runs them");
     }
     if args.max_connections == 0 {
@@ -181,7 +181,7 @@ fn shepherd_costs(args: &SimulateArgs, base: &ModelSpec, table: &Calibration) ->
             share: args.screen_share,
             sample: args.screen_sample,
             probation_rounds: args.probation_rounds,
-            screeners: args.screeners,
+            screeners: args.screeners(),
             spot_rate: args.screen_spot_rate,
             liars: (args.hostile_screeners > 0.0).then_some((args.screener_attack, args.hostile_screeners)),
         }),

@@ -408,13 +408,18 @@ fn star_cpu(args: &str) -> pcp_simulations::cpu::CpuTotals {
 /// screens fall to the contributions without a committee (a run's first round,
 /// probation, each round's first arrivals) and the spot checks, the rest their
 /// committees decide alone; and the same seed gives the same bytes. A committee
-/// needs the score screen and overlapped rounds, as the node.
+/// needs the score screen and overlapped rounds, as the node; committees of 3 are
+/// the default there, and none under `--lockstep` or `--screen norm`.
 #[test]
 fn committees_take_the_scoring_off_the_shepherd() {
     let base = COMMITTEE_RUN;
     let star = |extra: &str| star_cpu(&format!("{base} {extra}"));
-    let alone = star("");
+    let alone = star("--screeners 0");
     let shared = star("--screeners 3");
+    assert_eq!(
+        to_json(&simulate(base)).expect("json"),
+        to_json(&simulate(&format!("{base} --screeners 3"))).expect("json")
+    );
     assert!(shared.by_committee > 0, "{shared:?}");
     assert!(shared.screened * 2 < alone.screened, "the shepherd scored {} of {}", shared.screened, alone.screened);
     assert_eq!(alone.by_committee, 0);
@@ -429,6 +434,9 @@ fn committees_take_the_scoring_off_the_shepherd() {
     for bad in ["--screeners 3 --lockstep", "--screeners 3 --screen norm"] {
         let err = run(&args(&format!("{base} {bad}")), &mut Vec::new()).expect_err(bad);
         assert!(err.to_string().contains("--screeners"), "{bad}: {err}");
+    }
+    for shepherd_alone in ["--lockstep", "--screen norm"] {
+        run(&args(&format!("{base} {shepherd_alone}")), &mut Vec::new()).expect(shepherd_alone);
     }
 }
 
@@ -475,7 +483,7 @@ fn lying_screeners_are_caught_when_their_committee_disagrees_or_is_spot_checked(
     assert_eq!(low.misjudged, 0, "a lie that every contribution helps refuses none: {low:?}");
     let checked = cpu("--hostile-screeners 1 --screen-spot-rate 1 --screen-share 100");
     assert!(checked.screeners_caught > 0 && checked.misjudged < unchecked.misjudged, "{checked:?}");
-    for bad in ["--screeners 3 --hostile-screeners 1.5", "--hostile-screeners 0.2"] {
+    for bad in ["--screeners 3 --hostile-screeners 1.5", "--screeners 0 --hostile-screeners 0.2"] {
         let err = run(&args(&format!("{base} {bad}")), &mut Vec::new()).expect_err(bad);
         assert!(err.to_string().contains("--hostile-screeners"), "{bad}: {err}");
     }

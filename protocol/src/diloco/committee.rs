@@ -27,6 +27,15 @@ use super::rating::Ratings;
 
 pub mod screening;
 
+/// Screeners a committee in open runs (`--screeners`' default there), where
+/// identities are free and a round's contributions too many for the shepherd's
+/// own screen.
+pub const DEFAULT_SCREENERS: u32 = 3;
+
+/// The share of committee-screened contributions the shepherd scores itself
+/// (`--screen-spot-rate`'s default).
+pub const DEFAULT_SPOT_RATE: f64 = 0.1;
+
 /// Losses within this much of the shepherd's agree, whatever their size.
 pub const ABS_TOLERANCE: f32 = 2e-3;
 /// And within this share of the loss: the spread of one loss between f32 and

@@ -81,7 +81,7 @@ pub(crate) struct TrustArgs {
 }
 
 /// `--screen-spot-rate`'s default: a tenth of contributions.
-pub(crate) const DEFAULT_SPOT_RATE: f64 = 0.1;
+pub(crate) const DEFAULT_SPOT_RATE: f64 = pcp_protocol::diloco::committee::DEFAULT_SPOT_RATE;
 
 /// A spot-check rate as a fraction (NaN, from the flag or a manifest: the default).
 fn spot_rate(rate: f64) -> f64 {
@@ -90,7 +90,7 @@ fn spot_rate(rate: f64) -> f64 {
 
 /// `--screeners`' default in open runs, where identities are free and a round's
 /// contributions too many for the shepherd's own screen.
-pub(crate) const DEFAULT_SCREENERS: usize = 3;
+pub(crate) const DEFAULT_SCREENERS: usize = pcp_protocol::diloco::committee::DEFAULT_SCREENERS as usize;
 
 /// `--screeners`' default: committees of [`DEFAULT_SCREENERS`] in open runs; in
 /// allowlist and authorizer runs the shepherd scores every contribution itself.
