@@ -97,7 +97,7 @@ mod tests {
     use crate::training::model::Model;
 
     /// A real pseudo-gradient (θ_start − θ_end of 20 steps) lowers the held-out
-    /// loss below its opposite's; a zero one changes nothing; and the
+    /// loss, and more than its opposite does; a zero one changes nothing; and the
     /// engine that scored them keeps training from its own parameters.
     #[tokio::test(flavor = "current_thread")]
     async fn a_trained_pseudo_gradient_improves_and_the_engine_keeps_its_parameters() -> anyhow::Result<()> {

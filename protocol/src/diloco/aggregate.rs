@@ -509,12 +509,12 @@ pub enum Rejection {
     /// The encoded tensors did not decode.
     #[error("undecodable: {0}")]
     Encoding(String),
-    /// Applied alone, the contribution leaves the loss on the shepherd's held-out
-    /// batch no lower than its opposite would (a loss-delta screen in the spirit
-    /// of Templar's Gauntlet).
+    /// Applied alone, the contribution does not lower the loss on the shepherd's
+    /// held-out batch, or lowers it less than its opposite would (a
+    /// loss-delta screen in the spirit of Templar's Gauntlet).
     #[error(
         "no improvement: held-out loss {after:.4} with it, {before:.4} without, {reversed:.4} with it reversed \
-         (needs below reversed)"
+         (needs below both)"
     )]
     NoImprovement {
         /// The loss at the round's parameters.
@@ -524,10 +524,9 @@ pub enum Rejection {
         /// The loss at the parameters plus this pseudo-gradient.
         reversed: f32,
     },
-    /// Applied alone, its first-order gain on the held-out batch (half the loss
-    /// with it reversed less the loss with it) is below the least the screen asks
-    /// (a share of the rated peers' median gain).
-    #[error("too small an improvement: a first-order held-out gain of {gain:.5}, the screen asks at least {needed:.5}")]
+    /// Applied alone, it lowers the held-out loss, but by less than the least the
+    /// screen asks (a share of the rated peers' median improvement).
+    #[error("too small an improvement: held-out loss falls by {gain:.5}, the screen asks at least {needed:.5}")]
     SmallImprovement {
         /// How much it lowered the loss.
         gain: f64,

@@ -53,33 +53,22 @@ pub struct Losses {
     pub reversed: f32,
 }
 
-/// The screen's test is antithetic: it asks the loss with a contribution to be
-/// below the loss with it reversed, and scores half their difference, the
-/// first-order gain along it. The curvature of applying one worker's update
-/// alone, at the scale the outer step applies a mean of many, adds to both
-/// losses alike and cancels; asking the loss with it to be below the loss
-/// without it as well refused honest updates that overshoot alone (on
-/// nanogpt-small at τ = 10, 84 of 104 honest refusals in five runs had the loss with it
-/// above the loss without it and below the loss with it reversed). A
-/// reversed, zero or random update still fails: its first-order gain is
-/// negative, nothing, or a small share of an honest one's.
 impl Losses {
-    /// Whether the contribution's first-order gain is at least `min_gain`, and
-    /// positive (NaN is not).
+    /// Whether the contribution lowers the loss by at least `min_gain`, and more
+    /// than its opposite does (NaN does not).
     pub fn passed(&self, min_gain: f64) -> bool {
         self.improves() && self.improvement() >= min_gain
     }
 
-    /// Whether the loss with the contribution is below the loss with it reversed
-    /// (NaN is not), whatever the gain.
+    /// Whether the contribution lowers the loss, and more than its opposite does
+    /// (NaN does not), whatever the gain.
     pub fn improves(&self) -> bool {
-        self.after < self.reversed
+        self.after < self.before && self.after < self.reversed
     }
 
-    /// The first-order gain: half the loss with the contribution reversed less
-    /// the loss with it.
+    /// The loss without the contribution less the loss with it.
     pub fn improvement(&self) -> f64 {
-        (f64::from(self.reversed) - f64::from(self.after)) / 2.0
+        f64::from(self.before) - f64::from(self.after)
     }
 
     fn all_finite(&self) -> bool {

@@ -267,12 +267,12 @@ impl Screener {
         }
     }
 
-    /// The least first-order gain a contribution must make to pass ([`MIN_GAIN_OF_MEDIAN`]).
+    /// The least improvement a contribution must make to pass ([`MIN_GAIN_OF_MEDIAN`]).
     pub(crate) fn min_gain(&self) -> f64 {
         self.bar.min_gain()
     }
 
-    /// A contribution's loss was below its opposite's, by a first-order `gain`,
+    /// A contribution lowered the loss by `gain`, and more than its opposite did,
     /// whether or not it cleared [`Screener::min_gain`]; `rated`: its sender is out
     /// of probation.
     pub(crate) fn improved(&mut self, gain: f64, rated: bool) {
@@ -536,7 +536,7 @@ impl super::Host {
     /// of probation) passes the screen (`None`), or why it is refused.
     pub(super) fn judge(&mut self, losses: Losses, rated: bool) -> Option<Rejection> {
         let min_gain = self.screener.min_gain();
-        let improvement = losses.improvement();
+        let improvement = f64::from(losses.before - losses.after);
         if losses.improves() {
             self.screener.improved(improvement, rated);
         }

@@ -13,22 +13,6 @@ fn losses(before: f32, after: f32, reversed: f32) -> Losses {
     Losses { before, after, reversed }
 }
 
-/// The screen's test is antithetic: an honest update that overshoots alone
-/// (the loss with it above the loss without it, below the loss with it
-/// reversed: an fp32 refusal of the earlier rule, bench/sleepers.sh) passes
-/// with half the difference as its gain; a reversed, zero or NaN one fails.
-#[test]
-fn the_screen_asks_below_the_reversed_loss_and_scores_half_the_difference() {
-    let overshoot = losses(2.9031, 2.9137, 2.9764);
-    assert!(overshoot.improves() && overshoot.passed(0.03), "{overshoot:?}");
-    assert!((overshoot.improvement() - 0.03135).abs() < 1e-5, "{}", overshoot.improvement());
-    assert!(!overshoot.passed(0.04), "below the bar");
-    let reversed = losses(2.9031, 2.9764, 2.9137);
-    assert!(!reversed.improves() && reversed.improvement() < 0.0);
-    assert!(!losses(2.5, 2.5, 2.5).passed(0.0), "a zero update gains nothing");
-    assert!(!losses(2.5, f32::NAN, 2.6).improves() && !losses(2.5, 2.4, f32::NAN).improves());
-}
-
 #[test]
 fn a_committee_is_k_keys_without_its_sender_whatever_the_order() {
     let (seed, c) = ([7; 32], [9; 32]);
