@@ -479,7 +479,8 @@ fn a_majority_claiming_fast_steps_cuts_the_budget_to_three_quarters_of_the_round
         }
         budgets
     };
-    // without the pace, either way: 1000, 1000, 500, 250, … 25 ms (one step of 20 ms a round)
+    // without the pace (measured with 500 ms uploads): 1000, 1000, 500, 250, 125, 62, 31, then
+    // 25–50 ms, one or two steps of 20 ms a round
     assert_eq!(budgets(500), vec![1000; 12], "compute was under ¾ of each round: held");
     let fast = budgets(100);
     assert_eq!(&fast[..2], &[1000, 1000], "honest rounds: τ × 20 ms");
