@@ -262,20 +262,21 @@ fn a_vulkan_worker_and_a_cpu_worker_train_together() -> anyhow::Result<()> {
 }
 
 /// The presets that get IREE's data tiling keep it for the cpu, with pcp's
-/// 4 MiB matmul tiles: no dispatch of medium's or gpt2-124m's step (the widest
-/// matmuls pcp ships), in f32 or in bf16, asks for more stack than the tuned
-/// flags allow, so none falls back to the plain flags (at 16 MiB tiles one of
-/// gpt2's needs 82 KiB). nanogpt-medium's micro-batch module (4 sequences, the
-/// one `train` runs on the cpu) keeps them too, without IREE's multi-use fusion: with
-/// it IREE 3.13 refuses a dispatch's 32 KiB vectors, and the step fell back to the
-/// plain flags, which ran it about 10% slower.
+/// 4 MiB matmul tiles: no dispatch of medium's step asks for more stack than the
+/// tuned flags allow, so it does not fall back to the plain flags.
+/// nanogpt-medium's micro-batch module (4 sequences, the one `train` runs on the
+/// cpu) keeps them too, without IREE's multi-use fusion: with it IREE 3.13 refuses
+/// a dispatch's 32 KiB vectors, and the step fell back to the plain flags, which
+/// ran it about 10% slower. gpt2-124m's steps, the widest matmuls pcp ships (at
+/// 16 MiB tiles one of its dispatches needs 82 KiB of stack), take minutes each
+/// to compile here, so `bench/gpu_compile.sh` checks them (`PRECISIONS="f32
+/// bf16" MODELS=gpt2-124m TARGETS=cpu:host`): its cell says `plain flags` where a
+/// step fell back.
 #[test]
 fn the_wide_presets_compile_for_the_cpu_with_tuned_flags_and_large_tiles() -> anyhow::Result<()> {
-    let presets: [(&str, &[&str]); 4] = [
+    let presets: [(&str, &[&str]); 2] = [
         ("nanogpt-medium", &["--precision", "f32"]),
         ("nanogpt-medium", &["--precision", "f32", "--micro-batch", "4"]),
-        ("gpt2-124m", &["--precision", "f32"]),
-        ("gpt2-124m", &["--precision", "bf16"]),
     ];
     for (model, args) in presets {
         let (vmfb, report) = compile_with(model, "cpu", None, args)?;
@@ -291,19 +292,20 @@ fn the_wide_presets_compile_for_the_cpu_with_tuned_flags_and_large_tiles() -> an
 }
 
 /// gpt2-124m's bf16 step, whose fused attention runs in strips of 128 of its
-/// 1024 rows, compiles for CUDA and ROCm. Found on the lent H200 (2026-11-28):
+/// 1024 rows, compiles for ROCm. Found on the lent H200 (2026-11-28):
 /// converting each strip's slice of the output's cotangent to bf16 gave IREE
 /// 3.13 a dispatch both GPU backends refuse ("'vector.transfer_write' op write
 /// affecting operations on global resources are restricted to workgroup
 /// distributed contexts"), while nanogpt-small, one strip long, compiled.
-/// `graph::iree::legalize_for_gpu` converts such a value once, then slices it.
+/// `graph::iree::legalize_for_gpu` converts such a value once, then slices it,
+/// for CUDA and ROCm alike, so one backend's compile guards it here;
+/// `PRECISIONS=bf16 MODELS=gpt2-124m TARGETS="cuda:sm_90 rocm:gfx942"
+/// bench/gpu_compile.sh` compiles both.
 #[test]
-fn gpt2_in_bf16_compiles_for_cuda_and_rocm() -> anyhow::Result<()> {
-    for (backend, target) in [("cuda", "sm_90"), ("rocm", "gfx942")] {
-        let (vmfb, report) = compile_with("gpt2-124m", backend, Some(target), &["--precision", "bf16"])?;
-        assert_eq!(&vmfb[..4], b"PK\x03\x04", "{backend}");
-        assert!(report.contains("@train_step") && report.contains("compiled in"), "{report}");
-    }
+fn gpt2_in_bf16_compiles_for_rocm() -> anyhow::Result<()> {
+    let (vmfb, report) = compile_with("gpt2-124m", "rocm", Some("gfx942"), &["--precision", "bf16"])?;
+    assert_eq!(&vmfb[..4], b"PK\x03\x04");
+    assert!(report.contains("@train_step") && report.contains("compiled in"), "{report}");
     Ok(())
 }
 
