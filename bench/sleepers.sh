@@ -3,8 +3,9 @@
 # K of its workers hostile beside the honest run of the same seed. Prints a table:
 # the final val loss and its gap to the honest run, the norm bound's lowest value
 # from round 5 on over its value at the end of round 4, the hostile contributions
-# averaged, and the share of rounds from 6 on in which each honest worker was
-# averaged (the lowest of them).
+# averaged, and the share of rounds from 6 to the one before the last whose
+# contribution from each honest worker was averaged, in its round or carried into
+# the next (the lowest of them).
 #
 #   bench/sleepers.sh [--nodes 8] [--hostile 3] [--rounds 14] [--tau 20]
 #                     [--kinds "sleeper:4:zero ..."] [--encodings "sparse fp32"]
@@ -78,13 +79,18 @@ good = {p for p in workers.values() if p not in bad}
 b4 = rounds[3]["norm_bound"] if len(rounds) > 3 else float("nan")
 low = min((r["norm_bound"] for r in rounds[4:]), default=float("nan"))
 averaged = sum(1 for r in rounds for p in r["peers"] if p in bad)
-late = [r for r in rounds if r["round"] >= 6]
-share = min((sum(p in r["peers"] for r in late) / max(len(late), 1) for p in good), default=1.0)
+# a worker's contribution to round r counts if round r averaged it, or round r + 1
+# (which lists it as carried: it came after r closed); so the last round is left out
+nxt = {r["round"]: r for r in rounds}
+late = [r for r in rounds[:-1] if r["round"] >= 6]
+def averaged_in(p, r):
+    return p in r["peers"] or p in nxt.get(r["round"] + 1, {}).get("carried", [])
+share = min((sum(averaged_in(p, r) for r in late) / max(len(late), 1) for p in good), default=1.0)
 print(f"{val:.4f}\t{gap:+.2f}%\t{low / b4:.2f}\t{averaged}\t{share:.2f}")
 PY
 }
 
-printf 'encoding\tattack\tval loss\tvs honest\tlowest bound / round 4\thostile averaged\thonest averaged (rounds 6+)\n'
+printf 'encoding\tattack\tval loss\tvs honest\tlowest bound / round 4\thostile averaged\thonest averaged (rounds 6 to last-1)\n'
 for enc in $ENCODINGS; do
   run "$enc" honest
   printf '%s\thonest\t%s\n' "$enc" "$(summary "$enc" honest)"

@@ -32,7 +32,9 @@
 //! past that, screening may take `share` of the last round's duration less its
 //! screening; past the budget a rated peer's contribution is screened with
 //! probability `sample` and one on probation is refused for the round
-//! (`Rejection::Unscreened`). Whether a peer is on probation is the real state
+//! (`Rejection::Unscreened`), and its sender's next contribution is screened
+//! whatever the budget (the node's `Waiting`: once per refusal, owed for
+//! [`WAIT_ROUNDS`] rounds). Whether a peer is on probation is the real state
 //! machine's ratings (`Shepherd::must_screen`).
 //!
 //! Not modelled: the shepherd's cores shared with other processes (with
@@ -49,6 +51,8 @@ use committee::{Committees, Draw};
 
 /// Contributions a round screens whatever its budget (the node's `MIN_SCREENS`).
 pub const MIN_SCREENS: u64 = 8;
+/// Rounds a sender refused unscreened stays owed a screen (the node's `WAIT_ROUNDS`).
+pub const WAIT_ROUNDS: u64 = 2;
 /// The most of the loop heartbeats are taken to use: past it the report warns.
 const MAX_LOAD: f64 = 0.95;
 
@@ -225,6 +229,8 @@ pub struct Cpu {
     last_round_s: Option<f64>,
     /// Whether a checkpoint was written yet.
     checkpointed: bool,
+    /// The open round, and the senders refused unscreened with their rounds.
+    waiting: (u64, std::collections::BTreeMap<u32, u64>),
     rng: ChaCha8Rng,
     /// Totals.
     pub totals: CpuTotals,
@@ -247,6 +253,7 @@ impl Cpu {
             committees,
             last_round_s: None,
             checkpointed: false,
+            waiting: (1, std::collections::BTreeMap::new()),
             rng,
             totals: CpuTotals::default(),
         }
@@ -287,15 +294,21 @@ impl Cpu {
     }
 
     /// Whether to screen a contribution (the node's `Screener::decide`); `must`: its
-    /// sender is on probation, `screenable`: it validated and is for the open round
-    /// (or carried into it).
-    fn decide(&mut self, must: bool, screenable: bool) -> Screened {
+    /// sender `w` is on probation (`u32::MAX`: a sum of aggregators, no one's),
+    /// `screenable`: it validated and is for the open round (or carried into it).
+    fn decide(&mut self, (must, w): (bool, u32), screenable: bool) -> Screened {
         let Some(policy) = self.costs.screen.filter(|_| screenable) else { return Screened::Skip };
         let budget = self.last_round_s.map_or(f64::INFINITY, |s| s * policy.share);
         if self.screens.1 < budget || self.screens.0 < MIN_SCREENS {
             return Screened::Passed;
         }
         if must {
+            if w != u32::MAX && self.waiting.1.remove(&w).is_some() {
+                return Screened::Passed;
+            }
+            if w != u32::MAX {
+                self.waiting.1.insert(w, self.waiting.0);
+            }
             return Screened::OverBudget;
         }
         if self.rng.gen_bool(policy.sample.clamp(0.0, 1.0)) { Screened::Passed } else { Screened::Skip }
@@ -317,7 +330,7 @@ impl Cpu {
     fn by_committee(&mut self, policy: ScreenPolicy, (must, w): (bool, u32), (at, bytes): (u64, f64)) -> Screened {
         if !self.committees.room(at, bytes) {
             self.totals.undeferred += 1;
-            return self.decide(must, true);
+            return self.decide((must, w), true);
         }
         let quorum = (policy.screeners / 2 + 1) as usize;
         let committee = self.committees.eligible() >= quorum;
@@ -421,7 +434,7 @@ impl Cpu {
                 let held = if committed.is_some() { 0.0 } else { (2.0 + f64::from(policy.screeners)) * bytes };
                 self.by_committee(policy, (must, w), (self.free.max(now), held))
             }
-            None => self.decide(must, screenable),
+            None => self.decide((must, w), screenable),
         };
         let mut s = match committed {
             Some(commit) if verdict == Screened::Passed => commit + read,
@@ -474,6 +487,8 @@ impl Cpu {
             self.last_round_s = Some(rest);
         }
         self.screens = (0, 0.0);
+        self.waiting.0 = round + 1;
+        self.waiting.1.retain(|_, refused| refused.saturating_add(WAIT_ROUNDS) > round);
         self.committees.next_round();
         self.totals.close_s += (s + c.shards_s) / (1.0 - self.load);
         let shards_s = c.shards_s;
@@ -584,6 +599,9 @@ mod tests {
         assert!(verdicts[..8].iter().all(|v| *v == Screened::Passed), "{verdicts:?}");
         assert_eq!(verdicts[8..], [Screened::OverBudget, Screened::Skip]);
         assert_eq!(cpu.totals.over_budget, 1);
+        // its sender is owed a screen: its next contribution is screened, once
+        assert_eq!(cpu.contribution(0, 0, (0.0, 1.0), true, true).1, Screened::Passed);
+        assert_eq!(cpu.contribution(0, 0, (0.0, 1.0), true, true).1, Screened::OverBudget);
         // hostile (unscreenable) contributions are neither screened nor added
         assert_eq!(cpu.contribution(0, 0, (0.0, 1.0), true, false).1, Screened::Skip);
     }

@@ -673,6 +673,9 @@ impl Host {
         self.plan.retention.advance(&self.node, &self.events, round, kept).await;
         self.book.traffic.clear();
         // the screen's secret batch for this round: committed now, revealed with the next
+        if self.plan.overlap && self.plan.screen == Screen::Score {
+            self.screener.based(round, self.machine.params());
+        }
         let (screen_commit, screen_reveal) = self.screener.open(round);
         if self.screener.committees_open() {
             self.open_committees(round, hash).await?;

@@ -26,7 +26,11 @@
 //!   round's duration, a rated peer's contribution is screened with the
 //!   manifest's probability only, and a contribution on probation, which must be
 //!   screened to count, is refused for the round. A round screens at least
-//!   [`MIN_SCREENS`] contributions whatever its budget. A rated peer caught by a
+//!   [`MIN_SCREENS`] contributions whatever its budget, and a key on probation
+//!   refused so has its next contribution screened whatever the budget
+//!   ([`Waiting`]): the first to answer cannot keep the same newcomers out round
+//!   after round. A
+//!   rated peer caught by a
 //!   sampled screen loses its rating, so a rated attacker is caught with that
 //!   probability per bad contribution, and each catch puts it back on probation,
 //!   where every contribution is screened.
@@ -188,6 +192,61 @@ pub(crate) const MIN_SCREENS: u64 = 8;
 /// shrink as training converges.)
 pub(crate) const MIN_GAIN_OF_MEDIAN: f64 = 0.1;
 
+/// Keys on probation refused unscreened past the budget ([`Decision::OverBudget`]),
+/// with the round that refused them: each one's next contribution is screened
+/// whatever the budget. Past the budget the first [`MIN_SCREENS`] arrivals are
+/// screened, and arrivals keep their order from round to round (the same fast
+/// machines, the same junk sent the instant a round opens), so without this the
+/// same newcomers were refused every round: in `bench/sleepers.sh --nodes 21
+/// --hostile 9 --tau 10 -- --screen-share 0`'s honest run 2 of 20 honest workers
+/// were refused so in 12 of their 13 rounds past the first, and 7 more in 8 or 9.
+/// Each refusal buys one screen, and a key the screen then catches sits out. A
+/// key that sends nothing for [`WAIT_ROUNDS`] rounds is forgotten, so the map
+/// holds at most that many rounds' refusals.
+#[derive(Debug, Default)]
+pub(crate) struct Waiting(std::collections::BTreeMap<PublicKey, u64>);
+
+/// Rounds a key refused unscreened stays owed a screen ([`Waiting`]).
+pub(crate) const WAIT_ROUNDS: u64 = 2;
+
+impl Waiting {
+    /// Whether `peer` is owed a screen; it is no longer.
+    fn take(&mut self, peer: &PublicKey) -> bool {
+        self.0.remove(peer).is_some()
+    }
+
+    /// `peer` was refused unscreened in `round`.
+    fn refused(&mut self, peer: PublicKey, round: u64) {
+        self.0.insert(peer, round);
+    }
+
+    /// `round` closed: keys refused [`WAIT_ROUNDS`] rounds ago or more are forgotten.
+    fn close(&mut self, round: u64) {
+        self.0.retain(|_, refused| refused.saturating_add(WAIT_ROUNDS) > round);
+    }
+}
+
+/// The parameters the open round and the one before it opened with. Under
+/// overlapped rounds a contribution that comes after its round closed is carried
+/// into the next and scored at the open round's parameters, where the round
+/// applies it. An honest one often overshoots there: the update it was late for
+/// already moved along much the same direction. In `bench/sleepers.sh --nodes 21
+/// --hostile 9 --tau 10 -- --screen-share 0`'s honest run 13 of 16 honest
+/// contributions refused as no improvement were carried ones, each a catch that
+/// cost its sender its rating and a round sitting out. So a carried contribution
+/// the screen refuses is scored again at the parameters its own round opened
+/// with, where it was computed: if it passes there it is refused as late, which
+/// catches no one; if not, the refusal stands. (Scoring carried contributions
+/// at their own round's parameters alone let them all through, and the same
+/// run's fp32 loss rose from 2.90 to 3.72 over rounds 2–4 as the stale updates
+/// were applied.) It holds one more copy of the parameters besides the round's.
+#[derive(Debug, Default)]
+struct Bases {
+    open: Option<(u64, Tensors)>,
+    /// The round before's, with its loss on the open round's batch once known.
+    prior: Option<(u64, Tensors, Option<f32>)>,
+}
+
 /// A round's screening, for its event.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct RoundScreen {
@@ -225,6 +284,8 @@ pub(crate) struct Screener {
     /// outer learning rate of a dense run (at most 1), 1 for a sparse one.
     scale: f32,
     bar: GainBar,
+    waiting: Waiting,
+    bases: Bases,
     /// Screening by committees (`--screeners`).
     pub(crate) committees: super::committees::Committees,
 }
@@ -263,6 +324,8 @@ impl Screener {
             last_round_s: None,
             stats: RoundScreen::default(),
             bar: GainBar::default(),
+            waiting: Waiting::default(),
+            bases: Bases::default(),
             committees,
         }
     }
@@ -316,8 +379,8 @@ impl Screener {
         self.stats.seconds < budget
     }
 
-    /// Whether to score a contribution: `must` for one on probation.
-    pub(crate) fn decide(&mut self, must: bool) -> Decision {
+    /// Whether to score `peer`'s contribution: `must` for one on probation.
+    pub(crate) fn decide(&mut self, peer: &PublicKey, must: bool) -> Decision {
         if self.mode != Screen::Score {
             return Decision::Skip;
         }
@@ -326,7 +389,11 @@ impl Screener {
             return Decision::Screen;
         }
         if must {
+            if self.waiting.take(peer) {
+                return Decision::Screen;
+            }
             self.stats.over_budget += 1;
+            self.waiting.refused(*peer, self.round);
             return Decision::OverBudget;
         }
         if self.rng.gen_bool(self.sample) {
@@ -334,6 +401,40 @@ impl Screener {
         }
         self.stats.skipped += 1;
         Decision::Skip
+    }
+
+    /// `round` opens with `params`, which a contribution to it carried into the
+    /// next round is scored at ([`Bases`]).
+    pub(crate) fn based(&mut self, round: u64, params: &Tensors) {
+        if self.bases.open.as_ref().is_some_and(|(r, _)| *r == round) {
+            return;
+        }
+        self.bases.prior = self.bases.open.take().map(|(r, p)| (r, p, None));
+        self.bases.open = Some((round, params.clone()));
+    }
+
+    /// Scores `applied`, a contribution to `round` carried into the open round,
+    /// on the open round's batch at the parameters `round` opened with ([`Bases`]);
+    /// `None` where they are not kept.
+    pub(crate) async fn score_carried(
+        &mut self,
+        engine: &Engine,
+        round: u64,
+        applied: &Delta,
+    ) -> anyhow::Result<Option<Losses>> {
+        if self.bases.prior.as_ref().is_none_or(|(r, ..)| *r != round) {
+            return Ok(None);
+        }
+        let started = std::time::Instant::now();
+        let scale = self.scale;
+        self.batch()?;
+        let (Some((batch, _)), Some((_, params, before))) = (self.batch.as_ref(), self.bases.prior.as_mut()) else {
+            return Ok(None);
+        };
+        let losses = scoring::losses(engine, params, (applied, scale), batch, *before).await?;
+        *before = Some(losses.before);
+        self.scored(started.elapsed().as_secs_f64());
+        Ok(Some(losses))
     }
 
     /// Scores `applied` (the contribution as the round applies it) at `params`.
@@ -413,6 +514,25 @@ impl Screener {
         self.stats.seconds += seconds;
     }
 
+    /// Whether a contribution with held-out `losses` (`rated`: its sender is out
+    /// of probation) passes the screen (`None`), or why it is refused.
+    pub(crate) fn judge(&mut self, losses: Losses, rated: bool) -> Option<Rejection> {
+        let min_gain = self.min_gain();
+        let improvement = f64::from(losses.before - losses.after);
+        if losses.improves() {
+            self.improved(improvement, rated);
+        }
+        if losses.passed(min_gain) {
+            return None;
+        }
+        let Losses { before, after, reversed } = losses;
+        Some(if losses.improves() {
+            Rejection::SmallImprovement { gain: improvement, needed: min_gain }
+        } else {
+            Rejection::NoImprovement { before, after, reversed }
+        })
+    }
+
     /// Whether it screens by committees (`--screeners` and the score screen).
     pub(crate) fn by_committees(&self) -> bool {
         self.mode == Screen::Score && self.committees.k() > 0
@@ -428,6 +548,7 @@ impl Screener {
             self.last_round_s = Some(rest);
         }
         self.bar.close(self.round);
+        self.waiting.close(self.round);
         std::mem::take(&mut self.stats)
     }
 }
@@ -494,7 +615,7 @@ impl super::Host {
         let Some(peer) = self.screenable(&input) else { return Ok(input) };
         let Input::Contribution { round, delta, .. } = &input else { return Ok(input) };
         let round = *round;
-        match self.screener.decide(self.machine.must_screen(&peer)) {
+        match self.screener.decide(&peer, self.machine.must_screen(&peer)) {
             Decision::Skip => return Ok(input),
             Decision::OverBudget => return Ok(Input::Malformed { peer, round, reason: Rejection::Unscreened }),
             Decision::Screen => {}
@@ -504,15 +625,21 @@ impl super::Host {
         let engine = self.engine.as_ref().context("the loss screen without the model on this host")?;
         let verdict = self.screener.score(engine, &params, &applied).await?;
         let rated = !self.machine.ratings().on_probation(&peer);
-        match self.judge(verdict, rated) {
-            None => {
-                if let Input::Contribution { screen, .. } = &mut input {
-                    *screen = shepherd::Screen::Passed { improvement: f64::from(verdict.before - verdict.after) };
-                }
-                Ok(input)
+        let Some(reason) = self.screener.judge(verdict, rated) else {
+            if let Input::Contribution { screen, .. } = &mut input {
+                *screen = shepherd::Screen::Passed { improvement: f64::from(verdict.before - verdict.after) };
             }
-            Some(reason) => Ok(Input::Malformed { peer, round, reason }),
+            return Ok(input);
+        };
+        // a carried contribution that helped where it was computed is only late
+        if round == self.machine.completed()
+            && let Some(base) = self.screener.score_carried(engine, round, &applied).await?
+            && base.passed(self.screener.min_gain())
+        {
+            tracing::debug!(%peer, round, ?verdict, ?base, "a carried contribution no longer helps: refused as late");
+            return Ok(Input::Malformed { peer, round, reason: Rejection::Late { round } });
         }
+        Ok(Input::Malformed { peer, round, reason })
     }
 
     /// The sender of `input` if it is a contribution the screen scores: to the
@@ -533,22 +660,9 @@ impl super::Host {
     }
 
     /// Whether a contribution with held-out `losses` (`rated`: its sender is out
-    /// of probation) passes the screen (`None`), or why it is refused.
+    /// of probation) passes the screen (`None`), or why it is refused ([`Screener::judge`]).
     pub(super) fn judge(&mut self, losses: Losses, rated: bool) -> Option<Rejection> {
-        let min_gain = self.screener.min_gain();
-        let improvement = f64::from(losses.before - losses.after);
-        if losses.improves() {
-            self.screener.improved(improvement, rated);
-        }
-        if losses.passed(min_gain) {
-            return None;
-        }
-        let Losses { before, after, reversed } = losses;
-        Some(if losses.improves() {
-            Rejection::SmallImprovement { gain: improvement, needed: min_gain }
-        } else {
-            Rejection::NoImprovement { before, after, reversed }
-        })
+        self.screener.judge(losses, rated)
     }
 }
 
@@ -662,6 +776,47 @@ mod tests {
         bar.improved(0.130, true);
         bar.close(2);
         assert!((bar.min_gain() - 0.013).abs() < 1e-12, "round 3 asks a tenth of round 2's median: {}", bar.min_gain());
+    }
+
+    /// Past the budget the first [`MIN_SCREENS`] arrivals are screened; a newcomer
+    /// that answers after them was refused every round (on main: `late` below is
+    /// `OverBudget` in rounds 2, 3 and 4). Refused once, it is screened the next
+    /// round, once.
+    #[test]
+    fn a_newcomer_refused_past_the_budget_is_screened_the_next_round() {
+        let key = |i: u8| PublicKey([i; 32]);
+        let (late, later) = (key(1), key(2));
+        let mut s = screener(200, true);
+        s.open(1);
+        s.close(10.0);
+        let round = |s: &mut Screener, r: u64| {
+            s.open(r);
+            for _ in 0..MIN_SCREENS {
+                s.scored(1.0);
+            }
+            let decided = (s.decide(&late, true), s.decide(&later, true));
+            s.close(10.0);
+            decided
+        };
+        assert_eq!(round(&mut s, 2), (Decision::OverBudget, Decision::OverBudget), "past the floor");
+        assert_eq!(round(&mut s, 3), (Decision::Screen, Decision::Screen), "both waited a round");
+        assert_eq!(round(&mut s, 4), (Decision::OverBudget, Decision::OverBudget), "screened last round");
+        assert_eq!(round(&mut s, 5), (Decision::Screen, Decision::Screen));
+    }
+
+    /// A contribution carried into round 3 is scored again at the parameters
+    /// round 2 opened with; a round opened again (a new term) keeps them.
+    #[test]
+    fn the_round_before_keeps_the_parameters_it_opened_with() {
+        let mut s = screener(200, true);
+        s.based(1, &vec![vec![1.0]]);
+        assert!(s.bases.prior.is_none(), "nothing carried into round 1");
+        s.based(2, &vec![vec![2.0]]);
+        s.based(3, &vec![vec![3.0]]);
+        s.based(3, &vec![vec![4.0]]);
+        let (round, params, before) = s.bases.prior.as_ref().expect("round 2's");
+        assert_eq!((*round, params, *before), (2, &vec![vec![2.0]], None));
+        assert_eq!(s.bases.open.as_ref().map(|(r, p)| (*r, p[0][0])), Some((3, 3.0)));
     }
 
     #[test]
