@@ -239,7 +239,9 @@ impl Waiting {
 /// catches no one; if not, the refusal stands. (Scoring carried contributions
 /// at their own round's parameters alone let them all through, and the same
 /// run's fp32 loss rose from 2.90 to 3.72 over rounds 2–4 as the stale updates
-/// were applied.) It holds one more copy of the parameters besides the round's.
+/// were applied.) It holds two copies of the parameters besides the state
+/// machine's: the open round's, which becomes the prior at the next open, and
+/// the prior.
 #[derive(Debug, Default)]
 struct Bases {
     open: Option<(u64, Tensors)>,
