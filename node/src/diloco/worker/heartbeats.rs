@@ -147,7 +147,7 @@ impl Heartbeats {
         let mut beats = 0u64;
         // the run's size sets how often to heartbeat: every tick up to 2,000 workers
         let mut period = HEARTBEAT;
-        let mut asked: Option<std::time::Instant> = None;
+        let mut asked: Option<(std::time::Instant, PublicKey)> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {
@@ -156,9 +156,18 @@ impl Heartbeats {
                         period = HEARTBEAT; // the next candidate, asked at once
                         asked = None;
                     }
-                    if asking.is_empty() && asked.is_none_or(|at| at.elapsed() + HEARTBEAT / 2 >= period) {
-                        self.ask(&mut asking);
-                        asked = Some(std::time::Instant::now());
+                    let to = self.to_ask();
+                    if asked.is_some_and(|(_, key)| key != to) {
+                        // a new leader (or the next candidate) is asked at once, not
+                        // after the request to the last one fails: a dial to a dead
+                        // leader through a relay takes seconds, and until the new
+                        // leader hears a heartbeat it lists this worker in no round
+                        asking = JoinSet::new();
+                        asked = None;
+                    }
+                    if asking.is_empty() && asked.is_none_or(|(at, _)| at.elapsed() + HEARTBEAT / 2 >= period) {
+                        self.ask(&mut asking, to);
+                        asked = Some((std::time::Instant::now(), to));
                     }
                     if self.forge && beats.is_multiple_of(4) {
                         self.forge().await;
@@ -254,8 +263,13 @@ impl Heartbeats {
         any
     }
 
-    fn ask(&mut self, asking: &mut JoinSet<Asked>) {
-        let key = if self.heard { self.leases.awaited() } else { self.leader.borrow().1 };
+    /// Whom the next heartbeat goes to: the candidate the election awaits once a
+    /// lease was heard, else the candidate that answered the hello.
+    fn to_ask(&self) -> PublicKey {
+        if self.heard { self.leases.awaited() } else { self.leader.borrow().1 }
+    }
+
+    fn ask(&mut self, asking: &mut JoinSet<Asked>, key: PublicKey) {
         let Some(peer) = pcp_bootstrap::peer_of(&key) else { return };
         let round = *self.round.borrow();
         let hb = Heartbeat {
