@@ -28,6 +28,7 @@
 #   --speed-model M --speed-steps N --speed-batch B   cuda/rocm gpt2-124m, 20, the preset's;
 #                                       vulkan nanogpt-small, 2, 2
 #   --sim-rounds R --sim-tau T --sim-batch B   cuda/rocm 3, 10, 16; vulkan 3, 3, 2
+#   --profile-batch B                   cuda/rocm the preset's; vulkan 2
 #   --target T                          the device target (default: detected)
 #   --no-profile                        skip the profile part
 #   --no-torch                          skip the PyTorch comparison (bench/gpu_profile.sh times it)
@@ -36,7 +37,7 @@ cd "$(dirname "$0")/.."
 exec </dev/null
 
 BACKEND=cuda OUT="" TARGET="" PROFILE=1 TORCH=1
-PARITY_STEPS="" PARITY_BATCH="" SPEED_MODEL="" SPEED_BATCH="" SPEED_STEPS="" SIM_ROUNDS="" SIM_TAU="" SIM_BATCH=""
+PARITY_STEPS="" PARITY_BATCH="" SPEED_MODEL="" SPEED_BATCH="" SPEED_STEPS="" SIM_ROUNDS="" SIM_TAU="" SIM_BATCH="" PROFILE_BATCH=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --backend) BACKEND=$2; shift 2 ;;
@@ -50,21 +51,22 @@ while [ $# -gt 0 ]; do
         --sim-rounds) SIM_ROUNDS=$2; shift 2 ;;
         --sim-tau) SIM_TAU=$2; shift 2 ;;
         --sim-batch) SIM_BATCH=$2; shift 2 ;;
+        --profile-batch) PROFILE_BATCH=$2; shift 2 ;;
         --no-profile) PROFILE=0; shift ;;
         --no-torch) TORCH=0; shift ;;
-        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 case "$BACKEND" in
-    cuda|rocm) D=(200 64 gpt2-124m 20 3 10 16 "") ;;
-    vulkan) D=(3 2 nanogpt-small 2 3 3 2 2) ;;
+    cuda|rocm) D=(200 64 gpt2-124m 20 3 10 16 "" "") ;;
+    vulkan) D=(3 2 nanogpt-small 2 3 3 2 2 2) ;;
     *) echo "error: --backend must be cuda, rocm or vulkan" >&2; exit 2 ;;
 esac
 PARITY_STEPS=${PARITY_STEPS:-${D[0]}} PARITY_BATCH=${PARITY_BATCH:-${D[1]}}
 SPEED_MODEL=${SPEED_MODEL:-${D[2]}} SPEED_STEPS=${SPEED_STEPS:-${D[3]}}
 SIM_ROUNDS=${SIM_ROUNDS:-${D[4]}} SIM_TAU=${SIM_TAU:-${D[5]}} SIM_BATCH=${SIM_BATCH:-${D[6]}}
-SPEED_BATCH=${SPEED_BATCH:-${D[7]}}
+SPEED_BATCH=${SPEED_BATCH:-${D[7]}} PROFILE_BATCH=${PROFILE_BATCH:-${D[8]}}
 OUT=${OUT:-bench/gpu_check-$BACKEND-$(date +%Y%m%d-%H%M%S)}
 BIN=${PCP_NODE:-target/release/pcp-node}
 VENV_BIN=${VENV_BIN:-.venv/bin}
@@ -159,15 +161,32 @@ mixed() {
         > "$OUT/mixed.log" 2>&1; then
         record mixed fail "$(tail -1 "$OUT/mixed.log")"; return
     fi
-    local rounds both
-    rounds=$(grep -c '"event":"round_completed"' "$OUT/mixed.jsonl")
-    both=$(grep '"event":"round_completed"' "$OUT/mixed.jsonl" | grep -c '"contributors":2')
-    if [ "$rounds" = "$SIM_ROUNDS" ] && [ "$both" = "$rounds" ] && grep '"event":"worker_joined"' "$OUT/mixed.jsonl" | grep -q '"backend":"'"$BACKEND"'[:"]' \
-        && grep '"event":"run_started"' "$OUT/mixed.jsonl" | grep -q '"engine":"'"$BACKEND"'[:"]'; then
-        record mixed pass "$rounds rounds, a $BACKEND and a cpu worker contributed to each, the shepherd validated on $BACKEND"
-    else
-        record mixed fail "$rounds of $SIM_ROUNDS rounds, $both with both workers"
-    fi
+    local summary
+    summary=$(python3 - "$OUT/mixed.jsonl" "$BACKEND" "$SIM_ROUNDS" <<'PY'
+import json, math, sys
+events = [json.loads(l) for l in open(sys.argv[1])]
+backend, want = sys.argv[2], int(sys.argv[3])
+named = lambda n: [e for e in events if e.get("event") == n]
+on = lambda e: str(e.get("backend", e.get("engine", ""))).split(":")[0]
+rounds = named("round_completed")
+gpu = {e["peer"] for e in named("worker_joined") if on(e) == backend}
+published = {on(e) for e in named("artifact_published")}
+both = [r for r in rounds if r.get("contributors") == 2 and gpu & set(r.get("peers", []))]
+validated = [r for r in rounds if math.isfinite(r.get("val_loss") or math.nan)]
+engines = {e.get("engine", "").split(":")[0] for e in named("run_started")}
+falls = len(rounds) > 1 and rounds[-1]["mean_loss"] < rounds[0]["mean_loss"]
+ok = (len(rounds) == want and len(both) == want and len(validated) == want and engines == {backend}
+      and {"cpu", backend} <= published and falls)
+print("pass" if ok else "fail", end="\t")
+if ok:
+    print(f"{want} rounds, a {backend} and a cpu worker contributed to each, the shepherd validated on {backend}, "
+          f"the mean loss fell from {rounds[0]['mean_loss']:.4f} to {rounds[-1]['mean_loss']:.4f}")
+else:
+    print(f"{len(rounds)} of {want} rounds, {len(both)} with both workers, {len(validated)} validated, "
+          f"shepherd engines {sorted(engines)}, artifacts for {sorted(published)}, loss fell: {falls}")
+PY
+) || { record mixed fail "reading $OUT/mixed.jsonl"; return; }
+    record mixed "${summary%%$'\t'*}" "${summary#*$'\t'}"
 }
 
 screen() {
@@ -178,7 +197,7 @@ screen() {
     # for its round on a slow device, a key sitting out after a refusal)
     if ! timeout "${PART_TIMEOUT:-150}" "$BIN" sim --nodes 3 --rounds "$SIM_ROUNDS" --tau "$SIM_TAU" --batch "$SIM_BATCH" \
         --encoding fp32 --no-overlap --screen score --screeners 0 --worker-backend "1:$BACKEND" \
-        --shepherd-backend "$BACKEND" "${DATA[@]}" --data-dir "$WORK/screen" --events "$OUT/screen.jsonl" \
+        --shepherd-backend "$BACKEND" "${DATA[@]}" --data-dir "$WORK" --events "$OUT/screen.jsonl" \
         > "$OUT/screen.log" 2>&1; then
         record screen fail "$(tail -1 "$OUT/screen.log")"; return
     fi
@@ -204,7 +223,8 @@ PY
 }
 
 profile() {
-    local tools="${VENV_BIN}" driver=$BACKEND mode=dispatch-events
+    local tools="${VENV_BIN}" driver=$BACKEND mode=dispatch-events batch=()
+    [ -n "$PROFILE_BATCH" ] && batch=(--batch "$PROFILE_BATCH")
     [ "$BACKEND" = rocm ] && driver=hip
     [ -x "$tools/iree-benchmark-module" ] || tools=$(dirname "$(command -v iree-benchmark-module 2>/dev/null || echo /none/x)")
     if [ ! -x "$tools/iree-benchmark-module" ] || [ ! -x "$tools/iree-profile" ]; then
@@ -212,8 +232,8 @@ profile() {
     fi
     (
         set -e
-        "$BIN" graph step nanogpt-small -o "$OUT/step.mlir"
-        "$BIN" graph compile nanogpt-small "${DEV[@]}" -o "$OUT/step.vmfb"
+        "$BIN" graph step nanogpt-small "${batch[@]}" -o "$OUT/step.mlir"
+        "$BIN" graph compile nanogpt-small "${batch[@]}" "${DEV[@]}" -o "$OUT/step.vmfb"
         # one splat input per train_step argument: small parameters, step 1, token ids 1
         grep 'sym_name = "train_step"' "$OUT/step.mlir" | head -1 | sed -E 's/.*function_type = \(([^)]*)\) ->.*/\1/' |
             grep -oE 'tensor<[^>]*>' | sed -E 's/tensor<(.*)>/\1/' | while read -r ty; do
