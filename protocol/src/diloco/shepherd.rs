@@ -45,7 +45,7 @@
 //!   steps when they send round r's contribution, so what a late round costs is
 //!   a worker waiting for the next round's announcement once its next steps are
 //!   done. A time-boxed round therefore waits for late links as long as that
-//!   costs no one compute and no longer: once half its participants answered,
+//!   costs no one compute and no longer: once half its participants were accepted,
 //!   its deadline becomes the median time their contributions were sent (the
 //!   arrival less the send-to-arrival time of their [`Timing`]) plus the budget,
 //!   less the time the shepherd's close takes (as the host reports it,
@@ -1099,7 +1099,7 @@ impl<P: Ord + Clone> Shepherd<P> {
         now_ms.saturating_add(wait)
     }
 
-    /// Overlap: once half the participants of a time-boxed round answered, its
+    /// Overlap: once half the participants of a time-boxed round were accepted, its
     /// deadline becomes the median send of their contributions plus the budget,
     /// less [`Self::lead_ms`]: when the median worker, which started the next round's
     /// steps at its send, will be done with them, less the time the close and the
@@ -1111,7 +1111,10 @@ impl<P: Ord + Clone> Shepherd<P> {
         let Some(budget) = self.open.as_ref().and_then(|o| o.budget_ms.filter(|_| !o.settled)) else { return };
         let lead = self.lead_ms(budget);
         let Some(open) = self.open.as_mut() else { return };
-        if open.answered.len() * 2 < open.participants.len() {
+        // half of them taken in time, not merely answered: refused junk sent the
+        // instant a round opens would otherwise settle it on the first honest
+        // sends, and every later honest contribution would be carried or late
+        if open.accepted.len() * 2 < open.participants.len() {
             return;
         }
         open.settled = true;

@@ -366,6 +366,37 @@ fn overlapping_rounds_are_time_boxed_by_the_step_time() {
     assert_eq!(s.budget_ms(), None);
 }
 
+/// The `early` attack: junk sent the instant a round opens is refused, and does
+/// not count toward the half of the participants that settles a time-boxed
+/// round's deadline. (Counted, two junk senders of five settled round 2 on the
+/// first honest send, at 2890 here; in `bench/sleepers.sh`'s fp32 run, 9 of 20
+/// junk senders left 3 or 4 contributions a round and cost 20% of the loss.)
+#[test]
+fn refused_junk_does_not_settle_a_time_boxed_round() {
+    let config = Config { sample_unit: 10, max_steps: 50, initial_deadline_ms: 10_000, ..overlapping(5) };
+    let mut s = Shepherd::new(config, vec![vec![0.0, 0.0]]);
+    for p in 1..=5 {
+        s.handle(Input::Joined(p), 0);
+    }
+    for p in 1..=5 {
+        s.handle(timed(p, 1, 50, 1000, 10), 1000);
+    }
+    assert_eq!((s.completed(), s.budget_ms()), (1, Some(1000)));
+    // round 2 opened at 1000: two budgets until half the participants were taken
+    assert_eq!(s.deadline_ms(), Some(3000));
+    let a = s.handle(stepped(3, 2, 0), 1001);
+    assert!(a.contains(&Action::Rejected { peer: 3, round: 2, reason: Rejection::NoSamples }), "{a:?}");
+    s.handle(stepped(4, 2, 0), 1002);
+    s.handle(timed(1, 2, 50, 1000, 10), 2000);
+    // three of five answered, one taken: not settled on that one send
+    assert_eq!(s.deadline_ms(), Some(3000));
+    s.handle(timed(2, 2, 50, 1000, 10), 2500);
+    assert_eq!(s.deadline_ms(), Some(3000));
+    assert!(completed(&s.handle(Input::Tick, 2999)).is_none());
+    let a = s.handle(Input::Tick, 3000);
+    assert_eq!(completed(&a).map(|c| c.contributors), Some(vec![1, 2]));
+}
+
 /// A time-boxed round closes the shepherd's typical close earlier than the notice
 /// alone would have it (the lower median of the last closes, at most half the
 /// budget in all), so the next announcement reaches the median worker as its
