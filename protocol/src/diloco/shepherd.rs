@@ -640,7 +640,7 @@ impl<P: Ord + Clone> Shepherd<P> {
     }
 
     /// The open round's deadline, Unix milliseconds: an overlapping run's moves
-    /// earlier once half the participants answered (module docs), and the host
+    /// earlier once half the participants were accepted (module docs), and the host
     /// should then tick the state machine at the new one.
     pub fn deadline_ms(&self) -> Option<u64> {
         self.open.as_ref().map(|o| o.deadline_ms)
@@ -1091,7 +1091,7 @@ impl<P: Ord + Clone> Shepherd<P> {
         Some(budget as u64).filter(|b| *b > 0)
     }
 
-    /// Overlap: a time-boxed round's deadline until half its participants answered:
+    /// Overlap: a time-boxed round's deadline until half its participants were accepted:
     /// two budgets after it opened (within the bounds), then
     /// [`Self::settle`]'s.
     fn boxed_deadline(&self, now_ms: u64, budget_ms: u64) -> u64 {
