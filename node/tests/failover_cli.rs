@@ -24,7 +24,7 @@ mod net;
 #[path = "support/netns.rs"]
 mod netns;
 
-use chain::{Applied, applied, chain, hash, one_base_a_round, one_chain, round};
+use chain::{Applied, applied, chain, empty_rounds, hash, one_base_a_round, one_chain, round};
 use cluster::{find, now, shepherd_args, t, wait_for, wait_unless};
 use net::{LONG, Net, SETUP, serial, workdir};
 use netns::Lab;
@@ -273,7 +273,7 @@ fn cutting_the_link_between_two_candidates_never_gives_two_leaders_whose_rounds_
             None => "did not lead".to_owned(),
         }
     );
-    one_chain(&applied(&leaders, &workers));
+    one_chain(&applied(&leaders, &workers), &empty_rounds(&leaders));
 
     lab.heal(1, 2);
     let healed_at = now();
@@ -291,7 +291,7 @@ fn cutting_the_link_between_two_candidates_never_gives_two_leaders_whose_rounds_
         std::thread::sleep(Duration::from_millis(200));
     }
     let trained = applied(&leaders, &workers);
-    one_chain(&trained);
+    one_chain(&trained, &empty_rounds(&leaders));
     one_base_a_round(&["w3", "w4"].map(|w| net.events(w)));
     let by: BTreeSet<&str> = trained.iter().map(|a| a.leader.as_str()).collect();
     eprintln!("workers applied rounds 1..={} led by {by:?}", trained.last().map_or(0, |a| a.round));

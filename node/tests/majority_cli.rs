@@ -41,7 +41,7 @@ mod net;
 #[allow(dead_code, reason = "shared with failover_cli.rs")]
 mod netns;
 
-use chain::{applied, hash, one_base_a_round, one_chain, round, short};
+use chain::{applied, empty_rounds, hash, one_base_a_round, one_chain, round, short};
 use cluster::{Proc, events, find, last_events, now, shepherd_args, t, wait_for};
 use net::{LONG, Net, SETUP, serial, workdir};
 use netns::Lab;
@@ -248,7 +248,7 @@ impl<'a> Cluster<'a> {
     /// which point of the test, and the timeline from `since` is printed first.
     fn one_chain(&self, when: &str, since: f64) {
         eprintln!("{when}: the leaders and workers since the fault:\n{}", self.timeline(since));
-        one_chain(&applied(&self.leaders(), &self.workers));
+        one_chain(&applied(&self.leaders(), &self.workers), &empty_rounds(&self.leaders()));
         one_base_a_round(&WORKERS.map(|w| self.net.events(w)));
     }
 }

@@ -181,7 +181,7 @@ pub struct Fence {
 /// Why a contribution is fenced off.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Fenced {
-    /// Trained under another term.
+    /// Trained under a later term than this leader's: a newer leader exists.
     #[error("contribution of term {got}; this leader's term is {expected}")]
     Term {
         /// The contribution's term.
@@ -209,8 +209,13 @@ pub enum Fenced {
 
 impl Fence {
     /// Accepts a contribution naming `(term, round, params)`, or says why not.
+    ///
+    /// An earlier term's contribution to the same round from the same parameters
+    /// is taken: it is the same work, and a successor that resumed from the state
+    /// its predecessor announced the round from reopens that round, and the
+    /// workers send what they trained for it to the new leader.
     pub fn check(&self, term: u64, round: u64, params: &[u8; 32]) -> Result<(), Fenced> {
-        if term != self.term {
+        if term > self.term {
             return Err(Fenced::Term { got: term, expected: self.term });
         }
         if round != self.round {
@@ -352,12 +357,17 @@ mod tests {
         assert_eq!(w.admits(1, 6, &[3; 32]), Ok(()));
     }
 
-    /// M2: a contribution for another term, round or parameters is refused.
+    /// M2: a contribution for a later term, another round or other parameters is
+    /// refused; an earlier term's for this round from these parameters is the
+    /// same work and taken.
     #[test]
     fn contributions_are_fenced_by_term_round_and_parameters() {
         let f = Fence { term: 2, round: 7, params: [7; 32] };
         assert_eq!(f.check(2, 7, &[7; 32]), Ok(()));
-        assert_eq!(f.check(1, 7, &[7; 32]), Err(Fenced::Term { got: 1, expected: 2 }));
+        assert_eq!(f.check(1, 7, &[7; 32]), Ok(()));
+        assert_eq!(f.check(3, 7, &[7; 32]), Err(Fenced::Term { got: 3, expected: 2 }));
+        assert_eq!(f.check(1, 8, &[7; 32]), Err(Fenced::Round { got: 8, expected: 7 }));
+        assert!(matches!(f.check(1, 7, &[6; 32]), Err(Fenced::Params { .. })));
         assert_eq!(f.check(2, 8, &[7; 32]), Err(Fenced::Round { got: 8, expected: 7 }));
         assert!(matches!(f.check(2, 7, &[6; 32]), Err(Fenced::Params { .. })));
         assert!(f.check(2, 7, &[6; 32]).unwrap_err().to_string().contains("060606060606"));

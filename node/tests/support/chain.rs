@@ -116,12 +116,26 @@ pub(crate) fn applied(leaders: &[(&str, PathBuf)], workers: &[String]) -> Vec<Ap
     out
 }
 
+/// The rounds `leaders` completed with no contribution taken (every one refused:
+/// the round leaves the parameters as they were), by number, with those parameters.
+pub(crate) fn empty_rounds(leaders: &[(&str, PathBuf)]) -> BTreeMap<u64, BTreeSet<String>> {
+    let mut out: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    for (_, path) in leaders {
+        for e in find(path, "round_completed").iter().filter(|e| e["contributors"] == 0) {
+            out.entry(round(e)).or_default().insert(hash(e));
+        }
+    }
+    out
+}
+
 /// Panics unless the rounds workers trained form one chain: each round number
 /// trained from one set of parameters, the result of the round before it that they
-/// trained (whoever led it). A round completed twice is allowed when workers
-/// trained on from one result only (a deposed leader's round, discarded as the
-/// failure model of docs/failover.md says); it is reported.
-pub(crate) fn one_chain(applied: &[Applied]) {
+/// trained (whoever led it), or of an earlier one through rounds a leader completed
+/// empty from those parameters (`empty`, from [`empty_rounds`]). A round completed
+/// twice is allowed when workers trained on from one result only (a deposed
+/// leader's round, discarded as the failure model of docs/failover.md says); it is
+/// reported.
+pub(crate) fn one_chain(applied: &[Applied], empty: &BTreeMap<u64, BTreeSet<String>>) {
     let listing = || {
         applied
             .iter()
@@ -151,14 +165,18 @@ pub(crate) fn one_chain(applied: &[Applied]) {
             continue;
         }
         let base = bases.first().expect("one base");
-        match by_round.get(&(r - 1)) {
+        // past the rounds completed empty from this base, to the round that made it
+        let mut before = r - 1;
+        while before > 1 && !by_round.contains_key(&before) && empty.get(&before).is_some_and(|e| e.contains(*base)) {
+            before -= 1;
+        }
+        match by_round.get(&before) {
             Some((_, previous)) if previous.contains(base) => {}
             Some(_) => panic!(
-                "workers trained round {r} from parameters no round {} they trained ended with:\n{}",
-                r - 1,
+                "workers trained round {r} from parameters no round {before} they trained ended with:\n{}",
                 listing()
             ),
-            None => panic!("workers trained round {r} but not round {}:\n{}", r - 1, listing()),
+            None => panic!("workers trained round {r} but not round {before}:\n{}", listing()),
         }
     }
 }
