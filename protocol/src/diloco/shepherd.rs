@@ -1105,7 +1105,9 @@ impl<P: Ord + Clone> Shepherd<P> {
     /// steps at its send, will be done with them, less the time the close and the
     /// next round's announcement take to reach it. Waiting for the slow links until then costs
     /// no worker any compute; what comes later is carried over. (Never later than
-    /// the deadline it had, never before now.)
+    /// the deadline it had, and after now: a round settled past that time closes at
+    /// the next input, not in the one that settled it, so that its host first holds
+    /// it for contributions already on their way, as at any deadline.)
     fn settle(&mut self, now_ms: u64) {
         let round = self.completed + 1;
         let Some(budget) = self.open.as_ref().and_then(|o| o.budget_ms.filter(|_| !o.settled)) else { return };
@@ -1120,7 +1122,7 @@ impl<P: Ord + Clone> Shepherd<P> {
         open.settled = true;
         open.sent_ms.sort_unstable();
         if let Some(sent) = open.sent_ms.get(open.sent_ms.len() / 2) {
-            let deadline = sent.saturating_add(budget).saturating_sub(lead).max(now_ms);
+            let deadline = sent.saturating_add(budget).saturating_sub(lead).max(now_ms + 1);
             open.deadline_ms = open.deadline_ms.min(deadline);
             self.sent_ms = Some((round, *sent));
         }

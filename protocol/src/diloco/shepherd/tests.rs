@@ -331,9 +331,13 @@ fn overlapping_rounds_are_time_boxed_by_the_step_time() {
     // round 3's deadline (5850) passes with no contribution: extended
     let a = s.handle(Input::Tick, 7000);
     assert!(a.iter().any(|a| matches!(a, Action::DeadlineExtended { round: 3, .. })), "{a:?}");
-    // a deadline that would already have passed is now: the round closes at once
+    // a deadline that would already have passed is the next millisecond: the round
+    // closes at the next input, not in the one that settled it (the host holds it
+    // there for contributions still being read)
     s.handle(timed(1, 3, 50, 5000, 5000), 7000);
-    assert!(completed(&s.handle(timed(2, 3, 50, 5000, 5000), 7000)).is_some());
+    assert!(completed(&s.handle(timed(2, 3, 50, 5000, 5000), 7000)).is_none());
+    assert_eq!(s.deadline_ms(), Some(7001));
+    assert!(completed(&s.handle(Input::Tick, 7001)).is_some());
     // claims of 100 ms a step: the reference moves at most ×2 a round, 40 ms
     assert_eq!(s.budget_ms(), Some(2000));
 
