@@ -15,11 +15,15 @@
 //!   loss as much as a typical one counts in full, one that sends tiny updates
 //!   (a drag attack) counts as little as they help.
 //! * **Caught.** A contribution that fails the screen costs the peer its rating:
-//!   it is on probation again, from nothing, and sits out ([`Ratings::sits_out`]):
-//!   its contributions are refused unscreened for 1 round after its first catch,
-//!   2 after its second, 4, … (at most [`MAX_SIT_OUT`]). Junk sent the instant
-//!   each round opens then spends the screening budget once per key, not every
-//!   round, and cannot keep honest newcomers out of it.
+//!   it is on probation again, from nothing, where every contribution is screened
+//!   ([`Ratings::returning`]: whatever the round's budget). From its second catch
+//!   it also sits out ([`Ratings::sits_out`]): its contributions are refused
+//!   unscreened for 1 round after its second catch, 2 after its third, 4, … (at
+//!   most [`MAX_SIT_OUT`]). Junk sent the instant each round opens then spends
+//!   the screening budget a few times per key over a run, not every round, and
+//!   cannot keep honest newcomers out of it, while an honest worker the screen
+//!   refuses once (an update that overshoots on the held-out batch late in
+//!   training) loses that round and its weight, not also the next.
 //!
 //! Ratings also rank participants where a round takes only some of them (the
 //! shepherd's `max_participants` and `aggregate_max`): rated peers first, best
@@ -111,12 +115,15 @@ impl<P: Ord + Clone> Ratings<P> {
     }
 
     /// `peer` was caught: a contribution to `round` failed the screen. Its rating
-    /// is gone, it is on probation again, and it sits out the next 2^(catches − 1)
-    /// rounds (at most [`MAX_SIT_OUT`]).
+    /// is gone, it is on probation again, and from its second catch it sits out
+    /// the next 2^(catches − 2) rounds (at most [`MAX_SIT_OUT`]).
     pub fn caught(&mut self, peer: &P, round: u64) {
         self.make_room(peer);
         let caught = self.peers.get(peer).map_or(0, |r| r.caught).saturating_add(1);
-        let rounds = 1u64.checked_shl(caught - 1).unwrap_or(MAX_SIT_OUT).min(MAX_SIT_OUT);
+        let rounds = match caught {
+            1 => 0,
+            n => 1u64.checked_shl(n - 2).unwrap_or(MAX_SIT_OUT).min(MAX_SIT_OUT),
+        };
         let sits_out_until = round.saturating_add(rounds);
         self.peers.insert(peer.clone(), Rating { passed: 0, score: 0.0, since: round, caught, sits_out_until });
     }
@@ -125,6 +132,19 @@ impl<P: Ord + Clone> Ratings<P> {
     /// caught it lately ([`Self::caught`]).
     pub fn sits_out(&self, peer: &P, round: u64) -> bool {
         self.peers.get(peer).is_some_and(|r| round <= r.sits_out_until)
+    }
+
+    /// Whether `peer`, caught before, is past any sit-out and still on probation
+    /// as of `round`: each of its contributions is owed a screen until it leaves
+    /// probation, whatever the round's budget (the shepherd's screen), so an
+    /// honest worker the screen refused once is not also kept out by the budget.
+    /// From the second catch each doubles the next sit-out, so a key owes at most
+    /// [`Policy::probation_rounds`] such screens per catch, and junk, caught again
+    /// at its first, one per catch: a few over a run.
+    pub fn returning(&self, peer: &P, round: u64) -> bool {
+        self.peers
+            .get(peer)
+            .is_some_and(|r| r.caught > 0 && round > r.sits_out_until && r.passed < self.policy.probation_rounds)
     }
 
     /// The median score of the rated peers among `among` (out of probation), if any.
@@ -210,12 +230,21 @@ mod tests {
     fn a_caught_peer_sits_out_twice_as_long_each_time() {
         let mut r = Ratings::new(Policy::default());
         assert!(!r.sits_out(&1, 1));
+        r.caught(&1, 0);
+        assert!(!r.sits_out(&1, 1) && r.on_probation(&1), "none after the first catch: probation alone");
+        assert!(r.returning(&1, 1), "every contribution owed a screen");
         r.caught(&1, 1);
-        assert!(r.sits_out(&1, 2) && !r.sits_out(&1, 3), "1 round after the first catch");
+        assert!(r.sits_out(&1, 2) && !r.sits_out(&1, 3), "1 round after the second");
         r.caught(&1, 3);
-        assert!(r.sits_out(&1, 5) && !r.sits_out(&1, 6), "2 after the second");
+        assert!(r.sits_out(&1, 5) && !r.sits_out(&1, 6), "2 after the third");
         r.caught(&1, 6);
-        assert!(r.sits_out(&1, 10) && !r.sits_out(&1, 11), "4 after the third");
+        assert!(r.sits_out(&1, 10) && !r.sits_out(&1, 11), "4 after the fourth");
+        assert!(!r.returning(&1, 10) && r.returning(&1, 11), "owed screens once it is back");
+        r.passed(&1, 11, 0.1);
+        r.passed(&1, 12, 0.1);
+        assert!(r.returning(&1, 13), "until it leaves probation");
+        r.passed(&1, 13, 0.1);
+        assert!(!r.returning(&1, 14), "out of probation");
         for round in 11..100 {
             r.caught(&1, round);
         }

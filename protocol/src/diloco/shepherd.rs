@@ -689,6 +689,13 @@ impl<P: Ord + Clone> Shepherd<P> {
         self.config.rating.is_some() && self.ratings.on_probation(peer)
     }
 
+    /// Whether `peer`'s contribution to `round` is owed a screen whatever the
+    /// budget: it is back on probation after sitting out a catch
+    /// ([`Ratings::returning`]).
+    pub fn screen_owed(&self, peer: &P, round: u64) -> bool {
+        self.config.rating.is_some() && self.ratings.returning(peer, round)
+    }
+
     /// Checks a contribution's claimed samples against the manifest: whole inner
     /// steps of `sample_unit`, at most `max_steps` of them.
     pub fn check_samples(&self, samples: u64) -> Result<(), Rejection> {

@@ -159,15 +159,17 @@ mod tests {
         for p in 1..=4 {
             s.handle(Input::Joined(p), 0);
         }
-        for p in 1..=4 {
+        // 3 is caught in rounds 1 and 2: from its second catch it sits out
+        let caught = Rejection::NoImprovement { before: 1.0, after: 1.2, reversed: 0.9 };
+        for p in [1, 2, 4] {
             s.handle(send(p, 1, 0.1).passed(0.1 * f64::from(p)), 1);
         }
+        s.handle(Input::Malformed { peer: 3, round: 1, reason: caught.clone() }, 1);
         assert_eq!(s.completed(), 1);
         s.handle(Input::Left(4), 2);
         for p in 1..=2 {
             s.handle(send(p, 2, 0.2).passed(0.2), 3);
         }
-        let caught = Rejection::NoImprovement { before: 1.0, after: 1.2, reversed: 0.9 };
         s.handle(Input::Malformed { peer: 3, round: 2, reason: caught }, 3);
         assert_eq!(s.completed(), 2);
         s

@@ -165,22 +165,25 @@ fn a_peer_caught_by_the_screen_loses_its_rating_and_probation_counts_less() {
     // round 1: 1 passes its screen, 2 is caught
     s.handle(send(1, 1, 50, vec![vec![1.0, 0.0, 0.0, 0.0]]).passed(0.5), 1);
     let caught = Rejection::NoImprovement { before: 1.0, after: 1.2, reversed: 0.9 };
-    let a = s.handle(Input::Malformed { peer: 2, round: 1, reason: caught }, 1);
+    let a = s.handle(Input::Malformed { peer: 2, round: 1, reason: caught.clone() }, 1);
     assert!(summary(&a).is_some());
     assert!(!s.ratings().on_probation(&1) && s.ratings().on_probation(&2));
-    // round 2: 2 sits it out (refused unscreened)
-    let a = s.handle(send(2, 2, 50, vec![vec![0.0, 0.0, 1.0, 0.0]]), 2);
-    assert_eq!(rejection(&a, 2), Some(Rejection::SitsOut { until: 2 }));
-    assert!(summary(&s.handle(send(1, 2, 50, vec![vec![0.0, 1.0, 0.0, 0.0]]), 2)).is_some());
+    assert!(!s.sits_out(&2, 2) && s.screen_owed(&2, 2), "a first catch: probation, screened, no sit-out");
+    // round 2: both send the same samples; 2 on probation counts a quarter
     let before = s.params().clone();
-    // round 3: both send the same samples; 2 on probation counts a quarter
-    s.handle(send(2, 3, 50, vec![vec![0.0, 0.0, 1.0, 0.0]]), 3);
-    let a = s.handle(send(1, 3, 50, vec![vec![0.0, 1.0, 0.0, 0.0]]), 3);
-    let sum = summary(&a).expect("round 3");
+    s.handle(send(2, 2, 50, vec![vec![0.0, 0.0, 1.0, 0.0]]), 2);
+    let a = s.handle(send(1, 2, 50, vec![vec![0.0, 1.0, 0.0, 0.0]]), 2);
+    let sum = summary(&a).expect("round 2");
     assert_eq!(sum.discounted, vec![(2, 0.25, true)]);
     let p = s.params();
     let moved = |i: usize| before[0][i] - p[0][i];
     assert!((moved(1) - 0.8).abs() < 1e-6 && (moved(2) - 0.2).abs() < 1e-6, "weights 1 and 0.25: {p:?}");
+    // round 3: 2 is caught again, and sits round 4 out (refused unscreened)
+    s.handle(Input::Malformed { peer: 2, round: 3, reason: caught }, 3);
+    assert!(summary(&s.handle(send(1, 3, 50, vec![vec![0.0, 0.0, 0.0, 1.0]]).passed(0.5), 3)).is_some());
+    let a = s.handle(send(2, 4, 50, vec![vec![0.0, 0.0, 1.0, 0.0]]), 4);
+    assert_eq!(rejection(&a, 2), Some(Rejection::SitsOut { until: 4 }));
+    assert!(!s.screen_owed(&2, 4) && s.screen_owed(&2, 5), "owed screens once back");
 }
 
 #[test]
