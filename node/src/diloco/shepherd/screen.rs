@@ -206,7 +206,8 @@ const FIRST_ROUND_GAINS: f64 = 10.0;
 /// same newcomers were refused every round: in `bench/sleepers.sh --nodes 21
 /// --hostile 9 --tau 10 -- --screen-share 0`'s honest run 2 of 20 honest workers
 /// were refused so in 12 of their 13 rounds past the first, and 7 more in 8 or 9.
-/// Each refusal buys one screen, and a key the screen then catches sits out. A
+/// Each refusal buys one screen, and a key the screen then catches is owed its
+/// screens on probation and sits out from its second catch. A
 /// key that sends nothing for [`WAIT_ROUNDS`] rounds is forgotten, so the map
 /// holds at most that many rounds' refusals.
 #[derive(Debug, Default)]

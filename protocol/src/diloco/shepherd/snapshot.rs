@@ -2,8 +2,8 @@
 //! what it learned of its workers (their ratings and earned work) and of honest
 //! updates (the references its bounds and budget start from), so that a resumed
 //! or elected shepherd keeps every live worker's standing: a rated peer stays
-//! rated, a caught one still sits out, and no round after a resume can reset a
-//! bound.
+//! rated, a caught one stays on probation and sits out what it owes, and no round
+//! after a resume can reset a bound.
 //!
 //! Bounded: the ratings and earned work are the live workers' only (those of
 //! keys that left are not kept; a resumed shepherd keeps those it resumed with
