@@ -208,11 +208,15 @@ impl<'a> Cluster<'a> {
         out
     }
 
-    /// What the candidates did about leadership and rounds after `since`, and the
-    /// workers' lapsed leases, in order, timed from `since`.
+    /// What the candidates did about leadership and rounds after `since`, and what
+    /// the workers followed, heard and sent, in order, timed from `since`.
     fn timeline(&self, since: f64) -> String {
-        const SHOWN: [&str; 7] = [
+        const SHOWN: [&str; 11] = [
             "shepherd_elected",
+            "round_started",
+            "leader_followed",
+            "round_announced",
+            "contribution_sent",
             "stepped_down",
             "deferred",
             "lease_expired",
@@ -228,7 +232,7 @@ impl<'a> Cluster<'a> {
                     continue;
                 }
                 let mut what = format!("{name} {kind}");
-                for key in ["term", "round", "newer", "reason", "to", "their_round"] {
+                for key in ["term", "round", "newer", "reason", "to", "their_round", "accepted"] {
                     if let Some(v) = e.get(key).filter(|v| !v.is_null()) {
                         what.push_str(&format!(" {key}={v}"));
                     }
@@ -300,15 +304,16 @@ fn the_run_survives(
             break;
         }
         if Instant::now() >= deadline {
-            let last = |n: &str| last_events(&cluster.net.events(n), 12);
+            let last: Vec<String> = CANDIDATES
+                .iter()
+                .chain(&WORKERS)
+                .map(|n| format!("{n}:\n{}", last_events(&cluster.net.events(n), 16)))
+                .collect();
             panic!(
-                "{} rounds that workers trained completed in {PATIENCE:?} after the heal ({done:?}); since the fault:\n{}\nthe last events:\ns:\n{}\nc1:\n{}\nc2:\n{}\nw5:\n{}",
+                "{} rounds that workers trained completed in {PATIENCE:?} after the heal ({done:?}); since the fault:\n{}\nthe last events:\n{}",
                 done.len(),
                 cluster.timeline(fault_at),
-                last("s"),
-                last("c1"),
-                last("c2"),
-                last("w5"),
+                last.join("\n"),
             );
         }
         std::thread::sleep(Duration::from_millis(200));

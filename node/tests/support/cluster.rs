@@ -97,39 +97,45 @@ pub(crate) fn now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs_f64()
 }
 
-/// The last events of a file, shortened, to debug a failure from CI's log.
+/// The last `n` lines of a file's events, shortened, to debug a failure from CI's
+/// log. A run of `message_rejected` events (a flood's refused gossip, reported per
+/// peer every second) is one line with its count and last reason: unfolded, a flood
+/// filled the dump and hid what the node did.
 pub(crate) fn last_events(path: &Path, n: usize) -> String {
-    let all = events(path);
-    all[all.len().saturating_sub(n)..]
-        .iter()
-        .map(|e| {
-            let mut e = e.clone();
-            if let Some(o) = e.as_object_mut() {
-                o.retain(|k, _| {
-                    [
-                        "t",
-                        "event",
-                        "round",
-                        "term",
-                        "newer",
-                        "peer",
-                        "reason",
-                        "params_hash",
-                        "accepted",
-                        "contributors",
-                    ]
-                    .contains(&k.as_str())
-                });
-                if let Some(h) = o.get_mut("params_hash")
-                    && let Some(s) = h.as_str()
-                {
-                    *h = Value::from(&s[..s.len().min(12)]);
-                }
-            }
-            e.to_string()
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    let mut lines: Vec<String> = Vec::new();
+    let mut rejected: Option<(usize, Value)> = None;
+    let folded = |(count, e): (usize, Value)| match count {
+        1 => short(&e),
+        _ => format!("... {count} message_rejected, the last: {}", short(&e)),
+    };
+    for e in events(path) {
+        if e["event"] == "message_rejected" {
+            let count = rejected.take().map_or(0, |(c, _)| c);
+            rejected = Some((count + 1, e));
+        } else {
+            lines.extend(rejected.take().map(folded));
+            lines.push(short(&e));
+        }
+    }
+    lines.extend(rejected.map(folded));
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// An event with only the fields a failure's dump needs.
+fn short(e: &Value) -> String {
+    let mut e = e.clone();
+    if let Some(o) = e.as_object_mut() {
+        o.retain(|k, _| {
+            ["t", "event", "round", "term", "newer", "peer", "reason", "params_hash", "accepted", "contributors"]
+                .contains(&k.as_str())
+        });
+        if let Some(h) = o.get_mut("params_hash")
+            && let Some(s) = h.as_str()
+        {
+            *h = Value::from(&s[..s.len().min(12)]);
+        }
+    }
+    e.to_string()
 }
 
 /// Waits until an event of `path` satisfies `pred` and returns it.
