@@ -38,6 +38,7 @@ fn envelope() -> SignedEnvelope {
             held: None,
             consensus: None,
             known: None,
+            deadline_unix_ms: 0,
         },
     )
 }

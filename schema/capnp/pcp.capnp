@@ -318,6 +318,10 @@ struct Heartbeat {
   # empty: none). A leader whose current announcement it is answers with a small
   # heartbeat of its own (term @4, and this hash) instead of the announcement.
   known @15 :Data;
+  # A leader's: its open round's deadline now (Unix ms; 0: no round open). The
+  # deadline moves when a round has no quorum at it; a worker whose round lapsed
+  # at the announced deadline takes it up again.
+  deadlineUnixMs @16 :UInt64;
 }
 
 # --- blob transfer (request-response) --------------------------------------

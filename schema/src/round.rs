@@ -223,6 +223,9 @@ pub struct Heartbeat {
     /// leader's answer to it: the same hash, meaning that announcement is still
     /// current (see `known` in the schema).
     pub known: Option<[u8; 32]>,
+    /// A leader's: its open round's deadline now, Unix milliseconds (0: no round
+    /// open). It moves past the announced one when the round has no quorum then.
+    pub deadline_unix_ms: u64,
 }
 
 /// What a failover message between candidates is.
@@ -426,6 +429,7 @@ impl Heartbeat {
             held: None,
             consensus: None,
             known: None,
+            deadline_unix_ms: 0,
         }
     }
 }
@@ -466,6 +470,7 @@ impl Message for Heartbeat {
         if let Some(known) = &self.known {
             root.set_known(&known[..]);
         }
+        root.set_deadline_unix_ms(self.deadline_unix_ms);
         codec::words(&message)
     }
 
@@ -515,6 +520,7 @@ impl Message for Heartbeat {
                     let known = r.get_known().map_err(|e| malformed(W, e))?;
                     if known.is_empty() { None } else { Some(fixed(W, "known", known)?) }
                 },
+                deadline_unix_ms: r.get_deadline_unix_ms(),
             })
         })
     }

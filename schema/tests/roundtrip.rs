@@ -322,7 +322,7 @@ proptest! {
         term in any::<u64>(), follows in any::<u64>(),
         held in proptest::option::of((any::<u64>(), any::<u64>(), any::<[u8; 32]>())),
         consensus in proptest::option::of((0..4u8, any::<u64>(), any::<bool>(), any::<bool>(), any::<[u8; 32]>())),
-        known in proptest::option::of(any::<[u8; 32]>()),
+        known in proptest::option::of(any::<[u8; 32]>()), deadline_unix_ms in any::<u64>(),
     ) {
         let held = held.map(|(term, round, params)| Held { term, round, params });
         let consensus = consensus.map(|(k, sent_ms, granted, pre, blob)| Consensus {
@@ -332,7 +332,18 @@ proptest! {
             pre,
             blob,
         });
-        roundtrip(&Heartbeat { run, round, unix_ms, free_memory_bytes: free, term, follows, held, consensus, known })?;
+        roundtrip(&Heartbeat {
+            run,
+            round,
+            unix_ms,
+            free_memory_bytes: free,
+            term,
+            follows,
+            held,
+            consensus,
+            known,
+            deadline_unix_ms,
+        })?;
     }
 
     #[test]

@@ -544,6 +544,17 @@ impl Sim<'_> {
     }
 
     /// Seconds of τ inner steps for worker `w` this round (its slowdown and jitter).
+    /// Lockstep: worker `w` trains round `r` again from the parameters it holds,
+    /// from `now` (its deadline was extended after it lapsed), and uploads alone on
+    /// its link.
+    fn retake(&mut self, w: u32, r: u64, now: u64) {
+        let train = self.train_seconds(w);
+        let ws = &self.workers[w as usize];
+        let lat = self.world.latency(&ws.spec, 0, &self.world.shepherd);
+        let arrive = secs(now) + train + self.upload_bytes(r) / ws.spec.link.up + lat;
+        self.push(now, Ev::ParamsReady { w, r, train_us: us(train), arrive_us: us(arrive), bytes: 0 });
+    }
+
     fn train_seconds(&mut self, w: u32) -> f64 {
         self.setup.tau as f64 * self.step_seconds(w)
     }
@@ -655,8 +666,15 @@ impl Sim<'_> {
             Ev::Extend { w, r } => {
                 let Some(deadline_ms) = self.deadlines.get(&r).map(|d| d / 1000) else { return };
                 let ws = &mut self.workers[w as usize];
-                if ws.alive {
-                    ws.machine.handle(worker::Input::DeadlineExtended { round: r, deadline_ms }, now / 1000);
+                if !ws.alive {
+                    return;
+                }
+                let actions = ws.machine.handle(worker::Input::DeadlineExtended { round: r, deadline_ms }, now / 1000);
+                // a lockstep round that lapsed at its deadline is taken up again; one
+                // whose parameters came is trained at once (the fetch still under way
+                // ends with its own ParamsReady)
+                if actions.contains(&worker::Action::FetchParams(r)) && ws.held == Some(r) {
+                    self.retake(w, r, now);
                 }
             }
             Ev::Discover { .. } | Ev::ParamsReady { .. } | Ev::Trained { .. } | Ev::Arrive { .. }

@@ -481,6 +481,7 @@ async fn train(
     say_joined(plan, events, joined, encoding, micro_batches);
 
     let (latest_tx, latest) = watch::channel(Latest::Nothing);
+    let (deadline_tx, deadline) = watch::channel((0u64, 0u64));
     let (round_tx, round_rx) = watch::channel(0u64);
     let (leader_tx, leader) = watch::channel((joined.shepherd, joined.shepherd_key));
     // the leader's screen requests, scored between inner steps
@@ -498,6 +499,7 @@ async fn train(
         heard: false,
         leader: leader_tx,
         latest: latest_tx,
+        deadline: deadline_tx,
         round: round_rx,
         events: events.clone(),
         gossip,
@@ -563,7 +565,7 @@ async fn train(
         clock: Clock::default(),
         attacker: hostile::Attacker::default(),
     };
-    round::run(trainer, signer, screens).await
+    round::run(trainer, signer, screens, deadline).await
 }
 
 /// A worker's time in inner steps since its last contribution, and since when.

@@ -6,7 +6,11 @@
 //! Without overlap (the default) a worker runs one round at a time: fetch,
 //! train τ steps, send, and abandons a round whose deadline passes before it is
 //! sent ([`Input::DeadlineExtended`] moves that deadline when the shepherd
-//! extends it).
+//! extends it). A shepherd extends a round that has no quorum at its deadline,
+//! so a round that lapsed is taken up again, from its fetch, when its deadline
+//! is extended past now: were every participant's round to lapse (a fetch from a
+//! leader cut off, then replaced), the shepherd would extend a round nobody
+//! trains, and its workers would wait for a next round that never opens.
 //!
 //! # Overlap ([`Worker::with_overlap`])
 //!
@@ -269,6 +273,9 @@ pub struct Worker {
     sent: Option<u64>,
     /// Overlap: the newest round announced (to this worker or not).
     heard: Option<u64>,
+    /// Lockstep: the round abandoned at its deadline, until another opens (an
+    /// extension of its deadline takes it up again).
+    lapsed: Option<u64>,
     /// The latest budget announced, and the round it came with.
     budget: Option<(u64, u64)>,
     /// Overlap: the latest end of a round's steps announced.
@@ -289,6 +296,7 @@ impl Worker {
             in_flight: Vec::new(),
             sent: None,
             heard: None,
+            lapsed: None,
             budget: None,
             end: None,
         }
@@ -390,6 +398,7 @@ impl Worker {
                 if self.round().is_some_and(|r| r >= round) {
                     return actions;
                 }
+                self.lapsed = None;
                 if let Some(old) = self.round() {
                     actions.push(Action::Abandon(old));
                     self.idle();
@@ -402,6 +411,12 @@ impl Worker {
             }
             Input::DeadlineExtended { round, deadline_ms } if self.round() == Some(round) => {
                 self.deadline_ms = self.deadline_ms.max(deadline_ms);
+            }
+            Input::DeadlineExtended { round, deadline_ms } if self.lapsed == Some(round) && deadline_ms > now_ms => {
+                self.lapsed = None;
+                self.phase = Phase::Fetching(round);
+                self.deadline_ms = deadline_ms;
+                actions.push(Action::FetchParams(round));
             }
             Input::ParamsReady(r) if self.phase == Phase::Fetching(r) => {
                 self.phase = Phase::Training(r);
@@ -418,6 +433,7 @@ impl Worker {
         if let Some(r) = self.round().filter(|_| expired) {
             actions.push(Action::Abandon(r));
             self.idle();
+            self.lapsed = Some(r);
         }
         actions
     }

@@ -378,6 +378,8 @@ impl Host {
                 term,
                 follows: term,
                 held: self.lead.state_replica.map(|r| Held { term: r.term, round: r.round, params: r.params }),
+                // a round with no quorum at its deadline is extended: its workers hear it
+                deadline_unix_ms: self.machine.deadline_ms().unwrap_or(0),
                 ..Heartbeat::new(self.run.0, round, wire::unix_ms())
             },
         )

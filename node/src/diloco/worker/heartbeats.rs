@@ -114,6 +114,9 @@ pub(super) struct Heartbeats {
     pub(super) heard: bool,
     pub(super) leader: watch::Sender<Leader>,
     pub(super) latest: watch::Sender<Latest>,
+    /// The leader's open round and its deadline now, from its leases: a round with
+    /// no quorum at its deadline is extended ([`super::round`] takes it up again).
+    pub(super) deadline: watch::Sender<(u64, u64)>,
     pub(super) round: watch::Receiver<u64>,
     pub(super) events: Events,
     pub(super) gossip: Arc<tokio::sync::Mutex<mpsc::Receiver<Event>>>,
@@ -350,7 +353,9 @@ impl Heartbeats {
                     self.known = None; // the next heartbeat asks for the announcement itself
                     return Ok(None);
                 }
-                self.lease(key, hb.term, "heartbeat answer");
+                if self.lease(key, hb.term, "heartbeat answer") {
+                    self.deadline(&hb);
+                }
                 Ok(None)
             }
             MessageKind::Ack => {
@@ -363,6 +368,15 @@ impl Heartbeats {
             }
             other => Err(format!("answered a heartbeat with {}", other.tag())),
         }
+    }
+
+    /// The open round's deadline a valid lease `hb` names, for the training loop.
+    fn deadline(&self, hb: &Heartbeat) {
+        if hb.deadline_unix_ms == 0 {
+            return;
+        }
+        let now = (hb.round, hb.deadline_unix_ms);
+        self.deadline.send_if_modified(|d| std::mem::replace(d, now) != now);
     }
 
     /// A gossiped announcement or leader heartbeat: a lease to check, and maybe a
@@ -379,8 +393,8 @@ impl Heartbeats {
             }
             MessageKind::Heartbeat => {
                 let hb: Heartbeat = message.decode().ok()?;
-                if hb.run == self.run.0 && hb.term > 0 {
-                    self.lease(message.signer(), hb.term, "leader heartbeat");
+                if hb.run == self.run.0 && hb.term > 0 && self.lease(message.signer(), hb.term, "leader heartbeat") {
+                    self.deadline(&hb);
                 }
                 None
             }

@@ -69,7 +69,7 @@ use pcp_protocol::diloco::fragments;
 use pcp_protocol::diloco::sparse;
 use pcp_protocol::diloco::worker::{Action, Input, Worker};
 use pcp_schema::{Contribution, ParameterRef, RoundAnnouncement};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::disk::{save_chain, save_feedback};
 use super::heartbeats::{AbortOnDrop, Latest, announced, newer_arrives, opening};
@@ -150,11 +150,18 @@ struct Driver<'a> {
     fetching: Option<AbortOnDrop>,
     /// Screen requests, answered between inner steps.
     screens: Screens,
+    /// The leader's open round and its deadline now (see the heartbeat task).
+    deadline: watch::Receiver<(u64, u64)>,
 }
 
 /// Runs the run's rounds, lockstep or overlapped as its manifest says, until the
 /// run ends, the worker must rejoin, or it is cancelled.
-pub(super) async fn run(t: Trainer<'_>, signer: &Signer, screens: Screens) -> anyhow::Result<Outcome> {
+pub(super) async fn run(
+    t: Trainer<'_>,
+    signer: &Signer,
+    screens: Screens,
+    deadline: watch::Receiver<(u64, u64)>,
+) -> anyhow::Result<Outcome> {
     let (done_tx, done) = mpsc::channel(4);
     let mut driver = Driver {
         machine: fresh_machine(&t),
@@ -174,6 +181,7 @@ pub(super) async fn run(t: Trainer<'_>, signer: &Signer, screens: Screens) -> an
         queued: VecDeque::new(),
         fetching: None,
         screens,
+        deadline,
     };
     let outcome = driver.drive().await?;
     driver.finish_sends().await;
@@ -200,6 +208,9 @@ impl Driver<'_> {
             if let Some(outcome) = self.take_latest().await? {
                 return Ok(outcome);
             }
+            if let Some(outcome) = self.take_deadline().await? {
+                return Ok(outcome);
+            }
             // a committee's screens go between two inner steps
             while let Ok(request) = self.screens.requests.try_recv() {
                 self.t.answer_screen(request, &mut self.screens).await;
@@ -223,6 +234,9 @@ impl Driver<'_> {
             tokio::select! {
                 () = self.t.io.cancel.cancelled() => return Ok(Outcome::Cancelled),
                 changed = self.t.latest.changed() => if changed.is_err() {
+                    return Ok(Outcome::Rejoin("the heartbeat task stopped".into()));
+                },
+                changed = self.deadline.changed() => if changed.is_err() {
                     return Ok(Outcome::Rejoin("the heartbeat task stopped".into()));
                 },
                 Some(done) = self.done.recv() => if let Some(outcome) = self.landed(done).await? {
@@ -265,6 +279,16 @@ impl Driver<'_> {
             return Ok(Some(outcome));
         }
         self.handle(Input::RoundOpened { round, deadline_ms, participant }).await
+    }
+
+    /// Hands the machine the open round's deadline when the leader moved it: the
+    /// round goes on past the announced deadline, or is taken up again if it lapsed.
+    async fn take_deadline(&mut self) -> anyhow::Result<Option<Outcome>> {
+        if !self.deadline.has_changed().unwrap_or(false) {
+            return Ok(None);
+        }
+        let (round, deadline_ms) = *self.deadline.borrow_and_update();
+        self.handle(Input::DeadlineExtended { round, deadline_ms }).await
     }
 
     /// Drops everything of the chain trained so far: the machine starts afresh.

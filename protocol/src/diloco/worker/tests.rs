@@ -70,6 +70,34 @@ fn an_extended_deadline_keeps_a_lockstep_round() {
     assert_eq!(w.handle(Input::ParamsReady(1), 150), vec![train(1, 0), Action::Abandon(1)]);
 }
 
+/// A round abandoned at its deadline is taken up again when the shepherd extends
+/// that deadline (it had no quorum): were every participant's fetch late, the
+/// shepherd would otherwise extend a round nobody trains.
+#[test]
+fn a_lapsed_lockstep_round_is_taken_up_again_when_its_deadline_is_extended() {
+    let mut w = Worker::new(b"me".to_vec(), 1, 5);
+    w.handle(open(3, 100, true), 0);
+    // the fetch (from a leader since cut off) ends past the deadline
+    assert_eq!(w.handle(Input::ParamsReady(3), 150), vec![train(3, 0), Action::Abandon(3)]);
+    assert_eq!(w.phase(), Phase::Idle);
+    // an extension already past, or of another round, changes nothing
+    assert!(w.handle(Input::DeadlineExtended { round: 3, deadline_ms: 140 }, 160).is_empty());
+    assert!(w.handle(Input::DeadlineExtended { round: 4, deadline_ms: 10_000 }, 161).is_empty());
+    // extended past now: fetched again, trained and sent
+    assert_eq!(w.handle(Input::DeadlineExtended { round: 3, deadline_ms: 400 }, 170), vec![Action::FetchParams(3)]);
+    assert_eq!(w.handle(Input::ParamsReady(3), 180), vec![train(3, 0)]);
+    assert_eq!(w.handle(Input::Trained(3), 250), vec![Action::Send(3)]);
+    assert!(w.handle(Input::Sent(3), 260).is_empty());
+    // once sent, a later extension of it asks nothing
+    assert!(w.handle(Input::DeadlineExtended { round: 3, deadline_ms: 900 }, 270).is_empty());
+    // a newer round forgets the lapsed one
+    let mut w = Worker::new(b"me".to_vec(), 1, 5);
+    w.handle(open(3, 100, true), 0);
+    w.handle(Input::Tick, 101);
+    w.handle(open(4, 300, false), 102);
+    assert!(w.handle(Input::DeadlineExtended { round: 3, deadline_ms: 400 }, 103).is_empty());
+}
+
 #[test]
 fn overlap_trains_the_next_round_while_sending_and_rebases_onto_its_update() {
     let mut w = ahead_of_round_two();
