@@ -543,7 +543,6 @@ impl Sim<'_> {
         }
     }
 
-    /// Seconds of τ inner steps for worker `w` this round (its slowdown and jitter).
     /// Lockstep: worker `w` trains round `r` again from the parameters it holds,
     /// from `now` (its deadline was extended after it lapsed), and uploads alone on
     /// its link.
@@ -555,6 +554,7 @@ impl Sim<'_> {
         self.push(now, Ev::ParamsReady { w, r, train_us: us(train), arrive_us: us(arrive), bytes: 0 });
     }
 
+    /// Seconds of τ inner steps for worker `w` this round (its slowdown and jitter).
     fn train_seconds(&mut self, w: u32) -> f64 {
         self.setup.tau as f64 * self.step_seconds(w)
     }
