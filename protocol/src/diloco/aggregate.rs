@@ -509,12 +509,13 @@ pub enum Rejection {
     /// The encoded tensors did not decode.
     #[error("undecodable: {0}")]
     Encoding(String),
-    /// Applied alone, the contribution does not lower the loss on the shepherd's
-    /// held-out batch, or lowers it less than its opposite would (a
-    /// loss-delta screen in the spirit of Templar's Gauntlet).
+    /// Applied alone, the contribution does not point downhill on the shepherd's
+    /// held-out batch (it lowers the loss less than its opposite would), or does
+    /// best at a sliver of its step, as random values do (a loss-delta screen in
+    /// the spirit of Templar's Gauntlet; `committee::Losses::improves`).
     #[error(
         "no improvement: held-out loss {after:.4} with it, {before:.4} without, {reversed:.4} with it reversed \
-         (needs below both)"
+         (needs it below reversed, and at its best past 1/32 of its step)"
     )]
     NoImprovement {
         /// The loss at the round's parameters.
@@ -524,11 +525,12 @@ pub enum Rejection {
         /// The loss at the parameters plus this pseudo-gradient.
         reversed: f32,
     },
-    /// Applied alone, it lowers the held-out loss, but by less than the least the
-    /// screen asks (a share of the rated peers' median improvement).
-    #[error("too small an improvement: held-out loss falls by {gain:.5}, the screen asks at least {needed:.5}")]
+    /// Applied alone at its best step (`committee::Losses::improvement`), it
+    /// lowers the held-out loss, but by less than the least the screen asks (a
+    /// share of the rated peers' median improvement).
+    #[error("too small an improvement: held-out loss falls by {gain:.5} at best, the screen asks at least {needed:.5}")]
     SmallImprovement {
-        /// How much it lowered the loss.
+        /// How much it lowered the loss at its best step.
         gain: f64,
         /// The least the screen asked.
         needed: f64,

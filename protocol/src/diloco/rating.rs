@@ -128,6 +128,20 @@ impl<P: Ord + Clone> Ratings<P> {
         self.peers.insert(peer.clone(), Rating { passed: 0, score: 0.0, since: round, caught, sits_out_until });
     }
 
+    /// `peer`'s contribution to `round` pointed downhill but improved the loss too
+    /// little (a weak catch): its rating is gone and it is on probation again, as
+    /// at its first catch, but no weak catch makes it sit out. Honest gains have a
+    /// long low tail, so an honest worker's contribution falls under the bar now
+    /// and then, and over a long run those would add up to sit-outs of 64 rounds;
+    /// weak junk gains nothing by it, as a key on probation is screened every
+    /// time. A later catch as harmful ([`Self::caught`]) counts this one.
+    pub fn caught_weak(&mut self, peer: &P, round: u64) {
+        self.make_room(peer);
+        let (caught, sits_out_until) = self.peers.get(peer).map_or((0, 0), |r| (r.caught, r.sits_out_until));
+        let rating = Rating { passed: 0, score: 0.0, since: round, caught: caught.max(1), sits_out_until };
+        self.peers.insert(peer.clone(), rating);
+    }
+
     /// Whether `peer`'s contribution to `round` is refused unscreened: the screen
     /// caught it lately ([`Self::caught`]).
     pub fn sits_out(&self, peer: &P, round: u64) -> bool {
@@ -252,6 +266,27 @@ mod tests {
         // passing keeps the count: a peer that turns again sits out longer
         r.passed(&2, 1, 0.1);
         assert_eq!(r.get(&2).map(|x| x.caught), Some(0));
+    }
+
+    /// An honest worker whose contribution fell under the gain bar twice sat out
+    /// the round after the second (sparse, 9 of 20 `sleeper:4:huge`, rounds 9 and
+    /// 11); weak catches now cost the rating and probation alone.
+    #[test]
+    fn weak_catches_cost_the_rating_and_probation_but_never_a_sit_out() {
+        let mut r = Ratings::new(Policy::default());
+        r.passed(&1, 1, 0.2);
+        for round in [5, 7, 9, 11] {
+            r.caught_weak(&1, round);
+            assert!(r.on_probation(&1) && r.get(&1).map(|x| x.score) == Some(0.0), "round {round}");
+            assert!(!r.sits_out(&1, round + 1) && r.returning(&1, round + 1), "screened, never sitting out");
+        }
+        assert_eq!(r.get(&1).map(|x| x.caught), Some(1));
+        // a harmful catch after them is the second: it sits out a round
+        r.caught(&1, 12);
+        assert!(r.sits_out(&1, 13) && !r.sits_out(&1, 14));
+        // and a weak one after that leaves a sit-out running as it was
+        r.caught_weak(&1, 13);
+        assert!(r.sits_out(&1, 13) && !r.sits_out(&1, 14));
     }
 
     #[test]

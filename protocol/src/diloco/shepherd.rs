@@ -759,7 +759,8 @@ impl<P: Ord + Clone> Shepherd<P> {
             Input::Malformed { peer, round, reason } => {
                 let caught = matches!(reason, Rejection::NoImprovement { .. } | Rejection::SmallImprovement { .. });
                 if caught && self.config.rating.is_some() {
-                    self.ratings.caught(&peer, round);
+                    let weak = matches!(reason, Rejection::SmallImprovement { .. });
+                    if weak { self.ratings.caught_weak(&peer, round) } else { self.ratings.caught(&peer, round) }
                 }
                 if caught {
                     self.refs.earned.forfeit(&peer);
@@ -857,7 +858,8 @@ impl<P: Ord + Clone> Shepherd<P> {
     }
 
     /// With the copy check on, `delta`'s sketch, or its refusal as a copy of an
-    /// accepted contribution of the open round or of the last update.
+    /// accepted contribution of the open round or of one of the last two updates
+    /// (the one before the last is an overlapping worker's last).
     fn check_copy(&self, delta: &Delta) -> Result<Option<Sketch>, Rejection> {
         if self.config.similarity > 1.0 {
             return Ok(None);
@@ -867,7 +869,7 @@ impl<P: Ord + Clone> Shepherd<P> {
         let (key, threads) = (self.config.sketch_key, self.config.add_threads);
         let (sketch, on_support) = crate::diloco::sketch::sketch_and_share(key, delta, update, threads);
         let threshold = self.config.similarity;
-        if let Some(update) = &self.refs.update_sketch {
+        for update in [&self.refs.update_sketch, &self.refs.older_update_sketch].into_iter().flatten() {
             let cosine = sketch.cosine(update);
             if cosine >= threshold {
                 return Err(Rejection::TooSimilar { cosine, to_update: true });

@@ -517,7 +517,7 @@ impl Host {
                 if let shepherd::Input::Contribution { screen, timing, .. }
                 | shepherd::Input::Reported { screen, timing, .. } = &mut input
                 {
-                    *screen = shepherd::Screen::Passed { improvement: f64::from(losses.before - losses.after) };
+                    *screen = shepherd::Screen::Passed { improvement: losses.improvement() };
                     // the wait for its verdict is not its transfer
                     if let Some(t) = timing {
                         t.transfer_ms = t.transfer_ms.saturating_add(at.elapsed().as_millis() as u64);

@@ -109,3 +109,36 @@ fn only_rated_keys_that_neither_sit_out_nor_lied_may_screen() {
     assert_eq!(eligible(&ratings, 4, &candidates, &[]), vec![key(1), key(2)]);
     assert_eq!(eligible(&ratings, 4, &candidates, &[key(2)]), vec![key(1)], "a caught liar is barred");
 }
+
+#[test]
+fn the_screen_scores_a_contribution_at_its_best_step_along_its_direction() {
+    let l = |before, after, reversed| Losses { before, after, reversed };
+    // an honest contribution late in a run overshoots at the whole step: its best
+    // step, 0.27 of it, still lowers the loss (nanogpt-small, fp32)
+    let honest = l(2.6866, 2.7308, 2.8340);
+    assert!(honest.improves());
+    assert!((honest.best_step() - 0.2693).abs() < 1e-3, "{}", honest.best_step());
+    assert!((honest.improvement() - 0.00695).abs() < 1e-4, "{}", honest.improvement());
+    assert!(honest.passed(0.0007) && !honest.passed(0.01));
+    // undershooting: the whole step is best, and its gain is before − after
+    let early = l(3.0, 2.5, 3.6);
+    assert_eq!(early.best_step(), 1.0);
+    assert!((early.improvement() - 0.5).abs() < 1e-6);
+    // the same direction at twice the norm: half the step, the same gain; at four
+    // times, its best step falls under the bar
+    let parabola = |s: f32| 2.0 - 0.1 * s + 0.5 * s * s;
+    let at = |k: f32| l(parabola(0.0), parabola(k), parabola(-k));
+    let (one, two, four) = (at(1.0), at(2.0), at(4.0));
+    assert!((one.best_step() - 0.1).abs() < 1e-4 && (two.best_step() - 0.05).abs() < 1e-4);
+    assert!((one.improvement() - two.improvement()).abs() < 1e-4, "{one:?} {two:?}");
+    assert!((four.best_step() - 0.025).abs() < 1e-4 && !four.improves());
+    // uphill, flat, reversed or not finite: no gain, and no pass at any bar
+    for refused in [l(2.0, 2.1, 1.9), l(2.0, 2.0, 2.0), l(2.0, f32::NAN, 2.1), l(f32::INFINITY, 1.0, 2.0)] {
+        assert!(!refused.improves() && refused.improvement() == 0.0 && !refused.passed(0.0), "{refused:?}");
+    }
+    // random values raise the loss both ways: a sliver of slope, best at a sliver
+    // of the step, is no improvement, even with no gain bar (a run's first round)
+    let noise = l(2.0, 2.0999, 2.1001);
+    assert!(noise.best_step() > 0.0 && noise.best_step() < MIN_BEST_STEP);
+    assert!(!noise.improves() && noise.improvement() == 0.0 && !noise.passed(0.0));
+}

@@ -197,11 +197,10 @@ impl<P: Ord + Clone> Shepherd<P> {
         let stats = std::mem::take(&mut open.stats);
         self.refs.tensors = tensor_references(&self.refs.tensors, &stats);
         let norms: Vec<(f64, f64)> = open.references.iter().map(|r| (r.norm, r.weight)).collect();
-        if let Some(norm) = weighted_median(&norms) {
-            let before = lower_median(&previous);
+        if let Some(norm) = reference::next_reference(&norms, lower_median(&previous)) {
             // with ratings, arrivals stay out of the pool from this close on
             self.rated_norms = self.config.rating.is_some();
-            self.norms = [bounded_move(norm, before)].into();
+            self.norms = [norm].into();
             if self.config.fragments.len() > 1 {
                 let fragment = crate::diloco::fragments::of_round(round, self.config.fragments.len());
                 self.fragment_norms.insert(fragment, self.norms.iter().copied().collect());
@@ -257,7 +256,7 @@ impl<P: Ord + Clone> Shepherd<P> {
         let stepped = mean.and_then(|mean| self.outer.step(&mut self.params, &mean, round, threads));
         summary.update = stepped.map(|(bytes, sent)| {
             if copies {
-                self.refs.update_sketch = Some(Sketch::of_sparse(self.config.sketch_key, &sent));
+                self.refs.updated(Sketch::of_sparse(self.config.sketch_key, &sent));
                 self.refs.update_sparse = Some(sent);
             }
             bytes
@@ -266,7 +265,7 @@ impl<P: Ord + Clone> Shepherd<P> {
             let key = self.config.sketch_key;
             let after = Sketch::of_tensors(key, &self.params);
             if let Some(before) = self.refs.params_sketch.replace(after.clone()) {
-                self.refs.update_sketch = Some(Sketch::difference(&before, &after));
+                self.refs.updated(Sketch::difference(&before, &after));
             }
         }
         self.completed = summary.round;

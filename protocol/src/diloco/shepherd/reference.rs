@@ -21,6 +21,15 @@
 //! * **A bounded move.** Each reference moves by at most [`REFERENCE_STEP`] a
 //!   round (×2 up, ÷2 down) from the one before, so no round can set a bound to 0
 //!   or to 10⁶ × its value, whoever sends what.
+//! * **A rise needs three quarters.** A norm reference falls to the weighted
+//!   median, but rises only as far as [`RISE_SHARE`] of the round's weight
+//!   reaches ([`next_reference`]). The screen scores a direction, not its size
+//!   (`committee::Losses::improvement`), so updates of an honest direction at the
+//!   bound pass it; where such senders held half a round's screened weight (the
+//!   screen samples a few contributions past its budget, and which arrive first
+//!   changes from round to round), a median doubled the bound in each of two rounds
+//!   (nanogpt-small, 9 of 20 `sleeper:4:huge`). A higher bound is the dangerous way:
+//!   a lower one only scales honest updates down.
 //! * **Claims within what is seen.** The step time is the sender's claim
 //!   (`train_ms`, its time in inner steps since its last contribution) over the
 //!   inner steps its samples make, at most [`SEEN_FACTOR`] × what the shepherd
@@ -60,6 +69,10 @@ pub const PACE_SHARE: f64 = 0.75;
 /// A contribution earns its samples if its norm is at least this share of the
 /// norm reference (`REFERENCE_STEP`⁻²: two rounds of the most a reference moves).
 pub const EARNING_FLOOR: f64 = 1.0 / (REFERENCE_STEP * REFERENCE_STEP);
+
+/// The least share of a round's weight at or above a norm reference's new value
+/// for it to rise there.
+pub const RISE_SHARE: f64 = 0.75;
 
 /// The most senders whose earned work is kept; past it the least earned go.
 pub const MAX_EARNED: usize = 65_536;
@@ -141,6 +154,12 @@ impl<P: Ord + Clone> Earned<P> {
 /// and non-finite values are left out; where the weights left sum to nothing,
 /// each value counts once. `None` when no value is left.
 pub fn weighted_median(values: &[(f64, f64)]) -> Option<f64> {
+    weighted_quantile(values, 0.5)
+}
+
+/// The smallest value at which the weight of the values up to it reaches `q` of
+/// the total, as [`weighted_median`] leaves values out and weighs them.
+pub fn weighted_quantile(values: &[(f64, f64)], q: f64) -> Option<f64> {
     let mut kept: Vec<(f64, f64)> = values
         .iter()
         .filter(|(v, _)| v.is_finite() && *v > 0.0)
@@ -153,15 +172,27 @@ pub fn weighted_median(values: &[(f64, f64)]) -> Option<f64> {
         kept.iter_mut().for_each(|(_, w)| *w = 1.0);
     }
     kept.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let half = kept.iter().map(|(_, w)| w).sum::<f64>() / 2.0;
+    let reach = kept.iter().map(|(_, w)| w).sum::<f64>() * q.clamp(0.0, 1.0);
     let mut sum = 0.0;
     for (v, w) in &kept {
         sum += w;
-        if sum >= half {
+        if sum >= reach {
             return Some(*v);
         }
     }
     kept.last().map(|(v, _)| *v)
+}
+
+/// A norm reference's next value from a round's `(value, weight)` pairs and the
+/// one before ([`bounded_move`] from `previous`): down to the weighted median,
+/// up only as far as [`RISE_SHARE`] of the weight reaches (the weighted quantile
+/// at 1 − [`RISE_SHARE`]), so that a rise needs three quarters of the weight. With
+/// no value left, `None`; with no positive `previous`, the median.
+pub fn next_reference(values: &[(f64, f64)], previous: Option<f64>) -> Option<f64> {
+    let median = weighted_median(values)?;
+    let Some(p) = previous.filter(|p| p.is_finite() && *p > 0.0) else { return Some(median) };
+    let next = if median > p { weighted_quantile(values, 1.0 - RISE_SHARE)?.max(p) } else { median };
+    Some(bounded_move(next, Some(p)))
 }
 
 /// `new` moved at most [`REFERENCE_STEP`] either way from `previous` (none, or
@@ -188,9 +219,9 @@ pub fn paced(claimed: f64, previous: Option<f64>, round_ms: u64, budget_steps: f
 }
 
 /// Each tensor's reference (norm, largest magnitude) from a round's screened,
-/// accepted contributions' statistics and their senders' weights, each moved at
-/// most [`REFERENCE_STEP`] from `previous`. A tensor no contribution carried keeps
-/// its reference.
+/// accepted contributions' statistics and their senders' weights, each moved as
+/// [`next_reference`] moves one from `previous`. A tensor no contribution carried
+/// keeps its reference.
 pub fn tensor_references(previous: &[Option<(f64, f32)>], stats: &[(f64, Vec<(f64, f32)>)]) -> Vec<Option<(f64, f32)>> {
     let tensors = stats.iter().map(|(_, s)| s.len()).max().unwrap_or(0).max(previous.len());
     (0..tensors)
@@ -199,12 +230,10 @@ pub fn tensor_references(previous: &[Option<(f64, f32)>], stats: &[(f64, Vec<(f6
             let norms: Vec<(f64, f64)> = stats.iter().filter_map(|(w, s)| s.get(t).map(|x| (x.0, *w))).collect();
             let maxes: Vec<(f64, f64)> =
                 stats.iter().filter_map(|(w, s)| s.get(t).map(|x| (f64::from(x.1), *w))).collect();
-            match (weighted_median(&norms), weighted_median(&maxes)) {
-                (Some(n), Some(m)) => {
-                    let n = bounded_move(n, before.map(|b| b.0));
-                    let m = bounded_move(m, before.map(|b| f64::from(b.1)));
-                    Some((n, m as f32))
-                }
+            let n = next_reference(&norms, before.map(|b| b.0));
+            let m = next_reference(&maxes, before.map(|b| f64::from(b.1)));
+            match (n, m) {
+                (Some(n), Some(m)) => Some((n, m as f32)),
                 _ => before,
             }
         })
@@ -225,6 +254,10 @@ pub(super) struct References<P> {
     pub(super) tensors: Vec<Option<(f64, f32)>>,
     /// The copy check: the sketch of the last round's update.
     pub(super) update_sketch: Option<crate::diloco::sketch::Sketch>,
+    /// The copy check: the sketch of the update before it (an overlapping worker
+    /// builds its contribution from parameters a round old, so a copier's "last
+    /// update" can be this one).
+    pub(super) older_update_sketch: Option<crate::diloco::sketch::Sketch>,
     /// The copy check: the sketch of the parameters after the last close.
     pub(super) params_sketch: Option<crate::diloco::sketch::Sketch>,
     /// The copy check, a sparse run: the last round's update itself, held against
@@ -242,6 +275,7 @@ impl<P: Ord + Clone> References<P> {
             step_ms: None,
             tensors: Vec::new(),
             update_sketch: None,
+            older_update_sketch: None,
             params_sketch: None,
             update_sparse: None,
             close: super::close::CloseTimes::default(),
@@ -269,6 +303,12 @@ impl<P: Ord + Clone> References<P> {
     /// `peer`'s contribution to `round` was accepted at `now_ms`.
     pub(super) fn arrived(&mut self, peer: P, round: u64, now_ms: u64) {
         self.arrivals.insert(peer, (round, now_ms));
+    }
+
+    /// The copy check's sketch of the update just applied; the one before it
+    /// is kept as the older.
+    pub(super) fn updated(&mut self, sketch: crate::diloco::sketch::Sketch) {
+        self.older_update_sketch = self.update_sketch.replace(sketch);
     }
 
     /// `peer` is no longer a worker.
@@ -314,6 +354,34 @@ mod tests {
         attacked.extend([(1e6, 10.0), (1e6, 10.0), (1e6, 10.0)]);
         let m = weighted_median(&attacked).expect("some");
         assert!((0.9..=1.2).contains(&m), "{m}");
+    }
+
+    #[test]
+    fn a_reference_falls_with_the_median_and_rises_only_as_three_quarters_of_the_weight_reach() {
+        let equal = |v: &[f64]| v.iter().map(|v| (*v, 1.0)).collect::<Vec<_>>();
+        // 11 honest norms about 1, 9 keys at 1.5 × the reference: the median (1.08) is
+        // honest, and nothing rises above the reference of 1
+        let mut attacked: Vec<f64> = (0..11).map(|i| 0.9 + 0.02 * f64::from(i)).collect();
+        attacked.extend([1.5; 9]);
+        assert_eq!(next_reference(&equal(&attacked), Some(1.0)), Some(1.0));
+        // the same 9 holding 11 of 20 in a sample past the budget: a median would
+        // double the bound (at most), the quarter holds it
+        let mut majority: Vec<f64> = (0..9).map(|i| 0.9 + 0.02 * f64::from(i)).collect();
+        majority.extend([1e6; 11]);
+        assert_eq!(weighted_median(&equal(&majority)).map(|m| bounded_move(m, Some(1.0))), Some(2.0));
+        assert_eq!(next_reference(&equal(&majority), Some(1.0)), Some(1.0));
+        // a rise that three quarters of the weight carry goes through, bounded
+        assert_eq!(next_reference(&equal(&[1.5, 1.6, 1.7, 1.8]), Some(1.0)), Some(1.5));
+        assert_eq!(next_reference(&equal(&[5.0, 6.0, 7.0, 8.0]), Some(1.0)), Some(2.0));
+        // a fall follows the median, bounded; with nothing before, the median
+        assert_eq!(next_reference(&equal(&[0.5, 0.6, 0.7, 2.0]), Some(1.0)), Some(0.6));
+        assert_eq!(next_reference(&equal(&[0.1, 0.1, 0.1]), Some(1.0)), Some(0.5));
+        assert_eq!(next_reference(&equal(&[3.0, 4.0, 5.0]), None), Some(4.0));
+        assert_eq!(next_reference(&equal(&[0.0, f64::NAN]), Some(1.0)), None);
+        // by weight: fresh keys (no earned work) carry no rise; the earned keys'
+        // median is a fall
+        let fresh = [(0.9, 10.0), (1.0, 10.0), (5.0, 0.0), (5.0, 0.0), (5.0, 0.0)];
+        assert_eq!(next_reference(&fresh, Some(1.0)), Some(0.9));
     }
 
     #[test]
