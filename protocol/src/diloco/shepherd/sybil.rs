@@ -213,6 +213,22 @@ fn a_delta_replayed_from_many_keys_counts_once() {
     }
 }
 
+/// Round `r` of the copy tests: workers 1–3 send `delta(worker)`; the round's
+/// contributors and the refusals.
+fn copied_round(s: &mut Shepherd<u32>, r: u64, delta: impl Fn(u32) -> Vec<Vec<f32>>) -> (Vec<u32>, Vec<Rejection>) {
+    let (mut contributors, mut refused) = (Vec::new(), Vec::new());
+    for p in 1..=3u32 {
+        for a in s.handle(contribution(p, r, delta(p)), r * 1000 + u64::from(p)) {
+            match a {
+                Action::Rejected { reason, .. } => refused.push(reason),
+                Action::RoundCompleted(sum) => contributors = sum.contributors,
+                _ => {}
+            }
+        }
+    }
+    (contributors, refused)
+}
+
 /// `copy`: a free rider sends 4 × the last round's public update (θ before − θ
 /// after, which every worker sees). Without the copy check it was averaged in every
 /// round; now it is refused, and honest work is not.
@@ -226,21 +242,10 @@ fn a_scaled_copy_of_the_last_update_is_refused() {
         let mut last = s.params().clone();
         let mut update: Option<Vec<Vec<f32>>> = None;
         for r in 1..=5 {
-            let mut contributors = Vec::new();
-            let mut refused = Vec::new();
-            for p in 1..=3u32 {
-                let d = match (&update, p) {
-                    (Some(u), 3) => u.iter().map(|t| t.iter().map(|v| 4.0 * v).collect()).collect(),
-                    _ => random(u64::from(p) * 100 + r),
-                };
-                for a in s.handle(contribution(p, r, d), r * 1000 + u64::from(p)) {
-                    match a {
-                        Action::Rejected { reason, .. } => refused.push(reason),
-                        Action::RoundCompleted(sum) => contributors = sum.contributors,
-                        _ => {}
-                    }
-                }
-            }
+            let (contributors, refused) = copied_round(&mut s, r, |p| match (&update, p) {
+                (Some(u), 3) => u.iter().map(|t| t.iter().map(|v| 4.0 * v).collect()).collect(),
+                _ => random(u64::from(p) * 100 + r),
+            });
             let now = s.params().clone();
             update = Some(last.iter().zip(&now).map(|(a, b)| a.iter().zip(b).map(|(a, b)| a - b).collect()).collect());
             last = now;
@@ -267,24 +272,13 @@ fn a_scaled_copy_of_the_update_before_the_last_is_refused() {
     }
     let mut starts = vec![s.params().clone()];
     for r in 1..=5u64 {
-        let mut refused = Vec::new();
-        let mut contributors = Vec::new();
-        for p in 1..=3u32 {
-            let d: Vec<Vec<f32>> = match (starts.len() >= 3, p) {
-                (true, 3) => {
-                    let (a, b) = (&starts[starts.len() - 3], &starts[starts.len() - 2]);
-                    a.iter().zip(b).map(|(a, b)| a.iter().zip(b).map(|(a, b)| 4.0 * (a - b)).collect()).collect()
-                }
-                _ => random(u64::from(p) * 100 + r),
-            };
-            for a in s.handle(contribution(p, r, d), r * 1000 + u64::from(p)) {
-                match a {
-                    Action::Rejected { reason, .. } => refused.push(reason),
-                    Action::RoundCompleted(sum) => contributors = sum.contributors,
-                    _ => {}
-                }
+        let (contributors, refused) = copied_round(&mut s, r, |p| match (starts.len() >= 3, p) {
+            (true, 3) => {
+                let (a, b) = (&starts[starts.len() - 3], &starts[starts.len() - 2]);
+                a.iter().zip(b).map(|(a, b)| a.iter().zip(b).map(|(a, b)| 4.0 * (a - b)).collect()).collect()
             }
-        }
+            _ => random(u64::from(p) * 100 + r),
+        });
         starts.push(s.params().clone());
         if r >= 3 {
             assert_eq!(contributors, vec![1, 2], "round {r}");
