@@ -859,7 +859,7 @@ impl<P: Ord + Clone> Shepherd<P> {
 
     /// With the copy check on, `delta`'s sketch, or its refusal as a copy of an
     /// accepted contribution of the open round or of one of the last two updates
-    /// (the one before the last is an overlapping worker's last).
+    /// (a copier a round behind takes the one before the last for the last).
     fn check_copy(&self, delta: &Delta) -> Result<Option<Sketch>, Rejection> {
         if self.config.similarity > 1.0 {
             return Ok(None);

@@ -254,9 +254,8 @@ pub(super) struct References<P> {
     pub(super) tensors: Vec<Option<(f64, f32)>>,
     /// The copy check: the sketch of the last round's update.
     pub(super) update_sketch: Option<crate::diloco::sketch::Sketch>,
-    /// The copy check: the sketch of the update before it (an overlapping worker
-    /// builds its contribution from parameters a round old, so a copier's "last
-    /// update" can be this one).
+    /// The copy check: the sketch of the update before it (a copier a round
+    /// behind takes it for the last).
     pub(super) older_update_sketch: Option<crate::diloco::sketch::Sketch>,
     /// The copy check: the sketch of the parameters after the last close.
     pub(super) params_sketch: Option<crate::diloco::sketch::Sketch>,
