@@ -520,7 +520,7 @@ fn fragments_sync_a_part_per_round_and_workers_fetch_only_changed_shards() {
 /// values that happen to point downhill lower the held-out batch by 3–21% of
 /// the last round's median gain in a round or two of 8, as weak honest
 /// contributions late in a run do (`docs/threat-model.md`, "A direction, not a
-/// size"). Over six runs of this test here the noise passed in 0–2 rounds of 8,
+/// size"). Over seven runs of this test here the noise passed in 0–2 rounds of 8,
 /// always on probation.
 #[test]
 fn lying_screeners_are_caught_and_honest_contributions_still_pass() {
