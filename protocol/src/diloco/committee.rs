@@ -43,10 +43,10 @@ pub const ABS_TOLERANCE: f32 = 2e-3;
 pub const REL_TOLERANCE: f32 = 5e-3;
 
 /// The least share of its step at which a contribution must do best
-/// ([`Losses::best_step`]). Late in a run random values raise the loss both ways,
-/// and the sliver of slope they have is best at a ten-thousandth of their step
-/// (early, while the gradient is large, they can point downhill with a best step
-/// past this, and the gain bar refuses them); an honest
+/// ([`Losses::best_step`]). Random values mostly raise the loss both ways, and the
+/// sliver of slope they have is best at a ten-thousandth of their step (on a small
+/// model's sparse updates some point downhill on the batch with a best step past
+/// this, early or late in a run, and meet the gain bar instead); an honest
 /// contribution late in a run is best at a quarter of its step (the fitted gain,
 /// [`Losses::improvement`], measures a direction, so without this bar a run's
 /// first round, which has no gain bar yet, would pass junk that happens to

@@ -192,8 +192,10 @@ pub(crate) const MIN_SCREENS: u64 = 8;
 /// improved it (of all such contributions before any peer is rated), whether or
 /// not they cleared the bar. It refuses a tiny update meant to drag the norm bound
 /// down, which does best at its whole step and improves the loss by almost
-/// nothing; random values, best at a sliver of their step late in a run, fail
-/// [`MIN_BEST_STEP`](pcp_protocol::diloco::committee::MIN_BEST_STEP) first. Honest
+/// nothing; random values mostly do best at a sliver of their step and fail
+/// [`MIN_BEST_STEP`](pcp_protocol::diloco::committee::MIN_BEST_STEP) first (those
+/// that point downhill on the batch meet this bar: `docs/threat-model.md`, "Junk
+/// that happens to point downhill"). Honest
 /// gains have a long low tail: late in a fp32 run of 20 workers (nanogpt-small, τ
 /// 10) each round had one or two at 3.4–6.4% of the last round's median, where
 /// the rest were within 3× of it; a tenth refused them, and a refusal is a catch.
@@ -578,7 +580,7 @@ impl Screener {
 /// 0.21–0.34 of round 1's median). Random values can point downhill early in a
 /// run with a best step past 1/32, and round 2's bar refuses them: in the same
 /// six runs and two more, their gains were 0–1.4% of round 1's median, and a
-/// hundredth of it passed two of them (the noise worker of `sim_cli`'s
+/// hundredth of it passed one of them (the noise worker of `sim_cli`'s
 /// lying-screener test). With no bar at all in round 2 every such chance passed:
 /// a key caught in round 1 is screened again in round 2.
 #[derive(Clone, Debug, Default)]
