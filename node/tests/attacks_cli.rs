@@ -103,6 +103,30 @@ fn zeros_and_copies_are_refused_and_participants_come_as_a_blob() {
     assert!(bounds[1..].iter().all(|b| *b >= bounds[0] / 10.0), "the bound holds: {bounds:?}");
 }
 
+/// `copy` under overlap, in the default sparse encoding: a worker that trains
+/// from its own parameters and merges each update into them still copies the
+/// last public update, the difference of the last two global parameters it
+/// fetched (not of its own anchors, its steps and merges, which no copy check
+/// could match), and the copy check (the update's support, or the one before
+/// it for a copier a round behind, under the norm screen so that no loss screen
+/// stands in front of it) refuses it from round 3 on, when the copier holds two
+/// fetched rounds.
+#[test]
+fn a_copy_of_the_last_update_is_refused_under_overlap() {
+    let _serial = serial::serial();
+    let events = sim(5, &["--nodes", "4", "--screen", "norm", "--hostile", "copy:1"]);
+    let copy = peer(&events, 1);
+    let copies = refused(&events, &copy);
+    assert!(copies.iter().all(|(_, why)| why.contains("a copy of a recent round's update")), "{copies:?}");
+    let refused_rounds: Vec<u64> = copies.iter().map(|(r, _)| *r).collect();
+    for round in 3..=5 {
+        assert!(refused_rounds.contains(&round), "round {round}'s copy refused: {copies:?}");
+    }
+    for (i, peers) in contributors(&events).iter().enumerate().skip(2) {
+        assert!(!peers.contains(&copy), "round {}: the copy averaged: {peers:?}", i + 1);
+    }
+}
+
 /// `replay:3`: one Δ sent by three keys counts at most once a round (which of them
 /// makes a round, if any, is the rounds' timing on two cores).
 #[test]

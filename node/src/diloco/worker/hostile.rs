@@ -174,28 +174,33 @@ pub(crate) type ReplaySlot = Arc<Mutex<Option<(u64, Tensors)>>>;
 /// What an attacker remembers between rounds.
 #[derive(Debug, Default)]
 pub(crate) struct Attacker {
-    /// `copy`: the parameters the last round started from.
-    last_start: Option<Tensors>,
+    /// `copy`: the last two global parameters the worker fetched, the older first:
+    /// their difference is the last public update.
+    globals: (Option<Tensors>, Option<Tensors>),
 }
 
 impl Attacker {
-    /// Corrupts `delta`, round `round`'s honest pseudo-gradient from `start`, as
-    /// `attack` does in that round (`replay`: through the group's `slot`).
+    /// The worker fetched the global parameters `params` (a round's, as its
+    /// announcement names them): a copier keeps the last two, honest rounds
+    /// included, whether it trains from them (lockstep) or merges their update
+    /// into its own (overlap).
+    pub(crate) fn fetched(&mut self, attack: Option<Attack>, params: &Tensors) {
+        if attack.is_some_and(|a| a.kind == Hostile::Copy) {
+            self.globals.0 = self.globals.1.replace(params.clone());
+        }
+    }
+
+    /// Corrupts `delta`, round `round`'s honest pseudo-gradient, as `attack` does
+    /// in that round (`replay`: through the group's `slot`).
     pub(crate) fn corrupt(
         &mut self,
         attack: Option<Attack>,
         round: u64,
-        start: &Tensors,
         delta: &mut Tensors,
         slot: Option<&ReplaySlot>,
         fragment: std::ops::Range<usize>,
     ) {
         let kind = attack.and_then(|a| a.at(round));
-        // a copier keeps each round's start, honest rounds included
-        let previous = match attack.is_some_and(|a| a.kind == Hostile::Copy) {
-            true => self.last_start.replace(start.clone()),
-            false => None,
-        };
         match kind {
             Some(Hostile::Nan) => delta[fragment.start][0] = f32::NAN,
             Some(Hostile::Scale(k)) => delta.iter_mut().flatten().for_each(|v| *v *= k),
@@ -205,9 +210,10 @@ impl Attacker {
             Some(Hostile::Drag) => delta.iter_mut().flatten().for_each(|v| *v *= 0.01),
             Some(Hostile::Zero) => delta.iter_mut().flatten().for_each(|v| *v = 0.0),
             Some(Hostile::Copy) => {
-                // 4 × (θ of the last round − θ of this one), where the delta has tensors
-                if let Some(previous) = previous {
-                    for ((d, p), s) in delta.iter_mut().zip(&previous).zip(start) {
+                // 4 × the last public update as a pseudo-gradient (θ before it − θ
+                // after), where the delta has tensors
+                if let (Some(before), Some(after)) = &self.globals {
+                    for ((d, p), s) in delta.iter_mut().zip(before).zip(after) {
                         if !d.is_empty() {
                             d.iter_mut().zip(p.iter().zip(s)).for_each(|(d, (p, s))| *d = 4.0 * (p - s));
                         }
@@ -294,15 +300,24 @@ mod tests {
         let copy = Some(Attack::parse("sleeper:1:copy").expect("parses"));
         let mut a = Attacker::default();
         let mut d = vec![vec![0.5, 0.5]];
-        a.corrupt(copy, 1, &vec![vec![1.0, 2.0]], &mut d, None, 0..1);
+        a.fetched(copy, &vec![vec![1.0, 2.0]]);
+        a.corrupt(copy, 1, &mut d, None, 0..1);
         assert_eq!(d, vec![vec![0.5, 0.5]], "honest in round 1");
-        a.corrupt(copy, 2, &vec![vec![0.75, 2.5]], &mut d, None, 0..1);
+        a.fetched(copy, &vec![vec![0.75, 2.5]]);
+        a.corrupt(copy, 2, &mut d, None, 0..1);
         assert_eq!(d, vec![vec![1.0, -2.0]], "4 × (θ₁ − θ₂)");
+        // under overlap its own steps are no part of it: only what it fetched is
+        let mut d = vec![vec![9.0, 9.0]];
+        a.corrupt(copy, 3, &mut d, None, 0..1);
+        assert_eq!(d, vec![vec![1.0, -2.0]], "the last update it fetched, whatever it trained");
+        a.fetched(copy, &vec![vec![0.5, 2.5]]);
+        a.corrupt(copy, 4, &mut d, None, 0..1);
+        assert_eq!(d, vec![vec![1.0, 0.0]], "4 × (θ₂ − θ₃)");
         let slot = ReplaySlot::default();
         let replay = Some(Attack { kind: Hostile::Replay(2), honest_rounds: 0 });
         let (mut first, mut second) = (vec![vec![1.0]], vec![vec![7.0]]);
-        Attacker::default().corrupt(replay, 3, &vec![vec![0.0]], &mut first, Some(&slot), 0..1);
-        Attacker::default().corrupt(replay, 3, &vec![vec![0.0]], &mut second, Some(&slot), 0..1);
+        Attacker::default().corrupt(replay, 3, &mut first, Some(&slot), 0..1);
+        Attacker::default().corrupt(replay, 3, &mut second, Some(&slot), 0..1);
         assert_eq!(first, second, "the group sends the first Δ made");
     }
 }

@@ -708,6 +708,7 @@ impl Trainer<'_> {
             shards: params.shards.0 as u64,
             of: params.shards.1 as u64,
         }));
+        self.attacker.fetched(self.plan.hostile, &params.params);
         self.held = a.parameters.first().map(|p| {
             let shards = a.parameters[1..].iter().map(|s| s.blob).collect();
             Arc::new(Held { hash: BlobHash(p.blob), params: params.params.clone(), shards })
@@ -748,7 +749,7 @@ impl Trainer<'_> {
         let hostile = self.plan.hostile.and_then(|a| a.at(r));
         if self.plan.hostile.is_some() {
             let slot = self.plan.replay.as_ref();
-            self.attacker.corrupt(self.plan.hostile, r, start, &mut delta, slot, fragment.clone());
+            self.attacker.corrupt(self.plan.hostile, r, &mut delta, slot, fragment.clone());
         }
         // a free rider's zeros, copy or replay go on the wire as they are, not
         // through its error feedback (which would send its honest residuals)
