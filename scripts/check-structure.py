@@ -58,7 +58,7 @@ TABLES = {
 MAX_FILE_LINES = 900
 # files over the cap today, each at most at this length
 OVER = {
-    "protocol/src/diloco/shepherd.rs": 1342,
+    "protocol/src/diloco/shepherd.rs": 1313,
     "protocol/src/diloco/sparse.rs": 988,
 }
 MAX_FIELDS = 20

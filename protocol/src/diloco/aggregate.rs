@@ -473,8 +473,9 @@ pub enum Rejection {
         to_update: bool,
     },
     /// A sparse contribution whose kept entries lie on the last round's sparse
-    /// update, with its signs: a copy of part of it ([`super::sketch::support_share`]).
-    #[error("a copy of the last round's update: {:.1}% of its entries are the update's, with its signs", .share * 100.0)]
+    /// update or the one before it, with its signs: a copy of part of it
+    /// ([`super::sketch::support_share`]).
+    #[error("a copy of a recent round's update: {:.1}% of its entries are the update's, with its signs", .share * 100.0)]
     OnUpdate {
         /// The share of its entries on the update's support with the update's sign.
         share: f64,

@@ -92,6 +92,7 @@ use reference::{References, bounded_move, tensor_references, weighted_median};
 
 mod applied;
 mod close;
+mod copies;
 mod input;
 pub mod reference;
 mod snapshot;
@@ -855,35 +856,6 @@ impl<P: Ord + Clone> Shepherd<P> {
             }
             Err(reason) => self.reject(peer, round, reason, actions),
         }
-    }
-
-    /// With the copy check on, `delta`'s sketch, or its refusal as a copy of an
-    /// accepted contribution of the open round or of one of the last two updates
-    /// (a copier a round behind takes the one before the last for the last).
-    fn check_copy(&self, delta: &Delta) -> Result<Option<Sketch>, Rejection> {
-        if self.config.similarity > 1.0 {
-            return Ok(None);
-        }
-        // the sketch and the share on the update's support in one pass, on the add threads
-        let update = self.refs.update_sparse.as_ref();
-        let (key, threads) = (self.config.sketch_key, self.config.add_threads);
-        let (sketch, on_support) = crate::diloco::sketch::sketch_and_share(key, delta, update, threads);
-        let threshold = self.config.similarity;
-        for update in [&self.refs.update_sketch, &self.refs.older_update_sketch].into_iter().flatten() {
-            let cosine = sketch.cosine(update);
-            if cosine >= threshold {
-                return Err(Rejection::TooSimilar { cosine, to_update: true });
-            }
-        }
-        // a sparse run: a copy of part of the update, at any precision, lies on its support
-        if let Some(share) = on_support.filter(|s| *s >= crate::diloco::sketch::SUPPORT_SHARE) {
-            return Err(Rejection::OnUpdate { share });
-        }
-        let others = self.open.iter().flat_map(|o| o.sketches.iter());
-        if let Some(cosine) = others.map(|o| sketch.cosine(o)).find(|c| *c >= threshold) {
-            return Err(Rejection::TooSimilar { cosine, to_update: false });
-        }
-        Ok(Some(sketch))
     }
 
     /// `peer`'s trust factor in the open round, and whether the round aggregates

@@ -40,6 +40,14 @@ pub const MIN_SHARED: usize = 16;
 /// its sign, from which it is a copy of the update.
 pub const SUPPORT_SHARE: f64 = 0.95;
 
+/// The cosine with the update before the last at which a sparse contribution's
+/// support is walked against that update too ([`support_share`]): a copy of it
+/// (a copier a round behind) keeps a top-k of its values, whose cosine with it
+/// is about √(the kept share of its norm), 0.7–0.9; honest top-k work leans on
+/// an older update far less (`docs/threat-model.md`), and is spared the second
+/// walk.
+pub const SUSPECT_COSINE: f64 = 0.5;
+
 /// Buckets of a sketch.
 pub const WIDTH: usize = 256;
 

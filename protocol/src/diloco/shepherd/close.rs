@@ -257,7 +257,8 @@ impl<P: Ord + Clone> Shepherd<P> {
         summary.update = stepped.map(|(bytes, sent)| {
             if copies {
                 self.refs.updated(Sketch::of_sparse(self.config.sketch_key, &sent));
-                self.refs.update_sparse = Some(sent);
+                let [last, older] = &mut self.refs.update_sparse;
+                *older = last.replace(sent);
             }
             bytes
         });

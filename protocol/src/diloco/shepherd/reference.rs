@@ -259,9 +259,11 @@ pub(super) struct References<P> {
     pub(super) older_update_sketch: Option<crate::diloco::sketch::Sketch>,
     /// The copy check: the sketch of the parameters after the last close.
     pub(super) params_sketch: Option<crate::diloco::sketch::Sketch>,
-    /// The copy check, a sparse run: the last round's update itself, held against
-    /// sparse contributions on its support ([`crate::diloco::sketch::support_share`]).
-    pub(super) update_sparse: Option<crate::diloco::sparse::SparseTensors>,
+    /// The copy check, a sparse run: the last round's update itself and the one
+    /// before it, held against sparse contributions on their support
+    /// ([`crate::diloco::sketch::support_share`]; a copier a round behind copies
+    /// the older).
+    pub(super) update_sparse: [Option<crate::diloco::sparse::SparseTensors>; 2],
     /// How long the last closes took (the deadline's lead).
     pub(super) close: super::close::CloseTimes,
 }
@@ -276,7 +278,7 @@ impl<P: Ord + Clone> References<P> {
             update_sketch: None,
             older_update_sketch: None,
             params_sketch: None,
-            update_sparse: None,
+            update_sparse: [None, None],
             close: super::close::CloseTimes::default(),
         }
     }

@@ -348,3 +348,46 @@ fn a_sparse_copy_of_part_of_the_last_update_is_refused() {
         }
     }
 }
+
+/// `copy` a round behind in a sparse run: a copier that fetched one round late
+/// sends its top-k of 4 × the update before the last, which the last update's
+/// support does not hold (on main it was averaged in every round from round 3);
+/// the support rule holds the update before the last too.
+#[test]
+fn a_sparse_copy_of_the_update_before_the_last_is_refused() {
+    let cfg = Config { sparse: Some(crate::diloco::sparse::Settings::default()), ..checking(3, true) };
+    let mut s = Shepherd::new(cfg, vec![vec![0.0; 1024]]);
+    for p in 1..=3 {
+        s.handle(Input::Joined(p), 0);
+    }
+    let mut history = vec![s.params().clone()];
+    for r in 1..=5u64 {
+        let (mut contributors, mut refused) = (Vec::new(), Vec::new());
+        // the update before the last: θ(r − 3) − θ(r − 2)
+        let older: Option<Vec<f32>> = (r >= 3).then(|| {
+            let (a, b) = (&history[r as usize - 3][0], &history[r as usize - 2][0]);
+            a.iter().zip(b).map(|(a, b)| a - b).collect()
+        });
+        for p in 1..=3u32 {
+            let dense = match (&older, p) {
+                (Some(u), 3) => u.iter().map(|v| 4.0 * v).collect(),
+                _ => (0..16).flat_map(|i| random(u64::from(p) * 100 + r * 16 + i).remove(0)).collect::<Vec<_>>(),
+            };
+            let delta = Delta::Sparse(vec![top_4_per_chunk(&dense)]);
+            for a in s.handle(Input::contribution(p, r, 100, 2.0, delta), r * 1000 + u64::from(p)) {
+                match a {
+                    Action::Rejected { reason, .. } => refused.push(reason),
+                    Action::RoundCompleted(sum) => contributors = sum.contributors,
+                    _ => {}
+                }
+            }
+        }
+        history.push(s.params().clone());
+        if r < 3 {
+            assert_eq!(contributors, vec![1, 2, 3], "round {r}: {refused:?}");
+        } else {
+            assert_eq!(contributors, vec![1, 2], "round {r}: {refused:?}");
+            assert!(matches!(refused[..], [Rejection::OnUpdate { share }] if share >= 0.95), "{refused:?}");
+        }
+    }
+}
