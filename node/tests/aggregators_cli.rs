@@ -177,17 +177,21 @@ fn replicas_that_lie_alike_are_caught_by_spot_checks() {
 }
 
 /// The score screen in an aggregated run: committees of rated workers screen
-/// each contribution from its slices, fetched from its sender (the shepherd
-/// never holds one whole, and fetches the slices itself only for what it scores:
-/// a round's first contributions, before two screeners are committed; round 1,
-/// before anyone is rated, is neither aggregated nor screened by committees). A worker
-/// sending its Δ reversed after two honest rounds is refused by the screen, the honest ones are summed.
+/// each contribution from its slices, fetched from its shards' aggregators (the
+/// shepherd never holds one whole, and fetches the slices itself only for what
+/// it scores: a round's first contributions, before two screeners are
+/// committed; round 1, before anyone is rated, is neither aggregated nor
+/// screened by committees). A worker sending its Δ reversed after two honest
+/// rounds is refused by the screen, the honest ones are summed. A worker that
+/// deletes its slices once its aggregators took them (`withhold`) is screened
+/// all the same: its aggregators serve them (before, when members fetched from
+/// the sender alone, its contributions were refused unscreened).
 #[test]
 fn committees_screen_aggregated_contributions_from_their_slices() {
     let dir = tempfile::tempdir().expect("tempdir");
     let extra = ["--nodes", "5", "--screen", "score", "--screeners", "3", "--probation-rounds", "0"];
-    let (events, log) =
-        sim_logged(dir.path(), 4, &["sleeper:2:flip:1"], &[extra.as_slice(), &["--screen-spot-rate", "0"]].concat());
+    let hostile = ["sleeper:2:flip:1", "withhold:2"];
+    let (events, log) = sim_logged(dir.path(), 4, &hostile, &[extra.as_slice(), &["--screen-spot-rate", "0"]].concat());
     let rounds = named(&events, "round_completed");
     assert_eq!(rounds.len(), 4, "every round closes\n{log}");
     // round 1 has no rated volunteer to aggregate: its contributions come whole
@@ -209,4 +213,16 @@ fn committees_screen_aggregated_contributions_from_their_slices() {
     let refused: Vec<_> = decided.iter().filter(|d| d["passed"] == false).collect();
     assert!(refused.iter().any(|d| d["round"].as_u64() > Some(1)), "the reversed Δ is refused: {decided:?}");
     assert!(refused.iter().all(|d| liar.as_deref().is_none_or(|l| d["peer"] == l)), "only the liar: {refused:?}");
+    let withholder = named(&events, "worker_started")
+        .iter()
+        .find(|e| e["worker"] == 2)
+        .and_then(|e| e["peer"].as_str())
+        .map(str::to_owned)
+        .expect("worker 2 started");
+    let screened: Vec<_> =
+        decided.iter().filter(|d| d["peer"] == withholder.as_str() && d["round"].as_u64() > Some(1)).collect();
+    assert!(screened.len() >= 2, "the withholder's slices are screened from its aggregators: {decided:?}\n{log}");
+    let unscreened: Vec<_> =
+        named(&events, "contribution_rejected").into_iter().filter(|r| r["peer"] == withholder.as_str()).collect();
+    assert!(unscreened.is_empty(), "the withholder is not refused unscreened: {unscreened:?}");
 }

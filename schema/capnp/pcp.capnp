@@ -248,6 +248,7 @@ struct ScreenRequest {
   windows @11 :Data;            # rows x (block + 1) u16 tokens, little-endian
   sliceHashes @12 :List(Data);  # an aggregated contribution: its shards' slice hashes, in shard order (`delta` empty)
   sender @13 :Data;             # with sliceHashes: the contributor's key, which serves the slices
+  sliceHolders @14 :List(List(Data)); # with sliceHashes: each shard's aggregators' keys, which hold its slice (fetched from them first)
 }
 
 # A screener's held-out losses for one contribution: the answer to a ScreenRequest.

@@ -29,4 +29,4 @@ pub use envelope::{EnvelopeHeader, FrameHead, MAX_FRAME_HEAD, MessageKind, Signe
 pub use node::{Backend, Capabilities, NodeHello};
 pub use round::{Ack, AckCode, Consensus, ConsensusKind, Contribution, Heartbeat, Held, RoundAnnouncement, Update};
 pub use run::{Admission, ArtifactRef, DataSpec, ParameterRef, RunManifest, Schedule, TensorSpec};
-pub use screen::{ScreenReport, ScreenRequest};
+pub use screen::{MAX_HOLDERS, ScreenReport, ScreenRequest};

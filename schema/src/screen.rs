@@ -38,7 +38,14 @@ pub struct ScreenRequest {
     /// `pcp_protocol::diloco::aggregation::sliced_id` of them, and `delta` is
     /// empty).
     pub slices: Option<([u8; 32], Vec<[u8; 32]>)>,
+    /// With `slices`: each shard's aggregators, in shard order, which hold its
+    /// slice and serve it before its sender does (empty: the sender alone). At
+    /// most [`MAX_HOLDERS`] a shard.
+    pub holders: Vec<Vec<[u8; 32]>>,
 }
+
+/// The most aggregators a [`ScreenRequest`] names for one shard.
+pub const MAX_HOLDERS: usize = 16;
 
 impl Message for ScreenRequest {
     const NAME: &'static str = "ScreenRequest";
@@ -72,6 +79,13 @@ impl Message for ScreenRequest {
             for (i, h) in (0..).zip(hashes) {
                 list.set(i, &h[..]);
             }
+            let mut holders = root.reborrow().init_slice_holders(list_len(self.holders.len()));
+            for (i, shard) in (0..).zip(&self.holders) {
+                let mut keys = holders.reborrow().init(i, list_len(shard.len()));
+                for (j, k) in (0..).zip(shard) {
+                    keys.set(j, &k[..]);
+                }
+            }
         }
         codec::words(&message)
     }
@@ -102,6 +116,31 @@ impl Message for ScreenRequest {
                 }
                 Some((fixed(W, "sender", r.get_sender().map_err(|e| malformed(W, e))?)?, hashes))
             };
+            let list = r.get_slice_holders().map_err(|e| malformed(W, e))?;
+            let shards = slices.as_ref().map_or(0, |(_, h)| h.len());
+            if !list.is_empty() && list.len() as usize != shards {
+                return Err(DecodeError::Invalid {
+                    what: W,
+                    field: "sliceHolders",
+                    reason: format!("{} shards' holders for {shards} slices", list.len()),
+                });
+            }
+            let mut holders = Vec::with_capacity(list.len() as usize);
+            for keys in list.iter() {
+                let keys = keys.map_err(|e| malformed(W, e))?;
+                if keys.len() as usize > MAX_HOLDERS {
+                    return Err(DecodeError::Invalid {
+                        what: W,
+                        field: "sliceHolders",
+                        reason: format!("{} holders of one slice, more than {MAX_HOLDERS}", keys.len()),
+                    });
+                }
+                let mut shard = Vec::with_capacity(keys.len() as usize);
+                for k in keys.iter() {
+                    shard.push(fixed(W, "sliceHolders", k.map_err(|e| malformed(W, e))?)?);
+                }
+                holders.push(shard);
+            }
             Ok(Self {
                 run: fixed(W, "run", r.get_run().map_err(|e| malformed(W, e))?)?,
                 round: r.get_round(),
@@ -116,6 +155,7 @@ impl Message for ScreenRequest {
                 rows,
                 windows,
                 slices,
+                holders,
             })
         })
     }

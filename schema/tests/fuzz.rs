@@ -115,6 +115,7 @@ fn seeds() -> Vec<Vec<u8>> {
             rows: 2,
             windows: vec![7; 10],
             slices: Some(([6; 32], vec![[8; 32], [9; 32]])),
+            holders: vec![vec![[10; 32], [11; 32]], vec![[12; 32]]],
         }
         .encode(),
         ScreenReport { run: [1; 32], round: 2, contribution: [3; 32], before: 2.0, after: 1.9, reversed: 2.1 }.encode(),

@@ -292,11 +292,17 @@ proptest! {
         tensor_bounds in vec(-1e30f64..1e30, 0..8), element_bounds in vec(-1e30f32..1e30, 0..8),
         bound_scale in -1e3f32..1e3, outer_scale in -1e3f32..1e3, rows in 1u32..5, width in 2usize..9,
         token in any::<u16>(), slices in proptest::option::of((any::<[u8; 32]>(), vec(any::<[u8; 32]>(), 1..4))),
+        held in 0usize..3, key in any::<u8>(),
     ) {
         let windows = (0..rows as usize * width).map(|i| token.wrapping_add(i as u16)).collect();
+        // each shard's holders, when any: `held` keys a shard
+        let shards = slices.as_ref().map_or(0, |(_, h)| h.len());
+        let holders = if held == 0 { Vec::new() } else {
+            (0..shards).map(|s| (0..held).map(|i| [key.wrapping_add((s * held + i) as u8); 32]).collect()).collect()
+        };
         roundtrip(&ScreenRequest {
             run, round, contribution, contribution_round, params_hash, delta, tensor_bounds, element_bounds,
-            bound_scale, outer_scale, rows, windows, slices,
+            bound_scale, outer_scale, rows, windows, slices, holders,
         })?;
     }
 
@@ -531,4 +537,31 @@ fn a_frame_head_claiming_more_than_its_kind_allows_is_refused() {
     let big = head(MessageKind::Contribution, MAX_CONTRIBUTION as u64);
     assert!(FrameHead::decode(&big.encode()).is_ok());
     assert!(FrameHead::decode(&head(MessageKind::Contribution, u64::MAX).encode()).is_err());
+}
+
+#[test]
+fn a_screen_request_whose_holders_do_not_match_its_slices_is_refused() {
+    let good = ScreenRequest {
+        run: [1; 32],
+        round: 2,
+        contribution: [3; 32],
+        contribution_round: 2,
+        params_hash: [4; 32],
+        delta: Vec::new(),
+        tensor_bounds: vec![1.0],
+        element_bounds: vec![1.0],
+        bound_scale: 1.0,
+        outer_scale: 1.0,
+        rows: 1,
+        windows: vec![1, 2],
+        slices: Some(([5; 32], vec![[6; 32], [7; 32]])),
+        holders: vec![vec![[8; 32]], vec![[9; 32], [10; 32]]],
+    };
+    assert_eq!(ScreenRequest::decode(&good.encode()).ok(), Some(good.clone()));
+    let short = ScreenRequest { holders: vec![vec![[8; 32]]], ..good.clone() };
+    let err = ScreenRequest::decode(&short.encode()).err();
+    assert!(matches!(err, Some(DecodeError::Invalid { field: "sliceHolders", .. })), "{err:?}");
+    let crowded = ScreenRequest { holders: vec![vec![[8; 32]; pcp_schema::MAX_HOLDERS + 1], vec![]], ..good };
+    let err = ScreenRequest::decode(&crowded.encode()).err();
+    assert!(matches!(err, Some(DecodeError::Invalid { field: "sliceHolders", .. })), "{err:?}");
 }

@@ -49,10 +49,15 @@
 //!   and serve them: the swarm's capacity starts at the shepherd's uplink plus
 //!   theirs.
 //!
+//! * **Committees** (`--screeners` with the score screen) fetch a contribution's
+//!   slices from its shards' volunteers, as pcp-node's members do: the worker
+//!   uploads once, and the volunteers' uplinks together serve the K copies
+//!   (`Sim::committee_delay`).
+//!
 //! Not modelled: a volunteer's links shared with its own training, the
-//! aggregators' request queues, retries of a failed slice upload, and the
-//! screen's reads (the score screen still reads whole contributions: the
-//! shepherd's cost per screened contribution is unchanged).
+//! aggregators' request queues, retries of a failed slice upload, and a
+//! committee's fetch falling back to the sender (the volunteers here hold
+//! every slice they took).
 
 use pcp_protocol::diloco::aggregation::{Assignment, Outcome, Votes, assign, spot_checked, spot_share};
 use serde::Serialize;

@@ -471,14 +471,10 @@ impl Sim<'_> {
     }
 
     /// Bytes a worker uploads for round `r`: its contribution, once (aggregated, each
-    /// slice to its shard's first replica, which forwards it to the others); with
-    /// committees in an aggregated round, K times more, for its committee's
-    /// members fetch its slices from it (every contribution taken as screened by
-    /// a committee: the round's first few, which the shepherd scores, are one
-    /// fetch each in the node).
+    /// slice to its shard's first replica, which forwards it to the others; a
+    /// committee's members fetch the slices from those aggregators, not from it).
     fn upload_bytes(&self, r: u64) -> f64 {
-        let k = if self.aggregated_now() { self.screeners() } else { 0 };
-        (1.0 + f64::from(k)) * self.contribution_bytes(r)
+        self.contribution_bytes(r)
     }
 
     /// Bytes a worker holding round `r − 1`'s parameters fetches for round `r`, if

@@ -38,17 +38,31 @@ async fn loss_moved(engine: &Engine, params: &Tensors, delta: &Delta, sign: f32,
 
 /// How long fetching one slice of an aggregated contribution may take.
 pub(crate) const SLICE_FETCH: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a slice is sought from its shard's aggregators before its sender is
+/// asked instead.
+pub(crate) const HOLDER_FETCH: std::time::Duration = std::time::Duration::from_secs(3);
 /// Slices of one contribution fetched at once.
 const SLICES_IN_FLIGHT: usize = 16;
 
+/// Who serves an aggregated contribution's slices: each shard's aggregators (in
+/// shard order; none named: the sender alone), then its sender.
+#[derive(Clone, Copy)]
+pub(crate) struct Holders<'a> {
+    pub(crate) sender: pcp_protocol::PublicKey,
+    pub(crate) aggregators: &'a [Vec<[u8; 32]>],
+}
+
 /// An aggregated contribution made whole to be scored: each of its `hashes` (one
-/// slice a shard, in shard order) fetched from its `sender`, decoded as its
-/// shard's tensors of `sizes` in `encoding`, and joined, dense. A slice is read
-/// only up to its shard's encoded length; a slice fetched here is released once
-/// read (one this node held already is kept). The error names the slice.
+/// slice a shard, in shard order) fetched from its shard's aggregators, which
+/// took it before the shepherd heard of the contribution, or else from its
+/// sender (so a committee's copies cost the sender's uplink nothing while its
+/// aggregators serve them), decoded as its shard's tensors of `sizes` in
+/// `encoding`, and joined, dense. A slice is read only up to its shard's
+/// encoded length; a slice fetched here is released once read (one this node
+/// held already is kept). The error names the slice.
 pub(crate) async fn fetch_sliced(
     node: &pcp_bootstrap::Node,
-    sender: pcp_protocol::PublicKey,
+    from: Holders<'_>,
     hashes: &[[u8; 32]],
     (sizes, encoding): (&[usize], pcp_protocol::diloco::compress::Encoding),
 ) -> Result<Delta, String> {
@@ -56,20 +70,31 @@ pub(crate) async fn fetch_sliced(
     use pcp_protocol::diloco::compress;
     let tensors = pcp_protocol::diloco::aggregation::shard_tensors(sizes, hashes.len())
         .ok_or_else(|| format!("{} slices of a model of {} tensors", hashes.len(), sizes.len()))?;
-    let from: Vec<_> = pcp_bootstrap::peer_of(&sender).into_iter().collect();
-    let slices: Vec<(usize, Vec<usize>, [u8; 32])> = tensors
-        .into_iter()
-        .zip(hashes.iter().copied())
-        .enumerate()
-        .map(|(i, (r, h))| (i, sizes[r].to_vec(), h))
-        .collect();
-    let fetches = slices.into_iter().map(|(shard, shard_sizes, hash)| {
-        let (from, node) = (from.clone(), node.clone());
+    let sender: Vec<_> = pcp_bootstrap::peer_of(&from.sender).into_iter().collect();
+    let me = node.peer_id();
+    let fetches = tensors.into_iter().zip(hashes.iter().copied()).enumerate().map(|(shard, (range, hash))| {
+        let shard_sizes = sizes[range].to_vec();
+        let keys = from.aggregators.get(shard).map_or(&[][..], Vec::as_slice);
+        let held: Vec<_> = keys
+            .iter()
+            .filter_map(|k| pcp_bootstrap::peer_of(&pcp_protocol::PublicKey(*k)))
+            .filter(|p| *p != me)
+            .collect();
+        let (sender, node) = (sender.clone(), node.clone());
         async move {
             let hash = pcp_protocol::BlobHash(hash);
             let max = compress::encoded_len(&shard_sizes, encoding) as u64;
-            let (read, fetched) =
-                crate::diloco::wire::fetch_bounded_report(&node, hash, from, (SLICE_FETCH, max)).await;
+            let fetch = |from, timeout| crate::diloco::wire::fetch_bounded_report(&node, hash, from, (timeout, max));
+            let (mut read, mut fetched) = (Err(String::new()), false);
+            if !held.is_empty() {
+                (read, fetched) = fetch(held, HOLDER_FETCH).await;
+                if let Err(e) = &read {
+                    tracing::debug!(shard, "slice {hash} from its aggregators: {e}; asking its sender");
+                }
+            }
+            if read.is_err() {
+                (read, fetched) = fetch(sender, SLICE_FETCH).await;
+            }
             if fetched {
                 let _ = node.release(vec![hash]).await;
             }

@@ -61,7 +61,7 @@ impl Sim<'_> {
                     self.shepherd.screener_caught(&liar);
                 }
                 match screened {
-                    // its committee fetched its slices from it (in its upload) and screens them
+                    // its committee fetches its slices from its aggregators and screens them
                     Screened::ByCommittee | Screened::Disputed | Screened::Misjudged => {
                         let until = at + self.committee_delay(w, cb, false);
                         self.cpu.deferred_until(until, 0.0);
@@ -165,14 +165,16 @@ impl Sim<'_> {
     /// aggregated, or the shepherd is aggregating the round just closed (its
     /// late contributions are carried into the next round, whose aggregators
     /// the pool assigns when it opens).
-    /// How long worker `w`'s contribution of `bytes` waits for its committee: the
-    /// shepherd sends it to each screener (its bytes over a screener's downlink,
-    /// the sender's link standing for the screener's), which answers after the
-    /// inner step under way and two forward passes (a forward pass a third of a
-    /// step), and the answer comes back. `relayed`: the shepherd's uplink carries
-    /// `screeners` copies (counted in its bytes out, not queued behind its other
-    /// sends); else (an aggregated contribution) the screeners fetch them from the
-    /// sender, whose upload carried them ([`Sim::upload_bytes`]).
+    /// How long worker `w`'s contribution of `bytes` waits for its committee: its
+    /// bytes reach each screener (over a screener's downlink, the sender's link
+    /// standing for the screener's), which answers after the inner step under way
+    /// and two forward passes (a forward pass a third of a step), and the answer
+    /// comes back. `relayed`: the shepherd's uplink carries `screeners` copies
+    /// (counted in its bytes out, not queued behind its other sends); else (an
+    /// aggregated contribution) the screeners fetch its slices from its shards'
+    /// aggregators, whose uplinks together serve every committee of the round at
+    /// once at most (each fetch at the lower of its downlink and its share of
+    /// them).
     fn committee_delay(&mut self, w: u32, bytes: f64, relayed: bool) -> u64 {
         let k = self.cpu.costs().screen.map_or(0, |p| p.screeners);
         if relayed {
@@ -181,7 +183,11 @@ impl Sim<'_> {
         self.window.worker_bytes_in += f64::from(k) * bytes;
         let spec = &self.workers[w as usize].spec;
         let lat = self.world.latency(spec, 0, &self.world.shepherd);
-        let transfer = bytes / spec.link.down.max(1e-9);
+        let served = match &self.agg.pool {
+            Some(p) if !relayed => p.up() / (f64::from(k) * self.alive.max(1) as f64).max(1.0),
+            _ => f64::INFINITY,
+        };
+        let transfer = bytes / spec.link.down.min(served).max(1e-9);
         us(self.setup.step_seconds * (1.0 + 2.0 / 3.0) + transfer + 2.0 * lat)
     }
 

@@ -358,13 +358,18 @@ impl Host {
                 Err(refusal) => Input::Malformed { peer, round, reason: Rejection::NotAdmitted(refusal.reason) },
             };
             // under the score screen its committee screens it, its members fetching its slices
-            let hashes = self.aggregation.rounds.get(&round).and_then(|r| r.collect.hashes(&worker));
+            let record = self.aggregation.rounds.get(&round);
+            let hashes = record.and_then(|r| r.collect.hashes(&worker));
             if self.plan.screen == super::args::Screen::Score
                 && matches!(input, Input::Reported { .. })
                 && let Some(hashes) = hashes
             {
+                // the shards' replicas hold the slices: members fetch them there first
+                let holders = record.map_or_else(Vec::new, |r| {
+                    r.replicas.iter().map(|k| k.iter().take(pcp_schema::MAX_HOLDERS).copied().collect()).collect()
+                });
                 let received = (claim.samples, claim.loss, 0, 0);
-                input = match self.defer_reported(input, hashes, received).await? {
+                input = match self.defer_reported(input, (hashes, holders), received).await? {
                     Deferral::Deferred => continue,
                     Deferral::Not(input) => *input,
                     Deferral::Full(_) => Input::Malformed { peer, round, reason: Rejection::Unscreened },

@@ -96,11 +96,12 @@ struct RoundCommittees {
 
 /// What a deferred contribution is screened as: itself, bounded and scaled as
 /// the round applies it, or an aggregated contribution's slice hashes with the
-/// bounds and scale its screeners apply it with (fetched from its sender, and
-/// made whole, only if the shepherd scores it).
+/// bounds and scale its screeners apply it with (fetched from its shards'
+/// aggregators, `holders`, or else its sender, and made whole only if the
+/// shepherd scores it).
 pub(crate) enum Held {
     Whole(Applied),
-    Sliced { hashes: Vec<[u8; 32]>, bounds: Bounds, scale: f32, applied: Option<Delta> },
+    Sliced { hashes: Vec<[u8; 32]>, holders: Vec<Vec<[u8; 32]>>, bounds: Bounds, scale: f32, applied: Option<Delta> },
 }
 
 impl Held {
@@ -283,14 +284,15 @@ impl Host {
     }
 
     /// Hands an aggregated contribution (`input`, an [`shepherd::Input::Reported`]
-    /// whose slices are `hashes`) to its round's committee: its members fetch
-    /// the slices from its sender. Back as [`Deferral::Not`] when it is not one a
+    /// whose slices are `hashes`, held by each shard's aggregators, `holders`) to
+    /// its round's committee: its members fetch the slices from the aggregators,
+    /// or else from its sender. Back as [`Deferral::Not`] when it is not one a
     /// committee screens (the state machine refuses it for what it is), and as
     /// [`Deferral::Full`] when it is but cannot wait.
     pub(super) async fn defer_reported(
         &mut self,
         input: shepherd::Input<PublicKey>,
-        hashes: Vec<[u8; 32]>,
+        (hashes, holders): (Vec<[u8; 32]>, Vec<Vec<[u8; 32]>>),
         received: (u64, f32, usize, u64),
     ) -> anyhow::Result<Deferral> {
         let open = self.machine.completed() + 1;
@@ -309,7 +311,7 @@ impl Host {
         };
         let requests = self.screener.committees.config.k.saturating_mul(self.windows_bytes() + 32 * hashes.len());
         let contribution = sliced_id(&hashes);
-        let held = Held::Sliced { hashes, bounds, scale, applied: None };
+        let held = Held::Sliced { hashes, holders, bounds, scale, applied: None };
         let entering = Entering { contribution, peer, held, bytes: requests };
         self.enter((entering, None), input, (None, received, (0, 0))).await
     }
@@ -418,9 +420,11 @@ impl Host {
         let committees = &mut self.screener.committees;
         let Some(d) = committees.deferred.get(&contribution) else { return };
         // a whole contribution goes in its request; an aggregated one's members fetch its slices
-        let (delta, slices) = match (&d.applied, bytes, d.peer()) {
-            (Held::Sliced { hashes, .. }, _, Some(peer)) => (Vec::new(), Some((peer.0, hashes.clone()))),
-            (Held::Whole(_), Some(bytes), _) => (bytes.to_vec(), None),
+        let (delta, slices, holders) = match (&d.applied, bytes, d.peer()) {
+            (Held::Sliced { hashes, holders, .. }, _, Some(peer)) => {
+                (Vec::new(), Some((peer.0, hashes.clone())), holders.clone())
+            }
+            (Held::Whole(_), Some(bytes), _) => (bytes.to_vec(), None, Vec::new()),
             _ => return,
         };
         let Some(rc) = committees.rounds.iter().find(|r| r.round == d.screened_in) else { return };
@@ -439,6 +443,7 @@ impl Host {
             rows: rc.batch.shape()[0] as u32,
             windows: rc.batch.windows(),
             slices,
+            holders,
         };
         let envelope = self.signer.seal(self.run, rc.round, &request);
         self.events.emit(ev::Event::ScreenAssigned(ev::ScreenAssigned {
@@ -475,11 +480,12 @@ impl Host {
         d.why = Some(why);
         let Some(applied) = d.applied.applied() else {
             // an aggregated contribution: scored once its slices are here
-            if let (Held::Sliced { hashes, .. }, Some(peer)) = (&d.applied, d.peer()) {
-                let (node, hashes) = (self.node.clone(), hashes.clone());
+            if let (Held::Sliced { hashes, holders, .. }, Some(peer)) = (&d.applied, d.peer()) {
+                let (node, hashes, holders) = (self.node.clone(), hashes.clone(), holders.clone());
                 let layout = (self.layout.sizes.clone(), self.plan.encoding);
                 committees.fetching.spawn(async move {
-                    let whole = scoring::fetch_sliced(&node, peer, &hashes, (&layout.0, layout.1)).await;
+                    let from = scoring::Holders { sender: peer, aggregators: &holders };
+                    let whole = scoring::fetch_sliced(&node, from, &hashes, (&layout.0, layout.1)).await;
                     (contribution, whole)
                 });
             }

@@ -4,6 +4,9 @@
 //! this node), forwards slices to the other replicas, reports each slice to the
 //! shepherd, fetches accepted slices it lacks from their workers, and at the
 //! close stores each shard's mean as a blob and signs its hash for the shepherd.
+//! It serves the slices it took as blobs for [`SERVED_ROUNDS`] rounds: a
+//! screening committee's members fetch them here, not over their workers'
+//! uplinks.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -35,6 +38,9 @@ const MAX_SLICES: usize = 16_384;
 const GIVE_UP: Duration = Duration::from_secs(15);
 /// A request to another node gives up after this long.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Rounds whose slices an aggregator serves: the newest it heard of and the two
+/// before (a contribution carried into the next round is screened in it).
+const SERVED_ROUNDS: u64 = 3;
 /// The bytes of slices not yet accepted an aggregator holds in memory by default
 /// (`--aggregate-memory`); the rest wait on disk ([`Action::Spill`]).
 pub(crate) const DEFAULT_MEMORY: u64 = 1 << 30;
@@ -147,6 +153,8 @@ struct Driver {
     reporting: JoinSet<()>,
     /// Slices spilled to disk ([`Action::Spill`]), by round.
     spilled: BTreeMap<u64, Vec<PathBuf>>,
+    /// Slices kept as blobs to serve ([`AggregatorTask::serve`]), by round.
+    served: BTreeMap<u64, Vec<BlobHash>>,
 }
 
 /// Report sends in flight at once: reports that come meanwhile go together next.
@@ -179,6 +187,7 @@ impl AggregatorTask {
             reports: BTreeMap::new(),
             reporting: JoinSet::new(),
             spilled: BTreeMap::new(),
+            served: BTreeMap::new(),
         };
         // what a run before this one left there is of no use
         let _ = std::fs::remove_dir_all(&self.spill.0);
@@ -193,6 +202,7 @@ impl AggregatorTask {
                 Some(slice) = async { match own.as_mut() { Some(rx) => rx.recv().await, None => None } } => {
                     let (round, shard) = (slice.round, slice.shard as usize);
                     if d.rounds.get(&round).is_some_and(|r| r.contains_key(&shard)) {
+                        // (this worker's own slice is in the store already, and served)
                         let input = Input::Slice { round, shard, worker: self.me.0, bytes: slice.bytes, forwarded: false };
                         let actions = d.machine.handle(input);
                         self.carry_out(&mut d, actions);
@@ -207,6 +217,7 @@ impl AggregatorTask {
                     if let Latest::Round(a) = latest {
                         self.assigned(&mut d, &a);
                         d.heard = d.heard.max(a.round);
+                        self.unserve(&mut d);
                     }
                 }
                 event = self.requests.recv() => match event {
@@ -216,6 +227,7 @@ impl AggregatorTask {
                 },
                 Some(Ok((round, shard, worker, bytes))) = d.fetches.join_next() => match bytes {
                     Ok(bytes) => {
+                        // (a fetched slice is in the store, and served, already)
                         let actions = d.machine.handle(Input::Slice { round, shard, worker, bytes, forwarded: true });
                         self.carry_out(&mut d, actions);
                     }
@@ -334,14 +346,60 @@ impl AggregatorTask {
             s if replicas.first() == Some(&s) => true,
             _ => return Err("a slice signed by neither its worker nor the shard's first replica".into()),
         };
+        let served = self.serve(d, round, &slice.bytes);
         let input = Input::Slice { round, shard, worker: slice.worker, bytes: slice.bytes, forwarded };
         let actions = d.machine.handle(input);
         let refused = actions.iter().find_map(|a| match a {
             Action::Refuse { reason, .. } => Some(reason.to_string()),
             _ => None,
         });
+        if let (Some(hash), Some(_)) = (served, &refused) {
+            let _ = self.store.remove(&hash);
+            if let Some(served) = d.served.get_mut(&round) {
+                served.retain(|h| *h != hash);
+            }
+        }
         self.carry_out(d, actions);
         refused.map_or(Ok(()), Err)
+    }
+
+    /// Keeps a slice this node took as a blob it serves, by its hash (the hash
+    /// its worker committed to): a screening committee's members fetch it here
+    /// first. `None` when the store held it already (this node's own slice, or
+    /// the same bytes from another worker), or could not take it (its members
+    /// then ask the worker).
+    fn serve(&self, d: &mut Driver, round: u64, bytes: &[u8]) -> Option<BlobHash> {
+        let hash = BlobHash(pcp_protocol::diloco::aggregation::slice_hash(bytes));
+        if self.store.contains(&hash) {
+            return None;
+        }
+        let put = self
+            .store
+            .put_stream_with(bytes.len() as u64, pcp_bootstrap::Durability::Volatile, &mut |w| w.write_all(bytes));
+        match put {
+            Ok(hash) => {
+                d.served.entry(round).or_default().push(hash);
+                Some(hash)
+            }
+            Err(e) => {
+                tracing::debug!(round, "keeping a slice to serve: {e}");
+                None
+            }
+        }
+    }
+
+    /// Releases the served slices of rounds more than [`SERVED_ROUNDS`] behind
+    /// the newest heard of (a slice a peer is fetching goes when its transfer
+    /// ends).
+    fn unserve(&self, d: &mut Driver) {
+        let keep = d.heard.saturating_sub(SERVED_ROUNDS - 1);
+        let old: Vec<BlobHash> = d.served.extract_if(.., |round, _| *round < keep).flat_map(|(_, h)| h).collect();
+        if !old.is_empty() {
+            let node = self.node.clone();
+            d.sends.spawn(async move {
+                let _ = node.release(old).await;
+            });
+        }
     }
 
     fn on_accepts(&self, d: &mut Driver, message: &Verified) -> Result<(), String> {

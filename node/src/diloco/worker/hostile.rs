@@ -47,6 +47,11 @@ pub(crate) enum Hostile {
     Replay(u32),
     /// Honest work, claiming it took 1 ms (to cut everyone's step budget).
     Timing,
+    /// Honest work, but an aggregated contribution's slices are deleted from its
+    /// store as they are sent to its aggregators: it serves no screening
+    /// committee (as a sender dodging the screen, or a volunteer gone once it
+    /// uploaded, does).
+    Withhold,
     /// Junk the instant a round opens: one inner step, sent as random values at
     /// that step's norm.
     Early,
@@ -73,7 +78,7 @@ pub(crate) enum Hostile {
 
 /// The kinds `--hostile` takes, for its errors.
 pub(crate) const HOSTILE_KINDS: &str = "nan, scale, huge, flip, noise, forge, inflate, concentrate, late, drag, \
-     zero, copy, timing, early, agg-alter, agg-drop, agg-stall, agg-misreport, agg-mute, screen-high, screen-low, sybil:N, replay:N, or sleeper:R:KIND (KIND after R \
+     zero, copy, timing, withhold, early, agg-alter, agg-drop, agg-stall, agg-misreport, agg-mute, screen-high, screen-low, sybil:N, replay:N, or sleeper:R:KIND (KIND after R \
      honest rounds)";
 
 /// An attack: its kind, and the honest rounds before it (a sleeper's).
@@ -119,6 +124,7 @@ impl Hostile {
             "zero" => Some(Self::Zero),
             "copy" => Some(Self::Copy),
             "timing" => Some(Self::Timing),
+            "withhold" => Some(Self::Withhold),
             "early" => Some(Self::Early),
             "agg-alter" => Some(Self::AggAlter),
             "agg-drop" => Some(Self::AggDrop),
@@ -229,11 +235,12 @@ impl Attacker {
                     }
                 }
             }
-            // honest pseudo-gradients: their attacks are elsewhere (the heartbeats, the claimed timing, the aggregator,
-            // the screener)
+            // honest pseudo-gradients: their attacks are elsewhere (the heartbeats, the claimed timing, the slices'
+            // serving, the aggregator, the screener)
             Some(
                 Hostile::Forge
                 | Hostile::Timing
+                | Hostile::Withhold
                 | Hostile::AggAlter
                 | Hostile::AggDrop
                 | Hostile::AggStall

@@ -458,6 +458,9 @@ impl Driver<'_> {
         out.contribution.sent_unix_ms = wire::unix_ms();
         let (courier, tx, contribution) = (self.t.courier(), self.done_tx.clone(), Arc::new(out.contribution.clone()));
         let (late, slices) = (out.late, std::mem::take(&mut out.slices));
+        // `withhold`: its store, whose slices it deletes as it sends them to its aggregators
+        let withhold = self.t.plan.hostile.and_then(|a| a.at(out.contribution.round)) == Some(Hostile::Withhold);
+        let withhold = withhold.then(|| pcp_bootstrap::BlobStore::open(self.t.io.data_dir)).transpose()?;
         let task = tokio::spawn(async move {
             if late {
                 courier.after_close(this).await;
@@ -465,6 +468,11 @@ impl Driver<'_> {
             let delivery = courier.deliver(&mut signer, &contribution, this).await;
             // an aggregated round's slices go once the shepherd holds their commitment
             if delivery.as_ref().is_some_and(|d| d.accepted) && !slices.is_empty() {
+                if let Some(store) = &withhold {
+                    for hash in &contribution.slice_hashes {
+                        let _ = store.remove(&BlobHash(*hash));
+                    }
+                }
                 super::slices::send((&courier.node, courier.own_slices.as_ref()), &mut signer, courier.run, &slices)
                     .await;
             }

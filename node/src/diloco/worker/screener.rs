@@ -126,15 +126,15 @@ impl Trainer<'_> {
         let fragment = &self.fragments[fragments::of_round(r.contribution_round, self.fragments.len())];
         let sizes = fragments::masked(&self.sizes, fragment);
         let delta = match &r.slices {
-            // an aggregated contribution: its slices, fetched from its sender
+            // an aggregated contribution: its slices, fetched from its shards'
+            // aggregators, or else its sender
             Some((sender, hashes)) => {
                 if sliced_id(hashes) != r.contribution || !r.delta.is_empty() {
                     return Err(ScreenError::Contribution("its slices do not hash to its id".into()));
                 }
                 let layout = (sizes.as_slice(), self.encoding);
-                scoring::fetch_sliced(self.io.node, PublicKey(*sender), hashes, layout)
-                    .await
-                    .map_err(ScreenError::Contribution)?
+                let from = scoring::Holders { sender: PublicKey(*sender), aggregators: &r.holders };
+                scoring::fetch_sliced(self.io.node, from, hashes, layout).await.map_err(ScreenError::Contribution)?
             }
             None => {
                 if blake3::hash(&r.delta).as_bytes() != &r.contribution {
@@ -219,6 +219,7 @@ mod tests {
             rows: 2,
             windows: windows.clone(),
             slices: None,
+            holders: Vec::new(),
         };
         let delta = || Delta::Dense(vec![vec![1.0, 2.0]]);
         assert!(applied(delta(), &request(0.5, 1.0), &[2]).is_ok());
