@@ -524,6 +524,7 @@ async fn train(
                 sizes: sizes.clone(),
                 encoding,
                 store: pcp_bootstrap::BlobStore::open(data_dir)?,
+                served: aggregator::Served::default(),
                 spill: (
                     data_dir.join("aggregator-spill"),
                     usize::try_from(plan.aggregate_memory).unwrap_or(usize::MAX),

@@ -309,7 +309,8 @@ impl Host {
         let Some((bounds, scale)) = self.machine.bounds_for(report.bounded_norm) else {
             return Ok(Deferral::Full(Box::new(input)));
         };
-        let requests = self.screener.committees.config.k.saturating_mul(self.windows_bytes() + 32 * hashes.len());
+        let keys = hashes.len() + holders.iter().map(Vec::len).sum::<usize>();
+        let requests = self.screener.committees.config.k.saturating_mul(self.windows_bytes() + 32 * keys);
         let contribution = sliced_id(&hashes);
         let held = Held::Sliced { hashes, holders, bounds, scale, applied: None };
         let entering = Entering { contribution, peer, held, bytes: requests };

@@ -45,6 +45,10 @@ const SERVED_ROUNDS: u64 = 3;
 /// (`--aggregate-memory`); the rest wait on disk ([`Action::Spill`]).
 pub(crate) const DEFAULT_MEMORY: u64 = 1 << 30;
 
+/// Slices an aggregator keeps as blobs to serve, with their rounds: written on
+/// blocking threads, released by its driver.
+pub(super) type Served = std::sync::Arc<std::sync::Mutex<Vec<(u64, BlobHash)>>>;
+
 /// What the aggregator needs of the run and the node.
 pub(super) struct AggregatorTask {
     pub(super) node: Node,
@@ -57,6 +61,8 @@ pub(super) struct AggregatorTask {
     pub(super) sizes: Vec<usize>,
     pub(super) encoding: Encoding,
     pub(super) store: BlobStore,
+    /// Slices kept as blobs to serve, with their rounds ([`AggregatorTask::serve`]).
+    pub(super) served: Served,
     /// Where slices past the memory budget wait, and the budget in bytes.
     pub(super) spill: (PathBuf, usize),
     pub(super) events: Events,
@@ -102,6 +108,7 @@ impl Standalone {
             sizes,
             encoding,
             store,
+            served: Served::default(),
             spill: (spill, usize::try_from(DEFAULT_MEMORY).unwrap_or(usize::MAX)),
             events: Events::default(),
             leader,
@@ -153,8 +160,6 @@ struct Driver {
     reporting: JoinSet<()>,
     /// Slices spilled to disk ([`Action::Spill`]), by round.
     spilled: BTreeMap<u64, Vec<PathBuf>>,
-    /// Slices kept as blobs to serve ([`AggregatorTask::serve`]), by round.
-    served: BTreeMap<u64, Vec<BlobHash>>,
 }
 
 /// Report sends in flight at once: reports that come meanwhile go together next.
@@ -187,7 +192,6 @@ impl AggregatorTask {
             reports: BTreeMap::new(),
             reporting: JoinSet::new(),
             spilled: BTreeMap::new(),
-            served: BTreeMap::new(),
         };
         // what a run before this one left there is of no use
         let _ = std::fs::remove_dir_all(&self.spill.0);
@@ -346,46 +350,37 @@ impl AggregatorTask {
             s if replicas.first() == Some(&s) => true,
             _ => return Err("a slice signed by neither its worker nor the shard's first replica".into()),
         };
-        let served = self.serve(d, round, &slice.bytes);
+        // (a slice the machine refuses is served too, until its round is let go)
+        self.serve(round, &slice.bytes);
         let input = Input::Slice { round, shard, worker: slice.worker, bytes: slice.bytes, forwarded };
         let actions = d.machine.handle(input);
         let refused = actions.iter().find_map(|a| match a {
             Action::Refuse { reason, .. } => Some(reason.to_string()),
             _ => None,
         });
-        if let (Some(hash), Some(_)) = (served, &refused) {
-            let _ = self.store.remove(&hash);
-            if let Some(served) = d.served.get_mut(&round) {
-                served.retain(|h| *h != hash);
-            }
-        }
         self.carry_out(d, actions);
         refused.map_or(Ok(()), Err)
     }
 
     /// Keeps a slice this node took as a blob it serves, by its hash (the hash
-    /// its worker committed to): a screening committee's members fetch it here
-    /// first. `None` when the store held it already (this node's own slice, or
-    /// the same bytes from another worker), or could not take it (its members
-    /// then ask the worker).
-    fn serve(&self, d: &mut Driver, round: u64, bytes: &[u8]) -> Option<BlobHash> {
-        let hash = BlobHash(pcp_protocol::diloco::aggregation::slice_hash(bytes));
-        if self.store.contains(&hash) {
-            return None;
-        }
-        let put = self
-            .store
-            .put_stream_with(bytes.len() as u64, pcp_bootstrap::Durability::Volatile, &mut |w| w.write_all(bytes));
-        match put {
-            Ok(hash) => {
-                d.served.entry(round).or_default().push(hash);
-                Some(hash)
+    /// its worker committed to), on a blocking thread (hashing and writing a
+    /// slice takes 0.85-2.3 ns a byte): a screening committee's members fetch it
+    /// here first. Not kept when the store holds it already (this node's own
+    /// slice, or the same bytes from another worker) or cannot take it (its
+    /// members then ask the worker).
+    fn serve(&self, round: u64, bytes: &[u8]) {
+        let (store, served, bytes) = (self.store.clone(), self.served.clone(), bytes.to_vec());
+        tokio::task::spawn_blocking(move || {
+            let hash = BlobHash(pcp_protocol::diloco::aggregation::slice_hash(&bytes));
+            if store.contains(&hash) {
+                return;
             }
-            Err(e) => {
-                tracing::debug!(round, "keeping a slice to serve: {e}");
-                None
+            let len = bytes.len() as u64;
+            match store.put_stream_with(len, pcp_bootstrap::Durability::Volatile, &mut |w| w.write_all(&bytes)) {
+                Ok(hash) => served.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((round, hash)),
+                Err(e) => tracing::debug!(round, "keeping a slice to serve: {e}"),
             }
-        }
+        });
     }
 
     /// Releases the served slices of rounds more than [`SERVED_ROUNDS`] behind
@@ -393,7 +388,9 @@ impl AggregatorTask {
     /// ends).
     fn unserve(&self, d: &mut Driver) {
         let keep = d.heard.saturating_sub(SERVED_ROUNDS - 1);
-        let old: Vec<BlobHash> = d.served.extract_if(.., |round, _| *round < keep).flat_map(|(_, h)| h).collect();
+        let mut served = self.served.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let old: Vec<BlobHash> = served.extract_if(.., |(round, _)| *round < keep).map(|(_, h)| h).collect();
+        drop(served);
         if !old.is_empty() {
             let node = self.node.clone();
             d.sends.spawn(async move {
