@@ -73,6 +73,28 @@ pub struct ScreenPolicy {
     /// With committees: what lying screeners report, and the share of workers
     /// that lie (`--hostile-screeners`).
     pub liars: Option<(ScreenerAttack, f64)>,
+    /// Event-loop seconds the shepherd's screen spends on its host besides its
+    /// forward passes: one copy of the parameters, and one dense add of an
+    /// aggregated contribution ([`screen_host_s`]).
+    pub host_s: [f64; 2],
+}
+
+/// Event-loop seconds a parameter that pcp-node's screen (`scoring::losses`)
+/// spends on its host for one contribution, whatever device runs its forward
+/// passes: the parameters copied for the loss with the contribution and again
+/// for it reversed (a fresh allocation each: 237 ms for gpt2-124m's 498 MB, its
+/// pages faulted in), and, for an aggregated contribution, made dense from its
+/// slices, its dense add into each (72 ms). Measured on a 2-core Intel Xeon
+/// (not the calibration table's AMD EPYC), 2026-12-07.
+pub const SCREEN_COPY_S_PER_PARAM: f64 = 0.237 / 124_439_808.0;
+/// [`SCREEN_COPY_S_PER_PARAM`]'s dense add, a parameter.
+pub const SCREEN_DENSE_ADD_S_PER_PARAM: f64 = 0.072 / 124_439_808.0;
+
+/// The host seconds of the shepherd's screen of a model of `params` parameters:
+/// one copy of the parameters (one a forward pass), and one dense add (two an
+/// aggregated contribution).
+pub fn screen_host_s(params: f64) -> [f64; 2] {
+    [SCREEN_COPY_S_PER_PARAM * params, SCREEN_DENSE_ADD_S_PER_PARAM * params]
 }
 
 /// What the shepherd's CPU work costs in a run (from the calibration table).
@@ -442,9 +464,12 @@ impl Cpu {
             None => read,
         };
         if matches!(verdict, Screened::Passed | Screened::Disputed) {
-            // the loss before, once a round, then with the contribution and reversed
+            // the loss before, once a round, then with the contribution and reversed,
+            // each at parameters copied on the host (the contribution added to two)
             let passes = if self.screens.0 == 0 { 3.0 } else { 2.0 };
-            let screen = passes * self.costs.forward_s();
+            let [copy, add] = self.costs.screen.map_or([0.0; 2], |p| p.host_s);
+            let host = passes * copy + if committed.is_some() { 2.0 * add } else { 0.0 };
+            let screen = passes * self.costs.forward_s() + host;
             self.screens.0 += 1;
             self.screens.1 += screen / (1.0 - self.load);
             self.totals.screened += 1;
@@ -517,6 +542,7 @@ mod tests {
                 screeners: 0,
                 spot_rate: 0.0,
                 liars: None,
+                host_s: [0.0; 2],
             }),
             eval_batches: 1,
             ..ShepherdCosts::free(2)
@@ -546,6 +572,21 @@ mod tests {
         assert_eq!(cpu.contribution(0, 0, (1e6, 1.0), false, true).0, 15_000);
         // a contribution summed by aggregators is not read: its commitment is all
         assert_eq!(cpu.committed(15_000, 1e6, 1.0, 0.001, false, true).0, 16_000);
+    }
+
+    #[test]
+    fn the_shepherds_screen_costs_its_loop_a_copy_of_the_parameters_a_pass() {
+        let mut policy = costs().screen.expect("a screen");
+        policy.host_s = [0.1, 0.05];
+        let screening = ShepherdCosts { screen: Some(policy), ..costs() };
+        let mut cpu = Cpu::new(screening, ChaCha8Rng::seed_from_u64(1), ChaCha8Rng::seed_from_u64(2));
+        // the round's first screen: 10 ms of decode, three 1 s passes, each at a 100 ms copy
+        assert_eq!(cpu.contribution(0, 0, (0.0, 1.0), false, true), (3_310_000, Screened::Passed));
+        // then two passes and two copies
+        assert_eq!(cpu.contribution(3_310_000, 1, (0.0, 1.0), false, true).0, 5_520_000);
+        // an aggregated one, made dense, is added to both copies: 1 ms of commitment, its
+        // decode, two passes, two copies and two 50 ms adds
+        assert_eq!(cpu.committed(5_520_000, 0.0, 1.0, 0.001, false, true).0, 7_831_000);
     }
 
     #[test]
