@@ -34,7 +34,8 @@ pub struct ScreenRequest {
     /// `rows` × (block + 1) tokens, row-major.
     pub windows: Vec<u16>,
     /// An aggregated contribution: its sender's key and its
-    /// shards' slice hashes, in shard order, fetched from the sender (its id is
+    /// shards' slice hashes, in shard order, fetched from its shards'
+    /// aggregators (`holders`) or else the sender (its id is
     /// `pcp_protocol::diloco::aggregation::sliced_id` of them, and `delta` is
     /// empty).
     pub slices: Option<([u8; 32], Vec<[u8; 32]>)>,

@@ -559,8 +559,9 @@ impl Host {
     }
 
     /// An aggregated contribution's slices fetched for the shepherd's own score
-    /// (made whole, or why not): it is scored, or, if its sender would not serve
-    /// them, withdrawn from its committee and refused unscreened.
+    /// (made whole, or why not): it is scored, or, if neither its aggregators nor
+    /// its sender would serve them, withdrawn from its committee and refused
+    /// unscreened.
     pub(super) async fn on_sliced(
         &mut self,
         (contribution, whole): (ContributionId, Result<Delta, String>),

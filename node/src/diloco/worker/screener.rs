@@ -3,7 +3,8 @@
 //! steps, on its own engine, with the losses signed.
 //!
 //! The request carries the contribution as its sender encoded it (an aggregated
-//! one's slice hashes instead, fetched from its sender: [`scoring::fetch_sliced`]), the round's
+//! one's slice hashes instead, fetched from its shards' aggregators or else its
+//! sender: [`scoring::fetch_sliced`]), the round's
 //! bounds and scales (so the screener applies it exactly as the round would:
 //! [`pcp_protocol::diloco::shepherd::Shepherd::applied`]) and a batch of the
 //! withheld split. The screener scores it at the round's parameters, which it
