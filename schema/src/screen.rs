@@ -119,22 +119,15 @@ impl Message for ScreenRequest {
             };
             let list = r.get_slice_holders().map_err(|e| malformed(W, e))?;
             let shards = slices.as_ref().map_or(0, |(_, h)| h.len());
+            let invalid = |reason| DecodeError::Invalid { what: W, field: "sliceHolders", reason };
             if !list.is_empty() && list.len() as usize != shards {
-                return Err(DecodeError::Invalid {
-                    what: W,
-                    field: "sliceHolders",
-                    reason: format!("{} shards' holders for {shards} slices", list.len()),
-                });
+                return Err(invalid(format!("{} shards' holders for {shards} slices", list.len())));
             }
             let mut holders = Vec::with_capacity(list.len() as usize);
             for keys in list.iter() {
                 let keys = keys.map_err(|e| malformed(W, e))?;
                 if keys.len() as usize > MAX_HOLDERS {
-                    return Err(DecodeError::Invalid {
-                        what: W,
-                        field: "sliceHolders",
-                        reason: format!("{} holders of one slice, more than {MAX_HOLDERS}", keys.len()),
-                    });
+                    return Err(invalid(format!("{} holders of one slice, more than {MAX_HOLDERS}", keys.len())));
                 }
                 let mut shard = Vec::with_capacity(keys.len() as usize);
                 for k in keys.iter() {

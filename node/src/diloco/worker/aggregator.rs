@@ -350,14 +350,18 @@ impl AggregatorTask {
             s if replicas.first() == Some(&s) => true,
             _ => return Err("a slice signed by neither its worker nor the shard's first replica".into()),
         };
-        // (a slice the machine refuses is served too, until its round is let go)
-        self.serve(round, &slice.bytes);
+        let kept = slice.bytes.clone();
         let input = Input::Slice { round, shard, worker: slice.worker, bytes: slice.bytes, forwarded };
         let actions = d.machine.handle(input);
         let refused = actions.iter().find_map(|a| match a {
             Action::Refuse { reason, .. } => Some(reason.to_string()),
             _ => None,
         });
+        // only a slice the machine took is served: a refused one (a duplicate, a
+        // retry's junk) costs no disk
+        if refused.is_none() {
+            self.serve(round, kept);
+        }
         self.carry_out(d, actions);
         refused.map_or(Ok(()), Err)
     }
@@ -368,8 +372,8 @@ impl AggregatorTask {
     /// here first. Not kept when the store holds it already (this node's own
     /// slice, or the same bytes from another worker) or cannot take it (its
     /// members then ask the worker).
-    fn serve(&self, round: u64, bytes: &[u8]) {
-        let (store, served, bytes) = (self.store.clone(), self.served.clone(), bytes.to_vec());
+    fn serve(&self, round: u64, bytes: Vec<u8>) {
+        let (store, served) = (self.store.clone(), self.served.clone());
         tokio::task::spawn_blocking(move || {
             let hash = BlobHash(pcp_protocol::diloco::aggregation::slice_hash(&bytes));
             if store.contains(&hash) {
