@@ -87,7 +87,7 @@ pub struct StepConfig {
     pub attention: Attention,
 }
 
-/// A module with `train_step`, `eval_loss` and maybe `logits`.
+/// A module with `train_step`, `eval_loss`, `eval_moved` and maybe `logits`.
 #[derive(Clone, Debug)]
 pub struct TrainModule {
     /// The functions.
@@ -151,8 +151,10 @@ pub fn train_step(model: &Module, entry: &str, config: &StepConfig) -> Result<Tr
     let eval_loss = splice(&forward, &sig, &p, &d, &mut eval)?;
     eval.results = vec![eval_loss];
     eval.eliminate_dead_code();
+    let moved = eval_moved(&forward, &sig, &scalar)?;
 
     functions.insert(1, eval);
+    functions.insert(2, moved);
     if entry != "logits" && model.function("logits").is_some() {
         let mut logits = inline_calls(model, "logits")?;
         if config.attention == Attention::Fused {
@@ -172,6 +174,35 @@ pub fn train_step(model: &Module, entry: &str, config: &StepConfig) -> Result<Tr
         state_per_param: k,
         saved_activation_bytes,
     })
+}
+
+/// `eval_moved(params…, delta…, alpha, data…) -> loss`: the loss at
+/// params + alpha × delta, the parameters moved on the device. A screen scores a
+/// contribution with the round's parameters resident and only the contribution
+/// uploaded, so its host copies nothing the size of the model a pass.
+fn eval_moved(forward: &Function, sig: &Signature, scalar: &TensorType) -> Result<Function, GradError> {
+    let param_types: Vec<TensorType> = sig.params.iter().map(|(_, t)| t.clone()).collect();
+    let n = param_types.len();
+    let mut arg_types = param_types.clone();
+    arg_types.extend(param_types.iter().cloned());
+    arg_types.push(scalar.clone());
+    arg_types.extend(sig.data.iter().map(|(_, t)| t.clone()));
+    let mut f = Function::new("eval_moved", &arg_types);
+    let (params, delta, alpha, data) =
+        (f.args[..n].to_vec(), f.args[n..2 * n].to_vec(), f.args[2 * n], f.args[2 * n + 1..].to_vec());
+    let mut b = Builder::new(&mut f, None);
+    let moved: Vec<ValueId> = params
+        .iter()
+        .zip(&delta)
+        .map(|(p, d)| {
+            let step = scale_by(&mut b, *d, alpha);
+            b.add(*p, step)
+        })
+        .collect();
+    let loss = splice(forward, sig, &moved, &data, &mut f)?;
+    f.results = vec![loss];
+    f.eliminate_dead_code();
+    Ok(f)
 }
 
 /// `grad_step(params…, acc…, data…) -> (acc + ∇loss…, loss)`.

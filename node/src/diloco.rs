@@ -23,7 +23,7 @@ pub(crate) mod inbox;
 pub(crate) mod participants;
 mod refusal;
 mod retention;
-mod scoring;
+pub(crate) mod scoring;
 mod shepherd;
 pub(crate) mod wire;
 mod worker;

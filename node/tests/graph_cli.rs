@@ -58,6 +58,8 @@ fn step_builds_a_preset_by_name() {
     // params, AdamW m and v, step, lr, two data inputs
     assert_eq!(step.args.len(), 3 * params + 4);
     assert!(module.function("eval_loss").is_some() && module.function("logits").is_some());
+    // params, a delta as large, its scale, two data inputs
+    assert_eq!(module.function("eval_moved").expect("eval_moved").args.len(), 2 * params + 3);
     let inspect = pcp(&["graph", "inspect", "nanogpt-medium"]);
     assert!(inspect.status.success(), "{}", String::from_utf8_lossy(&inspect.stderr));
     assert!(String::from_utf8_lossy(&inspect.stdout).contains("every op has a rule"));

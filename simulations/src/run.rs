@@ -184,7 +184,7 @@ fn shepherd_costs(args: &SimulateArgs, base: &ModelSpec, table: &Calibration) ->
             screeners: args.screeners(),
             spot_rate: args.screen_spot_rate,
             liars: (args.hostile_screeners > 0.0).then_some((args.screener_attack, args.hostile_screeners)),
-            host_s: crate::cpu::screen_host_s(model.params() as f64),
+            host: crate::cpu::screen_host(model.params() as f64),
         }),
         eval_batches: args.eval_batches,
         close_s: table.close_s_per_param * model.params() as f64,

@@ -3,6 +3,7 @@
 mod aggregate;
 mod blob;
 mod gpu_plan;
+mod screen;
 mod step;
 
 use crate::Failure;
@@ -24,6 +25,13 @@ pub(crate) enum BenchCommand {
     /// A GPU step's dispatches with their work, bytes, roofline time and matrix-instruction
     /// use, from IREE's compile for the target (no GPU needed).
     GpuPlan(gpu_plan::GpuPlanArgs),
+    /// One contribution's screen in its parts: made dense, uploaded, three forward passes.
+    Screen {
+        #[command(flatten)]
+        args: screen::ScreenArgs,
+        #[command(flatten)]
+        data_dir: DataDirArg,
+    },
 }
 
 /// `root` holds the flags given before `bench`.
@@ -39,6 +47,9 @@ pub(crate) async fn run(command: BenchCommand, root: &NetFlags) -> Result<(), Fa
         BenchCommand::Aggregate(args) => {
             root.resolve(NetFlags::default(), "bench aggregate", Uses::Nothing)?;
             aggregate::run(&args)
+        }
+        BenchCommand::Screen { args, data_dir } => {
+            screen::run(args, &root.resolve(data_dir.into(), "bench screen", Uses::DataDir)?).await
         }
         BenchCommand::GpuPlan(args) => {
             root.resolve(NetFlags::default(), "bench gpu-plan", Uses::Nothing)?;

@@ -7,33 +7,52 @@ use pcp_protocol::diloco::aggregate::Delta;
 use pcp_protocol::diloco::committee::Losses;
 
 use crate::training::data::Batch;
-use crate::training::engine::Engine;
+use crate::training::engine::{Engine, Resident};
 
-/// The loss on `batch` at `params` (`before`, when known already), with `applied`
-/// (the contribution as the round applies it) added at `scale`, and with it
-/// subtracted. The engine's own parameters are left as they are.
+/// The loss on `batch` at `base`, the round's parameters resident on `engine`'s
+/// device (`before`, when known already), with `applied` (the contribution as
+/// the round applies it) added at `scale`, and with it subtracted. The
+/// contribution is uploaded once and both moves happen on the device, so the
+/// host copies no parameters; the engine's own parameters are left as they are.
 pub(crate) async fn losses(
     engine: &Engine,
-    params: &Tensors,
+    base: &Resident,
     (applied, scale): (&Delta, f32),
     batch: &Batch,
     before: Option<f32>,
 ) -> anyhow::Result<Losses> {
+    let delta = engine.resident(dense(applied, &engine.sizes())?).await?;
+    // `before` from the same function as the others (a finite delta at 0 moves
+    // nothing), so a contribution of zeros scores no gain to the last bit
     let before = match before {
         Some(b) => b,
-        None => engine.eval_at(params.clone(), batch).await?,
+        None => engine.eval_moved(base, &delta, 0.0, batch).await?,
     };
-    let after = loss_moved(engine, params, applied, scale, batch).await?;
-    let reversed = loss_moved(engine, params, applied, -scale, batch).await?;
+    // a pseudo-gradient is θ_start − θ_end, so the step it stands for subtracts it
+    let after = engine.eval_moved(base, &delta, -scale, batch).await?;
+    let reversed = engine.eval_moved(base, &delta, scale, batch).await?;
     Ok(Losses { before, after, reversed })
 }
 
-/// The loss with `delta` applied at `sign` × its scale: a pseudo-gradient is
-/// θ_start − θ_end, so the step it stands for subtracts it.
-async fn loss_moved(engine: &Engine, params: &Tensors, delta: &Delta, sign: f32, batch: &Batch) -> anyhow::Result<f32> {
-    let mut moved = params.clone();
-    delta.add_to(&mut moved, -sign);
-    engine.eval_at(moved, batch).await
+/// `delta` as one dense tensor of each of `sizes`: a tensor it leaves empty (a
+/// fragment's others) as zeros. The error names a tensor of another size.
+pub(crate) fn dense(delta: &Delta, sizes: &[usize]) -> anyhow::Result<Tensors> {
+    let mut out = match delta {
+        Delta::Dense(t) => t.clone(),
+        Delta::Sparse(_) | Delta::Packed(_) => {
+            let mut out: Tensors = sizes.iter().map(|n| vec![0.0; *n]).collect();
+            delta.add_to(&mut out, 1.0);
+            out
+        }
+    };
+    anyhow::ensure!(out.len() == sizes.len(), "a contribution of {} tensors, the model has {}", out.len(), sizes.len());
+    for (i, (t, n)) in out.iter_mut().zip(sizes).enumerate() {
+        if t.is_empty() {
+            *t = vec![0.0; *n];
+        }
+        anyhow::ensure!(t.len() == *n, "tensor {i} of the contribution has {} values, the model's {n}", t.len());
+    }
+    Ok(out)
 }
 
 /// How long fetching one slice of an aggregated contribution may take.
@@ -143,13 +162,33 @@ mod tests {
         let delta: Tensors =
             start.iter().zip(&end).map(|(a, b)| a.iter().zip(b).map(|(x, y)| x - y).collect()).collect();
         let held_out = Sampler::new(corpus.val.clone(), batch, block, 2)?.next_batch();
-        let l = losses(&engine, &start, (&Delta::Dense(delta), 1.0), &held_out, None).await?;
+        let base = engine.resident(start.clone()).await?;
+        let l = losses(&engine, &base, (&Delta::Dense(delta.clone()), 1.0), &held_out, None).await?;
         assert!(l.improves(), "{l:?}");
         assert_eq!(engine.params().await?, end, "scoring leaves the engine's parameters");
         assert_eq!(engine.eval(&held_out).await?, engine.eval_at(end.clone(), &held_out).await?);
+        // the device's move is the host's: the loss at start − Δ is the loss at the end
+        let host = engine.eval_at(end.clone(), &held_out).await?;
+        assert!((l.after - host).abs() <= 1e-4 * host.abs(), "moved on the device {}, on the host {host}", l.after);
+        let back: Tensors =
+            start.iter().zip(&delta).map(|(a, d)| a.iter().zip(d).map(|(x, y)| x + y).collect()).collect();
+        let host = engine.eval_at(back, &held_out).await?;
+        assert!(
+            (l.reversed - host).abs() <= 1e-4 * host.abs(),
+            "reversed on the device {}, on the host {host}",
+            l.reversed
+        );
+        // a fragment's contribution: the tensors it leaves empty are zeros
+        let mut first: Tensors = delta.iter().map(|_| Vec::new()).collect();
+        first[0] = delta[0].clone();
+        let f = losses(&engine, &base, (&Delta::Dense(first), 1.0), &held_out, Some(l.before)).await?;
+        assert!(f.after.is_finite() && f.after != l.after, "{f:?}");
         let zeros: Tensors = start.iter().map(|t| vec![0.0; t.len()]).collect();
-        let z = losses(&engine, &start, (&Delta::Dense(zeros), 1.0), &held_out, Some(l.before)).await?;
+        let z = losses(&engine, &base, (&Delta::Dense(zeros), 1.0), &held_out, Some(l.before)).await?;
         assert_eq!((z.before, z.after, z.reversed), (l.before, l.before, l.before), "{z:?}");
+        let short: Tensors = vec![vec![0.0; 3]];
+        let e = losses(&engine, &base, (&Delta::Dense(short), 1.0), &held_out, None).await.unwrap_err();
+        assert!(e.to_string().contains("a contribution of 1 tensors"), "{e}");
         Ok(())
     }
 }

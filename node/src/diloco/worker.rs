@@ -488,8 +488,12 @@ async fn train(
     let (screen_tx, screen_rx) = mpsc::channel(screener::QUEUED);
     let screen_len = compress::encoded_len(&sizes, encoding) + screener::request_overhead(sizes.len());
     node.admission().screen_for(run, joined.shepherd_key, screen_len);
-    let screens =
-        screener::Screens { requests: screen_rx, signer: Signer::new(signer.identity().clone()), before: None };
+    let screens = screener::Screens {
+        requests: screen_rx,
+        signer: Signer::new(signer.identity().clone()),
+        before: None,
+        resident: None,
+    };
     let heartbeat = Heartbeats {
         node: node.clone(),
         signer: Signer::new(signer.identity().clone()),

@@ -20,6 +20,12 @@ pub(crate) struct Engine {
     zeros: Vec<Buffer>,
 }
 
+/// Tensors held on an engine's device, one buffer each, in the model's
+/// parameter order: a round's parameters a screen starts from, or the
+/// contribution it moves them by.
+#[derive(Clone, Debug)]
+pub(crate) struct Resident(Vec<Buffer>);
+
 impl Engine {
     /// Loads `vmfb` on `device` and uploads the initial parameters and
     /// optimizer state (`state_per_param` tensors per parameter; zeros when
@@ -141,12 +147,39 @@ impl Engine {
         self.eval_with(&self.params, batch).await
     }
 
-    /// The loss on `batch` at `params`, leaving the engine's own parameters (a
-    /// worker's training) as they are: a screener's score of another's
-    /// contribution.
+    /// The loss on `batch` at host `params`, uploaded for this call, leaving the
+    /// engine's own parameters as they are: the tests' reference for
+    /// [`Self::eval_moved`].
+    #[cfg(test)]
     pub(crate) async fn eval_at(&self, params: Vec<Vec<f32>>, batch: &Batch) -> anyhow::Result<f32> {
         let buffers = self.upload_all(params).await?;
         self.eval_with(&buffers, batch).await
+    }
+
+    /// `params` uploaded to stay on the device: the base a screen moves from
+    /// ([`Self::eval_moved`]).
+    pub(crate) async fn resident(&self, params: Vec<Vec<f32>>) -> anyhow::Result<Resident> {
+        Ok(Resident(self.upload_all(params).await?))
+    }
+
+    /// The loss on `batch` at `base` + `alpha` × `delta`, moved on the device
+    /// (`eval_moved`): `delta` is the one upload.
+    pub(crate) async fn eval_moved(
+        &self,
+        base: &Resident,
+        delta: &Resident,
+        alpha: f32,
+        batch: &Batch,
+    ) -> anyhow::Result<f32> {
+        let mut total = 0.0;
+        for micro in batch.split(self.micro_batches) {
+            let mut args: Vec<Arg> = base.0.iter().chain(&delta.0).map(|b| Arg::from(b.clone())).collect();
+            args.push(HostTensor::scalar_f32(alpha).into());
+            args.extend(self.data_args(&micro)?);
+            let outputs = self.session.invoke("module.eval_moved", args).await?;
+            total += scalar(&self.session, outputs.first().context("eval_moved returned nothing")?).await?;
+        }
+        Ok(total / self.micro_batches as f32)
     }
 
     async fn eval_with(&self, params: &[Buffer], batch: &Batch) -> anyhow::Result<f32> {
@@ -166,6 +199,11 @@ impl Engine {
         args.push(inputs.into());
         let outputs = self.session.invoke("module.logits", args).await?;
         Ok(self.session.download(outputs.first().context("logits returned nothing")?).await?.into_f32()?)
+    }
+
+    /// Values in each parameter tensor, in order.
+    pub(crate) fn sizes(&self) -> Vec<usize> {
+        self.shapes.iter().map(|s| s.iter().product()).collect()
     }
 
     /// Downloads the parameters.

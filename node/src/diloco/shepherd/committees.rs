@@ -92,6 +92,8 @@ struct RoundCommittees {
     /// The round's batch and its loss at `params` once known.
     batch: Arc<Batch>,
     before: Option<f32>,
+    /// `params` on the engine's device, once the shepherd scored one itself.
+    resident: Option<crate::training::engine::Resident>,
 }
 
 /// What a deferred contribution is screened as: itself, bounded and scaled as
@@ -199,7 +201,15 @@ impl Committees {
         let orphans = orphans.into_iter().filter_map(|id| self.take(&id)).collect();
         let machine = Screening::new(seed, self.config, Vec::new(), self.barred.clone());
         let (params, params_hash) = params;
-        self.rounds.push(RoundCommittees { round, machine, params, params_hash, batch: Arc::new(batch), before: None });
+        self.rounds.push(RoundCommittees {
+            round,
+            machine,
+            params,
+            params_hash,
+            batch: Arc::new(batch),
+            before: None,
+            resident: None,
+        });
         orphans
     }
 
@@ -494,7 +504,11 @@ impl Host {
         };
         let Some(rc) = committees.rounds.iter_mut().find(|r| r.round == d.screened_in) else { return Ok(Vec::new()) };
         let engine = engine.context("the loss screen without the model on this host")?;
-        let losses = scoring::losses(engine, &rc.params, (applied, scale), &rc.batch, rc.before).await?;
+        if rc.resident.is_none() {
+            rc.resident = Some(engine.resident(rc.params.as_ref().clone()).await?);
+        }
+        let base = rc.resident.as_ref().expect("uploaded");
+        let losses = scoring::losses(engine, base, (applied, scale), &rc.batch, rc.before).await?;
         rc.before = Some(losses.before);
         let actions = rc.machine.on(Input::Scored { contribution, losses }).unwrap_or_default();
         self.screener.scored(started.elapsed().as_secs_f64());

@@ -55,6 +55,9 @@ use crate::diloco::scoring;
 use crate::training::data::{Batch, Sampler, Split, TokenFormat, Tokens, Vocab};
 use crate::training::engine::Engine;
 
+mod bases;
+use bases::{Bases, Prior};
+
 /// The share of a new run's corpus the shepherd withholds for its screen.
 pub(crate) const SCREEN_FRACTION: f64 = 0.05;
 
@@ -238,29 +241,6 @@ impl Waiting {
     }
 }
 
-/// The parameters the open round and the one before it opened with. Under
-/// overlapped rounds a contribution that comes after its round closed is carried
-/// into the next and scored at the open round's parameters, where the round
-/// applies it. An honest one often overshoots there: the update it was late for
-/// already moved along much the same direction. In `bench/sleepers.sh --nodes 21
-/// --hostile 9 --tau 10 -- --screen-share 0`'s honest run 13 of 16 honest
-/// contributions refused as no improvement were carried ones, each a catch that
-/// cost its sender its rating and a round sitting out. So a carried contribution
-/// the screen refuses is scored again at the parameters its own round opened
-/// with, where it was computed: if it passes there it is refused as late, which
-/// catches no one; if not, the refusal stands. (Scoring carried contributions
-/// at their own round's parameters alone let them all through, and the same
-/// run's fp32 loss rose from 2.90 to 3.72 over rounds 2–4 as the stale updates
-/// were applied.) It holds two copies of the parameters besides the state
-/// machine's: the open round's, which becomes the prior at the next open, and
-/// the prior.
-#[derive(Debug, Default)]
-struct Bases {
-    open: Option<(u64, Tensors)>,
-    /// The round before's, with its loss on the open round's batch once known.
-    prior: Option<(u64, Tensors, Option<f32>)>,
-}
-
 /// A round's screening, for its event.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct RoundScreen {
@@ -426,7 +406,13 @@ impl Screener {
         if self.bases.open.as_ref().is_some_and(|(r, _)| *r == round) {
             return;
         }
-        self.bases.prior = self.bases.open.take().map(|(r, p)| (r, p, None));
+        let resident = self.bases.resident.take();
+        self.bases.prior = self.bases.open.take().map(|(round, params)| Prior {
+            round,
+            params,
+            before: None,
+            resident: resident.filter(|(r, _)| *r == round).map(|(_, d)| d),
+        });
         self.bases.open = Some((round, params.clone()));
     }
 
@@ -439,27 +425,39 @@ impl Screener {
         round: u64,
         applied: &Delta,
     ) -> anyhow::Result<Option<Losses>> {
-        if self.bases.prior.as_ref().is_none_or(|(r, ..)| *r != round) {
+        if self.bases.prior.as_ref().is_none_or(|p| p.round != round) {
             return Ok(None);
         }
         let started = std::time::Instant::now();
         let scale = self.scale;
         self.batch()?;
-        let (Some((batch, _)), Some((_, params, before))) = (self.batch.as_ref(), self.bases.prior.as_mut()) else {
+        let (Some((batch, _)), Some(prior)) = (self.batch.as_ref(), self.bases.prior.as_mut()) else {
             return Ok(None);
         };
-        let losses = scoring::losses(engine, params, (applied, scale), batch, *before).await?;
-        *before = Some(losses.before);
+        if prior.resident.is_none() {
+            prior.resident = Some(engine.resident(prior.params.clone()).await?);
+        }
+        let base = prior.resident.as_ref().expect("uploaded");
+        let losses = scoring::losses(engine, base, (applied, scale), batch, prior.before).await?;
+        prior.before = Some(losses.before);
         self.scored(started.elapsed().as_secs_f64());
         Ok(Some(losses))
     }
 
-    /// Scores `applied` (the contribution as the round applies it) at `params`.
+    /// Scores `applied` (the contribution as the round applies it) at `params`,
+    /// the open round's parameters (uploaded to the engine's device once a round).
     pub(crate) async fn score(&mut self, engine: &Engine, params: &Tensors, applied: &Delta) -> anyhow::Result<Losses> {
         let started = std::time::Instant::now();
         let scale = self.scale;
-        let (batch, before) = self.batch()?;
-        let losses = scoring::losses(engine, params, (applied, scale), batch, *before).await?;
+        let round = self.round;
+        if self.bases.resident.as_ref().is_none_or(|(r, _)| *r != round) {
+            self.bases.resident = Some((round, engine.resident(params.clone()).await?));
+        }
+        self.batch()?;
+        let (Some((batch, before)), Some((_, base))) = (self.batch.as_mut(), self.bases.resident.as_ref()) else {
+            anyhow::bail!("round {round}'s screen lost its batch");
+        };
+        let losses = scoring::losses(engine, base, (applied, scale), batch, *before).await?;
         *before = Some(losses.before);
         self.scored(started.elapsed().as_secs_f64());
         Ok(losses)
@@ -651,9 +649,8 @@ impl super::Host {
             Decision::Screen => {}
         }
         let Some(applied) = self.machine.as_applied(delta) else { return Ok(input) };
-        let params = self.machine.params().clone();
         let engine = self.engine.as_ref().context("the loss screen without the model on this host")?;
-        let verdict = self.screener.score(engine, &params, &applied).await?;
+        let verdict = self.screener.score(engine, self.machine.params(), &applied).await?;
         let rated = !self.machine.ratings().on_probation(&peer);
         tracing::debug!(%peer, round, ?verdict, best_step = verdict.best_step(), gain = verdict.improvement(), "scored");
         let Some(reason) = self.screener.judge(verdict, rated) else {
@@ -858,8 +855,8 @@ mod tests {
         s.based(2, &vec![vec![2.0]]);
         s.based(3, &vec![vec![3.0]]);
         s.based(3, &vec![vec![4.0]]);
-        let (round, params, before) = s.bases.prior.as_ref().expect("round 2's");
-        assert_eq!((*round, params, *before), (2, &vec![vec![2.0]], None));
+        let prior = s.bases.prior.as_ref().expect("round 2's");
+        assert_eq!((prior.round, &prior.params, prior.before), (2, &vec![vec![2.0]], None));
         assert_eq!(s.bases.open.as_ref().map(|(r, p)| (*r, p[0][0])), Some((3, 3.0)));
     }
 

@@ -26,6 +26,7 @@ use crate::diloco::scoring;
 use crate::diloco::wire::Signer;
 use crate::observe::events as ev;
 use crate::training::data::Batch;
+use crate::training::engine::Resident;
 
 /// Screen requests queued for the training loop at most (more are left
 /// unanswered: the shepherd scores those itself).
@@ -46,7 +47,13 @@ pub(super) struct Screens {
     /// The loss at the last parameters and batch scored: every contribution of a
     /// round is scored at the same ones.
     pub(super) before: Option<([u8; 32], f32)>,
+    /// The parameters last scored at (by their hash), on the engine's device:
+    /// uploaded once a round, not once a request.
+    pub(super) resident: Based,
 }
+
+/// Parameters on the engine's device, by their blob's hash.
+type Based = Option<([u8; 32], Resident)>;
 
 /// Why a screener could not score a contribution (the shepherd scores it itself).
 #[derive(Debug, thiserror::Error)]
@@ -79,19 +86,20 @@ impl Trainer<'_> {
         let round = message.binding().round;
         let started = std::time::Instant::now();
         let signer = &mut screens.signer;
-        let (envelope, contribution, reason) = match self.screen(&message, &mut screens.before).await {
-            Ok((contribution, losses)) => {
-                let losses = Hostile::screened(self.plan.hostile, round, losses);
-                let Losses { before, after, reversed } = losses;
-                let report = ScreenReport { run: self.run.0, round, contribution, before, after, reversed };
-                (signer.seal(self.run, round, &report), short(&contribution), String::new())
-            }
-            Err(e) => {
-                tracing::debug!(round, "cannot screen: {e}");
-                let ack = Ack::refuse(self.run.0, round, AckCode::Other, e.to_string());
-                (signer.seal(self.run, round, &ack), String::new(), e.to_string())
-            }
-        };
+        let (envelope, contribution, reason) =
+            match self.screen(&message, (&mut screens.before, &mut screens.resident)).await {
+                Ok((contribution, losses)) => {
+                    let losses = Hostile::screened(self.plan.hostile, round, losses);
+                    let Losses { before, after, reversed } = losses;
+                    let report = ScreenReport { run: self.run.0, round, contribution, before, after, reversed };
+                    (signer.seal(self.run, round, &report), short(&contribution), String::new())
+                }
+                Err(e) => {
+                    tracing::debug!(round, "cannot screen: {e}");
+                    let ack = Ack::refuse(self.run.0, round, AckCode::Other, e.to_string());
+                    (signer.seal(self.run, round, &ack), String::new(), e.to_string())
+                }
+            };
         self.io.events.emit(ev::Event::ScreenAnswered(ev::ScreenAnswered {
             round,
             contribution,
@@ -112,7 +120,7 @@ impl Trainer<'_> {
     async fn screen(
         &self,
         message: &Verified,
-        before: &mut Option<([u8; 32], f32)>,
+        (before, resident): (&mut Option<([u8; 32], f32)>, &mut Based),
     ) -> Result<([u8; 32], Losses), ScreenError> {
         let r: ScreenRequest = message.decode().map_err(|e| ScreenError::Undecodable(e.to_string()))?;
         if r.run != self.run.0 {
@@ -156,7 +164,13 @@ impl Trainer<'_> {
         });
         let at = *at.finalize().as_bytes();
         let known = before.filter(|(h, _)| *h == at).map(|(_, b)| b);
-        let losses = scoring::losses(&self.engine, &held.params, (&applied, r.outer_scale), &batch, known)
+        if resident.as_ref().is_none_or(|(h, _)| *h != held.hash.0) {
+            *resident = None;
+            let uploaded = self.engine.resident(held.params.clone()).await.map_err(ScreenError::Scoring)?;
+            *resident = Some((held.hash.0, uploaded));
+        }
+        let base = &resident.as_ref().expect("uploaded").1;
+        let losses = scoring::losses(&self.engine, base, (&applied, r.outer_scale), &batch, known)
             .await
             .map_err(ScreenError::Scoring)?;
         *before = Some((at, losses.before));
