@@ -44,4 +44,4 @@ pub use models::{BuildError, BuiltModel, NanoGptConfig, nanogpt};
 pub use precision::{Precision, UnknownPrecision, mixed_precision};
 pub use recompute::{Recompute, UnknownRecompute};
 pub use target::{Backend, Target, UnknownBackend, UnknownTarget};
-pub use train::{Optimizer, StepConfig, TrainModule, train_step};
+pub use train::{Optimizer, SparseScreen, StepConfig, TrainModule, train_step};

@@ -25,7 +25,7 @@
 
 use crate::attention::Attention;
 use crate::autodiff::{GradError, Signature, inline_calls, signature};
-use crate::ir::{Builder, Function, Module, TensorType, ValueId};
+use crate::ir::{Builder, ElementType, Function, Module, TensorType, ValueId};
 use crate::precision::{Precision, mixed_precision};
 use crate::recompute::Recompute;
 
@@ -85,6 +85,30 @@ pub struct StepConfig {
     pub accumulate: bool,
     /// Attention fused with a flash-style backward, or as the model writes it.
     pub attention: Attention,
+    /// Also build `eval_sparse` for contributions in this top-k layout.
+    pub sparse_screen: Option<SparseScreen>,
+}
+
+/// A top-k sparse layout: `k` entries kept in every chunk of `chunk` elements
+/// (a tensor's last, shorter chunk keeps its share, at least one). A screen
+/// uploads a contribution in it as each tensor's kept indices and values,
+/// which `eval_sparse` scatters on the device, so its host makes nothing the
+/// size of the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SparseScreen {
+    /// Elements a chunk.
+    pub chunk: u32,
+    /// Entries kept a full chunk.
+    pub k: u32,
+}
+
+impl SparseScreen {
+    /// Entries kept in a tensor of `n` elements.
+    pub fn kept_in(&self, n: usize) -> usize {
+        let (c, k) = (self.chunk.max(1) as usize, self.k as usize);
+        let kept = |len: usize| if len == 0 { 0 } else { (len * k).div_ceil(c).clamp(1, len) };
+        (n / c) * kept(c) + kept(n % c)
+    }
 }
 
 /// A module with `train_step`, `eval_loss`, `eval_moved` and maybe `logits`.
@@ -155,6 +179,9 @@ pub fn train_step(model: &Module, entry: &str, config: &StepConfig) -> Result<Tr
 
     functions.insert(1, eval);
     functions.insert(2, moved);
+    if let Some(layout) = config.sparse_screen {
+        functions.insert(3, eval_sparse(&forward, &sig, &scalar, layout)?);
+    }
     if entry != "logits" && model.function("logits").is_some() {
         let mut logits = inline_calls(model, "logits")?;
         if config.attention == Attention::Fused {
@@ -199,6 +226,57 @@ fn eval_moved(forward: &Function, sig: &Signature, scalar: &TensorType) -> Resul
             b.add(*p, step)
         })
         .collect();
+    let loss = splice(forward, sig, &moved, &data, &mut f)?;
+    f.results = vec![loss];
+    f.eliminate_dead_code();
+    Ok(f)
+}
+
+/// `eval_sparse(params…, indices…, values…, alpha, data…) -> loss`: the loss at
+/// params + alpha × delta, where each tensor's delta is its `values` at its flat
+/// `indices` (i32, `[m, 1]`, m its [`SparseScreen::kept_in`]; ascending and
+/// distinct, which the caller checks) and zero elsewhere, scattered on the
+/// device.
+fn eval_sparse(
+    forward: &Function,
+    sig: &Signature,
+    scalar: &TensorType,
+    layout: SparseScreen,
+) -> Result<Function, GradError> {
+    let param_types: Vec<TensorType> = sig.params.iter().map(|(_, t)| t.clone()).collect();
+    let n = param_types.len();
+    let kept: Vec<i64> = param_types.iter().map(|t| layout.kept_in(t.elements().max(0) as usize) as i64).collect();
+    let mut arg_types = param_types.clone();
+    arg_types.extend(kept.iter().map(|m| TensorType::new(vec![*m, 1], ElementType::Int("i32".into()))));
+    arg_types.extend(param_types.iter().zip(&kept).map(|(t, m)| TensorType::new(vec![*m], t.element.clone())));
+    arg_types.push(scalar.clone());
+    arg_types.extend(sig.data.iter().map(|(_, t)| t.clone()));
+    let mut f = Function::new("eval_sparse", &arg_types);
+    let (params, indices, values) = (f.args[..n].to_vec(), f.args[n..2 * n].to_vec(), f.args[2 * n..3 * n].to_vec());
+    let (alpha, data) = (f.args[3 * n], f.args[3 * n + 1..].to_vec());
+    let mut b = Builder::new(&mut f, None);
+    let mut moved = Vec::with_capacity(n);
+    for (((p, i), v), t) in params.iter().zip(&indices).zip(&values).zip(&param_types) {
+        let flat = t.with_shape(vec![t.elements()]);
+        let zeros = b.splat(0.0, &flat);
+        let s = TensorType::scalar(t.element.clone());
+        let region = format!(
+            "({{\n    ^bb0(%a: {s}, %b: {s}):\n      %c = \"stablehlo.add\"(%a, %b) : ({s}, {s}) -> {s}\n      \"stablehlo.return\"(%c) : ({s}) -> ()\n    }})"
+        );
+        let props = vec![
+            ("indices_are_sorted".to_owned(), "true".to_owned()),
+            (
+                "scatter_dimension_numbers".to_owned(),
+                "#stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>"
+                    .to_owned(),
+            ),
+            ("unique_indices".to_owned(), "true".to_owned()),
+        ];
+        let dense = b.op("stablehlo.scatter", &[zeros, *i, *v], props, Some(region), flat);
+        let dense = b.reshape(dense, &t.shape);
+        let step = scale_by(&mut b, dense, alpha);
+        moved.push(b.add(*p, step));
+    }
     let loss = splice(forward, sig, &moved, &data, &mut f)?;
     f.results = vec![loss];
     f.eliminate_dead_code();

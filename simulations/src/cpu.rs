@@ -79,46 +79,54 @@ pub struct ScreenPolicy {
 }
 
 /// Host seconds of one screen by pcp-node (`scoring::losses`), whatever device
-/// runs its forward passes, which move the round's parameters on the device
-/// (`eval_moved`): the contribution made dense and uploaded, once a screen, and
-/// the round's parameters uploaded, once a round.
+/// runs its forward passes, which move the round's parameters on the device:
+/// the contribution made ready and uploaded, once a screen (a top-k sparse one
+/// as its kept indices and values, scattered on the device by `eval_sparse`;
+/// any other dense, `eval_moved`), and the round's parameters uploaded, once a
+/// round.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct ScreenHost {
-    /// A whole contribution: its packed sparse delta made dense, and uploaded.
+    /// A contribution the shepherd read whole.
     pub whole: f64,
-    /// An aggregated one, dense already from its slices: copied, and uploaded.
+    /// An aggregated one, joined from its slices (as sparse as they are).
     pub aggregated: f64,
     /// The round's parameters uploaded, at the round's first screen.
     pub base: f64,
 }
 
-/// Seconds a parameter of making a decoded sparse contribution dense
-/// (`scoring::dense`: a fresh zeroed allocation whose pages fault in as its
-/// kept values are written): 0.318 s for 163 M parameters. Measured with `pcp-node bench screen --model
-/// gpt2-124m --vocab 50257` on a 2-core Intel Xeon (not the calibration
-/// table's AMD EPYC), 2026-12-08.
-#[allow(clippy::approx_constant, reason = "a measured 0.318 s, not 1/π")]
-pub const SCREEN_DENSE_S_PER_PARAM: f64 = 0.318 / BENCH_PARAMS;
-/// [`SCREEN_DENSE_S_PER_PARAM`]'s copy of a dense (aggregated) contribution
-/// (0.335 s).
-pub const SCREEN_COPY_S_PER_PARAM: f64 = 0.335 / BENCH_PARAMS;
-/// [`SCREEN_DENSE_S_PER_PARAM`]'s upload to the engine's device (on the CPU
-/// backend IREE's buffer, allocated and copied into: 0.191 s, the median of
-/// both rows; to a GPU, the host's side of the transfer is taken as no
-/// cheaper).
+/// Seconds a kept entry of a top-k sparse contribution made ready to upload
+/// (`scoring::sparse`: unpacked from its message, its indices as i32): 43 ms
+/// for gpt2-124m's 10.19 M entries. Measured with `pcp-node bench screen --model
+/// gpt2-124m --vocab 50257` (the default sparse encoding) on a 2-core Intel
+/// Xeon (not the calibration table's AMD EPYC), 2026-12-08.
+pub const SCREEN_ENTRY_S: f64 = 0.043 / BENCH_ENTRIES;
+/// [`SCREEN_ENTRY_S`]'s upload of an entry (an i32 index and an f32 value):
+/// 42 ms.
+pub const SCREEN_ENTRY_UPLOAD_S: f64 = 0.042 / BENCH_ENTRIES;
+/// Seconds a parameter of making a contribution in any other encoding dense
+/// (`scoring::dense`: a fresh allocation whose pages fault in: 0.318 s for
+/// 163 M parameters from a sparse message, 0.335 s copied from a dense one),
+/// measured alike.
+pub const SCREEN_DENSE_S_PER_PARAM: f64 = 0.335 / BENCH_PARAMS;
+/// [`SCREEN_DENSE_S_PER_PARAM`]'s upload of a parameter (on the CPU backend
+/// IREE's buffer, allocated and copied into: 0.191 s, the median of the dense
+/// rows; to a GPU, the host's side of the transfer is taken as no cheaper).
 pub const SCREEN_UPLOAD_S_PER_PARAM: f64 = 0.191 / BENCH_PARAMS;
 
 /// The parameters of the bench's gpt2-124m (its head untied from the embedding).
 const BENCH_PARAMS: f64 = 163_037_184.0;
+/// Their kept entries in the default sparse layout (4 of every 64).
+const BENCH_ENTRIES: f64 = BENCH_PARAMS / 16.0;
 
-/// The host seconds of a screen of a model of `params` parameters.
-pub fn screen_host(params: f64) -> ScreenHost {
-    let upload = SCREEN_UPLOAD_S_PER_PARAM * params;
-    ScreenHost {
-        whole: SCREEN_DENSE_S_PER_PARAM * params + upload,
-        aggregated: SCREEN_COPY_S_PER_PARAM * params + upload,
-        base: upload,
-    }
+/// The host seconds of a screen of a model of `params` parameters, whose
+/// contributions keep `entries` entries each in a top-k sparse layout (`None`:
+/// another encoding, uploaded dense).
+pub fn screen_host(params: f64, entries: Option<f64>) -> ScreenHost {
+    let each = match entries {
+        Some(e) => e * (SCREEN_ENTRY_S + SCREEN_ENTRY_UPLOAD_S),
+        None => params * (SCREEN_DENSE_S_PER_PARAM + SCREEN_UPLOAD_S_PER_PARAM),
+    };
+    ScreenHost { whole: each, aggregated: each, base: SCREEN_UPLOAD_S_PER_PARAM * params }
 }
 
 /// What the shepherd's CPU work costs in a run (from the calibration table).

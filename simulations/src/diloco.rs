@@ -102,7 +102,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::aggregators::{AggregatorSetup, Pool};
-use crate::cpu::{Cpu, Screened};
+use crate::cpu::{Cpu, ScreenHost, Screened};
 use crate::report::{FragmentCost, RoundStats, StrategyReport, Summary};
 use crate::world::{NodeSpec, Stream, World, rng};
 
@@ -577,8 +577,13 @@ impl Sim<'_> {
                         Some(b) if step > 0.0 => (*steps).min(((*b as f64 / 1e3) / step).ceil().max(1.0) as u64),
                         _ => *steps,
                     };
-                    // with committees, each worker screens about `screeners` contributions a round
-                    let screening = us(self.screeners() as f64 * 2.0 / 3.0 * step);
+                    // with committees, each worker screens about `screeners` contributions a
+                    // round on its training loop: two forward passes and its host's work each,
+                    // and the round's parameters uploaded once
+                    let k = self.screeners() as f64;
+                    let host = self.cpu.costs().screen.map_or(ScreenHost::default(), |p| p.host);
+                    let base = if k > 0.0 { host.base } else { 0.0 };
+                    let screening = us(k * (2.0 / 3.0 * step + host.aggregated) + base);
                     let train = us(n as f64 * step) + screening;
                     let ws = &mut self.workers[w as usize];
                     ws.screening = screening;

@@ -126,6 +126,13 @@ fn table(args: &SimulateArgs) -> Result<Calibration, Error> {
     }
 }
 
+/// The entries a contribution keeps in the run's top-k sparse layout, which its
+/// screen uploads (`None`: another encoding, uploaded dense).
+fn screened_entries(args: &SimulateArgs, sizes: &[usize]) -> Option<f64> {
+    let up = args.encoding.encoding().sparse()?.up;
+    (!up.strided).then(|| sizes.iter().map(|n| up.kept_in(*n) as f64).sum())
+}
+
 /// The shepherd's CPU costs for the model from `table` (see [`crate::diloco::cpu`]):
 /// `--decode-seconds` replaces the table's decode and add with core-seconds spread
 /// over the aggregate threads, one contribution at a time.
@@ -184,7 +191,7 @@ fn shepherd_costs(args: &SimulateArgs, base: &ModelSpec, table: &Calibration) ->
             screeners: args.screeners(),
             spot_rate: args.screen_spot_rate,
             liars: (args.hostile_screeners > 0.0).then_some((args.screener_attack, args.hostile_screeners)),
-            host: crate::cpu::screen_host(model.params() as f64),
+            host: crate::cpu::screen_host(model.params() as f64, screened_entries(args, &sizes)),
         }),
         eval_batches: args.eval_batches,
         close_s: table.close_s_per_param * model.params() as f64,

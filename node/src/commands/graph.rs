@@ -158,6 +158,7 @@ impl OptimizerArgs {
             recompute,
             accumulate: false,
             attention,
+            sparse_screen: None,
         })
     }
 }

@@ -220,8 +220,20 @@ pub(crate) async fn load_engine(
     checkpoint: Option<&Checkpoint>,
     micro_batches: usize,
 ) -> anyhow::Result<Engine> {
+    load_screening_engine(experiment, model, device, cache, checkpoint, (micro_batches, None)).await
+}
+
+/// [`load_engine`], its module also with `eval_sparse` for `sparse_screen`.
+pub(crate) async fn load_screening_engine(
+    experiment: &Experiment,
+    model: &Model,
+    device: &DeviceArgs,
+    cache: &Path,
+    checkpoint: Option<&Checkpoint>,
+    (micro_batches, sparse_screen): (usize, Option<pcp_graph::SparseScreen>),
+) -> anyhow::Result<Engine> {
     let int64 = model.data.first().is_some_and(|t| t.element.name() == "i64");
-    let config = pcp_graph::StepConfig { accumulate: micro_batches > 1, ..step_config(experiment) };
+    let config = pcp_graph::StepConfig { accumulate: micro_batches > 1, sparse_screen, ..step_config(experiment) };
     let step =
         pcp_graph::train_step(&model.module, "main", &config).map_err(|e| anyhow::anyhow!("{}: {e}", model.source))?;
     let (device_kind, target) = device.resolve()?;
@@ -256,6 +268,7 @@ pub(crate) async fn load_engine(
     let mut engine =
         Engine::new(device_kind, artifact.vmfb, shapes, params, state, step.state_per_param, int64).await?;
     engine.accumulate(micro_batches).await?;
+    engine.screens_sparse(sparse_screen);
     Ok(engine)
 }
 

@@ -597,7 +597,8 @@ async fn inherit(
     let source = model_path.display().to_string();
     let model = Model::load_with_batch(&source, corpus.vocab.size(), None)?;
     let module = model.module.clone();
-    let config = step_config(&experiment);
+    let config =
+        pcp_graph::StepConfig { sparse_screen: wire::manifest_sparse_screen(manifest), ..step_config(&experiment) };
     let dir = std::env::var_os("PCP_ARTIFACT_CACHE").map_or_else(|| data_dir.join("artifacts"), PathBuf::from);
     let target = on.target.clone();
     let (step, vmfb) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
@@ -609,9 +610,10 @@ async fn inherit(
     .with_context(|| format!("compiling a successor's engine for {on}"))?;
     let sizes = wire::sizes(manifest);
     let zeros = sizes.iter().map(|n| vec![0.0; *n]).collect();
-    let engine =
+    let mut engine =
         Engine::new(on.device, vmfb, wire::shapes(manifest), zeros, None, step.state_per_param, manifest.data.int64)
             .await?;
+    engine.screens_sparse(wire::manifest_sparse_screen(manifest));
     Ok(Inheritance { experiment, model, corpus_path, corpus, prepared: Prepared { step, engine } })
 }
 

@@ -21,7 +21,17 @@ pub(crate) async fn losses(
     batch: &Batch,
     before: Option<f32>,
 ) -> anyhow::Result<Losses> {
-    let delta = engine.resident(dense(applied, &engine.sizes())?).await?;
+    let sizes = engine.sizes();
+    let delta = match engine.sparse_screen().and_then(|layout| sparse(applied, layout, &sizes)) {
+        Some((indices, values)) => {
+            tracing::debug!(entries = values.iter().map(Vec::len).sum::<usize>(), "a screen uploads its entries");
+            engine.moved_sparse(indices, values).await?
+        }
+        None => {
+            tracing::debug!("a screen uploads its contribution dense");
+            engine.moved_dense(dense(applied, &sizes)?).await?
+        }
+    };
     // `before` from the same function as the others (a finite delta at 0 moves
     // nothing), so a contribution of zeros scores no gain to the last bit
     let before = match before {
@@ -32,6 +42,41 @@ pub(crate) async fn losses(
     let after = engine.eval_moved(base, &delta, -scale, batch).await?;
     let reversed = engine.eval_moved(base, &delta, scale, batch).await?;
     Ok(Losses { before, after, reversed })
+}
+
+/// `delta` as `eval_sparse` takes it in `layout`: each tensor's flat indices (as
+/// i32) and values, `layout.kept_in` of each, ascending and distinct. `None`
+/// (the dense upload then) for a dense delta, or one that holds another count
+/// of entries in a tensor (a fragment's, whose other tensors are empty) or
+/// indices out of order.
+pub(crate) fn sparse(
+    delta: &Delta,
+    layout: pcp_graph::SparseScreen,
+    sizes: &[usize],
+) -> Option<(Vec<Vec<i32>>, Tensors)> {
+    let tensors = match delta {
+        Delta::Dense(_) => return None,
+        // borrowed: its entries copied
+        Delta::Sparse(s) => s.clone(),
+        // unpacked: its entries moved
+        Delta::Packed(p) => p.unpack(),
+    };
+    if tensors.len() != sizes.len() {
+        return None;
+    }
+    let mut indices = Vec::with_capacity(sizes.len());
+    let mut values = Vec::with_capacity(sizes.len());
+    for (t, n) in tensors.into_iter().zip(sizes) {
+        let ascending = t.indices.windows(2).all(|w| w[0] < w[1]);
+        let inside = t.indices.last().is_none_or(|i| (*i as usize) < *n && *i < i32::MAX as u32);
+        if t.indices.len() != layout.kept_in(*n) || t.values.len() != t.indices.len() || !ascending || !inside {
+            return None;
+        }
+        // each below i32::MAX (checked): the same bits, collected in place
+        indices.push(t.indices.into_iter().map(|i| i as i32).collect());
+        values.push(t.values);
+    }
+    Some((indices, values))
 }
 
 /// `delta` as one dense tensor of each of `sizes`: a tensor it leaves empty (a
@@ -121,20 +166,77 @@ pub(crate) async fn fetch_sliced(
             let delta =
                 compress::decode_delta(&bytes, &shard_sizes, encoding).map_err(|e| format!("slice {shard}: {e}"))?;
             delta.validate(&shard_sizes).map_err(|e| format!("slice {shard}: {e}"))?;
-            Ok::<_, String>(delta.to_dense(&shard_sizes))
+            Ok::<_, String>((delta, shard_sizes))
         }
     });
-    let mut joined: Tensors = Vec::with_capacity(sizes.len());
     let mut slices = futures::stream::iter(fetches).buffered(SLICES_IN_FLIGHT);
+    let mut joined = Vec::new();
     while let Some(slice) = slices.next().await {
-        joined.extend(slice?);
+        joined.push(slice?);
     }
-    Ok(Delta::Dense(joined))
+    Ok(join(joined))
+}
+
+/// Slices of one contribution (each decoded with its shard's sizes), in shard
+/// order, as one delta: sparse if every slice is, else dense.
+fn join(slices: Vec<(Delta, Vec<usize>)>) -> Delta {
+    if slices.iter().any(|(d, _)| matches!(d, Delta::Dense(_))) {
+        return Delta::Dense(slices.into_iter().flat_map(|(d, sizes)| d.to_dense(&sizes)).collect());
+    }
+    let joined = slices.into_iter().flat_map(|(delta, _)| match delta {
+        Delta::Sparse(s) => s,
+        Delta::Packed(p) => p.unpack(),
+        Delta::Dense(_) => Vec::new(),
+    });
+    Delta::Sparse(joined.collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pcp_protocol::diloco::sparse::{SparseTensor, SparseTensors};
+
+    fn entries(indices: &[u32], values: &[f32]) -> SparseTensor {
+        SparseTensor { indices: indices.to_vec(), values: values.to_vec() }
+    }
+
+    /// The graph's count of a layout's kept entries is the protocol's, and only a
+    /// contribution holding exactly them, ascending, goes up sparse.
+    #[test]
+    fn a_sparse_upload_holds_the_layouts_entries_in_order() {
+        let layout = pcp_graph::SparseScreen { chunk: 4, k: 1 };
+        let protocol = pcp_protocol::diloco::sparse::Layout { chunk: 4, k: 1, bits: 2, strided: false };
+        for n in [1, 3, 4, 5, 8, 9, 64, 1000, 1_000_003] {
+            assert_eq!(layout.kept_in(n), protocol.kept_in(n), "{n} elements");
+        }
+        let sizes = [8, 5];
+        let good: SparseTensors = vec![entries(&[1, 6], &[1.0, 2.0]), entries(&[0, 4], &[3.0, 4.0])];
+        let (indices, values) = sparse(&Delta::Sparse(good.clone()), layout, &sizes).expect("sparse");
+        assert_eq!((indices, values), (vec![vec![1, 6], vec![0, 4]], vec![vec![1.0, 2.0], vec![3.0, 4.0]]));
+        let mut unordered = good.clone();
+        unordered[0].indices = vec![6, 1];
+        let mut outside = good.clone();
+        outside[1].indices = vec![0, 5];
+        let mut fragment = good.clone();
+        fragment[1] = entries(&[], &[]);
+        for (why, delta) in [("out of order", unordered), ("past the tensor", outside), ("a fragment's", fragment)] {
+            assert!(sparse(&Delta::Sparse(delta), layout, &sizes).is_none(), "{why}");
+        }
+        assert!(sparse(&Delta::Dense(vec![vec![0.0; 8], vec![0.0; 5]]), layout, &sizes).is_none());
+        // scaled, it stays sparse, and is what the dense scale gives
+        let scaled = Delta::Sparse(good.clone()).scaled(0.5, &sizes);
+        assert!(matches!(scaled, Delta::Sparse(_)));
+        let dense = Delta::Dense(Delta::Sparse(good.clone()).to_dense(&sizes)).scaled(0.5, &sizes);
+        assert_eq!(scaled.to_dense(&sizes), dense.to_dense(&sizes));
+        // an aggregated contribution's slices join sparse, or dense if one is
+        let slices =
+            vec![(Delta::Sparse(vec![good[0].clone()]), vec![8]), (Delta::Sparse(vec![good[1].clone()]), vec![5])];
+        assert!(matches!(join(slices.clone()), Delta::Sparse(s) if s == good));
+        let mixed = vec![slices[0].clone(), (Delta::Dense(vec![vec![1.0; 5]]), vec![5])];
+        let Delta::Dense(joined) = join(mixed) else { panic!("dense") };
+        assert_eq!(joined[1], vec![1.0; 5]);
+        assert_eq!(joined[0][6], 2.0);
+    }
     use crate::commands::train::{DeviceArgs, load_engine};
     use crate::training::config::Experiment;
     use crate::training::data::{Corpus, Sampler, default_corpus};
@@ -186,6 +288,31 @@ mod tests {
         let zeros: Tensors = start.iter().map(|t| vec![0.0; t.len()]).collect();
         let z = losses(&engine, &base, (&Delta::Dense(zeros), 1.0), &held_out, Some(l.before)).await?;
         assert_eq!((z.before, z.after, z.reversed), (l.before, l.before, l.before), "{z:?}");
+        // a sparse contribution, scattered on the device, scores as it does made dense
+        let encoding = pcp_protocol::diloco::compress::Encoding::parse_spec("sparse").map_err(anyhow::Error::msg)?;
+        let layout = crate::diloco::wire::sparse_screen(encoding).expect("top-k");
+        let sizes = engine.sizes();
+        let bytes = pcp_protocol::diloco::compress::encode(&delta, encoding);
+        let packed = pcp_protocol::diloco::compress::decode_delta(&bytes, &sizes, encoding)?;
+        assert!(sparse(&packed, layout, &sizes).is_some(), "a top-k contribution goes up sparse");
+        let made_dense = Delta::Dense(packed.to_dense(&sizes));
+        let d = losses(&engine, &base, (&made_dense, 0.5), &held_out, Some(l.before)).await?;
+        let mut sparse_engine = load_engine(&experiment, &model, &device, &cache, None, 1).await?;
+        assert!(sparse_engine.sparse_screen().is_none());
+        sparse_engine = crate::commands::train::load_screening_engine(
+            &experiment,
+            &model,
+            &device,
+            &cache,
+            None,
+            (1, Some(layout)),
+        )
+        .await?;
+        let sparse_base = sparse_engine.resident(start.clone()).await?;
+        let p = losses(&sparse_engine, &sparse_base, (&packed, 0.5), &held_out, Some(l.before)).await?;
+        let close = |a: f32, b: f32| (a - b).abs() <= 1e-5 * b.abs();
+        assert!(close(p.after, d.after) && close(p.reversed, d.reversed), "sparse {p:?}, dense {d:?}");
+        assert!(p.after != l.before, "it moved the parameters: {p:?}");
         let short: Tensors = vec![vec![0.0; 3]];
         let e = losses(&engine, &base, (&Delta::Dense(short), 1.0), &held_out, None).await.unwrap_err();
         assert!(e.to_string().contains("a contribution of 1 tensors"), "{e}");

@@ -121,6 +121,19 @@ pub(crate) fn sizes(manifest: &RunManifest) -> Vec<usize> {
     manifest.tensors.iter().map(|t| t.shape.iter().product::<u64>() as usize).collect()
 }
 
+/// The top-k layout a run's screens upload sparse contributions in
+/// (`eval_sparse`): its workers' layout, unless strided (whose entries a round
+/// keeps vary) or dense.
+pub(crate) fn sparse_screen(encoding: Encoding) -> Option<pcp_graph::SparseScreen> {
+    let up = encoding.sparse()?.up;
+    (!up.strided).then_some(pcp_graph::SparseScreen { chunk: up.chunk, k: up.k })
+}
+
+/// [`sparse_screen`] of a manifest's encoding (none where it does not parse).
+pub(crate) fn manifest_sparse_screen(manifest: &RunManifest) -> Option<pcp_graph::SparseScreen> {
+    Encoding::parse_spec(&manifest.encoding).ok().and_then(sparse_screen)
+}
+
 /// Shapes of the manifest's tensors.
 pub(crate) fn shapes(manifest: &RunManifest) -> Vec<Vec<usize>> {
     manifest.tensors.iter().map(|t| t.shape.iter().map(|d| *d as usize).collect()).collect()

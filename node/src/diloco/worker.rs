@@ -474,6 +474,7 @@ async fn train(
     // a device too small for the run's batch: the shepherd compiled a micro-batch step for it
     let micro_batches = joined.artifact.micro_batches.max(1);
     engine.accumulate(micro_batches as usize).await?;
+    engine.screens_sparse(wire::manifest_sparse_screen(m));
     if let Err(e) = node.subscribe(run).await {
         tracing::warn!("subscribing to run {run}: {e}");
     }

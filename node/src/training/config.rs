@@ -275,6 +275,8 @@ pub(crate) fn step_config(e: &Experiment) -> pcp_graph::StepConfig {
         accumulate: false,
         // checked likewise
         attention: e.attention.parse().unwrap_or_default(),
+        // a run's screens: set from its encoding where it builds its step
+        sparse_screen: None,
     }
 }
 

@@ -18,13 +18,24 @@ pub(crate) struct Engine {
     /// (empty without accumulation).
     micro_batches: usize,
     zeros: Vec<Buffer>,
+    /// The layout the module has `eval_sparse` for ([`Self::screens_sparse`]).
+    sparse_screen: Option<pcp_graph::SparseScreen>,
 }
 
 /// Tensors held on an engine's device, one buffer each, in the model's
-/// parameter order: a round's parameters a screen starts from, or the
-/// contribution it moves them by.
+/// parameter order: the round's parameters a screen starts from.
 #[derive(Clone, Debug)]
 pub(crate) struct Resident(Vec<Buffer>);
+
+/// A contribution on an engine's device, which a screen moves the round's
+/// parameters by ([`Engine::eval_moved`]).
+#[derive(Debug)]
+pub(crate) enum Moved {
+    /// One dense tensor a parameter (`eval_moved`).
+    Dense(Vec<Buffer>),
+    /// Each parameter's kept indices, then its values (`eval_sparse`).
+    Sparse(Vec<Buffer>),
+}
 
 impl Engine {
     /// Loads `vmfb` on `device` and uploads the initial parameters and
@@ -43,8 +54,16 @@ impl Engine {
         let state = state.unwrap_or_else(|| {
             (0..state_per_param).flat_map(|_| shapes.iter().map(|s| vec![0.0; s.iter().product()])).collect()
         });
-        let mut engine =
-            Self { session, shapes, params: Vec::new(), state: Vec::new(), int64, micro_batches: 1, zeros: Vec::new() };
+        let mut engine = Self {
+            session,
+            shapes,
+            params: Vec::new(),
+            state: Vec::new(),
+            int64,
+            micro_batches: 1,
+            zeros: Vec::new(),
+            sparse_screen: None,
+        };
         engine.params = engine.upload_all(params).await?;
         let state_shapes: Vec<Vec<usize>> = (0..state_per_param).flat_map(|_| engine.shapes.clone()).collect();
         engine.state = engine.upload(state, &state_shapes).await?;
@@ -162,22 +181,63 @@ impl Engine {
         Ok(Resident(self.upload_all(params).await?))
     }
 
+    /// The top-k layout this engine's module has `eval_sparse` for (the run's
+    /// encoding), if any.
+    pub(crate) fn sparse_screen(&self) -> Option<pcp_graph::SparseScreen> {
+        self.sparse_screen
+    }
+
+    /// Says the module has `eval_sparse` for `layout` (built with it).
+    pub(crate) fn screens_sparse(&mut self, layout: Option<pcp_graph::SparseScreen>) {
+        self.sparse_screen = layout;
+    }
+
+    /// A dense contribution uploaded, one tensor a parameter.
+    pub(crate) async fn moved_dense(&self, delta: Vec<Vec<f32>>) -> anyhow::Result<Moved> {
+        Ok(Moved::Dense(self.upload_all(delta).await?))
+    }
+
+    /// A sparse contribution uploaded: each parameter's kept flat `indices`
+    /// (`[m, 1]`) and `values` (`[m]`), as [`Self::sparse_screen`]'s layout keeps.
+    pub(crate) async fn moved_sparse(&self, indices: Vec<Vec<i32>>, values: Vec<Vec<f32>>) -> anyhow::Result<Moved> {
+        anyhow::ensure!(
+            indices.len() == self.shapes.len() && values.len() == self.shapes.len(),
+            "a sparse contribution of {} tensors, the model has {}",
+            indices.len(),
+            self.shapes.len()
+        );
+        let mut out = Vec::with_capacity(2 * indices.len());
+        for i in indices {
+            let m = i.len();
+            out.push(self.session.upload(HostTensor::i32(vec![m, 1], i)?).await?);
+        }
+        for v in values {
+            let m = v.len();
+            out.push(self.session.upload(HostTensor::f32(vec![m], v)?).await?);
+        }
+        Ok(Moved::Sparse(out))
+    }
+
     /// The loss on `batch` at `base` + `alpha` × `delta`, moved on the device
-    /// (`eval_moved`): `delta` is the one upload.
+    /// (`eval_moved`, or `eval_sparse` for a sparse one): `delta` is the one upload.
     pub(crate) async fn eval_moved(
         &self,
         base: &Resident,
-        delta: &Resident,
+        delta: &Moved,
         alpha: f32,
         batch: &Batch,
     ) -> anyhow::Result<f32> {
+        let (function, delta) = match delta {
+            Moved::Dense(d) => ("module.eval_moved", d),
+            Moved::Sparse(d) => ("module.eval_sparse", d),
+        };
         let mut total = 0.0;
         for micro in batch.split(self.micro_batches) {
-            let mut args: Vec<Arg> = base.0.iter().chain(&delta.0).map(|b| Arg::from(b.clone())).collect();
+            let mut args: Vec<Arg> = base.0.iter().chain(delta).map(|b| Arg::from(b.clone())).collect();
             args.push(HostTensor::scalar_f32(alpha).into());
             args.extend(self.data_args(&micro)?);
-            let outputs = self.session.invoke("module.eval_moved", args).await?;
-            total += scalar(&self.session, outputs.first().context("eval_moved returned nothing")?).await?;
+            let outputs = self.session.invoke(function, args).await?;
+            total += scalar(&self.session, outputs.first().context("the screen's loss: nothing returned")?).await?;
         }
         Ok(total / self.micro_batches as f32)
     }

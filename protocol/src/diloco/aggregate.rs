@@ -187,15 +187,24 @@ impl Delta {
         }
     }
 
-    /// The delta times `scale` (a global norm bound's), as dense tensors of `sizes`
-    /// elements; itself when `scale` is 1.
-    pub fn scaled(self, scale: f32, sizes: &[usize]) -> Self {
+    /// The delta times `scale` (a global norm bound's; `sizes` unused), as a
+    /// screen applies it: a sparse one stays sparse, its kept values scaled, so
+    /// its screen uploads its entries, not the model's size; itself when `scale`
+    /// is 1.
+    pub fn scaled(self, scale: f32, _sizes: &[usize]) -> Self {
         if scale == 1.0 {
             return self;
         }
-        let mut dense = self.to_dense(sizes);
-        dense.iter_mut().flatten().for_each(|v| *v *= scale);
-        Self::Dense(dense)
+        let mut out = match self {
+            Self::Packed(p) => Self::Sparse(p.unpack()),
+            other => other,
+        };
+        match &mut out {
+            Self::Dense(t) => t.iter_mut().flatten().for_each(|v| *v *= scale),
+            Self::Sparse(s) => s.iter_mut().flat_map(|t| t.values.iter_mut()).for_each(|v| *v *= scale),
+            Self::Packed(_) => {}
+        }
+        out
     }
 }
 

@@ -168,8 +168,8 @@ impl Sim<'_> {
     /// How long worker `w`'s contribution of `bytes` waits for its committee: its
     /// bytes reach each screener (over a screener's downlink, the sender's link
     /// standing for the screener's), which answers after the inner step under way
-    /// and two forward passes (a forward pass a third of a step), and the answer
-    /// comes back. `relayed`: the shepherd's uplink carries `screeners` copies
+    /// and two forward passes (a forward pass a third of a step) with its host's
+    /// work to upload the contribution, and the answer comes back. `relayed`: the shepherd's uplink carries `screeners` copies
     /// (counted in its bytes out, not queued behind its other sends); else (an
     /// aggregated contribution) the screeners fetch its slices from its shards'
     /// aggregators, whose uplinks together serve every committee of the round at
@@ -188,7 +188,8 @@ impl Sim<'_> {
             _ => f64::INFINITY,
         };
         let transfer = bytes / spec.link.down.min(served).max(1e-9);
-        us(self.setup.step_seconds * (1.0 + 2.0 / 3.0) + transfer + 2.0 * lat)
+        let host = self.cpu.costs().screen.map_or(0.0, |p| if relayed { p.host.whole } else { p.host.aggregated });
+        us(self.setup.step_seconds * (1.0 + 2.0 / 3.0) + host + transfer + 2.0 * lat)
     }
 
     pub(super) fn aggregated_now(&self) -> bool {

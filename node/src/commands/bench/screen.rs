@@ -1,13 +1,14 @@
 //! `pcp-node bench screen`: what one contribution's screen costs, in its parts,
 //! as `scoring::losses` runs it. The round's parameters are resident on the
 //! device (uploaded once a round, not timed); a seeded synthetic contribution,
-//! encoded in `--encoding` and decoded as the shepherd decodes it (a packed
-//! sparse delta for sparse encodings), is made dense on the host, uploaded, and
-//! scored by three forward passes that move the parameters on the device
-//! (`eval_moved`). An aggregated contribution comes dense already (its slices
-//! joined): its row copies it instead. The host parts (dense, upload) are what
-//! a screen costs the shepherd's event loop or a screener's training loop,
-//! whatever the device's speed.
+//! encoded in `--encoding` and decoded as the shepherd decodes it, is uploaded
+//! and scored by three forward passes that move the parameters on the device.
+//! A sparse one in a top-k layout goes up as its kept indices and values
+//! (`eval_sparse` scatters them); any other, and the same one made dense (what
+//! a screen of another layout or of a fragment uploads), as a dense tensor a
+//! parameter (`eval_moved`). The host parts (its entries or its dense copy
+//! made, then uploaded) are what a screen costs the shepherd's event loop or a
+//! screener's training loop, whatever the device's speed.
 
 use std::io::Write as _;
 use std::time::Instant;
@@ -19,7 +20,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::Failure;
 use crate::commands::join::NetArgs;
-use crate::commands::train::{DeviceArgs, load_engine};
+use crate::commands::train::{DeviceArgs, load_screening_engine};
 use crate::diloco::scoring;
 use crate::training::config::Experiment;
 use crate::training::data::Batch;
@@ -47,7 +48,7 @@ pub(crate) struct ScreenArgs {
 /// One screen's parts, seconds.
 #[derive(Clone, Copy, Debug, Default)]
 struct Parts {
-    dense: f64,
+    made: f64,
     upload: f64,
     forward: f64,
 }
@@ -56,8 +57,10 @@ pub(crate) async fn run(args: ScreenArgs, net: &NetArgs) -> Result<(), Failure> 
     let experiment = Experiment { model: Some(args.model.clone()), ..Experiment::default() };
     let model = Model::load_with_batch(&args.model, args.vocab, None).map_err(Failure::input)?;
     let (rows, block) = model.batch_block()?;
-    let engine =
-        load_engine(&experiment, &model, &args.device, &net.data_dir, None, 1).await.map_err(Failure::input)?;
+    let sparse_screen = crate::diloco::wire::sparse_screen(args.encoding);
+    let engine = load_screening_engine(&experiment, &model, &args.device, &net.data_dir, None, (1, sparse_screen))
+        .await
+        .map_err(Failure::input)?;
     let sizes = engine.sizes();
     let base = engine.resident(engine.params().await?).await?;
     let mut rng = ChaCha8Rng::seed_from_u64(0);
@@ -68,7 +71,7 @@ pub(crate) async fn run(args: ScreenArgs, net: &NetArgs) -> Result<(), Failure> 
         sizes.iter().map(|n| (0..*n).map(|_| 1e-3 * rng.gen_range(-1.0f32..1.0)).collect()).collect();
     let bytes = compress::encode(&delta, args.encoding);
     let whole = compress::decode_delta(&bytes, &sizes, args.encoding).map_err(Failure::input)?;
-    let aggregated = Delta::Dense(whole.to_dense(&sizes));
+    let made_dense = Delta::Dense(whole.to_dense(&sizes));
     drop(delta);
     let mut out = std::io::stdout().lock();
     let params: usize = sizes.iter().sum();
@@ -80,8 +83,9 @@ pub(crate) async fn run(args: ScreenArgs, net: &NetArgs) -> Result<(), Failure> 
         bytes.len(),
         args.device.backend
     )?;
-    writeln!(out, "{:<12} {:>9} {:>9} {:>9} {:>9}", "contribution", "dense s", "upload s", "host s", "3 passes s")?;
-    for (name, contribution) in [("whole", &whole), ("aggregated", &aggregated)] {
+    writeln!(out, "{:<12} {:>9} {:>9} {:>9} {:>9}", "uploaded as", "made s", "upload s", "host s", "3 passes s")?;
+    let first = if sparse_screen.is_some() && !matches!(whole, Delta::Dense(_)) { "sparse" } else { "dense" };
+    for (name, contribution) in [(first, &whole), ("made dense", &made_dense)] {
         let mut timed = Vec::new();
         for _ in 0..args.screens {
             timed.push(screen(&engine, &base, contribution, &batch, &sizes).await?);
@@ -91,7 +95,7 @@ pub(crate) async fn run(args: ScreenArgs, net: &NetArgs) -> Result<(), Failure> 
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        let (d, u, f) = (median(|p| p.dense), median(|p| p.upload), median(|p| p.forward));
+        let (d, u, f) = (median(|p| p.made), median(|p| p.upload), median(|p| p.forward));
         writeln!(out, "{name:<12} {d:>9.3} {u:>9.3} {:>9.3} {f:>9.3}", d + u)?;
     }
     Ok(())
@@ -106,15 +110,21 @@ async fn screen(
     sizes: &[usize],
 ) -> anyhow::Result<Parts> {
     let started = Instant::now();
-    let dense = scoring::dense(delta, sizes)?;
-    let dense_s = started.elapsed().as_secs_f64();
+    let made = match engine.sparse_screen().and_then(|layout| scoring::sparse(delta, layout, sizes)) {
+        Some(entries) => Ok(entries),
+        None => Err(scoring::dense(delta, sizes)?),
+    };
+    let made_s = started.elapsed().as_secs_f64();
     let started = Instant::now();
-    let uploaded = engine.resident(dense).await?;
+    let uploaded = match made {
+        Ok((indices, values)) => engine.moved_sparse(indices, values).await?,
+        Err(dense) => engine.moved_dense(dense).await?,
+    };
     let upload = started.elapsed().as_secs_f64();
     let started = Instant::now();
     for alpha in [0.0, -1.0, 1.0] {
         let loss = engine.eval_moved(base, &uploaded, alpha, batch).await?;
         anyhow::ensure!(loss.is_finite(), "a non-finite loss at {alpha} × the contribution");
     }
-    Ok(Parts { dense: dense_s, upload, forward: started.elapsed().as_secs_f64() })
+    Ok(Parts { made: made_s, upload, forward: started.elapsed().as_secs_f64() })
 }

@@ -690,9 +690,9 @@ mod tests {
     use pcp_protocol::diloco::committee::screening::{MAX_DEFERRED, MAX_DEFERRED_BYTES};
 
     /// A contribution sent over the norm bound is held twice while its committee
-    /// screens it: as it came, and dense once scaled down, besides its screen
-    /// requests. The count alone let 64 of gpt2-124m's wait, 32 GB; the byte
-    /// budget lets two.
+    /// screens it: as it came, and scaled down, besides its screen requests. The
+    /// count alone let 64 of gpt2-124m's wait dense, 32 GB; the byte budget lets
+    /// two.
     #[test]
     fn contributions_over_the_bound_cannot_fill_the_shepherds_memory() {
         let dense = Delta::Dense(vec![vec![0.5; 1 << 12]]);

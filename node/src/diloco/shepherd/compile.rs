@@ -155,6 +155,7 @@ impl Host {
             let config = pcp_graph::StepConfig {
                 accumulate: micro_batches > 1,
                 recompute,
+                sparse_screen: crate::diloco::wire::sparse_screen(self.plan.encoding),
                 ..step_config(&self.plan.experiment)
             };
             (

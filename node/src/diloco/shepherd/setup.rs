@@ -445,9 +445,18 @@ pub(super) async fn host_engine(
             .await?
             .with_context(|| format!("compiling the shepherd's own engine for {on}"))?
     };
-    Engine::new(on.device, artifact.vmfb, wire::shapes(manifest), params, None, state_per_param, manifest.data.int64)
-        .await
-        .map(Some)
+    let mut engine = Engine::new(
+        on.device,
+        artifact.vmfb,
+        wire::shapes(manifest),
+        params,
+        None,
+        state_per_param,
+        manifest.data.int64,
+    )
+    .await?;
+    engine.screens_sparse(wire::manifest_sparse_screen(manifest));
+    Ok(Some(engine))
 }
 
 /// The consensus a leader starts with: an elected candidate's (it leads already),
@@ -493,7 +502,11 @@ impl Host {
         let (step, prepared_engine) = match plan.engine.prepared.take() {
             Some(p) => (p.step, Some(p.engine)),
             None => {
-                let step = pcp_graph::train_step(&plan.model.module, "main", &step_config(&plan.experiment))
+                let config = pcp_graph::StepConfig {
+                    sparse_screen: wire::sparse_screen(plan.encoding),
+                    ..step_config(&plan.experiment)
+                };
+                let step = pcp_graph::train_step(&plan.model.module, "main", &config)
                     .map_err(|err| anyhow::anyhow!("{}: {err}", plan.model.source))?;
                 (step, None)
             }

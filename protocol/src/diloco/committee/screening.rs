@@ -50,8 +50,7 @@ pub type ContributionId = [u8; 32];
 pub const MAX_DEFERRED: usize = 16_384;
 
 /// The memory contributions held for their verdicts may take at most: each one's
-/// decoded delta and its bounded copy, which is dense once scaled down to the
-/// norm bound (498 MB for gpt2-124m, however sparse the contribution came), and
+/// decoded delta and its bounded copy (as sparse as it came, scaled or not), and
 /// its screen requests in flight (a copy of its bytes and the round's batch for
 /// each member), so contributions sent over the bound cannot fill the
 /// shepherd's memory.
