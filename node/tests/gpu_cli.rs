@@ -32,12 +32,7 @@ fn one_line_error(out: &Output) -> String {
     lines[0].to_owned()
 }
 
-/// What `graph compile` produced: the VMFB and its report line.
-fn compile(model: &str, backend: &str, target: Option<&str>) -> anyhow::Result<(Vec<u8>, String)> {
-    compile_with(model, backend, target, &[])
-}
-
-/// [`compile`] with more `graph compile` flags.
+/// What `graph compile` produced, with `more` flags: the VMFB and its report line.
 fn compile_with(model: &str, backend: &str, target: Option<&str>, more: &[&str]) -> anyhow::Result<(Vec<u8>, String)> {
     let dir = tempfile::tempdir()?;
     let out_path = dir.path().join("a.vmfb");
@@ -58,14 +53,15 @@ fn compile_with(model: &str, backend: &str, target: Option<&str>, more: &[&str])
 
 /// The training module of the nanogpt-small preset and of PCP's exported
 /// nanogpt_small.mlir compile for one target of each GPU backend (the full
-/// matrix, with timings, is `bench/gpu_compile.sh`).
+/// matrix, with timings, is `bench/gpu_compile.sh`), with the screen's
+/// `eval_sparse` a sparse run builds.
 #[test]
 fn training_modules_compile_for_one_target_per_gpu_backend() -> anyhow::Result<()> {
     let targets = [("cuda", Some("h100")), ("rocm", Some("gfx942")), ("vulkan", Some("rdna3"))];
     let mut failures = Vec::new();
     for model in ["nanogpt-small".to_owned(), shared("nanogpt_small.mlir")] {
         for (backend, target) in targets {
-            match compile(&model, backend, target) {
+            match compile_with(&model, backend, target, &["--screen-encoding", "sparse"]) {
                 Ok((vmfb, report)) => {
                     // IREE's archive: a zip whose first entry is the module's FlatBuffer
                     assert_eq!(&vmfb[..4], b"PK\x03\x04", "{model} {backend}");
@@ -73,6 +69,7 @@ fn training_modules_compile_for_one_target_per_gpu_backend() -> anyhow::Result<(
                     assert!(head.windows(9).any(|w| w == b"module.fb"), "{model} {backend}");
                     assert!(head.windows(4).any(|w| w == b"IREE"), "{model} {backend}");
                     assert!(report.contains("@train_step") && report.contains("compiled in"), "{report}");
+                    assert!(report.contains("@eval_sparse"), "{report}");
                     if target == Some("h100") {
                         assert!(report.contains("note: IREE 3.13 has no h100 description"), "{report}");
                     }

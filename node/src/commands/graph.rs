@@ -134,6 +134,10 @@ pub(crate) struct OptimizerArgs {
     /// fused (one op per attention, a flash-style backward) or naive (the model's ops).
     #[arg(long, default_value = "fused")]
     pub(crate) attention: String,
+    /// Also build `eval_sparse`, which screens contributions in this top-k sparse encoding
+    /// (`sparse`, `sparse:chunk=N,k=N,…`), as a run in it builds its step.
+    #[arg(long, value_parser = pcp_protocol::diloco::compress::Encoding::parse_spec)]
+    pub(crate) screen_encoding: Option<pcp_protocol::diloco::compress::Encoding>,
 }
 
 impl OptimizerArgs {
@@ -158,7 +162,7 @@ impl OptimizerArgs {
             recompute,
             accumulate: false,
             attention,
-            sparse_screen: None,
+            sparse_screen: self.screen_encoding.and_then(crate::diloco::wire::sparse_screen),
         })
     }
 }
