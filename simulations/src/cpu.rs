@@ -95,23 +95,22 @@ pub struct ScreenHost {
 }
 
 /// Seconds a kept entry of a top-k sparse contribution made ready to upload
-/// (`scoring::sparse`: unpacked from its message, its indices as i32): 43 ms
+/// (`scoring::sparse`: unpacked from its message, its indices as i32): 69 ms
 /// for gpt2-124m's 10.19 M entries. Measured with `pcp-node bench screen --model
 /// gpt2-124m --vocab 50257` (the default sparse encoding) on a 2-core Intel
 /// Xeon (not the calibration table's AMD EPYC), 2026-12-08.
-pub const SCREEN_ENTRY_S: f64 = 0.043 / BENCH_ENTRIES;
+pub const SCREEN_ENTRY_S: f64 = 0.069 / BENCH_ENTRIES;
 /// [`SCREEN_ENTRY_S`]'s upload of an entry (an i32 index and an f32 value):
-/// 42 ms.
-pub const SCREEN_ENTRY_UPLOAD_S: f64 = 0.042 / BENCH_ENTRIES;
+/// 44 ms.
+pub const SCREEN_ENTRY_UPLOAD_S: f64 = 0.044 / BENCH_ENTRIES;
 /// Seconds a parameter of making a contribution in any other encoding dense
-/// (`scoring::dense`: a fresh allocation whose pages fault in: 0.318 s for
-/// 163 M parameters from a sparse message, 0.335 s copied from a dense one),
-/// measured alike.
-pub const SCREEN_DENSE_S_PER_PARAM: f64 = 0.335 / BENCH_PARAMS;
+/// (`scoring::dense`: a fresh allocation whose pages fault in: 0.323 s for
+/// 163 M parameters copied from a dense one), measured alike, in the same run.
+pub const SCREEN_DENSE_S_PER_PARAM: f64 = 0.323 / BENCH_PARAMS;
 /// [`SCREEN_DENSE_S_PER_PARAM`]'s upload of a parameter (on the CPU backend
-/// IREE's buffer, allocated and copied into: 0.191 s, the median of the dense
-/// rows; to a GPU, the host's side of the transfer is taken as no cheaper).
-pub const SCREEN_UPLOAD_S_PER_PARAM: f64 = 0.191 / BENCH_PARAMS;
+/// IREE's buffer, allocated and copied into: 0.179 s; to a GPU, the host's side
+/// of the transfer is taken as no cheaper).
+pub const SCREEN_UPLOAD_S_PER_PARAM: f64 = 0.179 / BENCH_PARAMS;
 
 /// The parameters of the bench's gpt2-124m (its head untied from the embedding).
 const BENCH_PARAMS: f64 = 163_037_184.0;

@@ -99,7 +99,7 @@ pub(crate) struct ShepherdArgs {
     /// while too few rated volunteers are live. Under the score screen, only
     /// while committees screen (--screeners, and a round's slice of the withheld
     /// split left): their members fetch each contribution's slices from its
-    /// sender. Needs a top-k or dense encoding. Past a few hundred volunteers,
+    /// shards' aggregators, or else its sender. Needs a top-k or dense encoding. Past a few hundred volunteers,
     /// about one shard for every 60 (docs/running-a-run.md).
     #[arg(long, default_value_t = 0, value_name = "N", requires = "shepherd")]
     pub(crate) aggregators: usize,
