@@ -209,6 +209,34 @@ fn bench_blob_reports_medians_of_its_rounds() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `bench screen` times a screen's host work and forward passes, a top-k sparse
+/// contribution uploaded as its entries and the same made dense; an encoding
+/// that is not sparse is uploaded dense alone.
+#[test]
+fn bench_screen_times_the_upload_of_a_contribution_sparse_and_dense() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path().to_str().unwrap_or_default();
+    let cache = std::env::temp_dir().join("pcp-test-artifact-cache").join("artifacts");
+    let run = |encoding: &str| -> anyhow::Result<String> {
+        let out = Command::new(BIN)
+            .env("PCP_ARTIFACT_CACHE", &cache)
+            .args(["bench", "screen", "--screens", "1", "--encoding", encoding, "--data-dir", d])
+            .stdin(Stdio::null())
+            .output()?;
+        anyhow::ensure!(out.status.success(), "bench screen failed: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let rows = |stdout: &str| -> Vec<String> {
+        stdout.lines().filter_map(|l| l.split("  ").next()).map(|n| n.trim().to_owned()).collect()
+    };
+    let sparse = run("sparse")?;
+    assert!(sparse.starts_with("nanogpt-small: 110464 parameters"), "{sparse}");
+    assert_eq!(rows(&sparse)[2..], ["sparse", "made dense"], "{sparse}");
+    let dense = run("fp32")?;
+    assert_eq!(rows(&dense)[2..], ["dense", "made dense"], "{dense}");
+    Ok(())
+}
+
 /// `bench step --steps 0` times forward passes alone (the shepherd's screen and
 /// validation), with their rate by the simulator's FLOP count, and a vocabulary
 /// smaller than the corpus's is refused in one line.
