@@ -83,6 +83,17 @@ impl Artifacts {
 
 /// The step a worker with `free` bytes (0: unknown) runs: micro-batches per
 /// batch, its recomputation, and the expected peak (0: not planned).
+/// The device memory a worker reporting `free` bytes (0: unknown) has for its
+/// step in a run of `params` parameters: under committees a screener keeps the
+/// round's parameters on its device while it screens, and uploads a
+/// contribution dense at worst, so two copies of them are not the step's.
+fn step_room(free: u64, params: u64, committees: bool) -> u64 {
+    if free == 0 || !committees {
+        return free;
+    }
+    free.saturating_sub(2 * 4 * params).max(1)
+}
+
 fn split_for(footprint: Option<&Footprint>, free: u64, run: pcp_graph::Recompute) -> (u32, pcp_graph::Recompute, u64) {
     match footprint {
         Some(f) if free > 0 => {
@@ -114,7 +125,8 @@ impl Host {
             self.aggregation.volunteered(key, |k| workers.contains(k));
         }
         let run_mode = step_config(&self.plan.experiment).recompute;
-        let free = hello.capabilities.free_memory_bytes;
+        let params: u64 = self.layout.sizes.iter().map(|n| *n as u64).sum();
+        let free = step_room(hello.capabilities.free_memory_bytes, params, self.screener.by_committees());
         // a device with room for the whole batch (or that did not say) needs no planning
         let short = free > 0 && free - free / 10 < self.artifacts.whole_step_bytes;
         let footprint = if short { self.footprint().await } else { None };
@@ -286,6 +298,16 @@ mod tests {
     use super::*;
     use crate::training::config::Experiment;
     use crate::training::memory::preset_step_bytes;
+
+    /// A screener's two copies of the parameters are not its step's room; a
+    /// worker that did not say stays unplanned.
+    #[test]
+    fn a_screeners_copies_of_the_parameters_are_not_its_steps_room() {
+        assert_eq!(step_room(8_000_000_000, 124_439_808, true), 8_000_000_000 - 995_518_464);
+        assert_eq!(step_room(8_000_000_000, 124_439_808, false), 8_000_000_000);
+        assert_eq!(step_room(0, 124_439_808, true), 0, "unknown stays unknown");
+        assert_eq!(step_room(1_000, 124_439_808, true), 1, "short of everything, still known");
+    }
 
     /// A worker with 8 GB free joins a gpt2-124m run at batch 8.
     #[test]
