@@ -5,7 +5,7 @@
 #
 #   bench/gpu_check.sh --backend cuda --out /tmp/gpu-check      # rocm, vulkan alike
 #
-# Parts, each under its own `timeout` (a hang costs that part only), about 8 minutes:
+# Parts, each under its own `timeout` (a hang costs that part only), about 9 minutes:
 #   devices   `pcp-node devices`
 #   parity    nanogpt-small from one seed, N steps on the backend and on cpu: every
 #             step's loss within 1e-3 relative (bf16: 3e-2 a step, 3e-3 on average)
@@ -15,6 +15,9 @@
 #             every round
 #   screen    a `sim` whose shepherd screens every contribution (the score screen, no
 #             committees) with its own engine on the backend: its seconds a contribution
+#   screen-host   one screen's parts on the device (`pcp-node bench screen`, the speed
+#             part's model): a sparse contribution uploaded as its kept entries and
+#             scattered there, and the same made dense: host seconds and forward passes
 #   profile   the fused step under IREE's HAL profiler: the three slowest dispatches
 #             (needs iree-benchmark-module and iree-profile: .venv/bin or PATH)
 #   parity-bf16, speed-bf16   the same with --precision bf16 (parity against cpu bf16)
@@ -54,7 +57,7 @@ while [ $# -gt 0 ]; do
         --profile-batch) PROFILE_BATCH=$2; shift 2 ;;
         --no-profile) PROFILE=0; shift ;;
         --no-torch) TORCH=0; shift ;;
-        -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -222,6 +225,23 @@ PY
     record screen "${summary%%$'\t'*}" "${summary#*$'\t'}"
 }
 
+screen_host() {
+    local batch=() vocab=() rows
+    [ -n "$SPEED_BATCH" ] && batch=(--batch "$SPEED_BATCH")
+    [ "$SPEED_MODEL" = gpt2-124m ] && vocab=(--vocab 50257)
+    if ! timeout "${PART_TIMEOUT:-150}" "$BIN" bench screen --model "$SPEED_MODEL" "${vocab[@]}" "${batch[@]}" --screens 3 \
+        "${DEV[@]}" --data-dir "$WORK" > "$OUT/screen-host.log" 2>&1; then
+        record screen-host fail "$(tail -1 "$OUT/screen-host.log")"; return
+    fi
+    # "sparse  made upload host passes" and "made dense  made upload host passes"
+    rows=$(awk '$1 == "sparse" { printf "kept entries: host %s s (made %s s, upload %s s), 3 passes %s s; ", $4, $2, $3, $5 }
+                $1 == "made" { printf "made dense: host %s s, 3 passes %s s", $5, $6 }' "$OUT/screen-host.log")
+    case "$rows" in
+        kept*) record screen-host pass "$SPEED_MODEL on $BACKEND, $rows" ;;
+        *) record screen-host fail "no row of kept entries (see screen-host.log)" ;;
+    esac
+}
+
 profile() {
     local tools="${VENV_BIN}" driver=$BACKEND mode=dispatch-events batch=()
     [ -n "$PROFILE_BATCH" ] && batch=(--batch "$PROFILE_BATCH")
@@ -277,6 +297,7 @@ part parity 150 parity f32 parity
 part speed 180 speed f32 speed
 part mixed 120 mixed
 part screen 150 screen
+part screen-host 150 screen_host
 if [ "$PROFILE" = 1 ]; then part profile 90 profile; else record profile skipped "--no-profile"; fi
 part parity-bf16 150 parity bf16 parity-bf16
 part speed-bf16 180 speed bf16 speed-bf16

@@ -38,6 +38,9 @@ pub(crate) struct ScreenArgs {
     /// fp32, bf16, int8, sparse or sparse:chunk=N,k=N,bits=2|4|8,decay=F,down=N.
     #[arg(long, default_value = "sparse", value_parser = Encoding::parse_spec)]
     encoding: Encoding,
+    /// Sequences a batch (default: the preset's).
+    #[arg(long)]
+    batch: Option<usize>,
     /// Screens timed of each kind (the median is shown).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     screens: u32,
@@ -55,7 +58,7 @@ struct Parts {
 
 pub(crate) async fn run(args: ScreenArgs, net: &NetArgs) -> Result<(), Failure> {
     let experiment = Experiment { model: Some(args.model.clone()), ..Experiment::default() };
-    let model = Model::load_with_batch(&args.model, args.vocab, None).map_err(Failure::input)?;
+    let model = Model::load_with_batch(&args.model, args.vocab, args.batch).map_err(Failure::input)?;
     let (rows, block) = model.batch_block()?;
     let sparse_screen = crate::diloco::wire::sparse_screen(args.encoding);
     let engine = load_screening_engine(&experiment, &model, &args.device, &net.data_dir, None, (1, sparse_screen))
