@@ -45,10 +45,11 @@ pub(crate) async fn losses(
 }
 
 /// `delta` as `eval_sparse` takes it in `layout`: each tensor's flat indices (as
-/// i32) and values, `layout.kept_in` of each, ascending and distinct. `None`
-/// (the dense upload then) for a dense delta, or one that holds another count
-/// of entries in a tensor (a fragment's, whose other tensors are empty) or
-/// indices out of order.
+/// i32) and values, `layout.kept_in` of each, ascending and distinct (sorted
+/// here if they came in another order, so a sender cannot make its screen cost
+/// the dense upload that way). `None` (the dense upload then) for a dense delta,
+/// or one that holds another count of entries in a tensor (a fragment's, whose
+/// other tensors are empty), an index twice or one past its tensor.
 pub(crate) fn sparse(
     delta: &Delta,
     layout: pcp_graph::SparseScreen,
@@ -66,10 +67,19 @@ pub(crate) fn sparse(
     }
     let mut indices = Vec::with_capacity(sizes.len());
     let mut values = Vec::with_capacity(sizes.len());
-    for (t, n) in tensors.into_iter().zip(sizes) {
-        let ascending = t.indices.windows(2).all(|w| w[0] < w[1]);
-        let inside = t.indices.last().is_none_or(|i| (*i as usize) < *n && *i < i32::MAX as u32);
-        if t.indices.len() != layout.kept_in(*n) || t.values.len() != t.indices.len() || !ascending || !inside {
+    for (mut t, n) in tensors.into_iter().zip(sizes) {
+        if t.indices.len() != layout.kept_in(*n) || t.values.len() != t.indices.len() {
+            return None;
+        }
+        if !t.indices.windows(2).all(|w| w[0] < w[1]) {
+            let mut pairs: Vec<(u32, f32)> = t.indices.iter().copied().zip(t.values.iter().copied()).collect();
+            pairs.sort_unstable_by_key(|(i, _)| *i);
+            (t.indices, t.values) = pairs.into_iter().unzip();
+            if !t.indices.windows(2).all(|w| w[0] < w[1]) {
+                return None;
+            }
+        }
+        if t.indices.last().is_some_and(|i| (*i as usize) >= *n || *i >= i32::MAX as u32) {
             return None;
         }
         // each below i32::MAX (checked): the same bits, collected in place
@@ -214,12 +224,16 @@ mod tests {
         let (indices, values) = sparse(&Delta::Sparse(good.clone()), layout, &sizes).expect("sparse");
         assert_eq!((indices, values), (vec![vec![1, 6], vec![0, 4]], vec![vec![1.0, 2.0], vec![3.0, 4.0]]));
         let mut unordered = good.clone();
-        unordered[0].indices = vec![6, 1];
+        (unordered[0].indices, unordered[0].values) = (vec![6, 1], vec![2.0, 1.0]);
+        let sorted = sparse(&Delta::Sparse(unordered), layout, &sizes).expect("sorted");
+        assert_eq!(sorted, sparse(&Delta::Sparse(good.clone()), layout, &sizes).expect("sparse"), "sorted as it came");
+        let mut twice = good.clone();
+        twice[0].indices = vec![6, 6];
         let mut outside = good.clone();
         outside[1].indices = vec![0, 5];
         let mut fragment = good.clone();
         fragment[1] = entries(&[], &[]);
-        for (why, delta) in [("out of order", unordered), ("past the tensor", outside), ("a fragment's", fragment)] {
+        for (why, delta) in [("an index twice", twice), ("past the tensor", outside), ("a fragment's", fragment)] {
             assert!(sparse(&Delta::Sparse(delta), layout, &sizes).is_none(), "{why}");
         }
         assert!(sparse(&Delta::Dense(vec![vec![0.0; 8], vec![0.0; 5]]), layout, &sizes).is_none());
