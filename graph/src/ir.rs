@@ -12,7 +12,7 @@ pub mod types;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-pub use builder::Builder;
+pub use builder::{Builder, binary_region};
 pub use types::{ElementType, FloatType, TensorType, TypeError};
 
 /// An SSA value inside one [`Function`].

@@ -259,10 +259,7 @@ fn eval_sparse(
     for (((p, i), v), t) in params.iter().zip(&indices).zip(&values).zip(&param_types) {
         let flat = t.with_shape(vec![t.elements()]);
         let zeros = b.splat(0.0, &flat);
-        let s = TensorType::scalar(t.element.clone());
-        let region = format!(
-            "({{\n    ^bb0(%a: {s}, %b: {s}):\n      %c = \"stablehlo.add\"(%a, %b) : ({s}, {s}) -> {s}\n      \"stablehlo.return\"(%c) : ({s}) -> ()\n    }})"
-        );
+        let region = crate::ir::binary_region("stablehlo.add", &TensorType::scalar(t.element.clone()));
         let props = vec![
             ("indices_are_sorted".to_owned(), "true".to_owned()),
             (

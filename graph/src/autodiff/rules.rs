@@ -550,9 +550,7 @@ fn reduce_window(b: &mut Builder<'_>, cx: &Ctx<'_>, g: ValueId, active: &[bool])
     let pt = b.ty(padded);
     let shape: Vec<i64> = (0..rank).map(|i| pt.shape[i] - window_dilated[i] + 1).collect();
     let scalar = TensorType::scalar(xt.element.clone());
-    let region = format!(
-        "({{\n    ^bb0(%a: {scalar}, %b: {scalar}):\n      %c = \"stablehlo.add\"(%a, %b) : ({scalar}, {scalar}) -> {scalar}\n      \"stablehlo.return\"(%c) : ({scalar}) -> ()\n    }})"
-    );
+    let region = crate::ir::binary_region("stablehlo.add", &scalar);
     let mut props = vec![("window_dimensions".to_owned(), crate::ir::attr::i64_array(&window))];
     if wdil.iter().any(|d| *d != 1) {
         props.push(("window_dilations".to_owned(), crate::ir::attr::i64_array(&wdil)));
@@ -585,9 +583,7 @@ fn gather(b: &mut Builder<'_>, cx: &Ctx<'_>, g: ValueId) -> Result<Contributions
     let t = b.ty(operand);
     let zeros = b.splat(0.0, &t);
     let scalar = TensorType::scalar(t.element.clone());
-    let region = format!(
-        "({{\n    ^bb0(%a: {scalar}, %b: {scalar}):\n      %c = \"stablehlo.add\"(%a, %b) : ({scalar}, {scalar}) -> {scalar}\n      \"stablehlo.return\"(%c) : ({scalar}) -> ()\n    }})"
-    );
+    let region = crate::ir::binary_region("stablehlo.add", &scalar);
     let sorted = cx.op.attr("indices_are_sorted").unwrap_or("false").to_owned();
     let props = vec![
         ("indices_are_sorted".to_owned(), sorted),

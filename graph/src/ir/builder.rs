@@ -201,9 +201,7 @@ impl<'f> Builder<'f> {
         let scalar = TensorType::scalar(t.element.clone());
         let init = self.splat(init, &scalar);
         let shape = t.shape.iter().enumerate().filter(|(i, _)| !dims.contains(&(*i as i64))).map(|(_, d)| *d).collect();
-        let region = format!(
-            "({{\n    ^bb0(%a: {scalar}, %b: {scalar}):\n      %c = \"{body}\"(%a, %b) : ({scalar}, {scalar}) -> {scalar}\n      \"stablehlo.return\"(%c) : ({scalar}) -> ()\n    }})"
-        );
+        let region = binary_region(body, &scalar);
         self.op(
             "stablehlo.reduce",
             &[x, init],
@@ -317,4 +315,12 @@ impl<'f> Builder<'f> {
     pub fn float_of(&self, x: ValueId) -> Option<FloatType> {
         self.f.ty(x).element.float()
     }
+}
+
+/// The region of a reduction, window or scatter that combines two `scalar`s with
+/// the binary op `body` (`stablehlo.add`, …).
+pub fn binary_region(body: &str, scalar: &TensorType) -> String {
+    format!(
+        "({{\n    ^bb0(%a: {scalar}, %b: {scalar}):\n      %c = \"{body}\"(%a, %b) : ({scalar}, {scalar}) -> {scalar}\n      \"stablehlo.return\"(%c) : ({scalar}) -> ()\n    }})"
+    )
 }

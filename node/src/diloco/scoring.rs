@@ -7,7 +7,7 @@ use pcp_protocol::diloco::aggregate::Delta;
 use pcp_protocol::diloco::committee::Losses;
 
 use crate::training::data::Batch;
-use crate::training::engine::{Engine, Resident};
+use crate::training::engine::{Engine, Moved, Resident};
 
 /// The loss on `batch` at `base`, the round's parameters resident on `engine`'s
 /// device (`before`, when known already), with `applied` (the contribution as
@@ -21,17 +21,7 @@ pub(crate) async fn losses(
     batch: &Batch,
     before: Option<f32>,
 ) -> anyhow::Result<Losses> {
-    let sizes = engine.sizes();
-    let delta = match engine.sparse_screen().and_then(|layout| sparse(applied, layout, &sizes)) {
-        Some((indices, values)) => {
-            tracing::debug!(entries = values.iter().map(Vec::len).sum::<usize>(), "a screen uploads its entries");
-            engine.moved_sparse(indices, values).await?
-        }
-        None => {
-            tracing::debug!("a screen uploads its contribution dense");
-            engine.moved_dense(dense(applied, &sizes)?).await?
-        }
-    };
+    let delta = Prepared::of(engine, applied)?.upload(engine).await?;
     // `before` from the same function as the others (a finite delta at 0 moves
     // nothing), so a contribution of zeros scores no gain to the last bit
     let before = match before {
@@ -44,17 +34,47 @@ pub(crate) async fn losses(
     Ok(Losses { before, after, reversed })
 }
 
+/// A contribution made ready on the host for its upload: its kept entries where
+/// the engine's module scatters them (`eval_sparse`), else dense.
+pub(crate) enum Prepared {
+    /// Each tensor's kept flat indices and values ([`sparse`]).
+    Sparse(Vec<Vec<i32>>, Tensors),
+    /// One dense tensor a parameter ([`dense`]).
+    Dense(Tensors),
+}
+
+impl Prepared {
+    /// `applied` made ready for `engine`'s screen.
+    pub(crate) fn of(engine: &Engine, applied: &Delta) -> anyhow::Result<Self> {
+        let sizes = engine.sizes();
+        Ok(match engine.sparse_screen().and_then(|layout| sparse(applied, layout, &sizes)) {
+            Some((indices, values)) => Self::Sparse(indices, values),
+            None => Self::Dense(dense(applied, &sizes)?),
+        })
+    }
+
+    /// Uploaded to `engine`'s device.
+    pub(crate) async fn upload(self, engine: &Engine) -> anyhow::Result<Moved> {
+        match self {
+            Self::Sparse(indices, values) => {
+                tracing::debug!(entries = values.iter().map(Vec::len).sum::<usize>(), "a screen uploads its entries");
+                engine.moved_sparse(indices, values).await
+            }
+            Self::Dense(dense) => {
+                tracing::debug!("a screen uploads its contribution dense");
+                engine.moved_dense(dense).await
+            }
+        }
+    }
+}
+
 /// `delta` as `eval_sparse` takes it in `layout`: each tensor's flat indices (as
 /// i32) and values, `layout.kept_in` of each, ascending and distinct (sorted
 /// here if they came in another order, so a sender cannot make its screen cost
 /// the dense upload that way). `None` (the dense upload then) for a dense delta,
 /// or one that holds another count of entries in a tensor (a fragment's, whose
 /// other tensors are empty), an index twice or one past its tensor.
-pub(crate) fn sparse(
-    delta: &Delta,
-    layout: pcp_graph::SparseScreen,
-    sizes: &[usize],
-) -> Option<(Vec<Vec<i32>>, Tensors)> {
+fn sparse(delta: &Delta, layout: pcp_graph::SparseScreen, sizes: &[usize]) -> Option<(Vec<Vec<i32>>, Tensors)> {
     let tensors = match delta {
         Delta::Dense(_) => return None,
         // borrowed: its entries copied
@@ -91,7 +111,7 @@ pub(crate) fn sparse(
 
 /// `delta` as one dense tensor of each of `sizes`: a tensor it leaves empty (a
 /// fragment's others) as zeros. The error names a tensor of another size.
-pub(crate) fn dense(delta: &Delta, sizes: &[usize]) -> anyhow::Result<Tensors> {
+fn dense(delta: &Delta, sizes: &[usize]) -> anyhow::Result<Tensors> {
     let mut out = match delta {
         Delta::Dense(t) => t.clone(),
         Delta::Sparse(_) | Delta::Packed(_) => {

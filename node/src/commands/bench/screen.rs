@@ -91,7 +91,7 @@ pub(crate) async fn run(args: ScreenArgs, net: &NetArgs) -> Result<(), Failure> 
     for (name, contribution) in [(first, &whole), ("made dense", &made_dense)] {
         let mut timed = Vec::new();
         for _ in 0..args.screens {
-            timed.push(screen(&engine, &base, contribution, &batch, &sizes).await?);
+            timed.push(screen(&engine, &base, contribution, &batch).await?);
         }
         let median = |f: fn(&Parts) -> f64| {
             let mut v: Vec<f64> = timed.iter().map(f).collect();
@@ -110,19 +110,12 @@ async fn screen(
     base: &crate::training::engine::Resident,
     delta: &Delta,
     batch: &Batch,
-    sizes: &[usize],
 ) -> anyhow::Result<Parts> {
     let started = Instant::now();
-    let made = match engine.sparse_screen().and_then(|layout| scoring::sparse(delta, layout, sizes)) {
-        Some(entries) => Ok(entries),
-        None => Err(scoring::dense(delta, sizes)?),
-    };
+    let prepared = scoring::Prepared::of(engine, delta)?;
     let made_s = started.elapsed().as_secs_f64();
     let started = Instant::now();
-    let uploaded = match made {
-        Ok((indices, values)) => engine.moved_sparse(indices, values).await?,
-        Err(dense) => engine.moved_dense(dense).await?,
-    };
+    let uploaded = prepared.upload(engine).await?;
     let upload = started.elapsed().as_secs_f64();
     let started = Instant::now();
     for alpha in [0.0, -1.0, 1.0] {
